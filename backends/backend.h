@@ -1,0 +1,207 @@
+// The one interface between the engine and the devices (DESIGN.md section 5).
+//
+// A Backend owns Devices. A Device owns its memory (Buffers), its in-order work
+// queues (Streams), and builds Kernels from KernelSpecs after claiming them.
+// The interface assumes devices with their own memory and asynchronous queues;
+// the CPU simply completes work as it is enqueued. Backends never see passes:
+// they answer "can you run this op on these types?" (Supports) and "build it"
+// (PrepareKernel), and the engine does the rest.
+//
+// Lifetimes: a Device outlives every Buffer, Stream and Kernel it created.
+// Thread safety: Device and Backend methods are thread-safe. A Stream is used
+// by one thread at a time. Kernel::Launch is not reentrant: the executor never
+// launches one Kernel object from two threads at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/base/dtype.h"
+#include "engine/base/host_tensor.h"
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::backend {
+
+// A value as a kernel sees it: concrete dims, dense row-major layout.
+struct TensorDesc {
+  DType dtype = v1::DTYPE_UNSPECIFIED;
+  Dims dims;
+
+  int64_t rank() const { return static_cast<int64_t>(dims.size()); }
+  int64_t num_elements() const;
+  int64_t num_bytes() const;
+};
+
+// Everything needed to build one kernel: op, attributes, operand and result
+// types. `label` names the node(s) for error messages ("node 7 \"fc1\" (matmul)").
+struct KernelSpec {
+  std::string name;
+  std::string label;
+  v1::OpKind op = v1::OP_KIND_UNSPECIFIED;
+  v1::Attrs attrs;
+  std::vector<TensorDesc> inputs;
+  std::vector<TensorDesc> outputs;
+};
+
+// Measured (or nominal, until calibrated) speed of a device, for the cost model.
+struct DeviceProfile {
+  double peak_gflops_f32 = 0;
+  double peak_gflops_f16 = 0;
+  double bandwidth_gbps = 0;       // memory bandwidth, bytes read + written
+  double launch_overhead_us = 0;   // fixed cost per kernel launch
+  double host_to_device_gbps = 0;  // copy bandwidth; 0 = shares host memory
+  bool calibrated = false;
+};
+
+struct DeviceInfo {
+  std::string id;              // "cpu:0", "vulkan:0", "cuda:0"
+  std::string backend;         // "cpu", "vulkan", "cuda"
+  std::string name;            // human-readable model name
+  std::string arch;            // "x86-64-v3+avx512", "sm_90", Vulkan device type
+  std::string driver_version;
+  std::string identity;        // stable across restarts: keys calibration and caches
+  int64_t memory_bytes = 0;
+  int threads = 0;             // host threads the device's kernels use (CPU)
+  bool host_memory = false;    // buffers are directly host-addressable
+  std::vector<std::string> features;  // "avx512f", "fp16", "subgroups", "cooperative_matrix"
+  DeviceProfile profile;
+};
+
+// Device memory; released when destroyed.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual int64_t size() const = 0;
+  // Host address of byte 0 when the memory is host-addressable, else nullptr.
+  virtual void* host_ptr() const { return nullptr; }
+};
+
+// A byte range of a Buffer. Non-owning.
+struct BufferView {
+  Buffer* buffer = nullptr;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+
+  // REQUIRES: buffer->host_ptr() != nullptr.
+  void* host() const { return static_cast<char*>(buffer->host_ptr()) + offset; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(host()); }
+};
+
+// A point in a stream's timeline.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Microseconds from `earlier` to this event. REQUIRES: both events are on
+  // the same stream and the stream has been synchronized past this event.
+  virtual absl::StatusOr<double> MicrosSince(const Event& earlier) const = 0;
+};
+
+// An in-order queue of copies and kernels on one device.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Blocks until everything enqueued so far has finished; returns the first
+  // asynchronous failure, if any.
+  virtual absl::Status Synchronize() = 0;
+  // Records an event after all work enqueued so far.
+  virtual absl::StatusOr<std::unique_ptr<Event>> Record() = 0;
+};
+
+// Binary artifacts a backend's codegen may cache (SPIR-V, cubins), keyed by
+// the backend over kernel source, codegen version, arch and flags. Implemented
+// by the engine's compile cache; thread-safe.
+class KernelBinaryCache {
+ public:
+  virtual ~KernelBinaryCache() = default;
+  virtual std::optional<std::string> Lookup(const std::string& key) = 0;
+  virtual void Store(const std::string& key, std::string_view binary) = 0;
+};
+
+struct PrepareContext {
+  KernelBinaryCache* binaries = nullptr;  // may be null (no cache)
+  int kernel_cache_hits = 0;              // incremented by the backend
+  int kernel_cache_misses = 0;
+};
+
+// A kernel built for one KernelSpec on one device.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // What runs, e.g. "onednn:matmul+bias+gelu", "cpu:softmax_f32", "spirv:softmax_f32".
+  virtual std::string implementation() const = 0;
+  // Enqueues the kernel on `stream`. Views stay valid until the stream has
+  // completed the work. Inputs and outputs are in KernelSpec order; outputs
+  // may alias inputs only where the engine planned an in-place reuse.
+  virtual absl::Status Launch(Stream& stream, std::span<const BufferView> inputs,
+                              std::span<const BufferView> outputs) = 0;
+};
+
+// Whether a device runs a spec natively, and if not, why (for reports and
+// UNSUPPORTED messages).
+struct Claim {
+  bool native = false;
+  std::string reason;
+  static Claim Yes() { return {true, ""}; }
+  static Claim No(std::string why) { return {false, std::move(why)}; }
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceInfo& info() const = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  virtual absl::Status CopyToDevice(Stream& stream, const void* src, BufferView dst) = 0;
+  virtual absl::Status CopyToHost(Stream& stream, BufferView src, void* dst) = 0;
+  virtual absl::Status CopyOnDevice(Stream& stream, BufferView src, BufferView dst) = 0;
+
+  // The capability claim: can this device run `spec` as one kernel?
+  virtual Claim Supports(const KernelSpec& spec) const = 0;
+  // Builds the kernel; fails UNIMPLEMENTED when Supports says no.
+  virtual absl::StatusOr<std::unique_ptr<Kernel>> PrepareKernel(const KernelSpec& spec,
+                                                                PrepareContext& context) = 0;
+  // Bytes currently allocated through this device.
+  virtual int64_t memory_in_use() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::string version() const = 0;
+  // The devices found at creation; empty when the driver or library is missing.
+  virtual std::vector<Device*> devices() const = 0;
+};
+
+struct BackendOptions {
+  int cpu_threads = 0;          // 0 = every core
+  std::string cache_dir;        // for backend-owned persistent state (pipeline caches)
+};
+
+// Backends register a factory at static-initialization time; the engine
+// creates every registered backend at start. A factory that fails (no driver)
+// returns an error that is logged, and the backend lists no devices.
+using BackendFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)>;
+
+struct BackendRegistration {
+  BackendRegistration(std::string name, int priority, BackendFactory factory);
+};
+
+struct RegisteredBackend {
+  std::string name;
+  int priority;  // lower first; the CPU backend is 0
+  BackendFactory factory;
+};
+std::vector<RegisteredBackend> RegisteredBackends();
+
+}  // namespace kiln::backend

@@ -1,0 +1,118 @@
+#include "engine/base/host_tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/base/half.h"
+
+namespace kiln {
+
+absl::StatusOr<int64_t> CheckedNumElements(std::span<const int64_t> dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim ", d));
+    if (__builtin_mul_overflow(n, d, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("element count of ", DimsToString(dims), " overflows int64"));
+    }
+  }
+  return n;
+}
+
+std::string DimsToString(std::span<const int64_t> dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+void HostTensor::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, Dims dims) {
+  if (!IsKnownDType(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  }
+  auto n = CheckedNumElements(dims);
+  if (!n.ok()) return n.status();
+  auto bytes = BytesFor(dtype, *n);
+  if (!bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot size ", *n, " elements of ",
+                                                   DTypeName(dtype)));
+  }
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.num_elements_ = *n;
+  t.num_bytes_ = *bytes;
+  const size_t alloc = (static_cast<size_t>(*bytes) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", *bytes, " bytes"));
+  }
+  std::memset(p, 0, alloc == 0 ? 64 : alloc);
+  t.data_.reset(p);
+  return t;
+}
+
+absl::StatusOr<HostTensor> HostTensor::FromBytes(DType dtype, Dims dims, std::string_view bytes) {
+  auto t = Create(dtype, std::move(dims));
+  if (!t.ok()) return t.status();
+  if (static_cast<int64_t>(bytes.size()) != t->num_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", DTypeName(dtype),
+                                                   DimsToString(t->dims()), " needs ",
+                                                   t->num_bytes(), " bytes, got ", bytes.size()));
+  }
+  if (!bytes.empty()) std::memcpy(t->data(), bytes.data(), bytes.size());
+  return t;
+}
+
+absl::StatusOr<HostTensor> HostTensor::FromProto(const v1::Tensor& proto) {
+  return FromBytes(proto.dtype(), Dims(proto.dims().begin(), proto.dims().end()), proto.data());
+}
+
+HostTensor HostTensor::Clone() const {
+  auto t = FromBytes(dtype_, dims_, bytes());
+  return std::move(t).value();
+}
+
+void HostTensor::ToProto(v1::Tensor* proto) const {
+  proto->set_dtype(dtype_);
+  proto->clear_dims();
+  for (int64_t d : dims_) proto->add_dims(d);
+  proto->set_data(std::string(bytes()));
+}
+
+double HostTensor::GetAsDouble(int64_t i) const {
+  const void* p = data();
+  switch (dtype_) {
+    case v1::DTYPE_F32: return static_cast<const float*>(p)[i];
+    case v1::DTYPE_F64: return static_cast<const double*>(p)[i];
+    case v1::DTYPE_F16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case v1::DTYPE_BF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case v1::DTYPE_I8: return static_cast<const int8_t*>(p)[i];
+    case v1::DTYPE_U8: return static_cast<const uint8_t*>(p)[i];
+    case v1::DTYPE_I16: return static_cast<const int16_t*>(p)[i];
+    case v1::DTYPE_I32: return static_cast<const int32_t*>(p)[i];
+    case v1::DTYPE_I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case v1::DTYPE_BOOL: return static_cast<const uint8_t*>(p)[i] != 0 ? 1.0 : 0.0;
+    default: return 0.0;
+  }
+}
+
+void HostTensor::SetFromDouble(int64_t i, double v) {
+  void* p = data();
+  switch (dtype_) {
+    case v1::DTYPE_F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case v1::DTYPE_F64: static_cast<double*>(p)[i] = v; break;
+    case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); break;
+    case v1::DTYPE_I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case v1::DTYPE_U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case v1::DTYPE_I16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+    case v1::DTYPE_I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case v1::DTYPE_I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case v1::DTYPE_BOOL: static_cast<uint8_t*>(p)[i] = v != 0.0 ? 1 : 0; break;
+    default: break;
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,351 @@
+// Inference for sources, quantization, control flow, losses, collectives,
+// custom ops and the internal ops passes create.
+#include "engine/ir/infer_internal.h"
+#include "engine/ir/verifier.h"
+
+namespace kiln::ir::infer_internal {
+namespace {
+
+absl::Status InferSource(Ctx& c) {
+  if (auto s = c.Arity(0, 0); !s.ok()) return s;
+  if (c.node.op == v1::OP_CONSTANT) {
+    if (!c.node.value) return c.Error("constant has no value");
+    const HostTensor& v = *c.node.value;
+    return c.Set(TensorType(v.dtype(), IrDims(v.dims().begin(), v.dims().end())));
+  }
+  if (c.node.outputs.size() != 1) {
+    return c.Error("field outputs must declare exactly one type for an ",
+                   c.node.op == v1::OP_INPUT ? "input" : "param");
+  }
+  if (c.node.name.empty()) return c.Error("field name is required for inputs and params");
+  const TensorType& t = c.node.outputs[0];
+  if (!IsKnownDType(t.dtype)) return c.Error("declared dtype ", static_cast<int>(t.dtype), " is unknown");
+  if (c.node.op == v1::OP_PARAM && !t.is_static()) {
+    return c.Error("param shapes must be concrete, got ", TypeToString(t, c.graph.symbols()));
+  }
+  if (IsQuantized(t.dtype) && t.is_static()) {
+    if (!BytesFor(t.dtype, t.num_elements())) {
+      return c.Error(TypeToString(t, c.graph.symbols()), " is not a whole number of ",
+                     LayoutOf(t.dtype).block_elems, "-element blocks");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckScale(Ctx& c, int operand, const TensorType& x, bool has_axis, int64_t axis_attr) {
+  const TensorType& s = c.in(operand);
+  if (!IsFloat(s.dtype)) return c.Error("scale (operand ", operand, ") must be float, got ", c.T(operand));
+  if (!has_axis) {
+    if (s.rank() != 0 && !(s.rank() == 1 && s.dims[0] == 1)) {
+      return c.Error("per-tensor scale must be a scalar, got ", c.T(operand));
+    }
+    return absl::OkStatus();
+  }
+  int64_t axis;
+  if (auto st = c.Axis(axis_attr, x.rank(), "axis", &axis); !st.ok()) return st;
+  if (s.rank() != 1 || !DimsCompatible(s.dims[0], x.dims[axis])) {
+    return c.Error("per-channel scale must be [", x.dims[axis], "], got ", c.T(operand));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBits(Ctx& c, int32_t bits) {
+  if (bits != 8 && bits != 4) return c.Error("attribute bits=", bits, " must be 8 or 4");
+  return absl::OkStatus();
+}
+
+absl::Status InferQuant(Ctx& c) {
+  switch (c.node.op) {
+    case v1::OP_QUANTIZE: {
+      if (auto s = c.Arity(2, 3); !s.ok()) return s;
+      if (auto s = c.NeedFloat(0); !s.ok()) return s;
+      const auto& a = c.node.attrs.quantize();
+      if (auto s = CheckBits(c, a.bits()); !s.ok()) return s;
+      if (auto s = CheckScale(c, 1, c.in(0), a.has_axis(), a.axis()); !s.ok()) return s;
+      const DType to = a.to() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_I8 : a.to();
+      if (to != v1::DTYPE_I8 && to != v1::DTYPE_U8) return c.Error("attribute to must be i8 or u8");
+      return c.Set(TensorType(to, c.in(0).dims));
+    }
+    case v1::OP_DEQUANTIZE: {
+      const auto& a = c.node.attrs.dequantize();
+      const DType to = a.to() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : a.to();
+      if (!IsFloat(to)) return c.Error("attribute to must be a float type");
+      if (IsQuantized(c.in(0).dtype)) {
+        if (auto s = c.Arity(1, 1); !s.ok()) return s;
+        return c.Set(TensorType(to, c.in(0).dims));
+      }
+      if (auto s = c.Arity(2, 3); !s.ok()) return s;
+      if (c.in(0).dtype != v1::DTYPE_I8 && c.in(0).dtype != v1::DTYPE_U8) {
+        return c.Error("dequantize reads i8, u8 or block-quantized types, got ", c.T(0));
+      }
+      if (auto s = CheckScale(c, 1, c.in(0), a.has_axis(), a.axis()); !s.ok()) return s;
+      return c.Set(TensorType(to, c.in(0).dims));
+    }
+    case v1::OP_FAKE_QUANTIZE:
+    case v1::OP_FAKE_QUANTIZE_LSQ: {
+      const bool lsq = c.node.op == v1::OP_FAKE_QUANTIZE_LSQ;
+      if (auto s = lsq ? c.Arity(2, 2) : c.Arity(2, 3); !s.ok()) return s;
+      if (auto s = c.NeedFloat(0); !s.ok()) return s;
+      const int32_t bits = lsq ? c.node.attrs.fake_quantize_lsq().bits()
+                               : c.node.attrs.fake_quantize().bits();
+      const bool has_axis = lsq ? c.node.attrs.fake_quantize_lsq().has_axis()
+                                : c.node.attrs.fake_quantize().has_axis();
+      const int64_t axis = lsq ? c.node.attrs.fake_quantize_lsq().axis()
+                               : c.node.attrs.fake_quantize().axis();
+      if (auto s = CheckBits(c, bits); !s.ok()) return s;
+      if (auto s = CheckScale(c, 1, c.in(0), has_axis, axis); !s.ok()) return s;
+      return c.Set(c.in(0));
+    }
+    case v1::OP_DEQUANT_MATMUL: {
+      if (auto s = c.Arity(2, 2); !s.ok()) return s;
+      if (auto s = c.NeedFloat(0); !s.ok()) return s;
+      const TensorType& a = c.in(0);
+      const TensorType& w = c.in(1);
+      if (!IsQuantized(w.dtype)) return c.Error("weights must be block-quantized, got ", c.T(1));
+      if (a.rank() < 1 || w.rank() != 2) return c.Error("expects a [..., K] @ w [K, N] or [N, K]");
+      const bool tb = c.node.attrs.dequant_matmul().transpose_b();
+      const int64_t k = tb ? w.dims[1] : w.dims[0];
+      const int64_t n = tb ? w.dims[0] : w.dims[1];
+      if (!DimsCompatible(a.dims.back(), k)) return c.Error("K differs: ", c.T(0), " vs ", c.T(1));
+      IrDims out = a.dims;
+      out.back() = n;
+      return c.Set(TensorType(a.dtype, std::move(out)));
+    }
+    default:
+      return c.Error("not a quantization op");
+  }
+}
+
+absl::Status InferControlFlow(Ctx& c) {
+  if (c.depth + 1 > c.limits.max_subgraph_depth) {
+    return c.Error("subgraph nesting exceeds the limit of ", c.limits.max_subgraph_depth);
+  }
+  std::vector<TensorType> args;
+  for (int i = 0; i < c.num_operands(); ++i) args.push_back(c.in(i));
+  switch (c.node.op) {
+    case v1::OP_SCAN: {
+      const auto& a = c.node.attrs.scan();
+      const int nc = a.num_carries();
+      if (nc < 0 || nc > c.num_operands()) return c.Error("attribute num_carries out of range");
+      if (a.length() < 0) return c.Error("attribute length must be >= 0");
+      std::vector<TensorType> body_args(args.begin(), args.begin() + nc);
+      for (int i = nc; i < c.num_operands(); ++i) {
+        const TensorType& x = c.in(i);
+        if (x.rank() < 1 || !DimsCompatible(x.dims[0], a.length())) {
+          return c.Error("xs operand ", i, " must have leading dim length=", a.length(), ", got ",
+                         c.T(i));
+        }
+        body_args.push_back(TensorType(x.dtype, IrDims(x.dims.begin() + 1, x.dims.end())));
+      }
+      auto outs = InferSubgraph(a.body(), body_args, c.limits, c.depth + 1);
+      if (!outs.ok()) return c.Error("in scan body: ", outs.status().message());
+      if (static_cast<int>(outs->size()) < nc) return c.Error("scan body returns fewer than num_carries values");
+      c.node.outputs.clear();
+      for (int i = 0; i < nc; ++i) {
+        if (!((*outs)[i].dtype == args[i].dtype && (*outs)[i].rank() == args[i].rank())) {
+          return c.Error("scan body carry ", i, " changes type from ", c.T(i));
+        }
+        c.node.outputs.push_back(args[i]);
+      }
+      for (size_t i = nc; i < outs->size(); ++i) {
+        IrDims d = (*outs)[i].dims;
+        d.insert(d.begin(), a.length());
+        c.node.outputs.push_back(TensorType((*outs)[i].dtype, std::move(d)));
+      }
+      return absl::OkStatus();
+    }
+    case v1::OP_IF: {
+      if (c.num_operands() < 1 || c.in(0).dtype != v1::DTYPE_BOOL || c.in(0).rank() != 0) {
+        return c.Error("operand 0 must be a bool scalar predicate");
+      }
+      std::vector<TensorType> branch_args(args.begin() + 1, args.end());
+      auto then_outs = InferSubgraph(c.node.attrs.if_().then_branch(), branch_args, c.limits, c.depth + 1);
+      if (!then_outs.ok()) return c.Error("in then_branch: ", then_outs.status().message());
+      auto else_outs = InferSubgraph(c.node.attrs.if_().else_branch(), branch_args, c.limits, c.depth + 1);
+      if (!else_outs.ok()) return c.Error("in else_branch: ", else_outs.status().message());
+      if (then_outs->size() != else_outs->size()) return c.Error("branches return different counts");
+      for (size_t i = 0; i < then_outs->size(); ++i) {
+        if (!((*then_outs)[i] == (*else_outs)[i])) return c.Error("branch result ", i, " types differ");
+      }
+      c.node.outputs.assign(then_outs->begin(), then_outs->end());
+      return absl::OkStatus();
+    }
+    case v1::OP_WHILE: {
+      const auto& a = c.node.attrs.while_();
+      if (a.max_iterations() < 0) return c.Error("attribute max_iterations must be >= 0");
+      auto cond = InferSubgraph(a.cond(), args, c.limits, c.depth + 1);
+      if (!cond.ok()) return c.Error("in cond: ", cond.status().message());
+      if (cond->size() != 1 || (*cond)[0].dtype != v1::DTYPE_BOOL || (*cond)[0].rank() != 0) {
+        return c.Error("cond must return one bool scalar");
+      }
+      auto body = InferSubgraph(a.body(), args, c.limits, c.depth + 1);
+      if (!body.ok()) return c.Error("in body: ", body.status().message());
+      if (body->size() != args.size()) return c.Error("body must return one value per operand");
+      for (size_t i = 0; i < args.size(); ++i) {
+        if ((*body)[i].dtype != args[i].dtype) return c.Error("body changes the dtype of carry ", i);
+      }
+      c.node.outputs.assign(args.begin(), args.end());
+      return absl::OkStatus();
+    }
+    default:
+      return c.Error("not a control-flow op");
+  }
+}
+
+absl::Status InferLoss(Ctx& c) {
+  if (c.node.op == v1::OP_SOFTMAX_CROSS_ENTROPY) {
+    if (auto s = c.Arity(2, 2); !s.ok()) return s;
+    if (auto s = c.NeedFloat(0); !s.ok()) return s;
+    const auto& a = c.node.attrs.softmax_cross_entropy();
+    if (!v1::Reduction_IsValid(a.reduction())) return c.Error("unknown reduction");
+    if (a.label_smoothing() < 0 || a.label_smoothing() > 1) {
+      return c.Error("attribute label_smoothing must be in [0, 1]");
+    }
+    const TensorType& x = c.in(0);
+    const TensorType& y = c.in(1);
+    if (x.rank() < 1) return c.Error("logits need rank >= 1 (classes last)");
+    const IrDims batch(x.dims.begin(), x.dims.end() - 1);
+    if (IsInteger(y.dtype)) {
+      bool ok = y.dims.size() == batch.size();
+      for (size_t i = 0; ok && i < batch.size(); ++i) ok = DimsCompatible(y.dims[i], batch[i]);
+      if (!ok) return c.Error("integer labels must be shaped like the logits without classes");
+    } else if (IsFloat(y.dtype)) {
+      if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+      bool ok = y.dims.size() == x.dims.size();
+      for (size_t i = 0; ok && i < x.dims.size(); ++i) ok = DimsCompatible(y.dims[i], x.dims[i]);
+      if (!ok) return c.Error("probability labels must be shaped like the logits");
+    } else {
+      return c.Error("labels must be integers or floats, got ", c.T(1));
+    }
+    return c.Set(TensorType(x.dtype, a.reduction() == v1::REDUCTION_NONE ? batch : IrDims{}));
+  }
+  if (auto s = c.Arity(2, 2); !s.ok()) return s;
+  if (auto s = c.NeedFloat(0); !s.ok()) return s;
+  if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+  const auto& a = c.node.attrs.mean_squared_error();
+  if (!v1::Reduction_IsValid(a.reduction())) return c.Error("unknown reduction");
+  IrDims d;
+  if (!BroadcastDims(c.in(0).dims, c.in(1).dims, &d) || d.size() != c.in(0).dims.size()) {
+    return c.Error("prediction and target shapes differ: ", c.T(0), " vs ", c.T(1));
+  }
+  return c.Set(TensorType(c.in(0).dtype, a.reduction() == v1::REDUCTION_NONE ? d : IrDims{}));
+}
+
+absl::Status InferCollective(Ctx& c) {
+  if (auto s = c.Arity(1, 1); !s.ok()) return s;
+  const TensorType& x = c.in(0);
+  const v1::CollectiveAttrs& a = c.node.op == v1::OP_ALL_REDUCE   ? c.node.attrs.all_reduce()
+                                 : c.node.op == v1::OP_ALL_GATHER ? c.node.attrs.all_gather()
+                                                                  : c.node.attrs.reduce_scatter();
+  if (c.node.op == v1::OP_ALL_REDUCE) return c.Set(x);
+  if (x.rank() == 0) return c.Error("needs rank >= 1");
+  int64_t axis;
+  if (auto s = c.Axis(a.axis(), x.rank(), "axis", &axis); !s.ok()) return s;
+  IrDims out = x.dims;
+  const int64_t g = a.group_size();
+  if (g == 0 || out[axis] < 0) {
+    out[axis] = kDynamic;
+  } else if (c.node.op == v1::OP_ALL_GATHER) {
+    out[axis] *= g;
+  } else {
+    if (out[axis] % g != 0) return c.Error("dim ", axis, " not divisible by the group size ", g);
+    out[axis] /= g;
+  }
+  return c.Set(TensorType(x.dtype, std::move(out)));
+}
+
+absl::Status InferFused(Ctx& c) {
+  switch (c.node.op) {
+    case v1::OP_FUSED_ELEMENTWISE: {
+      const auto& a = c.node.attrs.fused_elementwise();
+      if (c.num_operands() < 1) return c.Error("fused region has no inputs");
+      IrDims dims = c.in(0).dims;
+      for (int i = 1; i < c.num_operands(); ++i) {
+        IrDims next;
+        if (!BroadcastDims(dims, c.in(i).dims, &next)) return c.Error("region inputs do not broadcast");
+        dims = std::move(next);
+      }
+      const int n = c.num_operands();
+      c.node.outputs.clear();
+      for (int r : a.results()) {
+        if (r < 0 || r >= a.instrs_size()) return c.Error("region result ", r, " out of range");
+        c.node.outputs.push_back(TensorType(a.instrs(r).dtype(), dims));
+      }
+      for (int j = 0; j < a.instrs_size(); ++j) {
+        for (int arg : a.instrs(j).args()) {
+          if (arg < 0 || arg >= n + j) return c.Error("instruction ", j, " reads ", arg, " out of range");
+        }
+      }
+      return absl::OkStatus();
+    }
+    case v1::OP_FUSED_MATMUL: {
+      const auto& a = c.node.attrs.fused_matmul();
+      const int want = 2 + a.has_bias() + a.has_residual();
+      if (auto s = c.Arity(want, want); !s.ok()) return s;
+      Node mm = c.node;
+      mm.op = v1::OP_MATMUL;
+      mm.operands.resize(2);
+      mm.attrs.Clear();
+      mm.attrs.mutable_matmul()->set_transpose_a(a.transpose_a());
+      mm.attrs.mutable_matmul()->set_transpose_b(a.transpose_b());
+      Ctx mc{c.graph, mm, c.limits, c.depth};
+      if (auto s = InferLinalg(mc); !s.ok()) return s;
+      const TensorType out = mm.outputs[0];
+      int next = 2;
+      if (a.has_bias()) {
+        const TensorType& b = c.in(next++);
+        if (b.rank() != 1 || !DimsCompatible(b.dims[0], out.dims.back())) {
+          return c.Error("bias must be [N], got ", TypeToString(b, c.graph.symbols()));
+        }
+      }
+      if (a.has_residual() && !(c.in(next).dims == out.dims)) {
+        return c.Error("residual must match the result shape");
+      }
+      return c.Set(out);
+    }
+    case v1::OP_FUSED_RESIDUAL_NORM: {
+      const auto& a = c.node.attrs.fused_residual_norm();
+      const int want = 2 + a.has_scale() + a.has_bias();
+      if (auto s = c.Arity(want, want); !s.ok()) return s;
+      if (!(c.in(0) == c.in(1))) return c.Error("x and residual must match");
+      c.node.outputs.clear();
+      c.node.outputs.push_back(c.in(0));
+      if (a.emit_sum()) c.node.outputs.push_back(c.in(0));
+      return absl::OkStatus();
+    }
+    case v1::OP_COPY:
+      if (auto s = c.Arity(1, 1); !s.ok()) return s;
+      return c.Set(c.in(0));
+    default:
+      return c.Error("not a fused op");
+  }
+}
+
+}  // namespace
+
+absl::Status InferMisc(Ctx& c) {
+  switch (c.node.op) {
+    case v1::OP_INPUT: case v1::OP_PARAM: case v1::OP_CONSTANT:
+      return InferSource(c);
+    case v1::OP_QUANTIZE: case v1::OP_DEQUANTIZE: case v1::OP_FAKE_QUANTIZE:
+    case v1::OP_FAKE_QUANTIZE_LSQ: case v1::OP_DEQUANT_MATMUL:
+      return InferQuant(c);
+    case v1::OP_SCAN: case v1::OP_IF: case v1::OP_WHILE:
+      return InferControlFlow(c);
+    case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
+      return InferLoss(c);
+    case v1::OP_ALL_REDUCE: case v1::OP_ALL_GATHER: case v1::OP_REDUCE_SCATTER:
+      return InferCollective(c);
+    case v1::OP_CUSTOM:
+      if (c.node.attrs.custom().name().empty()) return c.Error("attribute name is required");
+      if (c.node.outputs.empty()) return c.Error("custom ops must declare their result types");
+      return absl::OkStatus();
+    case v1::OP_FUSED_ELEMENTWISE: case v1::OP_FUSED_MATMUL: case v1::OP_FUSED_RESIDUAL_NORM:
+    case v1::OP_COPY:
+      return InferFused(c);
+    default:
+      return c.Error("unknown op ", static_cast<int>(c.node.op));
+  }
+}
+
+}  // namespace kiln::ir::infer_internal

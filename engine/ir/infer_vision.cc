@@ -1,0 +1,183 @@
+// Inference for convolution, pooling and FFTs.
+#include "engine/ir/infer_internal.h"
+
+namespace kiln::ir::infer_internal {
+namespace {
+
+// Per-spatial-dim attribute with a default when empty.
+absl::Status Spatial(Ctx& c, const google::protobuf::RepeatedField<int64_t>& f, int n,
+                     int64_t def, int64_t min, const char* name, std::vector<int64_t>* out) {
+  if (f.empty()) {
+    out->assign(n, def);
+    return absl::OkStatus();
+  }
+  if (f.size() != n) {
+    return c.Error("attribute ", name, " needs ", n, " entries (one per spatial dim), got ",
+                   f.size());
+  }
+  out->assign(f.begin(), f.end());
+  for (int64_t v : *out) {
+    if (v < min) return c.Error("attribute ", name, "=", v, " must be >= ", min);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferConv(Ctx& c) {
+  if (auto s = c.Arity(2, 3); !s.ok()) return s;
+  if (auto s = c.NeedFloat(0); !s.ok()) return s;
+  if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+  const TensorType& x = c.in(0);
+  const TensorType& w = c.in(1);
+  if (x.rank() != 3 && x.rank() != 4) return c.Error("x must be [N, C, L] or [N, C, H, W], got ", c.T(0));
+  if (w.rank() != x.rank()) return c.Error("w must have rank ", x.rank(), ", got ", c.T(1));
+  const int sp = static_cast<int>(x.rank()) - 2;
+  const auto& a = c.node.attrs.conv();
+  const int64_t groups = a.groups() == 0 ? 1 : a.groups();
+  if (groups < 1) return c.Error("attribute groups must be >= 1");
+  std::vector<int64_t> stride, dil, lo, hi;
+  if (auto s = Spatial(c, a.stride(), sp, 1, 1, "stride", &stride); !s.ok()) return s;
+  if (auto s = Spatial(c, a.dilation(), sp, 1, 1, "dilation", &dil); !s.ok()) return s;
+  if (auto s = Spatial(c, a.pad_low(), sp, 0, 0, "pad_low", &lo); !s.ok()) return s;
+  if (auto s = Spatial(c, a.pad_high(), sp, 0, 0, "pad_high", &hi); !s.ok()) return s;
+  const int64_t cin = x.dims[1], o = w.dims[0];
+  if (cin >= 0 && cin % groups != 0) return c.Error("channels ", cin, " not divisible by groups");
+  if (o >= 0 && o % groups != 0) return c.Error("output channels ", o, " not divisible by groups");
+  if (cin >= 0 && w.dims[1] >= 0 && w.dims[1] * groups != cin) {
+    return c.Error("w has ", w.dims[1], " input channels per group, x has ", cin, " / ", groups);
+  }
+  if (c.num_operands() == 3) {
+    if (auto s = c.SameDType(0, 2); !s.ok()) return s;
+    if (c.in(2).rank() != 1 || !DimsCompatible(c.in(2).dims[0], o)) {
+      return c.Error("bias must be [", o, "], got ", c.T(2));
+    }
+  }
+  IrDims out = {x.dims[0], o};
+  for (int i = 0; i < sp; ++i) {
+    const int64_t in = x.dims[2 + i], k = w.dims[2 + i];
+    if (in < 0 || k < 0) {
+      out.push_back(kDynamic);
+      continue;
+    }
+    const int64_t eff = dil[i] * (k - 1) + 1;
+    const int64_t padded = in + lo[i] + hi[i];
+    if (k == 0) return c.Error("kernel dim ", i, " is zero");
+    if (padded < eff) {
+      return c.Error("spatial dim ", i, " (", in, " padded to ", padded,
+                     ") is smaller than the dilated kernel ", eff);
+    }
+    out.push_back((padded - eff) / stride[i] + 1);
+  }
+  return c.Set(TensorType(x.dtype, std::move(out)));
+}
+
+absl::Status InferConvTranspose(Ctx& c) {
+  if (auto s = c.Arity(2, 3); !s.ok()) return s;
+  if (auto s = c.NeedFloat(0); !s.ok()) return s;
+  if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+  const TensorType& x = c.in(0);
+  const TensorType& w = c.in(1);
+  if (x.rank() != 4 || w.rank() != 4) return c.Error("x and w must be rank 4 (NCHW, [C, O/g, kH, kW])");
+  const auto& a = c.node.attrs.conv_transpose2d();
+  const int64_t groups = a.groups() == 0 ? 1 : a.groups();
+  if (groups < 1) return c.Error("attribute groups must be >= 1");
+  std::vector<int64_t> stride, dil, lo, hi, op;
+  if (auto s = Spatial(c, a.stride(), 2, 1, 1, "stride", &stride); !s.ok()) return s;
+  if (auto s = Spatial(c, a.dilation(), 2, 1, 1, "dilation", &dil); !s.ok()) return s;
+  if (auto s = Spatial(c, a.pad_low(), 2, 0, 0, "pad_low", &lo); !s.ok()) return s;
+  if (auto s = Spatial(c, a.pad_high(), 2, 0, 0, "pad_high", &hi); !s.ok()) return s;
+  if (auto s = Spatial(c, a.output_padding(), 2, 0, 0, "output_padding", &op); !s.ok()) return s;
+  if (!DimsCompatible(x.dims[1], w.dims[0])) {
+    return c.Error("w must have ", x.dims[1], " input channels, got ", c.T(1));
+  }
+  const int64_t o = w.dims[1] >= 0 ? w.dims[1] * groups : kDynamic;
+  IrDims out = {x.dims[0], o};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t in = x.dims[2 + i], k = w.dims[2 + i];
+    if (in < 0 || k < 0) {
+      out.push_back(kDynamic);
+      continue;
+    }
+    const int64_t size = (in - 1) * stride[i] - lo[i] - hi[i] + dil[i] * (k - 1) + op[i] + 1;
+    if (size < 0) return c.Error("output spatial dim ", i, " would be negative");
+    out.push_back(size);
+  }
+  return c.Set(TensorType(x.dtype, std::move(out)));
+}
+
+absl::Status InferPool(Ctx& c) {
+  if (auto s = c.Arity(1, 1); !s.ok()) return s;
+  if (auto s = c.NeedFloat(0); !s.ok()) return s;
+  const TensorType& x = c.in(0);
+  if (x.rank() != 3 && x.rank() != 4) return c.Error("x must be [N, C, L] or [N, C, H, W], got ", c.T(0));
+  const int sp = static_cast<int>(x.rank()) - 2;
+  const auto& a = c.node.attrs.pool();
+  if (a.kind() == v1::POOL_KIND_UNSPECIFIED || !v1::PoolKind_IsValid(a.kind())) {
+    return c.Error("unknown pool kind ", static_cast<int>(a.kind()));
+  }
+  std::vector<int64_t> window, stride, lo, hi;
+  if (a.window_size() != sp) return c.Error("attribute window needs ", sp, " entries");
+  if (auto s = Spatial(c, a.window(), sp, 1, 1, "window", &window); !s.ok()) return s;
+  if (auto s = Spatial(c, a.stride(), sp, 0, 1, "stride", &stride); !s.ok()) return s;
+  if (a.stride().empty()) stride = window;
+  if (auto s = Spatial(c, a.pad_low(), sp, 0, 0, "pad_low", &lo); !s.ok()) return s;
+  if (auto s = Spatial(c, a.pad_high(), sp, 0, 0, "pad_high", &hi); !s.ok()) return s;
+  IrDims out = {x.dims[0], x.dims[1]};
+  for (int i = 0; i < sp; ++i) {
+    if (lo[i] >= window[i] || hi[i] >= window[i]) {
+      return c.Error("padding on spatial dim ", i, " must be below the window ", window[i]);
+    }
+    const int64_t in = x.dims[2 + i];
+    if (in < 0) {
+      out.push_back(kDynamic);
+      continue;
+    }
+    const int64_t padded = in + lo[i] + hi[i];
+    if (padded < window[i]) return c.Error("spatial dim ", i, " is smaller than the window");
+    out.push_back((padded - window[i]) / stride[i] + 1);
+  }
+  return c.Set(TensorType(x.dtype, std::move(out)));
+}
+
+absl::Status InferFft(Ctx& c) {
+  if (auto s = c.Arity(1, 1); !s.ok()) return s;
+  if (auto s = c.NeedFloat(0); !s.ok()) return s;
+  const TensorType& x = c.in(0);
+  const v1::FftAttrs& a = c.node.op == v1::OP_FFT    ? c.node.attrs.fft()
+                          : c.node.op == v1::OP_RFFT ? c.node.attrs.rfft()
+                                                     : c.node.attrs.irfft();
+  if (a.n() < 0) return c.Error("attribute n must be >= 0");
+  IrDims out = x.dims;
+  if (c.node.op == v1::OP_RFFT) {  // real [..., L] -> complex [..., n/2+1, 2]
+    if (x.rank() < 1) return c.Error("rfft needs rank >= 1");
+    const int64_t len = a.n() ? a.n() : x.dims.back();
+    out.back() = len >= 0 ? len / 2 + 1 : kDynamic;
+    out.push_back(2);
+    return c.Set(TensorType(x.dtype, std::move(out)));
+  }
+  if (x.rank() < 2 || x.dims.back() != 2) {
+    return c.Error("complex input must end in a dim of 2 (re, im), got ", c.T(0));
+  }
+  const int64_t len = x.dims[x.rank() - 2];
+  if (c.node.op == v1::OP_FFT) {
+    if (a.n()) out[x.rank() - 2] = a.n();
+    return c.Set(TensorType(x.dtype, std::move(out)));
+  }
+  // irfft: complex [..., m, 2] -> real [..., n] with n default 2 (m - 1).
+  out.pop_back();
+  out.back() = a.n() ? a.n() : (len >= 0 ? 2 * (len - 1) : kDynamic);
+  return c.Set(TensorType(x.dtype, std::move(out)));
+}
+
+}  // namespace
+
+absl::Status InferVision(Ctx& c) {
+  switch (c.node.op) {
+    case v1::OP_CONV: return InferConv(c);
+    case v1::OP_CONV_TRANSPOSE2D: return InferConvTranspose(c);
+    case v1::OP_POOL: return InferPool(c);
+    case v1::OP_FFT: case v1::OP_RFFT: case v1::OP_IRFFT: return InferFft(c);
+    default: return c.Error("not a vision op");
+  }
+}
+
+}  // namespace kiln::ir::infer_internal

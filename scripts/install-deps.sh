@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Kiln builds, tests and benchmarks with, but only
+# the ones that are missing, so a warm machine pays nothing. Called first by
+# `make run` and `make test`; safe to run by hand.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ninja-build ccache pkg-config git
+  # wire, logging, metrics
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev libfmt-dev prometheus-cpp-dev libssl-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev
+  # CPU backend
+  libdnnl-dev
+  # Vulkan backend (lavapipe runs it on the CPU)
+  libvulkan-dev glslc spirv-tools libshaderc-dev mesa-vulkan-drivers vulkan-tools
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # Python client and numerics references
+  python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
+  python3-torch python3-onnx libopenblas0-pthread
+  # metrics scrape test
+  curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+# Node.js may come from outside Debian (its own npm included); the Debian npm
+# package conflicts with such an install, so ask for it only when npm is absent.
+if ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all ${#packages[@]} packages present"
+fi
