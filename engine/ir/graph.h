@@ -82,6 +82,7 @@ struct Node {
   v1::Path path = v1::PATH_UNSPECIFIED;      // set by legalize
   std::string device;                        // set by place
   std::vector<int32_t> origins;              // user node ids this node computes
+  int64_t offset = -1;                       // set by plan_memory: arena byte offset
 
   const TensorType& type(int i = 0) const { return outputs[i]; }
   ValueRef out(int i = 0) const { return ValueRef{id, i}; }

@@ -1,0 +1,86 @@
+// Runs every registered case on every device of every backend.
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/conformance/conformance.h"
+
+namespace kiln::conformance {
+namespace {
+
+struct DeviceSet {
+  std::vector<std::unique_ptr<backend::Backend>> backends;
+  std::vector<backend::Device*> devices;
+};
+
+DeviceSet& Devices() {
+  static DeviceSet* set = [] {
+    auto* s = new DeviceSet();
+    for (const auto& reg : backend::RegisteredBackends()) {
+      auto b = reg.factory(backend::BackendOptions{});
+      if (!b.ok()) {
+        std::fprintf(stderr, "backend %s unavailable: %s\n", reg.name.c_str(),
+                     std::string(b.status().message()).c_str());
+        continue;
+      }
+      for (backend::Device* d : (*b)->devices()) s->devices.push_back(d);
+      s->backends.push_back(std::move(b).value());
+    }
+    return s;
+  }();
+  return *set;
+}
+
+class ConformanceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConformanceTest, MatchesReferenceOnEveryDevice) {
+  const std::string family_name = GetParam();
+  Family family;
+  for (const auto& f : Families()) {
+    if (f.name == family_name) family = f;
+  }
+  const std::vector<Case> cases = family.generator();
+  ASSERT_FALSE(cases.empty());
+  ASSERT_FALSE(Devices().devices.empty()) << "no device at all (the CPU backend must register)";
+  for (backend::Device* device : Devices().devices) {
+    int ran = 0, skipped = 0;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(device->info().id, " ", c.name));
+      if (!device->Supports(c.spec).native) {
+        ++skipped;
+        // The CPU is the guaranteed fallback: it claims every case.
+        EXPECT_NE(device->info().backend, "cpu") << device->Supports(c.spec).reason;
+        continue;
+      }
+      auto got = RunOnDevice(*device, c);
+      if (!c.expect_error.empty()) {
+        ASSERT_FALSE(got.ok()) << "expected an error containing: " << c.expect_error;
+        EXPECT_NE(std::string(got.status().message()).find(c.expect_error), std::string::npos)
+            << got.status();
+        ++ran;
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << got.status();
+      const std::vector<HostTensor> want = c.reference(c.spec, c.inputs);
+      ASSERT_EQ(got->size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        const std::string diff = Compare((*got)[i], want[i], c.tol);
+        EXPECT_TRUE(diff.empty()) << "output " << i << ": " << diff;
+      }
+      ++ran;
+    }
+    std::printf("[ %s ] %s: %d cases ran, %d not claimed\n", device->info().id.c_str(),
+                family_name.c_str(), ran, skipped);
+  }
+}
+
+std::vector<std::string> FamilyNames() {
+  std::vector<std::string> names;
+  for (const auto& f : Families()) names.push_back(f.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, ConformanceTest, ::testing::ValuesIn(FamilyNames()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kiln::conformance
