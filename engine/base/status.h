@@ -49,15 +49,11 @@ class StatusBuilder {
 #define KILN_CONCAT_INNER(a, b) a##b
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
 
-// The switch makes the macro one statement, so `if (c) KILN_RETURN_IF_ERROR(x);`
-// has no dangling else.
-#define KILN_RETURN_IF_ERROR(expr)                                   \
-  switch (0)                                                         \
-  case 0:                                                            \
-  default:                                                           \
-    if (::absl::Status _kiln_status = (expr); _kiln_status.ok()) {   \
-    } else /* NOLINT */                                              \
-      return ::kiln::StatusBuilder(std::move(_kiln_status))
+// A for statement (not if/else) so `if (c) KILN_RETURN_IF_ERROR(x);` has no
+// dangling else; the body returns on the first iteration.
+#define KILN_RETURN_IF_ERROR(expr)                                     \
+  for (::absl::Status _kiln_status = (expr); !_kiln_status.ok();)      \
+  return ::kiln::StatusBuilder(std::move(_kiln_status))
 
 #define KILN_ASSIGN_OR_RETURN(lhs, rexpr) \
   KILN_ASSIGN_OR_RETURN_IMPL(KILN_CONCAT(_kiln_statusor_, __LINE__), lhs, rexpr)
