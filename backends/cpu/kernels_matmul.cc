@@ -1,0 +1,463 @@
+// MatMul and FusedMatMul on the CPU through oneDNN matmul primitives.
+//
+// The primitive is built once per kernel with the concrete shapes. Batch
+// dims follow NumPy broadcasting: a broadcast operand gets a dim of 1 in its
+// oneDNN descriptor (oneDNN broadcasts those), transposes are strides, and
+// batch dims that are laid out contiguously in all three tensors are merged
+// first. When only `a` carries a batch (x @ W, the linear layer), the batch
+// is folded into M so oneDNN sees one large 2-D product.
+//
+// Storage types: f32 runs as is; bf16 runs oneDNN's bf16 matmul (f32
+// accumulation) when this CPU has a native implementation; f16 (which oneDNN
+// 2.6 computes only on AVX512-FP16 CPUs) and bf16 without one are converted to
+// f32 around an f32 primitive. K = 0 runs the same primitive over a single zero
+// column, so the epilogue still sees act(0 + bias) + residual.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/onednn_util.h"
+#include "backends/cpu/parallel.h"
+#include "engine/base/status.h"
+
+namespace kiln::cpu {
+namespace {
+
+using backend::BufferView;
+using backend::Claim;
+using backend::KernelSpec;
+using backend::TensorDesc;
+using dt = dnnl::memory::data_type;
+
+// Products at least this large (M*N*K) of one unbatched matrix prefer oneDNN's
+// gemm-based implementation: on this class of CPU (measured on a 2-core Zen 5)
+// it runs at dnnl_sgemm speed, while oneDNN 2.6's brgemm matmul falls to
+// 75-93% of it for square sizes from 1280 to 2048. Smaller and batched
+// products keep oneDNN's own first choice (brgemm), which wins there.
+constexpr double kPreferGemmFlops = 16.0 * 1024 * 1024;
+
+// The activation of a FusedMatMul as a oneDNN eltwise post-op.
+struct Activation {
+  bool present = false;
+  dnnl::algorithm alg = dnnl::algorithm::undef;
+  float alpha = 0;
+  float beta = 0;
+  std::string name;
+};
+
+// Unary kinds oneDNN 2.6 eltwise computes; the reason otherwise.
+absl::StatusOr<Activation> ActivationOf(v1::UnaryKind kind) {
+  using A = dnnl::algorithm;
+  auto act = [](A alg, float alpha, float beta, std::string name) {
+    return Activation{true, alg, alpha, beta, std::move(name)};
+  };
+  switch (kind) {
+    case v1::UNARY_KIND_UNSPECIFIED:
+    case v1::UNARY_IDENTITY: return Activation{};
+    case v1::UNARY_RELU: return act(A::eltwise_relu, 0, 0, "relu");
+    case v1::UNARY_GELU: return act(A::eltwise_gelu_erf, 0, 0, "gelu");
+    case v1::UNARY_GELU_TANH: return act(A::eltwise_gelu_tanh, 0, 0, "gelu_tanh");
+    case v1::UNARY_SILU: return act(A::eltwise_swish, 1, 0, "silu");
+    case v1::UNARY_SIGMOID: return act(A::eltwise_logistic, 0, 0, "sigmoid");
+    case v1::UNARY_TANH: return act(A::eltwise_tanh, 0, 0, "tanh");
+    case v1::UNARY_EXP: return act(A::eltwise_exp, 0, 0, "exp");
+    case v1::UNARY_LOG: return act(A::eltwise_log, 0, 0, "log");
+    case v1::UNARY_SQRT: return act(A::eltwise_sqrt, 0, 0, "sqrt");
+    case v1::UNARY_RSQRT: return act(A::eltwise_pow, 1, -0.5f, "rsqrt");
+    case v1::UNARY_NEG: return act(A::eltwise_linear, -1, 0, "neg");
+    case v1::UNARY_ABS: return act(A::eltwise_abs, 0, 0, "abs");
+    case v1::UNARY_RECIPROCAL: return act(A::eltwise_pow, 1, -1, "reciprocal");
+    case v1::UNARY_SOFTPLUS: return act(A::eltwise_soft_relu, 0, 0, "softplus");
+    case v1::UNARY_ROUND:
+      // oneDNN rounds half to even; graph.proto does not pin the tie rule.
+      return absl::UnimplementedError(
+          "fused round is not claimed: oneDNN rounds ties to even and graph.proto does not "
+          "pin the tie rule");
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("oneDNN 2.6 eltwise has no ", v1::UnaryKind_Name(kind),
+                       " to fuse into a matmul"));
+  }
+}
+
+// The product after rank-1 promotion, broadcasting and batch merging.
+struct MatMulPlan {
+  bool ta = false, tb = false;
+  int64_t m = 0, n = 0, k = 0;
+  // Batch dims of the result of size > 1, outermost first, with element
+  // strides per operand (0 = that operand is broadcast along the dim).
+  std::vector<int64_t> batch, a_stride, b_stride, c_stride;
+  int64_t out_elements = 0;
+  // A rank-1 b makes the result's last dim M: a bias then runs along rows.
+  bool bias_per_row = false;
+};
+
+absl::StatusOr<MatMulPlan> PlanMatMul(const Dims& a_dims, const Dims& b_dims, bool ta, bool tb,
+                                      const Dims& out_dims, bool has_bias) {
+  Dims a = a_dims, b = b_dims;
+  if (a.empty() || b.empty()) return absl::InvalidArgumentError("operands must have rank >= 1");
+  const bool a_vec = a.size() == 1, b_vec = b.size() == 1;
+  if (a_vec) a.insert(a.begin(), 1);
+  if (b_vec) b.push_back(1);
+  const size_t ra = a.size(), rb = b.size();
+  MatMulPlan p;
+  p.ta = ta;
+  p.tb = tb;
+  p.bias_per_row = has_bias && b_vec && !a_vec;
+  p.m = ta ? a[ra - 1] : a[ra - 2];
+  p.k = ta ? a[ra - 2] : a[ra - 1];
+  const int64_t kb = tb ? b[rb - 1] : b[rb - 2];
+  p.n = tb ? b[rb - 2] : b[rb - 1];
+  if (p.k != kb) {
+    return absl::InvalidArgumentError(absl::StrCat("contracting dims differ: ", p.k, " vs ", kb));
+  }
+  // A transposed rank-1 operand keeps its length as M (or N), which the
+  // promoted result shape drops: only a length of 1 is consistent.
+  if (a_vec && p.m != 1) {
+    return absl::InvalidArgumentError("transpose_a on a rank-1 operand longer than 1");
+  }
+  if (b_vec && p.n != 1) {
+    return absl::InvalidArgumentError("transpose_b on a rank-1 operand longer than 1");
+  }
+  const size_t r = std::max(ra, rb) - 2;
+  Dims ab(r, 1), bb(r, 1), cb(r, 1);
+  std::copy(a.begin(), a.end() - 2, ab.begin() + (r - (ra - 2)));
+  std::copy(b.begin(), b.end() - 2, bb.begin() + (r - (rb - 2)));
+  for (size_t i = 0; i < r; ++i) {
+    if (ab[i] != bb[i] && ab[i] != 1 && bb[i] != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch dims do not broadcast: ", DimsToString(a_dims), " @ ",
+                       DimsToString(b_dims)));
+    }
+    cb[i] = ab[i] == 1 ? bb[i] : ab[i];
+  }
+  Dims want = cb;
+  if (!a_vec) want.push_back(p.m);
+  if (!b_vec) want.push_back(p.n);
+  if (want != out_dims) {
+    return absl::InvalidArgumentError(absl::StrCat("result dims ", DimsToString(out_dims),
+                                                   " differ from ", DimsToString(want)));
+  }
+  p.out_elements = p.m * p.n;
+  for (int64_t d : cb) p.out_elements *= d;
+  // Row-major batch strides of each operand over its own dims; 0 where it
+  // broadcasts. Dims of size 1 in the result carry no data and are dropped.
+  int64_t sa = p.m * p.k, sb = p.k * p.n, sc = p.m * p.n;
+  std::vector<int64_t> size, stra, strb, strc;
+  for (size_t j = r; j-- > 0;) {
+    if (cb[j] != 1) {
+      size.insert(size.begin(), cb[j]);
+      stra.insert(stra.begin(), ab[j] == 1 ? 0 : sa);
+      strb.insert(strb.begin(), bb[j] == 1 ? 0 : sb);
+      strc.insert(strc.begin(), sc);
+    }
+    sa *= ab[j];
+    sb *= bb[j];
+    sc *= cb[j];
+  }
+  // Merge dim i into i-1 where every operand walks them as one dim.
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (i > 0 && stra[i - 1] == stra[i] * size[i] && strb[i - 1] == strb[i] * size[i] &&
+        strc[i - 1] == strc[i] * size[i]) {
+      p.batch.back() *= size[i];
+      p.a_stride.back() = stra[i];
+      p.b_stride.back() = strb[i];
+      p.c_stride.back() = strc[i];
+      continue;
+    }
+    p.batch.push_back(size[i]);
+    p.a_stride.push_back(stra[i]);
+    p.b_stride.push_back(strb[i]);
+    p.c_stride.push_back(strc[i]);
+  }
+  // x @ W with W shared by the whole batch: one [batch * M, K] @ [K, N]
+  // (unless a per-row bias has to repeat with the batch).
+  if (p.batch.size() == 1 && !ta && !p.bias_per_row && p.b_stride[0] == 0 && p.a_stride[0] == p.m * p.k &&
+      p.c_stride[0] == p.m * p.n) {
+    p.m *= p.batch[0];
+    p.batch.clear();
+    p.a_stride.clear();
+    p.b_stride.clear();
+    p.c_stride.clear();
+  }
+  return p;
+}
+
+struct FusedParts {
+  bool transpose_a = false, transpose_b = false;
+  bool has_bias = false, has_residual = false;
+  Activation act;
+};
+
+absl::StatusOr<FusedParts> PartsOf(const KernelSpec& spec) {
+  FusedParts f;
+  if (spec.op == v1::OP_MATMUL) {
+    f.transpose_a = spec.attrs.matmul().transpose_a();
+    f.transpose_b = spec.attrs.matmul().transpose_b();
+    return f;
+  }
+  const auto& a = spec.attrs.fused_matmul();
+  f.transpose_a = a.transpose_a();
+  f.transpose_b = a.transpose_b();
+  f.has_bias = a.has_bias();
+  f.has_residual = a.has_residual();
+  KILN_ASSIGN_OR_RETURN(f.act, ActivationOf(a.activation()));
+  return f;
+}
+
+absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spec) {
+  KILN_ASSIGN_OR_RETURN(FusedParts f, PartsOf(spec));
+  const size_t want = 2 + f.has_bias + f.has_residual;
+  if (spec.inputs.size() != want || spec.outputs.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expects ", want, " operands and 1 result, got ", spec.inputs.size(), " and ",
+                     spec.outputs.size()));
+  }
+  const DType dtype = spec.outputs[0].dtype;
+  if (!IsF32Storage(dtype)) {
+    return absl::UnimplementedError(absl::StrCat("matmul on ", DTypeName(dtype),
+                                                 " is not implemented (f32, f16, bf16 are)"));
+  }
+  for (const TensorDesc& in : spec.inputs) {
+    if (in.dtype != dtype) {
+      return absl::UnimplementedError("operands of mixed dtypes are not implemented");
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(MatMulPlan p, PlanMatMul(spec.inputs[0].dims, spec.inputs[1].dims,
+                                                 f.transpose_a, f.transpose_b,
+                                                 spec.outputs[0].dims, f.has_bias));
+  size_t next = 2;
+  if (f.has_bias) {
+    // The bias runs along the result's last dim (NumPy's broadcast of
+    // a @ b + bias), which is M when b is a vector.
+    const Dims& out = spec.outputs[0].dims;
+    const int64_t len = out.empty() ? 1 : out.back();
+    const Dims& bias = spec.inputs[next++].dims;
+    if (bias.size() != 1 || bias[0] != len) {
+      return absl::InvalidArgumentError(absl::StrCat("bias must be [", len, "], got ",
+                                                     DimsToString(bias)));
+    }
+  }
+  if (f.has_residual && spec.inputs[next].dims != spec.outputs[0].dims) {
+    return absl::InvalidArgumentError("residual must match the result shape");
+  }
+  return std::make_pair(std::move(f), std::move(p));
+}
+
+Claim SupportsMatMul(const KernelSpec& spec) {
+  auto v = Validate(spec);
+  if (!v.ok()) return Claim::No(std::string(v.status().message()));
+  return Claim::Yes();
+}
+
+bool Overlaps(const BufferView& x, const BufferView& y) {
+  const char* a = static_cast<const char*>(x.host());
+  const char* b = static_cast<const char*>(y.host());
+  return a < b + y.bytes && b < a + x.bytes;
+}
+
+class MatMulKernel final : public CpuKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<backend::Kernel>> Create(const KernelSpec& spec) {
+    KILN_ASSIGN_OR_RETURN(auto v, Validate(spec));
+    auto kernel = std::unique_ptr<MatMulKernel>(new MatMulKernel());
+    kernel->parts_ = std::move(v.first);
+    kernel->plan_ = std::move(v.second);
+    kernel->dtype_ = spec.outputs[0].dtype;
+    kernel->a_elements_ = spec.inputs[0].num_elements();
+    kernel->b_elements_ = spec.inputs[1].num_elements();
+    KILN_RETURN_IF_ERROR(DnnlTry(spec.label, [&] { kernel->Build(); })) << "building " << spec.name;
+    return std::unique_ptr<backend::Kernel>(std::move(kernel));
+  }
+
+  std::string implementation() const override {
+    std::string s = "onednn:matmul";
+    if (dtype_ != v1::DTYPE_F32) absl::StrAppend(&s, "_", DTypeName(dtype_));
+    if (parts_.has_bias) absl::StrAppend(&s, "+bias");
+    if (parts_.act.present) absl::StrAppend(&s, "+", parts_.act.name);
+    if (parts_.has_residual) absl::StrAppend(&s, "+residual");
+    return s;
+  }
+
+  absl::Status Run(std::span<const BufferView> inputs,
+                   std::span<const BufferView> outputs) override {
+    if (plan_.out_elements == 0) return absl::OkStatus();
+    const void* a = inputs[0].host();
+    const void* b = inputs[1].host();
+    const void* bias = parts_.has_bias ? inputs[2].host() : nullptr;
+    const BufferView* residual = parts_.has_residual ? &inputs[2 + parts_.has_bias] : nullptr;
+    const void* res = residual != nullptr ? residual->host() : nullptr;
+    void* dst = outputs[0].host();
+    if (convert_) {
+      if (!zero_k_) {
+        ParallelConvertToF32(dtype_, a, a32_.data(), a_elements_);
+        ParallelConvertToF32(dtype_, b, b32_.data(), b_elements_);
+        a = a32_.data();
+        b = b32_.data();
+      }
+      if (bias != nullptr) {
+        ConvertToF32(dtype_, bias, bias32_.data(), bias32_.size());
+        bias = bias32_.data();
+      }
+      if (res != nullptr) {
+        ParallelConvertToF32(dtype_, res, res32_.data(), plan_.out_elements);
+        res = res32_.data();
+      }
+      dst = c32_.data();
+    } else if (res != nullptr && Overlaps(*residual, outputs[0])) {
+      // The primitive may write partial sums to dst before its epilogue reads
+      // the residual, so an in-place residual is read from a copy.
+      res_copy_.resize(residual->bytes);
+      ParallelMemcpy(res_copy_.data(), res, residual->bytes);
+      res = res_copy_.data();
+    }
+    if (zero_k_) a = b = zeros_.data();
+    absl::Status status = DnnlTry("matmul", [&] {
+      src_.set_data_handle(const_cast<void*>(a));
+      weights_.set_data_handle(const_cast<void*>(b));
+      dst_.set_data_handle(dst);
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
+      if (bias != nullptr) {
+        bias_.set_data_handle(const_cast<void*>(bias));
+        args.emplace(DNNL_ARG_BIAS, bias_);
+      }
+      if (res != nullptr) {
+        residual_.set_data_handle(const_cast<void*>(res));
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_post_op_) | DNNL_ARG_SRC_1,
+                     residual_);
+      }
+      primitive_.execute(stream_, args);
+      stream_.wait();
+    });
+    if (!status.ok()) return status;
+    if (convert_) ParallelConvertFromF32(c32_.data(), dtype_, outputs[0].host(), plan_.out_elements);
+    return absl::OkStatus();
+  }
+
+ private:
+  MatMulKernel() = default;
+
+  // Memory descriptor of a [batch..., rows, cols] operand: `batch_stride`
+  // per merged batch dim (0 = broadcast, given dim 1), and the matrix stored
+  // transposed when `transposed`.
+  dnnl::memory::desc Describe(dt type, const std::vector<int64_t>& batch_stride, int64_t rows,
+                              int64_t cols, bool transposed) const {
+    dnnl::memory::dims dims, strides;
+    for (size_t i = 0; i < plan_.batch.size(); ++i) {
+      const bool broadcast = batch_stride.empty() || batch_stride[i] == 0;
+      dims.push_back(broadcast ? 1 : plan_.batch[i]);
+      strides.push_back(broadcast ? rows * cols : batch_stride[i]);
+    }
+    dims.push_back(rows);
+    dims.push_back(cols);
+    strides.push_back(transposed ? 1 : cols);
+    strides.push_back(transposed ? rows : 1);
+    return dnnl::memory::desc(dims, type, strides);
+  }
+
+  // Creates the primitive for compute type `type`; throws dnnl::error.
+  dnnl::matmul::primitive_desc MakeDesc(dt type) {
+    const MatMulPlan& p = plan_;
+    const int64_t k = zero_k_ ? 1 : p.k;
+    // With K = 0 both operands are one shared zero column/row.
+    const std::vector<int64_t> none;
+    const dnnl::memory::desc a =
+        Describe(type, zero_k_ ? none : p.a_stride, p.m, k, p.ta && !zero_k_);
+    const dnnl::memory::desc b =
+        Describe(type, zero_k_ ? none : p.b_stride, k, p.n, p.tb && !zero_k_);
+    const dnnl::memory::desc c = Describe(type, p.c_stride, p.m, p.n, false);
+    dnnl::memory::dims bias_dims(p.batch.size() + 2, 1);
+    bias_dims[p.bias_per_row ? bias_dims.size() - 2 : bias_dims.size() - 1] =
+        p.bias_per_row ? p.m : p.n;
+    const dnnl::memory::desc bias = parts_.has_bias
+                                         ? dnnl::memory::desc(bias_dims, type, Contiguous(bias_dims))
+                                         : dnnl::memory::desc();
+    dnnl::post_ops ops;
+    int index = 0;
+    if (parts_.act.present) {
+      ops.append_eltwise(1.0f, parts_.act.alg, parts_.act.alpha, parts_.act.beta);
+      ++index;
+    }
+    if (parts_.has_residual) {
+      ops.append_binary(dnnl::algorithm::binary_add, c);
+      residual_post_op_ = index;
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const dnnl::matmul::desc desc = parts_.has_bias ? dnnl::matmul::desc(a, b, bias, c)
+                                                    : dnnl::matmul::desc(a, b, c);
+    const bool prefer_gemm = type == dt::f32 && p.batch.empty() &&
+                             static_cast<double>(p.m) * p.n * k >= kPreferGemmFlops;
+    auto pd = PickImplementation<dnnl::matmul::primitive_desc>(desc, attr,
+                                                               prefer_gemm ? "gemm:" : "");
+    src_ = dnnl::memory(a, DnnlEngine(), DNNL_MEMORY_NONE);
+    weights_ = dnnl::memory(b, DnnlEngine(), DNNL_MEMORY_NONE);
+    dst_ = dnnl::memory(c, DnnlEngine(), DNNL_MEMORY_NONE);
+    if (parts_.has_bias) bias_ = dnnl::memory(bias, DnnlEngine(), DNNL_MEMORY_NONE);
+    if (parts_.has_residual) residual_ = dnnl::memory(c, DnnlEngine(), DNNL_MEMORY_NONE);
+    return pd;
+  }
+
+  static dnnl::memory::dims Contiguous(const dnnl::memory::dims& dims) {
+    dnnl::memory::dims strides(dims.size(), 1);
+    for (size_t i = dims.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * dims[i + 1];
+    return strides;
+  }
+
+  void Build() {
+    if (plan_.out_elements == 0) return;
+    zero_k_ = plan_.k == 0;
+    stream_ = dnnl::stream(DnnlEngine());
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    if (dtype_ == v1::DTYPE_BF16) {
+      // bf16 natively only where oneDNN has more than its reference loops.
+      pd = MakeDesc(dt::bf16);
+      if (std::string(pd->impl_info_str()).rfind("ref", 0) == 0) pd.reset();
+    } else if (dtype_ == v1::DTYPE_F32) {
+      pd = MakeDesc(dt::f32);
+    }
+    if (!pd) {
+      convert_ = true;
+      pd = MakeDesc(dt::f32);
+      if (!zero_k_) {
+        a32_.resize(a_elements_);
+        b32_.resize(b_elements_);
+      }
+      if (parts_.has_bias) bias32_.resize(plan_.bias_per_row ? plan_.m : plan_.n);
+      if (parts_.has_residual) res32_.resize(plan_.out_elements);
+      c32_.resize(plan_.out_elements);
+    }
+    if (zero_k_) zeros_.assign((plan_.m + plan_.n) * sizeof(float), 0);
+    primitive_ = dnnl::matmul(*pd);
+  }
+
+  FusedParts parts_;
+  MatMulPlan plan_;
+  DType dtype_ = v1::DTYPE_F32;
+  int64_t a_elements_ = 0, b_elements_ = 0;
+  bool convert_ = false;  // storage converted to and from f32 around the primitive
+  bool zero_k_ = false;
+  int residual_post_op_ = 0;
+  dnnl::stream stream_;
+  dnnl::matmul primitive_;
+  dnnl::memory src_, weights_, dst_, bias_, residual_;
+  // Scratch reused by every launch (Launch is not reentrant).
+  std::vector<float> a32_, b32_, bias32_, res32_, c32_;
+  std::vector<char> zeros_, res_copy_;
+};
+
+const CpuOpRegistration kRegistration({
+    {v1::OP_MATMUL, &SupportsMatMul, &MatMulKernel::Create},
+    {v1::OP_FUSED_MATMUL, &SupportsMatMul, &MatMulKernel::Create},
+});
+
+}  // namespace
+}  // namespace kiln::cpu
