@@ -1,8 +1,9 @@
 // Status helpers shared by the engine and the backends.
 //
 // KILN_RETURN_IF_ERROR(expr) << "while ..." returns early with `expr`'s status,
-// appending context; KILN_ASSIGN_OR_RETURN(lhs, expr) << "..." unwraps a
-// StatusOr. The context is joined to the message as "<message>; <context>".
+// appending context (joined to the message as "<message>; <context>");
+// KILN_ASSIGN_OR_RETURN(lhs, expr) unwraps a StatusOr (no context: for that,
+// test the StatusOr and return StatusBuilder(s.status()) << "...").
 #pragma once
 
 #include <sstream>
