@@ -139,9 +139,8 @@ class Engine {
   absl::StatusOr<CompileResult> Compile(const v1::Graph& graph, const CompileOptions& options,
                                         const std::vector<std::pair<std::string, Dims>>& shapes);
 
-  // Uploads parameters. `types` lists the params a graph needs (from its
-  // signature); each must be present with that dtype and shape, and no extra
-  // names are accepted.
+  // Uploads parameters (names unique, byte sizes matching their types). Runs
+  // check that every param an executable reads is present with its type.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateParams(std::span<const TensorRef> values);
 
   // Runs an executable. Every input must be given with the compiled shape;

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
 #include "engine/ir/graph.h"
@@ -21,6 +22,23 @@ class CostModel;
 }
 
 namespace kiln::passes {
+
+// Where plan_memory put each value: arena values have an offset in their
+// device's arena; sources (inputs, params, constants) live in their own
+// buffers and have none.
+struct ValuePlacement {
+  std::string device;
+  bool arena = false;
+  int64_t offset = -1;
+  int64_t bytes = 0;
+  bool in_place = false;  // reuses an operand's buffer
+  bool alias = false;     // a view of its operand (reshape)
+};
+
+struct MemoryPlan {
+  absl::flat_hash_map<ir::ValueRef, ValuePlacement> values;
+  absl::flat_hash_map<std::string, int64_t> arena_bytes;  // per device
+};
 
 struct PassContext {
   // Devices the graph may run on, in preference order; the first is the
@@ -38,6 +56,7 @@ struct PassContext {
   std::vector<std::string> notes;
   std::vector<v1::MemoryPlanSummary> memory;
   v1::Placement placement_report;
+  MemoryPlan memory_plan;  // set by plan_memory, read by lowering
 };
 
 class Pass {

@@ -1,0 +1,348 @@
+// Fuse (DESIGN.md section 3, stage 5): matmul epilogues (bias, activation,
+// residual) into FusedMatMul, residual + norm into FusedResidualNorm, and
+// chains of elementwise ops into FusedElementwise regions. A fusion is made
+// only when the device claims the fused kernel and the cost model estimates it
+// cheaper than the separate kernels.
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "engine/ir/infer.h"
+#include "engine/passes/kernel_spec.h"
+#include "engine/passes/pass.h"
+#include "engine/passes/passes_internal.h"
+#include "engine/runtime/cost_model.h"
+
+namespace kiln::passes {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::ValueRef;
+
+// Users of each value, in node order.
+absl::flat_hash_map<ValueRef, std::vector<Node*>> Users(const Graph& g) {
+  absl::flat_hash_map<ValueRef, std::vector<Node*>> users;
+  for (const auto& n : g.nodes()) {
+    for (const ValueRef& v : n->operands) users[v].push_back(n.get());
+  }
+  return users;
+}
+
+bool IsGraphOutput(const Graph& g, ValueRef v) {
+  for (const auto& o : g.outputs()) {
+    if (o.value == v) return true;
+  }
+  return false;
+}
+
+struct Fuser {
+  Graph& g;
+  PassContext& ctx;
+  const runtime::CostModel& model;
+  absl::flat_hash_map<ValueRef, std::vector<Node*>> users;
+
+  // The single consumer of v (not a graph output), or nullptr.
+  Node* SoleUser(ValueRef v) {
+    auto it = users.find(v);
+    if (it == users.end() || it->second.size() != 1 || IsGraphOutput(g, v)) return nullptr;
+    return it->second[0];
+  }
+
+  backend::Device* DeviceOf(const Node& n) { return FindDevice(ctx.devices, n.device); }
+
+  double SeparateMicros(const std::vector<const Node*>& nodes, const backend::DeviceInfo& info) {
+    double us = 0;
+    for (const Node* n : nodes) us += model.KernelMicros(SpecOf(g, *n), info);
+    return us;
+  }
+
+  // Adds `fused` if its device claims it and it is estimated cheaper than
+  // `replaced`; rewires `replaced.back()`'s uses. Returns the new node or null.
+  Node* Commit(std::unique_ptr<Node> fused, const std::vector<const Node*>& replaced,
+               const std::vector<std::pair<ValueRef, int>>& rewires) {
+    backend::Device* device = DeviceOf(*fused);
+    if (device == nullptr) return nullptr;
+    if (auto s = ir::InferNode(g, *fused); !s.ok()) {
+      ctx.notes.push_back(absl::StrCat("fusion skipped (", s.message(), ")"));
+      return nullptr;
+    }
+    const backend::KernelSpec spec = SpecOf(g, *fused);
+    const backend::Claim claim = device->Supports(spec);
+    if (!claim.native) return nullptr;
+    const double fused_us = model.KernelMicros(spec, device->info());
+    const double separate_us = SeparateMicros(replaced, device->info());
+    if (fused_us >= separate_us) {
+      ctx.notes.push_back(absl::StrCat("fusion of ", ir::NodeLabel(*replaced.back()),
+                                       " rejected by the cost model (", fused_us, " >= ",
+                                       separate_us, " us)"));
+      return nullptr;
+    }
+    std::vector<int32_t> origins;
+    for (const Node* n : replaced) origins.insert(origins.end(), n->origins.begin(), n->origins.end());
+    std::sort(origins.begin(), origins.end());
+    origins.erase(std::unique(origins.begin(), origins.end()), origins.end());
+    fused->origins = std::move(origins);
+    fused->path = v1::PATH_NATIVE;
+    for (const Node* n : replaced) {
+      if (n->path == v1::PATH_COMMON_IR || n->path == v1::PATH_REWRITTEN) fused->path = n->path;
+    }
+    Node* made = g.AddNode(std::move(fused));
+    for (const auto& [from, output] : rewires) g.ReplaceAllUses(from, ValueRef{made->id, output});
+    users = Users(g);
+    return made;
+  }
+
+  bool TryMatMul(Node& mm) {
+    if (mm.op != v1::OP_MATMUL) return false;
+    const ir::TensorType& out = mm.outputs[0];
+    if (out.rank() < 1) return false;
+    enum class Role { kMatMul, kBias, kActivation, kResidual };
+    struct Link {
+      const Node* node;
+      Role role;
+      ValueRef operand;  // the bias or residual operand
+    };
+    std::vector<Link> chain = {{&mm, Role::kMatMul, {}}};
+    ValueRef cur = mm.out();
+    auto other_operand = [](const Node& add, ValueRef v) {
+      return add.operands[0] == v ? add.operands[1] : add.operands[0];
+    };
+    auto next_add = [&](ValueRef v) -> Node* {
+      Node* u = SoleUser(v);
+      if (u == nullptr || u->device != mm.device || u->op != v1::OP_BINARY ||
+          u->attrs.binary().kind() != v1::BINARY_ADD || u->operands[0] == u->operands[1]) {
+        return nullptr;
+      }
+      return u;
+    };
+    if (Node* u = next_add(cur)) {
+      const ValueRef b = other_operand(*u, cur);
+      const ir::TensorType& bt = g.TypeOf(b);
+      if (bt.rank() == 1 && bt.dims[0] == out.dims.back() && bt.dtype == out.dtype &&
+          u->outputs[0] == out) {
+        chain.push_back({u, Role::kBias, b});
+        cur = u->out();
+      }
+    }
+    if (Node* u = SoleUser(cur); u && u->device == mm.device && u->op == v1::OP_UNARY &&
+                                 u->attrs.unary().kind() != v1::UNARY_IDENTITY) {
+      chain.push_back({u, Role::kActivation, {}});
+      cur = u->out();
+    }
+    if (Node* u = next_add(cur)) {
+      const ValueRef r = other_operand(*u, cur);
+      if (g.TypeOf(r) == out) {
+        chain.push_back({u, Role::kResidual, r});
+        cur = u->out();
+      }
+    }
+    // Try the longest epilogue first, then shorter ones the device may claim.
+    while (chain.size() > 1) {
+      auto fused = std::make_unique<Node>();
+      fused->id = g.NextId();
+      fused->op = v1::OP_FUSED_MATMUL;
+      fused->device = mm.device;
+      auto* a = fused->attrs.mutable_fused_matmul();
+      a->set_transpose_a(mm.attrs.matmul().transpose_a());
+      a->set_transpose_b(mm.attrs.matmul().transpose_b());
+      fused->operands = {mm.operands[0], mm.operands[1]};
+      std::optional<ValueRef> residual;
+      std::vector<const Node*> replaced;
+      for (const Link& l : chain) {
+        replaced.push_back(l.node);
+        switch (l.role) {
+          case Role::kBias:
+            a->set_has_bias(true);
+            fused->operands.push_back(l.operand);
+            break;
+          case Role::kActivation:
+            a->set_activation(l.node->attrs.unary().kind());
+            break;
+          case Role::kResidual:
+            a->set_has_residual(true);
+            residual = l.operand;
+            break;
+          case Role::kMatMul:
+            break;
+        }
+      }
+      if (residual) fused->operands.push_back(*residual);
+      if (Commit(std::move(fused), replaced, {{chain.back().node->out(), 0}})) return true;
+      chain.pop_back();
+    }
+    return false;
+  }
+
+  bool TryResidualNorm(Node& norm) {
+    if (norm.op != v1::OP_LAYER_NORM && norm.op != v1::OP_RMS_NORM) return false;
+    Node* add = g.FindNode(norm.operands[0].node);
+    if (add->op != v1::OP_BINARY || add->attrs.binary().kind() != v1::BINARY_ADD ||
+        add->device != norm.device) {
+      return false;
+    }
+    if (!(g.TypeOf(add->operands[0]) == g.TypeOf(add->operands[1]))) return false;
+    const bool rms = norm.op == v1::OP_RMS_NORM;
+    auto fused = std::make_unique<Node>();
+    fused->id = g.NextId();
+    fused->op = v1::OP_FUSED_RESIDUAL_NORM;
+    fused->device = norm.device;
+    auto* a = fused->attrs.mutable_fused_residual_norm();
+    a->set_rms(rms);
+    if (rms) {
+      if (norm.attrs.rms_norm().has_axis()) a->set_axis(norm.attrs.rms_norm().axis());
+      if (norm.attrs.rms_norm().has_epsilon()) a->set_epsilon(norm.attrs.rms_norm().epsilon());
+    } else {
+      if (norm.attrs.layer_norm().has_axis()) a->set_axis(norm.attrs.layer_norm().axis());
+      if (norm.attrs.layer_norm().has_epsilon()) a->set_epsilon(norm.attrs.layer_norm().epsilon());
+    }
+    a->set_has_scale(norm.operands.size() > 1);
+    a->set_has_bias(norm.operands.size() > 2);
+    fused->operands = {add->operands[0], add->operands[1]};
+    for (size_t i = 1; i < norm.operands.size(); ++i) fused->operands.push_back(norm.operands[i]);
+    const bool sum_used_elsewhere = SoleUser(add->out()) != &norm;
+    a->set_emit_sum(sum_used_elsewhere);
+    std::vector<std::pair<ValueRef, int>> rewires = {{norm.out(), 0}};
+    if (sum_used_elsewhere) rewires.push_back({add->out(), 1});
+    return Commit(std::move(fused), {add, &norm}, rewires) != nullptr;
+  }
+
+  static bool IsElementwise(const Node& n) {
+    switch (n.op) {
+      case v1::OP_UNARY: case v1::OP_BINARY: case v1::OP_COMPARE: case v1::OP_WHERE:
+      case v1::OP_CAST: case v1::OP_CLAMP:
+        return n.outputs.size() == 1;
+      default:
+        return false;
+    }
+  }
+
+  bool IsScalarConstant(ValueRef v) {
+    const Node* n = g.FindNode(v.node);
+    return n->op == v1::OP_CONSTANT && n->value && n->value->num_elements() == 1 &&
+           !IsQuantized(n->value->dtype());
+  }
+
+  bool TryElementwiseRegion(Node& root, absl::flat_hash_set<int32_t>& claimed) {
+    if (!IsElementwise(root) || claimed.contains(root.id)) return false;
+    const ir::IrDims& shape = root.outputs[0].dims;
+    absl::flat_hash_set<int32_t> members = {root.id};
+    std::vector<Node*> stack = {&root};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const ValueRef& v : n->operands) {
+        Node* p = g.FindNode(v.node);
+        if (members.contains(p->id) || claimed.contains(p->id) || !IsElementwise(*p)) continue;
+        if (p->device != root.device || p->outputs[0].dims != shape) continue;
+        if (IsGraphOutput(g, p->out())) continue;
+        bool all_inside = true;
+        for (Node* u : users[p->out()]) all_inside = all_inside && members.contains(u->id);
+        if (!all_inside) continue;
+        members.insert(p->id);
+        stack.push_back(p);
+      }
+    }
+    if (members.size() < 2) return false;
+    // Members in graph (topological) order.
+    std::vector<const Node*> ordered;
+    for (const auto& n : g.nodes()) {
+      if (members.contains(n->id)) ordered.push_back(n.get());
+    }
+    auto fused = std::make_unique<Node>();
+    fused->id = g.NextId();
+    fused->op = v1::OP_FUSED_ELEMENTWISE;
+    fused->device = root.device;
+    auto* region = fused->attrs.mutable_fused_elementwise();
+    // Region inputs first (deduplicated), scalars inlined as constants.
+    absl::flat_hash_map<ValueRef, int> input_index;
+    for (const Node* n : ordered) {
+      for (const ValueRef& v : n->operands) {
+        if (members.contains(v.node) || input_index.contains(v) || IsScalarConstant(v)) continue;
+        input_index[v] = static_cast<int>(fused->operands.size());
+        fused->operands.push_back(v);
+      }
+    }
+    if (fused->operands.empty()) return false;  // all-constant: constant folding's job
+    const int num_inputs = static_cast<int>(fused->operands.size());
+    absl::flat_hash_map<ValueRef, int> slot = input_index;
+    auto arg_of = [&](ValueRef v) -> int {
+      auto it = slot.find(v);
+      if (it != slot.end()) return it->second;
+      const Node* c = g.FindNode(v.node);  // scalar constant: a CONSTANT instruction
+      v1::FusedInstr* in = region->add_instrs();
+      in->set_op(v1::OP_CONSTANT);
+      in->set_dtype(c->value->dtype());
+      in->set_scalar(c->value->GetAsDouble(0));
+      in->set_origin_node(c->id);
+      const int index = num_inputs + region->instrs_size() - 1;
+      slot[v] = index;
+      return index;
+    };
+    for (const Node* n : ordered) {
+      std::vector<int> args;
+      for (const ValueRef& v : n->operands) args.push_back(arg_of(v));
+      v1::FusedInstr* in = region->add_instrs();
+      in->set_op(n->op);
+      in->set_dtype(n->outputs[0].dtype);
+      in->set_origin_node(n->id);
+      for (int a : args) in->add_args(a);
+      switch (n->op) {
+        case v1::OP_UNARY: *in->mutable_unary() = n->attrs.unary(); break;
+        case v1::OP_BINARY: *in->mutable_binary() = n->attrs.binary(); break;
+        case v1::OP_COMPARE: *in->mutable_compare() = n->attrs.compare(); break;
+        case v1::OP_CAST: *in->mutable_cast() = n->attrs.cast(); break;
+        case v1::OP_CLAMP: *in->mutable_clamp() = n->attrs.clamp(); break;
+        default: break;
+      }
+      slot[n->out()] = num_inputs + region->instrs_size() - 1;
+    }
+    region->add_results(slot[root.out()] - num_inputs);
+    if (!Commit(std::move(fused), ordered, {{root.out(), 0}})) return false;
+    for (int32_t id : members) claimed.insert(id);
+    return true;
+  }
+};
+
+class FusePass final : public Pass {
+ public:
+  std::string name() const override { return "fuse"; }
+
+  absl::Status Run(Graph& g, PassContext& ctx) const override {
+    if (!ctx.enable_fusion) return absl::OkStatus();
+    const runtime::CostModel default_model;
+    Fuser f{g, ctx, ctx.cost_model ? *ctx.cost_model : default_model, Users(g)};
+    std::vector<int32_t> ids;
+    for (const auto& n : g.nodes()) ids.push_back(n->id);
+    for (int32_t id : ids) {
+      if (Node* n = g.FindNode(id); n != nullptr) f.TryMatMul(*n);
+    }
+    g.RemoveDeadNodes();
+    f.users = Users(g);
+    ids.clear();
+    for (const auto& n : g.nodes()) ids.push_back(n->id);
+    for (int32_t id : ids) {
+      if (Node* n = g.FindNode(id); n != nullptr) f.TryResidualNorm(*n);
+    }
+    g.RemoveDeadNodes();
+    KILN_RETURN_IF_ERROR(g.SortTopologically());
+    f.users = Users(g);
+    // Elementwise regions grow from their last node backwards.
+    absl::flat_hash_set<int32_t> claimed;
+    ids.clear();
+    for (const auto& n : g.nodes()) ids.push_back(n->id);
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      if (Node* n = g.FindNode(*it); n != nullptr) f.TryElementwiseRegion(*n, claimed);
+    }
+    g.RemoveDeadNodes();
+    return g.SortTopologically();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeFusePass() { return std::make_unique<FusePass>(); }
+
+}  // namespace kiln::passes

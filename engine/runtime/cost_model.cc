@@ -1,0 +1,161 @@
+#include "engine/runtime/cost_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::runtime {
+namespace {
+
+double Elems(const backend::TensorDesc& d) { return static_cast<double>(d.num_elements()); }
+
+double IoBytes(const backend::KernelSpec& spec) {
+  double b = 0;
+  for (const auto& t : spec.inputs) b += static_cast<double>(t.num_bytes());
+  for (const auto& t : spec.outputs) b += static_cast<double>(t.num_bytes());
+  return b;
+}
+
+}  // namespace
+
+OpFamily FamilyOf(v1::OpKind op) {
+  switch (op) {
+    case v1::OP_MATMUL: case v1::OP_DOT_GENERAL: case v1::OP_FUSED_MATMUL:
+    case v1::OP_DEQUANT_MATMUL: case v1::OP_DENSE_SOLVE:
+      return OpFamily::kMatMul;
+    case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D: case v1::OP_POOL:
+      return OpFamily::kConv;
+    case v1::OP_ATTENTION:
+      return OpFamily::kAttention;
+    case v1::OP_UNARY: case v1::OP_BINARY: case v1::OP_COMPARE: case v1::OP_WHERE:
+    case v1::OP_CAST: case v1::OP_CLAMP: case v1::OP_FUSED_ELEMENTWISE: case v1::OP_ROPE:
+      return OpFamily::kElementwise;
+    case v1::OP_REDUCE: case v1::OP_ARGMAX: case v1::OP_CUMSUM: case v1::OP_TOPK:
+    case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
+      return OpFamily::kReduce;
+    case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM:
+    case v1::OP_GROUP_NORM: case v1::OP_FUSED_RESIDUAL_NORM:
+      return OpFamily::kNorm;
+    case v1::OP_RESHAPE: case v1::OP_TRANSPOSE: case v1::OP_SLICE: case v1::OP_CONCAT:
+    case v1::OP_EXPAND: case v1::OP_PAD: case v1::OP_GATHER: case v1::OP_SCATTER_ADD:
+    case v1::OP_COPY:
+      return OpFamily::kShape;
+    default:
+      return OpFamily::kOther;
+  }
+}
+
+const char* FamilyName(OpFamily family) {
+  switch (family) {
+    case OpFamily::kMatMul: return "matmul";
+    case OpFamily::kConv: return "conv";
+    case OpFamily::kAttention: return "attention";
+    case OpFamily::kElementwise: return "elementwise";
+    case OpFamily::kReduce: return "reduce";
+    case OpFamily::kNorm: return "norm";
+    case OpFamily::kShape: return "shape";
+    case OpFamily::kOther: return "other";
+  }
+  return "other";
+}
+
+Work EstimateWork(const backend::KernelSpec& spec) {
+  Work w;
+  w.bytes = IoBytes(spec);
+  const double out = spec.outputs.empty() ? 0 : Elems(spec.outputs[0]);
+  switch (spec.op) {
+    case v1::OP_MATMUL:
+    case v1::OP_FUSED_MATMUL: {
+      const auto& a = spec.inputs[0].dims;
+      const bool ta = spec.op == v1::OP_MATMUL ? spec.attrs.matmul().transpose_a()
+                                               : spec.attrs.fused_matmul().transpose_a();
+      const double k = a.empty() ? 1 : (a.size() == 1 ? a[0] : (ta ? a[a.size() - 2] : a.back()));
+      w.flops = 2.0 * out * k;
+      break;
+    }
+    case v1::OP_DOT_GENERAL: {
+      double k = 1;
+      for (int64_t ax : spec.attrs.dot_general().lhs_contracting()) k *= spec.inputs[0].dims[ax];
+      w.flops = 2.0 * out * k;
+      break;
+    }
+    case v1::OP_ATTENTION: {
+      const auto& q = spec.inputs[0].dims;
+      const auto& k = spec.inputs[1].dims;
+      const auto& v = spec.inputs[2].dims;
+      const double scores = static_cast<double>(q[0]) * q[1] * q[2] * k[2];
+      w.flops = 2.0 * scores * (q[3] + v[3]) + 5.0 * scores;
+      break;
+    }
+    case v1::OP_CONV: {
+      const auto& wd = spec.inputs[1].dims;
+      double per = 1;
+      for (size_t i = 1; i < wd.size(); ++i) per *= static_cast<double>(wd[i]);
+      w.flops = 2.0 * out * per;
+      break;
+    }
+    case v1::OP_FUSED_ELEMENTWISE:
+      w.flops = out * std::max(1, spec.attrs.fused_elementwise().instrs_size());
+      break;
+    case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM:
+    case v1::OP_FUSED_RESIDUAL_NORM:
+      w.flops = 6.0 * Elems(spec.inputs[0]);
+      break;
+    default:
+      w.flops = spec.inputs.empty() ? out : std::max(out, Elems(spec.inputs[0]));
+      break;
+  }
+  return w;
+}
+
+CostModel::CostModel() {
+  // Defaults from what our kernels reach on the reference machines (see
+  // docs/benchmarks.md); calibration refines the device profiles themselves.
+  SetEfficiency("cpu", OpFamily::kMatMul, 0.85);
+  SetEfficiency("cpu", OpFamily::kConv, 0.6);
+  SetEfficiency("cpu", OpFamily::kAttention, 0.5);
+  SetEfficiency("cpu", OpFamily::kElementwise, 0.7);
+  SetEfficiency("cpu", OpFamily::kReduce, 0.6);
+  SetEfficiency("cpu", OpFamily::kNorm, 0.6);
+  SetEfficiency("cpu", OpFamily::kShape, 0.5);
+  SetEfficiency("vulkan", OpFamily::kMatMul, 0.3);
+  SetEfficiency("vulkan", OpFamily::kAttention, 0.2);
+  SetEfficiency("vulkan", OpFamily::kElementwise, 0.6);
+}
+
+void CostModel::SetEfficiency(const std::string& backend, OpFamily family, double efficiency) {
+  efficiency_[absl::StrCat(backend, "/", FamilyName(family))] = efficiency;
+}
+
+double CostModel::Efficiency(const std::string& backend, OpFamily family) const {
+  auto it = efficiency_.find(absl::StrCat(backend, "/", FamilyName(family)));
+  return it == efficiency_.end() ? 1.0 : it->second;
+}
+
+double CostModel::KernelMicros(const backend::KernelSpec& spec,
+                               const backend::DeviceInfo& device) const {
+  const DType dtype = spec.outputs.empty() ? v1::DTYPE_F32 : spec.outputs[0].dtype;
+  return KernelMicros(EstimateWork(spec), FamilyOf(spec.op), dtype, device);
+}
+
+double CostModel::KernelMicros(const Work& work, OpFamily family, DType dtype,
+                               const backend::DeviceInfo& device) const {
+  const auto& p = device.profile;
+  const double eff = Efficiency(device.backend, family);
+  const double gflops =
+      (dtype == v1::DTYPE_F16 || dtype == v1::DTYPE_BF16) ? p.peak_gflops_f16 : p.peak_gflops_f32;
+  const double compute_us = gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0;
+  const double memory_us = p.bandwidth_gbps > 0 ? work.bytes / (p.bandwidth_gbps * 1e3 * eff) : 0;
+  return std::max(compute_us, memory_us) + p.launch_overhead_us;
+}
+
+double CostModel::CopyMicros(double bytes, const backend::DeviceInfo& from,
+                             const backend::DeviceInfo& to) const {
+  if (from.id == to.id) return 0;
+  const auto& link = from.host_memory ? to.profile : from.profile;
+  const double gbps = link.host_to_device_gbps > 0 ? link.host_to_device_gbps
+                                                   : std::max(1.0, link.bandwidth_gbps);
+  return bytes / (gbps * 1e3) + link.launch_overhead_us;
+}
+
+}  // namespace kiln::runtime

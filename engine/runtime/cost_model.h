@@ -1,0 +1,50 @@
+// The cost model (DESIGN.md section 5): work estimates for kernels and copies
+// (flops and bytes from the KernelSpec), turned into time on a device by a
+// roofline over its profile plus its launch overhead, with per-backend
+// efficiency corrections per op family.
+//
+// Thread safety: immutable after construction; safe to share.
+#pragma once
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "backends/backend.h"
+
+namespace kiln::runtime {
+
+struct Work {
+  double flops = 0;
+  double bytes = 0;  // read + written
+};
+
+// Work of one kernel, from its op, attributes and concrete types.
+Work EstimateWork(const backend::KernelSpec& spec);
+
+// Coarse op families the corrections are keyed by.
+enum class OpFamily { kMatMul, kConv, kAttention, kElementwise, kReduce, kNorm, kShape, kOther };
+OpFamily FamilyOf(v1::OpKind op);
+const char* FamilyName(OpFamily family);
+
+class CostModel {
+ public:
+  CostModel();
+
+  // Estimated microseconds for one kernel on a device.
+  double KernelMicros(const backend::KernelSpec& spec, const backend::DeviceInfo& device) const;
+  double KernelMicros(const Work& work, OpFamily family, DType dtype,
+                      const backend::DeviceInfo& device) const;
+  // Estimated microseconds to move `bytes` from one device to another (0 on
+  // the same device; host-memory devices exchange through memcpy bandwidth).
+  double CopyMicros(double bytes, const backend::DeviceInfo& from,
+                    const backend::DeviceInfo& to) const;
+
+  // Fraction of the roofline a backend reaches for an op family (default 1).
+  void SetEfficiency(const std::string& backend, OpFamily family, double efficiency);
+  double Efficiency(const std::string& backend, OpFamily family) const;
+
+ private:
+  absl::flat_hash_map<std::string, double> efficiency_;  // "backend/family"
+};
+
+}  // namespace kiln::runtime

@@ -1,0 +1,338 @@
+#include "engine/runtime/executable.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+
+namespace kiln::runtime {
+namespace {
+
+// A caller-owned host range seen as a Buffer (inputs on host-memory devices
+// are read in place, never copied).
+class ExternalHostBuffer final : public backend::Buffer {
+ public:
+  ExternalHostBuffer(const void* data, int64_t size) : data_(const_cast<void*>(data)), size_(size) {}
+  int64_t size() const override { return size_; }
+  void* host_ptr() const override { return data_; }
+
+ private:
+  void* data_;
+  int64_t size_;
+};
+
+Dims DimsOf(const v1::TensorType& t) {
+  Dims d;
+  for (const auto& dim : t.dims()) d.push_back(dim.size());
+  return d;
+}
+
+std::string TypeString(const v1::TensorType& t) {
+  return absl::StrCat(DTypeName(t.dtype()), DimsToString(DimsOf(t)));
+}
+
+backend::TensorDesc DescOf(const v1::TensorType& t) { return {t.dtype(), DimsOf(t)}; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
+    v1::Executable lir, const DeviceRegistry& registry, backend::KernelBinaryCache* binaries,
+    backend::PrepareContext* prepare_stats) {
+  auto exe = std::unique_ptr<LoadedExecutable>(new LoadedExecutable(std::move(lir)));
+  v1::Executable& l = exe->lir_;
+  auto state = [&](const std::string& id) -> absl::StatusOr<DeviceState*> {
+    auto it = exe->devices_.find(id);
+    if (it != exe->devices_.end()) return &it->second;
+    backend::Device* d = registry.Find(id);
+    if (d == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("executable needs device ", id,
+                                                        ", which this process does not have"));
+    }
+    DeviceState s;
+    s.device = d;
+    KILN_ASSIGN_OR_RETURN(s.stream, d->CreateStream());
+    return &exe->devices_.emplace(id, std::move(s)).first->second;
+  };
+  for (const v1::LirArena& a : l.arenas()) {
+    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(a.device()));
+    KILN_ASSIGN_OR_RETURN(s->arena, s->device->Allocate(a.bytes()));
+  }
+  // Constants go to the device of the slot that reads them.
+  exe->constants_.resize(l.constants_size());
+  for (int i = 0; i < l.slots_size(); ++i) {
+    const v1::Slot& slot = l.slots(i);
+    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(slot.device()));
+    if (slot.storage() == v1::SLOT_CONSTANT && !exe->constants_[slot.index()]) {
+      const v1::Tensor& c = l.constants(slot.index());
+      KILN_ASSIGN_OR_RETURN(auto buf, s->device->Allocate(static_cast<int64_t>(c.data().size())));
+      if (!c.data().empty()) {
+        KILN_RETURN_IF_ERROR(s->device->CopyToDevice(
+            *s->stream, c.data().data(),
+            backend::BufferView{buf.get(), 0, static_cast<int64_t>(c.data().size())}));
+      }
+      exe->constants_[slot.index()] = std::move(buf);
+    }
+    if (slot.storage() == v1::SLOT_INPUT && !s->device->info().host_memory &&
+        !s->input_staging.contains(i)) {
+      KILN_ASSIGN_OR_RETURN(s->input_staging[i], s->device->Allocate(slot.bytes()));
+    }
+  }
+  backend::PrepareContext ctx;
+  ctx.binaries = binaries;
+  exe->kernels_.resize(l.steps_size());
+  for (int i = 0; i < l.steps_size(); ++i) {
+    v1::LirStep& step = *l.mutable_steps(i);
+    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(step.device()));
+    if (step.kind() != v1::STEP_KERNEL) continue;
+    v1::LirKernel& k = *step.mutable_kernel();
+    backend::KernelSpec spec;
+    spec.name = k.name();
+    spec.label = absl::StrCat("kernel ", k.name());
+    spec.op = k.node().op();
+    spec.attrs = k.node().attrs();
+    for (const auto& t : k.input_types()) spec.inputs.push_back(DescOf(t));
+    for (const auto& t : k.node().outputs()) spec.outputs.push_back(DescOf(t));
+    auto kernel = s->device->PrepareKernel(spec, ctx);
+    if (!kernel.ok()) {
+      return StatusBuilder(kernel.status()) << "while preparing " << k.name() << " on "
+                                            << step.device();
+    }
+    exe->kernels_[i] = std::move(kernel).value();
+    k.set_implementation(exe->kernels_[i]->implementation());
+  }
+  for (auto& [id, s] : exe->devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
+  if (prepare_stats != nullptr) {
+    prepare_stats->kernel_cache_hits += ctx.kernel_cache_hits;
+    prepare_stats->kernel_cache_misses += ctx.kernel_cache_misses;
+  }
+  for (const auto& in : l.inputs()) {
+    exe->signature_.inputs.push_back({in.name(), l.slots(in.slot()).type()});
+  }
+  for (int i = 0; i < l.params_size(); ++i) {
+    exe->signature_.params.push_back({l.params(i).name(), l.slots(l.params(i).slot()).type()});
+  }
+  for (const auto& out : l.outputs()) {
+    exe->signature_.outputs.push_back({out.name(), l.slots(out.slot()).type()});
+  }
+  return exe;
+}
+
+absl::Status LoadedExecutable::CheckInputs(std::span<const TensorRef> inputs,
+                                           std::vector<const TensorRef*>* by_index) const {
+  by_index->assign(lir_.inputs_size(), nullptr);
+  for (const TensorRef& t : inputs) {
+    int found = -1;
+    for (int i = 0; i < lir_.inputs_size(); ++i) {
+      if (lir_.inputs(i).name() == t.name) found = i;
+    }
+    if (found < 0) {
+      std::string names;
+      for (const auto& in : lir_.inputs()) absl::StrAppend(&names, names.empty() ? "" : ", ", in.name());
+      return absl::InvalidArgumentError(absl::StrCat("unknown input \"", t.name, "\"; the graph's inputs: ",
+                                                     names.empty() ? "(none)" : names));
+    }
+    if ((*by_index)[found] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("input \"", t.name, "\" given twice"));
+    }
+    const v1::Slot& slot = lir_.slots(lir_.inputs(found).slot());
+    if (t.dtype != slot.type().dtype() || t.dims != DimsOf(slot.type())) {
+      return absl::InvalidArgumentError(absl::StrCat("input \"", t.name, "\" must be ",
+                                                     TypeString(slot.type()), ", got ",
+                                                     DTypeName(t.dtype), DimsToString(t.dims)));
+    }
+    if (t.bytes != slot.bytes() || (t.bytes > 0 && t.data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("input \"", t.name, "\" needs ", slot.bytes(),
+                                                     " bytes, got ", t.bytes));
+    }
+    (*by_index)[found] = &t;
+  }
+  for (int i = 0; i < lir_.inputs_size(); ++i) {
+    if ((*by_index)[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("missing input \"", lir_.inputs(i).name(), "\" (",
+                                                     TypeString(lir_.slots(lir_.inputs(i).slot()).type()),
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadedExecutable::CheckParams(const ParamSetImpl* params) const {
+  for (int i = 0; i < lir_.params_size(); ++i) {
+    const std::string& name = lir_.params(i).name();
+    const v1::TensorType& want = lir_.slots(lir_.params(i).slot()).type();
+    const ParamSetImpl::Entry* e = params ? params->Find(name) : nullptr;
+    if (e == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("param \"", name, "\" (", TypeString(want),
+                                                        ") is not set"));
+    }
+    if (e->dtype != want.dtype() || e->dims != DimsOf(want)) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", name, "\" must be ", TypeString(want),
+                                                     ", is ", DTypeName(e->dtype), DimsToString(e->dims)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> inputs,
+                                                const ParamSetImpl* params,
+                                                const RunOptions& options) {
+  std::vector<const TensorRef*> by_index;
+  KILN_RETURN_IF_ERROR(CheckInputs(inputs, &by_index));
+  KILN_RETURN_IF_ERROR(CheckParams(params));
+  absl::MutexLock lock(&run_mu_);
+  const auto wall_start = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<backend::Buffer>> external;
+  std::vector<backend::BufferView> views(lir_.slots_size());
+  for (int i = 0; i < lir_.slots_size(); ++i) {
+    const v1::Slot& slot = lir_.slots(i);
+    DeviceState& s = devices_.at(slot.device());
+    switch (slot.storage()) {
+      case v1::SLOT_ARENA:
+        views[i] = backend::BufferView{s.arena.get(), slot.offset(), slot.bytes()};
+        break;
+      case v1::SLOT_CONSTANT:
+        views[i] = backend::BufferView{constants_[slot.index()].get(), 0, slot.bytes()};
+        break;
+      case v1::SLOT_PARAM: {
+        KILN_ASSIGN_OR_RETURN(views[i], params->On(lir_.params(slot.index()).name(), *s.device));
+        views[i].bytes = slot.bytes();
+        break;
+      }
+      case v1::SLOT_INPUT: {
+        const TensorRef& t = *by_index[slot.index()];
+        if (s.device->info().host_memory) {
+          external.push_back(std::make_unique<ExternalHostBuffer>(t.data, t.bytes));
+          views[i] = backend::BufferView{external.back().get(), 0, slot.bytes()};
+        } else {
+          auto it = s.input_staging.find(i);
+          views[i] = backend::BufferView{it->second.get(), 0, slot.bytes()};
+          if (slot.bytes() > 0) KILN_RETURN_IF_ERROR(s.device->CopyToDevice(*s.stream, t.data, views[i]));
+        }
+        break;
+      }
+      default:
+        return absl::InternalError("slot with unknown storage");
+    }
+  }
+  struct Timing {
+    std::unique_ptr<backend::Event> before, after;
+  };
+  std::vector<Timing> timings(options.report ? lir_.steps_size() : 0);
+  std::map<std::string, std::unique_ptr<backend::Event>> origin;  // first event per device
+  std::map<std::string, double> origin_wall;                      // its wall offset, us
+  std::vector<double> enqueue_wall(lir_.steps_size(), 0);
+  for (int i = 0; i < lir_.steps_size(); ++i) {
+    const v1::LirStep& step = lir_.steps(i);
+    DeviceState& s = devices_.at(step.device());
+    std::vector<backend::BufferView> ins, outs;
+    for (int slot : step.inputs()) ins.push_back(views[slot]);
+    for (int slot : step.outputs()) outs.push_back(views[slot]);
+    if (options.report) {
+      KILN_ASSIGN_OR_RETURN(timings[i].before, s.stream->Record());
+      if (!origin.contains(step.device())) {
+        KILN_ASSIGN_OR_RETURN(origin[step.device()], s.stream->Record());
+        origin_wall[step.device()] =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start)
+                .count();
+      }
+    }
+    if (step.kind() == v1::STEP_KERNEL) {
+      KILN_RETURN_IF_ERROR(kernels_[i]->Launch(*s.stream, ins, outs))
+          << "while running " << step.kernel().name() << " on " << step.device();
+    } else {
+      const backend::BufferView& src = ins[0];
+      const backend::BufferView& dst = outs[0];
+      const v1::Slot& src_slot = lir_.slots(step.inputs(0));
+      DeviceState& from = devices_.at(src_slot.device());
+      if (src.bytes > 0) {
+        if (from.device->info().host_memory && s.device->info().host_memory) {
+          std::memcpy(dst.host(), src.host(), src.bytes);
+        } else if (from.device->info().host_memory) {
+          KILN_RETURN_IF_ERROR(s.device->CopyToDevice(*s.stream, src.host(), dst));
+        } else if (s.device->info().host_memory) {
+          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, dst.host()));
+          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+        } else {
+          std::vector<char> staging(src.bytes);
+          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, staging.data()));
+          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(s.device->CopyToDevice(*s.stream, staging.data(), dst));
+        }
+      }
+    }
+    if (options.report) {
+      KILN_ASSIGN_OR_RETURN(timings[i].after, s.stream->Record());
+    }
+  }
+  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
+
+  RunResult result;
+  for (const v1::LirNamedSlot& out : lir_.outputs()) {
+    const v1::Slot& slot = lir_.slots(out.slot());
+    KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(slot.type().dtype(), DimsOf(slot.type())));
+    DeviceState& s = devices_.at(slot.device());
+    if (t.num_bytes() > 0) {
+      if (s.device->info().host_memory) {
+        std::memcpy(t.data(), views[out.slot()].host(), t.num_bytes());
+      } else {
+        KILN_RETURN_IF_ERROR(s.device->CopyToHost(*s.stream, views[out.slot()], t.data()));
+      }
+    }
+    result.outputs.emplace_back(out.name(), std::move(t));
+  }
+  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
+  const double total_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start).count();
+
+  if (options.report) {
+    v1::DispatchReport& r = result.report;
+    r.set_request_id(options.request_id);
+    r.set_tenant(options.tenant);
+    r.set_executable_key(lir_.key());
+    *r.mutable_placement() = lir_.placement();
+    r.set_run_micros(total_us);
+    std::map<std::string, v1::DeviceTotals> totals;
+    for (int i = 0; i < lir_.steps_size(); ++i) {
+      const v1::LirStep& step = lir_.steps(i);
+      v1::DispatchStep* d = r.add_steps();
+      d->set_kind(step.kind());
+      d->set_device(step.device());
+      if (step.kind() == v1::STEP_KERNEL) {
+        const v1::LirKernel& k = step.kernel();
+        d->set_kernel(k.name());
+        d->set_implementation(k.implementation());
+        d->set_path(k.path());
+        for (int id : k.covered_node_ids()) d->add_node_ids(id);
+        for (const auto& n : k.covered_names()) d->add_node_names(n);
+        for (int op : k.covered_ops()) d->add_ops(static_cast<v1::OpKind>(op));
+        d->set_flops(k.flops());
+        d->set_bytes(k.bytes());
+      } else {
+        d->set_kernel(absl::StrCat("copy_", i));
+        d->set_implementation(absl::StrCat("copy:", lir_.slots(step.inputs(0)).device(), "->",
+                                           step.device()));
+        d->set_path(v1::PATH_NATIVE);
+        d->set_bytes(static_cast<double>(lir_.slots(step.inputs(0)).bytes()));
+      }
+      auto start = timings[i].before->MicrosSince(*origin.at(step.device()));
+      auto dur = timings[i].after->MicrosSince(*timings[i].before);
+      d->set_start_micros((start.ok() ? *start : 0) + origin_wall[step.device()]);
+      d->set_duration_micros(dur.ok() ? *dur : 0);
+      v1::DeviceTotals& t = totals[step.device()];
+      t.set_device(step.device());
+      t.set_busy_micros(t.busy_micros() + d->duration_micros());
+      if (step.kind() == v1::STEP_KERNEL) t.set_kernels(t.kernels() + 1);
+    }
+    for (auto& [id, t] : totals) {
+      const DeviceState& s = devices_.at(id);
+      t.set_peak_bytes(s.arena ? s.arena->size() : 0);
+      *r.add_totals() = t;
+    }
+  }
+  return result;
+}
+
+}  // namespace kiln::runtime

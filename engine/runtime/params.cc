@@ -1,0 +1,86 @@
+#include "engine/runtime/params.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+
+namespace kiln::runtime {
+
+absl::StatusOr<std::shared_ptr<ParamSetImpl>> ParamSetImpl::Create(
+    backend::Device& home, std::span<const TensorRef> values) {
+  auto set = std::shared_ptr<ParamSetImpl>(new ParamSetImpl(home));
+  KILN_ASSIGN_OR_RETURN(auto stream, home.CreateStream());
+  for (const TensorRef& v : values) {
+    if (v.name.empty()) return absl::InvalidArgumentError("a param has an empty name");
+    if (set->entries_.contains(v.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
+    }
+    if (!IsKnownDType(v.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" has an unknown dtype"));
+    }
+    auto n = CheckedNumElements(v.dims);
+    if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\": ", n.status().message()));
+    auto bytes = BytesFor(v.dtype, *n);
+    if (!bytes || *bytes != v.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param \"", v.name, "\" is ", DTypeName(v.dtype), DimsToString(v.dims), " and needs ",
+          bytes ? *bytes : -1, " bytes, got ", v.bytes));
+    }
+    KILN_ASSIGN_OR_RETURN(auto buf, home.Allocate(*bytes));
+    if (*bytes > 0) {
+      KILN_RETURN_IF_ERROR(home.CopyToDevice(*stream, v.data, backend::BufferView{buf.get(), 0, *bytes}));
+    }
+    set->entries_[v.name] = Entry{v.dtype, v.dims, *bytes};
+    set->home_buffers_[v.name] = std::move(buf);
+    set->total_bytes_ += *bytes;
+  }
+  KILN_RETURN_IF_ERROR(stream->Synchronize());
+  return set;
+}
+
+std::vector<std::string> ParamSetImpl::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+const ParamSetImpl::Entry* ParamSetImpl::Find(const std::string& name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<HostTensor> ParamSetImpl::Read(const std::string& name) const {
+  const Entry* e = Find(name);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(e->dtype, e->dims));
+  KILN_ASSIGN_OR_RETURN(auto stream, home_.CreateStream());
+  if (e->bytes > 0) {
+    KILN_RETURN_IF_ERROR(home_.CopyToHost(
+        *stream, backend::BufferView{home_buffers_.at(name).get(), 0, e->bytes}, t.data()));
+  }
+  KILN_RETURN_IF_ERROR(stream->Synchronize());
+  return t;
+}
+
+absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
+                                                     backend::Device& device) const {
+  const Entry* e = Find(name);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
+  if (&device == &home_) return backend::BufferView{home_buffers_.at(name).get(), 0, e->bytes};
+  absl::MutexLock lock(&mirrors_mu_);
+  auto key = std::make_pair(name, device.info().id);
+  auto it = mirrors_.find(key);
+  if (it == mirrors_.end()) {
+    KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(e->bytes));
+    KILN_ASSIGN_OR_RETURN(auto stream, device.CreateStream());
+    backend::Buffer* src = home_buffers_.at(name).get();
+    if (e->bytes > 0) {
+      KILN_RETURN_IF_ERROR(
+          device.CopyToDevice(*stream, src->host_ptr(), backend::BufferView{buf.get(), 0, e->bytes}));
+    }
+    KILN_RETURN_IF_ERROR(stream->Synchronize());
+    it = mirrors_.emplace(key, std::move(buf)).first;
+  }
+  return backend::BufferView{it->second.get(), 0, e->bytes};
+}
+
+}  // namespace kiln::runtime
