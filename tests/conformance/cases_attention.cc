@@ -219,9 +219,39 @@ std::vector<AttnCase> LowPrecisionAttentionCases() {
   };
 }
 
+// Random shapes, GQA groupings, mask kinds and parameters (deterministic).
+std::vector<AttnCase> RandomAttentionCases(int count) {
+  std::mt19937_64 rng = RngFor("attention_random");
+  auto pick = [&rng](std::vector<int64_t> from) { return from[rng() % from.size()]; };
+  std::vector<AttnCase> v;
+  for (int i = 0; i < count; ++i) {
+    AttnCase ac;
+    const int64_t hkv = pick({1, 2, 3});
+    ac.s = {pick({1, 2}), hkv * pick({1, 2, 4}), hkv, pick({1, 3, 17, 65, 130}),
+            pick({1, 17, 65, 130, 260}), pick({8, 16, 32, 64}), pick({8, 16, 64})};
+    const auto kind = static_cast<v1::MaskKind>(rng() % 7);
+    const int64_t param = kind == v1::MASK_PREFIX ? pick({0, 1, 17, 100}) : pick({1, 5, 64, 300});
+    ac.attrs = With(Mask(kind, param), rng() % 3 == 0 ? 0.3 : 0, rng() % 3 == 0 ? 4.0 : 0);
+    if (kind == v1::MASK_CUSTOM) {
+      ac.extra = rng() % 2 ? Dims{ac.s.b, ac.s.sk} : Dims{ac.s.b, ac.s.sq, ac.s.sk};
+    }
+    if (kind == v1::MASK_BIAS) {
+      const Dims full = {ac.s.b, ac.s.hq, ac.s.sq, ac.s.sk};
+      const size_t rank = 1 + rng() % 4;
+      for (size_t d = 4 - rank; d < 4; ++d) ac.extra.push_back(rng() % 3 == 0 ? 1 : full[d]);
+    }
+    ac.tag = absl::StrCat("random", i, "_", v1::MaskKind_Name(kind));
+    v.push_back(ac);
+  }
+  return v;
+}
+
 std::vector<Case> AttentionCases() {
   std::vector<Case> cases;
   for (const AttnCase& ac : F32AttentionCases()) cases.push_back(MakeAttention(ac, v1::DTYPE_F32));
+  for (const AttnCase& ac : RandomAttentionCases(16)) {
+    cases.push_back(MakeAttention(ac, v1::DTYPE_F32));
+  }
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (const AttnCase& ac : LowPrecisionAttentionCases()) cases.push_back(MakeAttention(ac, dtype));
   }

@@ -116,6 +116,37 @@ Case MakeConv(const ConvShape& s, DType dtype) {
   return c;
 }
 
+// Random valid convolutions: groups, strides, dilations, asymmetric pads.
+std::vector<ConvShape> RandomConvShapes(int count) {
+  std::mt19937_64 rng = RngFor("conv_random");
+  auto pick = [&rng](std::vector<int64_t> from) { return from[rng() % from.size()]; };
+  std::vector<ConvShape> v;
+  while (static_cast<int>(v.size()) < count) {
+    ConvShape s;
+    const int sp = 1 + static_cast<int>(rng() % 2);
+    const int64_t groups = pick({1, 1, 2, 3});
+    const int64_t cpg = pick({1, 2, 5, 16}), opg = pick({1, 3, 8});
+    s.x = {pick({1, 2}), groups * cpg};
+    s.w = {groups * opg, cpg};
+    s.groups = groups;
+    s.bias = rng() % 2;
+    bool ok = true;
+    for (int i = 0; i < sp; ++i) {
+      const int64_t in = pick({1, 5, 9, 17, 33}), k = pick({1, 2, 3, 5});
+      s.stride.push_back(pick({1, 1, 2, 3}));
+      s.dilation.push_back(pick({1, 1, 2}));
+      s.lo.push_back(pick({0, 1, 2}));
+      s.hi.push_back(pick({0, 1, 3}));
+      s.x.push_back(in);
+      s.w.push_back(k);
+      ok &= in + s.lo.back() + s.hi.back() >= s.dilation.back() * (k - 1) + 1;
+    }
+    s.tag = absl::StrCat("random", v.size());
+    if (ok) v.push_back(s);
+  }
+  return v;
+}
+
 std::vector<Case> ConvCases() {
   const std::vector<ConvShape> f32 = {
       {"basic", {1, 3, 9, 9}, {4, 3, 3, 3}, {}, {}, {1, 1}, {1, 1}},
@@ -146,6 +177,7 @@ std::vector<Case> ConvCases() {
   };
   std::vector<Case> cases;
   for (const ConvShape& s : f32) cases.push_back(MakeConv(s, v1::DTYPE_F32));
+  for (const ConvShape& s : RandomConvShapes(16)) cases.push_back(MakeConv(s, v1::DTYPE_F32));
   const std::vector<ConvShape> low = {
       {"basic", {1, 3, 9, 9}, {4, 3, 3, 3}, {}, {}, {1, 1}, {1, 1}},
       {"stride_dilation", {1, 5, 17, 13}, {3, 5, 3, 3}, {3, 2}, {2, 3}, {1, 2}, {2, 1}},

@@ -234,10 +234,58 @@ std::vector<Shape> TransposedShapes() {
   };
 }
 
+// Random ranks, broadcast patterns, transposes and odd sizes (deterministic).
+std::vector<Shape> RandomShapes(const std::string& seed, int count) {
+  std::mt19937_64 rng = RngFor(seed);
+  auto pick = [&rng](std::vector<int64_t> from) { return from[rng() % from.size()]; };
+  std::vector<Shape> shapes;
+  while (static_cast<int>(shapes.size()) < count) {
+    Shape s;
+    const int64_t m = pick({1, 2, 3, 17, 33, 65}), n = pick({1, 3, 5, 17, 65, 130});
+    const int64_t k = pick({1, 3, 17, 65, 130});
+    const int ra = static_cast<int>(pick({1, 2, 2, 3, 4})), rb = static_cast<int>(pick({1, 2, 2, 3, 4}));
+    s.ta = ra > 1 && rng() % 2;
+    s.tb = rb > 1 && rng() % 2;
+    const int r = std::max(ra, rb) - 2;
+    Dims batch(std::max(r, 0));
+    for (int64_t& d : batch) d = pick({1, 2, 3});
+    auto operand_batch = [&](int rank) {
+      Dims b;
+      for (int i = r - (rank - 2); i < r; ++i) b.push_back(rng() % 3 == 0 ? 1 : batch[i]);
+      return b;
+    };
+    if (ra == 1) {
+      s.a = {k};
+    } else {
+      s.a = operand_batch(ra);
+      s.a.push_back(s.ta ? k : m);
+      s.a.push_back(s.ta ? m : k);
+    }
+    if (rb == 1) {
+      s.b = {k};
+    } else {
+      s.b = operand_batch(rb);
+      s.b.push_back(s.tb ? n : k);
+      s.b.push_back(s.tb ? k : n);
+    }
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
 std::vector<Case> MatMulCases() {
   std::vector<Case> cases;
   for (const Shape& s : PlainShapes()) cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
   for (const Shape& s : TransposedShapes()) cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
+  int i = 0;
+  for (const Shape& s : RandomShapes("matmul_random_f32", 24)) {
+    cases.push_back(MakeCase(absl::StrCat("matmul/random", i++), s, v1::DTYPE_F32, nullptr));
+  }
+  for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (const Shape& s : RandomShapes(absl::StrCat("matmul_random_", DTypeName(dtype)), 6)) {
+      cases.push_back(MakeCase(absl::StrCat("matmul/random", i++), s, dtype, nullptr));
+    }
+  }
   // A rank-1 b with transpose_b is consistent only when it has length 1.
   cases.push_back(MakeCase("matmul", {{5, 1}, {1}, false, true}, v1::DTYPE_F32, nullptr));
   const std::vector<Shape> low = {
@@ -290,6 +338,12 @@ std::vector<Case> FusedMatMulCases() {
   };
   for (const auto& [shape, epi] : mixed) {
     cases.push_back(MakeCase("fused_matmul", shape, v1::DTYPE_F32, epi));
+  }
+  std::mt19937_64 rng = RngFor("fused_matmul_random");
+  int i = 0;
+  for (const Shape& s : RandomShapes("fused_matmul_random_shapes", 10)) {
+    const Epilogue epi = {rng() % 2 == 0, rng() % 2 == 0, acts[rng() % acts.size()]};
+    cases.push_back(MakeCase(absl::StrCat("fused_matmul/random", i++), s, v1::DTYPE_F32, &epi));
   }
   const Epilogue gelu_tanh_all = {true, true, v1::UNARY_GELU_TANH};
   const Epilogue silu_bias = {true, false, v1::UNARY_SILU};
