@@ -199,10 +199,15 @@ const std::string& OpName(OpKind op) {
 
 std::string NodeLabel(const Node& node) {
   std::string op(OpName(node.op));
-  if (node.op == v1::OP_UNARY && node.attrs.has_unary()) {
+  // Unknown or unset kinds keep the op name: the label must never be empty.
+  if (node.op == v1::OP_UNARY && node.attrs.has_unary() &&
+      v1::UnaryKind_IsValid(node.attrs.unary().kind()) &&
+      node.attrs.unary().kind() != v1::UNARY_KIND_UNSPECIFIED) {
     op = absl::AsciiStrToLower(v1::UnaryKind_Name(node.attrs.unary().kind()));
     if (absl::StartsWith(op, "unary_")) op = op.substr(6);
-  } else if (node.op == v1::OP_BINARY && node.attrs.has_binary()) {
+  } else if (node.op == v1::OP_BINARY && node.attrs.has_binary() &&
+             v1::BinaryKind_IsValid(node.attrs.binary().kind()) &&
+             node.attrs.binary().kind() != v1::BINARY_KIND_UNSPECIFIED) {
     op = absl::AsciiStrToLower(v1::BinaryKind_Name(node.attrs.binary().kind()));
     if (absl::StartsWith(op, "binary_")) op = op.substr(7);
   }

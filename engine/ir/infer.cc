@@ -495,14 +495,17 @@ absl::Status InferNode(const Graph& graph, Node& node, const InferLimits& limits
         return c.Error("result shape ", TypeToString(t, graph.symbols()), " overflows int64");
       }
     }
+    // Configured limits, not malformed graphs: RESOURCE_EXHAUSTED (verifier.h).
     if (n > limits.max_tensor_elements) {
-      return c.Error("result ", TypeToString(t, graph.symbols()), " has ", n,
-                     " elements, over the limit of ", limits.max_tensor_elements);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          NodeLabel(node), ": result ", TypeToString(t, graph.symbols()), " has ", n,
+          " elements, over the limit of ", limits.max_tensor_elements));
     }
     auto bytes = BytesFor(t.dtype, n);
     if (bytes && *bytes > limits.max_tensor_bytes) {
-      return c.Error("result ", TypeToString(t, graph.symbols()), " takes ", *bytes,
-                     " bytes, over the limit of ", limits.max_tensor_bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          NodeLabel(node), ": result ", TypeToString(t, graph.symbols()), " takes ", *bytes,
+          " bytes, over the limit of ", limits.max_tensor_bytes));
     }
   }
   return absl::OkStatus();

@@ -24,7 +24,10 @@ absl::Status InferSource(Ctx& c) {
     return c.Error("param shapes must be concrete, got ", TypeToString(t, c.graph.symbols()));
   }
   if (IsQuantized(t.dtype) && t.is_static()) {
-    if (!BytesFor(t.dtype, t.num_elements())) {
+    // Counted with overflow checks: the dims are the client's (InferNode
+    // reports an overflowing shape after this returns).
+    auto n = CheckedNumElements(t.dims_vector());
+    if (n.ok() && !BytesFor(t.dtype, *n)) {
       return c.Error(TypeToString(t, c.graph.symbols()), " is not a whole number of ",
                      LayoutOf(t.dtype).block_elems, "-element blocks");
     }
@@ -116,9 +119,17 @@ absl::Status InferQuant(Ctx& c) {
   }
 }
 
+// A subgraph's failure as this node's, keeping its code (a limit stays
+// RESOURCE_EXHAUSTED however deep it was hit).
+absl::Status InSubgraph(const Ctx& c, const char* where, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(NodeLabel(c.node), ": in ", where, ": ", s.message()));
+}
+
 absl::Status InferControlFlow(Ctx& c) {
   if (c.depth + 1 > c.limits.max_subgraph_depth) {
-    return c.Error("subgraph nesting exceeds the limit of ", c.limits.max_subgraph_depth);
+    return absl::ResourceExhaustedError(absl::StrCat(NodeLabel(c.node),
+                                                     ": subgraph nesting exceeds the limit of ",
+                                                     c.limits.max_subgraph_depth));
   }
   std::vector<TensorType> args;
   for (int i = 0; i < c.num_operands(); ++i) args.push_back(c.in(i));
@@ -138,7 +149,7 @@ absl::Status InferControlFlow(Ctx& c) {
         body_args.push_back(TensorType(x.dtype, IrDims(x.dims.begin() + 1, x.dims.end())));
       }
       auto outs = InferSubgraph(a.body(), body_args, c.limits, c.depth + 1);
-      if (!outs.ok()) return c.Error("in scan body: ", outs.status().message());
+      if (!outs.ok()) return InSubgraph(c, "scan body", outs.status());
       if (static_cast<int>(outs->size()) < nc) return c.Error("scan body returns fewer than num_carries values");
       c.node.outputs.clear();
       for (int i = 0; i < nc; ++i) {
@@ -160,9 +171,9 @@ absl::Status InferControlFlow(Ctx& c) {
       }
       std::vector<TensorType> branch_args(args.begin() + 1, args.end());
       auto then_outs = InferSubgraph(c.node.attrs.if_().then_branch(), branch_args, c.limits, c.depth + 1);
-      if (!then_outs.ok()) return c.Error("in then_branch: ", then_outs.status().message());
+      if (!then_outs.ok()) return InSubgraph(c, "then_branch", then_outs.status());
       auto else_outs = InferSubgraph(c.node.attrs.if_().else_branch(), branch_args, c.limits, c.depth + 1);
-      if (!else_outs.ok()) return c.Error("in else_branch: ", else_outs.status().message());
+      if (!else_outs.ok()) return InSubgraph(c, "else_branch", else_outs.status());
       if (then_outs->size() != else_outs->size()) return c.Error("branches return different counts");
       for (size_t i = 0; i < then_outs->size(); ++i) {
         if (!((*then_outs)[i] == (*else_outs)[i])) return c.Error("branch result ", i, " types differ");
@@ -174,12 +185,12 @@ absl::Status InferControlFlow(Ctx& c) {
       const auto& a = c.node.attrs.while_();
       if (a.max_iterations() < 0) return c.Error("attribute max_iterations must be >= 0");
       auto cond = InferSubgraph(a.cond(), args, c.limits, c.depth + 1);
-      if (!cond.ok()) return c.Error("in cond: ", cond.status().message());
+      if (!cond.ok()) return InSubgraph(c, "cond", cond.status());
       if (cond->size() != 1 || (*cond)[0].dtype != v1::DTYPE_BOOL || (*cond)[0].rank() != 0) {
         return c.Error("cond must return one bool scalar");
       }
       auto body = InferSubgraph(a.body(), args, c.limits, c.depth + 1);
-      if (!body.ok()) return c.Error("in body: ", body.status().message());
+      if (!body.ok()) return InSubgraph(c, "body", body.status());
       if (body->size() != args.size()) return c.Error("body must return one value per operand");
       for (size_t i = 0; i < args.size(); ++i) {
         if ((*body)[i].dtype != args[i].dtype) return c.Error("body changes the dtype of carry ", i);

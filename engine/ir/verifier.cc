@@ -229,6 +229,9 @@ absl::Status VerifyGraph(Graph& g, const VerifyOptions& options, int depth) {
 absl::Status Specialize(Graph& g, const std::vector<std::pair<std::string, Dims>>& shapes,
                         const VerifyOptions& options) {
   std::vector<int64_t> bound(g.symbols().size(), -1);
+  // Check every input before binding any, so a rejected shape list leaves
+  // the graph as it was.
+  std::vector<std::pair<TensorType*, IrDims>> binds;
   for (const auto& np : g.nodes()) {
     Node& n = *np;
     if (n.op != v1::OP_INPUT) continue;
@@ -265,9 +268,10 @@ absl::Status Specialize(Graph& g, const std::vector<std::pair<std::string, Dims>
         }
         b = got;
       }
-      t.dims[k] = got;
     }
+    binds.emplace_back(&t, IrDims(given->begin(), given->end()));
   }
+  for (auto& [type, dims] : binds) type->dims = std::move(dims);
   KILN_RETURN_IF_ERROR(VerifyGraph(g, options));
   for (const auto& np : g.nodes()) {
     for (const TensorType& t : np->outputs) {

@@ -38,7 +38,9 @@ absl::Status VerifyGraph(Graph& graph, const VerifyOptions& options = {}, int de
 
 // Binds the inputs' symbolic dims to concrete sizes and re-infers every node.
 // Every input must appear in `shapes`, with its declared rank; concrete dims
-// must match and each named symbol must get one size.
+// must match and each named symbol must get one size. A shape list that fails
+// those checks leaves the graph unchanged; one that fails re-inference leaves
+// it partly specialized (specialize a Clone() to keep the original).
 absl::Status Specialize(Graph& graph, const std::vector<std::pair<std::string, Dims>>& shapes,
                         const VerifyOptions& options = {});
 
