@@ -54,8 +54,7 @@ class Sha256 {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int size = 0;
     CheckEvp(EVP_DigestFinal_ex(ctx_.get(), digest, &size) == 1, "EVP_DigestFinal_ex");
-    return absl::BytesToHexString(
-        absl::string_view(reinterpret_cast<const char*>(digest), size));
+    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
   }
 
  private:
@@ -150,8 +149,8 @@ std::string CacheKey::Explain(const CacheKey& other) const {
     }
     const Component& theirs = other.components_[j];
     if (mine.value != theirs.value) {
-      changed.push_back(
-          absl::StrCat(mine.name, ": ", ShortDigest(mine.value), " -> ", ShortDigest(theirs.value)));
+      changed.push_back(absl::StrCat(mine.name, ": ", ShortDigest(mine.value), " -> ",
+                                     ShortDigest(theirs.value)));
     }
   }
   for (size_t i = 0; i < other.components_.size(); ++i) {

@@ -154,6 +154,49 @@ bool SameTime(const timespec& a, const timespec& b) {
   return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
 }
 
+// Publishes an entry atomically: writes `header` + `payload` to a unique temp
+// file in `dir` (created if missing), stamps its mtime, fsyncs it, renames it
+// to `dir`/`key` and fsyncs `dir`. Returns the size of the file it replaced,
+// or -1 when there was none. On failure the temp file is removed.
+absl::StatusOr<int64_t> PublishEntry(const std::string& level_dir, const std::string& dir,
+                                     const std::string& key, std::string_view header,
+                                     std::string_view payload) {
+  const std::string temp_template = absl::StrCat(dir, "/", kTempPrefix, key, "-XXXXXX");
+  std::string temp_path = temp_template;
+  int raw_fd = ::mkostemp(temp_path.data(), O_CLOEXEC);
+  if (raw_fd < 0 && errno == ENOENT) {
+    // First entry of this fan-out directory (or the tree was removed under us).
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("disk cache: create ", dir, ": ", ec.message()));
+    }
+    KILN_RETURN_IF_ERROR(FsyncDir(level_dir));
+    temp_path = temp_template;
+    raw_fd = ::mkostemp(temp_path.data(), O_CLOEXEC);
+  }
+  if (raw_fd < 0) return ErrnoError("disk cache: create temp file in", dir);
+  UniqueFd fd(raw_fd);
+  absl::Cleanup remove_temp = [&temp_path] { ::unlink(temp_path.c_str()); };
+
+  KILN_RETURN_IF_ERROR(WriteAll(fd.get(), header, temp_path));
+  KILN_RETURN_IF_ERROR(WriteAll(fd.get(), payload, temp_path));
+  TouchNow(fd.get());
+  if (::fsync(fd.get()) != 0) return ErrnoError("disk cache: fsync", temp_path);
+  KILN_RETURN_IF_ERROR(fd.Close(temp_path));
+
+  const std::string final_path = absl::StrCat(dir, "/", key);
+  struct stat old;
+  const bool replaces = ::lstat(final_path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    return ErrnoError("disk cache: rename to", final_path);
+  }
+  std::move(remove_temp).Cancel();
+  KILN_RETURN_IF_ERROR(FsyncDir(dir));
+  return replaces ? static_cast<int64_t>(old.st_size) : -1;
+}
+
 // Validates the entry open as `fd` (`size` bytes) for `level` and `key_hex`
 // and reads its payload. Returns why it is invalid, or "" when it is valid.
 std::string ReadEntry(int fd, int64_t size, CacheLevel level, const std::string& key_hex,
@@ -174,8 +217,7 @@ std::string ReadEntry(int fd, int64_t size, CacheLevel level, const std::string&
     return "header checksum mismatch";
   }
   if (uint32_t stored = GetU32(header + kOffLevel); stored != static_cast<uint32_t>(level)) {
-    return absl::StrCat("entry is for level ", stored, ", expected ",
-                        static_cast<uint32_t>(level));
+    return absl::StrCat("entry is for level ", stored, ", expected ", static_cast<uint32_t>(level));
   }
   if (std::string_view stored(header + kOffKey, kKeyChars); stored != key_hex) {
     return absl::StrCat("entry is for key ", std::string(stored));
@@ -315,8 +357,8 @@ absl::StatusOr<std::unique_ptr<DiskCache>> DiskCache::Create(const DiskCacheOpti
 
 DiskCache::DiskCache(DiskCacheOptions options, int lock_fd)
     : options_(std::move(options)),
-      evict_to_bytes_(static_cast<int64_t>(static_cast<double>(options_.max_bytes) *
-                                           kEvictToFraction)),
+      evict_to_bytes_(
+          static_cast<int64_t>(static_cast<double>(options_.max_bytes) * kEvictToFraction)),
       lock_fd_(lock_fd) {}
 
 DiskCache::~DiskCache() { ::close(lock_fd_); }
@@ -399,54 +441,23 @@ absl::Status DiskCache::Store(CacheLevel level, const std::string& key_hex,
   }
   const int64_t entry_bytes = kEntryHeaderBytes + static_cast<int64_t>(payload.size());
   if (static_cast<int64_t>(payload.size()) > evict_to_bytes_ - kEntryHeaderBytes) {
-    return fail(absl::ResourceExhaustedError(
-        absl::StrCat("disk cache: a ", entry_bytes, "-byte entry does not fit the budget of ",
-                     options_.max_bytes, " bytes")));
+    return fail(absl::ResourceExhaustedError(absl::StrCat("disk cache: a ", entry_bytes,
+                                                          "-byte entry does not fit the budget of ",
+                                                          options_.max_bytes, " bytes")));
   }
 
-  const std::string dir = EntryDir(level, key_hex);
-  const std::string final_path = absl::StrCat(dir, "/", key_hex);
-  const std::string temp_template = absl::StrCat(dir, "/", kTempPrefix, key_hex, "-XXXXXX");
-  std::string temp_path = temp_template;
-  int raw_fd = ::mkostemp(temp_path.data(), O_CLOEXEC);
-  if (raw_fd < 0 && errno == ENOENT) {
-    // First entry of this fan-out directory (or the tree was removed under us).
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return fail(absl::FailedPreconditionError("disk cache: create " + dir + ": " +
-                                                      ec.message()));
-    if (absl::Status s = FsyncDir(LevelDir(level)); !s.ok()) return fail(s);
-    temp_path = temp_template;
-    raw_fd = ::mkostemp(temp_path.data(), O_CLOEXEC);
-  }
-  if (raw_fd < 0) return fail(ErrnoError("disk cache: create temp file in", dir));
-  UniqueFd fd(raw_fd);
-  absl::Cleanup remove_temp = [&temp_path] { ::unlink(temp_path.c_str()); };
-
-  if (absl::Status s = WriteAll(fd.get(), EncodeHeader(level, key_hex, payload), temp_path);
-      !s.ok()) {
-    return fail(s);
-  }
-  if (absl::Status s = WriteAll(fd.get(), payload, temp_path); !s.ok()) return fail(s);
-  TouchNow(fd.get());
-  if (::fsync(fd.get()) != 0) return fail(ErrnoError("disk cache: fsync", temp_path));
-  if (absl::Status s = fd.Close(temp_path); !s.ok()) return fail(s);
-
-  struct stat replaced;
-  const bool replaces = ::lstat(final_path.c_str(), &replaced) == 0 && S_ISREG(replaced.st_mode);
-  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    return fail(ErrnoError("disk cache: rename to", final_path));
-  }
-  std::move(remove_temp).Cancel();
-  if (absl::Status s = FsyncDir(dir); !s.ok()) return fail(s);
+  absl::StatusOr<int64_t> replaced =
+      PublishEntry(LevelDir(level), EntryDir(level, key_hex), key_hex,
+                   EncodeHeader(level, key_hex, payload), payload);
+  if (!replaced.ok()) return fail(replaced.status());
 
   bool scan = false;
   {
     absl::MutexLock lock(&counters_mu_);
     CacheLevelStats& c = counters_.level(level);
     ++c.stores;
-    c.bytes += entry_bytes - (replaces ? static_cast<int64_t>(replaced.st_size) : 0);
-    c.entries += replaces ? 0 : 1;
+    c.bytes += entry_bytes - std::max<int64_t>(*replaced, 0);
+    c.entries += *replaced < 0 ? 1 : 0;
     ++stores_since_scan_;
     scan = ScanDueLocked(absl::Now());
   }
@@ -472,8 +483,7 @@ absl::Status DiskCache::ScanAndEvict(bool force, bool remove_stale_temps) {
   }
   KILN_ASSIGN_OR_RETURN(FileLock flock_held, FileLock::Acquire(lock_fd_));
 
-  const absl::Time stale_before =
-      remove_stale_temps ? now - kStaleTempAge : absl::InfinitePast();
+  const absl::Time stale_before = remove_stale_temps ? now - kStaleTempAge : absl::InfinitePast();
   std::vector<ScannedEntry> entries;
   for (CacheLevel level : kLevels) {
     KILN_RETURN_IF_ERROR(ScanLevel(LevelDir(level), level, stale_before, entries));

@@ -73,8 +73,8 @@ inline constexpr uint32_t kEntryFormatVersion = 1;
 inline constexpr int64_t kEntryHeaderBytes = 104;
 
 struct DiskCacheOptions {
-  std::string dir;                        // created (with parents) when missing
-  int64_t max_bytes = int64_t{4} << 30;   // budget over both levels; > 0
+  std::string dir;                       // created (with parents) when missing
+  int64_t max_bytes = int64_t{4} << 30;  // budget over both levels; > 0
 };
 
 enum class LookupOutcome {
@@ -140,7 +140,8 @@ class DiskCache {
   // evicts if the cache is over budget. Fails with INVALID_ARGUMENT for a bad
   // key, RESOURCE_EXHAUSTED for an entry larger than the eviction target, or
   // the I/O error; a failed store leaves no file behind and existing entries
-  // intact.
+  // intact. An error from the eviction that follows a successful store is
+  // returned too, with context saying the entry was stored.
   absl::Status Store(CacheLevel level, const std::string& key_hex, std::string_view payload);
 
   // Deletes every entry of both levels (temp files of in-flight stores are left

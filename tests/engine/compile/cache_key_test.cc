@@ -74,8 +74,7 @@ TEST(CacheKeyTest, ComponentsShowShortTextAndHashTheRest) {
   EXPECT_EQ(components[1].name(), "lir_format");
   EXPECT_EQ(components[1].digest(), "3");
   EXPECT_EQ(components[2].name(), "graph");  // binary: hashed
-  EXPECT_EQ(components[2].digest(),
-            Sha256Hex(std::string("\x01\x02graph bytes\0with nul", 22)));
+  EXPECT_EQ(components[2].digest(), Sha256Hex(std::string("\x01\x02graph bytes\0with nul", 22)));
   EXPECT_EQ(components[3].digest(), "cpu:x86-64-v3+avx512");
 
   CacheKey long_text;
@@ -99,8 +98,8 @@ TEST(CacheKeyTest, ExplainNamesChangedComponents) {
       .Add("device", "cpu:x86-64-v3+avx512");
   const std::string why = old_key.Explain(new_key);
   EXPECT_NE(why.find("lir_format: \"3\" -> \"4\""), std::string::npos) << why;
-  EXPECT_NE(why.find("graph: " + Sha256Hex(std::string("\x01\x02graph bytes\0with nul", 22))
-                                     .substr(0, 12)),
+  EXPECT_NE(why.find("graph: " +
+                     Sha256Hex(std::string("\x01\x02graph bytes\0with nul", 22)).substr(0, 12)),
             std::string::npos)
       << why;
   EXPECT_EQ(why.find("device"), std::string::npos) << why;

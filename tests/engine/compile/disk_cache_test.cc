@@ -46,7 +46,9 @@ std::string KeyOf(int i) { return Sha256Hex(absl::StrCat("key ", i)); }
 std::string PayloadOf(int key, int writer = 0) {
   std::string payload = absl::StrCat("key=", key, " writer=", writer, " ");
   const size_t size = 200 + static_cast<size_t>(key * 37 % 1800);
-  while (payload.size() < size) payload.push_back(static_cast<char>('a' + (key + payload.size()) % 26));
+  while (payload.size() < size) {
+    payload.push_back(static_cast<char>('a' + (key + payload.size()) % 26));
+  }
   return payload;
 }
 
@@ -228,8 +230,9 @@ TEST(DiskCacheChildProcess, DISABLED_Run) {
   ASSERT_TRUE(cache.ok()) << cache.status();
   if (verb == "store") {
     ASSERT_EQ(args.size(), 2u);
-    absl::Status s = (*cache)->Store(CacheLevel::kExecutable, KeyOf(static_cast<int>(args[0])),
-                                     PayloadOf(static_cast<int>(args[0]), static_cast<int>(args[1])));
+    absl::Status s =
+        (*cache)->Store(CacheLevel::kExecutable, KeyOf(static_cast<int>(args[0])),
+                        PayloadOf(static_cast<int>(args[0]), static_cast<int>(args[1])));
     ASSERT_TRUE(s.ok()) << s;
   } else if (verb == "expect_hit") {
     ASSERT_EQ(args.size(), 2u);
@@ -308,11 +311,11 @@ TEST_F(DiskCacheTest, RejectsInvalidKeysAndOversizedEntries) {
   auto cache = Open(/*max_bytes=*/10000);
   ASSERT_NE(cache, nullptr);
   const std::vector<std::string> bad_keys = {"",
-                                            "abc",
-                                            "../../../../etc/passwd",
-                                            std::string(64, 'A'),
-                                            std::string(63, 'a') + "/",
-                                            std::string(65, 'a')};
+                                             "abc",
+                                             "../../../../etc/passwd",
+                                             std::string(64, 'A'),
+                                             std::string(63, 'a') + "/",
+                                             std::string(65, 'a')};
   for (const std::string& bad : bad_keys) {
     EXPECT_EQ(cache->Store(CacheLevel::kKernel, bad, "x").code(),
               absl::StatusCode::kInvalidArgument)
@@ -580,9 +583,9 @@ TEST_F(DiskCacheTest, ClearRemovesEveryEntry) {
   auto cache = Open();
   ASSERT_NE(cache, nullptr);
   for (int i = 0; i < 6; ++i) {
-    ASSERT_TRUE(cache->Store(i % 2 ? CacheLevel::kKernel : CacheLevel::kExecutable, KeyOf(i),
-                             PayloadOf(i))
-                    .ok());
+    ASSERT_TRUE(
+        cache->Store(i % 2 ? CacheLevel::kKernel : CacheLevel::kExecutable, KeyOf(i), PayloadOf(i))
+            .ok());
   }
   ASSERT_TRUE(cache->Clear().ok());
   DiskCache::Stats stats = cache->stats();
@@ -590,9 +593,9 @@ TEST_F(DiskCacheTest, ClearRemovesEveryEntry) {
   EXPECT_EQ(stats.total.entries, 0);
   EXPECT_EQ(stats.total.stores, 6);  // counters are kept
   for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(cache->Lookup(i % 2 ? CacheLevel::kKernel : CacheLevel::kExecutable, KeyOf(i))
-                  .outcome,
-              LookupOutcome::kMiss);
+    EXPECT_EQ(
+        cache->Lookup(i % 2 ? CacheLevel::kKernel : CacheLevel::kExecutable, KeyOf(i)).outcome,
+        LookupOutcome::kMiss);
   }
   ASSERT_TRUE(cache->Store(CacheLevel::kKernel, KeyOf(1), "after clear").ok());
   EXPECT_EQ(cache->Lookup(CacheLevel::kKernel, KeyOf(1)).payload, "after clear");
@@ -679,10 +682,9 @@ TEST_F(DiskCacheTest, ConcurrentWritersInTwoProcesses) {
   ASSERT_NE(Open(budget), nullptr);
   std::vector<ChildProcess> children;
   for (int w = 0; w < kWriters; ++w) {
-    children.push_back(SpawnChild(
-        absl::StrCat("store_many ", dir_, " ", budget, " ", w, " ", kWriters, " ", kKeys, " ",
-                     kRounds),
-        absl::StrCat(root_, "/writer", w, ".log")));
+    children.push_back(SpawnChild(absl::StrCat("store_many ", dir_, " ", budget, " ", w, " ",
+                                               kWriters, " ", kKeys, " ", kRounds),
+                                  absl::StrCat(root_, "/writer", w, ".log")));
   }
   for (const ChildProcess& child : children) EXPECT_EQ(WaitChild(child), "");
   ExpectOnlyValidEntries(dir_, kKeys, kWriters);
