@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/elementwise_ops.h"
 
 namespace kiln::cpu {
@@ -133,5 +136,31 @@ inline void WidenRow(const void* src, DType dtype, int64_t n, float* dst) {
 inline void NarrowRow(const float* src, DType dtype, int64_t n, void* dst) {
   ew::Store(src, dtype, n, dst);
 }
+
+// A kernel whose body is a closure over what its Create step precomputed.
+// The body runs after CheckViews.
+class FnKernel final : public CpuKernel {
+ public:
+  using Body = std::function<absl::Status(std::span<const backend::BufferView> inputs,
+                                          std::span<const backend::BufferView> outputs)>;
+  static std::unique_ptr<backend::Kernel> Make(const backend::KernelSpec& spec,
+                                               std::string implementation, Body body) {
+    return std::unique_ptr<backend::Kernel>(
+        new FnKernel(spec, std::move(implementation), std::move(body)));
+  }
+  std::string implementation() const override { return implementation_; }
+  absl::Status Run(std::span<const backend::BufferView> inputs,
+                   std::span<const backend::BufferView> outputs) override {
+    if (auto s = CheckViews(spec_, inputs, outputs); !s.ok()) return s;
+    return body_(inputs, outputs);
+  }
+
+ private:
+  FnKernel(const backend::KernelSpec& spec, std::string implementation, Body body)
+      : spec_(spec), implementation_(std::move(implementation)), body_(std::move(body)) {}
+  backend::KernelSpec spec_;
+  std::string implementation_;
+  Body body_;
+};
 
 }  // namespace kiln::cpu

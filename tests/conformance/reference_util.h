@@ -95,6 +95,21 @@ inline int64_t BroadcastIndex(const Dims& out, const Dims& in, int64_t flat) {
   return idx;
 }
 
+// Multi-index of flat element `flat` of `dims`, and back.
+inline std::vector<int64_t> Unravel(int64_t flat, const Dims& dims) {
+  std::vector<int64_t> idx(dims.size());
+  for (size_t k = dims.size(); k-- > 0;) {
+    idx[k] = flat % dims[k];
+    flat /= dims[k];
+  }
+  return idx;
+}
+inline int64_t Ravel(const std::vector<int64_t>& idx, const Dims& dims) {
+  int64_t flat = 0;
+  for (size_t k = 0; k < dims.size(); ++k) flat = flat * dims[k] + idx[k];
+  return flat;
+}
+
 // Two's-complement wrap of an integer value into `dtype` (ints only).
 inline double WrapInt(long double v, DType dtype) {
   const int64_t i = static_cast<int64_t>(v);
