@@ -1,7 +1,7 @@
 // Attention and Rope on the CPU.
 //
-// Attention is blocked FlashAttention-style: each task is one (batch, query
-// head, block of queries); it walks the key blocks its mask can reach with an
+// Attention is blocked FlashAttention-style: each task is one (batch, kv
+// head, block of the query rows that share it); it walks the key blocks its mask can reach with an
 // online softmax (running max, running sum, rescaled output accumulator), so
 // memory is O(block^2) per thread whatever Sq and Sk are. Block products run
 // through dnnl_sgemm, which is single-threaded inside our OpenMP region; the
@@ -17,6 +17,7 @@
 //   the operand (broadcast to [B, Hq, Sq, Sk]).
 //   A query whose keys are all masked (or Sk = 0) outputs zeros, not NaN.
 #include <immintrin.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -205,7 +206,7 @@ class AttentionKernel final : public CpuKernel {
 
   absl::Status Run(std::span<const BufferView> inputs,
                    std::span<const BufferView> outputs) override {
-    const int64_t tasks = c_.b * c_.hq * q_blocks_;
+    const int64_t tasks = c_.b * c_.hkv * q_blocks_;
     if (tasks == 0 || c_.dv == 0) return absl::OkStatus();
     Operands ops{inputs[0].host(), inputs[1].host(), inputs[2].host(),
                  inputs.size() > 3 ? inputs[3].host() : nullptr, outputs[0].host()};
@@ -213,11 +214,16 @@ class AttentionKernel final : public CpuKernel {
     // under a causal mask they see the most keys, so the tail stays short.
     std::atomic<int64_t> next{0};
     ParallelFor(tasks, 1, [&](int64_t, int64_t) {
-      Scratch scratch(*this);
+      // Each thread's block buffers live as long as the kernel, so launches
+      // neither allocate nor fault pages in.
+      const size_t thread = static_cast<size_t>(omp_get_thread_num());
+      std::unique_ptr<Scratch> extra;
+      if (thread >= scratch_.size()) extra = std::make_unique<Scratch>(*this);
+      Scratch& scratch = extra ? *extra : *scratch_[thread];
       for (int64_t t; (t = next.fetch_add(1)) < tasks;) {
-        const int64_t head = t / q_blocks_;
+        const int64_t kv_head = t / q_blocks_;
         const int64_t block = q_blocks_ - 1 - t % q_blocks_;
-        RunTask(ops, head / c_.hq, head % c_.hq, block, scratch);
+        RunTask(ops, kv_head / c_.hkv, kv_head % c_.hkv, block, scratch);
       }
     });
     return absl::OkStatus();
@@ -247,11 +253,25 @@ class AttentionKernel final : public CpuKernel {
   };
 
   explicit AttentionKernel(const AttentionConfig& c) : c_(c) {
-    // 64 queries x 128 keys keeps a block's logits (32 KiB) and the K/V
-    // blocks in L2 while giving dnnl_sgemm products big enough to run at speed.
-    bq_ = std::max<int64_t>(1, std::min<int64_t>(64, c_.sq));
+    // A task owns query rows of one kv head: the Sq rows of each of its
+    // group of Hq / Hkv query heads, which lie contiguously in q and in the
+    // result. Blocks of these rows share every K/V block they read, so GQA
+    // and MQA decoding (small Sq) read K and V once per group, not per head.
+    group_ = c_.hkv > 0 ? c_.hq / c_.hkv : 0;
+    const int64_t rows = group_ * c_.sq;
+    // 64 rows x 128 keys keeps a block's logits (32 KiB) and the K/V blocks
+    // in L2 while giving dnnl_sgemm products big enough to run at speed;
+    // blocks shrink (to 8 rows) while there are fewer than 4 tasks a thread.
+    bq_ = std::max<int64_t>(1, std::min<int64_t>(64, rows));
+    const int64_t want_tasks = 4 * static_cast<int64_t>(omp_get_max_threads());
+    while (bq_ > 8 && c_.b * c_.hkv * ((rows + bq_ - 1) / bq_) < want_tasks) bq_ /= 2;
     bk_ = std::max<int64_t>(1, std::min<int64_t>(128, c_.sk));
-    q_blocks_ = (c_.sq + bq_ - 1) / bq_;
+    q_blocks_ = (rows + bq_ - 1) / bq_;
+    if (c_.b * c_.hkv * q_blocks_ > 0) {
+      for (int t = 0; t < omp_get_max_threads(); ++t) {
+        scratch_.push_back(std::make_unique<Scratch>(*this));
+      }
+    }
   }
 
   // Keys [lo, hi) that query row i may see under the structural masks.
@@ -281,15 +301,16 @@ class AttentionKernel final : public CpuKernel {
     return buffer.data();
   }
 
-  void RunTask(const Operands& ops, int64_t b, int64_t h, int64_t block, Scratch& w) const {
-    const int64_t i0 = block * bq_, rows = std::min(bq_, c_.sq - i0);
-    const int64_t hk = h / (c_.hq / c_.hkv);
-    const int64_t q_row0 = (b * c_.hq + h) * c_.sq + i0;
+  // Rows [block * bq_, ...) of kv head `hk`'s group: row v is query
+  // v % Sq of head hk * group + v / Sq.
+  void RunTask(const Operands& ops, int64_t b, int64_t hk, int64_t block, Scratch& w) const {
+    const int64_t v0 = block * bq_, rows = std::min(bq_, group_ * c_.sq - v0);
+    const int64_t q_row0 = (b * c_.hq + hk * group_) * c_.sq + v0;
     const int64_t kv_row0 = (b * c_.hkv + hk) * c_.sk;
     const float* q = F32Rows(ops.q, q_row0, rows, c_.d, w.q);
     int64_t first = c_.sk, last = 0;  // union of the rows' key ranges
     for (int64_t r = 0; r < rows; ++r) {
-      KeyRange(i0 + r, &w.lo[r], &w.hi[r]);
+      KeyRange((v0 + r) % c_.sq, &w.lo[r], &w.hi[r]);
       if (w.lo[r] < w.hi[r]) first = std::min(first, w.lo[r]), last = std::max(last, w.hi[r]);
     }
     std::fill(w.m.begin(), w.m.begin() + rows, kNegInf);
@@ -307,7 +328,8 @@ class AttentionKernel final : public CpuKernel {
       bool any = false;
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s + r * cols;
-        ApplyMask(ops, b, h, i0 + r, j0, cols, w.lo[r], w.hi[r], row);
+        const int64_t v = v0 + r;
+        ApplyMask(ops, b, hk * group_ + v / c_.sq, v % c_.sq, j0, cols, w.lo[r], w.hi[r], row);
         const float block_max = RowMax(row, cols);
         const float m_new = std::max(w.m[r], block_max);
         if (m_new == kNegInf) {  // nothing visible yet: the row adds nothing
@@ -362,7 +384,9 @@ class AttentionKernel final : public CpuKernel {
   }
 
   const AttentionConfig c_;
+  int64_t group_ = 0;  // query heads per kv head
   int64_t bq_ = 1, bk_ = 1, q_blocks_ = 0;
+  std::vector<std::unique_ptr<Scratch>> scratch_;  // one per OpenMP thread
 };
 
 // ----------------------------------------------------------------------- rope
