@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -81,13 +82,22 @@ absl::flat_hash_map<ValueRef, int> Graph::UseCounts() const {
 }
 
 int Graph::RemoveDeadNodes() {
-  absl::flat_hash_map<int32_t, bool> live;
-  for (const auto& o : outputs_) live[o.value.node] = true;
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-    Node& n = **it;
-    if (n.op == v1::OP_INPUT || n.op == v1::OP_PARAM) live[n.id] = true;
-    if (!live.contains(n.id)) continue;
-    for (const auto& op : n.operands) live[op.node] = true;
+  // A worklist from the outputs, so the result does not depend on node order
+  // (passes append nodes and re-sort afterwards).
+  absl::flat_hash_set<int32_t> live;
+  std::vector<int32_t> work;
+  auto mark = [&](int32_t id) {
+    if (live.insert(id).second) work.push_back(id);
+  };
+  for (const auto& o : outputs_) mark(o.value.node);
+  for (const auto& n : nodes_) {
+    if (n->op == v1::OP_INPUT || n->op == v1::OP_PARAM) mark(n->id);
+  }
+  while (!work.empty()) {
+    const Node* n = FindNode(work.back());
+    work.pop_back();
+    if (n == nullptr) continue;
+    for (const auto& op : n->operands) mark(op.node);
   }
   const size_t before = nodes_.size();
   nodes_.erase(std::remove_if(nodes_.begin(), nodes_.end(),
