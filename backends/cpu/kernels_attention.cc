@@ -332,16 +332,22 @@ class AttentionKernel final : public CpuKernel {
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s + r * cols;
         const int64_t v = v0 + r;
-        ApplyMask(ops, b, hk * group_ + v / c_.sq, v % c_.sq, j0, cols, w.lo[r], w.hi[r], row);
-        const float block_max = RowMax(row, cols);
+        // Only the span [a, e) of this block is visible under the structural
+        // mask: the rest gets probability 0 without going through exp.
+        const int64_t a = std::clamp<int64_t>(w.lo[r] - j0, 0, cols);
+        const int64_t e = std::clamp<int64_t>(w.hi[r] - j0, a, cols);
+        ApplyMask(ops, b, hk * group_ + v / c_.sq, v % c_.sq, j0 + a, e - a, row + a);
+        const float block_max = e > a ? RowMax(row + a, e - a) : kNegInf;
         const float m_new = std::max(w.m[r], block_max);
+        std::fill(row, row + a, 0.0f);
+        std::fill(row + e, row + cols, 0.0f);
         if (m_new == kNegInf) {  // nothing visible yet: the row adds nothing
-          std::fill(row, row + cols, 0.0f);
+          std::fill(row + a, row + e, 0.0f);
           continue;
         }
         any = true;
         const float correction = w.m[r] == kNegInf ? 0.0f : std::exp(w.m[r] - m_new);
-        w.l[r] = w.l[r] * correction + ExpShiftSum(row, cols, m_new);
+        w.l[r] = w.l[r] * correction + ExpShiftSum(row + a, e - a, m_new);
         w.m[r] = m_new;
         if (correction != 1.0f) {
           float* o = w.o.data() + r * c_.dv;
@@ -362,15 +368,14 @@ class AttentionKernel final : public CpuKernel {
     }
   }
 
-  // Softcap, then the mask, on one row of logits for keys [j0, j0 + cols).
+  // Softcap, then the operand masks (custom, bias), on the logits of query
+  // i (of head h) for keys [j0, j0 + cols).
   void ApplyMask(const Operands& ops, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t cols,
-                 int64_t lo, int64_t hi, float* row) const {
+                 float* row) const {
     if (c_.softcap > 0) {
       const float inv = 1.0f / c_.softcap;
       for (int64_t j = 0; j < cols; ++j) row[j] = c_.softcap * std::tanh(row[j] * inv);
     }
-    for (int64_t j = 0; j < std::min(cols, lo - j0); ++j) row[j] = kNegInf;
-    for (int64_t j = std::max<int64_t>(0, hi - j0); j < cols; ++j) row[j] = kNegInf;
     if (c_.mask == v1::MASK_CUSTOM) {
       const auto* m = static_cast<const uint8_t*>(ops.mask) +
                       (c_.mask_per_query ? (b * c_.sq + i) * c_.sk : b * c_.sk) + j0;
