@@ -4,9 +4,9 @@
 // Conv layouts: weights arrive with every launch (they are not known to be
 // constant at prepare time), so any layout change is paid per launch. The
 // kernel lets oneDNN pick its preferred (blocked) layouts and reorders the
-// source and weights in, and the result out, on each launch, except where
-// plain layouts are measured to be as good (see PlainLayoutsWin). Reasons and
-// figures are in the comment there.
+// source and weights in, and the result out, on each launch, except for
+// pointwise and 1-D convs, where plain layouts measured faster (figures at
+// PlainLayoutsWin).
 //
 // Storage types as for matmul: f32 as is, bf16 natively where oneDNN has a
 // non-reference implementation, f16 (and bf16 otherwise) through f32 copies.
@@ -120,13 +120,29 @@ Claim SupportsConv(const KernelSpec& spec) {
   return Claim::Yes();
 }
 
-// Where plain NCHW in and out beat blocked layouts plus per-launch reorders.
-// Measured with oneDNN 2.6 on a 2-core Zen 5 (AVX-512), reorders included:
-// the blocked brgconv kernels win for channel counts that fill a 16-lane
-// block (ResNet 3x3 64->64 at 56x56: ~1.4x; 1-D 256->256: ~2x) and for
-// depthwise (~2.5x), while for few input channels (the RGB stem, C = 3) the
-// gemm-based plain kernel wins, since blocking 3 channels to 16 mostly pads.
-bool PlainLayoutsWin(const ConvConfig& c) { return c.c / c.groups < 8 && c.groups == 1; }
+// Where plain NCL/NCHW layouts beat oneDNN's blocked ones once the per-launch
+// reorders (source, weights, result) are paid. Measured with oneDNN 2.6 on 2
+// threads of a quiet AVX-512 Xeon (this 2-core dev machine was saturated by
+// builds; the directions it did show agree), batch 1, medians of 21 runs in
+// two sessions, blocked time including reorders:
+//   3x3 64->64 at 56x56      plain 1.9-2.2 ms   blocked 1.0-1.1 ms
+//   7x7/2 3->64 at 224x224   plain 2.7-2.8 ms   blocked 1.2 ms
+//   3x3 256->256 at 14x14    plain 1.7 ms       blocked 1.1-1.2 ms
+//   depthwise 3x3, 144 ch    plain 2.8 ms       blocked 0.5-1.2 ms
+//   1x1 256->64 at 56x56     plain 0.45 ms      blocked 0.65-0.67 ms
+//   1x1 512->1024 at 14x14   plain 1.0-1.1 ms   blocked 1.3-1.4 ms
+//   1-D k3 80->256, L 3000   plain 2.4-3.4 ms   blocked 3.8-3.9 ms
+//   1-D k3 512->512, L 1500  plain 10.7-11.3 ms blocked 12.2-12.5 ms
+// A pointwise conv on plain NCHW is one GEMM per image, so reorders only add
+// traffic; 1-D convs gain little from blocking. Everything else goes blocked.
+bool PlainLayoutsWin(const ConvConfig& c) {
+  if (c.groups != 1) return false;
+  if (c.sp == 1) return true;
+  for (int i = 0; i < c.sp; ++i) {
+    if (c.kernel[i] != 1 || c.stride[i] != 1 || c.pad_lo[i] != 0 || c.pad_hi[i] != 0) return false;
+  }
+  return true;
+}
 
 class ConvKernel final : public CpuKernel {
  public:
