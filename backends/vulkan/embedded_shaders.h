@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace kiln::vulkan {
@@ -16,6 +17,10 @@ struct EmbeddedShader {
 };
 
 std::span<const EmbeddedShader> EmbeddedShaders();
+
+// A GLSL include file from shaders/ (e.g. "kmath.glsl") for generated
+// kernels; empty when there is none of that name.
+std::string EmbeddedText(std::string_view name);
 
 // The variant named `name`, or nullptr.
 inline const EmbeddedShader* FindEmbeddedShader(std::string_view name) {

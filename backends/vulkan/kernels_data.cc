@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
+#include "backends/vulkan/vk_util.h"
 #include "engine/base/status.h"
 
 namespace kiln::vulkan {
@@ -277,14 +278,17 @@ class GatherKernel final : public VulkanKernel {
     const int64_t n = push_.axis_size;
     KILN_ASSIGN_OR_RETURN(
         VulkanStream::ErrorSlot slot,
-        s.ReserveErrorSlot([label, n](uint32_t, uint32_t detail) {
-          return absl::OutOfRangeError(absl::StrCat(
-              label, ": gather index ", static_cast<int32_t>(detail),
-              " is out of range for an axis of size ", n, " (valid: [", -n, ", ", n, "))"));
+        s.ReserveErrorSlot([label, n](uint32_t, const std::array<uint32_t, 3>& d) {
+          const int64_t index = static_cast<int64_t>((uint64_t{d[2]} << 32) | d[1]);
+          return absl::OutOfRangeError(absl::StrCat(label, ": gather index ", index,
+                                                    " (at position ", d[0],
+                                                    ") is out of range [", -n, ", ", n, ")"));
         }));
     GatherPush p = push_;
     p.slot = slot.index;
-    const BufferBinding b[4] = {in[0], in[1], out[0], slot.buffer};
+    BufferBinding indices = in[1];
+    indices.range = AlignUp(indices.range, 4);  // narrow indices are read as words
+    const BufferBinding b[4] = {in[0], indices, out[0], slot.buffer};
     const uint64_t total = uint64_t{p.outer} * p.nidx * p.inner;
     const uint32_t wg = Workgroup1D(device_.caps());
     return s.Dispatch(*pipeline_, b, 0b1100, &p, sizeof(p), Groups1D(device_.caps(), total, wg));
@@ -295,11 +299,23 @@ class GatherKernel final : public VulkanKernel {
   GatherPush push_;
 };
 
+// The gather shader's IDX_KIND for an index dtype, or -1.
+int IndexKind(DType d) {
+  switch (d) {
+    case v1::DTYPE_I32: return 0;
+    case v1::DTYPE_I64: return 1;
+    case v1::DTYPE_I16: return 2;
+    case v1::DTYPE_I8: return 3;
+    case v1::DTYPE_U8: return 4;
+    default: return -1;
+  }
+}
+
 Claim SupportsGather(const VulkanDevice& d, const KernelSpec& spec) {
   if (spec.inputs.size() != 2 || spec.outputs.size() != 1) return Claim::No("malformed spec");
-  const DType idx = spec.inputs[1].dtype;
-  if (idx != v1::DTYPE_I32 && idx != v1::DTYPE_I64) {
-    return Claim::No(absl::StrCat("vulkan gather reads i32 or i64 indices, not ", DTypeName(idx)));
+  if (IndexKind(spec.inputs[1].dtype) < 0) {
+    return Claim::No(absl::StrCat("vulkan gather reads signed or u8 integer indices, not ",
+                                  DTypeName(spec.inputs[1].dtype)));
   }
   return StoredDType(d, spec.outputs[0].dtype, "gather");
 }
@@ -318,13 +334,14 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGather(VulkanDevice& d,
   p.outer = static_cast<uint32_t>(outer);
   p.inner = static_cast<uint32_t>(inner);
   const DType dt = spec.outputs[0].dtype;
-  const bool idx64 = spec.inputs[1].dtype == v1::DTYPE_I64;
-  KILN_ASSIGN_OR_RETURN(auto pipeline, EmbeddedPipeline(d, ElemVariant("gather", dt), 4,
-                                                        sizeof(GatherPush),
-                                                        {Workgroup1D(d.caps()), idx64 ? 1u : 0u}));
+  const DType it = spec.inputs[1].dtype;
+  KILN_ASSIGN_OR_RETURN(
+      auto pipeline,
+      EmbeddedPipeline(d, ElemVariant("gather", dt), 4, sizeof(GatherPush),
+                       {Workgroup1D(d.caps()), static_cast<uint32_t>(IndexKind(it))}));
   return std::unique_ptr<backend::Kernel>(std::make_unique<GatherKernel>(
       d, spec, std::move(pipeline), p,
-      absl::StrCat("spirv:gather_", DTypeSuffix(dt), idx64 ? "_i64" : "_i32")));
+      absl::StrCat("spirv:gather_", DTypeSuffix(dt), "_", DTypeSuffix(it))));
 }
 
 const VulkanOpRegistration kRegistration({

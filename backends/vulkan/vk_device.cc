@@ -95,6 +95,7 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   c.type = props.properties.deviceType;
   std::memcpy(c.pipeline_cache_uuid, props.properties.pipelineCacheUUID, VK_UUID_SIZE);
   std::memcpy(c.device_uuid, p11.deviceUUID, VK_UUID_SIZE);
+  c.preserve_inf_nan32 = p12.shaderSignedZeroInfNanPreserveFloat32;
   c.max_workgroup_invocations = lim.maxComputeWorkGroupInvocations;
   std::copy(lim.maxComputeWorkGroupSize, lim.maxComputeWorkGroupSize + 3, c.max_workgroup_size);
   std::copy(lim.maxComputeWorkGroupCount, lim.maxComputeWorkGroupCount + 3, c.max_workgroup_count);

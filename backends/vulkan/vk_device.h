@@ -63,6 +63,8 @@ struct DeviceCaps {
   bool int16 = false;
   bool int64 = false;      // shaderInt64: i64 arithmetic
   bool float64 = false;
+  // Shaders may declare SignedZeroInfNanPreserve for f32 (IEEE NaN/inf/-0).
+  bool preserve_inf_nan32 = false;
 
   bool timeline_semaphore = false;
   bool host_query_reset = false;

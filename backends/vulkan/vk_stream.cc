@@ -17,6 +17,7 @@ namespace {
 constexpr int kMaxBatchCommands = 256;
 constexpr uint64_t kMaxBatchStagedBytes = uint64_t{64} << 20;
 constexpr uint32_t kErrorSlots = 256;  // per batch; flushed at half
+constexpr uint32_t kErrorSlotBytes = 16;
 constexpr uint32_t kQueriesPerPool = 256;
 constexpr uint32_t kSetsPerDescriptorPool = 256;
 constexpr uint32_t kBuffersPerDescriptorPool = kSetsPerDescriptorPool * 8;
@@ -324,14 +325,14 @@ absl::StatusOr<BufferBinding> VulkanStream::Scratch(uint64_t bytes) {
 absl::StatusOr<VulkanStream::ErrorSlot> VulkanStream::ReserveErrorSlot(ErrorDecoder decoder) {
   KILN_ASSIGN_OR_RETURN(Batch * b, Open());
   if (b->errors.block == nullptr) {
-    KILN_ASSIGN_OR_RETURN(b->errors, device_.staging_pool().Allocate(kErrorSlots * 8));
-    std::memset(b->errors.mapped(), 0, kErrorSlots * 8);
+    KILN_ASSIGN_OR_RETURN(b->errors, device_.staging_pool().Allocate(kErrorSlots * kErrorSlotBytes));
+    std::memset(b->errors.mapped(), 0, kErrorSlots * kErrorSlotBytes);
   }
   if (b->error_slots.size() == kErrorSlots) {
     return absl::ResourceExhaustedError("vulkan: too many checked dispatches in one batch");
   }
   b->error_slots.push_back(std::move(decoder));
-  return ErrorSlot{BufferBinding{b->errors.buffer(), b->errors.offset, kErrorSlots * 8,
+  return ErrorSlot{BufferBinding{b->errors.buffer(), b->errors.offset, kErrorSlots * kErrorSlotBytes,
                                  b->errors.mapped()},
                    static_cast<uint32_t>(b->error_slots.size() - 1)};
 }
@@ -422,8 +423,9 @@ absl::Status VulkanStream::Retire(bool wait) {
     if (b->errors.block != nullptr) {
       const auto* words = reinterpret_cast<const uint32_t*>(b->errors.mapped());
       for (size_t i = 0; i < b->error_slots.size(); ++i) {
-        if (words[2 * i] != 0 && pending_error_.ok()) {
-          pending_error_ = b->error_slots[i](words[2 * i], words[2 * i + 1]);
+        if (words[4 * i] != 0 && pending_error_.ok()) {
+          pending_error_ =
+              b->error_slots[i](words[4 * i], {words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]});
         }
       }
     }

@@ -19,6 +19,7 @@
 
 #include "backends/vulkan/vk_loader.h"
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -56,10 +57,13 @@ class QueryPool {
 
 class VulkanStream final : public backend::Stream {
  public:
-  // Decodes a nonzero error slot (code, detail) into the status Synchronize returns.
-  using ErrorDecoder = std::function<absl::Status(uint32_t code, uint32_t detail)>;
+  // Decodes a nonzero error slot (code, details) into the status Synchronize returns.
+  using ErrorDecoder =
+      std::function<absl::Status(uint32_t code, const std::array<uint32_t, 3>& details)>;
+  // A slot is 4 words: the code (0 = fine; the first failing invocation sets
+  // it with atomicCompSwap and then writes the 3 detail words).
   struct ErrorSlot {
-    BufferBinding buffer;  // bind it; the shader writes words [2 * index, 2 * index + 1]
+    BufferBinding buffer;  // bind it; the shader writes words [4 * index, 4 * index + 4)
     uint32_t index = 0;
   };
 

@@ -2,12 +2,14 @@
 // numpy.take(data, indices, axis) over data viewed as [outer, axis_size, inner]:
 // out[o, j, i] = data[o, idx[j], i]. Negative indices count from the end. An
 // index outside [-axis_size, axis_size) is never dereferenced: its outputs
-// become zero and the first one is reported in the error slot (code 1,
-// detail = the index's low 32 bits).
+// become zero and one of them is reported in the error slot (code 1, then
+// the index's position, and its value's low and high words).
 #include "elem_types.glsl"
 
 layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const bool IDX64 = false;  // indices are i64 (read as int pairs)
+// The index dtype: 0 = i32, 1 = i64 (int pairs), 2 = i16, 3 = i8, 4 = u8 (the
+// narrow ones unpacked from 32-bit words, so no 8/16-bit storage is needed).
+layout(constant_id = 1) const uint IDX_KIND = 0;
 
 layout(std430, binding = 0) readonly buffer Data { ELEM data[]; };
 layout(std430, binding = 1) readonly buffer Idx { int idx[]; };
@@ -29,13 +31,28 @@ void main() {
     const uint t = i / pc.inner;
     const uint j = t % pc.nidx;
     const uint o = t / pc.nidx;
-    const int lo = IDX64 ? idx[2 * j] : idx[j];
-    const int hi = IDX64 ? idx[2 * j + 1] : (lo < 0 ? -1 : 0);
+    int lo;
+    if (IDX_KIND == 0) {
+      lo = idx[j];
+    } else if (IDX_KIND == 1) {
+      lo = idx[2 * j];
+    } else if (IDX_KIND == 2) {
+      lo = bitfieldExtract(idx[j >> 1], int(16 * (j & 1)), 16);
+    } else if (IDX_KIND == 3) {
+      lo = bitfieldExtract(idx[j >> 2], int(8 * (j & 3)), 8);
+    } else {
+      lo = int(bitfieldExtract(uint(idx[j >> 2]), int(8 * (j & 3)), 8));
+    }
+    const int hi = IDX_KIND == 1 ? idx[2 * j + 1] : (lo < 0 ? -1 : 0);
     // The 64-bit value hi:lo is in range iff it fits 32 bits and -n <= v < n.
     const bool fits = (hi == 0 && lo >= 0) || (hi == -1 && lo < 0);
     const int n = int(pc.axis_size);
     if (!fits || lo >= n || lo < -n) {
-      if (atomicCompSwap(err[2 * pc.slot], 0u, 1u) == 0u) err[2 * pc.slot + 1] = uint(lo);
+      if (atomicCompSwap(err[4 * pc.slot], 0u, 1u) == 0u) {
+        err[4 * pc.slot + 1] = j;
+        err[4 * pc.slot + 2] = uint(lo);
+        err[4 * pc.slot + 3] = uint(hi);
+      }
       out_[i] = ELEM_ZERO;
       continue;
     }
