@@ -67,8 +67,8 @@ inline __m256 Exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
@@ -118,8 +118,8 @@ struct AttentionConfig {
   float softcap = 0;
   v1::MaskKind mask = v1::MASK_NONE;
   int64_t prefix = 0, window = 0;
-  bool mask_per_query = false;    // custom mask is [B, Sq, Sk] (else [B, Sk])
-  int64_t bias_stride[4] = {};    // element strides over [B, Hq, Sq, Sk]; 0 = broadcast
+  bool mask_per_query = false;  // custom mask is [B, Sq, Sk] (else [B, Sk])
+  int64_t bias_stride[4] = {};  // element strides over [B, Hq, Sq, Sk]; 0 = broadcast
 };
 
 absl::StatusOr<AttentionConfig> ConfigOf(const KernelSpec& spec) {
@@ -179,8 +179,8 @@ absl::StatusOr<AttentionConfig> ConfigOf(const KernelSpec& spec) {
     for (int i = 3, j = static_cast<int>(m.rank()) - 1; i >= 0; --i, --j) {
       const int64_t size = j >= 0 ? m.dims[j] : 1;
       if (size != full[i] && size != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("bias ", DimsToString(m.dims),
-                                                       " does not broadcast to [B, Hq, Sq, Sk]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bias ", DimsToString(m.dims), " does not broadcast to [B, Hq, Sq, Sk]"));
       }
       c.bias_stride[i] = size == 1 ? 0 : stride;
       stride *= size;
@@ -402,7 +402,7 @@ class AttentionKernel final : public CpuKernel {
 struct RopeConfig {
   DType dtype = v1::DTYPE_F32;
   int64_t b = 0, h = 0, s = 0, d = 0;
-  int64_t rotary = 0;           // rotated dims; the rest of D passes through
+  int64_t rotary = 0;  // rotated dims; the rest of D passes through
   bool interleaved = false;
   double theta = 10000;
   int64_t offset = 0;
@@ -418,8 +418,8 @@ absl::StatusOr<RopeConfig> RopeConfigOf(const KernelSpec& spec) {
   RopeConfig c;
   c.dtype = x.dtype;
   if (!IsF32Storage(c.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("rope on ", DTypeName(c.dtype),
-                                                 " is not implemented (f32, f16, bf16 are)"));
+    return absl::UnimplementedError(
+        absl::StrCat("rope on ", DTypeName(c.dtype), " is not implemented (f32, f16, bf16 are)"));
   }
   if (x.rank() != 4) return absl::InvalidArgumentError("x must be [B, H, S, D]");
   if (spec.outputs[0].dtype != x.dtype || spec.outputs[0].dims != x.dims) {
@@ -489,13 +489,21 @@ class RopeKernel final : public CpuKernel {
     void* y = outputs[0].host();
     const size_t es = ElementSize(c_.dtype);
     ParallelFor(rows, std::max<int64_t>(1, 16384 / c_.d), [&](int64_t r0, int64_t r1) {
-      std::vector<float> in(c_.d), out(c_.d);
+      const bool f32 = c_.dtype == v1::DTYPE_F32;
+      std::vector<float> in(f32 ? 0 : c_.d), out(f32 ? 0 : c_.d);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t s = r % c_.s;
         const int64_t table_row = c_.pos_per_batch ? (r / (c_.h * c_.s)) * c_.s + s : s;
+        const float* cos = cos_.data() + table_row * half_;
+        const float* sin = sin_.data() + table_row * half_;
+        // Rotate reads each pair before writing it, so y may alias x.
+        if (f32) {
+          Rotate(static_cast<const float*>(x) + r * c_.d, cos, sin,
+                 static_cast<float*>(y) + r * c_.d);
+          continue;
+        }
         ConvertToF32(c_.dtype, static_cast<const char*>(x) + r * c_.d * es, in.data(), c_.d);
-        Rotate(in.data(), cos_.data() + table_row * half_, sin_.data() + table_row * half_,
-               out.data());
+        Rotate(in.data(), cos, sin, out.data());
         ConvertFromF32(out.data(), c_.dtype, static_cast<char*>(y) + r * c_.d * es, c_.d);
       }
     });

@@ -72,8 +72,8 @@ absl::StatusOr<ConvConfig> ConvConfigOf(const KernelSpec& spec) {
   ConvConfig c;
   c.dtype = x.dtype;
   if (!IsF32Storage(c.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("conv on ", DTypeName(c.dtype),
-                                                 " is not implemented (f32, f16, bf16 are)"));
+    return absl::UnimplementedError(
+        absl::StrCat("conv on ", DTypeName(c.dtype), " is not implemented (f32, f16, bf16 are)"));
   }
   for (const TensorDesc& t : spec.inputs) {
     if (t.dtype != c.dtype) return absl::InvalidArgumentError("operand dtypes differ");
@@ -167,7 +167,8 @@ class ConvKernel final : public CpuKernel {
   absl::Status Run(std::span<const BufferView> inputs,
                    std::span<const BufferView> outputs) override {
     if (out_elements_ == 0) return absl::OkStatus();
-    if (bias_fill_) return FillWithBias(c_.has_bias ? inputs[2].host() : nullptr, outputs[0].host());
+    if (bias_fill_)
+      return FillWithBias(c_.has_bias ? inputs[2].host() : nullptr, outputs[0].host());
     const void* x = inputs[0].host();
     const void* w = inputs[1].host();
     const void* bias = c_.has_bias ? inputs[2].host() : nullptr;
@@ -223,8 +224,10 @@ class ConvKernel final : public CpuKernel {
 
   dnnl::convolution_forward::primitive_desc MakeDesc(dt type, bool blocked) {
     dnnl::memory::dims x_dims = {c_.n, c_.c}, y_dims = {c_.n, c_.o}, w_dims;
-    if (c_.groups > 1) w_dims = {c_.groups, c_.o / c_.groups, c_.c / c_.groups};
-    else w_dims = {c_.o, c_.c};
+    if (c_.groups > 1)
+      w_dims = {c_.groups, c_.o / c_.groups, c_.c / c_.groups};
+    else
+      w_dims = {c_.o, c_.c};
     dnnl::memory::dims strides, dilates, pad_l, pad_r;
     for (int i = 0; i < c_.sp; ++i) {
       x_dims.push_back(c_.in[i]);
@@ -245,9 +248,9 @@ class ConvKernel final : public CpuKernel {
     const dnnl::memory::desc w_md = blocked ? dnnl::memory::desc(w_dims, type, tag::any) : w_plain;
     const dnnl::memory::desc b_md =
         c_.has_bias ? dnnl::memory::desc({c_.o}, type, tag::x) : dnnl::memory::desc();
-    const dnnl::convolution_forward::desc desc(
-        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, x_md, w_md, b_md,
-        y_md, strides, dilates, pad_l, pad_r);
+    const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference,
+                                               dnnl::algorithm::convolution_direct, x_md, w_md,
+                                               b_md, y_md, strides, dilates, pad_l, pad_r);
     dnnl::convolution_forward::primitive_desc pd(desc, DnnlEngine());
     x_user_ = dnnl::memory(x_plain, DnnlEngine(), DNNL_MEMORY_NONE);
     w_user_ = dnnl::memory(w_plain, DnnlEngine(), DNNL_MEMORY_NONE);
@@ -285,8 +288,13 @@ class ConvKernel final : public CpuKernel {
     const bool blocked = !PlainLayoutsWin(c_);
     std::optional<dnnl::convolution_forward::primitive_desc> pd;
     if (c_.dtype == v1::DTYPE_BF16) {
-      pd = MakeDesc(dt::bf16, blocked);
-      if (std::string(pd->impl_info_str()).rfind("ref", 0) == 0) pd.reset();
+      // bf16 natively only where oneDNN has more than its reference loops.
+      try {
+        pd = MakeDesc(dt::bf16, blocked);
+        if (std::string(pd->impl_info_str()).rfind("ref", 0) == 0) pd.reset();
+      } catch (const dnnl::error&) {
+        pd.reset();
+      }
     } else if (c_.dtype == v1::DTYPE_F32) {
       pd = MakeDesc(dt::f32, blocked);
     }
@@ -333,8 +341,8 @@ absl::StatusOr<PoolConfig> PoolConfigOf(const KernelSpec& spec) {
   PoolConfig c;
   c.dtype = x.dtype;
   if (!IsF32Storage(c.dtype)) {
-    return absl::UnimplementedError(absl::StrCat("pool on ", DTypeName(c.dtype),
-                                                 " is not implemented (f32, f16, bf16 are)"));
+    return absl::UnimplementedError(
+        absl::StrCat("pool on ", DTypeName(c.dtype), " is not implemented (f32, f16, bf16 are)"));
   }
   if (x.rank() != 3 && x.rank() != 4) return absl::InvalidArgumentError("x must be rank 3 or 4");
   c.sp = static_cast<int>(x.rank()) - 2;
@@ -401,7 +409,17 @@ class PoolKernel final : public CpuKernel {
     char* y = static_cast<char*>(outputs[0].host());
     const size_t es = ElementSize(c_.dtype);
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, in_plane));
+    // A result planned into the input's memory is computed from a copy.
+    const char* x_end = x + inputs[0].bytes;
+    const bool in_place = y < x_end && x < y + outputs[0].bytes;
     ParallelFor(c_.planes, grain, [&](int64_t p0, int64_t p1) {
+      if (c_.dtype == v1::DTYPE_F32 && !in_place) {
+        for (int64_t p = p0; p < p1; ++p) {
+          PoolPlane(reinterpret_cast<const float*>(x) + p * in_plane,
+                    reinterpret_cast<float*>(y) + p * out_plane);
+        }
+        return;
+      }
       std::vector<float> in(in_plane), out(out_plane);
       for (int64_t p = p0; p < p1; ++p) {
         ConvertToF32(c_.dtype, x + p * in_plane * es, in.data(), in_plane);

@@ -81,9 +81,8 @@ absl::StatusOr<Activation> ActivationOf(v1::UnaryKind kind) {
           "fused round is not claimed: oneDNN rounds ties to even and graph.proto does not "
           "pin the tie rule");
     default:
-      return absl::UnimplementedError(
-          absl::StrCat("oneDNN 2.6 eltwise has no ", v1::UnaryKind_Name(kind),
-                       " to fuse into a matmul"));
+      return absl::UnimplementedError(absl::StrCat(
+          "oneDNN 2.6 eltwise has no ", v1::UnaryKind_Name(kind), " to fuse into a matmul"));
   }
 }
 
@@ -132,9 +131,8 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const Dims& a_dims, const Dims& b_dims, bo
   std::copy(b.begin(), b.end() - 2, bb.begin() + (r - (rb - 2)));
   for (size_t i = 0; i < r; ++i) {
     if (ab[i] != bb[i] && ab[i] != 1 && bb[i] != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch dims do not broadcast: ", DimsToString(a_dims), " @ ",
-                       DimsToString(b_dims)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch dims do not broadcast: ", DimsToString(a_dims), " @ ", DimsToString(b_dims)));
     }
     cb[i] = ab[i] == 1 ? bb[i] : ab[i];
   }
@@ -142,8 +140,8 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const Dims& a_dims, const Dims& b_dims, bo
   if (!a_vec) want.push_back(p.m);
   if (!b_vec) want.push_back(p.n);
   if (want != out_dims) {
-    return absl::InvalidArgumentError(absl::StrCat("result dims ", DimsToString(out_dims),
-                                                   " differ from ", DimsToString(want)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("result dims ", DimsToString(out_dims), " differ from ", DimsToString(want)));
   }
   p.out_elements = p.m * p.n;
   for (int64_t d : cb) p.out_elements *= d;
@@ -179,8 +177,8 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const Dims& a_dims, const Dims& b_dims, bo
   }
   // x @ W with W shared by the whole batch: one [batch * M, K] @ [K, N]
   // (unless a per-row bias has to repeat with the batch).
-  if (p.batch.size() == 1 && !ta && !p.bias_per_row && p.b_stride[0] == 0 && p.a_stride[0] == p.m * p.k &&
-      p.c_stride[0] == p.m * p.n) {
+  if (p.batch.size() == 1 && !ta && !p.bias_per_row && p.b_stride[0] == 0 &&
+      p.a_stride[0] == p.m * p.k && p.c_stride[0] == p.m * p.n) {
     p.m *= p.batch[0];
     p.batch.clear();
     p.a_stride.clear();
@@ -216,23 +214,23 @@ absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spe
   KILN_ASSIGN_OR_RETURN(FusedParts f, PartsOf(spec));
   const size_t want = 2 + f.has_bias + f.has_residual;
   if (spec.inputs.size() != want || spec.outputs.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expects ", want, " operands and 1 result, got ", spec.inputs.size(), " and ",
-                     spec.outputs.size()));
+    return absl::InvalidArgumentError(absl::StrCat("expects ", want, " operands and 1 result, got ",
+                                                   spec.inputs.size(), " and ",
+                                                   spec.outputs.size()));
   }
   const DType dtype = spec.outputs[0].dtype;
   if (!IsF32Storage(dtype)) {
-    return absl::UnimplementedError(absl::StrCat("matmul on ", DTypeName(dtype),
-                                                 " is not implemented (f32, f16, bf16 are)"));
+    return absl::UnimplementedError(
+        absl::StrCat("matmul on ", DTypeName(dtype), " is not implemented (f32, f16, bf16 are)"));
   }
   for (const TensorDesc& in : spec.inputs) {
     if (in.dtype != dtype) {
       return absl::UnimplementedError("operands of mixed dtypes are not implemented");
     }
   }
-  KILN_ASSIGN_OR_RETURN(MatMulPlan p, PlanMatMul(spec.inputs[0].dims, spec.inputs[1].dims,
-                                                 f.transpose_a, f.transpose_b,
-                                                 spec.outputs[0].dims, f.has_bias));
+  KILN_ASSIGN_OR_RETURN(MatMulPlan p,
+                        PlanMatMul(spec.inputs[0].dims, spec.inputs[1].dims, f.transpose_a,
+                                   f.transpose_b, spec.outputs[0].dims, f.has_bias));
   size_t next = 2;
   if (f.has_bias) {
     // The bias runs along the result's last dim (NumPy's broadcast of
@@ -241,8 +239,8 @@ absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spe
     const int64_t len = out.empty() ? 1 : out.back();
     const Dims& bias = spec.inputs[next++].dims;
     if (bias.size() != 1 || bias[0] != len) {
-      return absl::InvalidArgumentError(absl::StrCat("bias must be [", len, "], got ",
-                                                     DimsToString(bias)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bias must be [", len, "], got ", DimsToString(bias)));
     }
   }
   if (f.has_residual && spec.inputs[next].dims != spec.outputs[0].dims) {
@@ -331,14 +329,14 @@ class MatMulKernel final : public CpuKernel {
       }
       if (res != nullptr) {
         residual_.set_data_handle(const_cast<void*>(res));
-        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_post_op_) | DNNL_ARG_SRC_1,
-                     residual_);
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_post_op_) | DNNL_ARG_SRC_1, residual_);
       }
       primitive_.execute(stream_, args);
       stream_.wait();
     });
     if (!status.ok()) return status;
-    if (convert_) ParallelConvertFromF32(c32_.data(), dtype_, outputs[0].host(), plan_.out_elements);
+    if (convert_)
+      ParallelConvertFromF32(c32_.data(), dtype_, outputs[0].host(), plan_.out_elements);
     return absl::OkStatus();
   }
 
@@ -378,8 +376,8 @@ class MatMulKernel final : public CpuKernel {
     bias_dims[p.bias_per_row ? bias_dims.size() - 2 : bias_dims.size() - 1] =
         p.bias_per_row ? p.m : p.n;
     const dnnl::memory::desc bias = parts_.has_bias
-                                         ? dnnl::memory::desc(bias_dims, type, Contiguous(bias_dims))
-                                         : dnnl::memory::desc();
+                                        ? dnnl::memory::desc(bias_dims, type, Contiguous(bias_dims))
+                                        : dnnl::memory::desc();
     dnnl::post_ops ops;
     int index = 0;
     if (parts_.act.present) {
@@ -392,12 +390,12 @@ class MatMulKernel final : public CpuKernel {
     }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    const dnnl::matmul::desc desc = parts_.has_bias ? dnnl::matmul::desc(a, b, bias, c)
-                                                    : dnnl::matmul::desc(a, b, c);
+    const dnnl::matmul::desc desc =
+        parts_.has_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
     const bool prefer_gemm = type == dt::f32 && p.batch.empty() &&
                              static_cast<double>(p.m) * p.n * k >= kPreferGemmFlops;
-    auto pd = PickImplementation<dnnl::matmul::primitive_desc>(desc, attr,
-                                                               prefer_gemm ? "gemm:" : "");
+    auto pd =
+        PickImplementation<dnnl::matmul::primitive_desc>(desc, attr, prefer_gemm ? "gemm:" : "");
     src_ = dnnl::memory(a, DnnlEngine(), DNNL_MEMORY_NONE);
     weights_ = dnnl::memory(b, DnnlEngine(), DNNL_MEMORY_NONE);
     dst_ = dnnl::memory(c, DnnlEngine(), DNNL_MEMORY_NONE);
@@ -418,9 +416,14 @@ class MatMulKernel final : public CpuKernel {
     stream_ = dnnl::stream(DnnlEngine());
     std::optional<dnnl::matmul::primitive_desc> pd;
     if (dtype_ == v1::DTYPE_BF16) {
-      // bf16 natively only where oneDNN has more than its reference loops.
-      pd = MakeDesc(dt::bf16);
-      if (std::string(pd->impl_info_str()).rfind("ref", 0) == 0) pd.reset();
+      // bf16 natively only where oneDNN has more than its reference loops
+      // (CPUs without AVX-512 have none, or no bf16 matmul at all).
+      try {
+        pd = MakeDesc(dt::bf16);
+        if (std::string(pd->impl_info_str()).rfind("ref", 0) == 0) pd.reset();
+      } catch (const dnnl::error&) {
+        pd.reset();
+      }
     } else if (dtype_ == v1::DTYPE_F32) {
       pd = MakeDesc(dt::f32);
     }

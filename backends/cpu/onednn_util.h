@@ -7,10 +7,9 @@
 
 #include <cstdint>
 #include <new>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -68,10 +67,9 @@ template <typename PrimitiveDesc, typename OpDesc>
 PrimitiveDesc PickImplementation(const OpDesc& op_desc, const dnnl::primitive_attr& attr,
                                  const char* prefer) {
   dnnl_primitive_desc_iterator_t it = nullptr;
-  dnnl::error::wrap_c_api(
-      dnnl_primitive_desc_iterator_create(&it, &op_desc.data, attr.get(), DnnlEngine().get(),
-                                          nullptr),
-      "could not create a primitive descriptor iterator");
+  dnnl::error::wrap_c_api(dnnl_primitive_desc_iterator_create(&it, &op_desc.data, attr.get(),
+                                                              DnnlEngine().get(), nullptr),
+                          "could not create a primitive descriptor iterator");
   // oneDNN's first choice, unless a later entry is the preferred one. The C++
   // next_impl() of oneDNN 2.6 stops after the first entry, hence the C iterator.
   dnnl_primitive_desc_t chosen = dnnl_primitive_desc_iterator_fetch(it);

@@ -108,7 +108,7 @@ struct AttnCase {
   std::string tag;
   AttnShape s;
   v1::AttentionAttrs attrs;
-  Dims extra;            // custom mask or bias dims (mask kinds that take one)
+  Dims extra;  // custom mask or bias dims (mask kinds that take one)
   double lo = -1, hi = 1;
   bool mask_row_off = false;  // custom: first query row (or batch) sees nothing
   bool bias_row_off = false;  // bias: first row all -inf
@@ -138,7 +138,8 @@ Case MakeAttention(const AttnCase& ac, DType dtype) {
   c.spec.label = absl::StrCat("case ", c.name);
   c.spec.op = v1::OP_ATTENTION;
   *c.spec.attrs.mutable_attention() = ac.attrs;
-  const Dims qd = {s.b, s.hq, s.sq, s.d}, kd = {s.b, s.hkv, s.sk, s.d}, vd = {s.b, s.hkv, s.sk, s.dv};
+  const Dims qd = {s.b, s.hq, s.sq, s.d}, kd = {s.b, s.hkv, s.sk, s.d},
+             vd = {s.b, s.hkv, s.sk, s.dv};
   c.spec.inputs = {Desc(dtype, qd), Desc(dtype, kd), Desc(dtype, vd)};
   c.spec.outputs = {Desc(dtype, {s.b, s.hq, s.sq, s.dv})};
   c.inputs.push_back(RandomTensor(rng, dtype, qd, ac.lo, ac.hi));
@@ -187,7 +188,13 @@ std::vector<AttnCase> F32AttentionCases() {
       {"bias_sk", {2, 3, 3, 17, 33, 16, 16}, Mask(MASK_BIAS), {33}},
       {"bias_b11sk", {2, 3, 1, 17, 33, 16, 16}, Mask(MASK_BIAS), {2, 1, 1, 33}},
       {"bias_hsqsk", {2, 3, 3, 17, 33, 16, 16}, Mask(MASK_BIAS), {3, 17, 33}},
-      {"bias_neginf_row", {1, 2, 2, 3, 33, 8, 8}, Mask(MASK_BIAS), {1, 1, 3, 33}, -1, 1, false,
+      {"bias_neginf_row",
+       {1, 2, 2, 3, 33, 8, 8},
+       Mask(MASK_BIAS),
+       {1, 1, 3, 33},
+       -1,
+       1,
+       false,
        true},
       {"bias_gqa_rows_span_heads", {2, 8, 2, 5, 33, 16, 16}, Mask(MASK_BIAS), {1, 8, 5, 33}},
       {"custom_gqa_rows_span_heads", {1, 12, 3, 3, 65, 8, 8}, Mask(MASK_CUSTOM), {1, 3, 65}},
@@ -230,8 +237,13 @@ std::vector<AttnCase> RandomAttentionCases(int count) {
   for (int i = 0; i < count; ++i) {
     AttnCase ac;
     const int64_t hkv = pick({1, 2, 3});
-    ac.s = {pick({1, 2}), hkv * pick({1, 2, 4}), hkv, pick({1, 3, 17, 65, 130}),
-            pick({1, 17, 65, 130, 260}), pick({8, 16, 32, 64}), pick({8, 16, 64})};
+    ac.s = {pick({1, 2}),
+            hkv * pick({1, 2, 4}),
+            hkv,
+            pick({1, 3, 17, 65, 130}),
+            pick({1, 17, 65, 130, 260}),
+            pick({8, 16, 32, 64}),
+            pick({8, 16, 64})};
     const auto kind = static_cast<v1::MaskKind>(rng() % 7);
     const int64_t param = kind == v1::MASK_PREFIX ? pick({0, 1, 17, 100}) : pick({1, 5, 64, 300});
     ac.attrs = With(Mask(kind, param), rng() % 3 == 0 ? 0.3 : 0, rng() % 3 == 0 ? 4.0 : 0);
@@ -256,7 +268,8 @@ std::vector<Case> AttentionCases() {
     cases.push_back(MakeAttention(ac, v1::DTYPE_F32));
   }
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
-    for (const AttnCase& ac : LowPrecisionAttentionCases()) cases.push_back(MakeAttention(ac, dtype));
+    for (const AttnCase& ac : LowPrecisionAttentionCases())
+      cases.push_back(MakeAttention(ac, dtype));
   }
   return cases;
 }
@@ -279,7 +292,8 @@ std::vector<HostTensor> RopeReference(const KernelSpec& spec, const std::vector<
         for (int64_t x = rd; x < d; ++x) out.SetFromDouble(row + x, At(in[0], row + x));
         for (int64_t i = 0; i < half; ++i) {
           const double angle = pos * std::pow(theta, -2.0 * i / rd);
-          const int64_t i1 = a.interleaved() ? 2 * i : i, i2 = a.interleaved() ? 2 * i + 1 : i + half;
+          const int64_t i1 = a.interleaved() ? 2 * i : i,
+                        i2 = a.interleaved() ? 2 * i + 1 : i + half;
           const double u = At(in[0], row + i1), w = At(in[0], row + i2);
           out.SetFromDouble(row + i1, u * std::cos(angle) - w * std::sin(angle));
           out.SetFromDouble(row + i2, w * std::cos(angle) + u * std::sin(angle));

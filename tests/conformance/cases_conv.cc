@@ -80,8 +80,8 @@ struct ConvShape {
 
 Case MakeConv(const ConvShape& s, DType dtype) {
   Case c;
-  c.name = absl::StrCat("conv/", DTypeName(dtype), "_", s.tag, "_x", absl::StrJoin(s.x, "x"),
-                        "_w", absl::StrJoin(s.w, "x"));
+  c.name = absl::StrCat("conv/", DTypeName(dtype), "_", s.tag, "_x", absl::StrJoin(s.x, "x"), "_w",
+                        absl::StrJoin(s.w, "x"));
   std::mt19937_64 rng = RngFor(c.name);
   const int sp = static_cast<int>(s.x.size()) - 2;
   auto get = [sp](const std::vector<int64_t>& v, int i, int64_t def) {
@@ -166,7 +166,7 @@ std::vector<Case> ConvCases() {
       {"one", {1, 1, 1, 1}, {1, 1, 1, 1}},
       {"empty_batch", {0, 3, 5, 5}, {2, 3, 3, 3}},
       {"empty_out_channels", {1, 3, 5, 5}, {0, 3, 3, 3}, {}, {}, {}, {}, 1, false},
-      {"no_in_channels", {1, 0, 5, 5}, {4, 0, 3, 3}},                  // bias only
+      {"no_in_channels", {1, 0, 5, 5}, {4, 0, 3, 3}},                         // bias only
       {"empty_spatial", {1, 2, 0, 3}, {4, 2, 1, 1}, {}, {}, {1, 0}, {1, 0}},  // padding only
       {"1d", {2, 5, 17}, {7, 5, 3}, {}, {}, {1}, {1}},
       {"1d_stride_dilation", {2, 5, 17}, {7, 5, 3}, {3}, {2}, {2}, {1}},

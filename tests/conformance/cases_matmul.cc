@@ -153,8 +153,8 @@ Case MakeCase(const std::string& family, const Shape& s, DType dtype, const Epil
   const Dims out = ResultDims(s.a, s.b, s.ta, s.tb);
   c.name = absl::StrCat(family, "/", ShapeName(s, dtype));
   if (epi != nullptr) {
-    absl::StrAppend(&c.name, epi->bias ? "+bias" : "", "+",
-                    v1::UnaryKind_Name(epi->act), epi->residual ? "+residual" : "");
+    absl::StrAppend(&c.name, epi->bias ? "+bias" : "", "+", v1::UnaryKind_Name(epi->act),
+                    epi->residual ? "+residual" : "");
   }
   std::mt19937_64 rng = RngFor(c.name);
   c.spec.name = c.name;
@@ -197,24 +197,24 @@ std::vector<Shape> PlainShapes() {
       {{3, 17}, {17, 65}},
       {{65, 130}, {130, 3}},
       {{17, 1}, {1, 17}},
-      {{3, 0}, {0, 5}},           // K = 0: zeros
-      {{0, 4}, {4, 5}},           // M = 0
-      {{4, 5}, {5, 0}},           // N = 0
-      {{17}, {17, 5}},            // vector @ matrix
-      {{5, 17}, {17}},            // matrix @ vector
-      {{65}, {65}},               // dot product: a scalar
-      {{0}, {0}},                 // empty dot product: 0
+      {{3, 0}, {0, 5}},  // K = 0: zeros
+      {{0, 4}, {4, 5}},  // M = 0
+      {{4, 5}, {5, 0}},  // N = 0
+      {{17}, {17, 5}},   // vector @ matrix
+      {{5, 17}, {17}},   // matrix @ vector
+      {{65}, {65}},      // dot product: a scalar
+      {{0}, {0}},        // empty dot product: 0
       {{130, 65}, {65, 130}},
       {{2, 3, 17, 5}, {2, 3, 5, 7}},
-      {{4, 17, 33}, {33, 9}},     // x @ W: folded into one 2-D product
-      {{17, 33}, {4, 33, 9}},     // a broadcast over b's batch
+      {{4, 17, 33}, {33, 9}},        // x @ W: folded into one 2-D product
+      {{17, 33}, {4, 33, 9}},        // a broadcast over b's batch
       {{2, 1, 5, 7}, {1, 3, 7, 4}},  // both broadcast
       {{2, 3, 4, 5}, {5, 6}},
       {{3, 1, 4, 5}, {2, 5, 6}},
       {{5}, {3, 5, 2}},
       {{3, 4, 5}, {5}},
-      {{0, 3, 4}, {4, 5}},        // empty batch
-      {{2, 1, 3}, {2, 3, 1}},     // size-1 matrix dims with a batch
+      {{0, 3, 4}, {4, 5}},     // empty batch
+      {{2, 1, 3}, {2, 3, 1}},  // size-1 matrix dims with a batch
       {{2, 64, 256}, {256, 128}},
       {{3, 1, 2, 17, 3}, {1, 4, 1, 3, 17}},  // rank 5, broadcast in three places
   };
@@ -226,11 +226,11 @@ std::vector<Shape> TransposedShapes() {
       {{3, 17}, {65, 17}, false, true},
       {{17, 3}, {65, 17}, true, true},
       {{130, 65}, {3, 130}, true, true},
-      {{0, 3}, {5, 0}, true, true},            // K = 0 transposed
-      {{4, 33, 17}, {33, 9}, true, false},     // transposed a: not folded
-      {{4, 17, 33}, {9, 33}, false, true},     // folded, b transposed
+      {{0, 3}, {5, 0}, true, true},         // K = 0 transposed
+      {{4, 33, 17}, {33, 9}, true, false},  // transposed a: not folded
+      {{4, 17, 33}, {9, 33}, false, true},  // folded, b transposed
       {{2, 1, 7, 5}, {1, 3, 4, 7}, true, true},
-      {{1, 17}, {1, 5}, true, false},          // K = 1, transposed
+      {{1, 17}, {1, 5}, true, false},  // K = 1, transposed
   };
 }
 
@@ -243,7 +243,8 @@ std::vector<Shape> RandomShapes(const std::string& seed, int count) {
     Shape s;
     const int64_t m = pick({1, 2, 3, 17, 33, 65}), n = pick({1, 3, 5, 17, 65, 130});
     const int64_t k = pick({1, 3, 17, 65, 130});
-    const int ra = static_cast<int>(pick({1, 2, 2, 3, 4})), rb = static_cast<int>(pick({1, 2, 2, 3, 4}));
+    const int ra = static_cast<int>(pick({1, 2, 2, 3, 4})),
+              rb = static_cast<int>(pick({1, 2, 2, 3, 4}));
     s.ta = ra > 1 && rng() % 2;
     s.tb = rb > 1 && rng() % 2;
     const int r = std::max(ra, rb) - 2;
@@ -275,8 +276,10 @@ std::vector<Shape> RandomShapes(const std::string& seed, int count) {
 
 std::vector<Case> MatMulCases() {
   std::vector<Case> cases;
-  for (const Shape& s : PlainShapes()) cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
-  for (const Shape& s : TransposedShapes()) cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
+  for (const Shape& s : PlainShapes())
+    cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
+  for (const Shape& s : TransposedShapes())
+    cases.push_back(MakeCase("matmul", s, v1::DTYPE_F32, nullptr));
   int i = 0;
   for (const Shape& s : RandomShapes("matmul_random_f32", 24)) {
     cases.push_back(MakeCase(absl::StrCat("matmul/random", i++), s, v1::DTYPE_F32, nullptr));
@@ -289,10 +292,9 @@ std::vector<Case> MatMulCases() {
   // A rank-1 b with transpose_b is consistent only when it has length 1.
   cases.push_back(MakeCase("matmul", {{5, 1}, {1}, false, true}, v1::DTYPE_F32, nullptr));
   const std::vector<Shape> low = {
-      {{3, 17}, {17, 65}},      {{65, 130}, {130, 3}, false, false},
-      {{17, 3}, {65, 17}, true, true}, {{4, 17, 33}, {33, 9}},
-      {{2, 1, 5, 7}, {1, 3, 7, 4}},    {{3, 0}, {0, 5}},
-      {{17}, {17, 5}},                 {{2, 64, 256}, {256, 128}},
+      {{3, 17}, {17, 65}},    {{65, 130}, {130, 3}, false, false}, {{17, 3}, {65, 17}, true, true},
+      {{4, 17, 33}, {33, 9}}, {{2, 1, 5, 7}, {1, 3, 7, 4}},        {{3, 0}, {0, 5}},
+      {{17}, {17, 5}},        {{2, 64, 256}, {256, 128}},
   };
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (const Shape& s : low) cases.push_back(MakeCase("matmul", s, dtype, nullptr));
@@ -302,10 +304,18 @@ std::vector<Case> MatMulCases() {
 
 std::vector<Case> FusedMatMulCases() {
   std::vector<Case> cases;
-  const std::vector<v1::UnaryKind> acts = {
-      v1::UNARY_KIND_UNSPECIFIED, v1::UNARY_IDENTITY, v1::UNARY_RELU,     v1::UNARY_GELU,
-      v1::UNARY_GELU_TANH,        v1::UNARY_SILU,     v1::UNARY_SIGMOID,  v1::UNARY_TANH,
-      v1::UNARY_EXP,              v1::UNARY_NEG,      v1::UNARY_ABS,      v1::UNARY_SOFTPLUS};
+  const std::vector<v1::UnaryKind> acts = {v1::UNARY_KIND_UNSPECIFIED,
+                                           v1::UNARY_IDENTITY,
+                                           v1::UNARY_RELU,
+                                           v1::UNARY_GELU,
+                                           v1::UNARY_GELU_TANH,
+                                           v1::UNARY_SILU,
+                                           v1::UNARY_SIGMOID,
+                                           v1::UNARY_TANH,
+                                           v1::UNARY_EXP,
+                                           v1::UNARY_NEG,
+                                           v1::UNARY_ABS,
+                                           v1::UNARY_SOFTPLUS};
   // Activations defined only for positive arguments get positive operands.
   const std::vector<v1::UnaryKind> positive = {v1::UNARY_LOG, v1::UNARY_SQRT, v1::UNARY_RSQRT,
                                                v1::UNARY_RECIPROCAL};
@@ -323,16 +333,16 @@ std::vector<Case> FusedMatMulCases() {
   const Epilogue act_residual = {false, true, v1::UNARY_RELU};
   const Epilogue bias_only = {true, false, v1::UNARY_KIND_UNSPECIFIED};
   const std::vector<std::pair<Shape, const Epilogue*>> mixed = {
-      {{{4, 17, 33}, {33, 9}}, &all},                      // folded batch
-      {{{2, 3, 17, 5}, {2, 3, 5, 7}}, &all},               // batched
-      {{{2, 1, 7, 5}, {1, 3, 4, 7}, true, true}, &all},    // broadcast + transposes
-      {{{3, 0}, {0, 5}}, &all},                            // K = 0: act(bias) + residual
-      {{{0, 4}, {4, 5}}, &all},                            // M = 0
+      {{{4, 17, 33}, {33, 9}}, &all},                    // folded batch
+      {{{2, 3, 17, 5}, {2, 3, 5, 7}}, &all},             // batched
+      {{{2, 1, 7, 5}, {1, 3, 4, 7}, true, true}, &all},  // broadcast + transposes
+      {{{3, 0}, {0, 5}}, &all},                          // K = 0: act(bias) + residual
+      {{{0, 4}, {4, 5}}, &all},                          // M = 0
       {{{1, 1}, {1, 1}}, &all},
-      {{{17}, {17, 5}}, &all},                             // rank-1 a
-      {{{5, 17}, {17}}, &bias_only},                       // rank-1 b: bias along M
-      {{{4, 5, 17}, {17}}, &bias_only},                    // ... repeated over a batch
-      {{{17}, {17}}, &all},                                // scalar result, bias [1]
+      {{{17}, {17, 5}}, &all},           // rank-1 a
+      {{{5, 17}, {17}}, &bias_only},     // rank-1 b: bias along M
+      {{{4, 5, 17}, {17}}, &bias_only},  // ... repeated over a batch
+      {{{17}, {17}}, &all},              // scalar result, bias [1]
       {{{65, 130}, {130, 3}}, &residual_only},
       {{{3, 130}, {65, 130}, false, true}, &act_residual},
   };
@@ -349,7 +359,8 @@ std::vector<Case> FusedMatMulCases() {
   const Epilogue silu_bias = {true, false, v1::UNARY_SILU};
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     cases.push_back(MakeCase("fused_matmul", {{17, 65}, {65, 33}}, dtype, &gelu_tanh_all));
-    cases.push_back(MakeCase("fused_matmul", {{4, 17, 33}, {9, 33}, false, true}, dtype, &silu_bias));
+    cases.push_back(
+        MakeCase("fused_matmul", {{4, 17, 33}, {9, 33}, false, true}, dtype, &silu_bias));
     cases.push_back(MakeCase("fused_matmul", {{3, 0}, {0, 5}}, dtype, &all));
   }
   return cases;
