@@ -325,7 +325,10 @@ class MatMulKernel final : public CpuKernel {
           {DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
       if (bias != nullptr) {
         bias_.set_data_handle(const_cast<void*>(bias));
-        args.emplace(DNNL_ARG_BIAS, bias_);
+        args.emplace(bias_post_op_ < 0
+                         ? DNNL_ARG_BIAS
+                         : DNNL_ARG_ATTR_MULTIPLE_POST_OP(bias_post_op_) | DNNL_ARG_SRC_1,
+                     bias_);
       }
       if (res != nullptr) {
         residual_.set_data_handle(const_cast<void*>(res));
@@ -380,6 +383,13 @@ class MatMulKernel final : public CpuKernel {
                                         : dnnl::memory::desc();
     dnnl::post_ops ops;
     int index = 0;
+    // oneDNN's bias argument has only reference code for a per-row bias, so
+    // that one is a leading binary-add post-op (before the activation).
+    bias_post_op_ = -1;
+    if (parts_.has_bias && p.bias_per_row) {
+      ops.append_binary(dnnl::algorithm::binary_add, bias);
+      bias_post_op_ = index++;
+    }
     if (parts_.act.present) {
       ops.append_eltwise(1.0f, parts_.act.alg, parts_.act.alpha, parts_.act.beta);
       ++index;
@@ -390,8 +400,9 @@ class MatMulKernel final : public CpuKernel {
     }
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    const dnnl::matmul::desc desc =
-        parts_.has_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+    const dnnl::matmul::desc desc = parts_.has_bias && bias_post_op_ < 0
+                                        ? dnnl::matmul::desc(a, b, bias, c)
+                                        : dnnl::matmul::desc(a, b, c);
     const bool prefer_gemm = type == dt::f32 && p.batch.empty() &&
                              static_cast<double>(p.m) * p.n * k >= kPreferGemmFlops;
     auto pd =
@@ -449,6 +460,7 @@ class MatMulKernel final : public CpuKernel {
   bool convert_ = false;  // storage converted to and from f32 around the primitive
   bool zero_k_ = false;
   int residual_post_op_ = 0;
+  int bias_post_op_ = -1;  // the per-row bias's post-op index; -1 = bias argument
   dnnl::stream stream_;
   dnnl::matmul primitive_;
   dnnl::memory src_, weights_, dst_, bias_, residual_;
