@@ -1,4 +1,5 @@
 // Tokens and spellings shared by the text printer and parser.
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -51,12 +52,10 @@ bool IsIdentifier(std::string_view s) {
 }
 
 bool IsReservedWord(std::string_view s) {
-  static constexpr std::array<std::string_view, 11> kWords = {
-      "graph", "input", "param", "const", "let", "out", "frozen", "true", "false", "inf", "nan"};
-  for (std::string_view w : kWords) {
-    if (s == w) return true;
-  }
-  return s == "hex";
+  static constexpr std::array<std::string_view, 12> kWords = {
+      "graph", "input", "param", "const", "let", "out", "frozen", "true", "false", "inf", "nan",
+      "hex"};
+  return std::find(kWords.begin(), kWords.end(), s) != kWords.end();
 }
 
 std::string QuoteString(std::string_view s) {
