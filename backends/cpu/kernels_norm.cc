@@ -71,17 +71,29 @@ float MaxF32(const float* x, int64_t n) {
 
 void SoftmaxRowF32(const float* x, float* y, int64_t n, bool log) {
   const __m256 mx = Set(MaxF32(x, n));
-  if (!log) {
+  if (log) {
     const double sum = SumF32(x, n, [&](__m256 v) { return simd::Exp(_mm256_sub_ps(v, mx)); });
-    // Second exp pass instead of storing in the first: the row is in L1 and
-    // this keeps y write-only (y may alias x).
-    const __m256 inv = Set(static_cast<float>(1.0 / sum));
-    simd::MapF32(x, y, n, [&](__m256 v) { return _mm256_mul_ps(simd::Exp(_mm256_sub_ps(v, mx)), inv); });
+    const __m256 lse = Set(static_cast<float>(std::log(sum)));
+    simd::MapF32(x, y, n, [&](__m256 v) { return _mm256_sub_ps(_mm256_sub_ps(v, mx), lse); });
     return;
   }
-  const double sum = SumF32(x, n, [&](__m256 v) { return simd::Exp(_mm256_sub_ps(v, mx)); });
-  const __m256 lse = Set(static_cast<float>(std::log(sum)));
-  simd::MapF32(x, y, n, [&](__m256 v) { return _mm256_sub_ps(_mm256_sub_ps(v, mx), lse); });
+  // exp(x - max) goes to y (y may alias x: each element is read before it is
+  // written), then y is scaled in place; one exp per element.
+  __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mx));
+    _mm256_storeu_ps(y + i, e);
+    AddPd(e, a, b);
+  }
+  if (i < n) {
+    const __m256i m = simd::TailMask(n - i);
+    const __m256 e = _mm256_and_ps(simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mx)), _mm256_castsi256_ps(m));
+    _mm256_maskstore_ps(y + i, m, e);
+    AddPd(e, a, b);
+  }
+  const __m256 inv = Set(static_cast<float>(1.0 / HSumPd(_mm256_add_pd(a, b))));
+  simd::MapF32(y, y, n, [&](__m256 v) { return _mm256_mul_ps(v, inv); });
 }
 
 // Softmax over the rows of an [n, inner] slab, across columns [c0, c1).

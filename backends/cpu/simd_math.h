@@ -172,10 +172,17 @@ inline __m256 Erf(__m256 x) {
 
 // gelu(x) = x * Phi(x), Phi(x) = erfc(-x / sqrt(2)) / 2, evaluated on the
 // side that does not cancel: x * (1 - e) for x >= 0, x * e for x < 0 with
-// e = erfc(|x| / sqrt(2)) / 2.
+// e = erfc(|x| / sqrt(2)) / 2 in [0, 0.5]. The Chebyshev erfc is relatively
+// accurate for every z >= 0 and 1 - e >= 0.5 never cancels, so unlike erf no
+// small-argument branch is needed.
 inline __m256 Gelu(__m256 x) {
   const __m256 xc = _mm256_max_ps(Set(-30.0f), x);  // keeps NaN; gelu(-30) is -0 in f32
-  const __m256 e = _mm256_mul_ps(ErfcAbsScaled(xc, 0.70710678118654752f, 0.5f), Set(0.5f));
+  const __m256 ax = _mm256_min_ps(Abs(xc), Set(30.0f));  // erfc(30 / sqrt(2)) is 0 in f32
+  const __m256 hi = _mm256_mul_ps(ax, ax);
+  const __m256 lo = _mm256_fmsub_ps(ax, ax, hi);
+  const __m256 erfc = ErfcLarge(_mm256_mul_ps(ax, Set(0.70710678118654752f)), _mm256_mul_ps(hi, Set(0.5f)),
+                                _mm256_mul_ps(lo, Set(0.5f)));
+  const __m256 e = _mm256_mul_ps(erfc, Set(0.5f));
   const __m256 neg = _mm256_cmp_ps(xc, _mm256_setzero_ps(), _CMP_LT_OQ);
   const __m256 phi = _mm256_blendv_ps(_mm256_sub_ps(Set(1.0f), e), e, neg);
   return _mm256_mul_ps(xc, phi);
