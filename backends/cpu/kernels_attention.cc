@@ -1,12 +1,16 @@
 // Attention and Rope on the CPU.
 //
 // Attention is blocked FlashAttention-style: each task is one (batch, kv
-// head, block of the query rows that share it); it walks the key blocks its mask can reach with an
-// online softmax (running max, running sum, rescaled output accumulator), so
-// memory is O(block^2) per thread whatever Sq and Sk are. Block products run
-// through dnnl_sgemm, which is single-threaded inside our OpenMP region; the
-// exponentials are AVX2. Compute is f32; f16/bf16 storage is converted block
-// by block.
+// head, block of the query rows that share that kv head); it walks only the
+// key blocks its mask can reach, with an online softmax (running max, running
+// sum, rescaled output accumulator), so memory is O(block^2) per thread
+// whatever Sq and Sk are (64 x 128 logits, a 64 x Dv accumulator, and for
+// f16/bf16 the converted Q/K/V blocks: at D = Dv = 128, 64 KiB for f32 and
+// 224 KiB for f16/bf16). Block products run through dnnl_sgemm,
+// single-threaded inside our OpenMP region; exponentials are AVX2. Compute is
+// f32; f16/bf16 storage is converted block by block. A task reads its query
+// rows before it writes the same rows of the result, so the result may share
+// q's memory.
 //
 // Semantics (graph.proto AttentionAttrs, MaskKind):
 //   logits = scale * q.k  (scale defaults to 1/sqrt(D); to 1 when D = 0,
