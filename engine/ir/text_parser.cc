@@ -217,7 +217,7 @@ class Parser {
         }
         continue;
       }
-      if (targets[k].name == "_") continue;  // discarded
+      if (k > 0 && targets[k].name == "_") continue;  // discarded
       KILN_RETURN_IF_ERROR(Bind(targets[k], out));
     }
     if (fresh) return MaybeAnnotations(node);

@@ -417,6 +417,17 @@ out layer.0.out
   EXPECT_THAT(printed, HasSubstr("out \"out\" = layer.0.out\nout layer.0.out\n"));
 }
 
+TEST(TextTest, UnderscoreDiscardsOnlyLaterTupleResults) {
+  // `_` after the first tuple target drops a result; as a plain name it is a name.
+  const std::string printed = RoundTrip(R"(
+input x: f32[5]
+let (v, _) = topk(x, k=2)
+let _ = relu(v)
+out y = _
+)");
+  EXPECT_THAT(printed, HasSubstr("let _: f32[2] = relu(v)\nout y = _\n"));
+}
+
 TEST(TextTest, AnnotationsPrintOnlyWhenAsked) {
   const std::string text = R"(
 input x: f32[4] {device="cpu:0", offset=0}
