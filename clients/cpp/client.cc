@@ -1,0 +1,310 @@
+#include "clients/cpp/client.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace kiln {
+namespace {
+
+void ToNamedTensors(const TensorMap& tensors,
+                    google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
+  out->Reserve(static_cast<int>(tensors.size()));
+  for (const auto& [name, t] : tensors) {
+    v1::NamedTensor* nt = out->Add();
+    nt->set_name(name);
+    t.ToProto(nt->mutable_tensor());
+  }
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+v1::GraphSource GraphFromProto(v1::Graph graph) {
+  v1::GraphSource s;
+  *s.mutable_graph() = std::move(graph);
+  return s;
+}
+
+v1::GraphSource GraphFromText(std::string text) {
+  v1::GraphSource s;
+  s.set_text(std::move(text));
+  return s;
+}
+
+const HostTensor* RunResult::output(const std::string& name) const {
+  for (const auto& [n, t] : outputs) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addr,
+                                                       const ClientOptions& options) {
+  if (addr.empty()) return absl::InvalidArgumentError("empty server address");
+  if (options.chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must be positive, got ", options.chunk_bytes));
+  }
+  grpc::ChannelArguments args;
+  // Outputs and GetParams chunks are bounded by the server's limits, not ours.
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Client>(new Client(addr, options, std::move(channel)));
+}
+
+Client::Client(std::string addr, ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+    : addr_(std::move(addr)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Kiln::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (!options_.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
+  if (options_.timeout != absl::InfiniteDuration()) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  return ctx;
+}
+
+absl::StatusOr<v1::CompileResponse> Client::Compile(
+    const v1::GraphSource& graph, const v1::CompileOptions& options,
+    const std::vector<std::pair<std::string, Dims>>& input_shapes) const {
+  v1::CompileRequest req;
+  *req.mutable_graph() = graph;
+  *req.mutable_options() = options;
+  for (const auto& [name, dims] : input_shapes) {
+    v1::InputShape* s = req.add_input_shapes();
+    s->set_name(name);
+    for (int64_t d : dims) s->add_dims(d);
+  }
+  v1::CompileResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->Compile(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(const v1::GraphSource& graph,
+                                                                const v1::CompileOptions& options,
+                                                                const TensorMap& params) const {
+  v1::CreateSessionRequest req;
+  *req.mutable_graph() = graph;
+  *req.mutable_options() = options;
+  ToNamedTensors(params, req.mutable_params());
+  v1::CreateSessionResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateSession(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<v1::SetParamsResponse> Client::SetParams(const std::string& session_id,
+                                                        const TensorMap& params,
+                                                        const ProgressFn& progress) const {
+  int64_t total = 0;
+  for (const auto& [name, t] : params) total += t.num_bytes();
+  v1::SetParamsResponse resp;
+  auto ctx = NewContext();
+  std::unique_ptr<grpc::ClientWriter<v1::SetParamsChunk>> writer =
+      stub_->SetParams(ctx.get(), &resp);
+  int64_t done = 0;
+  bool first = true;
+  bool broken = false;
+  v1::SetParamsChunk chunk;
+  for (const auto& [name, t] : params) {
+    // The first chunk of each param names it with its type; the rest carry
+    // only their byte range. An empty param still sends its naming chunk.
+    const std::string_view bytes = t.bytes();
+    int64_t offset = 0;
+    do {
+      const int64_t n =
+          std::min<int64_t>(options_.chunk_bytes, static_cast<int64_t>(bytes.size()) - offset);
+      chunk.Clear();
+      if (first) chunk.set_session_id(session_id);
+      if (offset == 0) {
+        chunk.set_name(name);
+        chunk.set_dtype(t.dtype());
+        for (int64_t d : t.dims()) chunk.add_dims(d);
+      }
+      chunk.set_offset(offset);
+      chunk.set_data(bytes.data() + offset, static_cast<size_t>(n));
+      if (!writer->Write(chunk)) {
+        broken = true;  // the server ended the stream; Finish says why
+        break;
+      }
+      first = false;
+      offset += n;
+      done += n;
+      if (progress) progress(done, total);
+    } while (offset < static_cast<int64_t>(bytes.size()));
+    if (broken) break;
+  }
+  if (first && !broken) {
+    // No params at all: still name the session so the server can answer.
+    chunk.Clear();
+    chunk.set_session_id(session_id);
+    writer->Write(chunk);
+  }
+  writer->WritesDone();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  return resp;
+}
+
+absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
+                                            const std::vector<std::string>& names) const {
+  v1::GetParamsRequest req;
+  req.set_session_id(session_id);
+  for (const std::string& n : names) req.add_names(n);
+  auto ctx = NewContext();
+  std::unique_ptr<grpc::ClientReader<v1::ParamChunk>> reader = stub_->GetParams(ctx.get(), req);
+  TensorMap out;
+  HostTensor* current = nullptr;
+  std::string current_name;
+  absl::Status bad;
+  v1::ParamChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (!bad.ok()) continue;  // drain, then report the first problem
+    const bool starts = !chunk.name().empty() && (chunk.name() != current_name || chunk.offset() == 0);
+    if (starts) {
+      if (out.contains(chunk.name())) {
+        bad = absl::DataLossError(absl::StrCat("GetParams: param '", chunk.name(), "' sent twice"));
+        continue;
+      }
+      auto t = HostTensor::Create(chunk.dtype(), Dims(chunk.dims().begin(), chunk.dims().end()));
+      if (!t.ok()) {
+        bad = absl::DataLossError(
+            absl::StrCat("GetParams: param '", chunk.name(), "': ", t.status().message()));
+        continue;
+      }
+      current_name = chunk.name();
+      current = &out.emplace(current_name, std::move(*t)).first->second;
+    }
+    if (current == nullptr) {
+      bad = absl::DataLossError("GetParams: a chunk arrived before any param was named");
+      continue;
+    }
+    const int64_t end = chunk.offset() + static_cast<int64_t>(chunk.data().size());
+    if (chunk.offset() < 0 || end > current->num_bytes()) {
+      bad = absl::DataLossError(absl::StrCat("GetParams: chunk [", chunk.offset(), ", ", end,
+                                             ") is outside param '", current_name, "' of ",
+                                             current->num_bytes(), " bytes"));
+      continue;
+    }
+    if (!chunk.data().empty()) {
+      std::memcpy(static_cast<char*>(current->data()) + chunk.offset(), chunk.data().data(),
+                  chunk.data().size());
+    }
+  }
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  KILN_RETURN_IF_ERROR(bad);
+  return out;
+}
+
+absl::StatusOr<RunResult> Client::DoRun(const v1::RunRequest& req) const {
+  v1::RunResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->Run(ctx.get(), req, &resp)));
+  RunResult result;
+  result.outputs.reserve(resp.outputs_size());
+  for (const v1::NamedTensor& nt : resp.outputs()) {
+    auto t = HostTensor::FromProto(nt.tensor());
+    if (!t.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("Run: output '", nt.name(), "' is malformed: ", t.status().message()));
+    }
+    result.outputs.emplace_back(nt.name(), std::move(*t));
+  }
+  if (resp.has_report()) result.report = std::move(*resp.mutable_report());
+  result.request_id = resp.request_id();
+  return result;
+}
+
+absl::StatusOr<RunResult> Client::Run(const std::string& session_id, const TensorMap& inputs,
+                                      const RunOptions& options) const {
+  if (session_id.empty()) return absl::InvalidArgumentError("Run: empty session id");
+  v1::RunRequest req;
+  req.set_session_id(session_id);
+  ToNamedTensors(inputs, req.mutable_inputs());
+  req.set_report(options.report);
+  req.set_priority(options.priority);
+  return DoRun(req);
+}
+
+absl::StatusOr<RunResult> Client::Run(const v1::GraphSource& graph, const TensorMap& inputs,
+                                      const TensorMap& params, const RunOptions& options) const {
+  v1::RunRequest req;
+  *req.mutable_graph() = graph;
+  *req.mutable_options() = options.compile;
+  ToNamedTensors(inputs, req.mutable_inputs());
+  ToNamedTensors(params, req.mutable_params());
+  req.set_report(options.report);
+  req.set_priority(options.priority);
+  return DoRun(req);
+}
+
+absl::Status Client::CloseSession(const std::string& session_id) const {
+  v1::CloseSessionRequest req;
+  req.set_session_id(session_id);
+  v1::CloseSessionResponse resp;
+  auto ctx = NewContext();
+  return FromGrpcStatus(stub_->CloseSession(ctx.get(), req, &resp));
+}
+
+absl::StatusOr<v1::ListDevicesResponse> Client::ListDevices() const {
+  v1::ListDevicesResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->ListDevices(ctx.get(), {}, &resp)));
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::DispatchReport>> Client::GetReports(int32_t last) const {
+  if (last < 0) return absl::InvalidArgumentError(absl::StrCat("last must be >= 0, got ", last));
+  v1::GetReportRequest req;
+  req.set_last(last);
+  v1::GetReportResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetReport(ctx.get(), req, &resp)));
+  return std::vector<v1::DispatchReport>(resp.reports().begin(), resp.reports().end());
+}
+
+absl::StatusOr<v1::DispatchReport> Client::GetReport(const std::string& request_id) const {
+  if (request_id.empty()) return absl::InvalidArgumentError("GetReport: empty request id");
+  v1::GetReportRequest req;
+  req.set_request_id(request_id);
+  v1::GetReportResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->GetReport(ctx.get(), req, &resp)));
+  if (resp.reports_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("no report for request ", request_id));
+  }
+  return std::move(*resp.mutable_reports(0));
+}
+
+absl::StatusOr<v1::ServerInfoResponse> Client::ServerInfo() const {
+  v1::ServerInfoResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->ServerInfo(ctx.get(), {}, &resp)));
+  return resp;
+}
+
+absl::StatusOr<ServingStatus> Client::Health(const std::string& service) const {
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(health_->Check(ctx.get(), req, &resp)));
+  return resp.status();
+}
+
+}  // namespace kiln

@@ -1,0 +1,142 @@
+// kiln::Client: the C++ client of kilnd (proto/kiln/v1/service.proto).
+//
+// One method per RPC. Every call returns an absl::Status carrying the
+// server's gRPC code and message unchanged (codes map one to one), or a
+// client-side error (INVALID_ARGUMENT for a request the client refuses to
+// send, DATA_LOSS for an inconsistent GetParams stream).
+//
+// Tensors travel as kiln::HostTensor. Inputs and params are borrowed for the
+// duration of a call; outputs are owned by the result.
+//
+// Thread safety: a Client is immutable after Create and every method may be
+// called from many threads at once (the gRPC channel multiplexes calls).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/base/host_tensor.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kiln/v1/service.grpc.pb.h"
+
+namespace kiln {
+
+// Tensors by name (inputs, params). Names are unique by construction.
+using TensorMap = std::map<std::string, HostTensor>;
+// Tensors in a defined order (run outputs, in the graph's output order).
+using NamedTensors = std::vector<std::pair<std::string, HostTensor>>;
+
+struct ClientOptions {
+  // Sent as `authorization: Bearer <api_key>` on every call; empty = none.
+  std::string api_key;
+  // Deadline of each call, from its start; infinite = none.
+  absl::Duration timeout = absl::InfiniteDuration();
+  // Payload bytes per SetParams chunk. kilnd's default message limit is far
+  // above this; smaller chunks give a smoother progress bar.
+  int64_t chunk_bytes = int64_t{1} << 20;
+};
+
+// Called after each chunk of a long transfer: bytes done of `total`.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+// A graph to send: the wire proto, or `.kiln` text that the server parses.
+v1::GraphSource GraphFromProto(v1::Graph graph);
+v1::GraphSource GraphFromText(std::string text);
+
+struct RunOptions {
+  bool report = false;       // ask for the dispatch report
+  int32_t priority = 0;      // higher first within the tenant
+  v1::CompileOptions compile;  // one-shot runs only (a session was compiled at creation)
+};
+
+struct RunResult {
+  NamedTensors outputs;        // the graph's output order
+  v1::DispatchReport report;   // filled when RunOptions::report
+  std::string request_id;
+
+  // The output called `name`, or nullptr.
+  const HostTensor* output(const std::string& name) const;
+};
+
+using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
+
+class Client {
+ public:
+  // `addr` is a gRPC target ("127.0.0.1:7450", "unix:/run/kilnd.sock"). The
+  // channel connects lazily: an unreachable server shows up as UNAVAILABLE on
+  // the first call, not here.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& addr,
+                                                        const ClientOptions& options = {});
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::string& addr() const { return addr_; }
+
+  // Verifies `graph`; compiles it too when `input_shapes` fixes every
+  // symbolic input dim (or the graph has none and shapes are given).
+  absl::StatusOr<v1::CompileResponse> Compile(
+      const v1::GraphSource& graph, const v1::CompileOptions& options = {},
+      const std::vector<std::pair<std::string, Dims>>& input_shapes = {}) const;
+
+  // A session owned by the caller's tenant. `params` go inline (small ones);
+  // use SetParams for anything large.
+  absl::StatusOr<v1::CreateSessionResponse> CreateSession(const v1::GraphSource& graph,
+                                                          const v1::CompileOptions& options = {},
+                                                          const TensorMap& params = {}) const;
+
+  // Streams `params` in chunks of ClientOptions::chunk_bytes; the server
+  // applies them atomically when the stream ends. `progress` (may be empty)
+  // is called on the calling thread after each chunk.
+  absl::StatusOr<v1::SetParamsResponse> SetParams(const std::string& session_id,
+                                                  const TensorMap& params,
+                                                  const ProgressFn& progress = {}) const;
+
+  // The session's params (`names` empty = all), reassembled from chunks.
+  absl::StatusOr<TensorMap> GetParams(const std::string& session_id,
+                                      const std::vector<std::string>& names = {}) const;
+
+  // Runs a session.
+  absl::StatusOr<RunResult> Run(const std::string& session_id, const TensorMap& inputs,
+                                const RunOptions& options = {}) const;
+  // One-shot: compiles `graph` (cached by content on the server) and runs it.
+  absl::StatusOr<RunResult> Run(const v1::GraphSource& graph, const TensorMap& inputs,
+                                const TensorMap& params = {},
+                                const RunOptions& options = {}) const;
+
+  absl::Status CloseSession(const std::string& session_id) const;
+  absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;
+  // The caller's last `last` dispatch reports (0 = all the server keeps), oldest first.
+  absl::StatusOr<std::vector<v1::DispatchReport>> GetReports(int32_t last = 0) const;
+  // One request's report, by the request id a RunResult carries.
+  absl::StatusOr<v1::DispatchReport> GetReport(const std::string& request_id) const;
+  absl::StatusOr<v1::ServerInfoResponse> ServerInfo() const;
+  // grpc.health.v1 Check; `service` empty = the server as a whole.
+  absl::StatusOr<ServingStatus> Health(const std::string& service = "") const;
+
+  // The raw stubs, for callers that build requests themselves.
+  v1::Kiln::Stub& stub() const { return *stub_; }
+  // A context with the API key and deadline applied, for raw stub calls.
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+ private:
+  Client(std::string addr, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  absl::StatusOr<RunResult> DoRun(const v1::RunRequest& request) const;
+
+  const std::string addr_;
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Kiln::Stub> stub_;
+  const std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// gRPC status -> absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace kiln

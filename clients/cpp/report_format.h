@@ -1,0 +1,37 @@
+// Human and tool views of kilnd's reports (DESIGN.md section 6): an aligned
+// text table for terminals and Chrome trace-event JSON for Perfetto and
+// chrome://tracing. Client-side on purpose: clients depend on the protos only,
+// never on the engine (whose runtime has its own single-report exporter).
+// Pure functions; thread-safe.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "kiln/v1/report.pb.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln {
+
+// A summary line (request, executable key, cache outcome, placement, run
+// time), then one row per step: kernel, implementation, path, device, nodes,
+// flops, bytes, start, duration; then per-device totals.
+std::string FormatReportTable(const v1::DispatchReport& report);
+
+// Cache outcome, stage timings, memory plan and notes of a compile.
+std::string FormatCompileReport(const v1::CompileReport& report);
+
+// Inputs, params and outputs with their types: `x: f32[batch, 784]`.
+std::string FormatSignature(const v1::Signature& signature);
+std::string FormatTensorType(const v1::TensorType& type);
+
+// Chrome trace-event JSON: one process per report (named by request id), one
+// thread per device, one complete event per step. Reports are placed on one
+// time axis by their start_unix_micros (the first at 0).
+std::string ReportsToChromeTrace(std::span<const v1::DispatchReport> reports);
+
+// "1.50 G", "12.3 k" (SI) and "1.5 MiB" (binary) for table cells.
+std::string HumanCount(double v);
+std::string HumanBytes(double v);
+
+}  // namespace kiln
