@@ -21,15 +21,22 @@ std::string Lower(const std::string& enum_name, size_t prefix) {
 
 std::string InstrName(const Instr& in) {
   switch (in.op) {
-    case v1::OP_UNARY: return Lower(v1::UnaryKind_Name(static_cast<v1::UnaryKind>(in.kind)), 6);
-    case v1::OP_BINARY: return Lower(v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)), 7);
+    case v1::OP_UNARY:
+      return Lower(v1::UnaryKind_Name(static_cast<v1::UnaryKind>(in.kind)), 6);
+    case v1::OP_BINARY:
+      return Lower(v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)), 7);
     case v1::OP_COMPARE:
       return Lower(v1::CompareKind_Name(static_cast<v1::CompareKind>(in.kind)), 8);
-    case v1::OP_WHERE: return "where";
-    case v1::OP_CAST: return absl::StrCat("cast_", DTypeName(in.arg_dtype), "_to");
-    case v1::OP_CLAMP: return "clamp";
-    case v1::OP_CONSTANT: return "constant";
-    default: return "?";
+    case v1::OP_WHERE:
+      return "where";
+    case v1::OP_CAST:
+      return absl::StrCat("cast_", DTypeName(in.arg_dtype), "_to");
+    case v1::OP_CLAMP:
+      return "clamp";
+    case v1::OP_CONSTANT:
+      return "constant";
+    default:
+      return "?";
   }
 }
 
@@ -42,7 +49,8 @@ absl::StatusOr<Instr> Decode(const v1::FusedInstr& f, int index, const std::vect
   in.num_args = f.args_size();
   const std::string where = absl::StrCat("instruction ", index, " (", v1::OpKind_Name(f.op()), ")");
   auto arity = [&](int n) -> absl::Status {
-    if (f.args_size() != n) return Bad(absl::StrCat(where, " takes ", n, " operands, got ", f.args_size()));
+    if (f.args_size() != n)
+      return Bad(absl::StrCat(where, " takes ", n, " operands, got ", f.args_size()));
     return absl::OkStatus();
   };
   for (int k = 0; k < f.args_size() && k < 3; ++k) {
@@ -87,10 +95,9 @@ absl::StatusOr<Instr> Decode(const v1::FusedInstr& f, int index, const std::vect
       if (auto s = same(0, 1); !s.ok()) return s;
       in.kind = f.binary().kind();
       if (!BinarySupported(in.kind, arg(0))) {
-        return Bad(absl::StrCat("cpu implements binary ",
-                                v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)),
-                                " on floats (and every kind but pow on integers), not ",
-                                DTypeName(arg(0))));
+        return Bad(absl::StrCat(
+            "cpu implements binary ", v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)),
+            " on floats (and every kind but pow on integers), not ", DTypeName(arg(0))));
       }
       if (auto s = result_is(arg(0)); !s.ok()) return s;
       break;
@@ -115,7 +122,8 @@ absl::StatusOr<Instr> Decode(const v1::FusedInstr& f, int index, const std::vect
     case v1::OP_CAST: {
       if (auto s = arity(1); !s.ok()) return s;
       const DType to = f.cast().to() == v1::DTYPE_UNSPECIFIED ? in.dtype : f.cast().to();
-      if (!IsDense(to)) return Bad(absl::StrCat(where, " casts to ", DTypeName(to), ", not a dense type"));
+      if (!IsDense(to))
+        return Bad(absl::StrCat(where, " casts to ", DTypeName(to), ", not a dense type"));
       if (auto s = result_is(to); !s.ok()) return s;
       break;
     }
@@ -159,12 +167,23 @@ absl::StatusOr<v1::FusedInstr> SingleInstr(const backend::KernelSpec& spec, int 
   for (int i = 0; i < arity; ++i) f.add_args(i);
   f.set_dtype(spec.outputs[0].dtype);
   switch (spec.op) {
-    case v1::OP_UNARY: *f.mutable_unary() = spec.attrs.unary(); break;
-    case v1::OP_BINARY: *f.mutable_binary() = spec.attrs.binary(); break;
-    case v1::OP_COMPARE: *f.mutable_compare() = spec.attrs.compare(); break;
-    case v1::OP_CAST: *f.mutable_cast() = spec.attrs.cast(); break;
-    case v1::OP_CLAMP: *f.mutable_clamp() = spec.attrs.clamp(); break;
-    default: break;
+    case v1::OP_UNARY:
+      *f.mutable_unary() = spec.attrs.unary();
+      break;
+    case v1::OP_BINARY:
+      *f.mutable_binary() = spec.attrs.binary();
+      break;
+    case v1::OP_COMPARE:
+      *f.mutable_compare() = spec.attrs.compare();
+      break;
+    case v1::OP_CAST:
+      *f.mutable_cast() = spec.attrs.cast();
+      break;
+    case v1::OP_CLAMP:
+      *f.mutable_clamp() = spec.attrs.clamp();
+      break;
+    default:
+      break;
   }
   return f;
 }
@@ -181,12 +200,23 @@ void Exec(const Instr& in, const void* const* regs, void* dst, int64_t n) {
       Binary(cls, in.kind, a(0), a(1), dst, n);
       RoundToDType(dst, in.dtype, n);
       return;
-    case v1::OP_COMPARE: Compare(ClassOf(in.arg_dtype), in.kind, a(0), a(1), dst, n); return;
-    case v1::OP_WHERE: Where(cls, a(0), a(1), a(2), dst, n); return;
-    case v1::OP_CAST: Cast(in.arg_dtype, in.dtype, a(0), dst, n); return;
-    case v1::OP_CLAMP: Clamp(cls, in.dtype, in.has_lo, in.lo, in.has_hi, in.hi, a(0), dst, n); return;
-    case v1::OP_CONSTANT: Fill(cls, in.dtype, in.scalar, n, dst); return;
-    default: return;
+    case v1::OP_COMPARE:
+      Compare(ClassOf(in.arg_dtype), in.kind, a(0), a(1), dst, n);
+      return;
+    case v1::OP_WHERE:
+      Where(cls, a(0), a(1), a(2), dst, n);
+      return;
+    case v1::OP_CAST:
+      Cast(in.arg_dtype, in.dtype, a(0), dst, n);
+      return;
+    case v1::OP_CLAMP:
+      Clamp(cls, in.dtype, in.has_lo, in.lo, in.has_hi, in.hi, a(0), dst, n);
+      return;
+    case v1::OP_CONSTANT:
+      Fill(cls, in.dtype, in.scalar, n, dst);
+      return;
+    default:
+      return;
   }
 }
 
@@ -195,11 +225,20 @@ int Weight(const Instr& in) {
   if (in.op == v1::OP_BINARY && in.kind == v1::BINARY_POW) return 20;
   if (in.op != v1::OP_UNARY) return 1;
   switch (in.kind) {
-    case v1::UNARY_IDENTITY: case v1::UNARY_RELU: case v1::UNARY_NEG: case v1::UNARY_ABS:
-    case v1::UNARY_FLOOR: case v1::UNARY_CEIL: case v1::UNARY_ROUND: case v1::UNARY_SIGN:
+    case v1::UNARY_IDENTITY:
+    case v1::UNARY_RELU:
+    case v1::UNARY_NEG:
+    case v1::UNARY_ABS:
+    case v1::UNARY_FLOOR:
+    case v1::UNARY_CEIL:
+    case v1::UNARY_ROUND:
+    case v1::UNARY_SIGN:
       return 1;
-    case v1::UNARY_SIN: case v1::UNARY_COS: return 20;
-    default: return 8;
+    case v1::UNARY_SIN:
+    case v1::UNARY_COS:
+      return 20;
+    default:
+      return 8;
   }
 }
 
@@ -214,9 +253,15 @@ absl::StatusOr<Program> ProgramFromSpec(const backend::KernelSpec& spec) {
   std::vector<v1::FusedInstr> instrs;
   std::vector<int> results;
   switch (spec.op) {
-    case v1::OP_UNARY: case v1::OP_CAST: case v1::OP_CLAMP: case v1::OP_BINARY:
-    case v1::OP_COMPARE: case v1::OP_WHERE: {
-      const int arity = spec.op == v1::OP_WHERE ? 3 : (spec.op == v1::OP_BINARY || spec.op == v1::OP_COMPARE ? 2 : 1);
+    case v1::OP_UNARY:
+    case v1::OP_CAST:
+    case v1::OP_CLAMP:
+    case v1::OP_BINARY:
+    case v1::OP_COMPARE:
+    case v1::OP_WHERE: {
+      const int arity = spec.op == v1::OP_WHERE
+                            ? 3
+                            : (spec.op == v1::OP_BINARY || spec.op == v1::OP_COMPARE ? 2 : 1);
       auto f = SingleInstr(spec, arity);
       if (!f.ok()) return f.status();
       instrs.push_back(*std::move(f));
@@ -240,7 +285,8 @@ absl::StatusOr<Program> ProgramFromSpec(const backend::KernelSpec& spec) {
   std::vector<DType> values;
   for (const auto& d : spec.inputs) {
     if (!IsDense(d.dtype)) {
-      return Bad(absl::StrCat("cpu elementwise kernels read dense types, not ", DTypeName(d.dtype)));
+      return Bad(
+          absl::StrCat("cpu elementwise kernels read dense types, not ", DTypeName(d.dtype)));
     }
     values.push_back(d.dtype);
     p.inputs.push_back(d.dtype);
@@ -274,9 +320,9 @@ std::string ProgramName(const Program& program) {
 }
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(Program program,
-                                                          const std::vector<Dims>& input_dims,
-                                                          const Dims& out_dims,
-                                                          std::vector<DType> out_dtypes) {
+                                                           const std::vector<Dims>& input_dims,
+                                                           const Dims& out_dims,
+                                                           std::vector<DType> out_dtypes) {
   const size_t nin = program.inputs.size();
   if (input_dims.size() != nin || out_dtypes.size() != program.results.size()) {
     return Bad("executor: inputs or outputs do not match the program");
@@ -422,8 +468,8 @@ Executor::Block Executor::UnitAt(int64_t u) const {
   return {begin, std::min(kBlock, total_ - begin)};
 }
 
-const void* Executor::FetchInput(const InputPlan& in, const void* base, int64_t offset,
-                                 int64_t len, void* slot) const {
+const void* Executor::FetchInput(const InputPlan& in, const void* base, int64_t offset, int64_t len,
+                                 void* slot) const {
   const int64_t esize = ElementSize(in.dtype);
   const char* src = static_cast<const char*>(base);
   switch (in.fetch) {
@@ -434,8 +480,10 @@ const void* Executor::FetchInput(const InputPlan& in, const void* base, int64_t 
     case Fetch::kScalar:
       Load(src, in.dtype, 0, len, slot);
       return slot;
-    case Fetch::kStrided: break;
-    case Fetch::kUnused: return nullptr;
+    case Fetch::kStrided:
+      break;
+    case Fetch::kUnused:
+      return nullptr;
   }
   const int r = static_cast<int>(dims_.size());
   absl::InlinedVector<int64_t, 8> idx(r);
@@ -489,8 +537,8 @@ void Executor::RunUnits(int64_t begin, int64_t end, std::span<const void* const>
       const Instr& in = program_.instrs[j];
       void* dst = slot(instr_slot_[j]);
       if (direct_output_[j] >= 0) {
-        dst = static_cast<char*>(outputs[direct_output_[j]]) +
-              b.offset * RegSize(ClassOf(in.dtype));
+        dst =
+            static_cast<char*>(outputs[direct_output_[j]]) + b.offset * RegSize(ClassOf(in.dtype));
       }
       Exec(in, regs.data(), dst, b.len);
       regs[nin + j] = dst;

@@ -95,13 +95,13 @@ class Executor {
   Program program_;
   std::vector<DType> out_dtypes_;
   std::vector<InputPlan> inputs_;
-  std::vector<int> instr_slot_;   // -1 = writes straight into an output
+  std::vector<int> instr_slot_;     // -1 = writes straight into an output
   std::vector<int> direct_output_;  // per instr: output index it writes in place, or -1
   int num_slots_ = 0;
-  Dims dims_;                     // collapsed output dims (rank >= 1)
+  Dims dims_;  // collapsed output dims (rank >= 1)
   int64_t total_ = 0;
-  int64_t row_ = 1;               // last collapsed dim
-  int64_t chunks_per_row_ = 0;    // > 0: blocks never cross a row
+  int64_t row_ = 1;             // last collapsed dim
+  int64_t chunks_per_row_ = 0;  // > 0: blocks never cross a row
   int64_t chunk_ = kBlock;
   int64_t units_ = 0;
   int64_t grain_units_ = 1;

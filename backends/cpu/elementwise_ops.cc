@@ -77,11 +77,21 @@ void FloatToInt(const F* x, DType to, int64_t* y, int64_t n) {
   }
   double lo = 0, hi = 0;
   switch (to) {
-    case v1::DTYPE_I8: lo = -128, hi = 127; break;
-    case v1::DTYPE_U8: lo = 0, hi = 255; break;
-    case v1::DTYPE_I16: lo = -32768, hi = 32767; break;
-    case v1::DTYPE_I32: lo = -2147483648.0, hi = 2147483647.0; break;
-    default: lo = -9223372036854775808.0, hi = 9223372036854775808.0; break;
+    case v1::DTYPE_I8:
+      lo = -128, hi = 127;
+      break;
+    case v1::DTYPE_U8:
+      lo = 0, hi = 255;
+      break;
+    case v1::DTYPE_I16:
+      lo = -32768, hi = 32767;
+      break;
+    case v1::DTYPE_I32:
+      lo = -2147483648.0, hi = 2147483647.0;
+      break;
+    default:
+      lo = -9223372036854775808.0, hi = 9223372036854775808.0;
+      break;
   }
   const bool is_i64 = to == v1::DTYPE_I64;
   for (int64_t i = 0; i < n; ++i) {
@@ -103,10 +113,18 @@ void FloatToInt(const F* x, DType to, int64_t* y, int64_t n) {
 template <typename T>
 void BinaryFloat(int kind, const T* a, const T* b, T* y, int64_t n) {
   switch (kind) {
-    case v1::BINARY_ADD: for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i]; return;
-    case v1::BINARY_SUB: for (int64_t i = 0; i < n; ++i) y[i] = a[i] - b[i]; return;
-    case v1::BINARY_MUL: for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; return;
-    case v1::BINARY_DIV: for (int64_t i = 0; i < n; ++i) y[i] = a[i] / b[i]; return;
+    case v1::BINARY_ADD:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+      return;
+    case v1::BINARY_SUB:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] - b[i];
+      return;
+    case v1::BINARY_MUL:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+      return;
+    case v1::BINARY_DIV:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] / b[i];
+      return;
     case v1::BINARY_MAX:
       for (int64_t i = 0; i < n; ++i) {
         const T m = a[i] > b[i] ? a[i] : b[i];
@@ -119,8 +137,11 @@ void BinaryFloat(int kind, const T* a, const T* b, T* y, int64_t n) {
         y[i] = a[i] != a[i] ? a[i] : m;
       }
       return;
-    case v1::BINARY_POW: for (int64_t i = 0; i < n; ++i) y[i] = std::pow(a[i], b[i]); return;
-    default: return;
+    case v1::BINARY_POW:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::pow(a[i], b[i]);
+      return;
+    default:
+      return;
   }
 }
 
@@ -147,22 +168,40 @@ void BinaryInt(int kind, const int64_t* a, const int64_t* b, int64_t* y, int64_t
         }
       }
       return;
-    case v1::BINARY_MAX: for (int64_t i = 0; i < n; ++i) y[i] = std::max(a[i], b[i]); return;
-    case v1::BINARY_MIN: for (int64_t i = 0; i < n; ++i) y[i] = std::min(a[i], b[i]); return;
-    default: return;
+    case v1::BINARY_MAX:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::max(a[i], b[i]);
+      return;
+    case v1::BINARY_MIN:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::min(a[i], b[i]);
+      return;
+    default:
+      return;
   }
 }
 
 template <typename T>
 void CompareT(int kind, const T* a, const T* b, int64_t* y, int64_t n) {
   switch (kind) {
-    case v1::COMPARE_EQ: for (int64_t i = 0; i < n; ++i) y[i] = a[i] == b[i]; return;
-    case v1::COMPARE_NE: for (int64_t i = 0; i < n; ++i) y[i] = a[i] != b[i]; return;
-    case v1::COMPARE_LT: for (int64_t i = 0; i < n; ++i) y[i] = a[i] < b[i]; return;
-    case v1::COMPARE_LE: for (int64_t i = 0; i < n; ++i) y[i] = a[i] <= b[i]; return;
-    case v1::COMPARE_GT: for (int64_t i = 0; i < n; ++i) y[i] = a[i] > b[i]; return;
-    case v1::COMPARE_GE: for (int64_t i = 0; i < n; ++i) y[i] = a[i] >= b[i]; return;
-    default: return;
+    case v1::COMPARE_EQ:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] == b[i];
+      return;
+    case v1::COMPARE_NE:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] != b[i];
+      return;
+    case v1::COMPARE_LT:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] < b[i];
+      return;
+    case v1::COMPARE_LE:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] <= b[i];
+      return;
+    case v1::COMPARE_GT:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] > b[i];
+      return;
+    case v1::COMPARE_GE:
+      for (int64_t i = 0; i < n; ++i) y[i] = a[i] >= b[i];
+      return;
+    default:
+      return;
   }
 }
 
@@ -197,9 +236,14 @@ double SignF64(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : x); }
 
 RegClass ClassOf(DType d) {
   switch (d) {
-    case v1::DTYPE_F32: case v1::DTYPE_F16: case v1::DTYPE_BF16: return RegClass::kF32;
-    case v1::DTYPE_F64: return RegClass::kF64;
-    default: return RegClass::kI64;
+    case v1::DTYPE_F32:
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      return RegClass::kF32;
+    case v1::DTYPE_F64:
+      return RegClass::kF64;
+    default:
+      return RegClass::kI64;
   }
 }
 
@@ -219,15 +263,33 @@ void Load(const void* src, DType dtype, int64_t stride, int64_t n, void* dst) {
   }
   int64_t* d64 = static_cast<int64_t*>(dst);
   switch (dtype) {
-    case v1::DTYPE_F32: std::memcpy(dst, src, n * 4); return;
-    case v1::DTYPE_F64: std::memcpy(dst, src, n * 8); return;
-    case v1::DTYPE_F16: HalfToF32(static_cast<const uint16_t*>(src), n, static_cast<float*>(dst)); return;
-    case v1::DTYPE_BF16: Bf16ToF32(static_cast<const uint16_t*>(src), n, static_cast<float*>(dst)); return;
-    case v1::DTYPE_I8: ConvertTo(static_cast<const int8_t*>(src), stride, n, d64); return;
-    case v1::DTYPE_U8: ConvertTo(static_cast<const uint8_t*>(src), stride, n, d64); return;
-    case v1::DTYPE_I16: ConvertTo(static_cast<const int16_t*>(src), stride, n, d64); return;
-    case v1::DTYPE_I32: ConvertTo(static_cast<const int32_t*>(src), stride, n, d64); return;
-    case v1::DTYPE_I64: ConvertTo(static_cast<const int64_t*>(src), stride, n, d64); return;
+    case v1::DTYPE_F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case v1::DTYPE_F64:
+      std::memcpy(dst, src, n * 8);
+      return;
+    case v1::DTYPE_F16:
+      HalfToF32(static_cast<const uint16_t*>(src), n, static_cast<float*>(dst));
+      return;
+    case v1::DTYPE_BF16:
+      Bf16ToF32(static_cast<const uint16_t*>(src), n, static_cast<float*>(dst));
+      return;
+    case v1::DTYPE_I8:
+      ConvertTo(static_cast<const int8_t*>(src), stride, n, d64);
+      return;
+    case v1::DTYPE_U8:
+      ConvertTo(static_cast<const uint8_t*>(src), stride, n, d64);
+      return;
+    case v1::DTYPE_I16:
+      ConvertTo(static_cast<const int16_t*>(src), stride, n, d64);
+      return;
+    case v1::DTYPE_I32:
+      ConvertTo(static_cast<const int32_t*>(src), stride, n, d64);
+      return;
+    case v1::DTYPE_I64:
+      ConvertTo(static_cast<const int64_t*>(src), stride, n, d64);
+      return;
     case v1::DTYPE_BOOL: {
       const uint8_t* s = static_cast<const uint8_t*>(src);
       if (stride == 0) {
@@ -237,7 +299,8 @@ void Load(const void* src, DType dtype, int64_t stride, int64_t n, void* dst) {
       for (int64_t i = 0; i < n; ++i) d64[i] = s[i] != 0;
       return;
     }
-    default: return;
+    default:
+      return;
   }
 }
 
@@ -245,11 +308,21 @@ void Store(const void* src, DType dtype, int64_t n, void* dst) {
   if (n <= 0) return;
   const int64_t* s64 = static_cast<const int64_t*>(src);
   switch (dtype) {
-    case v1::DTYPE_F32: std::memcpy(dst, src, n * 4); return;
-    case v1::DTYPE_F64: std::memcpy(dst, src, n * 8); return;
-    case v1::DTYPE_I64: std::memcpy(dst, src, n * 8); return;
-    case v1::DTYPE_F16: F32ToHalf(static_cast<const float*>(src), n, static_cast<uint16_t*>(dst)); return;
-    case v1::DTYPE_BF16: F32ToBf16(static_cast<const float*>(src), n, static_cast<uint16_t*>(dst)); return;
+    case v1::DTYPE_F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case v1::DTYPE_F64:
+      std::memcpy(dst, src, n * 8);
+      return;
+    case v1::DTYPE_I64:
+      std::memcpy(dst, src, n * 8);
+      return;
+    case v1::DTYPE_F16:
+      F32ToHalf(static_cast<const float*>(src), n, static_cast<uint16_t*>(dst));
+      return;
+    case v1::DTYPE_BF16:
+      F32ToBf16(static_cast<const float*>(src), n, static_cast<uint16_t*>(dst));
+      return;
     case v1::DTYPE_I8:
       for (int64_t i = 0; i < n; ++i) static_cast<int8_t*>(dst)[i] = static_cast<int8_t>(s64[i]);
       return;
@@ -265,7 +338,8 @@ void Store(const void* src, DType dtype, int64_t n, void* dst) {
     case v1::DTYPE_BOOL:
       for (int64_t i = 0; i < n; ++i) static_cast<uint8_t*>(dst)[i] = s64[i] != 0;
       return;
-    default: return;
+    default:
+      return;
   }
 }
 
@@ -288,14 +362,23 @@ void RoundToDType(void* values, DType dtype, int64_t n) {
         std::memcpy(f + i, &bits, 4);
       }
       return;
-    case v1::DTYPE_I8: WrapTo<int8_t>(v64, n); return;
-    case v1::DTYPE_U8: WrapTo<uint8_t>(v64, n); return;
-    case v1::DTYPE_I16: WrapTo<int16_t>(v64, n); return;
-    case v1::DTYPE_I32: WrapTo<int32_t>(v64, n); return;
+    case v1::DTYPE_I8:
+      WrapTo<int8_t>(v64, n);
+      return;
+    case v1::DTYPE_U8:
+      WrapTo<uint8_t>(v64, n);
+      return;
+    case v1::DTYPE_I16:
+      WrapTo<int16_t>(v64, n);
+      return;
+    case v1::DTYPE_I32:
+      WrapTo<int32_t>(v64, n);
+      return;
     case v1::DTYPE_BOOL:
       for (int64_t i = 0; i < n; ++i) v64[i] = v64[i] != 0;
       return;
-    default: return;
+    default:
+      return;
   }
 }
 
@@ -343,14 +426,30 @@ void UnaryF32(int kind, const float* x, float* y, int64_t n) {
       // max(0, x) returns x when x is NaN (second operand), as NumPy's maximum.
       MapF32(x, y, n, [](__m256 v) { return _mm256_max_ps(_mm256_setzero_ps(), v); });
       return;
-    case v1::UNARY_GELU: MapF32(x, y, n, simd::Gelu); return;
-    case v1::UNARY_GELU_TANH: MapF32(x, y, n, simd::GeluTanh); return;
-    case v1::UNARY_SILU: MapF32(x, y, n, simd::Silu); return;
-    case v1::UNARY_SIGMOID: MapF32(x, y, n, simd::Sigmoid); return;
-    case v1::UNARY_TANH: MapF32(x, y, n, simd::Tanh); return;
-    case v1::UNARY_EXP: MapF32(x, y, n, simd::Exp); return;
-    case v1::UNARY_LOG: MapF32(x, y, n, simd::Log); return;
-    case v1::UNARY_SQRT: MapF32(x, y, n, [](__m256 v) { return _mm256_sqrt_ps(v); }); return;
+    case v1::UNARY_GELU:
+      MapF32(x, y, n, simd::Gelu);
+      return;
+    case v1::UNARY_GELU_TANH:
+      MapF32(x, y, n, simd::GeluTanh);
+      return;
+    case v1::UNARY_SILU:
+      MapF32(x, y, n, simd::Silu);
+      return;
+    case v1::UNARY_SIGMOID:
+      MapF32(x, y, n, simd::Sigmoid);
+      return;
+    case v1::UNARY_TANH:
+      MapF32(x, y, n, simd::Tanh);
+      return;
+    case v1::UNARY_EXP:
+      MapF32(x, y, n, simd::Exp);
+      return;
+    case v1::UNARY_LOG:
+      MapF32(x, y, n, simd::Log);
+      return;
+    case v1::UNARY_SQRT:
+      MapF32(x, y, n, [](__m256 v) { return _mm256_sqrt_ps(v); });
+      return;
     case v1::UNARY_RSQRT:
       // Exact division, not the 12-bit rsqrt estimate: rsqrt(0) = inf, rsqrt(inf) = 0.
       MapF32(x, y, n, [](__m256 v) { return _mm256_div_ps(Set(1.0f), _mm256_sqrt_ps(v)); });
@@ -358,32 +457,52 @@ void UnaryF32(int kind, const float* x, float* y, int64_t n) {
     case v1::UNARY_NEG:
       MapF32(x, y, n, [](__m256 v) { return _mm256_xor_ps(v, Set(-0.0f)); });
       return;
-    case v1::UNARY_ABS: MapF32(x, y, n, simd::Abs); return;
-    case v1::UNARY_SIN: for (int64_t i = 0; i < n; ++i) y[i] = std::sin(x[i]); return;
-    case v1::UNARY_COS: for (int64_t i = 0; i < n; ++i) y[i] = std::cos(x[i]); return;
-    case v1::UNARY_ERF: MapF32(x, y, n, simd::Erf); return;
+    case v1::UNARY_ABS:
+      MapF32(x, y, n, simd::Abs);
+      return;
+    case v1::UNARY_SIN:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::sin(x[i]);
+      return;
+    case v1::UNARY_COS:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::cos(x[i]);
+      return;
+    case v1::UNARY_ERF:
+      MapF32(x, y, n, simd::Erf);
+      return;
     case v1::UNARY_FLOOR:
-      MapF32(x, y, n, [](__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); });
+      MapF32(x, y, n, [](__m256 v) {
+        return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+      });
       return;
     case v1::UNARY_CEIL:
-      MapF32(x, y, n, [](__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC); });
+      MapF32(x, y, n, [](__m256 v) {
+        return _mm256_round_ps(v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+      });
       return;
     case v1::UNARY_ROUND:
-      MapF32(x, y, n, [](__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); });
+      MapF32(x, y, n, [](__m256 v) {
+        return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      });
       return;
     case v1::UNARY_SIGN:
       MapF32(x, y, n, [](__m256 v) {
-        const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ), Set(1.0f));
-        const __m256 neg = _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ), Set(-1.0f));
-        const __m256 keep = _mm256_or_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ), simd::IsNan(v));
+        const __m256 pos =
+            _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ), Set(1.0f));
+        const __m256 neg =
+            _mm256_and_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ), Set(-1.0f));
+        const __m256 keep =
+            _mm256_or_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ), simd::IsNan(v));
         return _mm256_blendv_ps(_mm256_or_ps(pos, neg), v, keep);
       });
       return;
     case v1::UNARY_RECIPROCAL:
       MapF32(x, y, n, [](__m256 v) { return _mm256_div_ps(Set(1.0f), v); });
       return;
-    case v1::UNARY_SOFTPLUS: MapF32(x, y, n, simd::Softplus); return;
-    default: return;
+    case v1::UNARY_SOFTPLUS:
+      MapF32(x, y, n, simd::Softplus);
+      return;
+    default:
+      return;
   }
 }
 
@@ -392,39 +511,88 @@ void UnaryF64(int kind, const double* x, double* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
   };
   switch (kind) {
-    case v1::UNARY_IDENTITY: if (x != y) std::memcpy(y, x, n * 8); return;
-    case v1::UNARY_RELU: map([](double v) { return v > 0 || v != v ? v : 0.0; }); return;
-    case v1::UNARY_GELU: map(GeluF64); return;
-    case v1::UNARY_GELU_TANH: map(GeluTanhF64); return;
-    case v1::UNARY_SILU: map([](double v) { return v < -1000 ? -0.0 : v / (1.0 + std::exp(-v)); }); return;
-    case v1::UNARY_SIGMOID: map([](double v) { return 1.0 / (1.0 + std::exp(-v)); }); return;
-    case v1::UNARY_TANH: map([](double v) { return std::tanh(v); }); return;
-    case v1::UNARY_EXP: map([](double v) { return std::exp(v); }); return;
-    case v1::UNARY_LOG: map([](double v) { return std::log(v); }); return;
-    case v1::UNARY_SQRT: map([](double v) { return std::sqrt(v); }); return;
-    case v1::UNARY_RSQRT: map([](double v) { return 1.0 / std::sqrt(v); }); return;
-    case v1::UNARY_NEG: map([](double v) { return -v; }); return;
-    case v1::UNARY_ABS: map([](double v) { return std::fabs(v); }); return;
-    case v1::UNARY_SIN: map([](double v) { return std::sin(v); }); return;
-    case v1::UNARY_COS: map([](double v) { return std::cos(v); }); return;
-    case v1::UNARY_ERF: map([](double v) { return std::erf(v); }); return;
-    case v1::UNARY_FLOOR: map([](double v) { return std::floor(v); }); return;
-    case v1::UNARY_CEIL: map([](double v) { return std::ceil(v); }); return;
-    case v1::UNARY_ROUND: map([](double v) { return std::nearbyint(v); }); return;
-    case v1::UNARY_SIGN: map(SignF64); return;
-    case v1::UNARY_RECIPROCAL: map([](double v) { return 1.0 / v; }); return;
-    case v1::UNARY_SOFTPLUS:
-      map([](double v) { return (v > 0 || v != v ? v : 0.0) + std::log1p(std::exp(-std::fabs(v))); });
+    case v1::UNARY_IDENTITY:
+      if (x != y) std::memcpy(y, x, n * 8);
       return;
-    default: return;
+    case v1::UNARY_RELU:
+      map([](double v) { return v > 0 || v != v ? v : 0.0; });
+      return;
+    case v1::UNARY_GELU:
+      map(GeluF64);
+      return;
+    case v1::UNARY_GELU_TANH:
+      map(GeluTanhF64);
+      return;
+    case v1::UNARY_SILU:
+      map([](double v) { return v < -1000 ? -0.0 : v / (1.0 + std::exp(-v)); });
+      return;
+    case v1::UNARY_SIGMOID:
+      map([](double v) { return 1.0 / (1.0 + std::exp(-v)); });
+      return;
+    case v1::UNARY_TANH:
+      map([](double v) { return std::tanh(v); });
+      return;
+    case v1::UNARY_EXP:
+      map([](double v) { return std::exp(v); });
+      return;
+    case v1::UNARY_LOG:
+      map([](double v) { return std::log(v); });
+      return;
+    case v1::UNARY_SQRT:
+      map([](double v) { return std::sqrt(v); });
+      return;
+    case v1::UNARY_RSQRT:
+      map([](double v) { return 1.0 / std::sqrt(v); });
+      return;
+    case v1::UNARY_NEG:
+      map([](double v) { return -v; });
+      return;
+    case v1::UNARY_ABS:
+      map([](double v) { return std::fabs(v); });
+      return;
+    case v1::UNARY_SIN:
+      map([](double v) { return std::sin(v); });
+      return;
+    case v1::UNARY_COS:
+      map([](double v) { return std::cos(v); });
+      return;
+    case v1::UNARY_ERF:
+      map([](double v) { return std::erf(v); });
+      return;
+    case v1::UNARY_FLOOR:
+      map([](double v) { return std::floor(v); });
+      return;
+    case v1::UNARY_CEIL:
+      map([](double v) { return std::ceil(v); });
+      return;
+    case v1::UNARY_ROUND:
+      map([](double v) { return std::nearbyint(v); });
+      return;
+    case v1::UNARY_SIGN:
+      map(SignF64);
+      return;
+    case v1::UNARY_RECIPROCAL:
+      map([](double v) { return 1.0 / v; });
+      return;
+    case v1::UNARY_SOFTPLUS:
+      map([](double v) {
+        return (v > 0 || v != v ? v : 0.0) + std::log1p(std::exp(-std::fabs(v)));
+      });
+      return;
+    default:
+      return;
   }
 }
 
 void UnaryI64(int kind, const int64_t* x, int64_t* y, int64_t n) {
   using U = uint64_t;
   switch (kind) {
-    case v1::UNARY_IDENTITY: if (x != y) std::memcpy(y, x, n * 8); return;
-    case v1::UNARY_RELU: for (int64_t i = 0; i < n; ++i) y[i] = std::max<int64_t>(x[i], 0); return;
+    case v1::UNARY_IDENTITY:
+      if (x != y) std::memcpy(y, x, n * 8);
+      return;
+    case v1::UNARY_RELU:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::max<int64_t>(x[i], 0);
+      return;
     case v1::UNARY_NEG:
       for (int64_t i = 0; i < n; ++i) y[i] = static_cast<int64_t>(U(0) - U(x[i]));
       return;
@@ -435,15 +603,22 @@ void UnaryI64(int kind, const int64_t* x, int64_t* y, int64_t n) {
     case v1::UNARY_SIGN:
       for (int64_t i = 0; i < n; ++i) y[i] = (x[i] > 0) - (x[i] < 0);
       return;
-    default: return;
+    default:
+      return;
   }
 }
 
 void Unary(RegClass cls, int kind, const void* x, void* y, int64_t n) {
   switch (cls) {
-    case RegClass::kF32: UnaryF32(kind, static_cast<const float*>(x), static_cast<float*>(y), n); return;
-    case RegClass::kF64: UnaryF64(kind, static_cast<const double*>(x), static_cast<double*>(y), n); return;
-    case RegClass::kI64: UnaryI64(kind, static_cast<const int64_t*>(x), static_cast<int64_t*>(y), n); return;
+    case RegClass::kF32:
+      UnaryF32(kind, static_cast<const float*>(x), static_cast<float*>(y), n);
+      return;
+    case RegClass::kF64:
+      UnaryF64(kind, static_cast<const double*>(x), static_cast<double*>(y), n);
+      return;
+    case RegClass::kI64:
+      UnaryI64(kind, static_cast<const int64_t*>(x), static_cast<int64_t*>(y), n);
+      return;
   }
 }
 
@@ -482,7 +657,8 @@ void Compare(RegClass cls, int kind, const void* a, const void* b, void* y, int6
 void Where(RegClass cls, const void* cond, const void* a, const void* b, void* y, int64_t n) {
   const int64_t* c = static_cast<const int64_t*>(cond);
   if (cls == RegClass::kF32) {
-    WhereT(c, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(y), n);
+    WhereT(c, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(y),
+           n);
     return;
   }
   // f64 and i64 move 8-byte patterns alike.
@@ -530,12 +706,13 @@ void Cast(DType from, DType to, const void* x, void* y, int64_t n) {
   }
 }
 
-void Clamp(RegClass cls, DType dtype, bool has_lo, double lo, bool has_hi, double hi,
-           const void* x, void* y, int64_t n) {
+void Clamp(RegClass cls, DType dtype, bool has_lo, double lo, bool has_hi, double hi, const void* x,
+           void* y, int64_t n) {
   switch (cls) {
     case RegClass::kF32:
-      ClampT(has_lo ? static_cast<float>(lo) : -INFINITY, has_hi ? static_cast<float>(hi) : INFINITY,
-             static_cast<const float*>(x), static_cast<float*>(y), n);
+      ClampT(has_lo ? static_cast<float>(lo) : -INFINITY,
+             has_hi ? static_cast<float>(hi) : INFINITY, static_cast<const float*>(x),
+             static_cast<float*>(y), n);
       RoundToDType(y, dtype, n);
       return;
     case RegClass::kF64:

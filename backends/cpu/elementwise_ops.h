@@ -63,7 +63,7 @@ void Compare(RegClass cls, int kind, const void* a, const void* b, void* y, int6
 void Where(RegClass cls, const void* cond, const void* a, const void* b, void* y, int64_t n);
 // Converts values of dtype `from` (in its class) to dtype `to` (in its class).
 void Cast(DType from, DType to, const void* x, void* y, int64_t n);
-void Clamp(RegClass cls, DType dtype, bool has_lo, double lo, bool has_hi, double hi,
-           const void* x, void* y, int64_t n);
+void Clamp(RegClass cls, DType dtype, bool has_lo, double lo, bool has_hi, double hi, const void* x,
+           void* y, int64_t n);
 
 }  // namespace kiln::cpu::ew

@@ -28,7 +28,8 @@ using backend::KernelSpec;
 using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 
 // Writes the reduced scalar or the per-row values (as the output dtype).
-void WriteLoss(const std::vector<double>& values, double count, v1::Reduction reduction, DType dt, void* out) {
+void WriteLoss(const std::vector<double>& values, double count, v1::Reduction reduction, DType dt,
+               void* out) {
   if (reduction == v1::REDUCTION_NONE) {
     uint64_t reg = 0;
     for (size_t i = 0; i < values.size(); ++i) {
@@ -82,11 +83,21 @@ absl::Status RunXent(const XentPlan& p, std::span<const backend::BufferView> inp
     labels.resize(n);
     const void* lp = HostPtr(inputs[1]);
     switch (p.label_dtype) {
-      case v1::DTYPE_I8: LoadLabels<int8_t>(lp, n, labels.data()); break;
-      case v1::DTYPE_U8: LoadLabels<uint8_t>(lp, n, labels.data()); break;
-      case v1::DTYPE_I16: LoadLabels<int16_t>(lp, n, labels.data()); break;
-      case v1::DTYPE_I32: LoadLabels<int32_t>(lp, n, labels.data()); break;
-      default: LoadLabels<int64_t>(lp, n, labels.data()); break;
+      case v1::DTYPE_I8:
+        LoadLabels<int8_t>(lp, n, labels.data());
+        break;
+      case v1::DTYPE_U8:
+        LoadLabels<uint8_t>(lp, n, labels.data());
+        break;
+      case v1::DTYPE_I16:
+        LoadLabels<int16_t>(lp, n, labels.data());
+        break;
+      case v1::DTYPE_I32:
+        LoadLabels<int32_t>(lp, n, labels.data());
+        break;
+      default:
+        LoadLabels<int64_t>(lp, n, labels.data());
+        break;
     }
     count = 0;
     for (int64_t r = 0; r < n; ++r) {
@@ -99,28 +110,31 @@ absl::Status RunXent(const XentPlan& p, std::span<const backend::BufferView> inp
     }
   }
   const char* x = n * c > 0 ? static_cast<const char*>(HostPtr(inputs[0])) : nullptr;
-  const char* probs = !p.int_labels && n * c > 0 ? static_cast<const char*>(HostPtr(inputs[1])) : nullptr;
+  const char* probs =
+      !p.int_labels && n * c > 0 ? static_cast<const char*>(HostPtr(inputs[1])) : nullptr;
   const double s = p.smoothing;
-  ParallelFor(n, std::max<int64_t>(1, (int64_t{1} << 13) / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
-    std::vector<double> row(c), q(p.int_labels ? 0 : c);
-    for (int64_t r = b; r < e; ++r) {
-      if (p.int_labels && p.has_ignore && labels[r] == p.ignore) continue;
-      RowToF64(x + r * c * esize, p.dtype, c, row.data());
-      double mx = -INFINITY, sum = 0, mean = 0;
-      for (double v : row) mx = (v > mx || v != v) ? v : mx;
-      for (double v : row) sum += std::exp(v - mx), mean += v;
-      const double lse = mx + std::log(sum);
-      if (p.int_labels) {
-        mean /= static_cast<double>(c);
-        loss[r] = (1 - s) * (lse - row[labels[r]]) + (s > 0 ? s * (lse - mean) : 0.0);
-        continue;
-      }
-      RowToF64(probs + r * c * esize, p.dtype, c, q.data());
-      double l = 0;
-      for (int64_t k = 0; k < c; ++k) l += ((1 - s) * q[k] + s / static_cast<double>(c)) * (lse - row[k]);
-      loss[r] = l;
-    }
-  });
+  ParallelFor(n, std::max<int64_t>(1, (int64_t{1} << 13) / std::max<int64_t>(c, 1)),
+              [&](int64_t b, int64_t e) {
+                std::vector<double> row(c), q(p.int_labels ? 0 : c);
+                for (int64_t r = b; r < e; ++r) {
+                  if (p.int_labels && p.has_ignore && labels[r] == p.ignore) continue;
+                  RowToF64(x + r * c * esize, p.dtype, c, row.data());
+                  double mx = -INFINITY, sum = 0, mean = 0;
+                  for (double v : row) mx = (v > mx || v != v) ? v : mx;
+                  for (double v : row) sum += std::exp(v - mx), mean += v;
+                  const double lse = mx + std::log(sum);
+                  if (p.int_labels) {
+                    mean /= static_cast<double>(c);
+                    loss[r] = (1 - s) * (lse - row[labels[r]]) + (s > 0 ? s * (lse - mean) : 0.0);
+                    continue;
+                  }
+                  RowToF64(probs + r * c * esize, p.dtype, c, q.data());
+                  double l = 0;
+                  for (int64_t k = 0; k < c; ++k)
+                    l += ((1 - s) * q[k] + s / static_cast<double>(c)) * (lse - row[k]);
+                  loss[r] = l;
+                }
+              });
   WriteLoss(loss, count, p.reduction, p.dtype, HostPtr(outputs[0]));
   return absl::OkStatus();
 }
@@ -131,7 +145,8 @@ KernelOr CreateXent(const KernelSpec& spec) {
   const auto& y = spec.inputs[1];
   const auto& a = spec.attrs.softmax_cross_entropy();
   if (x.rank() < 1) return SpecError(spec, "logits need rank >= 1 (classes last)");
-  if (a.label_smoothing() < 0 || a.label_smoothing() > 1) return SpecError(spec, "label_smoothing must be in [0, 1]");
+  if (a.label_smoothing() < 0 || a.label_smoothing() > 1)
+    return SpecError(spec, "label_smoothing must be in [0, 1]");
   XentPlan p;
   p.dtype = x.dtype;
   p.label_dtype = y.dtype;
@@ -148,7 +163,9 @@ KernelOr CreateXent(const KernelSpec& spec) {
     return SpecError(spec, "labels ", TypeString(y), " do not fit logits ", TypeString(x));
   }
   if (!v1::Reduction_IsValid(p.reduction)) return SpecError(spec, "unknown reduction");
-  if (auto s = CheckOutput(spec, 0, x.dtype, p.reduction == v1::REDUCTION_NONE ? batch : Dims{}); !s.ok()) return s;
+  if (auto s = CheckOutput(spec, 0, x.dtype, p.reduction == v1::REDUCTION_NONE ? batch : Dims{});
+      !s.ok())
+    return s;
   return FnKernel::Make(spec, absl::StrCat("cpu:softmax_cross_entropy_", DTypeName(x.dtype)),
                         [p](auto inputs, auto outputs) { return RunXent(p, inputs, outputs); });
 }
@@ -158,8 +175,8 @@ Claim SupportsXent(const KernelSpec& spec) {
   const DType x = spec.inputs[0].dtype, y = spec.inputs[1].dtype;
   if (!IsFloat(x)) return Claim::No(absl::StrCat("logits must be float, got ", DTypeName(x)));
   if (!IsInteger(y) && y != x) {
-    return Claim::No(absl::StrCat("labels must be integer class ids or ", DTypeName(x), " probabilities, got ",
-                                  DTypeName(y)));
+    return Claim::No(absl::StrCat("labels must be integer class ids or ", DTypeName(x),
+                                  " probabilities, got ", DTypeName(y)));
   }
   return Claim::Yes();
 }
@@ -172,14 +189,17 @@ KernelOr CreateMse(const KernelSpec& spec) {
   const auto& target = spec.inputs[1];
   const v1::Reduction reduction = spec.attrs.mean_squared_error().reduction();
   if (pred.dtype != target.dtype || !IsFloat(pred.dtype)) {
-    return SpecError(spec, "prediction and target must share a float dtype: ", TypeString(pred), ", ",
-                     TypeString(target));
+    return SpecError(spec, "prediction and target must share a float dtype: ", TypeString(pred),
+                     ", ", TypeString(target));
   }
   auto dims = BroadcastShapes(spec, spec.inputs);
   if (!dims.ok()) return dims.status();
-  if (dims->size() != pred.dims.size()) return SpecError(spec, "target must not add dims to the prediction");
+  if (dims->size() != pred.dims.size())
+    return SpecError(spec, "target must not add dims to the prediction");
   if (!v1::Reduction_IsValid(reduction)) return SpecError(spec, "unknown reduction");
-  if (auto s = CheckOutput(spec, 0, pred.dtype, reduction == v1::REDUCTION_NONE ? *dims : Dims{}); !s.ok()) return s;
+  if (auto s = CheckOutput(spec, 0, pred.dtype, reduction == v1::REDUCTION_NONE ? *dims : Dims{});
+      !s.ok())
+    return s;
   // The square is computed in the register type (f32 or f64) and rounded once.
   const DType compute = pred.dtype == v1::DTYPE_F64 ? v1::DTYPE_F64 : v1::DTYPE_F32;
   ew::Program prog;
@@ -196,41 +216,42 @@ KernelOr CreateMse(const KernelSpec& spec) {
   if (!ex.ok()) return SpecError(spec, ex.status().message());
   std::shared_ptr<ew::Executor> executor = *std::move(ex);
   const DType dt = pred.dtype;
-  return FnKernel::Make(spec, absl::StrCat("cpu:mean_squared_error_", DTypeName(dt)),
-                        [=](auto inputs, auto outputs) {
-    const void* in[2] = {HostPtr(inputs[0]), HostPtr(inputs[1])};
-    const int64_t n = executor->num_elements();
-    if (reduction == v1::REDUCTION_NONE) {
-      void* out[1] = {HostPtr(outputs[0])};
-      executor->Run(in, out);
-      return absl::OkStatus();
-    }
-    std::vector<double> sq(compute == v1::DTYPE_F64 ? n : 0);
-    std::vector<float> sqf(compute == v1::DTYPE_F64 ? 0 : n);
-    void* out[1] = {compute == v1::DTYPE_F64 ? static_cast<void*>(sq.data()) : static_cast<void*>(sqf.data())};
-    executor->Run(in, out);
-    // Partial sums over fixed chunks: parallel, and the same result for any
-    // thread count.
-    constexpr int64_t kChunk = int64_t{1} << 14;
-    std::vector<double> partial((n + kChunk - 1) / kChunk, 0.0);
-    ParallelFor(static_cast<int64_t>(partial.size()), 4, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        double acc = 0;
-        const int64_t end = std::min(n, (k + 1) * kChunk);
-        if (compute == v1::DTYPE_F64) {
-          for (int64_t i = k * kChunk; i < end; ++i) acc += sq[i];
-        } else {
-          for (int64_t i = k * kChunk; i < end; ++i) acc += sqf[i];
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:mean_squared_error_", DTypeName(dt)), [=](auto inputs, auto outputs) {
+        const void* in[2] = {HostPtr(inputs[0]), HostPtr(inputs[1])};
+        const int64_t n = executor->num_elements();
+        if (reduction == v1::REDUCTION_NONE) {
+          void* out[1] = {HostPtr(outputs[0])};
+          executor->Run(in, out);
+          return absl::OkStatus();
         }
-        partial[k] = acc;
-      }
-    });
-    double sum = 0;
-    for (double v : partial) sum += v;
-    const std::vector<double> total = {sum};
-    WriteLoss(total, static_cast<double>(n), reduction, dt, HostPtr(outputs[0]));
-    return absl::OkStatus();
-  });
+        std::vector<double> sq(compute == v1::DTYPE_F64 ? n : 0);
+        std::vector<float> sqf(compute == v1::DTYPE_F64 ? 0 : n);
+        void* out[1] = {compute == v1::DTYPE_F64 ? static_cast<void*>(sq.data())
+                                                 : static_cast<void*>(sqf.data())};
+        executor->Run(in, out);
+        // Partial sums over fixed chunks: parallel, and the same result for any
+        // thread count.
+        constexpr int64_t kChunk = int64_t{1} << 14;
+        std::vector<double> partial((n + kChunk - 1) / kChunk, 0.0);
+        ParallelFor(static_cast<int64_t>(partial.size()), 4, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            double acc = 0;
+            const int64_t end = std::min(n, (k + 1) * kChunk);
+            if (compute == v1::DTYPE_F64) {
+              for (int64_t i = k * kChunk; i < end; ++i) acc += sq[i];
+            } else {
+              for (int64_t i = k * kChunk; i < end; ++i) acc += sqf[i];
+            }
+            partial[k] = acc;
+          }
+        });
+        double sum = 0;
+        for (double v : partial) sum += v;
+        const std::vector<double> total = {sum};
+        WriteLoss(total, static_cast<double>(n), reduction, dt, HostPtr(outputs[0]));
+        return absl::OkStatus();
+      });
 }
 
 Claim SupportsMse(const KernelSpec& spec) {

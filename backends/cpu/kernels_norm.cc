@@ -61,8 +61,8 @@ float MaxF32(const float* x, int64_t n) {
   for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
   if (i < n) {
     const __m256i m = simd::TailMask(n - i);
-    m1 = _mm256_max_ps(m1, _mm256_blendv_ps(Set(-INFINITY), _mm256_maskload_ps(x + i, m),
-                                            _mm256_castsi256_ps(m)));
+    m1 = _mm256_max_ps(
+        m1, _mm256_blendv_ps(Set(-INFINITY), _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m)));
   }
   return simd::HMax(_mm256_max_ps(m0, m1));
 }
@@ -88,7 +88,8 @@ void SoftmaxRowF32(const float* x, float* y, int64_t n, bool log) {
   }
   if (i < n) {
     const __m256i m = simd::TailMask(n - i);
-    const __m256 e = _mm256_and_ps(simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mx)), _mm256_castsi256_ps(m));
+    const __m256 e = _mm256_and_ps(simd::Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mx)),
+                                   _mm256_castsi256_ps(m));
     _mm256_maskstore_ps(y + i, m, e);
     AddPd(e, a, b);
   }
@@ -97,8 +98,8 @@ void SoftmaxRowF32(const float* x, float* y, int64_t n, bool log) {
 }
 
 // Softmax over the rows of an [n, inner] slab, across columns [c0, c1).
-void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t c0, int64_t c1, bool log,
-                    std::vector<float>& mx, std::vector<double>& sum) {
+void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t c0, int64_t c1,
+                    bool log, std::vector<float>& mx, std::vector<double>& sum) {
   const int64_t w = c1 - c0;
   mx.assign(w, -INFINITY);
   sum.assign(w, 0.0);
@@ -111,7 +112,8 @@ void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t 
     float* out = y + r * inner + c0;
     int64_t i = 0;
     for (; i + 8 <= w; i += 8) {
-      _mm256_storeu_ps(out + i, simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(row + i), _mm256_loadu_ps(mx.data() + i))));
+      _mm256_storeu_ps(out + i, simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(row + i),
+                                                        _mm256_loadu_ps(mx.data() + i))));
     }
     for (; i < w; ++i) out[i] = std::exp(row[i] - mx[i]);
     for (i = 0; i < w; ++i) sum[i] += out[i];
@@ -120,7 +122,8 @@ void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t 
     const float* row = x + r * inner + c0;
     float* out = y + r * inner + c0;
     if (log) {
-      for (int64_t i = 0; i < w; ++i) out[i] = (row[i] - mx[i]) - static_cast<float>(std::log(sum[i]));
+      for (int64_t i = 0; i < w; ++i)
+        out[i] = (row[i] - mx[i]) - static_cast<float>(std::log(sum[i]));
     } else {
       for (int64_t i = 0; i < w; ++i) out[i] = static_cast<float>(out[i] / sum[i]);
     }
@@ -156,61 +159,69 @@ KernelOr CreateSoftmax(const KernelSpec& spec) {
   const AxisSplit sp = SplitAround(x.dims, axis, axis + 1);
   const DType dt = x.dtype;
   constexpr int64_t kCols = 256;
-  return FnKernel::Make(spec, absl::StrCat("cpu:", log ? "log_softmax_" : "softmax_", DTypeName(dt)),
-                        [=](auto inputs, auto outputs) {
-    const int64_t n = sp.n, inner = sp.inner;
-    if (sp.outer * n * inner == 0) return absl::OkStatus();
-    const char* xp = static_cast<const char*>(HostPtr(inputs[0]));
-    char* yp = static_cast<char*>(HostPtr(outputs[0]));
-    const int64_t esize = ElementSize(dt), slab = n * inner;
-    if (dt == v1::DTYPE_F64) {
-      ParallelFor(sp.outer, std::max<int64_t>(1, kGrainElems / slab), [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) {
-          SoftmaxF64(reinterpret_cast<const double*>(xp) + o * slab, reinterpret_cast<double*>(yp) + o * slab, n,
-                     inner, log);
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:", log ? "log_softmax_" : "softmax_", DTypeName(dt)),
+      [=](auto inputs, auto outputs) {
+        const int64_t n = sp.n, inner = sp.inner;
+        if (sp.outer * n * inner == 0) return absl::OkStatus();
+        const char* xp = static_cast<const char*>(HostPtr(inputs[0]));
+        char* yp = static_cast<char*>(HostPtr(outputs[0]));
+        const int64_t esize = ElementSize(dt), slab = n * inner;
+        if (dt == v1::DTYPE_F64) {
+          ParallelFor(sp.outer, std::max<int64_t>(1, kGrainElems / slab),
+                      [&](int64_t b, int64_t e) {
+                        for (int64_t o = b; o < e; ++o) {
+                          SoftmaxF64(reinterpret_cast<const double*>(xp) + o * slab,
+                                     reinterpret_cast<double*>(yp) + o * slab, n, inner, log);
+                        }
+                      });
+          return absl::OkStatus();
         }
+        const bool half = dt != v1::DTYPE_F32;
+        if (inner == 1) {
+          ParallelFor(sp.outer, std::max<int64_t>(1, kGrainElems / n), [&](int64_t b, int64_t e) {
+            std::vector<float> buf(half ? 2 * n : 0);
+            for (int64_t o = b; o < e; ++o) {
+              if (!half) {
+                SoftmaxRowF32(reinterpret_cast<const float*>(xp) + o * n,
+                              reinterpret_cast<float*>(yp) + o * n, n, log);
+                continue;
+              }
+              WidenRow(xp + o * n * esize, dt, n, buf.data());
+              SoftmaxRowF32(buf.data(), buf.data() + n, n, log);
+              NarrowRow(buf.data() + n, dt, n, yp + o * n * esize);
+            }
+          });
+          return absl::OkStatus();
+        }
+        // Softmax over a middle axis: slabs [n, inner], split into column chunks.
+        const int64_t chunks = (inner + kCols - 1) / kCols;
+        ParallelFor(
+            sp.outer * chunks, std::max<int64_t>(1, kGrainElems / (n * std::min(inner, kCols))),
+            [&](int64_t b, int64_t e) {
+              std::vector<float> mx, wide(half ? 2 * slab : 0);
+              std::vector<double> sum;
+              int64_t widened = -1;
+              for (int64_t u = b; u < e; ++u) {
+                const int64_t o = u / chunks, c0 = (u % chunks) * kCols,
+                              c1 = std::min(inner, c0 + kCols);
+                if (!half) {
+                  SoftmaxColsF32(reinterpret_cast<const float*>(xp) + o * slab,
+                                 reinterpret_cast<float*>(yp) + o * slab, n, inner, c0, c1, log, mx,
+                                 sum);
+                  continue;
+                }
+                if (widened != o)
+                  WidenRow(xp + o * slab * esize, dt, slab, wide.data()), widened = o;
+                SoftmaxColsF32(wide.data(), wide.data() + slab, n, inner, c0, c1, log, mx, sum);
+                for (int64_t r = 0; r < n; ++r) {
+                  NarrowRow(wide.data() + slab + r * inner + c0, dt, c1 - c0,
+                            yp + (o * slab + r * inner + c0) * esize);
+                }
+              }
+            });
+        return absl::OkStatus();
       });
-      return absl::OkStatus();
-    }
-    const bool half = dt != v1::DTYPE_F32;
-    if (inner == 1) {
-      ParallelFor(sp.outer, std::max<int64_t>(1, kGrainElems / n), [&](int64_t b, int64_t e) {
-        std::vector<float> buf(half ? 2 * n : 0);
-        for (int64_t o = b; o < e; ++o) {
-          if (!half) {
-            SoftmaxRowF32(reinterpret_cast<const float*>(xp) + o * n, reinterpret_cast<float*>(yp) + o * n, n, log);
-            continue;
-          }
-          WidenRow(xp + o * n * esize, dt, n, buf.data());
-          SoftmaxRowF32(buf.data(), buf.data() + n, n, log);
-          NarrowRow(buf.data() + n, dt, n, yp + o * n * esize);
-        }
-      });
-      return absl::OkStatus();
-    }
-    // Softmax over a middle axis: slabs [n, inner], split into column chunks.
-    const int64_t chunks = (inner + kCols - 1) / kCols;
-    ParallelFor(sp.outer * chunks, std::max<int64_t>(1, kGrainElems / (n * std::min(inner, kCols))),
-                [&](int64_t b, int64_t e) {
-      std::vector<float> mx, wide(half ? 2 * slab : 0);
-      std::vector<double> sum;
-      int64_t widened = -1;
-      for (int64_t u = b; u < e; ++u) {
-        const int64_t o = u / chunks, c0 = (u % chunks) * kCols, c1 = std::min(inner, c0 + kCols);
-        if (!half) {
-          SoftmaxColsF32(reinterpret_cast<const float*>(xp) + o * slab, reinterpret_cast<float*>(yp) + o * slab, n,
-                         inner, c0, c1, log, mx, sum);
-          continue;
-        }
-        if (widened != o) WidenRow(xp + o * slab * esize, dt, slab, wide.data()), widened = o;
-        SoftmaxColsF32(wide.data(), wide.data() + slab, n, inner, c0, c1, log, mx, sum);
-        for (int64_t r = 0; r < n; ++r) {
-          NarrowRow(wide.data() + slab + r * inner + c0, dt, c1 - c0, yp + (o * slab + r * inner + c0) * esize);
-        }
-      }
-    });
-    return absl::OkStatus();
-  });
 }
 
 // ---- LayerNorm, RmsNorm, FusedResidualNorm.
@@ -225,7 +236,8 @@ struct NormPlan {
 };
 
 // y = (x - mean) / sqrt(var + eps) * scale + bias, or x / sqrt(mean(x^2) + eps) * scale.
-void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale, const float* bias) {
+void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
+                const float* bias) {
   const int64_t n = p.n;
   __m256 shift = _mm256_setzero_ps();
   double mean = 0;
@@ -245,7 +257,8 @@ void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
   }
   if (k < n) {
     const __m256i m = simd::TailMask(n - k);
-    const __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + k, m), shift), _mm256_castsi256_ps(m));
+    const __m256 d =
+        _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + k, m), shift), _mm256_castsi256_ps(m));
     AddPd(d, s1a, s1b);
     AddPd(_mm256_mul_ps(d, d), s2a, s2b);
   }
@@ -274,7 +287,8 @@ void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
   }
 }
 
-void NormRowF64(const NormPlan& p, const double* x, double* y, const double* scale, const double* bias) {
+void NormRowF64(const NormPlan& p, const double* x, double* y, const double* scale,
+                const double* bias) {
   const int64_t n = p.n;
   double mean = 0;
   if (!p.rms) {
@@ -284,7 +298,8 @@ void NormRowF64(const NormPlan& p, const double* x, double* y, const double* sca
   double var = 0;
   for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
   const double r = 1.0 / std::sqrt(var / static_cast<double>(n) + p.eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * r * (scale ? scale[i] : 1.0) + (bias ? bias[i] : 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = (x[i] - mean) * r * (scale ? scale[i] : 1.0) + (bias ? bias[i] : 0.0);
 }
 
 absl::Status RunNorm(const NormPlan& p, std::span<const backend::BufferView> inputs,
@@ -376,7 +391,8 @@ KernelOr CreateNorm(const KernelSpec& spec) {
       p.rms = a.rms();
       p.emit_sum = a.emit_sum();
       params = size_t{a.has_scale()} + size_t{a.has_bias()};
-      if (auto s = CheckArity(spec, 2 + params, 2 + params, a.emit_sum() ? 2 : 1); !s.ok()) return s;
+      if (auto s = CheckArity(spec, 2 + params, 2 + params, a.emit_sum() ? 2 : 1); !s.ok())
+        return s;
       p.residual = 1;
       first_param = 2;
       if (a.has_bias() && !a.has_scale()) p.bias = 2;  // bias without scale
@@ -388,7 +404,8 @@ KernelOr CreateNorm(const KernelSpec& spec) {
   if (x.rank() == 0 || !NormalizeAxis(has_axis ? axis_attr : -1, x.rank(), &axis)) {
     return SpecError(spec, "norm axis out of range for ", TypeString(x));
   }
-  if (has_eps && !(eps > 0 && std::isfinite(eps))) return SpecError(spec, "epsilon must be positive");
+  if (has_eps && !(eps > 0 && std::isfinite(eps)))
+    return SpecError(spec, "epsilon must be positive");
   p.eps = has_eps ? eps : (p.rms ? 1e-6 : 1e-5);
   p.dtype = x.dtype;
   p.rows = Product(x.dims, 0, axis);
@@ -398,14 +415,17 @@ KernelOr CreateNorm(const KernelSpec& spec) {
   if (p.bias < 0 && params >= 2) p.bias = first_param + 1;
   for (size_t i = 1; i < spec.inputs.size(); ++i) {
     const auto& t = spec.inputs[i];
-    const bool ok = t.dtype == x.dtype && (static_cast<int>(i) == p.residual ? t.dims == x.dims : t.dims == norm_dims);
-    if (!ok) return SpecError(spec, "input ", i, " ", TypeString(t), " does not fit ", TypeString(x));
+    const bool ok = t.dtype == x.dtype &&
+                    (static_cast<int>(i) == p.residual ? t.dims == x.dims : t.dims == norm_dims);
+    if (!ok)
+      return SpecError(spec, "input ", i, " ", TypeString(t), " does not fit ", TypeString(x));
   }
   for (size_t k = 0; k < spec.outputs.size(); ++k) {
     if (auto s = CheckOutput(spec, k, x.dtype, x.dims); !s.ok()) return s;
   }
-  const std::string name = spec.op == v1::OP_FUSED_RESIDUAL_NORM ? (p.rms ? "residual_rms_norm" : "residual_layer_norm")
-                                                                 : (p.rms ? "rms_norm" : "layer_norm");
+  const std::string name = spec.op == v1::OP_FUSED_RESIDUAL_NORM
+                               ? (p.rms ? "residual_rms_norm" : "residual_layer_norm")
+                               : (p.rms ? "rms_norm" : "layer_norm");
   return FnKernel::Make(spec, absl::StrCat("cpu:", name, "_", DTypeName(x.dtype)),
                         [p](auto inputs, auto outputs) { return RunNorm(p, inputs, outputs); });
 }
@@ -413,7 +433,8 @@ KernelOr CreateNorm(const KernelSpec& spec) {
 Claim SupportsFloat(const KernelSpec& spec) {
   if (spec.inputs.empty()) return Claim::No("expects an input");
   if (!IsFloat(spec.inputs[0].dtype)) {
-    return Claim::No(absl::StrCat("cpu implements ", v1::OpKind_Name(spec.op), " on f32, f16, bf16 and f64, not ",
+    return Claim::No(absl::StrCat("cpu implements ", v1::OpKind_Name(spec.op),
+                                  " on f32, f16, bf16 and f64, not ",
                                   DTypeName(spec.inputs[0].dtype)));
   }
   return Claim::Yes();

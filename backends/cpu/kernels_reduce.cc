@@ -42,15 +42,19 @@ struct ProdOp {
 };
 template <typename A>
 struct MaxOp {
-  static A Init() { return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
-                                                                 : std::numeric_limits<A>::lowest(); }
+  static A Init() {
+    return std::numeric_limits<A>::has_infinity ? -std::numeric_limits<A>::infinity()
+                                                : std::numeric_limits<A>::lowest();
+  }
   // NaN wins: x NaN is taken; an accumulated NaN is never replaced.
   static A Apply(A a, A x) { return (x > a || x != x) ? x : a; }
 };
 template <typename A>
 struct MinOp {
-  static A Init() { return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity()
-                                                                 : std::numeric_limits<A>::max(); }
+  static A Init() {
+    return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity()
+                                                : std::numeric_limits<A>::max();
+  }
   static A Apply(A a, A x) { return (x < a || x != x) ? x : a; }
 };
 
@@ -88,22 +92,24 @@ void ReduceT(const T* x, T* out, Shape3 s, bool mean) {
   const int64_t work = s.r / nr * std::min(s.inner, kCols);
   ParallelFor(units, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(work, 1)),
               [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t c = u % col_chunks, o = (u / col_chunks) % s.outer, k = u / (col_chunks * s.outer);
-      const int64_t r0 = s.r * k / nr, r1 = s.r * (k + 1) / nr;
-      A* acc = partial.data() + (k * s.outer + o) * s.inner;
-      if (s.inner == 1) {
-        acc[0] = FoldRow<T, A, Op>(x + o * s.r + r0, r1 - r0);
-        continue;
-      }
-      const int64_t i0 = c * kCols, i1 = std::min(s.inner, i0 + kCols);
-      for (int64_t i = i0; i < i1; ++i) acc[i] = Op::Init();
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* row = x + (o * s.r + r) * s.inner;
-        for (int64_t i = i0; i < i1; ++i) acc[i] = Op::Apply(acc[i], static_cast<A>(row[i]));
-      }
-    }
-  });
+                for (int64_t u = begin; u < end; ++u) {
+                  const int64_t c = u % col_chunks, o = (u / col_chunks) % s.outer,
+                                k = u / (col_chunks * s.outer);
+                  const int64_t r0 = s.r * k / nr, r1 = s.r * (k + 1) / nr;
+                  A* acc = partial.data() + (k * s.outer + o) * s.inner;
+                  if (s.inner == 1) {
+                    acc[0] = FoldRow<T, A, Op>(x + o * s.r + r0, r1 - r0);
+                    continue;
+                  }
+                  const int64_t i0 = c * kCols, i1 = std::min(s.inner, i0 + kCols);
+                  for (int64_t i = i0; i < i1; ++i) acc[i] = Op::Init();
+                  for (int64_t r = r0; r < r1; ++r) {
+                    const T* row = x + (o * s.r + r) * s.inner;
+                    for (int64_t i = i0; i < i1; ++i)
+                      acc[i] = Op::Apply(acc[i], static_cast<A>(row[i]));
+                  }
+                }
+              });
   const int64_t n = s.outer * s.inner;
   for (int64_t e = 0; e < n; ++e) {
     A a = partial[e];
@@ -116,10 +122,17 @@ void ReduceT(const T* x, T* out, Shape3 s, bool mean) {
 template <typename T, typename A>
 void ReduceKind(int kind, const T* x, T* out, Shape3 s) {
   switch (kind) {
-    case v1::REDUCE_SUM: ReduceT<T, A, SumOp<A>>(x, out, s, false); return;
-    case v1::REDUCE_MEAN: ReduceT<T, A, SumOp<A>>(x, out, s, true); return;
-    case v1::REDUCE_PROD: ReduceT<T, A, ProdOp<A>>(x, out, s, false); return;
-    default: return;
+    case v1::REDUCE_SUM:
+      ReduceT<T, A, SumOp<A>>(x, out, s, false);
+      return;
+    case v1::REDUCE_MEAN:
+      ReduceT<T, A, SumOp<A>>(x, out, s, true);
+      return;
+    case v1::REDUCE_PROD:
+      ReduceT<T, A, ProdOp<A>>(x, out, s, false);
+      return;
+    default:
+      return;
   }
 }
 
@@ -136,14 +149,33 @@ void ReduceAny(int kind, const T* x, T* out, Shape3 s) {
 
 void ReduceDispatch(int kind, DType dt, const void* x, void* out, Shape3 s) {
   switch (dt) {
-    case v1::DTYPE_F32: ReduceAny<float, float>(kind, static_cast<const float*>(x), static_cast<float*>(out), s); return;
-    case v1::DTYPE_F64: ReduceAny<double, double>(kind, static_cast<const double*>(x), static_cast<double*>(out), s); return;
-    case v1::DTYPE_I8: ReduceAny<int8_t, int64_t>(kind, static_cast<const int8_t*>(x), static_cast<int8_t*>(out), s); return;
-    case v1::DTYPE_U8: ReduceAny<uint8_t, int64_t>(kind, static_cast<const uint8_t*>(x), static_cast<uint8_t*>(out), s); return;
-    case v1::DTYPE_I16: ReduceAny<int16_t, int64_t>(kind, static_cast<const int16_t*>(x), static_cast<int16_t*>(out), s); return;
-    case v1::DTYPE_I32: ReduceAny<int32_t, int64_t>(kind, static_cast<const int32_t*>(x), static_cast<int32_t*>(out), s); return;
-    case v1::DTYPE_I64: ReduceAny<int64_t, int64_t>(kind, static_cast<const int64_t*>(x), static_cast<int64_t*>(out), s); return;
-    default: return;
+    case v1::DTYPE_F32:
+      ReduceAny<float, float>(kind, static_cast<const float*>(x), static_cast<float*>(out), s);
+      return;
+    case v1::DTYPE_F64:
+      ReduceAny<double, double>(kind, static_cast<const double*>(x), static_cast<double*>(out), s);
+      return;
+    case v1::DTYPE_I8:
+      ReduceAny<int8_t, int64_t>(kind, static_cast<const int8_t*>(x), static_cast<int8_t*>(out), s);
+      return;
+    case v1::DTYPE_U8:
+      ReduceAny<uint8_t, int64_t>(kind, static_cast<const uint8_t*>(x), static_cast<uint8_t*>(out),
+                                  s);
+      return;
+    case v1::DTYPE_I16:
+      ReduceAny<int16_t, int64_t>(kind, static_cast<const int16_t*>(x), static_cast<int16_t*>(out),
+                                  s);
+      return;
+    case v1::DTYPE_I32:
+      ReduceAny<int32_t, int64_t>(kind, static_cast<const int32_t*>(x), static_cast<int32_t*>(out),
+                                  s);
+      return;
+    case v1::DTYPE_I64:
+      ReduceAny<int64_t, int64_t>(kind, static_cast<const int64_t*>(x), static_cast<int64_t*>(out),
+                                  s);
+      return;
+    default:
+      return;
   }
 }
 
@@ -161,8 +193,8 @@ std::vector<float> Widen(const void* x, DType dt, int64_t n) {
 struct ReducePlan {
   int kind = 0;
   DType dtype = v1::DTYPE_UNSPECIFIED;
-  Dims dims;                   // collapsed input dims
-  std::vector<int64_t> perm;   // empty, or the transpose that gathers reduced axes last
+  Dims dims;                  // collapsed input dims
+  std::vector<int64_t> perm;  // empty, or the transpose that gathers reduced axes last
   Shape3 shape{1, 1, 1};
   bool empty_reduction = false;  // a reduced axis has size 0: identity fill
 };
@@ -176,15 +208,18 @@ KernelOr CreateReduce(const KernelSpec& spec) {
   for (int64_t ax : a.axes()) {
     int64_t axis;
     if (!NormalizeAxis(ax, r, &axis) || (reduced[axis] && !a.axes().empty())) {
-      return SpecError(spec, "reduce axis ", ax, " is out of range or repeated for ", TypeString(x));
+      return SpecError(spec, "reduce axis ", ax, " is out of range or repeated for ",
+                       TypeString(x));
     }
     reduced[axis] = true;
   }
   Dims out;
   bool empty_reduction = false;
   for (int64_t k = 0; k < r; ++k) {
-    if (!reduced[k]) out.push_back(x.dims[k]);
-    else if (a.keepdims()) out.push_back(1);
+    if (!reduced[k])
+      out.push_back(x.dims[k]);
+    else if (a.keepdims())
+      out.push_back(1);
     if (reduced[k] && x.dims[k] == 0) empty_reduction = true;
   }
   if (auto s = CheckOutput(spec, 0, x.dtype, out); !s.ok()) return s;
@@ -209,8 +244,10 @@ KernelOr CreateReduce(const KernelSpec& spec) {
   int groups = 0;
   for (bool b : role) groups += b;
   if (groups > 1) {
-    for (size_t k = 0; k < role.size(); ++k) if (!role[k]) p.perm.push_back(k);
-    for (size_t k = 0; k < role.size(); ++k) if (role[k]) p.perm.push_back(k);
+    for (size_t k = 0; k < role.size(); ++k)
+      if (!role[k]) p.perm.push_back(k);
+    for (size_t k = 0; k < role.size(); ++k)
+      if (role[k]) p.perm.push_back(k);
     int64_t kept = 1, red = 1;
     for (size_t k = 0; k < role.size(); ++k) (role[k] ? red : kept) *= p.dims[k];
     p.shape = {kept, red, 1};
@@ -224,42 +261,45 @@ KernelOr CreateReduce(const KernelSpec& spec) {
   const int64_t out_n = Product(out);
   return FnKernel::Make(spec, absl::StrCat("cpu:reduce_", kind, "_", DTypeName(x.dtype)),
                         [p, out_n](auto inputs, auto outputs) {
-    if (out_n == 0) return absl::OkStatus();
-    void* y = HostPtr(outputs[0]);
-    const bool half = IsF16OrBf16(p.dtype);
-    if (p.empty_reduction) {
-      const double identity = p.kind == v1::REDUCE_PROD ? 1.0 : (p.kind == v1::REDUCE_MEAN ? NAN : 0.0);
-      uint64_t reg = 0;
-      ew::Fill(ew::ClassOf(p.dtype), p.dtype, identity, 1, &reg);
-      std::vector<char> v(ElementSize(p.dtype));
-      ew::Store(&reg, p.dtype, 1, v.data());
-      for (int64_t e = 0; e < out_n; ++e) std::memcpy(static_cast<char*>(y) + e * v.size(), v.data(), v.size());
-      return absl::OkStatus();
-    }
-    const int64_t n = Product(p.dims);
-    const void* x = HostPtr(inputs[0]);
-    std::vector<float> wide;
-    DType dt = p.dtype;
-    if (half) {
-      wide = Widen(x, dt, n);
-      x = wide.data();
-      dt = v1::DTYPE_F32;
-    }
-    std::vector<char> moved;
-    if (!p.perm.empty()) {
-      moved.resize(n * ElementSize(dt));
-      TransposeBytes(x, moved.data(), p.dims, p.perm, ElementSize(dt));
-      x = moved.data();
-    }
-    if (!half) {
-      ReduceDispatch(p.kind, dt, x, y, p.shape);
-      return absl::OkStatus();
-    }
-    std::vector<float> out(out_n);
-    ReduceDispatch(p.kind, dt, x, out.data(), p.shape);
-    NarrowRow(out.data(), p.dtype, out_n, y);
-    return absl::OkStatus();
-  });
+                          if (out_n == 0) return absl::OkStatus();
+                          void* y = HostPtr(outputs[0]);
+                          const bool half = IsF16OrBf16(p.dtype);
+                          if (p.empty_reduction) {
+                            const double identity = p.kind == v1::REDUCE_PROD
+                                                        ? 1.0
+                                                        : (p.kind == v1::REDUCE_MEAN ? NAN : 0.0);
+                            uint64_t reg = 0;
+                            ew::Fill(ew::ClassOf(p.dtype), p.dtype, identity, 1, &reg);
+                            std::vector<char> v(ElementSize(p.dtype));
+                            ew::Store(&reg, p.dtype, 1, v.data());
+                            for (int64_t e = 0; e < out_n; ++e)
+                              std::memcpy(static_cast<char*>(y) + e * v.size(), v.data(), v.size());
+                            return absl::OkStatus();
+                          }
+                          const int64_t n = Product(p.dims);
+                          const void* x = HostPtr(inputs[0]);
+                          std::vector<float> wide;
+                          DType dt = p.dtype;
+                          if (half) {
+                            wide = Widen(x, dt, n);
+                            x = wide.data();
+                            dt = v1::DTYPE_F32;
+                          }
+                          std::vector<char> moved;
+                          if (!p.perm.empty()) {
+                            moved.resize(n * ElementSize(dt));
+                            TransposeBytes(x, moved.data(), p.dims, p.perm, ElementSize(dt));
+                            x = moved.data();
+                          }
+                          if (!half) {
+                            ReduceDispatch(p.kind, dt, x, y, p.shape);
+                            return absl::OkStatus();
+                          }
+                          std::vector<float> out(out_n);
+                          ReduceDispatch(p.kind, dt, x, out.data(), p.shape);
+                          NarrowRow(out.data(), p.dtype, out_n, y);
+                          return absl::OkStatus();
+                        });
 }
 
 Claim SupportsReduce(const KernelSpec& spec) {
@@ -269,28 +309,30 @@ Claim SupportsReduce(const KernelSpec& spec) {
   if (kind < v1::REDUCE_SUM || kind > v1::REDUCE_PROD) return Claim::No("unknown reduce kind");
   if (IsFloat(dt)) return Claim::Yes();
   if (IsInteger(dt) && kind != v1::REDUCE_MEAN) return Claim::Yes();
-  return Claim::No(absl::StrCat("cpu reduces floats (every kind) and integers (sum, max, min, prod), not ",
-                                v1::ReduceKind_Name(static_cast<v1::ReduceKind>(kind)), " of ", DTypeName(dt)));
+  return Claim::No(
+      absl::StrCat("cpu reduces floats (every kind) and integers (sum, max, min, prod), not ",
+                   v1::ReduceKind_Name(static_cast<v1::ReduceKind>(kind)), " of ", DTypeName(dt)));
 }
 
 // ---- ArgMax: first index of the maximum; the first NaN if there is one.
 
 template <typename T, typename I>
 void ArgMaxT(const T* x, I* out, Shape3 s) {
-  ParallelFor(s.outer * s.inner, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(s.r, 1)),
+  ParallelFor(s.outer * s.inner,
+              std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(s.r, 1)),
               [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t o = u / s.inner, i = u % s.inner;
-      const T* p = x + o * s.r * s.inner + i;
-      T best = p[0];
-      int64_t at = 0;
-      for (int64_t r = 1; r < s.r; ++r) {
-        const T v = p[r * s.inner];
-        if (v > best || (v != v && best == best)) best = v, at = r;
-      }
-      out[u] = static_cast<I>(at);
-    }
-  });
+                for (int64_t u = begin; u < end; ++u) {
+                  const int64_t o = u / s.inner, i = u % s.inner;
+                  const T* p = x + o * s.r * s.inner + i;
+                  T best = p[0];
+                  int64_t at = 0;
+                  for (int64_t r = 1; r < s.r; ++r) {
+                    const T v = p[r * s.inner];
+                    if (v > best || (v != v && best == best)) best = v, at = r;
+                  }
+                  out[u] = static_cast<I>(at);
+                }
+              });
 }
 
 template <typename T>
@@ -305,39 +347,58 @@ KernelOr CreateArgMax(const KernelSpec& spec) {
   const auto& a = spec.attrs.argmax();
   int64_t axis;
   if (x.rank() == 0 || !NormalizeAxis(a.axis(), x.rank(), &axis) || x.dims[axis] == 0) {
-    return SpecError(spec, "argmax axis ", a.axis(), " is out of range or empty for ", TypeString(x));
+    return SpecError(spec, "argmax axis ", a.axis(), " is out of range or empty for ",
+                     TypeString(x));
   }
   const DType index = a.index_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_I64 : a.index_dtype();
   Dims out;
   for (int64_t k = 0; k < x.rank(); ++k) {
-    if (k != axis) out.push_back(x.dims[k]);
-    else if (a.keepdims()) out.push_back(1);
+    if (k != axis)
+      out.push_back(x.dims[k]);
+    else if (a.keepdims())
+      out.push_back(1);
   }
   if (auto s = CheckOutput(spec, 0, index, out); !s.ok()) return s;
   const AxisSplit sp = SplitAround(x.dims, axis, axis + 1);
   const Shape3 s{sp.outer, sp.n, sp.inner};
   const DType dt = x.dtype;
-  return FnKernel::Make(spec, absl::StrCat("cpu:argmax_", DTypeName(dt)), [=](auto inputs, auto outputs) {
-    const int64_t n = s.outer * s.r * s.inner;
-    if (s.outer * s.inner == 0) return absl::OkStatus();
-    const void* xp = HostPtr(inputs[0]);
-    void* y = HostPtr(outputs[0]);
-    switch (dt) {
-      case v1::DTYPE_F32: ArgMaxIndex(static_cast<const float*>(xp), index, y, s); break;
-      case v1::DTYPE_F64: ArgMaxIndex(static_cast<const double*>(xp), index, y, s); break;
-      case v1::DTYPE_F16: case v1::DTYPE_BF16: {
-        const std::vector<float> w = Widen(xp, dt, n);
-        ArgMaxIndex(w.data(), index, y, s);
-        break;
-      }
-      case v1::DTYPE_I8: ArgMaxIndex(static_cast<const int8_t*>(xp), index, y, s); break;
-      case v1::DTYPE_U8: ArgMaxIndex(static_cast<const uint8_t*>(xp), index, y, s); break;
-      case v1::DTYPE_I16: ArgMaxIndex(static_cast<const int16_t*>(xp), index, y, s); break;
-      case v1::DTYPE_I32: ArgMaxIndex(static_cast<const int32_t*>(xp), index, y, s); break;
-      default: ArgMaxIndex(static_cast<const int64_t*>(xp), index, y, s); break;
-    }
-    return absl::OkStatus();
-  });
+  return FnKernel::Make(spec, absl::StrCat("cpu:argmax_", DTypeName(dt)),
+                        [=](auto inputs, auto outputs) {
+                          const int64_t n = s.outer * s.r * s.inner;
+                          if (s.outer * s.inner == 0) return absl::OkStatus();
+                          const void* xp = HostPtr(inputs[0]);
+                          void* y = HostPtr(outputs[0]);
+                          switch (dt) {
+                            case v1::DTYPE_F32:
+                              ArgMaxIndex(static_cast<const float*>(xp), index, y, s);
+                              break;
+                            case v1::DTYPE_F64:
+                              ArgMaxIndex(static_cast<const double*>(xp), index, y, s);
+                              break;
+                            case v1::DTYPE_F16:
+                            case v1::DTYPE_BF16: {
+                              const std::vector<float> w = Widen(xp, dt, n);
+                              ArgMaxIndex(w.data(), index, y, s);
+                              break;
+                            }
+                            case v1::DTYPE_I8:
+                              ArgMaxIndex(static_cast<const int8_t*>(xp), index, y, s);
+                              break;
+                            case v1::DTYPE_U8:
+                              ArgMaxIndex(static_cast<const uint8_t*>(xp), index, y, s);
+                              break;
+                            case v1::DTYPE_I16:
+                              ArgMaxIndex(static_cast<const int16_t*>(xp), index, y, s);
+                              break;
+                            case v1::DTYPE_I32:
+                              ArgMaxIndex(static_cast<const int32_t*>(xp), index, y, s);
+                              break;
+                            default:
+                              ArgMaxIndex(static_cast<const int64_t*>(xp), index, y, s);
+                              break;
+                          }
+                          return absl::OkStatus();
+                        });
 }
 
 Claim SupportsNumbers(const KernelSpec& spec) {
@@ -361,25 +422,27 @@ template <typename T, typename A>
 void CumsumT(const T* x, T* y, Shape3 s, bool exclusive, bool reverse) {
   constexpr int64_t kCols = 256;
   const int64_t col_chunks = (s.inner + kCols - 1) / kCols;
-  ParallelFor(s.outer * col_chunks, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(s.r * std::min(s.inner, kCols), 1)),
+  ParallelFor(s.outer * col_chunks,
+              std::max<int64_t>(
+                  1, (int64_t{1} << 14) / std::max<int64_t>(s.r * std::min(s.inner, kCols), 1)),
               [&](int64_t begin, int64_t end) {
-    std::vector<A> acc(std::min(s.inner, kCols));
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t o = u / col_chunks, i0 = (u % col_chunks) * kCols;
-      const int64_t w = std::min(kCols, s.inner - i0);
-      std::fill(acc.begin(), acc.begin() + w, A(0));
-      for (int64_t step = 0; step < s.r; ++step) {
-        const int64_t r = reverse ? s.r - 1 - step : step;
-        const int64_t off = (o * s.r + r) * s.inner + i0;
-        for (int64_t i = 0; i < w; ++i) {
-          const A v = static_cast<A>(x[off + i]);
-          if (exclusive) y[off + i] = static_cast<T>(acc[i]);
-          acc[i] += v;
-          if (!exclusive) y[off + i] = static_cast<T>(acc[i]);
-        }
-      }
-    }
-  });
+                std::vector<A> acc(std::min(s.inner, kCols));
+                for (int64_t u = begin; u < end; ++u) {
+                  const int64_t o = u / col_chunks, i0 = (u % col_chunks) * kCols;
+                  const int64_t w = std::min(kCols, s.inner - i0);
+                  std::fill(acc.begin(), acc.begin() + w, A(0));
+                  for (int64_t step = 0; step < s.r; ++step) {
+                    const int64_t r = reverse ? s.r - 1 - step : step;
+                    const int64_t off = (o * s.r + r) * s.inner + i0;
+                    for (int64_t i = 0; i < w; ++i) {
+                      const A v = static_cast<A>(x[off + i]);
+                      if (exclusive) y[off + i] = static_cast<T>(acc[i]);
+                      acc[i] += v;
+                      if (!exclusive) y[off + i] = static_cast<T>(acc[i]);
+                    }
+                  }
+                }
+              });
 }
 
 KernelOr CreateCumsum(const KernelSpec& spec) {
@@ -395,29 +458,52 @@ KernelOr CreateCumsum(const KernelSpec& spec) {
   const Shape3 s{sp.outer, sp.n, sp.inner};
   const DType dt = x.dtype;
   const bool ex = a.exclusive(), rev = a.reverse();
-  return FnKernel::Make(spec, absl::StrCat("cpu:cumsum_", DTypeName(dt)), [=](auto inputs, auto outputs) {
-    const int64_t n = s.outer * s.r * s.inner;
-    if (n == 0) return absl::OkStatus();
-    const void* xp = HostPtr(inputs[0]);
-    void* y = HostPtr(outputs[0]);
-    switch (dt) {
-      case v1::DTYPE_F32: CumsumT<float, double>(static_cast<const float*>(xp), static_cast<float*>(y), s, ex, rev); break;
-      case v1::DTYPE_F64: CumsumT<double, double>(static_cast<const double*>(xp), static_cast<double*>(y), s, ex, rev); break;
-      case v1::DTYPE_F16: case v1::DTYPE_BF16: {
-        const std::vector<float> w = Widen(xp, dt, n);
-        std::vector<float> out(n);
-        CumsumT<float, double>(w.data(), out.data(), s, ex, rev);
-        NarrowRow(out.data(), dt, n, y);
-        break;
-      }
-      case v1::DTYPE_I8: CumsumT<int8_t, uint64_t>(static_cast<const int8_t*>(xp), static_cast<int8_t*>(y), s, ex, rev); break;
-      case v1::DTYPE_U8: CumsumT<uint8_t, uint64_t>(static_cast<const uint8_t*>(xp), static_cast<uint8_t*>(y), s, ex, rev); break;
-      case v1::DTYPE_I16: CumsumT<int16_t, uint64_t>(static_cast<const int16_t*>(xp), static_cast<int16_t*>(y), s, ex, rev); break;
-      case v1::DTYPE_I32: CumsumT<int32_t, uint64_t>(static_cast<const int32_t*>(xp), static_cast<int32_t*>(y), s, ex, rev); break;
-      default: CumsumT<int64_t, uint64_t>(static_cast<const int64_t*>(xp), static_cast<int64_t*>(y), s, ex, rev); break;
-    }
-    return absl::OkStatus();
-  });
+  return FnKernel::Make(spec, absl::StrCat("cpu:cumsum_", DTypeName(dt)),
+                        [=](auto inputs, auto outputs) {
+                          const int64_t n = s.outer * s.r * s.inner;
+                          if (n == 0) return absl::OkStatus();
+                          const void* xp = HostPtr(inputs[0]);
+                          void* y = HostPtr(outputs[0]);
+                          switch (dt) {
+                            case v1::DTYPE_F32:
+                              CumsumT<float, double>(static_cast<const float*>(xp),
+                                                     static_cast<float*>(y), s, ex, rev);
+                              break;
+                            case v1::DTYPE_F64:
+                              CumsumT<double, double>(static_cast<const double*>(xp),
+                                                      static_cast<double*>(y), s, ex, rev);
+                              break;
+                            case v1::DTYPE_F16:
+                            case v1::DTYPE_BF16: {
+                              const std::vector<float> w = Widen(xp, dt, n);
+                              std::vector<float> out(n);
+                              CumsumT<float, double>(w.data(), out.data(), s, ex, rev);
+                              NarrowRow(out.data(), dt, n, y);
+                              break;
+                            }
+                            case v1::DTYPE_I8:
+                              CumsumT<int8_t, uint64_t>(static_cast<const int8_t*>(xp),
+                                                        static_cast<int8_t*>(y), s, ex, rev);
+                              break;
+                            case v1::DTYPE_U8:
+                              CumsumT<uint8_t, uint64_t>(static_cast<const uint8_t*>(xp),
+                                                         static_cast<uint8_t*>(y), s, ex, rev);
+                              break;
+                            case v1::DTYPE_I16:
+                              CumsumT<int16_t, uint64_t>(static_cast<const int16_t*>(xp),
+                                                         static_cast<int16_t*>(y), s, ex, rev);
+                              break;
+                            case v1::DTYPE_I32:
+                              CumsumT<int32_t, uint64_t>(static_cast<const int32_t*>(xp),
+                                                         static_cast<int32_t*>(y), s, ex, rev);
+                              break;
+                            default:
+                              CumsumT<int64_t, uint64_t>(static_cast<const int64_t*>(xp),
+                                                         static_cast<int64_t*>(y), s, ex, rev);
+                              break;
+                          }
+                          return absl::OkStatus();
+                        });
 }
 
 const CpuOpRegistration kRegistration({

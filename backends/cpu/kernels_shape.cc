@@ -21,7 +21,9 @@ using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 
 constexpr int64_t kRowGrainBytes = int64_t{1} << 16;
 
-int64_t RowGrain(int64_t row_bytes) { return std::max<int64_t>(1, kRowGrainBytes / std::max<int64_t>(row_bytes, 1)); }
+int64_t RowGrain(int64_t row_bytes) {
+  return std::max<int64_t>(1, kRowGrainBytes / std::max<int64_t>(row_bytes, 1));
+}
 
 // Copies `count` elements of `esize` bytes from src (stride `step` elements)
 // to contiguous dst.
@@ -37,12 +39,21 @@ void StridedCopy(const char* src, int64_t step, int64_t count, int64_t esize, ch
     for (int64_t i = 0; i < count; ++i) d[i] = s[i * step];
   };
   switch (esize) {
-    case 1: copy(uint8_t{}); return;
-    case 2: copy(uint16_t{}); return;
-    case 4: copy(uint32_t{}); return;
-    case 8: copy(uint64_t{}); return;
+    case 1:
+      copy(uint8_t{});
+      return;
+    case 2:
+      copy(uint16_t{});
+      return;
+    case 4:
+      copy(uint32_t{});
+      return;
+    case 8:
+      copy(uint64_t{});
+      return;
     default:
-      for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * esize, src + i * step * esize, esize);
+      for (int64_t i = 0; i < count; ++i)
+        std::memcpy(dst + i * esize, src + i * step * esize, esize);
   }
 }
 
@@ -55,10 +66,18 @@ void FillElement(char* dst, int64_t count, const char* elem, int64_t esize) {
     std::fill(reinterpret_cast<T*>(dst), reinterpret_cast<T*>(dst) + count, v);
   };
   switch (esize) {
-    case 1: fill(uint8_t{}); return;
-    case 2: fill(uint16_t{}); return;
-    case 4: fill(uint32_t{}); return;
-    case 8: fill(uint64_t{}); return;
+    case 1:
+      fill(uint8_t{});
+      return;
+    case 2:
+      fill(uint16_t{});
+      return;
+    case 4:
+      fill(uint32_t{});
+      return;
+    case 8:
+      fill(uint64_t{});
+      return;
     default:
       for (int64_t i = 0; i < count; ++i) std::memcpy(dst + i * esize, elem, esize);
   }
@@ -68,7 +87,8 @@ void FillElement(char* dst, int64_t count, const char* elem, int64_t esize) {
 // yields each row's input offset: calls fn(row, src_offset_elements) for rows
 // [begin, end). `stride[a]` is the input stride of output axis a.
 template <typename Fn>
-void ForRows(const Dims& out, const std::vector<int64_t>& stride, int64_t begin, int64_t end, Fn&& fn) {
+void ForRows(const Dims& out, const std::vector<int64_t>& stride, int64_t begin, int64_t end,
+             Fn&& fn) {
   const int64_t r = static_cast<int64_t>(out.size());
   std::vector<int64_t> idx(std::max<int64_t>(r - 1, 0));
   int64_t rem = begin, src = 0;
@@ -189,33 +209,35 @@ KernelOr CreateSlice(const KernelSpec& spec) {
   for (size_t k = 0; k < stride.size(); ++k) out_stride[k] = stride[k] * step[k];
   const int64_t row = last >= 0 ? count[last] : 1;
   const int64_t row_step = last >= 0 ? step[last] : 1;
-  return FnKernel::Make(spec, absl::StrCat("cpu:slice_", DTypeName(x.dtype)),
-                        [=](auto inputs, auto outputs) {
-    if (total == 0) return absl::OkStatus();
-    const char* in = static_cast<const char*>(HostPtr(inputs[0])) + base * esize;
-    char* o = static_cast<char*>(HostPtr(outputs[0]));
-    if (out.empty()) {
-      std::memcpy(o, in, esize);
-      return absl::OkStatus();
-    }
-    const int64_t rows = Product(out) / row;
-    ParallelFor(rows, RowGrain(row * esize), [&](int64_t b, int64_t e) {
-      ForRows(out, out_stride, b, e, [&](int64_t rw, int64_t src) {
-        StridedCopy(in + src * esize, row_step, row, esize, o + rw * row * esize);
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:slice_", DTypeName(x.dtype)), [=](auto inputs, auto outputs) {
+        if (total == 0) return absl::OkStatus();
+        const char* in = static_cast<const char*>(HostPtr(inputs[0])) + base * esize;
+        char* o = static_cast<char*>(HostPtr(outputs[0]));
+        if (out.empty()) {
+          std::memcpy(o, in, esize);
+          return absl::OkStatus();
+        }
+        const int64_t rows = Product(out) / row;
+        ParallelFor(rows, RowGrain(row * esize), [&](int64_t b, int64_t e) {
+          ForRows(out, out_stride, b, e, [&](int64_t rw, int64_t src) {
+            StridedCopy(in + src * esize, row_step, row, esize, o + rw * row * esize);
+          });
+        });
+        return absl::OkStatus();
       });
-    });
-    return absl::OkStatus();
-  });
 }
 
 // ---- Concat.
 
 KernelOr CreateConcat(const KernelSpec& spec) {
-  if (spec.inputs.empty() || spec.outputs.size() != 1) return SpecError(spec, "expects inputs and one output");
+  if (spec.inputs.empty() || spec.outputs.size() != 1)
+    return SpecError(spec, "expects inputs and one output");
   const auto& x0 = spec.inputs[0];
   int64_t axis;
   if (x0.rank() == 0 || !NormalizeAxis(spec.attrs.concat().axis(), x0.rank(), &axis)) {
-    return SpecError(spec, "concat axis ", spec.attrs.concat().axis(), " out of range for ", TypeString(x0));
+    return SpecError(spec, "concat axis ", spec.attrs.concat().axis(), " out of range for ",
+                     TypeString(x0));
   }
   Dims out = x0.dims;
   out[axis] = 0;
@@ -231,30 +253,31 @@ KernelOr CreateConcat(const KernelSpec& spec) {
   std::vector<int64_t> chunk;  // bytes per outer index, per input
   for (const auto& xi : spec.inputs) chunk.push_back(xi.dims[axis] * inner * esize);
   const int64_t row_bytes = out[axis] * inner * esize;
-  return FnKernel::Make(spec, absl::StrCat("cpu:concat_", DTypeName(x0.dtype)),
-                        [=](auto inputs, auto outputs) {
-    if (outer * row_bytes == 0) return absl::OkStatus();
-    char* o = static_cast<char*>(HostPtr(outputs[0]));
-    if (outer == 1) {
-      int64_t at = 0;
-      for (size_t i = 0; i < chunk.size(); ++i) {
-        if (chunk[i] > 0) ParallelMemcpy(o + at, HostPtr(inputs[i]), chunk[i]);
-        at += chunk[i];
-      }
-      return absl::OkStatus();
-    }
-    ParallelFor(outer, RowGrain(row_bytes), [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        char* dst = o + p * row_bytes;
-        for (size_t i = 0; i < chunk.size(); ++i) {
-          if (chunk[i] == 0) continue;
-          std::memcpy(dst, static_cast<const char*>(HostPtr(inputs[i])) + p * chunk[i], chunk[i]);
-          dst += chunk[i];
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:concat_", DTypeName(x0.dtype)), [=](auto inputs, auto outputs) {
+        if (outer * row_bytes == 0) return absl::OkStatus();
+        char* o = static_cast<char*>(HostPtr(outputs[0]));
+        if (outer == 1) {
+          int64_t at = 0;
+          for (size_t i = 0; i < chunk.size(); ++i) {
+            if (chunk[i] > 0) ParallelMemcpy(o + at, HostPtr(inputs[i]), chunk[i]);
+            at += chunk[i];
+          }
+          return absl::OkStatus();
         }
-      }
-    });
-    return absl::OkStatus();
-  });
+        ParallelFor(outer, RowGrain(row_bytes), [&](int64_t b, int64_t e) {
+          for (int64_t p = b; p < e; ++p) {
+            char* dst = o + p * row_bytes;
+            for (size_t i = 0; i < chunk.size(); ++i) {
+              if (chunk[i] == 0) continue;
+              std::memcpy(dst, static_cast<const char*>(HostPtr(inputs[i])) + p * chunk[i],
+                          chunk[i]);
+              dst += chunk[i];
+            }
+          }
+        });
+        return absl::OkStatus();
+      });
 }
 
 // ---- Expand (numpy.broadcast_to).
@@ -264,7 +287,8 @@ KernelOr CreateExpand(const KernelSpec& spec) {
   const auto& x = spec.inputs[0];
   const Dims target(spec.attrs.expand().shape().begin(), spec.attrs.expand().shape().end());
   const int64_t r = static_cast<int64_t>(target.size());
-  if (r < x.rank()) return SpecError(spec, "cannot expand ", TypeString(x), " to ", DimsToString(target));
+  if (r < x.rank())
+    return SpecError(spec, "cannot expand ", TypeString(x), " to ", DimsToString(target));
   Dims padded(r - x.rank(), 1);
   padded.insert(padded.end(), x.dims.begin(), x.dims.end());
   for (int64_t k = 0; k < r; ++k) {
@@ -296,23 +320,23 @@ KernelOr CreateExpand(const KernelSpec& spec) {
   }
   const int64_t esize = ElementSize(x.dtype), row = out.back();
   const bool fill_row = bcast.back();
-  return FnKernel::Make(spec, absl::StrCat("cpu:expand_", DTypeName(x.dtype)),
-                        [=](auto inputs, auto outputs) {
-    const int64_t total = Product(out);
-    if (total == 0) return absl::OkStatus();
-    const char* in = static_cast<const char*>(HostPtr(inputs[0]));
-    char* o = static_cast<char*>(HostPtr(outputs[0]));
-    ParallelFor(total / row, RowGrain(row * esize), [&](int64_t b, int64_t e) {
-      ForRows(out, stride, b, e, [&](int64_t rw, int64_t src) {
-        if (fill_row) {
-          FillElement(o + rw * row * esize, row, in + src * esize, esize);
-        } else {
-          std::memcpy(o + rw * row * esize, in + src * esize, row * esize);
-        }
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:expand_", DTypeName(x.dtype)), [=](auto inputs, auto outputs) {
+        const int64_t total = Product(out);
+        if (total == 0) return absl::OkStatus();
+        const char* in = static_cast<const char*>(HostPtr(inputs[0]));
+        char* o = static_cast<char*>(HostPtr(outputs[0]));
+        ParallelFor(total / row, RowGrain(row * esize), [&](int64_t b, int64_t e) {
+          ForRows(out, stride, b, e, [&](int64_t rw, int64_t src) {
+            if (fill_row) {
+              FillElement(o + rw * row * esize, row, in + src * esize, esize);
+            } else {
+              std::memcpy(o + rw * row * esize, in + src * esize, row * esize);
+            }
+          });
+        });
+        return absl::OkStatus();
       });
-    });
-    return absl::OkStatus();
-  });
 }
 
 // ---- Pad (constant / reflect / edge).
@@ -322,12 +346,14 @@ KernelOr CreatePad(const KernelSpec& spec) {
   const auto& x = spec.inputs[0];
   const auto& a = spec.attrs.pad();
   const int64_t r = x.rank();
-  if (a.low_size() != r || a.high_size() != r) return SpecError(spec, "low/high need one entry per dim");
+  if (a.low_size() != r || a.high_size() != r)
+    return SpecError(spec, "low/high need one entry per dim");
   Dims out = x.dims;
   std::vector<int64_t> lo(a.low().begin(), a.low().end()), hi(a.high().begin(), a.high().end());
   for (int64_t k = 0; k < r; ++k) {
     if (lo[k] < 0 || hi[k] < 0) return SpecError(spec, "negative padding on dim ", k);
-    if (a.mode() == v1::PAD_REFLECT && (lo[k] >= x.dims[k] || hi[k] >= x.dims[k]) && lo[k] + hi[k] > 0) {
+    if (a.mode() == v1::PAD_REFLECT && (lo[k] >= x.dims[k] || hi[k] >= x.dims[k]) &&
+        lo[k] + hi[k] > 0) {
       return SpecError(spec, "reflect padding on dim ", k, " must be below its size ", x.dims[k]);
     }
     if (a.mode() == v1::PAD_EDGE && x.dims[k] == 0 && lo[k] + hi[k] > 0) {
@@ -347,52 +373,55 @@ KernelOr CreatePad(const KernelSpec& spec) {
   auto source = [mode](int64_t c, int64_t n) -> int64_t {
     if (c >= 0 && c < n) return c;
     switch (mode) {
-      case v1::PAD_REFLECT: return c < 0 ? -c : 2 * (n - 1) - c;
-      case v1::PAD_EDGE: return c < 0 ? 0 : n - 1;
-      default: return -1;
+      case v1::PAD_REFLECT:
+        return c < 0 ? -c : 2 * (n - 1) - c;
+      case v1::PAD_EDGE:
+        return c < 0 ? 0 : n - 1;
+      default:
+        return -1;
     }
   };
-  return FnKernel::Make(spec, absl::StrCat("cpu:pad_", DTypeName(x.dtype)),
-                        [=](auto inputs, auto outputs) {
-    const int64_t total = Product(out);
-    if (total == 0) return absl::OkStatus();
-    const char* in = static_cast<const char*>(HostPtr(inputs[0]));
-    char* o = static_cast<char*>(HostPtr(outputs[0]));
-    const char* value = reinterpret_cast<const char*>(&value_bits);
-    if (r == 0) {
-      std::memcpy(o, in, esize);
-      return absl::OkStatus();
-    }
-    const int64_t row = out[r - 1], n = in_dims[r - 1], l = lo[r - 1];
-    std::vector<int64_t> in_stride(r, 1);
-    for (int64_t k = r - 2; k >= 0; --k) in_stride[k] = in_stride[k + 1] * in_dims[k + 1];
-    ParallelFor(total / row, RowGrain(row * esize), [&](int64_t b, int64_t e) {
-      for (int64_t rw = b; rw < e; ++rw) {
-        char* dst = o + rw * row * esize;
-        int64_t rem = rw, src = 0;
-        bool pad_row = false;
-        for (int64_t k = r - 2; k >= 0 && !pad_row; --k) {
-          const int64_t c = source(rem % out[k] - lo[k], in_dims[k]);
-          rem /= out[k];
-          pad_row = c < 0;
-          src += c * in_stride[k];
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:pad_", DTypeName(x.dtype)), [=](auto inputs, auto outputs) {
+        const int64_t total = Product(out);
+        if (total == 0) return absl::OkStatus();
+        const char* in = static_cast<const char*>(HostPtr(inputs[0]));
+        char* o = static_cast<char*>(HostPtr(outputs[0]));
+        const char* value = reinterpret_cast<const char*>(&value_bits);
+        if (r == 0) {
+          std::memcpy(o, in, esize);
+          return absl::OkStatus();
         }
-        if (pad_row || n == 0) {
-          FillElement(dst, row, value, esize);
-          continue;
-        }
-        const char* s = in + src * esize;
-        std::memcpy(dst + l * esize, s, n * esize);
-        for (int64_t j = 0; j < row; ++j) {
-          if (j == l) j += n;
-          if (j >= row) break;
-          const int64_t c = source(j - l, n);
-          std::memcpy(dst + j * esize, c < 0 ? value : s + c * esize, esize);
-        }
-      }
-    });
-    return absl::OkStatus();
-  });
+        const int64_t row = out[r - 1], n = in_dims[r - 1], l = lo[r - 1];
+        std::vector<int64_t> in_stride(r, 1);
+        for (int64_t k = r - 2; k >= 0; --k) in_stride[k] = in_stride[k + 1] * in_dims[k + 1];
+        ParallelFor(total / row, RowGrain(row * esize), [&](int64_t b, int64_t e) {
+          for (int64_t rw = b; rw < e; ++rw) {
+            char* dst = o + rw * row * esize;
+            int64_t rem = rw, src = 0;
+            bool pad_row = false;
+            for (int64_t k = r - 2; k >= 0 && !pad_row; --k) {
+              const int64_t c = source(rem % out[k] - lo[k], in_dims[k]);
+              rem /= out[k];
+              pad_row = c < 0;
+              src += c * in_stride[k];
+            }
+            if (pad_row || n == 0) {
+              FillElement(dst, row, value, esize);
+              continue;
+            }
+            const char* s = in + src * esize;
+            std::memcpy(dst + l * esize, s, n * esize);
+            for (int64_t j = 0; j < row; ++j) {
+              if (j == l) j += n;
+              if (j >= row) break;
+              const int64_t c = source(j - l, n);
+              std::memcpy(dst + j * esize, c < 0 ? value : s + c * esize, esize);
+            }
+          }
+        });
+        return absl::OkStatus();
+      });
 }
 
 // ---- Gather (numpy.take).
@@ -409,9 +438,11 @@ KernelOr CreateGather(const KernelSpec& spec) {
   const auto& idx = spec.inputs[1];
   int64_t axis;
   if (x.rank() == 0 || !NormalizeAxis(spec.attrs.gather().axis(), x.rank(), &axis)) {
-    return SpecError(spec, "gather axis ", spec.attrs.gather().axis(), " out of range for ", TypeString(x));
+    return SpecError(spec, "gather axis ", spec.attrs.gather().axis(), " out of range for ",
+                     TypeString(x));
   }
-  if (!IsInteger(idx.dtype)) return SpecError(spec, "indices must be integers, got ", TypeString(idx));
+  if (!IsInteger(idx.dtype))
+    return SpecError(spec, "indices must be integers, got ", TypeString(idx));
   Dims out(x.dims.begin(), x.dims.begin() + axis);
   out.insert(out.end(), idx.dims.begin(), idx.dims.end());
   out.insert(out.end(), x.dims.begin() + axis + 1, x.dims.end());
@@ -422,44 +453,56 @@ KernelOr CreateGather(const KernelSpec& spec) {
   const DType idx_dtype = idx.dtype;
   const std::string label = spec.label;
   const std::string data_type = TypeString(x);
-  return FnKernel::Make(spec, absl::StrCat("cpu:gather_", DTypeName(x.dtype)),
-                        [=](auto inputs, auto outputs) -> absl::Status {
-    if (pre * k * post_bytes == 0 && k == 0) return absl::OkStatus();
-    std::vector<int64_t> rows(k);
-    const void* ip = HostPtr(inputs[1]);
-    switch (idx_dtype) {
-      case v1::DTYPE_I8: LoadIndices<int8_t>(ip, k, rows.data()); break;
-      case v1::DTYPE_U8: LoadIndices<uint8_t>(ip, k, rows.data()); break;
-      case v1::DTYPE_I16: LoadIndices<int16_t>(ip, k, rows.data()); break;
-      case v1::DTYPE_I32: LoadIndices<int32_t>(ip, k, rows.data()); break;
-      default: LoadIndices<int64_t>(ip, k, rows.data()); break;
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t v = rows[j] < 0 ? rows[j] + n : rows[j];
-      if (v < 0 || v >= n) {
-        return absl::OutOfRangeError(absl::StrCat(label, ": gather index ", rows[j],
-                                                  " (at position ", j, ") is out of range [", -n,
-                                                  ", ", n, ") for axis ", axis, " of ", data_type));
-      }
-      rows[j] = v;
-    }
-    if (pre * k * post_bytes == 0) return absl::OkStatus();
-    const char* in = static_cast<const char*>(HostPtr(inputs[0]));
-    char* o = static_cast<char*>(HostPtr(outputs[0]));
-    ParallelFor(pre * k, RowGrain(post_bytes), [&](int64_t b, int64_t e) {
-      for (int64_t u = b; u < e; ++u) {
-        const int64_t p = u / k, j = u % k;
-        std::memcpy(o + u * post_bytes, in + (p * n + rows[j]) * post_bytes, post_bytes);
-      }
-    });
-    return absl::OkStatus();
-  });
+  return FnKernel::Make(
+      spec, absl::StrCat("cpu:gather_", DTypeName(x.dtype)),
+      [=](auto inputs, auto outputs) -> absl::Status {
+        if (pre * k * post_bytes == 0 && k == 0) return absl::OkStatus();
+        std::vector<int64_t> rows(k);
+        const void* ip = HostPtr(inputs[1]);
+        switch (idx_dtype) {
+          case v1::DTYPE_I8:
+            LoadIndices<int8_t>(ip, k, rows.data());
+            break;
+          case v1::DTYPE_U8:
+            LoadIndices<uint8_t>(ip, k, rows.data());
+            break;
+          case v1::DTYPE_I16:
+            LoadIndices<int16_t>(ip, k, rows.data());
+            break;
+          case v1::DTYPE_I32:
+            LoadIndices<int32_t>(ip, k, rows.data());
+            break;
+          default:
+            LoadIndices<int64_t>(ip, k, rows.data());
+            break;
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t v = rows[j] < 0 ? rows[j] + n : rows[j];
+          if (v < 0 || v >= n) {
+            return absl::OutOfRangeError(absl::StrCat(
+                label, ": gather index ", rows[j], " (at position ", j, ") is out of range [", -n,
+                ", ", n, ") for axis ", axis, " of ", data_type));
+          }
+          rows[j] = v;
+        }
+        if (pre * k * post_bytes == 0) return absl::OkStatus();
+        const char* in = static_cast<const char*>(HostPtr(inputs[0]));
+        char* o = static_cast<char*>(HostPtr(outputs[0]));
+        ParallelFor(pre * k, RowGrain(post_bytes), [&](int64_t b, int64_t e) {
+          for (int64_t u = b; u < e; ++u) {
+            const int64_t p = u / k, j = u % k;
+            std::memcpy(o + u * post_bytes, in + (p * n + rows[j]) * post_bytes, post_bytes);
+          }
+        });
+        return absl::OkStatus();
+      });
 }
 
 Claim SupportsGather(const KernelSpec& spec) {
   if (spec.inputs.size() != 2) return Claim::No("expects data and indices");
   if (!IsInteger(spec.inputs[1].dtype)) {
-    return Claim::No(absl::StrCat("gather indices must be integers, got ", DTypeName(spec.inputs[1].dtype)));
+    return Claim::No(
+        absl::StrCat("gather indices must be integers, got ", DTypeName(spec.inputs[1].dtype)));
   }
   return SupportsDense(spec);
 }

@@ -176,7 +176,8 @@ void TransposeBytes(const void* in, void* out, const Dims& in_dims, std::span<co
   if (n == 0) return;
   const Layout l = Simplify(in_dims, perm);
   bool identity = true;
-  for (size_t i = 0; i < l.perm.size(); ++i) identity = identity && l.perm[i] == static_cast<int64_t>(i);
+  for (size_t i = 0; i < l.perm.size(); ++i)
+    identity = identity && l.perm[i] == static_cast<int64_t>(i);
   if (identity) {
     ParallelMemcpy(out, in, n * esize);
     return;
@@ -187,10 +188,18 @@ void TransposeBytes(const void* in, void* out, const Dims& in_dims, std::span<co
     return;
   }
   switch (esize) {
-    case 1: TiledTranspose(static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), l); return;
-    case 2: TiledTranspose(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), l); return;
-    case 4: TiledTranspose(static_cast<const uint32_t*>(in), static_cast<uint32_t*>(out), l); return;
-    default: TiledTranspose(static_cast<const uint64_t*>(in), static_cast<uint64_t*>(out), l); return;
+    case 1:
+      TiledTranspose(static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), l);
+      return;
+    case 2:
+      TiledTranspose(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), l);
+      return;
+    case 4:
+      TiledTranspose(static_cast<const uint32_t*>(in), static_cast<uint32_t*>(out), l);
+      return;
+    default:
+      TiledTranspose(static_cast<const uint64_t*>(in), static_cast<uint64_t*>(out), l);
+      return;
   }
 }
 
@@ -201,7 +210,8 @@ class TransposeKernel final : public CpuKernel {
   static absl::StatusOr<std::unique_ptr<backend::Kernel>> Create(const backend::KernelSpec& spec) {
     if (auto s = CheckArity(spec, 1, 1, 1); !s.ok()) return s;
     const auto& x = spec.inputs[0];
-    std::vector<int64_t> perm(spec.attrs.transpose().perm().begin(), spec.attrs.transpose().perm().end());
+    std::vector<int64_t> perm(spec.attrs.transpose().perm().begin(),
+                              spec.attrs.transpose().perm().end());
     std::vector<bool> seen(x.rank(), false);
     if (static_cast<int64_t>(perm.size()) != x.rank()) {
       return SpecError(spec, "perm has ", perm.size(), " entries for rank ", x.rank());
@@ -238,7 +248,8 @@ class TransposeKernel final : public CpuKernel {
 
 backend::Claim Supports(const backend::KernelSpec& spec) {
   if (spec.inputs.size() != 1 || !IsDense(spec.inputs[0].dtype)) {
-    return backend::Claim::No("cpu transposes one dense tensor (block-quantized data cannot be permuted)");
+    return backend::Claim::No(
+        "cpu transposes one dense tensor (block-quantized data cannot be permuted)");
   }
   return backend::Claim::Yes();
 }

@@ -63,8 +63,8 @@ inline __m256 Log(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, Set(1.17549435e-38f), _CMP_LT_OQ);
   const __m256 xs = _mm256_blendv_ps(x, _mm256_mul_ps(x, Set(8388608.0f)), tiny);
   const __m256i bits = _mm256_castps_si256(xs);
-  __m256 e = _mm256_cvtepi32_ps(
-      _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(126)));
+  __m256 e =
+      _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(126)));
   e = _mm256_sub_ps(e, _mm256_and_ps(tiny, Set(23.0f)));
   // Mantissa in [0.5, 1).
   __m256 m = _mm256_castsi256_ps(_mm256_or_si256(
@@ -148,8 +148,8 @@ inline __m256 ErfcLarge(__m256 z, __m256 z2_hi, __m256 z2_lo) {
   p = _mm256_fmadd_ps(p, t, Set(0.37409196f));
   p = _mm256_fmadd_ps(p, t, Set(1.00002368f));
   p = _mm256_fmadd_ps(p, t, Set(-1.26551223f));
-  return _mm256_mul_ps(t, ExpHiLo(_mm256_sub_ps(_mm256_setzero_ps(), z2_hi),
-                                  _mm256_sub_ps(p, z2_lo)));
+  return _mm256_mul_ps(t,
+                       ExpHiLo(_mm256_sub_ps(_mm256_setzero_ps(), z2_hi), _mm256_sub_ps(p, z2_lo)));
 }
 
 // erfc(|x| * scale) for the caller's scale (1 or 1/sqrt(2)); z2 is formed
@@ -159,14 +159,16 @@ inline __m256 ErfcAbsScaled(__m256 x, float scale, float scale_sq) {
   const __m256 z = _mm256_mul_ps(ax, Set(scale));
   const __m256 hi = _mm256_mul_ps(ax, ax);
   const __m256 lo = _mm256_fmsub_ps(ax, ax, hi);
-  const __m256 large = ErfcLarge(z, _mm256_mul_ps(hi, Set(scale_sq)), _mm256_mul_ps(lo, Set(scale_sq)));
+  const __m256 large =
+      ErfcLarge(z, _mm256_mul_ps(hi, Set(scale_sq)), _mm256_mul_ps(lo, Set(scale_sq)));
   const __m256 small = _mm256_sub_ps(Set(1.0f), ErfSmall(z));
   return _mm256_blendv_ps(large, small, _mm256_cmp_ps(z, Set(0.5f), _CMP_LT_OQ));
 }
 
 inline __m256 Erf(__m256 x) {
   const __m256 large = CopySign(_mm256_sub_ps(Set(1.0f), ErfcAbsScaled(x, 1.0f, 1.0f)), x);
-  const __m256 r = _mm256_blendv_ps(large, ErfSmall(x), _mm256_cmp_ps(Abs(x), Set(0.5f), _CMP_LT_OQ));
+  const __m256 r =
+      _mm256_blendv_ps(large, ErfSmall(x), _mm256_cmp_ps(Abs(x), Set(0.5f), _CMP_LT_OQ));
   return _mm256_blendv_ps(r, x, IsNan(x));
 }
 
@@ -176,12 +178,12 @@ inline __m256 Erf(__m256 x) {
 // accurate for every z >= 0 and 1 - e >= 0.5 never cancels, so unlike erf no
 // small-argument branch is needed.
 inline __m256 Gelu(__m256 x) {
-  const __m256 xc = _mm256_max_ps(Set(-30.0f), x);  // keeps NaN; gelu(-30) is -0 in f32
+  const __m256 xc = _mm256_max_ps(Set(-30.0f), x);       // keeps NaN; gelu(-30) is -0 in f32
   const __m256 ax = _mm256_min_ps(Abs(xc), Set(30.0f));  // erfc(30 / sqrt(2)) is 0 in f32
   const __m256 hi = _mm256_mul_ps(ax, ax);
   const __m256 lo = _mm256_fmsub_ps(ax, ax, hi);
-  const __m256 erfc = ErfcLarge(_mm256_mul_ps(ax, Set(0.70710678118654752f)), _mm256_mul_ps(hi, Set(0.5f)),
-                                _mm256_mul_ps(lo, Set(0.5f)));
+  const __m256 erfc = ErfcLarge(_mm256_mul_ps(ax, Set(0.70710678118654752f)),
+                                _mm256_mul_ps(hi, Set(0.5f)), _mm256_mul_ps(lo, Set(0.5f)));
   const __m256 e = _mm256_mul_ps(erfc, Set(0.5f));
   const __m256 neg = _mm256_cmp_ps(xc, _mm256_setzero_ps(), _CMP_LT_OQ);
   const __m256 phi = _mm256_blendv_ps(_mm256_sub_ps(Set(1.0f), e), e, neg);
@@ -193,13 +195,14 @@ inline __m256 Gelu(__m256 x) {
 inline __m256 GeluTanh(__m256 x) {
   const __m256 xc = _mm256_max_ps(Set(-1000.0f), x);
   const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(xc, xc), xc);
-  const __m256 u2 = _mm256_mul_ps(_mm256_fmadd_ps(x3, Set(0.044715f), xc),
-                                  Set(-2.0f * 0.79788456080286536f));
+  const __m256 u2 =
+      _mm256_mul_ps(_mm256_fmadd_ps(x3, Set(0.044715f), xc), Set(-2.0f * 0.79788456080286536f));
   return _mm256_div_ps(xc, _mm256_add_ps(Set(1.0f), Exp(u2)));
 }
 
 inline __m256 Sigmoid(__m256 x) {
-  return _mm256_div_ps(Set(1.0f), _mm256_add_ps(Set(1.0f), Exp(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  return _mm256_div_ps(Set(1.0f),
+                       _mm256_add_ps(Set(1.0f), Exp(_mm256_sub_ps(_mm256_setzero_ps(), x))));
 }
 
 inline __m256 Silu(__m256 x) {

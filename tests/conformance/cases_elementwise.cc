@@ -31,12 +31,23 @@ Case OpCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs,
   for (size_t i = 0; i < inputs.size(); ++i) f.add_args(static_cast<int>(i));
   f.set_dtype(out_dtype);
   switch (op) {
-    case v1::OP_UNARY: *f.mutable_unary() = attrs.unary(); break;
-    case v1::OP_BINARY: *f.mutable_binary() = attrs.binary(); break;
-    case v1::OP_COMPARE: *f.mutable_compare() = attrs.compare(); break;
-    case v1::OP_CAST: *f.mutable_cast() = attrs.cast(); break;
-    case v1::OP_CLAMP: *f.mutable_clamp() = attrs.clamp(); break;
-    default: break;
+    case v1::OP_UNARY:
+      *f.mutable_unary() = attrs.unary();
+      break;
+    case v1::OP_BINARY:
+      *f.mutable_binary() = attrs.binary();
+      break;
+    case v1::OP_COMPARE:
+      *f.mutable_compare() = attrs.compare();
+      break;
+    case v1::OP_CAST:
+      *f.mutable_cast() = attrs.cast();
+      break;
+    case v1::OP_CLAMP:
+      *f.mutable_clamp() = attrs.clamp();
+      break;
+    default:
+      break;
   }
   Case c;
   c.name = name;
@@ -68,10 +79,16 @@ v1::Attrs CompareAttrs(int kind) {
 // Inputs where each unary kind is defined and its f16 result is finite.
 std::pair<double, double> UnaryRange(int kind) {
   switch (kind) {
-    case v1::UNARY_LOG: case v1::UNARY_SQRT: case v1::UNARY_RSQRT: return {0.01, 10};
-    case v1::UNARY_RECIPROCAL: return {0.25, 4};
-    case v1::UNARY_EXP: return {-10, 10};
-    default: return {-6, 6};
+    case v1::UNARY_LOG:
+    case v1::UNARY_SQRT:
+    case v1::UNARY_RSQRT:
+      return {0.01, 10};
+    case v1::UNARY_RECIPROCAL:
+      return {0.25, 4};
+    case v1::UNARY_EXP:
+      return {-10, 10};
+    default:
+      return {-6, 6};
   }
 }
 
@@ -90,23 +107,27 @@ std::vector<Case> UnaryCases() {
     for (size_t di = 0; di < ref::FloatTypes().size(); ++di) {
       const DType dt = ref::FloatTypes()[di];
       for (size_t s : {(kind + di) % shapes.size(), (kind + di + 5) % shapes.size()}) {
-        const std::string name = absl::StrCat("unary/", kname, "_", DTypeName(dt), "_", Shape(shapes[s]));
+        const std::string name =
+            absl::StrCat("unary/", kname, "_", DTypeName(dt), "_", Shape(shapes[s]));
         auto rng = RngFor(name);
         const auto [lo, hi] = UnaryRange(kind);
         cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind),
-                               ref::Tensors{RandomTensor(rng, dt, shapes[s], lo, hi)}, dt, DefaultTolerance(dt)));
+                               ref::Tensors{RandomTensor(rng, dt, shapes[s], lo, hi)}, dt,
+                               DefaultTolerance(dt)));
       }
     }
   }
   // Signed integers: the kinds that make sense on them, with wrapping at INT_MIN.
-  for (int kind : {v1::UNARY_IDENTITY, v1::UNARY_RELU, v1::UNARY_NEG, v1::UNARY_ABS, v1::UNARY_SIGN}) {
+  for (int kind :
+       {v1::UNARY_IDENTITY, v1::UNARY_RELU, v1::UNARY_NEG, v1::UNARY_ABS, v1::UNARY_SIGN}) {
     for (DType dt : {v1::DTYPE_I8, v1::DTYPE_I16, v1::DTYPE_I32, v1::DTYPE_I64}) {
       const std::string name = absl::StrCat("unary/", kind, "_", DTypeName(dt));
       auto rng = RngFor(name);
       const auto [lo, hi] = ref::IntRange(dt);
       HostTensor x = RandomTensor(rng, dt, {5, 41}, lo, hi);
       if (dt == v1::DTYPE_I8) x.SetFromDouble(0, -128);
-      cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind), ref::Tensors{std::move(x)}, dt, {0, 0}));
+      cases.push_back(
+          OpCase(name, v1::OP_UNARY, UnaryAttrs(kind), ref::Tensors{std::move(x)}, dt, {0, 0}));
     }
   }
   // Large enough to run in parallel; gelu, the encoder's activation.
@@ -114,8 +135,8 @@ std::vector<Case> UnaryCases() {
     const std::string name = absl::StrCat("unary/large_", kind);
     auto rng = RngFor(name);
     cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind),
-                           ref::Tensors{RandomTensor(rng, v1::DTYPE_F32, {256, 769}, -8, 8)}, v1::DTYPE_F32,
-                           DefaultTolerance(v1::DTYPE_F32)));
+                           ref::Tensors{RandomTensor(rng, v1::DTYPE_F32, {256, 769}, -8, 8)},
+                           v1::DTYPE_F32, DefaultTolerance(v1::DTYPE_F32)));
   }
   return cases;
 }
@@ -151,7 +172,8 @@ std::vector<Case> UnaryWideCases() {
       const std::string name = absl::StrCat("unary_wide/", s.kind, "_", DTypeName(dt));
       HostTensor x = ref::Values(dt, {20001}, sweep(s.lo, s.hi, 20001, s.log_spaced));
       const Tolerance tol = DefaultTolerance(dt);
-      cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(s.kind), ref::Tensors{std::move(x)}, dt, tol));
+      cases.push_back(
+          OpCase(name, v1::OP_UNARY, UnaryAttrs(s.kind), ref::Tensors{std::move(x)}, dt, tol));
     }
   }
   return cases;
@@ -159,9 +181,9 @@ std::vector<Case> UnaryWideCases() {
 
 const std::vector<std::pair<Dims, Dims>>& BinaryShapes() {
   static const std::vector<std::pair<Dims, Dims>> s = {
-      {{3, 4}, {3, 4}},       {{2, 3, 33}, {33}},      {{5, 1, 7}, {1, 6, 1}}, {{}, {4, 5}},
-      {{0, 3}, {3}},          {{7}, {1}},              {{4, 300}, {4, 1}},     {{2, 3, 300}, {3, 300}},
-      {{1}, {}},              {{6, 1}, {1, 1000}},     {{1, 1030}, {3, 1}},    {{2, 1, 3, 1}, {4, 1, 5}},
+      {{3, 4}, {3, 4}}, {{2, 3, 33}, {33}},  {{5, 1, 7}, {1, 6, 1}}, {{}, {4, 5}},
+      {{0, 3}, {3}},    {{7}, {1}},          {{4, 300}, {4, 1}},     {{2, 3, 300}, {3, 300}},
+      {{1}, {}},        {{6, 1}, {1, 1000}}, {{1, 1030}, {3, 1}},    {{2, 1, 3, 1}, {4, 1, 5}},
   };
   return s;
 }
@@ -170,7 +192,8 @@ std::vector<Case> BinaryCases() {
   std::vector<Case> cases;
   const auto& shapes = BinaryShapes();
   for (int kind = v1::BINARY_ADD; kind <= v1::BINARY_POW; ++kind) {
-    const std::string kname = Lower(v1::BinaryKind_Name(static_cast<v1::BinaryKind>(kind)).substr(7));
+    const std::string kname =
+        Lower(v1::BinaryKind_Name(static_cast<v1::BinaryKind>(kind)).substr(7));
     for (size_t di = 0; di < ref::FloatTypes().size(); ++di) {
       const DType dt = ref::FloatTypes()[di];
       for (size_t k = 0; k < 3; ++k) {
@@ -179,11 +202,12 @@ std::vector<Case> BinaryCases() {
             absl::StrCat("binary/", kname, "_", DTypeName(dt), "_", Shape(da), "_", Shape(db));
         auto rng = RngFor(name);
         double alo = -4, ahi = 4, blo = -4, bhi = 4;
-        if (kind == v1::BINARY_DIV) blo = 0.5, bhi = 2;       // f16 stays finite
+        if (kind == v1::BINARY_DIV) blo = 0.5, bhi = 2;  // f16 stays finite
         if (kind == v1::BINARY_POW) alo = 0.1, ahi = 3, blo = -3, bhi = 3;
-        cases.push_back(OpCase(name, v1::OP_BINARY, BinaryAttrs(kind),
-                               ref::Tensors{RandomTensor(rng, dt, da, alo, ahi), RandomTensor(rng, dt, db, blo, bhi)},
-                               dt, DefaultTolerance(dt)));
+        cases.push_back(OpCase(
+            name, v1::OP_BINARY, BinaryAttrs(kind),
+            ref::Tensors{RandomTensor(rng, dt, da, alo, ahi), RandomTensor(rng, dt, db, blo, bhi)},
+            dt, DefaultTolerance(dt)));
       }
     }
     if (kind == v1::BINARY_POW) continue;  // floats only
@@ -197,9 +221,10 @@ std::vector<Case> BinaryCases() {
         auto [lo, hi] = ref::IntRange(dt);
         double blo = lo, bhi = hi;
         if (kind == v1::BINARY_DIV) blo = std::max(lo, -5.0), bhi = 5;  // hits x / 0
-        cases.push_back(OpCase(name, v1::OP_BINARY, BinaryAttrs(kind),
-                               ref::Tensors{RandomTensor(rng, dt, da, lo, hi), RandomTensor(rng, dt, db, blo, bhi)},
-                               dt, {0, 0}));
+        cases.push_back(OpCase(
+            name, v1::OP_BINARY, BinaryAttrs(kind),
+            ref::Tensors{RandomTensor(rng, dt, da, lo, hi), RandomTensor(rng, dt, db, blo, bhi)},
+            dt, {0, 0}));
       }
     }
   }
@@ -207,9 +232,10 @@ std::vector<Case> BinaryCases() {
   for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F16}) {
     const std::string name = absl::StrCat("binary/bias_add_large_", DTypeName(dt));
     auto rng = RngFor(name);
-    cases.push_back(OpCase(name, v1::OP_BINARY, BinaryAttrs(v1::BINARY_ADD),
-                           ref::Tensors{RandomTensor(rng, dt, {384, 768}), RandomTensor(rng, dt, {768})}, dt,
-                           DefaultTolerance(dt)));
+    cases.push_back(
+        OpCase(name, v1::OP_BINARY, BinaryAttrs(v1::BINARY_ADD),
+               ref::Tensors{RandomTensor(rng, dt, {384, 768}), RandomTensor(rng, dt, {768})}, dt,
+               DefaultTolerance(dt)));
   }
   return cases;
 }
@@ -230,27 +256,31 @@ std::vector<Case> CompareWhereCases() {
     for (size_t di = 0; di < ref::DenseTypes().size(); ++di) {
       const DType dt = ref::DenseTypes()[di];
       const auto& [da, db] = shapes[(kind + di) % shapes.size()];
-      const std::string name = absl::StrCat("compare/", kind, "_", DTypeName(dt), "_", Shape(da), "_", Shape(db));
+      const std::string name =
+          absl::StrCat("compare/", kind, "_", DTypeName(dt), "_", Shape(da), "_", Shape(db));
       auto rng = RngFor(name);
       cases.push_back(OpCase(name, v1::OP_COMPARE, CompareAttrs(kind),
-                             ref::Tensors{SmallInts(rng, dt, da), SmallInts(rng, dt, db)}, v1::DTYPE_BOOL, {0, 0}));
+                             ref::Tensors{SmallInts(rng, dt, da), SmallInts(rng, dt, db)},
+                             v1::DTYPE_BOOL, {0, 0}));
     }
   }
   const std::vector<std::vector<Dims>> where_shapes = {
-      {{4, 5}, {4, 5}, {4, 5}}, {{4, 1}, {1, 5}, {}}, {{}, {3, 7}, {7}}, {{2, 1, 300}, {3, 1}, {2, 3, 300}},
-      {{0, 2}, {2}, {1}},
+      {{4, 5}, {4, 5}, {4, 5}},           {{4, 1}, {1, 5}, {}}, {{}, {3, 7}, {7}},
+      {{2, 1, 300}, {3, 1}, {2, 3, 300}}, {{0, 2}, {2}, {1}},
   };
   for (size_t di = 0; di < ref::DenseTypes().size(); ++di) {
     const DType dt = ref::DenseTypes()[di];
     for (size_t k = 0; k < 2; ++k) {
       const auto& s = where_shapes[(di + k * 2) % where_shapes.size()];
-      const std::string name = absl::StrCat("where/", DTypeName(dt), "_", Shape(s[0]), "_", Shape(s[1]), "_", Shape(s[2]));
+      const std::string name = absl::StrCat("where/", DTypeName(dt), "_", Shape(s[0]), "_",
+                                            Shape(s[1]), "_", Shape(s[2]));
       auto rng = RngFor(name);
       const auto [lo, hi] = IsFloat(dt) ? std::pair<double, double>{-5, 5} : ref::IntRange(dt);
-      cases.push_back(OpCase(name, v1::OP_WHERE, v1::Attrs(),
-                             ref::Tensors{RandomTensor(rng, v1::DTYPE_BOOL, s[0]), RandomTensor(rng, dt, s[1], lo, hi),
-                              RandomTensor(rng, dt, s[2], lo, hi)},
-                             dt, IsFloat(dt) ? DefaultTolerance(dt) : Tolerance{0, 0}));
+      cases.push_back(OpCase(
+          name, v1::OP_WHERE, v1::Attrs(),
+          ref::Tensors{RandomTensor(rng, v1::DTYPE_BOOL, s[0]), RandomTensor(rng, dt, s[1], lo, hi),
+                       RandomTensor(rng, dt, s[2], lo, hi)},
+          dt, IsFloat(dt) ? DefaultTolerance(dt) : Tolerance{0, 0}));
     }
   }
   return cases;
@@ -269,7 +299,8 @@ std::vector<Case> CastCases() {
       if (from == v1::DTYPE_I32 || from == v1::DTYPE_I64) lo = -70000, hi = 70000;
       v1::Attrs a;
       a.mutable_cast()->set_to(to);
-      cases.push_back(OpCase(name, v1::OP_CAST, a, ref::Tensors{RandomTensor(rng, from, {3, 37}, lo, hi)}, to,
+      cases.push_back(OpCase(name, v1::OP_CAST, a,
+                             ref::Tensors{RandomTensor(rng, from, {3, 37}, lo, hi)}, to,
                              IsFloat(to) ? DefaultTolerance(to) : Tolerance{0, 0}));
     }
   }
@@ -289,7 +320,8 @@ std::vector<Case> ClampCases() {
       if (bounds != 1) a.mutable_clamp()->set_min(f ? -0.3 : -10.5);
       if (bounds != 0) a.mutable_clamp()->set_max(f ? 0.55 : 20.5);
       const auto [lo, hi] = f ? std::pair<double, double>{-1, 1} : ref::IntRange(dt);
-      cases.push_back(OpCase(name, v1::OP_CLAMP, a, ref::Tensors{RandomTensor(rng, dt, {7, 33}, lo, hi)}, dt,
+      cases.push_back(OpCase(name, v1::OP_CLAMP, a,
+                             ref::Tensors{RandomTensor(rng, dt, {7, 33}, lo, hi)}, dt,
                              f ? DefaultTolerance(dt) : Tolerance{0, 0}));
     }
   }
@@ -300,16 +332,16 @@ std::vector<Case> ClampCases() {
 // exact halves, division by zero, INT_MIN / -1.
 std::vector<Case> SpecialCases() {
   std::vector<Case> cases;
-  const std::vector<double> specials = {NAN,  INFINITY, -INFINITY, 0.0,   -0.0,  1e-40, -1e-40,
-                                        1e30, -1e30,    88.8,      -88.8, 0.5,   -0.5,  1.5,
-                                        2.5,  -2.5,     1e-8,      20,    -20,   100,   -100,
-                                        3.0,  -1.0,     1.0};
+  const std::vector<double> specials = {NAN,   INFINITY, -INFINITY, 0.0, -0.0, 1e-40, -1e-40, 1e30,
+                                        -1e30, 88.8,     -88.8,     0.5, -0.5, 1.5,   2.5,    -2.5,
+                                        1e-8,  20,       -20,       100, -100, 3.0,   -1.0,   1.0};
   for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F64, v1::DTYPE_F16}) {
     for (int kind = v1::UNARY_IDENTITY; kind <= v1::UNARY_SOFTPLUS; ++kind) {
       const std::string name = absl::StrCat("special/unary_", kind, "_", DTypeName(dt));
-      cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind),
-                             ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)}, dt,
-                             DefaultTolerance(dt)));
+      cases.push_back(
+          OpCase(name, v1::OP_UNARY, UnaryAttrs(kind),
+                 ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)},
+                 dt, DefaultTolerance(dt)));
     }
     // Every pair of a small special set, for every binary kind.
     const std::vector<double> s = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -2.5, 3.0, 0.5};
@@ -321,27 +353,31 @@ std::vector<Case> SpecialCases() {
     for (int kind = v1::BINARY_ADD; kind <= v1::BINARY_POW; ++kind) {
       const std::string name = absl::StrCat("special/binary_", kind, "_", DTypeName(dt));
       cases.push_back(OpCase(name, v1::OP_BINARY, BinaryAttrs(kind),
-                             ref::Tensors{ref::Values(dt, d, a), ref::Values(dt, d, b)}, dt, DefaultTolerance(dt)));
+                             ref::Tensors{ref::Values(dt, d, a), ref::Values(dt, d, b)}, dt,
+                             DefaultTolerance(dt)));
     }
     for (int kind = v1::COMPARE_EQ; kind <= v1::COMPARE_GE; ++kind) {
       const std::string name = absl::StrCat("special/compare_", kind, "_", DTypeName(dt));
       cases.push_back(OpCase(name, v1::OP_COMPARE, CompareAttrs(kind),
-                             ref::Tensors{ref::Values(dt, d, a), ref::Values(dt, d, b)}, v1::DTYPE_BOOL, {0, 0}));
+                             ref::Tensors{ref::Values(dt, d, a), ref::Values(dt, d, b)},
+                             v1::DTYPE_BOOL, {0, 0}));
     }
     for (DType to : ref::DenseTypes()) {
       const std::string name = absl::StrCat("special/cast_", DTypeName(dt), "_to_", DTypeName(to));
       v1::Attrs attrs;
       attrs.mutable_cast()->set_to(to);
-      cases.push_back(OpCase(name, v1::OP_CAST, attrs,
-                             ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)}, to,
-                             IsFloat(to) ? DefaultTolerance(to) : Tolerance{0, 0}));
+      cases.push_back(
+          OpCase(name, v1::OP_CAST, attrs,
+                 ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)},
+                 to, IsFloat(to) ? DefaultTolerance(to) : Tolerance{0, 0}));
     }
     v1::Attrs clamp;
     clamp.mutable_clamp()->set_min(-1);
     clamp.mutable_clamp()->set_max(2);
-    cases.push_back(OpCase(absl::StrCat("special/clamp_", DTypeName(dt)), v1::OP_CLAMP, clamp,
-                           ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)}, dt,
-                           DefaultTolerance(dt)));
+    cases.push_back(
+        OpCase(absl::StrCat("special/clamp_", DTypeName(dt)), v1::OP_CLAMP, clamp,
+               ref::Tensors{ref::Values(dt, {static_cast<int64_t>(specials.size())}, specials)}, dt,
+               DefaultTolerance(dt)));
   }
   // Integer edges: INT_MIN / -1 and x / 0 wrap or give 0; INT_MIN negated.
   for (DType dt : {v1::DTYPE_I8, v1::DTYPE_I16, v1::DTYPE_I32}) {
@@ -351,11 +387,13 @@ std::vector<Case> SpecialCases() {
     for (int kind : {v1::BINARY_DIV, v1::BINARY_MUL, v1::BINARY_SUB, v1::BINARY_ADD}) {
       const std::string name = absl::StrCat("special/int_", kind, "_", DTypeName(dt));
       cases.push_back(OpCase(name, v1::OP_BINARY, BinaryAttrs(kind),
-                             ref::Tensors{ref::Values(dt, {8}, a), ref::Values(dt, {8}, b)}, dt, {0, 0}));
+                             ref::Tensors{ref::Values(dt, {8}, a), ref::Values(dt, {8}, b)}, dt,
+                             {0, 0}));
     }
     for (int kind : {v1::UNARY_NEG, v1::UNARY_ABS}) {
       const std::string name = absl::StrCat("special/int_unary_", kind, "_", DTypeName(dt));
-      cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind), ref::Tensors{ref::Values(dt, {8}, a)}, dt, {0, 0}));
+      cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(kind),
+                             ref::Tensors{ref::Values(dt, {8}, a)}, dt, {0, 0}));
     }
   }
   return cases;

@@ -19,8 +19,8 @@ using ref::ConstantInstr;
 using ref::UnaryInstr;
 using ref::WhereInstr;
 
-Case RegionCase(const std::string& name, std::vector<v1::FusedInstr> instrs, std::vector<int> results,
-                std::vector<HostTensor> inputs, Tolerance tol) {
+Case RegionCase(const std::string& name, std::vector<v1::FusedInstr> instrs,
+                std::vector<int> results, std::vector<HostTensor> inputs, Tolerance tol) {
   v1::Attrs attrs;
   auto* fe = attrs.mutable_fused_elementwise();
   for (const auto& f : instrs) *fe->add_instrs() = f;
@@ -47,16 +47,17 @@ std::vector<Case> HandCases() {
   std::vector<Case> cases;
   // Bias + gelu, the encoder's FFN epilogue, over shapes that hit in-place
   // rows (N >= 256), wrapping rows (N < 256) and the parallel path.
-  const std::vector<std::pair<int64_t, int64_t>> mn = {{1, 1}, {3, 7}, {5, 33}, {4, 768}, {128, 3072}, {9, 1000}};
+  const std::vector<std::pair<int64_t, int64_t>> mn = {{1, 1},   {3, 7},      {5, 33},
+                                                       {4, 768}, {128, 3072}, {9, 1000}};
   for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64}) {
     for (auto [m, n] : mn) {
       if (dt != v1::DTYPE_F32 && m * n > 10000) continue;
       const std::string name = absl::StrCat("fused/bias_gelu_", DTypeName(dt), "_", m, "x", n);
       auto rng = RngFor(name);
-      cases.push_back(RegionCase(name,
-                                 {BinaryInstr(v1::BINARY_ADD, 0, 1, dt), UnaryInstr(v1::UNARY_GELU, 2, dt)},
-                                 {1}, ref::Tensors{RandomTensor(rng, dt, {m, n}, -4, 4), RandomTensor(rng, dt, {n})},
-                                 DefaultTolerance(dt, 2)));
+      cases.push_back(RegionCase(
+          name, {BinaryInstr(v1::BINARY_ADD, 0, 1, dt), UnaryInstr(v1::UNARY_GELU, 2, dt)}, {1},
+          ref::Tensors{RandomTensor(rng, dt, {m, n}, -4, 4), RandomTensor(rng, dt, {n})},
+          DefaultTolerance(dt, 2)));
     }
   }
   // Several results, compare + where, constants, and a value read twice.
@@ -65,9 +66,11 @@ std::vector<Case> HandCases() {
     auto rng = RngFor(name);
     cases.push_back(RegionCase(
         name,
-        {BinaryInstr(v1::BINARY_MUL, 0, 1, dt), ConstantInstr(1.5, dt), BinaryInstr(v1::BINARY_ADD, 2, 3, dt),
-         CompareInstr(v1::COMPARE_GT, 4, 0), WhereInstr(5, 4, 0, dt), BinaryInstr(v1::BINARY_MUL, 6, 6, dt)},
-        {5, 3, 0, 5}, ref::Tensors{RandomTensor(rng, dt, {6, 50}, -2, 2), RandomTensor(rng, dt, {50}, -2, 2)},
+        {BinaryInstr(v1::BINARY_MUL, 0, 1, dt), ConstantInstr(1.5, dt),
+         BinaryInstr(v1::BINARY_ADD, 2, 3, dt), CompareInstr(v1::COMPARE_GT, 4, 0),
+         WhereInstr(5, 4, 0, dt), BinaryInstr(v1::BINARY_MUL, 6, 6, dt)},
+        {5, 3, 0, 5},
+        ref::Tensors{RandomTensor(rng, dt, {6, 50}, -2, 2), RandomTensor(rng, dt, {50}, -2, 2)},
         DefaultTolerance(dt, 4)));
   }
   // Casts inside a region round to their dtype; integer arithmetic wraps.
@@ -75,10 +78,11 @@ std::vector<Case> HandCases() {
     const std::string name = "fused/cast_chain";
     auto rng = RngFor(name);
     const DType f32 = v1::DTYPE_F32, f16 = v1::DTYPE_F16;
-    cases.push_back(RegionCase(name,
-                               {CastInstr(0, f16), BinaryInstr(v1::BINARY_MUL, 1, 1, f16), CastInstr(2, f32),
-                                UnaryInstr(v1::UNARY_SQRT, 3, f32), CastInstr(4, v1::DTYPE_I32)},
-                               {3, 4}, ref::Tensors{RandomTensor(rng, f32, {3, 333}, -30, 30)}, DefaultTolerance(f32, 2)));
+    cases.push_back(RegionCase(
+        name,
+        {CastInstr(0, f16), BinaryInstr(v1::BINARY_MUL, 1, 1, f16), CastInstr(2, f32),
+         UnaryInstr(v1::UNARY_SQRT, 3, f32), CastInstr(4, v1::DTYPE_I32)},
+        {3, 4}, ref::Tensors{RandomTensor(rng, f32, {3, 333}, -30, 30)}, DefaultTolerance(f32, 2)));
   }
   {
     const std::string name = "fused/int_region";
@@ -89,32 +93,37 @@ std::vector<Case> HandCases() {
     clamp.set_max(90.5);
     cases.push_back(RegionCase(
         name,
-        {BinaryInstr(v1::BINARY_ADD, 0, 1, i32), ConstantInstr(3, i32), BinaryInstr(v1::BINARY_MAX, 2, 3, i32),
-         CastInstr(4, i8), BinaryInstr(v1::BINARY_MUL, 5, 5, i8), ClampInstr(6, i8, clamp), CastInstr(7, f32),
+        {BinaryInstr(v1::BINARY_ADD, 0, 1, i32), ConstantInstr(3, i32),
+         BinaryInstr(v1::BINARY_MAX, 2, 3, i32), CastInstr(4, i8),
+         BinaryInstr(v1::BINARY_MUL, 5, 5, i8), ClampInstr(6, i8, clamp), CastInstr(7, f32),
          UnaryInstr(v1::UNARY_SQRT, 8, f32), BinaryInstr(v1::BINARY_DIV, 2, 1, i32)},
-        {7, 5, 8}, ref::Tensors{RandomTensor(rng, i32, {4, 1, 65}, -400, 400), RandomTensor(rng, i32, {3, 1}, -20, 20)},
+        {7, 5, 8},
+        ref::Tensors{RandomTensor(rng, i32, {4, 1, 65}, -400, 400),
+                     RandomTensor(rng, i32, {3, 1}, -20, 20)},
         DefaultTolerance(f32)));
   }
   // Every fetch path in one region: same shape, scalar, suffix row, column,
   // general broadcast; an unused input; a size-0 output.
-  for (const auto& shapes : std::vector<std::vector<Dims>>{
-           {{5, 6, 7}, {}, {7}, {5, 1, 1}, {1, 6, 1}},
-           {{2, 3, 300}, {1}, {300}, {2, 1, 1}, {3, 1}},
-           {{0, 4}, {}, {4}, {1, 1}, {0, 1}},
-           {{}, {}, {}, {}, {}},
-           {{1, 1, 1}, {1}, {1}, {1, 1, 1}, {1, 1}}}) {
+  for (const auto& shapes :
+       std::vector<std::vector<Dims>>{{{5, 6, 7}, {}, {7}, {5, 1, 1}, {1, 6, 1}},
+                                      {{2, 3, 300}, {1}, {300}, {2, 1, 1}, {3, 1}},
+                                      {{0, 4}, {}, {4}, {1, 1}, {0, 1}},
+                                      {{}, {}, {}, {}, {}},
+                                      {{1, 1, 1}, {1}, {1}, {1, 1, 1}, {1, 1}}}) {
     const DType dt = v1::DTYPE_F32;
-    const std::string name = absl::StrCat("fused/fetch_paths_", ref::Shape(shapes[0]), "_", ref::Shape(shapes[4]));
+    const std::string name =
+        absl::StrCat("fused/fetch_paths_", ref::Shape(shapes[0]), "_", ref::Shape(shapes[4]));
     auto rng = RngFor(name);
     std::vector<HostTensor> inputs;
     for (const Dims& d : shapes) inputs.push_back(RandomTensor(rng, dt, d, -2, 2));
     v1::ClampAttrs clamp;
     clamp.set_max(1.25);
-    cases.push_back(RegionCase(
-        name,
-        {BinaryInstr(v1::BINARY_SUB, 0, 2, dt), BinaryInstr(v1::BINARY_MUL, 5, 1, dt),
-         BinaryInstr(v1::BINARY_ADD, 6, 4, dt), ClampInstr(7, dt, clamp), UnaryInstr(v1::UNARY_EXP, 8, dt)},
-        {4, 2}, std::move(inputs), DefaultTolerance(dt, 4)));
+    cases.push_back(
+        RegionCase(name,
+                   {BinaryInstr(v1::BINARY_SUB, 0, 2, dt), BinaryInstr(v1::BINARY_MUL, 5, 1, dt),
+                    BinaryInstr(v1::BINARY_ADD, 6, 4, dt), ClampInstr(7, dt, clamp),
+                    UnaryInstr(v1::UNARY_EXP, 8, dt)},
+                   {4, 2}, std::move(inputs), DefaultTolerance(dt, 4)));
   }
   // Inputs in f16/bf16 and f64 going through the converting fetch paths.
   for (DType dt : {v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64, v1::DTYPE_I64}) {
@@ -124,7 +133,7 @@ std::vector<Case> HandCases() {
     cases.push_back(RegionCase(
         name, {BinaryInstr(v1::BINARY_ADD, 0, 1, dt), BinaryInstr(v1::BINARY_MAX, 3, 2, dt)}, {1},
         ref::Tensors{RandomTensor(rng, dt, {3, 1, 37}, -9, 9), RandomTensor(rng, dt, {4, 1}, -9, 9),
-         RandomTensor(rng, dt, {1, 4, 1}, -9, 9)},
+                     RandomTensor(rng, dt, {1, 4, 1}, -9, 9)},
         f ? DefaultTolerance(dt, 2) : Tolerance{0, 0}));
   }
   // A long chain (slot reuse) with a result in the middle.
@@ -143,9 +152,10 @@ std::vector<Case> HandCases() {
       }
       v = 2 + j;
     }
-    cases.push_back(RegionCase(name, std::move(instrs), {23, 11},
-                               ref::Tensors{RandomTensor(rng, dt, {17, 129}, -3, 3), RandomTensor(rng, dt, {129}, -1, 1)},
-                               DefaultTolerance(dt, 24)));
+    cases.push_back(RegionCase(
+        name, std::move(instrs), {23, 11},
+        ref::Tensors{RandomTensor(rng, dt, {17, 129}, -3, 3), RandomTensor(rng, dt, {129}, -1, 1)},
+        DefaultTolerance(dt, 24)));
   }
   return cases;
 }
@@ -155,10 +165,10 @@ std::vector<Case> HandCases() {
 // rounding per instruction is a fair judge.
 std::vector<Case> RandomCases() {
   std::vector<Case> cases;
-  const int safe_unary[] = {v1::UNARY_TANH, v1::UNARY_SIGMOID, v1::UNARY_GELU, v1::UNARY_GELU_TANH,
-                            v1::UNARY_SILU, v1::UNARY_RELU,    v1::UNARY_ABS,  v1::UNARY_NEG,
-                            v1::UNARY_ERF,  v1::UNARY_SOFTPLUS, v1::UNARY_SIN, v1::UNARY_COS,
-                            v1::UNARY_IDENTITY};
+  const int safe_unary[] = {
+      v1::UNARY_TANH, v1::UNARY_SIGMOID, v1::UNARY_GELU,    v1::UNARY_GELU_TANH, v1::UNARY_SILU,
+      v1::UNARY_RELU, v1::UNARY_ABS,     v1::UNARY_NEG,     v1::UNARY_ERF,       v1::UNARY_SOFTPLUS,
+      v1::UNARY_SIN,  v1::UNARY_COS,     v1::UNARY_IDENTITY};
   const int safe_binary[] = {v1::BINARY_ADD, v1::BINARY_SUB, v1::BINARY_MUL, v1::BINARY_MAX,
                              v1::BINARY_MIN};
   const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 33, 300};
@@ -188,10 +198,12 @@ std::vector<Case> RandomCases() {
     while (static_cast<int>(instrs.size()) < n) {
       const int id = nin + static_cast<int>(instrs.size());
       switch (pick(6)) {
-        case 0: case 1:
+        case 0:
+        case 1:
           instrs.push_back(UnaryInstr(safe_unary[pick(13)], value(), dt));
           break;
-        case 2: case 3:
+        case 2:
+        case 3:
           instrs.push_back(BinaryInstr(safe_binary[pick(5)], value(), value(), dt));
           break;
         case 4:
@@ -210,7 +222,8 @@ std::vector<Case> RandomCases() {
       floats.push_back(id);
     }
     std::vector<int> results = {static_cast<int>(instrs.size()) - 1};
-    if (pick(2) && floats.back() - nin >= 1) results.push_back(floats[nin + pick(static_cast<int>(floats.size()) - nin)] - nin);
+    if (pick(2) && floats.back() - nin >= 1)
+      results.push_back(floats[nin + pick(static_cast<int>(floats.size()) - nin)] - nin);
     cases.push_back(RegionCase(name, std::move(instrs), std::move(results), std::move(inputs),
                                DefaultTolerance(dt, n)));
   }

@@ -13,9 +13,12 @@ namespace {
 
 using ref::Shape;
 
-int64_t Axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
+int64_t Axis(int64_t axis, size_t rank) {
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
 
-std::vector<HostTensor> SoftmaxReference(const backend::KernelSpec& spec, const std::vector<HostTensor>& in) {
+std::vector<HostTensor> SoftmaxReference(const backend::KernelSpec& spec,
+                                         const std::vector<HostTensor>& in) {
   const bool log = spec.op == v1::OP_LOG_SOFTMAX;
   const auto& a = log ? spec.attrs.log_softmax() : spec.attrs.softmax();
   const Dims& d = in[0].dims();
@@ -32,7 +35,8 @@ std::vector<HostTensor> SoftmaxReference(const backend::KernelSpec& spec, const 
       for (int64_t r = 0; r < n; ++r) sum += std::exp(At(in[0], at(r)) - mx);
       for (int64_t r = 0; r < n; ++r) {
         const long double z = At(in[0], at(r)) - mx;
-        out[0].SetFromDouble(at(r), static_cast<double>(log ? z - std::log(sum) : std::exp(z) / sum));
+        out[0].SetFromDouble(at(r),
+                             static_cast<double>(log ? z - std::log(sum) : std::exp(z) / sum));
       }
     }
   }
@@ -42,14 +46,14 @@ std::vector<HostTensor> SoftmaxReference(const backend::KernelSpec& spec, const 
 std::vector<Case> SoftmaxCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<Dims, int64_t>> specs = {
-      {{7}, -1},       {{3, 33}, -1},  {{4, 1000}, 1},   {{2, 5, 7}, 1}, {{300, 2, 3}, 0},
-      {{2, 9, 300}, 1}, {{1}, 0},      {{0, 5}, -1},     {{5, 1}, 0},    {{6, 1}, -1},
+      {{7}, -1},        {{3, 33}, -1}, {{4, 1000}, 1}, {{2, 5, 7}, 1}, {{300, 2, 3}, 0},
+      {{2, 9, 300}, 1}, {{1}, 0},      {{0, 5}, -1},   {{5, 1}, 0},    {{6, 1}, -1},
   };
   for (v1::OpKind op : {v1::OP_SOFTMAX, v1::OP_LOG_SOFTMAX}) {
     for (DType dt : ref::FloatTypes()) {
       for (const auto& [dims, axis] : specs) {
-        const std::string name = absl::StrCat(op == v1::OP_SOFTMAX ? "softmax/" : "log_softmax/", DTypeName(dt),
-                                              "_", Shape(dims), "_a", axis);
+        const std::string name = absl::StrCat(op == v1::OP_SOFTMAX ? "softmax/" : "log_softmax/",
+                                              DTypeName(dt), "_", Shape(dims), "_a", axis);
         auto rng = RngFor(name);
         v1::Attrs a;
         auto* sa = op == v1::OP_SOFTMAX ? a.mutable_softmax() : a.mutable_log_softmax();
@@ -73,7 +77,8 @@ std::vector<Case> SoftmaxCases() {
       auto rng = RngFor(name);
       Case c;
       c.name = name;
-      c.spec = ref::Spec(name, op, v1::Attrs(), {Desc(v1::DTYPE_F32, {12, 128, 128})}, {Desc(v1::DTYPE_F32, {12, 128, 128})});
+      c.spec = ref::Spec(name, op, v1::Attrs(), {Desc(v1::DTYPE_F32, {12, 128, 128})},
+                         {Desc(v1::DTYPE_F32, {12, 128, 128})});
       c.inputs = ref::Tensors{RandomTensor(rng, v1::DTYPE_F32, {12, 128, 128}, -8, 8)};
       c.reference = SoftmaxReference;
       c.tol = DefaultTolerance(v1::DTYPE_F32);
@@ -82,11 +87,13 @@ std::vector<Case> SoftmaxCases() {
     const std::string name = base + "special";
     Case c;
     c.name = name;
-    c.spec = ref::Spec(name, op, v1::Attrs(), {Desc(v1::DTYPE_F32, {3, 9})}, {Desc(v1::DTYPE_F32, {3, 9})});
-    c.inputs = ref::Tensors{ref::Values(v1::DTYPE_F32, {3, 9},
-                                        {1, -INFINITY, 2, -INFINITY, 3, 0, 0, 0, 1,  // masked entries
-                                         1e4, 1e4 - 1, 1e4 - 30, -1e4, 5e3, 1e4, 0, 1, 2,  // huge logits
-                                         -50, -60, -70, -80, -90, -100, -110, -120, -130})};
+    c.spec = ref::Spec(name, op, v1::Attrs(), {Desc(v1::DTYPE_F32, {3, 9})},
+                       {Desc(v1::DTYPE_F32, {3, 9})});
+    c.inputs = ref::Tensors{ref::Values(
+        v1::DTYPE_F32, {3, 9},
+        {1,   -INFINITY, 2,        -INFINITY, 3,   0,    0,    0,    1,  // masked entries
+         1e4, 1e4 - 1,   1e4 - 30, -1e4,      5e3, 1e4,  0,    1,    2,  // huge logits
+         -50, -60,       -70,      -80,       -90, -100, -110, -120, -130})};
     c.reference = SoftmaxReference;
     c.tol = DefaultTolerance(v1::DTYPE_F32);
     cases.push_back(std::move(c));
@@ -95,8 +102,10 @@ std::vector<Case> SoftmaxCases() {
 }
 
 // LayerNorm / RmsNorm / FusedResidualNorm over rows of `n` trailing elements.
-std::vector<HostTensor> NormReference(const backend::KernelSpec& spec, const std::vector<HostTensor>& in) {
-  bool rms = spec.op == v1::OP_RMS_NORM, has_axis = false, has_eps = false, residual = false, emit_sum = false;
+std::vector<HostTensor> NormReference(const backend::KernelSpec& spec,
+                                      const std::vector<HostTensor>& in) {
+  bool rms = spec.op == v1::OP_RMS_NORM, has_axis = false, has_eps = false, residual = false,
+       emit_sum = false;
   int64_t axis_attr = -1;
   double eps = 0;
   int scale = -1, bias = -1;
@@ -156,18 +165,18 @@ std::vector<HostTensor> NormReference(const backend::KernelSpec& spec, const std
 
 struct NormSpec {
   Dims dims;
-  int64_t axis;     // -1 = default (unset)
-  int params;       // 0 none, 1 scale, 2 scale + bias
-  double eps;       // 0 = default (unset)
-  double offset;    // added to x: a large mean
+  int64_t axis;   // -1 = default (unset)
+  int params;     // 0 none, 1 scale, 2 scale + bias
+  double eps;     // 0 = default (unset)
+  double offset;  // added to x: a large mean
 };
 
 std::vector<Case> NormCases() {
   std::vector<Case> cases;
   const std::vector<NormSpec> specs = {
-      {{4, 768}, -1, 2, 0, 0},    {{3, 5, 7}, 1, 2, 1e-3, 0}, {{10, 33}, -1, 1, 0, 0}, {{6, 17}, -1, 0, 0, 0},
-      {{2, 1}, -1, 2, 0, 0},      {{0, 8}, -1, 2, 0, 0},      {{7}, 0, 1, 0, 0},        {{5, 300}, -1, 2, 0, 100},
-      {{384, 768}, -1, 2, 0, 0},
+      {{4, 768}, -1, 2, 0, 0}, {{3, 5, 7}, 1, 2, 1e-3, 0}, {{10, 33}, -1, 1, 0, 0},
+      {{6, 17}, -1, 0, 0, 0},  {{2, 1}, -1, 2, 0, 0},      {{0, 8}, -1, 2, 0, 0},
+      {{7}, 0, 1, 0, 0},       {{5, 300}, -1, 2, 0, 100},  {{384, 768}, -1, 2, 0, 0},
   };
   for (v1::OpKind op : {v1::OP_LAYER_NORM, v1::OP_RMS_NORM}) {
     for (DType dt : ref::FloatTypes()) {
@@ -175,9 +184,10 @@ std::vector<Case> NormCases() {
         const NormSpec& s = specs[k];
         if (dt != v1::DTYPE_F32 && ref::NumElements(s.dims) > 10000) continue;
         const int params = op == v1::OP_RMS_NORM ? std::min(s.params, 1) : s.params;
-        const std::string name = absl::StrCat(op == v1::OP_LAYER_NORM ? "layer_norm/" : "rms_norm/", DTypeName(dt), "_",
-                                              Shape(s.dims), "_a", s.axis, "_p", params, s.eps > 0 ? "_eps" : "",
-                                              s.offset != 0 ? "_offset" : "");
+        const std::string name =
+            absl::StrCat(op == v1::OP_LAYER_NORM ? "layer_norm/" : "rms_norm/", DTypeName(dt), "_",
+                         Shape(s.dims), "_a", s.axis, "_p", params, s.eps > 0 ? "_eps" : "",
+                         s.offset != 0 ? "_offset" : "");
         auto rng = RngFor(name);
         const int64_t axis = Axis(s.axis, s.dims.size());
         const Dims norm(s.dims.begin() + axis, s.dims.end());
@@ -215,8 +225,9 @@ std::vector<Case> NormCases() {
         const bool has_scale = combo & 1, has_bias = combo & 2, emit = t % 3 != 1;
         const Dims dims = t % 2 ? Dims{6, 96} : Dims{3, 4, 33};
         const int64_t axis = t % 4 == 3 ? 1 : -1;
-        const std::string name = absl::StrCat("residual_norm/", rms ? "rms_" : "layer_", DTypeName(dt), "_", combo,
-                                              emit ? "_sum" : "", "_a", axis);
+        const std::string name =
+            absl::StrCat("residual_norm/", rms ? "rms_" : "layer_", DTypeName(dt), "_", combo,
+                         emit ? "_sum" : "", "_a", axis);
         auto rng = RngFor(name);
         v1::Attrs a;
         auto* fa = a.mutable_fused_residual_norm();
@@ -230,8 +241,10 @@ std::vector<Case> NormCases() {
         inputs.push_back(RandomTensor(rng, dt, dims, -2, 2));
         inputs.push_back(RandomTensor(rng, dt, dims, -2, 2));
         std::vector<backend::TensorDesc> descs = {Desc(dt, dims), Desc(dt, dims)};
-        if (has_scale) inputs.push_back(RandomTensor(rng, dt, norm, 0.5, 1.5)), descs.push_back(Desc(dt, norm));
-        if (has_bias) inputs.push_back(RandomTensor(rng, dt, norm, -1, 1)), descs.push_back(Desc(dt, norm));
+        if (has_scale)
+          inputs.push_back(RandomTensor(rng, dt, norm, 0.5, 1.5)), descs.push_back(Desc(dt, norm));
+        if (has_bias)
+          inputs.push_back(RandomTensor(rng, dt, norm, -1, 1)), descs.push_back(Desc(dt, norm));
         std::vector<backend::TensorDesc> outs = {Desc(dt, dims)};
         if (emit) outs.push_back(Desc(dt, dims));
         Case c;

@@ -2,8 +2,8 @@
 // Cumsum (exclusive, reverse). References accumulate in long double for
 // floats and in wrapping 64-bit arithmetic for integers.
 #include <cmath>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +22,8 @@ struct ReduceSpec {
   std::vector<int64_t> axes;
 };
 
-std::vector<HostTensor> ReduceReference(const backend::KernelSpec& spec, const std::vector<HostTensor>& in) {
+std::vector<HostTensor> ReduceReference(const backend::KernelSpec& spec,
+                                        const std::vector<HostTensor>& in) {
   const HostTensor& x = in[0];
   const auto& a = spec.attrs.reduce();
   const Dims& xd = x.dims();
@@ -35,7 +36,8 @@ std::vector<HostTensor> ReduceReference(const backend::KernelSpec& spec, const s
   }
   const int64_t n_out = ref::NumElements(kept);
   const bool is_float = IsFloat(x.dtype());
-  std::vector<long double> fsum(n_out, 0), fprod(n_out, 1), fmax(n_out, -INFINITY), fmin(n_out, INFINITY);
+  std::vector<long double> fsum(n_out, 0), fprod(n_out, 1), fmax(n_out, -INFINITY),
+      fmin(n_out, INFINITY);
   std::vector<uint64_t> isum(n_out, 0), iprod(n_out, 1);
   std::vector<int64_t> count(n_out, 0);
   for (int64_t e = 0; e < x.num_elements(); ++e) {
@@ -64,30 +66,42 @@ std::vector<HostTensor> ReduceReference(const backend::KernelSpec& spec, const s
     double v = 0;
     switch (a.kind()) {
       case v1::REDUCE_SUM:
-        v = is_float ? static_cast<double>(fsum[j]) : ref::WrapInt(static_cast<int64_t>(isum[j]), x.dtype());
+        v = is_float ? static_cast<double>(fsum[j])
+                     : ref::WrapInt(static_cast<int64_t>(isum[j]), x.dtype());
         break;
-      case v1::REDUCE_MEAN: v = static_cast<double>(fsum[j] / count[j]); break;
+      case v1::REDUCE_MEAN:
+        v = static_cast<double>(fsum[j] / count[j]);
+        break;
       case v1::REDUCE_PROD:
-        v = is_float ? static_cast<double>(fprod[j]) : ref::WrapInt(static_cast<int64_t>(iprod[j]), x.dtype());
+        v = is_float ? static_cast<double>(fprod[j])
+                     : ref::WrapInt(static_cast<int64_t>(iprod[j]), x.dtype());
         break;
-      case v1::REDUCE_MAX: v = static_cast<double>(fmax[j]); break;
-      case v1::REDUCE_MIN: v = static_cast<double>(fmin[j]); break;
-      default: break;
+      case v1::REDUCE_MAX:
+        v = static_cast<double>(fmax[j]);
+        break;
+      case v1::REDUCE_MIN:
+        v = static_cast<double>(fmin[j]);
+        break;
+      default:
+        break;
     }
     out[0].SetFromDouble(j, is_float ? ref::RoundTo(v, x.dtype()) : v);  // overflow -> inf
   }
   return out;
 }
 
-Case ReduceCase(const std::string& name, int kind, const ReduceSpec& s, bool keepdims, HostTensor x) {
+Case ReduceCase(const std::string& name, int kind, const ReduceSpec& s, bool keepdims,
+                HostTensor x) {
   const int64_t r = static_cast<int64_t>(s.dims.size());
   std::vector<bool> red(r, s.axes.empty());
   for (int64_t ax : s.axes) red[ax < 0 ? ax + r : ax] = true;
   Dims out;
   int64_t k_len = 1;
   for (int64_t k = 0; k < r; ++k) {
-    if (!red[k]) out.push_back(s.dims[k]);
-    else if (keepdims) out.push_back(1);
+    if (!red[k])
+      out.push_back(s.dims[k]);
+    else if (keepdims)
+      out.push_back(1);
     if (red[k]) k_len *= s.dims[k];
   }
   v1::Attrs a;
@@ -100,21 +114,24 @@ Case ReduceCase(const std::string& name, int kind, const ReduceSpec& s, bool kee
   c.spec = ref::Spec(name, v1::OP_REDUCE, a, {Desc(dt, s.dims)}, {Desc(dt, out)});
   c.inputs = ref::Tensors{std::move(x)};
   c.reference = ReduceReference;
-  c.tol = IsFloat(dt) ? DefaultTolerance(dt, kind == v1::REDUCE_MAX || kind == v1::REDUCE_MIN ? 1 : k_len)
-                      : Tolerance{0, 0};
+  c.tol = IsFloat(dt)
+              ? DefaultTolerance(dt, kind == v1::REDUCE_MAX || kind == v1::REDUCE_MIN ? 1 : k_len)
+              : Tolerance{0, 0};
   return c;
 }
 
 std::vector<Case> ReduceCases() {
   std::vector<Case> cases;
   const std::vector<ReduceSpec> specs = {
-      {{2, 3, 4}, {}},      {{2, 3, 4}, {1}},    {{2, 3, 4}, {0, 2}}, {{5, 7}, {-1}},   {{5, 7}, {0}},
-      {{1000}, {0}},        {{3, 1, 4}, {1}},    {{0, 3}, {0}},       {{0, 3}, {1}},    {{}, {}},
-      {{2, 3, 4, 5}, {1, 3}}, {{6, 1, 33}, {0, 2}}, {{9, 300}, {1}},   {{33, 17}, {0, 1}},
+      {{2, 3, 4}, {}}, {{2, 3, 4}, {1}},   {{2, 3, 4}, {0, 2}},    {{5, 7}, {-1}},
+      {{5, 7}, {0}},   {{1000}, {0}},      {{3, 1, 4}, {1}},       {{0, 3}, {0}},
+      {{0, 3}, {1}},   {{}, {}},           {{2, 3, 4, 5}, {1, 3}}, {{6, 1, 33}, {0, 2}},
+      {{9, 300}, {1}}, {{33, 17}, {0, 1}},
   };
   for (int kind = v1::REDUCE_SUM; kind <= v1::REDUCE_PROD; ++kind) {
     std::vector<DType> types = ref::FloatTypes();
-    if (kind != v1::REDUCE_MEAN) types.insert(types.end(), ref::IntTypes().begin(), ref::IntTypes().end());
+    if (kind != v1::REDUCE_MEAN)
+      types.insert(types.end(), ref::IntTypes().begin(), ref::IntTypes().end());
     for (size_t di = 0; di < types.size(); ++di) {
       const DType dt = types[di];
       for (size_t k = 0; k < specs.size(); ++k) {
@@ -123,23 +140,29 @@ std::vector<Case> ReduceCases() {
         bool empty_axis = false;
         for (int64_t ax : s.axes) empty_axis |= s.dims[ax < 0 ? ax + s.dims.size() : ax] == 0;
         if (empty_axis && (kind == v1::REDUCE_MAX || kind == v1::REDUCE_MIN)) continue;
-        const std::string name = absl::StrCat("reduce/", kind, "_", DTypeName(dt), "_", Shape(s.dims), "_a",
-                                              absl::StrJoin(s.axes, ""), (k % 3 == 1) ? "_keep" : "");
+        const std::string name =
+            absl::StrCat("reduce/", kind, "_", DTypeName(dt), "_", Shape(s.dims), "_a",
+                         absl::StrJoin(s.axes, ""), (k % 3 == 1) ? "_keep" : "");
         auto rng = RngFor(name);
         double lo = -1, hi = 1;
         if (kind == v1::REDUCE_PROD) lo = 0.95, hi = 1.05;
-        if (!IsFloat(dt)) std::tie(lo, hi) = kind == v1::REDUCE_PROD ? std::pair<double, double>{-3, 3} : ref::IntRange(dt);
+        if (!IsFloat(dt))
+          std::tie(lo, hi) =
+              kind == v1::REDUCE_PROD ? std::pair<double, double>{-3, 3} : ref::IntRange(dt);
         if (dt == v1::DTYPE_U8 && kind == v1::REDUCE_PROD) lo = 0;
-        cases.push_back(ReduceCase(name, kind, s, k % 3 == 1, RandomTensor(rng, dt, s.dims, lo, hi)));
+        cases.push_back(
+            ReduceCase(name, kind, s, k % 3 == 1, RandomTensor(rng, dt, s.dims, lo, hi)));
       }
     }
   }
   // Large: many rows, a few columns with long reductions (split over R), and
   // one long row (a full reduction in parallel).
-  const std::vector<ReduceSpec> big = {{{256, 1024}, {1}}, {{4096, 64}, {0}}, {{1, 300000}, {}}, {{64, 2, 512}, {0, 2}}};
+  const std::vector<ReduceSpec> big = {
+      {{256, 1024}, {1}}, {{4096, 64}, {0}}, {{1, 300000}, {}}, {{64, 2, 512}, {0, 2}}};
   for (const ReduceSpec& s : big) {
     for (int kind : {v1::REDUCE_SUM, v1::REDUCE_MAX, v1::REDUCE_MEAN}) {
-      const std::string name = absl::StrCat("reduce/large_", kind, "_", Shape(s.dims), "_a", absl::StrJoin(s.axes, ""));
+      const std::string name =
+          absl::StrCat("reduce/large_", kind, "_", Shape(s.dims), "_a", absl::StrJoin(s.axes, ""));
       auto rng = RngFor(name);
       cases.push_back(ReduceCase(name, kind, s, false, RandomTensor(rng, v1::DTYPE_F32, s.dims)));
     }
@@ -147,8 +170,9 @@ std::vector<Case> ReduceCases() {
   // NaN propagates through max/min and sums; inf through sums.
   for (int kind : {v1::REDUCE_SUM, v1::REDUCE_MAX, v1::REDUCE_MIN, v1::REDUCE_PROD}) {
     const std::string name = absl::StrCat("reduce/special_", kind);
-    cases.push_back(ReduceCase(name, kind, {{3, 4}, {1}}, false,
-                               ref::Values(v1::DTYPE_F32, {3, 4}, {1, NAN, 2, 3, INFINITY, 1, 2, -5, -1, 0, -0.0, 7})));
+    cases.push_back(ReduceCase(
+        name, kind, {{3, 4}, {1}}, false,
+        ref::Values(v1::DTYPE_F32, {3, 4}, {1, NAN, 2, 3, INFINITY, 1, 2, -5, -1, 0, -0.0, 7})));
   }
   return cases;
 }
@@ -156,7 +180,8 @@ std::vector<Case> ReduceCases() {
 std::vector<Case> ArgMaxCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<Dims, int64_t>> specs = {
-      {{5, 7}, 1}, {{5, 7}, 0}, {{2, 3, 4}, 1}, {{1000}, 0}, {{3, 1}, -1}, {{0, 4}, 1}, {{4, 300}, -1}, {{2, 33, 9}, 2}};
+      {{5, 7}, 1},  {{5, 7}, 0}, {{2, 3, 4}, 1}, {{1000}, 0},
+      {{3, 1}, -1}, {{0, 4}, 1}, {{4, 300}, -1}, {{2, 33, 9}, 2}};
   std::vector<DType> types = ref::FloatTypes();
   types.insert(types.end(), ref::IntTypes().begin(), ref::IntTypes().end());
   int t = 0;
@@ -164,18 +189,23 @@ std::vector<Case> ArgMaxCases() {
     for (const auto& [dims, axis_attr] : specs) {
       const bool keep = t % 2 == 0;
       const DType index = t++ % 3 == 0 ? v1::DTYPE_I32 : v1::DTYPE_I64;
-      const std::string name = absl::StrCat("argmax/", DTypeName(dt), "_", Shape(dims), "_a", axis_attr, keep ? "_keep" : "");
+      const std::string name = absl::StrCat("argmax/", DTypeName(dt), "_", Shape(dims), "_a",
+                                            axis_attr, keep ? "_keep" : "");
       auto rng = RngFor(name);
       // Small integers: ties, where the first index must win.
       HostTensor x = RandomTensor(rng, dt, dims, dt == v1::DTYPE_U8 ? 0 : -4, 4);
       if (IsFloat(dt)) {
-        for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, std::round(x.GetAsDouble(i) * 2));
+        for (int64_t i = 0; i < x.num_elements(); ++i)
+          x.SetFromDouble(i, std::round(x.GetAsDouble(i) * 2));
       }
-      const int64_t axis = axis_attr < 0 ? axis_attr + static_cast<int64_t>(dims.size()) : axis_attr;
+      const int64_t axis =
+          axis_attr < 0 ? axis_attr + static_cast<int64_t>(dims.size()) : axis_attr;
       Dims out;
       for (int64_t k = 0; k < static_cast<int64_t>(dims.size()); ++k) {
-        if (k != axis) out.push_back(dims[k]);
-        else if (keep) out.push_back(1);
+        if (k != axis)
+          out.push_back(dims[k]);
+        else if (keep)
+          out.push_back(1);
       }
       v1::Attrs a;
       a.mutable_argmax()->set_axis(axis_attr);
@@ -185,7 +215,8 @@ std::vector<Case> ArgMaxCases() {
       c.name = name;
       c.spec = ref::Spec(name, v1::OP_ARGMAX, a, {Desc(dt, dims)}, {Desc(index, out)});
       c.inputs = ref::Tensors{std::move(x)};
-      c.reference = [dims, axis](const backend::KernelSpec& spec, const std::vector<HostTensor>& in) {
+      c.reference = [dims, axis](const backend::KernelSpec& spec,
+                                 const std::vector<HostTensor>& in) {
         std::vector<HostTensor> r;
         r.push_back(F64(spec.outputs[0].dims));
         const int64_t n = dims[axis];
@@ -215,8 +246,10 @@ std::vector<Case> ArgMaxCases() {
     a.mutable_argmax()->set_axis(1);
     Case c;
     c.name = name;
-    c.spec = ref::Spec(name, v1::OP_ARGMAX, a, {Desc(v1::DTYPE_F32, {3, 4})}, {Desc(v1::DTYPE_I64, {3})});
-    c.inputs = ref::Tensors{ref::Values(v1::DTYPE_F32, {3, 4}, {1, NAN, 5, NAN, 9, 2, 9, 1, -1, -2, -3, NAN})};
+    c.spec = ref::Spec(name, v1::OP_ARGMAX, a, {Desc(v1::DTYPE_F32, {3, 4})},
+                       {Desc(v1::DTYPE_I64, {3})});
+    c.inputs = ref::Tensors{
+        ref::Values(v1::DTYPE_F32, {3, 4}, {1, NAN, 5, NAN, 9, 2, 9, 1, -1, -2, -3, NAN})};
     c.reference = [](const backend::KernelSpec&, const std::vector<HostTensor>&) {
       std::vector<HostTensor> r;
       r.push_back(ref::Values(v1::DTYPE_F64, {3}, {1, 0, 3}));
@@ -230,8 +263,9 @@ std::vector<Case> ArgMaxCases() {
 
 std::vector<Case> CumsumCases() {
   std::vector<Case> cases;
-  const std::vector<std::pair<Dims, int64_t>> specs = {
-      {{7}, 0}, {{5, 9}, 1}, {{5, 9}, 0}, {{2, 3, 4}, 1}, {{1000}, 0}, {{0, 3}, 1}, {{3, 600}, 0}, {{4, 1}, -1}};
+  const std::vector<std::pair<Dims, int64_t>> specs = {{{7}, 0},       {{5, 9}, 1}, {{5, 9}, 0},
+                                                       {{2, 3, 4}, 1}, {{1000}, 0}, {{0, 3}, 1},
+                                                       {{3, 600}, 0},  {{4, 1}, -1}};
   const std::vector<DType> types = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64,
                                     v1::DTYPE_I8,  v1::DTYPE_U8,  v1::DTYPE_I32,  v1::DTYPE_I64};
   int t = 0;
@@ -239,11 +273,13 @@ std::vector<Case> CumsumCases() {
     for (const auto& [dims, axis_attr] : specs) {
       const bool exclusive = t % 2 == 1, reverse = (t / 2) % 2 == 1;
       ++t;
-      const std::string name = absl::StrCat("cumsum/", DTypeName(dt), "_", Shape(dims), "_a", axis_attr,
-                                            exclusive ? "_ex" : "", reverse ? "_rev" : "");
+      const std::string name =
+          absl::StrCat("cumsum/", DTypeName(dt), "_", Shape(dims), "_a", axis_attr,
+                       exclusive ? "_ex" : "", reverse ? "_rev" : "");
       auto rng = RngFor(name);
       const auto [lo, hi] = IsFloat(dt) ? std::pair<double, double>{-1, 1} : ref::IntRange(dt);
-      const int64_t axis = axis_attr < 0 ? axis_attr + static_cast<int64_t>(dims.size()) : axis_attr;
+      const int64_t axis =
+          axis_attr < 0 ? axis_attr + static_cast<int64_t>(dims.size()) : axis_attr;
       v1::Attrs a;
       a.mutable_cumsum()->set_axis(axis_attr);
       a.mutable_cumsum()->set_exclusive(exclusive);
@@ -252,7 +288,8 @@ std::vector<Case> CumsumCases() {
       c.name = name;
       c.spec = ref::Spec(name, v1::OP_CUMSUM, a, {Desc(dt, dims)}, {Desc(dt, dims)});
       c.inputs = ref::Tensors{RandomTensor(rng, dt, dims, lo, hi)};
-      c.reference = [dims, axis, exclusive, reverse](const backend::KernelSpec&, const std::vector<HostTensor>& in) {
+      c.reference = [dims, axis, exclusive, reverse](const backend::KernelSpec&,
+                                                     const std::vector<HostTensor>& in) {
         std::vector<HostTensor> r;
         r.push_back(F64(dims));
         const int64_t n = dims[axis];
@@ -268,7 +305,8 @@ std::vector<Case> CumsumCases() {
             const int64_t e = Ravel(idx, dims);
             const double v = At(in[0], e);
             auto value = [&] {
-              return is_float ? static_cast<double>(fs) : ref::WrapInt(static_cast<int64_t>(is), in[0].dtype());
+              return is_float ? static_cast<double>(fs)
+                              : ref::WrapInt(static_cast<int64_t>(is), in[0].dtype());
             };
             if (exclusive) r[0].SetFromDouble(e, value());
             fs += v;

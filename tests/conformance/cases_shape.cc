@@ -20,8 +20,8 @@ using ref::Unravel;
 
 // Exercise one element size of each kind (1, 2, 4, 8 bytes) plus bool.
 const std::vector<DType>& MoveTypes() {
-  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_I8, v1::DTYPE_F64,
-                                       v1::DTYPE_BOOL, v1::DTYPE_I32};
+  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16,  v1::DTYPE_I8,
+                                       v1::DTYPE_F64, v1::DTYPE_BOOL, v1::DTYPE_I32};
   return t;
 }
 
@@ -38,8 +38,8 @@ struct Source {
 };
 using SourceFn = std::function<Source(const std::vector<int64_t>& out_idx)>;
 
-Case MoveCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs, std::vector<HostTensor> inputs,
-              const Dims& out, SourceFn source) {
+Case MoveCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs,
+              std::vector<HostTensor> inputs, const Dims& out, SourceFn source) {
   std::vector<backend::TensorDesc> ins;
   for (const HostTensor& t : inputs) ins.push_back(Desc(t.dtype(), t.dims()));
   const DType dt = inputs[0].dtype();
@@ -63,10 +63,12 @@ Case MoveCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs, st
 std::vector<Case> ReshapeCopyCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<Dims, std::vector<int64_t>>> shapes = {
-      {{2, 3, 4}, {6, -1}}, {{24}, {2, 3, 4}}, {{}, {1, 1}}, {{0, 3}, {3, 0}}, {{5, 1, 7}, {-1}}, {{1000}, {8, 125}}};
+      {{2, 3, 4}, {6, -1}}, {{24}, {2, 3, 4}}, {{}, {1, 1}},
+      {{0, 3}, {3, 0}},     {{5, 1, 7}, {-1}}, {{1000}, {8, 125}}};
   for (DType dt : MoveTypes()) {
     for (const auto& [in, target] : shapes) {
-      const std::string name = absl::StrCat("reshape/", DTypeName(dt), "_", Shape(in), "_to_", absl::StrJoin(target, "x"));
+      const std::string name = absl::StrCat("reshape/", DTypeName(dt), "_", Shape(in), "_to_",
+                                            absl::StrJoin(target, "x"));
       auto rng = RngFor(name);
       Dims out(target.begin(), target.end());
       int64_t known = 1;
@@ -77,11 +79,15 @@ std::vector<Case> ReshapeCopyCases() {
       v1::Attrs a;
       for (int64_t d : target) a.mutable_reshape()->add_shape(d);
       cases.push_back(MoveCase(name, v1::OP_RESHAPE, a, ref::Tensors{Data(rng, dt, in)}, out,
-                               [out](const std::vector<int64_t>& i) { return Source{0, Ravel(i, out)}; }));
+                               [out](const std::vector<int64_t>& i) {
+                                 return Source{0, Ravel(i, out)};
+                               }));
       const Dims in_copy = in;
-      cases.push_back(MoveCase(absl::StrCat("copy/", DTypeName(dt), "_", Shape(in)), v1::OP_COPY, v1::Attrs(),
-                               ref::Tensors{Data(rng, dt, in)}, in,
-                               [in_copy](const std::vector<int64_t>& i) { return Source{0, Ravel(i, in_copy)}; }));
+      cases.push_back(MoveCase(absl::StrCat("copy/", DTypeName(dt), "_", Shape(in)), v1::OP_COPY,
+                               v1::Attrs(), ref::Tensors{Data(rng, dt, in)}, in,
+                               [in_copy](const std::vector<int64_t>& i) {
+                                 return Source{0, Ravel(i, in_copy)};
+                               }));
     }
   }
   return cases;
@@ -90,15 +96,25 @@ std::vector<Case> ReshapeCopyCases() {
 std::vector<Case> TransposeCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<Dims, std::vector<int64_t>>> perms = {
-      {{67, 45}, {1, 0}},                 {{2, 33, 5, 17}, {0, 2, 1, 3}},  {{2, 33, 5, 17}, {0, 2, 3, 1}},
-      {{2, 33, 5, 17}, {3, 2, 1, 0}},     {{1, 1, 5}, {2, 0, 1}},          {{0, 4, 3}, {2, 1, 0}},
-      {{}, {}},                            {{7}, {0}},                      {{3, 1, 4, 1}, {3, 2, 1, 0}},
-      {{9, 8, 7}, {1, 2, 0}},             {{4, 6, 8, 10}, {0, 1, 3, 2}},   {{16, 16}, {1, 0}},
-      {{2, 3, 4, 5, 6}, {4, 0, 3, 1, 2}}, {{33, 31}, {1, 0}},
+      {{67, 45}, {1, 0}},
+      {{2, 33, 5, 17}, {0, 2, 1, 3}},
+      {{2, 33, 5, 17}, {0, 2, 3, 1}},
+      {{2, 33, 5, 17}, {3, 2, 1, 0}},
+      {{1, 1, 5}, {2, 0, 1}},
+      {{0, 4, 3}, {2, 1, 0}},
+      {{}, {}},
+      {{7}, {0}},
+      {{3, 1, 4, 1}, {3, 2, 1, 0}},
+      {{9, 8, 7}, {1, 2, 0}},
+      {{4, 6, 8, 10}, {0, 1, 3, 2}},
+      {{16, 16}, {1, 0}},
+      {{2, 3, 4, 5, 6}, {4, 0, 3, 1, 2}},
+      {{33, 31}, {1, 0}},
   };
   for (DType dt : MoveTypes()) {
     for (const auto& [in, perm] : perms) {
-      const std::string name = absl::StrCat("transpose/", DTypeName(dt), "_", Shape(in), "_p", absl::StrJoin(perm, ""));
+      const std::string name =
+          absl::StrCat("transpose/", DTypeName(dt), "_", Shape(in), "_p", absl::StrJoin(perm, ""));
       auto rng = RngFor(name);
       Dims out;
       for (int64_t p : perm) out.push_back(in[p]);
@@ -117,13 +133,14 @@ std::vector<Case> TransposeCases() {
   const std::vector<std::pair<Dims, std::vector<int64_t>>> big = {
       {{2, 128, 12, 64}, {0, 2, 1, 3}}, {{2, 12, 128, 64}, {0, 1, 3, 2}}, {{768, 513}, {1, 0}}};
   for (const auto& [in, perm] : big) {
-    const std::string name = absl::StrCat("transpose/large_", Shape(in), "_p", absl::StrJoin(perm, ""));
+    const std::string name =
+        absl::StrCat("transpose/large_", Shape(in), "_p", absl::StrJoin(perm, ""));
     auto rng = RngFor(name);
     Dims out;
     v1::Attrs a;
     for (int64_t p : perm) out.push_back(in[p]), a.mutable_transpose()->add_perm(p);
-    cases.push_back(MoveCase(name, v1::OP_TRANSPOSE, a, ref::Tensors{Data(rng, v1::DTYPE_F32, in)}, out,
-                             [in, perm](const std::vector<int64_t>& o) {
+    cases.push_back(MoveCase(name, v1::OP_TRANSPOSE, a, ref::Tensors{Data(rng, v1::DTYPE_F32, in)},
+                             out, [in, perm](const std::vector<int64_t>& o) {
                                std::vector<int64_t> i(o.size());
                                for (size_t k = 0; k < o.size(); ++k) i[perm[k]] = o[k];
                                return Source{0, Ravel(i, in)};
@@ -140,11 +157,16 @@ struct SliceSpec {
 std::vector<Case> SliceCases() {
   std::vector<Case> cases;
   const std::vector<SliceSpec> specs = {
-      {{10, 7}, {2, 0}, {8, 7}, {}, {}},           {{10, 7}, {-3, 1}, {100, -1}, {2, 3}, {}},
-      {{4, 5, 6}, {1}, {3}, {}, {1}},               {{4, 5, 6}, {-100, 5}, {100, 1}, {1, 1}, {0, 2}},
-      {{9}, {7}, {2}, {}, {}},                      {{3, 300}, {0, 5}, {3, 290}, {2, 3}, {}},
-      {{2, 3, 4, 5}, {0, 0, 1, 0}, {2, 3, 3, 5}, {}, {}}, {{6, 1, 8}, {1}, {6}, {2}, {-3}},
-      {{0, 4}, {0}, {2}, {}, {1}},                  {{5, 9}, {4}, {5}, {}, {0}},
+      {{10, 7}, {2, 0}, {8, 7}, {}, {}},
+      {{10, 7}, {-3, 1}, {100, -1}, {2, 3}, {}},
+      {{4, 5, 6}, {1}, {3}, {}, {1}},
+      {{4, 5, 6}, {-100, 5}, {100, 1}, {1, 1}, {0, 2}},
+      {{9}, {7}, {2}, {}, {}},
+      {{3, 300}, {0, 5}, {3, 290}, {2, 3}, {}},
+      {{2, 3, 4, 5}, {0, 0, 1, 0}, {2, 3, 3, 5}, {}, {}},
+      {{6, 1, 8}, {1}, {6}, {2}, {-3}},
+      {{0, 4}, {0}, {2}, {}, {1}},
+      {{5, 9}, {4}, {5}, {}, {0}},
   };
   for (DType dt : MoveTypes()) {
     for (size_t k = 0; k < specs.size(); ++k) {
@@ -185,16 +207,17 @@ std::vector<Case> SliceCases() {
 std::vector<Case> ConcatCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<std::vector<Dims>, int64_t>> specs = {
-      {{{2, 3}, {4, 3}}, 0},          {{{2, 3}, {2, 5}, {2, 1}}, 1},  {{{2, 3, 4}, {2, 0, 4}, {2, 7, 4}}, 1},
-      {{{3, 5}}, -1},                  {{{1, 300}, {1, 200}}, -1},     {{{4, 2, 3}, {4, 2, 5}}, 2},
-      {{{0, 2}, {3, 2}}, 0},           {{{64, 64}, {64, 64}}, 0},
+      {{{2, 3}, {4, 3}}, 0}, {{{2, 3}, {2, 5}, {2, 1}}, 1}, {{{2, 3, 4}, {2, 0, 4}, {2, 7, 4}}, 1},
+      {{{3, 5}}, -1},        {{{1, 300}, {1, 200}}, -1},    {{{4, 2, 3}, {4, 2, 5}}, 2},
+      {{{0, 2}, {3, 2}}, 0}, {{{64, 64}, {64, 64}}, 0},
   };
   for (DType dt : MoveTypes()) {
     for (size_t k = 0; k < specs.size(); ++k) {
       const auto& [shapes, axis_attr] = specs[k];
       const std::string name = absl::StrCat("concat/", DTypeName(dt), "_", k);
       auto rng = RngFor(name);
-      const int64_t axis = axis_attr < 0 ? axis_attr + static_cast<int64_t>(shapes[0].size()) : axis_attr;
+      const int64_t axis =
+          axis_attr < 0 ? axis_attr + static_cast<int64_t>(shapes[0].size()) : axis_attr;
       std::vector<HostTensor> inputs;
       Dims out = shapes[0];
       out[axis] = 0;
@@ -209,7 +232,8 @@ std::vector<Case> ConcatCases() {
       cases.push_back(MoveCase(name, v1::OP_CONCAT, a, std::move(inputs), out,
                                [shapes, offsets, axis](const std::vector<int64_t>& o) {
                                  int which = static_cast<int>(offsets.size()) - 1;
-                                 while (offsets[which] > o[axis] || shapes[which][axis] == 0) --which;
+                                 while (offsets[which] > o[axis] || shapes[which][axis] == 0)
+                                   --which;
                                  std::vector<int64_t> i = o;
                                  i[axis] -= offsets[which];
                                  return Source{which, Ravel(i, shapes[which])};
@@ -222,12 +246,20 @@ std::vector<Case> ConcatCases() {
 std::vector<Case> ExpandCases() {
   std::vector<Case> cases;
   const std::vector<std::pair<Dims, Dims>> specs = {
-      {{3}, {4, 3}},  {{4, 1}, {4, 300}}, {{}, {2, 3}},     {{1, 5, 1}, {2, 5, 7}}, {{2, 1, 3}, {4, 2, 6, 3}},
-      {{1}, {0, 1}}, {{5}, {5}},         {{1, 1}, {1, 1}}, {{768}, {64, 768}},
+      {{3}, {4, 3}},
+      {{4, 1}, {4, 300}},
+      {{}, {2, 3}},
+      {{1, 5, 1}, {2, 5, 7}},
+      {{2, 1, 3}, {4, 2, 6, 3}},
+      {{1}, {0, 1}},
+      {{5}, {5}},
+      {{1, 1}, {1, 1}},
+      {{768}, {64, 768}},
   };
   for (DType dt : MoveTypes()) {
     for (const auto& [in, out] : specs) {
-      const std::string name = absl::StrCat("expand/", DTypeName(dt), "_", Shape(in), "_to_", Shape(out));
+      const std::string name =
+          absl::StrCat("expand/", DTypeName(dt), "_", Shape(in), "_to_", Shape(out));
       auto rng = RngFor(name);
       v1::Attrs a;
       for (int64_t d : out) a.mutable_expand()->add_shape(d);
@@ -247,8 +279,13 @@ std::vector<Case> PadCases() {
     std::vector<int64_t> lo, hi;
   };
   const std::vector<PadSpec> specs = {
-      {{5}, {2}, {3}}, {{3, 4}, {1, 0}, {2, 3}}, {{2, 3, 4}, {0, 2, 1}, {1, 0, 3}}, {{4, 300}, {1, 2}, {0, 1}},
-      {{}, {}, {}},    {{6, 1}, {0, 0}, {0, 0}}, {{3, 5}, {2, 4}, {2, 4}},
+      {{5}, {2}, {3}},
+      {{3, 4}, {1, 0}, {2, 3}},
+      {{2, 3, 4}, {0, 2, 1}, {1, 0, 3}},
+      {{4, 300}, {1, 2}, {0, 1}},
+      {{}, {}, {}},
+      {{6, 1}, {0, 0}, {0, 0}},
+      {{3, 5}, {2, 4}, {2, 4}},
   };
   for (int mode = v1::PAD_CONSTANT; mode <= v1::PAD_EDGE; ++mode) {
     for (DType dt : MoveTypes()) {
@@ -280,7 +317,8 @@ std::vector<Case> PadCases() {
                                      if (c < 0 || c >= n) {
                                        if (mode == v1::PAD_CONSTANT) return Source{0, -1, value};
                                        if (mode == v1::PAD_EDGE) c = c < 0 ? 0 : n - 1;
-                                       if (mode == v1::PAD_REFLECT) c = c < 0 ? -c : 2 * (n - 1) - c;
+                                       if (mode == v1::PAD_REFLECT)
+                                         c = c < 0 ? -c : 2 * (n - 1) - c;
                                      }
                                      i[d] = c;
                                    }
@@ -299,10 +337,11 @@ std::vector<Case> GatherCases() {
     int64_t axis;
   };
   const std::vector<GatherSpec> specs = {
-      {{10, 4}, {6}, 0},  {{3, 9, 2}, {2, 5}, 1}, {{4, 7}, {}, -1}, {{30522 / 30, 768}, {128}, 0},
-      {{5}, {0}, 0},      {{2, 3, 4}, {3, 1}, 2}, {{6, 1}, {4}, 0},
+      {{10, 4}, {6}, 0}, {{3, 9, 2}, {2, 5}, 1}, {{4, 7}, {}, -1}, {{30522 / 30, 768}, {128}, 0},
+      {{5}, {0}, 0},     {{2, 3, 4}, {3, 1}, 2}, {{6, 1}, {4}, 0},
   };
-  const DType idx_types[] = {v1::DTYPE_I64, v1::DTYPE_I32, v1::DTYPE_I16, v1::DTYPE_I8, v1::DTYPE_U8};
+  const DType idx_types[] = {v1::DTYPE_I64, v1::DTYPE_I32, v1::DTYPE_I16, v1::DTYPE_I8,
+                             v1::DTYPE_U8};
   int t = 0;
   for (DType dt : MoveTypes()) {
     for (size_t k = 0; k < specs.size(); ++k, ++t) {
@@ -326,14 +365,15 @@ std::vector<Case> GatherCases() {
         rows.push_back(v < 0 ? v + n : v);
       }
       const int64_t ir = static_cast<int64_t>(idims.size());
-      cases.push_back(MoveCase(name, v1::OP_GATHER, a, ref::Tensors{Data(rng, dt, data), std::move(idx)}, out,
-                               [data, idims, rows, axis, ir](const std::vector<int64_t>& o) {
-                                 std::vector<int64_t> i(o.begin(), o.begin() + axis);
-                                 const std::vector<int64_t> j(o.begin() + axis, o.begin() + axis + ir);
-                                 i.push_back(rows[Ravel(j, idims)]);
-                                 i.insert(i.end(), o.begin() + axis + ir, o.end());
-                                 return Source{0, Ravel(i, data)};
-                               }));
+      cases.push_back(
+          MoveCase(name, v1::OP_GATHER, a, ref::Tensors{Data(rng, dt, data), std::move(idx)}, out,
+                   [data, idims, rows, axis, ir](const std::vector<int64_t>& o) {
+                     std::vector<int64_t> i(o.begin(), o.begin() + axis);
+                     const std::vector<int64_t> j(o.begin() + axis, o.begin() + axis + ir);
+                     i.push_back(rows[Ravel(j, idims)]);
+                     i.insert(i.end(), o.begin() + axis + ir, o.end());
+                     return Source{0, Ravel(i, data)};
+                   }));
     }
   }
   // Out-of-range indices fail the launch naming the node, index and range.
@@ -342,10 +382,13 @@ std::vector<Case> GatherCases() {
     auto rng = RngFor(name);
     v1::Attrs a;
     a.mutable_gather()->set_axis(0);
-    Case c = MoveCase(name, v1::OP_GATHER, a,
-                      ref::Tensors{Data(rng, v1::DTYPE_F32, {5, 3}), ref::Values(v1::DTYPE_I64, {4}, {0, 4, static_cast<double>(bad), 1})},
-                      {4, 3}, [](const std::vector<int64_t>&) { return Source{}; });
-    c.expect_error = absl::StrCat(c.spec.label, ": gather index ", bad, " (at position 2) is out of range [-5, 5)");
+    Case c =
+        MoveCase(name, v1::OP_GATHER, a,
+                 ref::Tensors{Data(rng, v1::DTYPE_F32, {5, 3}),
+                              ref::Values(v1::DTYPE_I64, {4}, {0, 4, static_cast<double>(bad), 1})},
+                 {4, 3}, [](const std::vector<int64_t>&) { return Source{}; });
+    c.expect_error = absl::StrCat(c.spec.label, ": gather index ", bad,
+                                  " (at position 2) is out of range [-5, 5)");
     cases.push_back(std::move(c));
   }
   return cases;

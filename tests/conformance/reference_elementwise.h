@@ -16,8 +16,10 @@ namespace kiln::conformance::ref {
 inline double UnaryValue(int kind, double x) {
   const double inv_sqrt2 = 0.70710678118654752440;
   switch (kind) {
-    case v1::UNARY_IDENTITY: return x;
-    case v1::UNARY_RELU: return std::isnan(x) ? x : std::max(x, 0.0);
+    case v1::UNARY_IDENTITY:
+      return x;
+    case v1::UNARY_RELU:
+      return std::isnan(x) ? x : std::max(x, 0.0);
     case v1::UNARY_GELU:
       if (std::isinf(x)) return x > 0 ? x : 0.0;
       return 0.5 * x * std::erfc(-x * inv_sqrt2);
@@ -29,25 +31,42 @@ inline double UnaryValue(int kind, double x) {
     case v1::UNARY_SILU:
       if (std::isinf(x)) return x > 0 ? x : 0.0;
       return x / (1.0 + std::exp(-x));
-    case v1::UNARY_SIGMOID: return 1.0 / (1.0 + std::exp(-x));
-    case v1::UNARY_TANH: return std::tanh(x);
-    case v1::UNARY_EXP: return std::exp(x);
-    case v1::UNARY_LOG: return std::log(x);
-    case v1::UNARY_SQRT: return std::sqrt(x);
-    case v1::UNARY_RSQRT: return 1.0 / std::sqrt(x);
-    case v1::UNARY_NEG: return -x;
-    case v1::UNARY_ABS: return std::fabs(x);
-    case v1::UNARY_SIN: return std::sin(x);
-    case v1::UNARY_COS: return std::cos(x);
-    case v1::UNARY_ERF: return std::erf(x);
-    case v1::UNARY_FLOOR: return std::floor(x);
-    case v1::UNARY_CEIL: return std::ceil(x);
-    case v1::UNARY_ROUND: return std::nearbyint(x);
-    case v1::UNARY_SIGN: return x > 0 ? 1.0 : (x < 0 ? -1.0 : x);
-    case v1::UNARY_RECIPROCAL: return 1.0 / x;
+    case v1::UNARY_SIGMOID:
+      return 1.0 / (1.0 + std::exp(-x));
+    case v1::UNARY_TANH:
+      return std::tanh(x);
+    case v1::UNARY_EXP:
+      return std::exp(x);
+    case v1::UNARY_LOG:
+      return std::log(x);
+    case v1::UNARY_SQRT:
+      return std::sqrt(x);
+    case v1::UNARY_RSQRT:
+      return 1.0 / std::sqrt(x);
+    case v1::UNARY_NEG:
+      return -x;
+    case v1::UNARY_ABS:
+      return std::fabs(x);
+    case v1::UNARY_SIN:
+      return std::sin(x);
+    case v1::UNARY_COS:
+      return std::cos(x);
+    case v1::UNARY_ERF:
+      return std::erf(x);
+    case v1::UNARY_FLOOR:
+      return std::floor(x);
+    case v1::UNARY_CEIL:
+      return std::ceil(x);
+    case v1::UNARY_ROUND:
+      return std::nearbyint(x);
+    case v1::UNARY_SIGN:
+      return x > 0 ? 1.0 : (x < 0 ? -1.0 : x);
+    case v1::UNARY_RECIPROCAL:
+      return 1.0 / x;
     case v1::UNARY_SOFTPLUS:
       return x > 30 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
-    default: return NAN;
+    default:
+      return NAN;
   }
 }
 
@@ -55,36 +74,58 @@ inline double BinaryValue(int kind, double a, double b, DType dtype) {
   if (!IsFloat(dtype)) {
     const int64_t x = static_cast<int64_t>(a), y = static_cast<int64_t>(b);
     switch (kind) {
-      case v1::BINARY_ADD: return WrapInt(static_cast<long double>(x) + y, dtype);
-      case v1::BINARY_SUB: return WrapInt(static_cast<long double>(x) - y, dtype);
-      case v1::BINARY_MUL: return WrapInt(static_cast<long double>(x) * y, dtype);
-      case v1::BINARY_DIV: return y == 0 ? 0 : WrapInt(static_cast<long double>(x / y), dtype);
-      case v1::BINARY_MAX: return std::max(x, y);
-      case v1::BINARY_MIN: return std::min(x, y);
-      default: return NAN;
+      case v1::BINARY_ADD:
+        return WrapInt(static_cast<long double>(x) + y, dtype);
+      case v1::BINARY_SUB:
+        return WrapInt(static_cast<long double>(x) - y, dtype);
+      case v1::BINARY_MUL:
+        return WrapInt(static_cast<long double>(x) * y, dtype);
+      case v1::BINARY_DIV:
+        return y == 0 ? 0 : WrapInt(static_cast<long double>(x / y), dtype);
+      case v1::BINARY_MAX:
+        return std::max(x, y);
+      case v1::BINARY_MIN:
+        return std::min(x, y);
+      default:
+        return NAN;
     }
   }
   switch (kind) {
-    case v1::BINARY_ADD: return a + b;
-    case v1::BINARY_SUB: return a - b;
-    case v1::BINARY_MUL: return a * b;
-    case v1::BINARY_DIV: return a / b;
-    case v1::BINARY_MAX: return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
-    case v1::BINARY_MIN: return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
-    case v1::BINARY_POW: return std::pow(a, b);
-    default: return NAN;
+    case v1::BINARY_ADD:
+      return a + b;
+    case v1::BINARY_SUB:
+      return a - b;
+    case v1::BINARY_MUL:
+      return a * b;
+    case v1::BINARY_DIV:
+      return a / b;
+    case v1::BINARY_MAX:
+      return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
+    case v1::BINARY_MIN:
+      return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
+    case v1::BINARY_POW:
+      return std::pow(a, b);
+    default:
+      return NAN;
   }
 }
 
 inline double CompareValue(int kind, double a, double b) {
   switch (kind) {
-    case v1::COMPARE_EQ: return a == b;
-    case v1::COMPARE_NE: return a != b;
-    case v1::COMPARE_LT: return a < b;
-    case v1::COMPARE_LE: return a <= b;
-    case v1::COMPARE_GT: return a > b;
-    case v1::COMPARE_GE: return a >= b;
-    default: return NAN;
+    case v1::COMPARE_EQ:
+      return a == b;
+    case v1::COMPARE_NE:
+      return a != b;
+    case v1::COMPARE_LT:
+      return a < b;
+    case v1::COMPARE_LE:
+      return a <= b;
+    case v1::COMPARE_GT:
+      return a > b;
+    case v1::COMPARE_GE:
+      return a >= b;
+    default:
+      return NAN;
   }
 }
 
@@ -111,21 +152,32 @@ inline double InstrValue(const v1::FusedInstr& f, const std::vector<double>& val
       const double x = a(0);
       if (IsFloat(f.dtype())) return RoundTo(UnaryValue(f.unary().kind(), x), f.dtype());
       switch (f.unary().kind()) {  // signed integers
-        case v1::UNARY_RELU: return std::max(x, 0.0);
-        case v1::UNARY_NEG: return WrapInt(-static_cast<long double>(x), f.dtype());
-        case v1::UNARY_ABS: return WrapInt(std::fabs(static_cast<long double>(x)), f.dtype());
-        case v1::UNARY_SIGN: return (x > 0) - (x < 0);
-        default: return x;
+        case v1::UNARY_RELU:
+          return std::max(x, 0.0);
+        case v1::UNARY_NEG:
+          return WrapInt(-static_cast<long double>(x), f.dtype());
+        case v1::UNARY_ABS:
+          return WrapInt(std::fabs(static_cast<long double>(x)), f.dtype());
+        case v1::UNARY_SIGN:
+          return (x > 0) - (x < 0);
+        default:
+          return x;
       }
     }
     case v1::OP_BINARY:
       return Store(BinaryValue(f.binary().kind(), a(0), a(1), f.dtype()), f.dtype());
-    case v1::OP_COMPARE: return CompareValue(f.compare().kind(), a(0), a(1));
-    case v1::OP_WHERE: return a(0) != 0 ? a(1) : a(2);
-    case v1::OP_CAST: return CastValue(a(0), dtypes[f.args(0)], f.dtype());
-    case v1::OP_CLAMP: return ClampValue(f.clamp(), a(0), f.dtype());
-    case v1::OP_CONSTANT: return CastValue(f.scalar(), v1::DTYPE_F64, f.dtype());
-    default: return NAN;
+    case v1::OP_COMPARE:
+      return CompareValue(f.compare().kind(), a(0), a(1));
+    case v1::OP_WHERE:
+      return a(0) != 0 ? a(1) : a(2);
+    case v1::OP_CAST:
+      return CastValue(a(0), dtypes[f.args(0)], f.dtype());
+    case v1::OP_CLAMP:
+      return ClampValue(f.clamp(), a(0), f.dtype());
+    case v1::OP_CONSTANT:
+      return CastValue(f.scalar(), v1::DTYPE_F64, f.dtype());
+    default:
+      return NAN;
   }
 }
 
@@ -144,7 +196,8 @@ inline std::vector<HostTensor> RegionReference(const std::vector<v1::FusedInstr>
   for (const auto& f : instrs) dtypes.push_back(f.dtype());
   const int64_t n = NumElements(out);
   for (int64_t e = 0; e < n; ++e) {
-    for (size_t i = 0; i < nin; ++i) vals[i] = At(inputs[i], BroadcastIndex(out, inputs[i].dims(), e));
+    for (size_t i = 0; i < nin; ++i)
+      vals[i] = At(inputs[i], BroadcastIndex(out, inputs[i].dims(), e));
     for (size_t j = 0; j < instrs.size(); ++j) vals[nin + j] = InstrValue(instrs[j], vals, dtypes);
     for (size_t k = 0; k < results.size(); ++k) outs[k].SetFromDouble(e, vals[nin + results[k]]);
   }

@@ -18,8 +18,7 @@
 namespace kiln::conformance::ref {
 
 inline const std::vector<DType>& FloatTypes() {
-  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16,
-                                       v1::DTYPE_F64};
+  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64};
   return t;
 }
 inline const std::vector<DType>& IntTypes() {
@@ -28,10 +27,9 @@ inline const std::vector<DType>& IntTypes() {
   return t;
 }
 inline const std::vector<DType>& DenseTypes() {
-  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16,
-                                       v1::DTYPE_F64, v1::DTYPE_I8,  v1::DTYPE_U8,
-                                       v1::DTYPE_I16, v1::DTYPE_I32, v1::DTYPE_I64,
-                                       v1::DTYPE_BOOL};
+  static const std::vector<DType> t = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64,
+                                       v1::DTYPE_I8,  v1::DTYPE_U8,  v1::DTYPE_I16,  v1::DTYPE_I32,
+                                       v1::DTYPE_I64, v1::DTYPE_BOOL};
   return t;
 }
 
@@ -114,12 +112,18 @@ inline int64_t Ravel(const std::vector<int64_t>& idx, const Dims& dims) {
 inline double WrapInt(long double v, DType dtype) {
   const int64_t i = static_cast<int64_t>(v);
   switch (dtype) {
-    case v1::DTYPE_I8: return static_cast<int8_t>(i);
-    case v1::DTYPE_U8: return static_cast<uint8_t>(i);
-    case v1::DTYPE_I16: return static_cast<int16_t>(i);
-    case v1::DTYPE_I32: return static_cast<int32_t>(i);
-    case v1::DTYPE_BOOL: return i != 0;
-    default: return static_cast<double>(i);
+    case v1::DTYPE_I8:
+      return static_cast<int8_t>(i);
+    case v1::DTYPE_U8:
+      return static_cast<uint8_t>(i);
+    case v1::DTYPE_I16:
+      return static_cast<int16_t>(i);
+    case v1::DTYPE_I32:
+      return static_cast<int32_t>(i);
+    case v1::DTYPE_BOOL:
+      return i != 0;
+    default:
+      return static_cast<double>(i);
   }
 }
 
@@ -127,10 +131,14 @@ inline double WrapInt(long double v, DType dtype) {
 // overflowing to inf.
 inline double RoundTo(double v, DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F32: return static_cast<float>(v);
-    case v1::DTYPE_F16: return HalfToFloat(FloatToHalf(static_cast<float>(v)));
-    case v1::DTYPE_BF16: return Bf16ToFloat(FloatToBf16(static_cast<float>(v)));
-    default: return v;
+    case v1::DTYPE_F32:
+      return static_cast<float>(v);
+    case v1::DTYPE_F16:
+      return HalfToFloat(FloatToHalf(static_cast<float>(v)));
+    case v1::DTYPE_BF16:
+      return Bf16ToFloat(FloatToBf16(static_cast<float>(v)));
+    default:
+      return v;
   }
 }
 
@@ -143,11 +151,20 @@ inline double CastValue(double v, DType from, DType to) {
     if (std::isnan(v)) return 0;
     double lo = -9223372036854775808.0, hi = 9223372036854775807.0;
     switch (to) {
-      case v1::DTYPE_I8: lo = -128, hi = 127; break;
-      case v1::DTYPE_U8: lo = 0, hi = 255; break;
-      case v1::DTYPE_I16: lo = -32768, hi = 32767; break;
-      case v1::DTYPE_I32: lo = -2147483648.0, hi = 2147483647.0; break;
-      default: break;
+      case v1::DTYPE_I8:
+        lo = -128, hi = 127;
+        break;
+      case v1::DTYPE_U8:
+        lo = 0, hi = 255;
+        break;
+      case v1::DTYPE_I16:
+        lo = -32768, hi = 32767;
+        break;
+      case v1::DTYPE_I32:
+        lo = -2147483648.0, hi = 2147483647.0;
+        break;
+      default:
+        break;
     }
     return std::trunc(std::min(std::max(v, lo), hi));
   }
@@ -175,10 +192,14 @@ inline Dims RandomDims(std::mt19937_64& rng, int rank, int64_t max_dim) {
 // Value range that is safe and meaningful for a dtype's random inputs.
 inline std::pair<double, double> IntRange(DType d) {
   switch (d) {
-    case v1::DTYPE_I8: return {-128, 127};
-    case v1::DTYPE_U8: return {0, 255};
-    case v1::DTYPE_BOOL: return {0, 1};
-    default: return {-1000, 1000};
+    case v1::DTYPE_I8:
+      return {-128, 127};
+    case v1::DTYPE_U8:
+      return {0, 255};
+    case v1::DTYPE_BOOL:
+      return {0, 1};
+    default:
+      return {-1000, 1000};
   }
 }
 
