@@ -190,10 +190,12 @@ absl::Status InferLinalg(Ctx& c) {
       if (a_vec) a.insert(a.begin(), 1);
       if (b_vec) b.push_back(1);
       const size_t ra = a.size(), rb = b.size();
-      const int64_t m = attrs.transpose_a() ? a[ra - 1] : a[ra - 2];
-      const int64_t ka = attrs.transpose_a() ? a[ra - 2] : a[ra - 1];
-      const int64_t kb = attrs.transpose_b() ? b[rb - 1] : b[rb - 2];
-      const int64_t n = attrs.transpose_b() ? b[rb - 2] : b[rb - 1];
+      // As in numpy, a vector has no transpose: the flag applies to matrices.
+      const bool ta = attrs.transpose_a() && !a_vec, tb = attrs.transpose_b() && !b_vec;
+      const int64_t m = ta ? a[ra - 1] : a[ra - 2];
+      const int64_t ka = ta ? a[ra - 2] : a[ra - 1];
+      const int64_t kb = tb ? b[rb - 1] : b[rb - 2];
+      const int64_t n = tb ? b[rb - 2] : b[rb - 1];
       if (!DimsCompatible(ka, kb)) {
         return c.Error("contracting dims differ: ", c.T(0), " @ ", c.T(1), " (K ", ka, " vs ", kb,
                        ")");

@@ -305,6 +305,7 @@ absl::Status InferFused(Ctx& c) {
       int next = 2;
       if (a.has_bias()) {
         const TensorType& b = c.in(next++);
+        if (out.rank() == 0) return c.Error("a bias needs a result of rank >= 1");
         if (b.rank() != 1 || !DimsCompatible(b.dims[0], out.dims.back())) {
           return c.Error("bias must be [N], got ", TypeToString(b, c.graph.symbols()));
         }
