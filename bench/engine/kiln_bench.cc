@@ -1,0 +1,282 @@
+// In-process engine benchmarks. Each subcommand prints one JSON object.
+//
+//   kiln_bench encoder [--batch 1] [--iters 50] [--warmup 10] [--threads 2] [--export DIR]
+//   kiln_bench matmul  [--sizes 512,1024,2048] [--rounds 7] [--threads 2]
+//   kiln_bench compile [--rounds 5]
+//   kiln_bench memory
+//
+// `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
+// included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
+// reports medians and their ratio. `encoder --export` writes the layer's
+// weights and input as raw little-endian f32 files plus manifest.json, which
+// bench/encoder_vs_ort.py turns into the same model for ONNX Runtime.
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/ir/builder.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/models.h"
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
+  std::map<std::string, std::string> flags;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    a = a.substr(2);
+    auto eq = a.find('=');
+    if (eq != std::string::npos) {
+      flags[a.substr(0, eq)] = a.substr(eq + 1);
+    } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+      flags[a] = argv[++i];
+    } else {
+      flags[a] = "1";
+    }
+  }
+  return flags;
+}
+
+int64_t Flag(const std::map<std::string, std::string>& f, const std::string& name, int64_t def) {
+  auto it = f.find(name);
+  return it == f.end() ? def : std::stoll(it->second);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+std::unique_ptr<Engine> MakeEngine(int threads, const std::string& cache_dir = "") {
+  EngineOptions o;
+  o.cpu_threads = threads;
+  o.cache_dir = cache_dir;
+  auto e = Engine::Create(o);
+  if (!e.ok()) {
+    std::fprintf(stderr, "engine: %s\n", std::string(e.status().message()).c_str());
+    std::exit(1);
+  }
+  return std::move(e).value();
+}
+
+void WriteRaw(const std::filesystem::path& path, const HostTensor& t) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(t.data()), t.num_bytes());
+}
+
+int Encoder(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  const int64_t batch = Flag(flags, "batch", 1);
+  const int iters = static_cast<int>(Flag(flags, "iters", 50));
+  const int warmup = static_cast<int>(Flag(flags, "warmup", 10));
+  models::EncoderConfig cfg;
+  models::Model m = models::EncoderLayer(cfg);
+  std::mt19937_64 rng(99);
+  HostTensor x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
+  auto engine = MakeEngine(threads);
+  auto params = engine->CreateParams(models::ParamRefs(m));
+  auto compiled = engine->Compile(m.graph, {}, {{"x", x.dims()}});
+  if (!params.ok() || !compiled.ok()) {
+    std::fprintf(stderr, "setup failed\n");
+    return 1;
+  }
+  std::vector<TensorRef> inputs = {TensorRef::Of("x", x)};
+  std::vector<double> ms;
+  RunResult last;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const auto t0 = Clock::now();
+    auto r = engine->Run(*compiled->executable, inputs, params->get(), {});
+    const auto t1 = Clock::now();
+    if (!r.ok()) {
+      std::fprintf(stderr, "run: %s\n", std::string(r.status().message()).c_str());
+      return 1;
+    }
+    if (i >= warmup) ms.push_back(Ms(t0, t1));
+    if (i + 1 == warmup + iters) last = std::move(r).value();
+  }
+  if (flags.contains("export")) {
+    const std::filesystem::path dir = flags.at("export");
+    std::filesystem::create_directories(dir);
+    json manifest = {{"config", {{"seq", cfg.seq}, {"hidden", cfg.hidden}, {"heads", cfg.heads},
+                                 {"ffn", cfg.ffn}, {"epsilon", cfg.epsilon}}},
+                     {"tensors", json::array()}};
+    auto add = [&](const std::string& name, const HostTensor& t) {
+      WriteRaw(dir / (name + ".bin"), t);
+      manifest["tensors"].push_back({{"name", name}, {"dims", t.dims()}});
+    };
+    for (const auto& [name, t] : m.params) add(name, t);
+    add("x", x);
+    add("y_kiln", last.outputs[0].second);
+    std::ofstream(dir / "manifest.json") << manifest.dump(1);
+  }
+  const json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
+                    {"batch", batch}, {"seq", cfg.seq}, {"iters", iters},
+                    {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
+                    {"min_ms", *std::min_element(ms.begin(), ms.end())}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+int MatMul(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  const int rounds = static_cast<int>(Flag(flags, "rounds", 7));
+  std::vector<int64_t> sizes = {512, 1024, 1536, 2048};
+  if (flags.contains("sizes")) {
+    sizes.clear();
+    std::string s = flags.at("sizes");
+    for (size_t p = 0; p <= s.size();) {
+      size_t q = s.find(',', p);
+      if (q == std::string::npos) q = s.size();
+      sizes.push_back(std::stoll(s.substr(p, q - p)));
+      p = q + 1;
+    }
+  }
+  auto engine = MakeEngine(threads);
+  omp_set_num_threads(threads);
+  json results = json::array();
+  for (int64_t n : sizes) {
+    GraphBuilder g("matmul");
+    auto a = g.input("a", v1::DTYPE_F32, {n, n});
+    auto b = g.input("b", v1::DTYPE_F32, {n, n});
+    g.output("c", g.matmul(a, b));
+    auto compiled = engine->Compile(g.Build(), {}, {});
+    if (!compiled.ok()) return 1;
+    std::mt19937_64 rng(n);
+    HostTensor ha = models::RandomF32(rng, {n, n}, 1.0), hb = models::RandomF32(rng, {n, n}, 1.0);
+    std::vector<float> c(n * n);
+    std::vector<TensorRef> inputs = {TensorRef::Of("a", ha), TensorRef::Of("b", hb)};
+    const int reps = n <= 512 ? 20 : (n <= 1024 ? 6 : 3);
+    std::vector<double> kiln_ms, dnnl_ms;
+    auto time_kiln = [&] {
+      const auto t0 = Clock::now();
+      for (int r = 0; r < reps; ++r) {
+        auto out = engine->Run(*compiled->executable, inputs, nullptr, {});
+        if (!out.ok()) std::exit(1);
+      }
+      return Ms(t0, Clock::now()) / reps;
+    };
+    auto time_dnnl = [&] {
+      const auto t0 = Clock::now();
+      for (int r = 0; r < reps; ++r) {
+        dnnl_sgemm('N', 'N', n, n, n, 1.0f, ha.data_as<float>(), n, hb.data_as<float>(), n, 0.0f,
+                   c.data(), n);
+      }
+      return Ms(t0, Clock::now()) / reps;
+    };
+    time_kiln();
+    time_dnnl();
+    for (int r = 0; r < rounds; ++r) {
+      kiln_ms.push_back(time_kiln());
+      dnnl_ms.push_back(time_dnnl());
+    }
+    const double k = Median(kiln_ms), d = Median(dnnl_ms);
+    const double flop = 2.0 * n * n * n;
+    results.push_back({{"n", n}, {"kiln_ms", k}, {"onednn_sgemm_ms", d},
+                       {"kiln_gflops", flop / k / 1e6}, {"onednn_gflops", flop / d / 1e6},
+                       {"kiln_vs_onednn", d / k}});
+  }
+  std::printf("%s\n", json({{"bench", "matmul_f32"}, {"threads", threads}, {"results", results}}).dump().c_str());
+  return 0;
+}
+
+int CompileBench(const std::map<std::string, std::string>& flags) {
+  const int rounds = static_cast<int>(Flag(flags, "rounds", 5));
+  models::EncoderConfig cfg;
+  models::Model m = models::EncoderLayer(cfg);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln_bench_cache_" + std::to_string(::getpid()));
+  std::vector<double> cold, warm;
+  std::string warm_outcome;
+  for (int r = 0; r < rounds; ++r) {
+    std::filesystem::remove_all(dir);
+    {
+      auto engine = MakeEngine(2, dir.string());
+      const auto t0 = Clock::now();
+      auto c = engine->Compile(m.graph, {}, {{"x", {1, cfg.seq, cfg.hidden}}});
+      cold.push_back(Ms(t0, Clock::now()));
+      if (!c.ok() || c->report.executable_cache() != v1::CACHE_MISS) return 1;
+    }
+    {
+      auto engine = MakeEngine(2, dir.string());  // a restarted process: memory cache empty
+      const auto t0 = Clock::now();
+      auto c = engine->Compile(m.graph, {}, {{"x", {1, cfg.seq, cfg.hidden}}});
+      warm.push_back(Ms(t0, Clock::now()));
+      if (!c.ok()) return 1;
+      warm_outcome = v1::CacheOutcome_Name(c->report.executable_cache());
+    }
+  }
+  std::filesystem::remove_all(dir);
+  const json out = {{"bench", "compile_encoder_layer"}, {"cold_ms", Median(cold)},
+                    {"warm_disk_ms", Median(warm)}, {"speedup", Median(cold) / Median(warm)},
+                    {"warm_outcome", warm_outcome}, {"rounds", rounds}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+int Memory(const std::map<std::string, std::string>&) {
+  auto engine = MakeEngine(2);
+  json results = json::array();
+  auto plan = [&](const std::string& name, const v1::Graph& g,
+                  const std::vector<std::pair<std::string, Dims>>& shapes) {
+    auto c = engine->Compile(g, {}, shapes);
+    if (!c.ok()) std::exit(1);
+    for (const auto& m : c->report.memory()) {
+      results.push_back({{"graph", name}, {"device", m.device()}, {"arena_bytes", m.arena_bytes()},
+                         {"naive_bytes", m.naive_bytes()}, {"lower_bound_bytes", m.lower_bound_bytes()},
+                         {"arena_over_lower_bound",
+                          m.lower_bound_bytes() ? double(m.arena_bytes()) / m.lower_bound_bytes() : 1.0},
+                         {"in_place", m.in_place()}, {"aliases", m.aliases()}});
+    }
+  };
+  plan("mlp_b64", models::Mlp().graph, {{"x", {64, 784}}});
+  models::EncoderConfig cfg;
+  plan("encoder_layer_b1", models::EncoderLayer(cfg).graph, {{"x", {1, cfg.seq, cfg.hidden}}});
+  plan("encoder_layer_b8", models::EncoderLayer(cfg).graph, {{"x", {8, cfg.seq, cfg.hidden}}});
+  std::printf("%s\n", json({{"bench", "memory_plan"}, {"results", results}}).dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory [flags]\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  const auto flags = kiln::ParseFlags(argc, argv);
+  if (cmd == "encoder") return kiln::Encoder(flags);
+  if (cmd == "matmul") return kiln::MatMul(flags);
+  if (cmd == "compile") return kiln::CompileBench(flags);
+  if (cmd == "memory") return kiln::Memory(flags);
+  std::fprintf(stderr, "unknown benchmark %s\n", cmd.c_str());
+  return 2;
+}
