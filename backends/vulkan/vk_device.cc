@@ -1,6 +1,7 @@
 #include "backends/vulkan/vk_device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -112,6 +113,10 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
                           (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
   c.subgroup_shuffle = c.subgroup_basic &&
                        (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+  if (const char* off = std::getenv("KILN_VULKAN_NO_SUBGROUPS"); off != nullptr && *off == '1') {
+    // A debugging switch: kernels take their shared-memory paths.
+    c.subgroup_basic = c.subgroup_arithmetic = c.subgroup_shuffle = false;
+  }
 
   uint32_t ext_count = 0;
   vkEnumerateDeviceExtensionProperties(physical, nullptr, &ext_count, nullptr);

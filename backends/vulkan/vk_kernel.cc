@@ -121,7 +121,14 @@ absl::StatusOr<std::shared_ptr<const Pipeline>> GeneratedPipeline(
 }
 
 uint32_t Workgroup1D(const DeviceCaps& caps) {
-  return std::min<uint32_t>({256, caps.max_workgroup_invocations, caps.max_workgroup_size[0]});
+  const uint32_t limit =
+      std::min<uint32_t>({256, caps.max_workgroup_invocations, caps.max_workgroup_size[0]});
+  return uint32_t{1} << (31 - __builtin_clz(std::max<uint32_t>(limit, 1)));  // a power of two
+}
+
+bool UseSubgroups(const DeviceCaps& caps, uint32_t workgroup) {
+  return caps.subgroup_basic && caps.subgroup_shuffle && caps.subgroup_size > 1 &&
+         workgroup % caps.subgroup_size == 0;
 }
 
 uint32_t Groups1D(const DeviceCaps& caps, uint64_t count, uint32_t per_group) {

@@ -83,8 +83,11 @@ absl::StatusOr<std::shared_ptr<const Pipeline>> GeneratedPipeline(
     VulkanDevice& device, const std::string& name, const std::string& source, uint32_t bindings,
     uint32_t push_bytes, std::vector<uint32_t> specialization, backend::PrepareContext& context);
 
-// The workgroup size a 1-D kernel uses on this device: 256 capped by the limit.
+// The workgroup size a 1-D kernel uses on this device: 256 capped by the
+// limits, rounded down to a power of two.
 uint32_t Workgroup1D(const DeviceCaps& caps);
+// Whether the "_sg" shader variants (subgroup shuffles) serve `workgroup`.
+bool UseSubgroups(const DeviceCaps& caps, uint32_t workgroup);
 // Groups for `count` items at `per_group` items each, capped to the device's
 // x limit (kernels loop over the rest).
 uint32_t Groups1D(const DeviceCaps& caps, uint64_t count, uint32_t per_group);

@@ -3,3 +3,24 @@ foreach(e 1 2 4 8)
   kiln_vk_shader(strided_copy_e${e} strided_copy.comp ELEM_BYTES=${e})
   kiln_vk_shader(gather_e${e} gather.comp ELEM_BYTES=${e})
 endforeach()
+
+# Reductions, softmax and norms: per dtype, with and without subgroup ops
+# (the _sg variants need subgroup basic + shuffle in compute shaders).
+foreach(sg "" "_sg")
+  set(sgdef "")
+  if(sg)
+    set(sgdef USE_SUBGROUPS)
+  endif()
+  foreach(dt f32 f16 bf16)
+    string(TOUPPER ${dt} DT)
+    kiln_vk_shader(softmax_${dt}${sg} softmax.comp DT_${DT} ${sgdef})
+    kiln_vk_shader(norm_${dt}${sg} norm.comp DT_${DT} ${sgdef})
+  endforeach()
+  foreach(dt f32 f16 bf16 i8 u8 i16 i32)
+    string(TOUPPER ${dt} DT)
+    kiln_vk_shader(reduce_${dt}${sg} reduce.comp DT_${DT} ${sgdef})
+  endforeach()
+endforeach()
+# i64 reductions use the shared-memory tree only (subgroup shuffles of 64-bit
+# integers would need shaderSubgroupExtendedTypes).
+kiln_vk_shader(reduce_i64 reduce.comp DT_I64)
