@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""BERT-base encoder layer (fp32, seq 128, batch 1): Kiln in-process vs ONNX Runtime,
+same weights, 2 threads each, alternating rounds in one run; prints JSON with the
+medians and the ratio, and checks that both compute the same output.
+
+usage: bench/encoder_vs_ort.py BUILD_DIR [--rounds 5] [--iters 40] [--threads 2]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_onnx(export_dir):
+    with open(os.path.join(export_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    cfg = manifest["config"]
+    t = {e["name"]: np.fromfile(os.path.join(export_dir, e["name"] + ".bin"), dtype=np.float32)
+         .reshape(e["dims"]) for e in manifest["tensors"]}
+    s, h, nh = cfg["seq"], cfg["hidden"], cfg["heads"]
+    dh = h // nh
+    inits = []
+
+    def init(name, arr):
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    for name in ["wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln1_g", "ln1_b",
+                 "w1", "b1", "w2", "b2", "ln2_g", "ln2_b"]:
+        init(name, t[name])
+    init("heads_shape", np.array([0, s, nh, dh], dtype=np.int64))
+    init("merge_shape", np.array([0, s, h], dtype=np.int64))
+    init("scale", np.array(1.0 / np.sqrt(dh), dtype=np.float32))
+    init("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
+    init("one", np.array(1.0, dtype=np.float32))
+    init("half", np.array(0.5, dtype=np.float32))
+    n = []
+
+    def node(op, ins, out, **kw):
+        n.append(helper.make_node(op, ins, [out], **kw))
+        return out
+
+    def proj(x, w, b, name):
+        return node("Add", [node("MatMul", [x, w], name + "_mm"), b], name)
+
+    def heads(x, name, perm):
+        return node("Transpose", [node("Reshape", [x, "heads_shape"], name + "_r")], name, perm=perm)
+
+    q = heads(proj("x", "wq", "bq", "q"), "qh", [0, 2, 1, 3])
+    k = heads(proj("x", "wk", "bk", "k"), "kh", [0, 2, 3, 1])
+    v = heads(proj("x", "wv", "bv", "v"), "vh", [0, 2, 1, 3])
+    scores = node("Mul", [node("MatMul", [q, k], "qk"), "scale"], "scores")
+    probs = node("Softmax", [scores], "probs", axis=-1)
+    ctx = node("MatMul", [probs, v], "ctx")
+    merged = node("Reshape", [node("Transpose", [ctx], "ctx_t", perm=[0, 2, 1, 3]), "merge_shape"],
+                  "merged")
+    o = node("Add", [proj(merged, "wo", "bo", "o"), "x"], "o_res")
+    h1 = node("LayerNormalization", [o, "ln1_g", "ln1_b"], "h1", axis=-1, epsilon=cfg["epsilon"])
+    f = proj(h1, "w1", "b1", "f")
+    # gelu(f) = 0.5 f (1 + erf(f / sqrt 2)): the pattern ORT fuses into Gelu.
+    erf = node("Erf", [node("Div", [f, "sqrt2"], "f_div")], "f_erf")
+    g = node("Mul", [node("Mul", [f, node("Add", [erf, "one"], "f_1p")], "f_mul"), "half"], "g")
+    f2 = node("Add", [proj(g, "w2", "b2", "f2"), h1], "f2_res")
+    node("LayerNormalization", [f2, "ln2_g", "ln2_b"], "y", axis=-1, epsilon=cfg["epsilon"])
+    graph = helper.make_graph(
+        n, "encoder_layer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(t["x"].shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(t["x"].shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path = os.path.join(export_dir, "encoder_layer.onnx")
+    onnx.save(model, path)
+    with open(os.path.join(export_dir, "inputs.json"), "w") as fh:
+        json.dump([{"name": "x", "dims": list(t["x"].shape),
+                    "file": os.path.join(export_dir, "x.bin")}], fh)
+    return path, t
+
+
+def ensure_ort():
+    ort_dir = os.path.join(HERE, "ort")
+    if not os.path.isdir(os.path.join(ort_dir, "node_modules", "onnxruntime-node")):
+        env = dict(os.environ, ONNXRUNTIME_NODE_INSTALL="skip")
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=ort_dir, check=True,
+                       env=env, stdout=subprocess.DEVNULL)
+    return ort_dir
+
+
+def run_json(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build_dir")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    bench = os.path.join(args.build_dir, "bench", "engine", "kiln_bench")
+    ort_dir = ensure_ort()
+    env = dict(os.environ)
+    # Both peers get the same malloc behaviour (MACHINE.md: freed multi-MB
+    # buffers otherwise go back to the kernel every call).
+    env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456"
+    with tempfile.TemporaryDirectory() as tmp:
+        run_json([bench, "encoder", "--iters", "3", "--warmup", "1", "--threads",
+                  str(args.threads), "--export", tmp], env)
+        model, tensors = build_onnx(tmp)
+        ort_out = os.path.join(tmp, "y_ort.bin")
+        kiln, ortr = [], []
+        for r in range(args.rounds):
+            kiln.append(run_json([bench, "encoder", "--iters", str(args.iters), "--threads",
+                                  str(args.threads)], env)["p50_ms"])
+            cmd = ["node", os.path.join(ort_dir, "ort_run.js"), model,
+                   os.path.join(tmp, "inputs.json"), "--iters", str(args.iters), "--threads",
+                   str(args.threads)]
+            if r == 0:
+                cmd += ["--out", ort_out]
+            ortr.append(run_json(cmd, env)["p50_ms"])
+        y_ort = np.fromfile(ort_out, dtype=np.float32)
+        y_kiln = tensors["y_kiln"].reshape(-1)
+        max_diff = float(np.max(np.abs(y_ort - y_kiln)))
+    k, o = statistics.median(kiln), statistics.median(ortr)
+    print(json.dumps({
+        "bench": "encoder_layer_fp32_vs_onnxruntime", "threads": args.threads, "seq": 128,
+        "batch": 1, "rounds": args.rounds, "iters_per_round": args.iters,
+        "kiln_p50_ms_rounds": kiln, "ort_p50_ms_rounds": ortr,
+        "kiln_p50_ms": k, "ort_p50_ms": o, "kiln_over_ort": k / o,
+        "max_abs_diff_outputs": max_diff,
+    }))
+    return 0 if max_diff < 1e-3 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

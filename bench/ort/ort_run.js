@@ -1,0 +1,52 @@
+// Times an ONNX model under ONNX Runtime (CPU EP, all graph optimizations).
+// usage: node ort_run.js model.onnx inputs.json --iters N --warmup W --threads T [--out out.bin]
+// inputs.json: [{"name": "x", "dims": [...], "file": "x.bin"}] (raw little-endian f32).
+// Prints one JSON object with per-iteration latency percentiles.
+'use strict';
+const fs = require('fs');
+const ort = require('onnxruntime-node');
+
+function flag(name, def) {
+  const i = process.argv.indexOf('--' + name);
+  return i >= 0 ? process.argv[i + 1] : def;
+}
+
+async function main() {
+  const [modelPath, inputsPath] = process.argv.slice(2, 4);
+  const iters = parseInt(flag('iters', '50'), 10);
+  const warmup = parseInt(flag('warmup', '10'), 10);
+  const threads = parseInt(flag('threads', '2'), 10);
+  const outPath = flag('out', '');
+  const session = await ort.InferenceSession.create(modelPath, {
+    intraOpNumThreads: threads,
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+    graphOptimizationLevel: 'all',
+  });
+  const feeds = {};
+  for (const input of JSON.parse(fs.readFileSync(inputsPath, 'utf8'))) {
+    const buf = fs.readFileSync(input.file);
+    const data = new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4);
+    feeds[input.name] = new ort.Tensor('float32', Float32Array.from(data), input.dims);
+  }
+  const times = [];
+  let last = null;
+  for (let i = 0; i < warmup + iters; ++i) {
+    const t0 = process.hrtime.bigint();
+    last = await session.run(feeds);
+    const t1 = process.hrtime.bigint();
+    if (i >= warmup) times.push(Number(t1 - t0) / 1e6);
+  }
+  if (outPath) {
+    const out = last[session.outputNames[0]];
+    fs.writeFileSync(outPath, Buffer.from(out.data.buffer, out.data.byteOffset, out.data.byteLength));
+  }
+  times.sort((a, b) => a - b);
+  const pct = (p) => times[Math.min(times.length - 1, Math.round(p * (times.length - 1)))];
+  console.log(JSON.stringify({
+    impl: 'onnxruntime-node', version: require('onnxruntime-node/package.json').version,
+    threads, iters, p50_ms: pct(0.5), p90_ms: pct(0.9), min_ms: times[0],
+  }));
+}
+
+main().catch((e) => { console.error(e); process.exit(1); });
