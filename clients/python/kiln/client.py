@@ -1,0 +1,267 @@
+"""kiln.Client: the Python client of kilnd (proto/kiln/v1/service.proto).
+
+Every failed call raises kiln.KilnError carrying the server's gRPC status code
+and message. Tensors go in and come out as numpy arrays. A Client is safe to
+share between threads (the gRPC channel multiplexes calls).
+"""
+
+import os
+import threading
+
+import grpc
+import numpy as np
+
+from . import _dtypes
+from .graph import graph_source
+from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
+from ._proto.kiln.v1 import report_pb2, service_pb2, service_pb2_grpc
+
+DEFAULT_ADDR = "127.0.0.1:7450"
+
+
+class KilnError(Exception):
+    """A failed call: `code` (grpc.StatusCode) and the server's `message`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, method: str = ""):
+        super().__init__(f"{method + ': ' if method else ''}{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.method = method
+
+
+class Session:
+    """A server-side session: a compiled graph plus bound params. Use as a
+    context manager to close it on exit."""
+
+    def __init__(self, client: "Client", session_id: str, signature):
+        self.client, self.id, self.signature = client, session_id, signature
+
+    def set_params(self, params, progress=None):
+        return self.client.set_params(self, params, progress)
+
+    def get_params(self, names=None):
+        return self.client.get_params(self, names)
+
+    def run(self, inputs, report=False, priority=0):
+        return self.client.run(self, inputs, report=report, priority=priority)
+
+    def close(self):
+        self.client.close_session(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"kiln.Session({self.id!r})"
+
+
+def _named(tensors, field) -> None:
+    for name, value in (tensors or {}).items():
+        _dtypes.to_proto(value, field.add(name=name).tensor)
+
+
+def _session_id(session) -> str:
+    return session.id if isinstance(session, Session) else str(session)
+
+
+class Client:
+    """Connects to kilnd at `addr` (default $KILN_ADDR, else 127.0.0.1:7450).
+    `api_key` (default $KILN_API_KEY) is sent as `authorization: Bearer <key>`;
+    `timeout` is a per-call deadline in seconds; SetParams streams
+    `chunk_bytes` per message."""
+
+    def __init__(self, addr: str = None, api_key: str = None, timeout: float = None,
+                 chunk_bytes: int = 1 << 20):
+        self.addr = addr or os.environ.get("KILN_ADDR") or DEFAULT_ADDR
+        api_key = api_key if api_key is not None else os.environ.get("KILN_API_KEY", "")
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._timeout = timeout
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        self._chunk_bytes = chunk_bytes
+        self._channel = grpc.insecure_channel(self.addr, options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+        ])
+        self._stub = service_pb2_grpc.KilnStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"kiln.Client({self.addr!r})"
+
+    def _call(self, method: str, request, stub=None):
+        try:
+            return getattr(stub or self._stub, method)(
+                request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise KilnError(e.code(), e.details() or "", method) from None
+
+    # -- graphs and sessions ----------------------------------------------
+    def compile(self, graph, input_shapes=None, device="auto", prefer_common_ir=False,
+                disable_fusion=False) -> service_pb2.CompileResponse:
+        """Verifies `graph`; compiles it when `input_shapes` ({name: dims})
+        fixes its symbolic dims. Returns the signature, executable key and
+        compile report."""
+        req = service_pb2.CompileRequest(
+            graph=graph_source(graph),
+            options=service_pb2.CompileOptions(device=device, prefer_common_ir=prefer_common_ir,
+                                               disable_fusion=disable_fusion))
+        for name, dims in (input_shapes or {}).items():
+            req.input_shapes.add(name=name, dims=[int(d) for d in dims])
+        return self._call("Compile", req)
+
+    def create_session(self, graph, params=None, device="auto") -> Session:
+        """A session for `graph`; small `params` go inline, large ones with
+        set_params."""
+        req = service_pb2.CreateSessionRequest(graph=graph_source(graph),
+                                               options=service_pb2.CompileOptions(device=device))
+        _named(params, req.params)
+        resp = self._call("CreateSession", req)
+        return Session(self, resp.session_id, resp.signature)
+
+    def set_params(self, session, params, progress=None) -> service_pb2.SetParamsResponse:
+        """Streams `params` ({name: array}) in chunks; applied atomically at
+        the end. `progress(done_bytes, total_bytes)` is called per chunk."""
+        sid = _session_id(session)
+        arrays = {name: np.asarray(v) for name, v in params.items()}
+        total = sum(a.nbytes for a in arrays.values())
+        step = self._chunk_bytes
+
+        def chunks():
+            done, first = 0, True
+            for name, arr in arrays.items():
+                t = _dtypes.to_proto(arr)  # wire dtype and little-endian bytes
+                data = memoryview(t.data)
+                offset = 0
+                while True:
+                    n = min(step, len(data) - offset)
+                    c = service_pb2.SetParamsChunk(offset=offset, data=bytes(data[offset:offset + n]))
+                    if first:
+                        c.session_id, first = sid, False
+                    if offset == 0:
+                        c.name, c.dtype = name, t.dtype
+                        c.dims.extend(t.dims)
+                    yield c
+                    offset += n
+                    done += n
+                    if progress:
+                        progress(done, total)
+                    if offset >= len(data):
+                        break
+            if first:
+                yield service_pb2.SetParamsChunk(session_id=sid)
+
+        return self._call("SetParams", chunks())
+
+    def get_params(self, session, names=None) -> dict:
+        """The session's params as {name: array} (names None = all)."""
+        req = service_pb2.GetParamsRequest(session_id=_session_id(session), names=names or [])
+        out, bufs, current = {}, {}, None
+        try:
+            for c in self._stub.GetParams(req, metadata=self._metadata, timeout=self._timeout):
+                if c.name and (c.name != current or c.offset == 0):
+                    current = c.name
+                    dt = _dtypes.numpy_dtype(c.dtype)
+                    out[current] = (dt, tuple(c.dims))
+                    bufs[current] = bytearray(int(np.prod(c.dims, dtype=np.int64)) * dt.itemsize)
+                if current is None:
+                    raise KilnError(grpc.StatusCode.DATA_LOSS, "a chunk before any param name",
+                                    "GetParams")
+                buf = bufs[current]
+                if c.offset < 0 or c.offset + len(c.data) > len(buf):
+                    raise KilnError(grpc.StatusCode.DATA_LOSS,
+                                    f"chunk [{c.offset}, {c.offset + len(c.data)}) outside param "
+                                    f"{current!r} of {len(buf)} bytes", "GetParams")
+                buf[c.offset:c.offset + len(c.data)] = c.data
+        except grpc.RpcError as e:
+            raise KilnError(e.code(), e.details() or "", "GetParams") from None
+        return {name: np.frombuffer(bufs[name], dtype=dt).reshape(shape)
+                for name, (dt, shape) in out.items()}
+
+    def close_session(self, session) -> None:
+        self._call("CloseSession", service_pb2.CloseSessionRequest(session_id=_session_id(session)))
+
+    # -- running ----------------------------------------------------------
+    def run(self, graph, inputs=None, params=None, report=False, device="auto", priority=0):
+        """Runs a session (a Session or session id) or, one-shot, a graph
+        (kiln.Graph, kiln.parse(...), kiln.v1.Graph) with `params` inline.
+        Returns {output name: array} in the graph's output order, or
+        (outputs, DispatchReport) when `report`."""
+        req = service_pb2.RunRequest(report=report, priority=priority)
+        if isinstance(graph, (Session, str)):
+            if params:
+                raise ValueError("a session's params are set with set_params, not run(params=)")
+            req.session_id = _session_id(graph)
+        else:
+            req.graph.CopyFrom(graph_source(graph))
+            req.options.device = device
+            _named(params, req.params)
+        _named(inputs, req.inputs)
+        resp = self._call("Run", req)
+        outputs = {o.name: _dtypes.from_proto(o.tensor) for o in resp.outputs}
+        if report:
+            r = report_pb2.DispatchReport()
+            r.CopyFrom(resp.report)
+            if not r.request_id:
+                r.request_id = resp.request_id
+            return outputs, r
+        return outputs
+
+    # -- server -----------------------------------------------------------
+    def devices(self):
+        """The server's devices (kiln.v1.DeviceInfo), CPU first."""
+        return list(self._call("ListDevices", service_pb2.ListDevicesRequest()).devices)
+
+    def report(self, last: int = 1, request_id: str = None):
+        """The caller's last `last` dispatch reports (0 = all kept), oldest
+        first; or the one report of `request_id`."""
+        if request_id:
+            reports = self._call("GetReport", service_pb2.GetReportRequest(request_id=request_id))
+            if not reports.reports:
+                raise KilnError(grpc.StatusCode.NOT_FOUND, f"no report for request {request_id}",
+                                "GetReport")
+            return reports.reports[0]
+        return list(self._call("GetReport", service_pb2.GetReportRequest(last=last)).reports)
+
+    def server_info(self) -> service_pb2.ServerInfoResponse:
+        return self._call("ServerInfo", service_pb2.ServerInfoRequest())
+
+    def health(self, service: str = "") -> str:
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING", ..."""
+        resp = self._call("Check", health_pb2.HealthCheckRequest(service=service), self._health)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def connect(addr: str = None, api_key: str = None, **kwargs) -> Client:
+    """Makes (and returns) the default client that the Tensor DSL uses."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = Client(addr, api_key, **kwargs)
+        return _default
+
+
+def default_client() -> Client:
+    """The client of the last connect(), else one for $KILN_ADDR."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
