@@ -99,31 +99,36 @@ void SoftmaxRowF32(const float* x, float* y, int64_t n, bool log) {
 
 // Softmax over the rows of an [n, inner] slab, across columns [c0, c1).
 void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t c0, int64_t c1,
-                    bool log, std::vector<float>& mx, std::vector<double>& sum) {
+                    bool log, std::vector<float>& mx, std::vector<double>& sum,
+                    std::vector<float>& exps) {
   const int64_t w = c1 - c0;
   mx.assign(w, -INFINITY);
   sum.assign(w, 0.0);
+  exps.resize(w);
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * inner + c0;
     for (int64_t i = 0; i < w; ++i) mx[i] = (row[i] > mx[i] || row[i] != row[i]) ? row[i] : mx[i];
   }
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * inner + c0;
-    float* out = y + r * inner + c0;
+    // Log-softmax reads x again below, so its exps go to scratch, never to
+    // y (which may alias x).
+    float* e = log ? exps.data() : y + r * inner + c0;
     int64_t i = 0;
     for (; i + 8 <= w; i += 8) {
-      _mm256_storeu_ps(out + i, simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(row + i),
-                                                        _mm256_loadu_ps(mx.data() + i))));
+      _mm256_storeu_ps(e + i, simd::Exp(_mm256_sub_ps(_mm256_loadu_ps(row + i),
+                                                      _mm256_loadu_ps(mx.data() + i))));
     }
-    for (; i < w; ++i) out[i] = std::exp(row[i] - mx[i]);
-    for (i = 0; i < w; ++i) sum[i] += out[i];
+    for (; i < w; ++i) e[i] = std::exp(row[i] - mx[i]);
+    for (i = 0; i < w; ++i) sum[i] += e[i];
   }
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * inner + c0;
     float* out = y + r * inner + c0;
     if (log) {
-      for (int64_t i = 0; i < w; ++i)
+      for (int64_t i = 0; i < w; ++i) {
         out[i] = (row[i] - mx[i]) - static_cast<float>(std::log(sum[i]));
+      }
     } else {
       for (int64_t i = 0; i < w; ++i) out[i] = static_cast<float>(out[i] / sum[i]);
     }
@@ -196,30 +201,31 @@ KernelOr CreateSoftmax(const KernelSpec& spec) {
         }
         // Softmax over a middle axis: slabs [n, inner], split into column chunks.
         const int64_t chunks = (inner + kCols - 1) / kCols;
-        ParallelFor(
-            sp.outer * chunks, std::max<int64_t>(1, kGrainElems / (n * std::min(inner, kCols))),
-            [&](int64_t b, int64_t e) {
-              std::vector<float> mx, wide(half ? 2 * slab : 0);
-              std::vector<double> sum;
-              int64_t widened = -1;
-              for (int64_t u = b; u < e; ++u) {
-                const int64_t o = u / chunks, c0 = (u % chunks) * kCols,
-                              c1 = std::min(inner, c0 + kCols);
-                if (!half) {
-                  SoftmaxColsF32(reinterpret_cast<const float*>(xp) + o * slab,
-                                 reinterpret_cast<float*>(yp) + o * slab, n, inner, c0, c1, log, mx,
-                                 sum);
-                  continue;
-                }
-                if (widened != o)
-                  WidenRow(xp + o * slab * esize, dt, slab, wide.data()), widened = o;
-                SoftmaxColsF32(wide.data(), wide.data() + slab, n, inner, c0, c1, log, mx, sum);
-                for (int64_t r = 0; r < n; ++r) {
-                  NarrowRow(wide.data() + slab + r * inner + c0, dt, c1 - c0,
-                            yp + (o * slab + r * inner + c0) * esize);
-                }
-              }
-            });
+        ParallelFor(sp.outer * chunks,
+                    std::max<int64_t>(1, kGrainElems / (n * std::min(inner, kCols))),
+                    [&](int64_t b, int64_t e) {
+                      std::vector<float> mx, exps, wide(half ? 2 * slab : 0);
+                      std::vector<double> sum;
+                      int64_t widened = -1;
+                      for (int64_t u = b; u < e; ++u) {
+                        const int64_t o = u / chunks, c0 = (u % chunks) * kCols,
+                                      c1 = std::min(inner, c0 + kCols);
+                        if (!half) {
+                          SoftmaxColsF32(reinterpret_cast<const float*>(xp) + o * slab,
+                                         reinterpret_cast<float*>(yp) + o * slab, n, inner, c0, c1,
+                                         log, mx, sum, exps);
+                          continue;
+                        }
+                        if (widened != o)
+                          WidenRow(xp + o * slab * esize, dt, slab, wide.data()), widened = o;
+                        SoftmaxColsF32(wide.data(), wide.data() + slab, n, inner, c0, c1, log, mx,
+                                       sum, exps);
+                        for (int64_t r = 0; r < n; ++r) {
+                          NarrowRow(wide.data() + slab + r * inner + c0, dt, c1 - c0,
+                                    yp + (o * slab + r * inner + c0) * esize);
+                        }
+                      }
+                    });
         return absl::OkStatus();
       });
 }

@@ -130,6 +130,15 @@ std::vector<Case> UnaryCases() {
           OpCase(name, v1::OP_UNARY, UnaryAttrs(kind), ref::Tensors{std::move(x)}, dt, {0, 0}));
     }
   }
+  // Output written over the input (in-place reuse).
+  for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_F64}) {
+    const std::string name = absl::StrCat("unary/gelu_in_place_", DTypeName(dt));
+    auto rng = RngFor(name);
+    cases.push_back(OpCase(name, v1::OP_UNARY, UnaryAttrs(v1::UNARY_GELU),
+                           ref::Tensors{RandomTensor(rng, dt, {7, 1001}, -6, 6)}, dt,
+                           DefaultTolerance(dt)));
+    cases.back().in_place_input = 0;
+  }
   // Large enough to run in parallel; gelu, the encoder's activation.
   for (int kind : {v1::UNARY_GELU, v1::UNARY_TANH, v1::UNARY_EXP}) {
     const std::string name = absl::StrCat("unary/large_", kind);
@@ -299,6 +308,13 @@ std::vector<Case> CastCases() {
       if (from == v1::DTYPE_I32 || from == v1::DTYPE_I64) lo = -70000, hi = 70000;
       v1::Attrs a;
       a.mutable_cast()->set_to(to);
+      if (ElementSize(from) == ElementSize(to)) {  // same bytes: also in place
+        auto rng2 = RngFor(name + "_in_place");
+        cases.push_back(OpCase(name + "_in_place", v1::OP_CAST, a,
+                               ref::Tensors{RandomTensor(rng2, from, {5, 301}, lo, hi)}, to,
+                               IsFloat(to) ? DefaultTolerance(to) : Tolerance{0, 0}));
+        cases.back().in_place_input = 0;
+      }
       cases.push_back(OpCase(name, v1::OP_CAST, a,
                              ref::Tensors{RandomTensor(rng, from, {3, 37}, lo, hi)}, to,
                              IsFloat(to) ? DefaultTolerance(to) : Tolerance{0, 0}));

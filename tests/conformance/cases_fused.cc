@@ -60,9 +60,22 @@ std::vector<Case> HandCases() {
           DefaultTolerance(dt, 2)));
     }
   }
+  // Output 0 written over input 0 (in-place reuse), f32 and f16.
+  for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F16}) {
+    const std::string name = absl::StrCat("fused/bias_gelu_in_place_", DTypeName(dt));
+    auto rng = RngFor(name);
+    cases.push_back(RegionCase(
+        name, {BinaryInstr(v1::BINARY_ADD, 0, 1, dt), UnaryInstr(v1::UNARY_GELU, 2, dt)}, {1},
+        ref::Tensors{RandomTensor(rng, dt, {9, 1000}, -4, 4), RandomTensor(rng, dt, {1000})},
+        DefaultTolerance(dt, 2)));
+    cases.back().in_place_input = 0;
+  }
   // Several results, compare + where, constants, and a value read twice.
-  for (DType dt : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_F64}) {
-    const std::string name = absl::StrCat("fused/multi_output_", DTypeName(dt));
+  for (int k = 0; k < 4; ++k) {
+    // k == 3: f32 again with output 0 written over input 0.
+    const DType dt = k == 1 ? v1::DTYPE_F16 : (k == 2 ? v1::DTYPE_F64 : v1::DTYPE_F32);
+    const std::string name =
+        absl::StrCat("fused/multi_output_", DTypeName(dt), k == 3 ? "_in_place" : "");
     auto rng = RngFor(name);
     cases.push_back(RegionCase(
         name,
@@ -72,6 +85,7 @@ std::vector<Case> HandCases() {
         {5, 3, 0, 5},
         ref::Tensors{RandomTensor(rng, dt, {6, 50}, -2, 2), RandomTensor(rng, dt, {50}, -2, 2)},
         DefaultTolerance(dt, 4)));
+    if (k == 3) cases.back().in_place_input = 0;
   }
   // Casts inside a region round to their dtype; integer arithmetic wraps.
   {

@@ -66,6 +66,23 @@ std::vector<Case> SoftmaxCases() {
         c.tol = DefaultTolerance(dt);
         cases.push_back(std::move(c));
       }
+      // In place (output over input), last and middle axis.
+      for (const auto& [dims, axis] :
+           std::vector<std::pair<Dims, int64_t>>{{{4, 300}, -1}, {{3, 50, 300}, 1}}) {
+        const std::string name = absl::StrCat(op == v1::OP_SOFTMAX ? "softmax/" : "log_softmax/",
+                                              DTypeName(dt), "_in_place_a", axis);
+        auto rng = RngFor(name);
+        v1::Attrs a;
+        (op == v1::OP_SOFTMAX ? a.mutable_softmax() : a.mutable_log_softmax())->set_axis(axis);
+        Case c;
+        c.name = name;
+        c.spec = ref::Spec(name, op, a, {Desc(dt, dims)}, {Desc(dt, dims)});
+        c.inputs = ref::Tensors{RandomTensor(rng, dt, dims, -10, 10)};
+        c.reference = SoftmaxReference;
+        c.tol = DefaultTolerance(dt);
+        c.in_place_input = 0;
+        cases.push_back(std::move(c));
+      }
     }
   }
   // Attention-sized rows, in parallel; rows with -inf (masked) entries and
@@ -212,6 +229,7 @@ std::vector<Case> NormCases() {
         c.inputs = std::move(inputs);
         c.reference = NormReference;
         c.tol = DefaultTolerance(dt);
+        if (k == 0) c.in_place_input = 0;  // y over x
         cases.push_back(std::move(c));
       }
     }
@@ -253,6 +271,8 @@ std::vector<Case> NormCases() {
         c.inputs = std::move(inputs);
         c.reference = NormReference;
         c.tol = DefaultTolerance(dt);
+        // Every third case writes y over x or over the residual (in place).
+        if (t % 3 == 2) c.in_place_input = t % 2;
         cases.push_back(std::move(c));
       }
     }

@@ -85,6 +85,14 @@ absl::StatusOr<std::vector<HostTensor>> RunOnDevice(backend::Device& device, con
     buffers.push_back(std::move(buf).value());
   }
   for (const backend::TensorDesc& d : c.spec.outputs) {
+    if (outs.empty() && c.in_place_input >= 0) {
+      if (c.in_place_input >= static_cast<int>(ins.size()) ||
+          ins[c.in_place_input].bytes != d.num_bytes()) {
+        return absl::InvalidArgumentError("in_place_input does not fit output 0");
+      }
+      outs.push_back(ins[c.in_place_input]);
+      continue;
+    }
     auto buf = device.Allocate(d.num_bytes());
     if (!buf.ok()) return buf.status();
     outs.push_back(backend::BufferView{buf->get(), 0, d.num_bytes()});

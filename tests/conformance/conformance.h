@@ -35,6 +35,10 @@ struct Case {
   // Optional: expected failure substring (data-dependent errors, e.g. an
   // out-of-range gather index). Empty = must succeed.
   std::string expect_error;
+  // Optional: output 0 is written into input `in_place_input`'s buffer (the
+  // in-place reuse plan_memory may choose; the shapes' bytes must match).
+  // -1 = separate buffers.
+  int in_place_input = -1;
 };
 
 using CaseGenerator = std::function<std::vector<Case>()>;
