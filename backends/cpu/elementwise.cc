@@ -259,9 +259,9 @@ absl::StatusOr<Program> ProgramFromSpec(const backend::KernelSpec& spec) {
     case v1::OP_BINARY:
     case v1::OP_COMPARE:
     case v1::OP_WHERE: {
-      const int arity = spec.op == v1::OP_WHERE
-                            ? 3
-                            : (spec.op == v1::OP_BINARY || spec.op == v1::OP_COMPARE ? 2 : 1);
+      int arity = 1;
+      if (spec.op == v1::OP_BINARY || spec.op == v1::OP_COMPARE) arity = 2;
+      if (spec.op == v1::OP_WHERE) arity = 3;
       auto f = SingleInstr(spec, arity);
       if (!f.ok()) return f.status();
       instrs.push_back(*std::move(f));
