@@ -24,3 +24,12 @@ endforeach()
 # i64 reductions use the shared-memory tree only (subgroup shuffles of 64-bit
 # integers would need shaderSubgroupExtendedTypes).
 kiln_vk_shader(reduce_i64 reduce.comp DT_I64)
+
+# Matrix products: the tiled kernel per storage dtype; the cooperative-matrix
+# kernel (VK_NV_cooperative_matrix, f16) is selected only on devices that
+# report it.
+foreach(dt f32 f16 bf16)
+  string(TOUPPER ${dt} DT)
+  kiln_vk_shader(matmul_${dt} matmul.comp DT_${DT})
+endforeach()
+kiln_vk_shader(matmul_coop_nv_f16 matmul_coop_nv.comp)
