@@ -56,8 +56,10 @@ std::vector<HostTensor> ReduceReference(const backend::KernelSpec& spec,
       fmax[j] = std::max<long double>(fmax[j], v);
       fmin[j] = std::min<long double>(fmin[j], v);
     }
-    isum[j] += static_cast<uint64_t>(static_cast<int64_t>(v));
-    iprod[j] *= static_cast<uint64_t>(static_cast<int64_t>(v));
+    if (!is_float) {
+      isum[j] += static_cast<uint64_t>(static_cast<int64_t>(v));
+      iprod[j] *= static_cast<uint64_t>(static_cast<int64_t>(v));
+    }
     ++count[j];
   }
   std::vector<HostTensor> out;
@@ -310,7 +312,7 @@ std::vector<Case> CumsumCases() {
             };
             if (exclusive) r[0].SetFromDouble(e, value());
             fs += v;
-            is += static_cast<uint64_t>(static_cast<int64_t>(v));
+            if (!is_float) is += static_cast<uint64_t>(static_cast<int64_t>(v));
             if (!exclusive) r[0].SetFromDouble(e, value());
           }
         }
