@@ -151,6 +151,16 @@ std::vector<const backend::DeviceInfo*> Engine::Devices() const {
   return out;
 }
 
+std::vector<int64_t> Engine::DeviceMemoryInUse() const {
+  std::vector<int64_t> out;
+  for (backend::Device* d : impl_->registry->devices()) out.push_back(d->memory_in_use());
+  return out;
+}
+
+std::vector<std::string> Engine::UnavailableBackends() const {
+  return impl_->registry->unavailable();
+}
+
 absl::StatusOr<GraphSignature> Engine::Inspect(const v1::Graph& graph) const {
   KILN_ASSIGN_OR_RETURN(auto g, ir::ImportGraph(graph, impl_->options.verify));
   v1::Graph exported;

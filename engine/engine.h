@@ -129,6 +129,10 @@ class Engine {
 
   // Every device of every backend that found one, the CPU first.
   std::vector<const backend::DeviceInfo*> Devices() const;
+  // Bytes allocated on each device now, in Devices() order.
+  std::vector<int64_t> DeviceMemoryInUse() const;
+  // Backends that found no device, and why ("vulkan: no driver").
+  std::vector<std::string> UnavailableBackends() const;
 
   // Verifies `graph` without compiling; returns its signature.
   absl::StatusOr<GraphSignature> Inspect(const v1::Graph& graph) const;
