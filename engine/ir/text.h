@@ -42,6 +42,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/ir/graph.h"
+#include "engine/ir/infer.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::ir {
@@ -61,6 +62,10 @@ struct ParseOptions {
   // Accept internal ops (fused kernels, copies) as pass tests print them;
   // client text may not contain them.
   bool allow_internal_ops = false;
+  // Limits the graph must respect, checked while it is built (before a
+  // constant's storage is allocated); kilnd passes its configured limits.
+  InferLimits limits;
+  int64_t max_nodes = 1 << 20;
 };
 
 // Parses `text` into a verified graph. Every node's types are inferred as it

@@ -118,6 +118,7 @@ class Cursor {
   const Token& Peek(size_t ahead = 0) const;  // stays on kEnd past the end
   const Token& Next();
   size_t pos() const { return pos_; }
+  size_t remaining() const { return pos_ < toks_.size() ? toks_.size() - pos_ : 0; }
   bool AtPunct(char c) const { return IsPunct(Peek(), c); }
   absl::Status Expect(char c);
   // Enters one nesting level (failing past kMaxNesting); Leave() exits it.

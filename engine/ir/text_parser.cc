@@ -50,6 +50,8 @@ class Parser {
       : cur_(cur), options_(options), depth_(depth), g_(std::make_unique<Graph>()) {
     g_->set_ir_version(kIrVersion);
     verify_.allow_internal_ops = options.allow_internal_ops;
+    verify_.limits = options.limits;
+    verify_.max_nodes = options.max_nodes;
   }
 
   // The whole input: an optional `graph "name"` header, then statements.

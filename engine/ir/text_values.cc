@@ -167,11 +167,20 @@ class ValueParser {
     }
     if (at.kind == Tok::kBytes) {
       cur_.Next();
+      const std::optional<int64_t> want = BytesFor(type.dtype, n);
+      if (want && *want != static_cast<int64_t>(at.text.size())) {  // before allocating
+        return ErrorAt(at, absl::StrCat("constant needs ", *want, " bytes, got ", at.text.size()));
+      }
       auto t = HostTensor::FromBytes(type.dtype, dims, at.text);
       if (!t.ok()) return AtToken(at, t.status());
       return t;
     }
     if (IsQuantized(type.dtype)) return Expected(at, "hex\"...\" bytes for a quantized constant");
+    // Each value is a token: a type larger than the rest of the text fails
+    // before its storage is allocated.
+    if (n > static_cast<int64_t>(cur_.remaining())) {
+      return ErrorAt(at, absl::StrCat("constant needs ", n, " values; the text has fewer"));
+    }
     auto created = HostTensor::Create(type.dtype, dims);
     if (!created.ok()) return AtToken(at, created.status());
     HostTensor t = std::move(created).value();
