@@ -1,0 +1,271 @@
+#include "server/config.h"
+
+#include <openssl/evp.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace kiln::server {
+namespace {
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (!first_.empty()) return;
+    first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+// Host part of "host:port", "[v6]:port" or "host".
+std::string HostOf(const std::string& address) {
+  if (address.starts_with('[')) {
+    const size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || address.find(':') != colon) return address;
+  return address.substr(0, colon);
+}
+
+void DefaultQuota(v1::TenantQuota& q, const v1::TenantQuota& fallback) {
+  if (q.max_sessions() == 0) q.set_max_sessions(fallback.max_sessions());
+  if (q.max_param_bytes() == 0) q.set_max_param_bytes(fallback.max_param_bytes());
+  if (q.max_in_flight() == 0) q.set_max_in_flight(fallback.max_in_flight());
+  if (q.max_request_bytes() == 0) q.set_max_request_bytes(fallback.max_request_bytes());
+  if (q.max_device_memory_bytes() == 0) {
+    q.set_max_device_memory_bytes(fallback.max_device_memory_bytes());
+  }
+  if (q.max_queue() == 0) q.set_max_queue(fallback.max_queue());
+}
+
+absl::Status CheckQuota(const v1::TenantQuota& q, const std::string& where) {
+  auto bad = [&](const char* field, int64_t v) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", field, " is ", v, "; quotas must be >= 0 (0 = the default)"));
+  };
+  if (q.max_sessions() < 0) return bad("max_sessions", q.max_sessions());
+  if (q.max_param_bytes() < 0) return bad("max_param_bytes", q.max_param_bytes());
+  if (q.max_in_flight() < 0) return bad("max_in_flight", q.max_in_flight());
+  if (q.max_request_bytes() < 0) return bad("max_request_bytes", q.max_request_bytes());
+  if (q.max_device_memory_bytes() < 0) {
+    return bad("max_device_memory_bytes", q.max_device_memory_bytes());
+  }
+  if (q.max_queue() < 0) return bad("max_queue", q.max_queue());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ServerConfig> ParseConfigText(const std::string& text,
+                                                 const std::string& origin) {
+  v1::ServerConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ":", errors.first().empty() ? "invalid textproto" : errors.first(),
+                     " (fields are those of kiln.v1.ServerConfig in proto/kiln/v1/config.proto)"));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagOverrides& flags) {
+  v1::ServerConfig config;
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read --config file ", path));
+    std::stringstream text;
+    text << in.rdbuf();
+    auto parsed = ParseConfigText(text.str(), path);
+    if (!parsed.ok()) return parsed.status();
+    config = std::move(parsed).value();
+  }
+  if (flags.listen) config.set_listen(*flags.listen);
+  if (flags.metrics_listen) config.set_metrics_listen(*flags.metrics_listen);
+  if (flags.cache_dir) config.set_cache_dir(*flags.cache_dir);
+  if (flags.drain_timeout_seconds) config.set_drain_timeout_seconds(*flags.drain_timeout_seconds);
+  if (flags.max_concurrent_runs) config.set_max_concurrent_runs(*flags.max_concurrent_runs);
+  if (flags.cpu_threads) config.set_cpu_threads(*flags.cpu_threads);
+  // Validate before defaults fill in: a negative drain must not become 30 s.
+  if (config.drain_timeout_seconds() < 0) {
+    return absl::InvalidArgumentError("drain_timeout_seconds must be >= 0");
+  }
+  ApplyDefaults(config);
+  if (auto s = ValidateConfig(config); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.empty() ? "" : absl::StrCat(path, ": "), s.message()));
+  }
+  return config;
+}
+
+void ApplyDefaults(v1::ServerConfig& config) {
+  if (config.listen().empty()) config.set_listen(kDefaultListen);
+  if (config.metrics_listen().empty()) config.set_metrics_listen(kDefaultMetricsListen);
+  if (config.cache_dir().empty()) config.set_cache_dir(DefaultCacheDir());
+  if (config.cache_max_bytes() == 0) config.set_cache_max_bytes(kDefaultCacheMaxBytes);
+  if (config.drain_timeout_seconds() == 0) config.set_drain_timeout_seconds(kDefaultDrainSeconds);
+  if (config.reports_per_tenant() == 0) config.set_reports_per_tenant(kDefaultReportsPerTenant);
+  if (config.max_concurrent_runs() == 0) config.set_max_concurrent_runs(kDefaultMaxConcurrentRuns);
+
+  v1::Limits& l = *config.mutable_limits();
+  if (l.max_message_bytes() == 0) l.set_max_message_bytes(kDefaultMaxMessageBytes);
+  if (l.max_tensor_elements() == 0) l.set_max_tensor_elements(kDefaultMaxTensorElements);
+  if (l.max_tensor_bytes() == 0) l.set_max_tensor_bytes(kDefaultMaxTensorBytes);
+  if (l.max_nodes() == 0) l.set_max_nodes(kDefaultMaxNodes);
+  if (l.max_subgraph_depth() == 0) l.set_max_subgraph_depth(kDefaultMaxSubgraphDepth);
+  if (l.max_rank() == 0) l.set_max_rank(kDefaultMaxRank);
+
+  v1::TenantQuota builtin;
+  builtin.set_max_sessions(kDefaultMaxSessions);
+  builtin.set_max_param_bytes(kDefaultMaxParamBytes);
+  builtin.set_max_in_flight(kDefaultMaxInFlight);
+  builtin.set_max_request_bytes(l.max_message_bytes());
+  builtin.set_max_device_memory_bytes(kDefaultMaxDeviceMemoryBytes);
+  builtin.set_max_queue(kDefaultMaxQueue);
+  DefaultQuota(*config.mutable_default_quota(), builtin);
+  for (v1::TenantConfig& t : *config.mutable_tenants()) {
+    DefaultQuota(*t.mutable_quota(), config.default_quota());
+    if (t.weight() == 0) t.set_weight(1);
+    for (std::string& key : *t.mutable_api_key_sha256()) absl::AsciiStrToLower(&key);
+  }
+}
+
+absl::Status ValidateConfig(const v1::ServerConfig& config) {
+  const v1::Limits& l = config.limits();
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("limits.", field, " is ", v, "; must be > 0"));
+  };
+  for (auto s : {positive("max_message_bytes", l.max_message_bytes()),
+                 positive("max_tensor_elements", l.max_tensor_elements()),
+                 positive("max_tensor_bytes", l.max_tensor_bytes()),
+                 positive("max_nodes", l.max_nodes()),
+                 positive("max_subgraph_depth", l.max_subgraph_depth()),
+                 positive("max_rank", l.max_rank())}) {
+    if (!s.ok()) return s;
+  }
+  if (l.max_message_bytes() > (int64_t{2} << 30) - 1) {
+    return absl::InvalidArgumentError("limits.max_message_bytes must be below 2 GiB (gRPC's limit)");
+  }
+  if (config.max_concurrent_runs() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_runs is ", config.max_concurrent_runs(), "; must be >= 1"));
+  }
+  if (config.reports_per_tenant() < 0) {
+    return absl::InvalidArgumentError("reports_per_tenant must be >= 0");
+  }
+  if (config.cpu_threads() < 0) return absl::InvalidArgumentError("cpu_threads must be >= 0");
+  if (config.cache_max_bytes() < 0) return absl::InvalidArgumentError("cache_max_bytes must be >= 0");
+  if (auto s = CheckQuota(config.default_quota(), "default_quota"); !s.ok()) return s;
+
+  std::set<std::string> names, keys;
+  for (int i = 0; i < config.tenants_size(); ++i) {
+    const v1::TenantConfig& t = config.tenants(i);
+    const std::string where = absl::StrCat("tenants[", i, "]");
+    if (t.name().empty()) return absl::InvalidArgumentError(absl::StrCat(where, " has no name"));
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("two tenants are named \"", t.name(), "\""));
+    }
+    if (t.api_key_sha256().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenant \"", t.name(), "\" has no api_key_sha256; make one with: "
+                       "printf %s \"$KEY\" | sha256sum"));
+    }
+    for (const std::string& key : t.api_key_sha256()) {
+      bool hex = key.size() == 64;
+      for (char c : key) hex = hex && absl::ascii_isxdigit(static_cast<unsigned char>(c));
+      if (!hex) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tenant \"", t.name(), "\": api_key_sha256 \"", key,
+            "\" is not 64 hex digits (the SHA-256 of the key, not the key itself)"));
+      }
+      if (!keys.insert(key).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenant \"", t.name(), "\": an api key is listed for two tenants"));
+      }
+    }
+    if (t.weight() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tenant \"", t.name(), "\": weight must be >= 0"));
+    }
+    if (auto s = CheckQuota(t.quota(), absl::StrCat("tenant \"", t.name(), "\" quota")); !s.ok()) {
+      return s;
+    }
+  }
+  if (config.tenants().empty() && !IsLoopbackAddress(config.listen())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", config.listen(),
+        " without authentication: with no tenants configured kilnd serves one open tenant and "
+        "listens on loopback only. Configure tenants with API keys (--config, see "
+        "configs/multi_tenant.textproto) or use --listen=127.0.0.1:<port>"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsLoopbackAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) return true;
+  std::string host = HostOf(absl::StartsWith(address, "ipv4:")   ? address.substr(5)
+                            : absl::StartsWith(address, "ipv6:") ? address.substr(5)
+                                                                 : address);
+  absl::AsciiStrToLower(&host);
+  if (host == "localhost" || host == "::1" || host == "0:0:0:0:0:0:0:1") return true;
+  // 127.0.0.0/8
+  if (!absl::StartsWith(host, "127.")) return false;
+  int parts = 0;
+  for (absl::string_view p : absl::StrSplit(host, '.')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v < 0 || v > 255) return false;
+    ++parts;
+  }
+  return parts == 4;
+}
+
+std::string DefaultCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/kiln");
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return absl::StrCat(home, "/.cache/kiln");
+  }
+  return "/tmp/kiln-cache";
+}
+
+std::string Sha256Hex(const std::string& bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * len);
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out;
+}
+
+ir::VerifyOptions VerifyOptionsFrom(const v1::Limits& limits) {
+  ir::VerifyOptions v;
+  v.max_nodes = limits.max_nodes();
+  v.limits.max_rank = limits.max_rank();
+  v.limits.max_tensor_elements = limits.max_tensor_elements();
+  v.limits.max_tensor_bytes = limits.max_tensor_bytes();
+  v.limits.max_subgraph_depth = limits.max_subgraph_depth();
+  return v;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,131 @@
+// kilnd: the Kiln daemon. See docs/server.md.
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/config.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::optional<std::string>, listen, std::nullopt,
+          "gRPC address host:port (default 127.0.0.1:7450; port 0 picks a free port). Without "
+          "tenants in --config only loopback addresses are accepted.");
+ABSL_FLAG(std::string, port_file, "", "Write the bound gRPC port to this file once serving.");
+ABSL_FLAG(std::optional<std::string>, metrics_listen, std::nullopt,
+          "Prometheus /metrics address host:port (default 127.0.0.1:9450; port 0 picks a free "
+          "port; off disables).");
+ABSL_FLAG(std::string, metrics_port_file, "", "Write the bound metrics port to this file.");
+ABSL_FLAG(std::optional<std::string>, cache_dir, std::nullopt,
+          "Compile cache directory (default $XDG_CACHE_HOME/kiln, else ~/.cache/kiln).");
+ABSL_FLAG(std::string, config, "",
+          "kiln.v1.ServerConfig textproto (configs/kilnd.textproto); flags given explicitly "
+          "override its fields.");
+ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
+          "On SIGTERM/SIGINT, how long in-flight work may take to finish (default 30s).");
+ABSL_FLAG(std::optional<int>, max_concurrent_runs, std::nullopt,
+          "Runs executing at once over all tenants (default 2).");
+ABSL_FLAG(std::optional<int>, cpu_threads, std::nullopt, "CPU kernel threads (default: every core).");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+
+namespace {
+
+// Writes `text` to `path` through a temp file and a rename, so a reader
+// polling for the file never sees it half written.
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.good()) return false;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kilnd: the Kiln ML compiler and runtime as a multi-tenant gRPC daemon.\n"
+      "  kilnd [--config=configs/kilnd.textproto] [--listen=127.0.0.1:7450] ...\n"
+      "See docs/server.md.");
+  absl::ParseCommandLine(argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("kilnd");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  spdlog::flush_on(spdlog::level::trace);
+
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  kiln::server::FlagOverrides flags;
+  flags.listen = absl::GetFlag(FLAGS_listen);
+  flags.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  flags.cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  if (auto d = absl::GetFlag(FLAGS_drain_timeout)) {
+    flags.drain_timeout_seconds = absl::ToDoubleSeconds(*d);
+  }
+  flags.max_concurrent_runs = absl::GetFlag(FLAGS_max_concurrent_runs);
+  flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
+  if (!config.ok()) {
+    spdlog::critical("kilnd: {}", std::string(config.status().message()));
+    return 2;
+  }
+
+  auto server = kiln::server::KilnServer::Create(*config);
+  if (!server.ok()) {
+    spdlog::critical("kilnd: cannot start: {}", std::string(server.status().message()));
+    return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (!WriteFileAtomically(path, absl::StrCat((*server)->port(), "\n"))) {
+      spdlog::critical("kilnd: cannot write --port_file {}", path);
+      return 1;
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_metrics_port_file); !path.empty()) {
+    if (!WriteFileAtomically(path, absl::StrCat((*server)->metrics_port(), "\n"))) {
+      spdlog::critical("kilnd: cannot write --metrics_port_file {}", path);
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Runs cannot be stopped mid-graph: if one outlasts the drain, leave anyway.
+  const double grace = config->drain_timeout_seconds() + 10;
+  std::thread([grace] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+    spdlog::warn("work still running {:.0f} s after the signal; exiting without it", grace);
+    spdlog::shutdown();
+    std::_Exit(0);
+  }).detach();
+  (*server)->Shutdown();
+  server->reset();
+  spdlog::info("exit 0");
+  spdlog::shutdown();
+  return 0;
+}

@@ -1,0 +1,81 @@
+// kilnd's Prometheus metrics (DESIGN.md section 7), prefix kiln_, served at
+// http://<metrics_listen>/metrics by prometheus-cpp's exposer.
+//
+// Events are counted as they happen (requests, latencies, kernels); state is
+// read at scrape time through one collector callback (cache statistics,
+// device memory, sessions, runs in flight, param bytes per tenant).
+//
+// Thread safety: every method is thread-safe. The collector runs on the
+// exposer's HTTP threads; it must not block for long.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kiln/v1/report.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace kiln::server {
+
+class Metrics {
+ public:
+  using Labels = std::vector<std::pair<std::string, std::string>>;
+  using Collector = std::function<std::vector<prometheus::MetricFamily>()>;
+
+  // `listen`: "host:port" (port 0 picks a free port) or "off" (count, serve
+  // nothing).
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The bound HTTP port; 0 when off.
+  int port() const { return port_; }
+  // Sets the scrape-time collector (replacing any earlier one).
+  void SetCollector(Collector collector);
+
+  void CountRequest(const std::string& tenant, const std::string& method, const std::string& code);
+  void ObserveQueue(const std::string& tenant, absl::Duration waited);
+  void ObserveCompile(v1::CacheOutcome outcome, absl::Duration took);
+  void ObserveRun(const std::string& tenant, absl::Duration took);
+  // Kernels of a dispatch report by backend (the device id's prefix) and path.
+  void CountKernels(const v1::DispatchReport& report);
+
+  // A gauge or counter family for the collector: one sample per label set.
+  static prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                         prometheus::MetricType type,
+                                         const std::vector<std::pair<Labels, double>>& samples);
+
+ private:
+  class ScrapeCollectable;
+  Metrics();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ScrapeCollectable> scraped_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* kernels_;
+  prometheus::Family<prometheus::Counter>* compiles_;
+  prometheus::Family<prometheus::Histogram>* queue_seconds_;
+  prometheus::Family<prometheus::Histogram>* compile_seconds_;
+  prometheus::Family<prometheus::Histogram>* run_seconds_;
+};
+
+}  // namespace kiln::server

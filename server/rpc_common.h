@@ -1,0 +1,102 @@
+// Helpers shared by the RPC handler files (rpc_*.cc); not a public API.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "engine/engine.h"
+#include "kiln/v1/service.pb.h"
+#include "server/service.h"
+
+namespace kiln::server {
+
+// v1::CompileOptions -> the engine's ("" device = auto).
+CompileOptions ToEngineOptions(const v1::CompileOptions& options);
+void SignatureToProto(const GraphSignature& signature, v1::Signature* out);
+// Sum of the memory plan's arenas over devices.
+int64_t ArenaBytes(const v1::CompileReport& report);
+// "x:[2, 784];" for each input, by name (empty for none): the key of a
+// session's executable for these input shapes.
+std::string ShapeKey(const std::vector<TensorRef>& inputs);
+
+// OK for "auto" or the id of a device the engine has; else INVALID_ARGUMENT
+// listing the devices.
+absl::Status CheckDevice(const Engine& engine, const std::string& device);
+// "x: f32[?, 784], y: i32[4]" (or "none").
+std::string InputList(const GraphSignature& signature);
+// "miss", "hit_disk", ...
+std::string CacheOutcomeName(v1::CacheOutcome outcome);
+
+// A param's name, dtype and dims against the graph's declaration.
+absl::Status CheckParamAgainst(const GraphSignature& signature, const std::string& name,
+                               DType dtype, const Dims& dims);
+// A run's inputs against the graph's: every input given once, no others,
+// dtypes equal, ranks equal, concrete dims equal.
+absl::Status CheckInputsAgainst(const GraphSignature& signature,
+                                const std::vector<TensorRef>& inputs);
+
+// Binds `updates` over the session's current params (the others are kept),
+// atomically. REQUIRES: the updates' bytes are already charged to the
+// tenant; on success they become the session's charge and the bytes of the
+// params they replace are released; on failure the caller releases them.
+// (rpc_params.cc)
+absl::Status BindParams(Engine& engine, Session& session, std::span<const TensorRef> updates);
+
+// The session's executable for these inputs' shapes: remembered, or
+// compiled (its arena charged to the tenant's device memory). `reused` is
+// set to whether it was remembered. (rpc_run.cc)
+absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
+                                                    const std::vector<TensorRef>& inputs,
+                                                    bool* reused);
+
+// Parses a raw request or stream message; INVALID_ARGUMENT naming `what`
+// (and the message type) when the bytes are not that message.
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message& message,
+                          const std::string& what);
+
+template <typename M>
+void SerializeMessage(const M& message, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  grpc::SerializationTraits<M>::Serialize(message, out, &own_buffer);
+}
+
+// A unary call: Begin, parse the request, then `fn(call, request, response)`
+// (on the work pool when `offload`, else inline), then End and Finish with
+// the serialized response. `fn` returns absl::Status and may set call.detail.
+template <typename Request, typename Response, typename Fn>
+grpc::ServerUnaryReactor* UnaryCall(KilnService& service, grpc::CallbackServerContext* ctx,
+                                    const char* method, const grpc::ByteBuffer* request_bytes,
+                                    grpc::ByteBuffer* response_bytes, bool offload, Fn fn) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  KilnService::Call call;
+  auto messages = std::make_shared<std::pair<Request, Response>>();
+  absl::Status s =
+      service.Begin(ctx, method, static_cast<int64_t>(request_bytes->Length()), call);
+  if (s.ok()) s = ParseMessage(*request_bytes, messages->first, "the request");
+  if (!s.ok()) {
+    service.End(call, s);
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+  auto work = [&service, reactor, response_bytes, call = std::move(call), messages,
+               fn = std::move(fn)]() mutable {
+    absl::Status s = fn(call, messages->first, messages->second);
+    if (s.ok()) SerializeMessage(messages->second, response_bytes);
+    service.End(call, s);
+    reactor->Finish(ToGrpc(s));
+  };
+  if (offload) {
+    service.deps().pool->Post(std::move(work));
+  } else {
+    work();
+  }
+  return reactor;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,122 @@
+// Compile, CreateSession, CloseSession.
+#include "absl/strings/str_cat.h"
+#include "engine/base/status.h"
+#include "server/limits.h"
+#include "server/rpc_common.h"
+
+namespace kiln::server {
+
+grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
+                                               const grpc::ByteBuffer* request_bytes,
+                                               grpc::ByteBuffer* response_bytes) {
+  return UnaryCall<v1::CompileRequest, v1::CompileResponse>(
+      *this, ctx, "Compile", request_bytes, response_bytes, /*offload=*/true,
+      [this](Call& call, const v1::CompileRequest& request,
+             v1::CompileResponse& response) -> absl::Status {
+    const ServiceDeps& d = deps();
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request.graph(), d.config->limits()));
+    const CompileOptions options = ToEngineOptions(request.options());
+    KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
+    KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
+    std::vector<std::pair<std::string, Dims>> shapes;
+    for (const v1::InputShape& s : request.input_shapes()) {
+      const std::string what = absl::StrCat("input_shapes \"", s.name(), "\"");
+      bool known = false;
+      for (const auto& in : sig.inputs) known = known || in.name == s.name();
+      if (!known) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " names no input of the graph; its inputs: ", InputList(sig)));
+      }
+      Dims dims(s.dims().begin(), s.dims().end());
+      // Shapes are checked like tensors (any dtype of the input will do).
+      for (const auto& in : sig.inputs) {
+        if (in.name != s.name()) continue;
+        KILN_RETURN_IF_ERROR(
+            CheckTensorHeader(in.type.dtype(), dims, d.config->limits(), what).status());
+      }
+      shapes.emplace_back(s.name(), std::move(dims));
+    }
+    bool symbolic = false;
+    for (const auto& in : sig.inputs) {
+      for (const v1::Dim& dim : in.type.dims()) symbolic = symbolic || !dim.has_size();
+    }
+    if (symbolic && shapes.empty()) {  // verify only
+      SignatureToProto(sig, response.mutable_signature());
+      call.detail = "verified";
+      return absl::OkStatus();
+    }
+    const absl::Time t0 = absl::Now();
+    KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
+    d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    SignatureToProto(compiled.executable->signature(), response.mutable_signature());
+    response.set_executable_key(compiled.executable->key());
+    *response.mutable_report() = std::move(compiled.report);
+    call.detail = absl::StrCat("cache=", CacheOutcomeName(response.report().executable_cache()),
+                               " key=", response.executable_key().substr(0, 16));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* request_bytes,
+                                                     grpc::ByteBuffer* response_bytes) {
+  return UnaryCall<v1::CreateSessionRequest, v1::CreateSessionResponse>(
+      *this, ctx, "CreateSession", request_bytes, response_bytes, /*offload=*/true,
+      [this](Call& call, const v1::CreateSessionRequest& request,
+             v1::CreateSessionResponse& response) -> absl::Status {
+    const ServiceDeps& d = deps();
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request.graph(), d.config->limits()));
+    const CompileOptions options = ToEngineOptions(request.options());
+    KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
+    KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorRef> params,
+                          CheckNamedTensors(request.params(), d.config->limits(), "param"));
+    for (const TensorRef& p : params) {
+      KILN_RETURN_IF_ERROR(CheckParamAgainst(sig, p.name, p.dtype, p.dims));
+    }
+    KILN_RETURN_IF_ERROR(call.tenant->AcquireSession());
+    auto session = std::make_shared<Session>(SessionStore::NewId(), *call.tenant, std::move(graph),
+                                             sig, options);
+    absl::Status bound = [&]() -> absl::Status {
+      if (!params.empty()) {
+        int64_t bytes = 0;
+        for (const TensorRef& p : params) bytes += p.bytes;
+        KILN_RETURN_IF_ERROR(call.tenant->AcquireBytes(bytes, bytes));
+        if (absl::Status s = BindParams(*d.engine, *session, params); !s.ok()) {
+          call.tenant->ReleaseBytes(bytes, bytes);
+          return s;
+        }
+      }
+      // A graph without symbolic inputs compiles now: its errors surface here.
+      if (!session->symbolic()) {
+        KILN_RETURN_IF_ERROR(SessionExecutable(*this, *session, {}, nullptr).status());
+      }
+      return absl::OkStatus();
+    }();
+    if (!bound.ok()) {
+      const Session::Charge c = session->Close();
+      call.tenant->ReleaseBytes(c.param_bytes, c.device_bytes);
+      call.tenant->ReleaseSession();
+      return bound;
+    }
+    d.sessions->Add(session);
+    response.set_session_id(session->id());
+    SignatureToProto(sig, response.mutable_signature());
+    call.detail = absl::StrCat("session=", session->id());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KilnService::CloseSession(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* request_bytes,
+                                                    grpc::ByteBuffer* response_bytes) {
+  return UnaryCall<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+      *this, ctx, "CloseSession", request_bytes, response_bytes, /*offload=*/false,
+      [this](Call& call, const v1::CloseSessionRequest& request,
+             v1::CloseSessionResponse&) -> absl::Status {
+    call.detail = absl::StrCat("session=", request.session_id());
+    return deps().sessions->Remove(*call.tenant, request.session_id());
+  });
+}
+
+}  // namespace kiln::server

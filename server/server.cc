@@ -1,0 +1,205 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "server/config.h"
+
+namespace kiln::server {
+namespace {
+
+using Samples = std::vector<std::pair<Metrics::Labels, double>>;
+
+// State read at scrape time.
+std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantRegistry& tenants,
+                                             const SessionStore& sessions,
+                                             const Scheduler& scheduler, absl::Time started) {
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> out;
+  auto one = [](double v) { return Samples{{{}, v}}; };
+  const CacheStats c = engine.cache_stats();
+  out.push_back(Metrics::Family("kiln_compile_cache_hits_total",
+                                "Executables found in the compile cache, by level",
+                                MetricType::Counter,
+                                {{{{"level", "memory"}}, static_cast<double>(c.memory_hits)},
+                                 {{{"level", "disk"}}, static_cast<double>(c.disk_hits)}}));
+  out.push_back(Metrics::Family("kiln_compile_cache_misses_total", "Executables compiled",
+                                MetricType::Counter, one(c.misses)));
+  out.push_back(Metrics::Family("kiln_compile_cache_corrupt_total",
+                                "Cache entries found corrupt and discarded", MetricType::Counter,
+                                one(c.corrupt)));
+  out.push_back(Metrics::Family("kiln_compile_cache_evictions_total",
+                                "Disk cache entries evicted to stay in budget", MetricType::Counter,
+                                one(c.evictions)));
+  out.push_back(Metrics::Family("kiln_kernel_cache_hits_total", "Kernel binaries from the cache",
+                                MetricType::Counter, one(c.kernel_hits)));
+  out.push_back(Metrics::Family("kiln_kernel_cache_misses_total", "Kernel binaries built",
+                                MetricType::Counter, one(c.kernel_misses)));
+  out.push_back(Metrics::Family("kiln_compile_cache_disk_bytes", "Bytes in the disk cache",
+                                MetricType::Gauge, one(c.disk_bytes)));
+  out.push_back(Metrics::Family("kiln_compile_cache_disk_entries", "Entries in the disk cache",
+                                MetricType::Gauge, one(c.disk_entries)));
+
+  Samples in_use, capacity;
+  const std::vector<const backend::DeviceInfo*> devices = engine.Devices();
+  const std::vector<int64_t> used = engine.DeviceMemoryInUse();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const Metrics::Labels labels{{"device", devices[i]->id}, {"backend", devices[i]->backend}};
+    in_use.push_back({labels, static_cast<double>(i < used.size() ? used[i] : 0)});
+    capacity.push_back({labels, static_cast<double>(devices[i]->memory_bytes)});
+  }
+  out.push_back(Metrics::Family("kiln_device_memory_in_use_bytes",
+                                "Bytes allocated on each device", MetricType::Gauge, in_use));
+  out.push_back(Metrics::Family("kiln_device_memory_bytes", "Memory of each device",
+                                MetricType::Gauge, capacity));
+
+  const std::map<std::string, int64_t> open = sessions.CountByTenant();
+  const std::map<std::string, Scheduler::Load> loads = scheduler.Loads();
+  Samples session_samples, running, queued, param_bytes, device_bytes;
+  for (const auto& t : tenants.tenants()) {
+    const Metrics::Labels labels{{"tenant", t->name()}};
+    auto count = open.find(t->name());
+    session_samples.push_back({labels, count == open.end() ? 0.0 : static_cast<double>(count->second)});
+    auto load = loads.find(t->name());
+    const Scheduler::Load l = load == loads.end() ? Scheduler::Load{} : load->second;
+    running.push_back({labels, static_cast<double>(l.running)});
+    queued.push_back({labels, static_cast<double>(l.queued)});
+    const Tenant::Usage u = t->usage();
+    param_bytes.push_back({labels, static_cast<double>(u.param_bytes)});
+    device_bytes.push_back({labels, static_cast<double>(u.device_bytes)});
+  }
+  out.push_back(Metrics::Family("kiln_sessions", "Open sessions by tenant", MetricType::Gauge,
+                                session_samples));
+  out.push_back(Metrics::Family("kiln_runs_in_flight", "Runs executing now, by tenant",
+                                MetricType::Gauge, running));
+  out.push_back(Metrics::Family("kiln_runs_queued", "Runs waiting for a worker, by tenant",
+                                MetricType::Gauge, queued));
+  out.push_back(Metrics::Family("kiln_param_bytes", "Param bytes charged to each tenant",
+                                MetricType::Gauge, param_bytes));
+  out.push_back(Metrics::Family("kiln_tenant_device_bytes",
+                                "Device bytes charged to each tenant (params + session arenas)",
+                                MetricType::Gauge, device_bytes));
+  out.push_back(Metrics::Family("kiln_uptime_seconds", "Seconds since kilnd started",
+                                MetricType::Gauge,
+                                one(absl::ToDoubleSeconds(absl::Now() - started))));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerConfig& config) {
+  std::unique_ptr<KilnServer> s(new KilnServer());
+  s->config_ = config;
+  const absl::Time started = absl::Now();
+
+  auto metrics = Metrics::Create(config.metrics_listen());
+  if (!metrics.ok()) return metrics.status();
+  s->metrics_ = std::move(metrics).value();
+
+  EngineOptions eo;
+  eo.cache_dir = config.cache_dir();
+  eo.cache_max_bytes = config.cache_max_bytes();
+  eo.cpu_threads = config.cpu_threads();
+  eo.verify = VerifyOptionsFrom(config.limits());
+  eo.disabled_backends.assign(config.disabled_backends().begin(), config.disabled_backends().end());
+  auto engine = Engine::Create(eo);
+  if (!engine.ok()) return engine.status();
+  s->engine_ = std::move(engine).value();
+
+  auto tenants = TenantRegistry::Create(config);
+  if (!tenants.ok()) return tenants.status();
+  s->tenants_ = std::move(tenants).value();
+  s->sessions_ = std::make_unique<SessionStore>();
+  s->reports_ = std::make_unique<ReportStore>(config.reports_per_tenant());
+  s->pool_ = std::make_unique<WorkPool>(
+      std::max(2, static_cast<int>(std::thread::hardware_concurrency())));
+  auto scheduler = Scheduler::Create({.workers = config.max_concurrent_runs()});
+  if (!scheduler.ok()) return scheduler.status();
+  s->scheduler_ = std::move(scheduler).value();
+
+  ServiceDeps deps;
+  deps.config = &s->config_;
+  deps.engine = s->engine_.get();
+  deps.tenants = s->tenants_.get();
+  deps.sessions = s->sessions_.get();
+  deps.scheduler = s->scheduler_.get();
+  deps.reports = s->reports_.get();
+  deps.metrics = s->metrics_.get();
+  deps.pool = s->pool_.get();
+  deps.started = started;
+  s->service_ = std::make_unique<KilnService>(deps);
+
+  s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),
+                             sessions = s->sessions_.get(), scheduler = s->scheduler_.get(),
+                             started] {
+    return Scrape(*engine, *tenants, *sessions, *scheduler, started);
+  });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits().max_message_bytes()));
+  // Two kilnds on one port would split the traffic silently: the second fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    s->metrics_->SetCollector(nullptr);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", config.listen(),
+        ": the address is invalid or in use (--listen=host:port; port 0 picks a free port)"));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("kilnd {} listening on {} (port {}), metrics {}, cache {}, {} tenant(s){}, "
+               "{} concurrent run(s)",
+               kKilndVersion, config.listen(), s->port_,
+               config.metrics_listen() == "off"
+                   ? std::string("off")
+                   : absl::StrCat(config.metrics_listen(), " (port ", s->metrics_->port(), ")"),
+               config.cache_dir(), s->tenants_->tenants().size(),
+               s->tenants_->open() ? " (open, no auth)" : "", config.max_concurrent_runs());
+  for (const backend::DeviceInfo* d : s->engine_->Devices()) {
+    spdlog::info("device {}: {} ({}), {} threads", d->id, d->name, d->arch, d->threads);
+  }
+  for (const std::string& u : s->engine_->UnavailableBackends()) {
+    spdlog::info("backend unavailable: {}", u);
+  }
+  return s;
+}
+
+bool KilnServer::Shutdown() {
+  if (shut_down_) return true;
+  shut_down_ = true;
+  const absl::Duration drain = absl::Seconds(config_.drain_timeout_seconds());
+  spdlog::info("shutting down: health NOT_SERVING, refusing new work, draining up to {}",
+               absl::FormatDuration(drain));
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  service_->StartDraining();
+  const bool drained = service_->WaitForCalls(absl::Now() + drain);
+  if (!drained) spdlog::warn("drain timeout: calls are still running; stopping anyway");
+  // Calls in flight now (only after a drain timeout) are cancelled.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drained ? 5 : 1));
+  if (drained) {
+    scheduler_.reset();
+    pool_.reset();
+  }
+  metrics_->SetCollector(nullptr);
+  spdlog::info("kilnd stopped{}", drained ? "" : " (drain timed out)");
+  return drained;
+}
+
+KilnServer::~KilnServer() {
+  if (server_ && !shut_down_) {
+    service_->StartDraining();
+    server_->Shutdown(std::chrono::system_clock::now());
+  }
+  if (metrics_) metrics_->SetCollector(nullptr);
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,65 @@
+// KilnServer: kilnd assembled — engine, tenants, sessions, scheduler, work
+// pool, metrics exposer and the gRPC server (kiln.v1.Kiln, grpc.health.v1
+// and server reflection) — with graceful shutdown.
+//
+// Thread safety: Shutdown may be called from any one thread; the accessors
+// are immutable after Create.
+#pragma once
+
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "kiln/v1/config.pb.h"
+#include "server/metrics.h"
+#include "server/reports.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+#include "server/sessions.h"
+#include "server/tenants.h"
+#include "server/work_pool.h"
+
+namespace kiln::server {
+
+class KilnServer {
+ public:
+  // Creates the engine and starts serving. REQUIRES: `config` has defaults
+  // applied and is valid (LoadConfig does both).
+  static absl::StatusOr<std::unique_ptr<KilnServer>> Create(const v1::ServerConfig& config);
+  // Shuts down (without draining) if Shutdown was not called.
+  ~KilnServer();
+  KilnServer(const KilnServer&) = delete;
+  KilnServer& operator=(const KilnServer&) = delete;
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_->port(); }
+
+  // Health turns NOT_SERVING, new calls get UNAVAILABLE, calls in flight get
+  // up to config.drain_timeout_seconds to finish; then the gRPC server stops.
+  // Returns false when calls were still running at the drain deadline (their
+  // runs cannot be interrupted mid-graph; the caller may exit anyway).
+  bool Shutdown();
+
+ private:
+  KilnServer() = default;
+
+  v1::ServerConfig config_;
+  int port_ = 0;
+  bool shut_down_ = false;
+  // Declaration order is teardown order reversed: the gRPC server stops
+  // first, then the scheduler's workers and the pool (whose tasks use the
+  // service), then the service and what it borrows.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  std::unique_ptr<SessionStore> sessions_;
+  std::unique_ptr<ReportStore> reports_;
+  std::unique_ptr<KilnService> service_;
+  std::unique_ptr<WorkPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace kiln::server

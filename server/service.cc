@@ -1,0 +1,244 @@
+#include "server/service.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/limits.h"
+#include "server/rpc_common.h"
+
+namespace kiln::server {
+namespace {
+
+std::optional<std::string_view> Metadata(grpc::CallbackServerContext* ctx, const char* key) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(key);
+  if (it == md.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
+}
+
+// A client's own request id is kept when it is short and plain.
+bool UsableRequestId(std::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' &&
+        c != ':') {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+void KilnService::StartDraining() {
+  absl::MutexLock lock(&calls_mu_);
+  draining_ = true;
+}
+
+bool KilnService::WaitForCalls(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  return calls_mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](int64_t* active) { return *active == 0; }, &active_calls_),
+      deadline);
+}
+
+absl::Status KilnService::Begin(grpc::CallbackServerContext* ctx, const char* method,
+                                int64_t request_bytes, Call& call) {
+  call.method = method;
+  call.start = absl::Now();
+  if (auto id = Metadata(ctx, "x-request-id"); id && UsableRequestId(*id)) {
+    call.request_id = std::string(*id);
+  } else {
+    call.request_id = absl::StrFormat("%06x-%d", boot_tag_, next_request_.fetch_add(1));
+  }
+  ctx->AddInitialMetadata("x-request-id", call.request_id);
+  auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"));
+  if (!tenant.ok()) return tenant.status();
+  call.tenant = *tenant;
+  if (request_bytes > 0) {
+    if (auto s = call.tenant->CheckRequestBytes(request_bytes, method); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&calls_mu_);
+  if (draining_) {
+    return absl::UnavailableError(
+        "kilnd is shutting down and accepts no new work; retry against a running kilnd");
+  }
+  ++active_calls_;
+  call.admitted = true;
+  return absl::OkStatus();
+}
+
+void KilnService::End(Call& call, const absl::Status& status) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  const std::string tenant = call.tenant ? call.tenant->name() : "-";
+  deps_.metrics->CountRequest(call.tenant ? tenant : "unauthenticated", call.method, code);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - call.start);
+  if (status.ok()) {
+    spdlog::info("req={} tenant={} rpc={} code=OK ms={:.3f}{}{}", call.request_id, tenant,
+                 call.method, ms, call.detail.empty() ? "" : " ", call.detail);
+  } else {
+    const bool ours = status.code() == absl::StatusCode::kInternal ||
+                      status.code() == absl::StatusCode::kUnknown ||
+                      status.code() == absl::StatusCode::kDataLoss;
+    spdlog::log(ours ? spdlog::level::err : spdlog::level::info,
+                "req={} tenant={} rpc={} code={} ms={:.3f}{}{} error=\"{}\"", call.request_id,
+                tenant, call.method, code, ms, call.detail.empty() ? "" : " ", call.detail,
+                std::string(status.message()));
+  }
+  if (call.admitted) {
+    absl::MutexLock lock(&calls_mu_);
+    --active_calls_;
+    call.admitted = false;
+  }
+}
+
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message& message,
+                          const std::string& what) {
+  grpc::ByteBuffer view(bytes);  // shares the slices
+  grpc::ProtoBufferReader reader(&view);
+  if (reader.status().ok() && message.ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " is not a valid ", message.GetTypeName(), ": its ", bytes.Length(),
+      " bytes do not parse as that protobuf message"));
+}
+
+CompileOptions ToEngineOptions(const v1::CompileOptions& options) {
+  CompileOptions o;
+  o.device = options.device().empty() ? "auto" : options.device();
+  o.prefer_common_ir = options.prefer_common_ir();
+  o.enable_fusion = !options.disable_fusion();
+  return o;
+}
+
+void SignatureToProto(const GraphSignature& signature, v1::Signature* out) {
+  auto fill = [](const std::vector<GraphSignature::Entry>& from,
+                 google::protobuf::RepeatedPtrField<v1::SignatureEntry>* to) {
+    for (const auto& e : from) {
+      v1::SignatureEntry* s = to->Add();
+      s->set_name(e.name);
+      *s->mutable_type() = e.type;
+    }
+  };
+  fill(signature.inputs, out->mutable_inputs());
+  fill(signature.params, out->mutable_params());
+  fill(signature.outputs, out->mutable_outputs());
+}
+
+int64_t ArenaBytes(const v1::CompileReport& report) {
+  int64_t bytes = 0;
+  for (const v1::MemoryPlanSummary& m : report.memory()) bytes += m.arena_bytes();
+  return bytes;
+}
+
+std::string ShapeKey(const std::vector<TensorRef>& inputs) {
+  std::vector<const TensorRef*> sorted;
+  for (const TensorRef& t : inputs) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const TensorRef* a, const TensorRef* b) { return a->name < b->name; });
+  std::string key;
+  for (const TensorRef* t : sorted) absl::StrAppend(&key, t->name, ":", DimsToString(t->dims), ";");
+  return key;
+}
+
+}  // namespace kiln::server
+
+namespace kiln::server {
+
+absl::Status CheckDevice(const Engine& engine, const std::string& device) {
+  if (device.empty() || device == "auto") return absl::OkStatus();
+  std::string ids;
+  for (const backend::DeviceInfo* d : engine.Devices()) {
+    if (d->id == device) return absl::OkStatus();
+    absl::StrAppend(&ids, ids.empty() ? "" : ", ", d->id);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("options.device \"", device,
+                                                 "\" is not a device of this kilnd; devices: ",
+                                                 ids, " (or auto)"));
+}
+
+std::string InputList(const GraphSignature& signature) {
+  std::string out;
+  for (const auto& in : signature.inputs) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", in.name, ": ", TypeString(in.type));
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string CacheOutcomeName(v1::CacheOutcome outcome) {
+  std::string name = v1::CacheOutcome_Name(outcome);
+  if (name.starts_with("CACHE_")) name = name.substr(6);
+  absl::AsciiStrToLower(&name);
+  return name;
+}
+
+namespace {
+
+// dims against a declared type: same rank, concrete dims equal.
+bool DimsFit(const v1::TensorType& declared, const Dims& dims) {
+  if (declared.dims_size() != static_cast<int>(dims.size())) return false;
+  for (int i = 0; i < declared.dims_size(); ++i) {
+    const v1::Dim& d = declared.dims(i);
+    if (d.has_size() && d.size() != dims[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status CheckParamAgainst(const GraphSignature& signature, const std::string& name,
+                               DType dtype, const Dims& dims) {
+  for (const auto& p : signature.params) {
+    if (p.name != name) continue;
+    if (p.type.dtype() != dtype || !DimsFit(p.type, dims)) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", name, "\" is ",
+                                                     TypeString(p.type), " in the graph, got ",
+                                                     DTypeName(dtype), DimsToString(dims)));
+    }
+    return absl::OkStatus();
+  }
+  std::string names;
+  for (const auto& p : signature.params) absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
+  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a param of the graph; its ",
+                                                 "params: ", names.empty() ? "none" : names));
+}
+
+absl::Status CheckInputsAgainst(const GraphSignature& signature,
+                                const std::vector<TensorRef>& inputs) {
+  for (const TensorRef& t : inputs) {
+    const GraphSignature::Entry* decl = nullptr;
+    for (const auto& in : signature.inputs) {
+      if (in.name == t.name) decl = &in;
+    }
+    if (decl == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", t.name, "\" is not an input of the graph; ",
+                                                     "its inputs: ", InputList(signature)));
+    }
+    if (decl->type.dtype() != t.dtype || !DimsFit(decl->type, t.dims)) {
+      return absl::InvalidArgumentError(absl::StrCat("input \"", t.name, "\" must be ",
+                                                     TypeString(decl->type), ", got ",
+                                                     DTypeName(t.dtype), DimsToString(t.dims)));
+    }
+  }
+  for (const auto& in : signature.inputs) {
+    bool given = false;
+    for (const TensorRef& t : inputs) given = given || t.name == in.name;
+    if (!given) {
+      return absl::InvalidArgumentError(absl::StrCat("missing input \"", in.name, "\" (",
+                                                     TypeString(in.type), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::server

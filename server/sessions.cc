@@ -1,0 +1,151 @@
+#include "server/sessions.h"
+
+#include <openssl/rand.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::server {
+
+Session::Session(std::string id, Tenant& owner, v1::Graph graph, GraphSignature signature,
+                 CompileOptions options)
+    : id_(std::move(id)),
+      owner_(owner),
+      graph_(std::move(graph)),
+      signature_(std::move(signature)),
+      options_(std::move(options)),
+      symbolic_([this] {
+        for (const auto& in : signature_.inputs) {
+          for (const v1::Dim& d : in.type.dims()) {
+            if (!d.has_size()) return true;
+          }
+        }
+        return false;
+      }()) {}
+
+std::optional<Session::Compiled> Session::FindExecutable(const std::string& shape_key) const {
+  absl::MutexLock lock(&state_mu_);
+  auto it = executables_.find(shape_key);
+  if (it == executables_.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t Session::AddExecutable(const std::string& shape_key, Compiled compiled) {
+  absl::MutexLock lock(&state_mu_);
+  if (closed_ || executables_.contains(shape_key)) return compiled.arena_bytes;
+  int64_t forgotten = 0;
+  while (executables_.size() >= kMaxExecutables) {
+    forgotten += executables_.at(lru_.back()).arena_bytes;
+    executables_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  lru_.push_front(shape_key);
+  executables_.emplace(shape_key, std::move(compiled));
+  return forgotten;
+}
+
+std::shared_ptr<ParamSet> Session::params() const {
+  absl::MutexLock lock(&state_mu_);
+  return params_;
+}
+
+std::map<std::string, int64_t> Session::param_bytes() const {
+  absl::MutexLock lock(&state_mu_);
+  return param_bytes_;
+}
+
+absl::Status Session::SetParams(std::shared_ptr<ParamSet> params,
+                                std::map<std::string, int64_t> bytes) {
+  absl::MutexLock lock(&state_mu_);
+  if (closed_) return absl::NotFoundError(absl::StrCat("session \"", id_, "\" was closed"));
+  params_ = std::move(params);
+  param_bytes_ = std::move(bytes);
+  return absl::OkStatus();
+}
+
+Session::Charge Session::ChargeLocked() const {
+  Charge c;
+  if (closed_) return c;
+  for (const auto& [name, b] : param_bytes_) c.param_bytes += b;
+  c.device_bytes = c.param_bytes;
+  for (const auto& [key, e] : executables_) c.device_bytes += e.arena_bytes;
+  return c;
+}
+
+Session::Charge Session::charge() const {
+  absl::MutexLock lock(&state_mu_);
+  return ChargeLocked();
+}
+
+Session::Charge Session::Close() {
+  absl::MutexLock lock(&state_mu_);
+  const Charge c = ChargeLocked();
+  closed_ = true;
+  // Runs in flight keep their executable and params; the session lets go.
+  executables_.clear();
+  lru_.clear();
+  return c;
+}
+
+bool Session::closed() const {
+  absl::MutexLock lock(&state_mu_);
+  return closed_;
+}
+
+std::string SessionStore::NewId() {
+  unsigned char raw[16];
+  if (RAND_bytes(raw, sizeof(raw)) != 1) {
+    // OpenSSL's generator failing is our broken invariant, not the caller's.
+    std::abort();
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "s-";
+  for (unsigned char b : raw) {
+    id.push_back(kHex[b >> 4]);
+    id.push_back(kHex[b & 15]);
+  }
+  return id;
+}
+
+void SessionStore::Add(std::shared_ptr<Session> session) {
+  absl::MutexLock lock(&sessions_mu_);
+  const std::string id = session->id();
+  sessions_.emplace(id, std::move(session));
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const Tenant& tenant,
+                                                            const std::string& id) const {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || &it->second->owner() != &tenant) {
+    return absl::NotFoundError(absl::StrCat(
+        "session \"", id, "\" not found (closed, never created, or created by another tenant)"));
+  }
+  return it->second;
+}
+
+absl::Status SessionStore::Remove(const Tenant& tenant, const std::string& id) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || &it->second->owner() != &tenant) {
+      return absl::NotFoundError(absl::StrCat(
+          "session \"", id, "\" not found (closed, never created, or created by another tenant)"));
+    }
+    session = std::move(it->second);
+    sessions_.erase(it);
+  }
+  const Session::Charge c = session->Close();
+  session->owner().ReleaseBytes(c.param_bytes, c.device_bytes);
+  session->owner().ReleaseSession();
+  return absl::OkStatus();
+}
+
+std::map<std::string, int64_t> SessionStore::CountByTenant() const {
+  absl::MutexLock lock(&sessions_mu_);
+  std::map<std::string, int64_t> out;
+  for (const auto& [id, s] : sessions_) ++out[s->owner().name()];
+  return out;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,122 @@
+// Sessions: a verified graph plus bound params, owned by one tenant
+// (DESIGN.md section 7). Executables are the engine's (shared and
+// content-addressed); a session remembers the ones it uses per input-shape
+// signature so a run skips graph import and key hashing.
+//
+// What a session charges its tenant (param bytes, device bytes) is recorded
+// here and released by SessionStore::Remove.
+//
+// Thread safety: Session and SessionStore are thread-safe. Sessions are
+// shared_ptr: a run keeps its session (and the ParamSet it read) alive after
+// the session is closed.
+#pragma once
+
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "server/tenants.h"
+
+namespace kiln::server {
+
+class Session {
+ public:
+  Session(std::string id, Tenant& owner, v1::Graph graph, GraphSignature signature,
+          CompileOptions options);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& id() const { return id_; }
+  Tenant& owner() const { return owner_; }
+  const v1::Graph& graph() const { return graph_; }
+  const GraphSignature& signature() const { return signature_; }
+  const CompileOptions& options() const { return options_; }
+  // True when some input has a symbolic dim: executables are per shape.
+  bool symbolic() const { return symbolic_; }
+
+  struct Compiled {
+    std::shared_ptr<Executable> executable;
+    v1::CompileReport report;  // as compiled (or loaded) the first time
+    int64_t arena_bytes = 0;   // charged to the tenant's device memory
+  };
+  // The executable remembered for `shape_key`, if any.
+  std::optional<Compiled> FindExecutable(const std::string& shape_key) const;
+  // Remembers `compiled` (whose arena bytes the caller has charged). Returns
+  // the arena bytes of executables forgotten to stay under the per-session
+  // limit, for the caller to release.
+  int64_t AddExecutable(const std::string& shape_key, Compiled compiled);
+
+  std::shared_ptr<ParamSet> params() const;
+  // Bytes of each bound param, by name.
+  std::map<std::string, int64_t> param_bytes() const;
+
+  // Serializes param updates (read current set, merge, swap).
+  absl::Mutex& update_mu() { return update_mu_; }
+  // Binds a new param set. REQUIRES: update_mu() held. Fails NOT_FOUND when
+  // the session was closed meanwhile.
+  absl::Status SetParams(std::shared_ptr<ParamSet> params, std::map<std::string, int64_t> bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
+
+  // What the session charges its tenant now.
+  struct Charge {
+    int64_t param_bytes = 0;
+    int64_t device_bytes = 0;
+  };
+  Charge charge() const;
+  // Marks the session closed and returns its charge (once; later calls 0).
+  Charge Close();
+  bool closed() const;
+
+ private:
+  static constexpr size_t kMaxExecutables = 16;
+  Charge ChargeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+
+  const std::string id_;
+  Tenant& owner_;
+  const v1::Graph graph_;
+  const GraphSignature signature_;
+  const CompileOptions options_;
+  const bool symbolic_;
+
+  absl::Mutex update_mu_;
+
+  mutable absl::Mutex state_mu_;
+  std::map<std::string, Compiled> executables_ ABSL_GUARDED_BY(state_mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(state_mu_);  // front = most recent
+  std::shared_ptr<ParamSet> params_ ABSL_GUARDED_BY(state_mu_);
+  std::map<std::string, int64_t> param_bytes_ ABSL_GUARDED_BY(state_mu_);
+  bool closed_ ABSL_GUARDED_BY(state_mu_) = false;
+};
+
+class SessionStore {
+ public:
+  SessionStore() = default;
+  SessionStore(const SessionStore&) = delete;
+  SessionStore& operator=(const SessionStore&) = delete;
+
+  // A new unguessable id (128 random bits).
+  static std::string NewId();
+
+  void Add(std::shared_ptr<Session> session);
+  // The tenant's session `id`. Another tenant's session answers NOT_FOUND,
+  // exactly as an id that does not exist.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const Tenant& tenant, const std::string& id) const;
+  // Removes and closes the session, releasing its charge and session slot.
+  absl::Status Remove(const Tenant& tenant, const std::string& id);
+  // Open sessions per tenant name.
+  std::map<std::string, int64_t> CountByTenant() const;
+
+ private:
+  mutable absl::Mutex sessions_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+};
+
+}  // namespace kiln::server
