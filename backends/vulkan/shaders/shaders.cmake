@@ -33,3 +33,8 @@ foreach(dt f32 f16 bf16)
   kiln_vk_shader(matmul_${dt} matmul.comp DT_${DT})
 endforeach()
 kiln_vk_shader(matmul_coop_nv_f16 matmul_coop_nv.comp)
+
+foreach(dt f32 f16 bf16)
+  string(TOUPPER ${dt} DT)
+  kiln_vk_shader(attention_${dt} attention.comp DT_${DT})
+endforeach()
