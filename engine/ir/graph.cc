@@ -61,15 +61,18 @@ Node* Graph::AddNode(std::unique_ptr<Node> node) {
   return raw;
 }
 
-void Graph::ReplaceAllUses(ValueRef from, ValueRef to) {
+int Graph::ReplaceAllUses(ValueRef from, ValueRef to) {
+  if (from == to) return 0;
+  int replaced = 0;
   for (auto& n : nodes_) {
     for (auto& op : n->operands) {
-      if (op == from) op = to;
+      if (op == from) op = to, ++replaced;
     }
   }
   for (auto& o : outputs_) {
-    if (o.value == from) o.value = to;
+    if (o.value == from) o.value = to, ++replaced;
   }
+  return replaced;
 }
 
 absl::flat_hash_map<ValueRef, int> Graph::UseCounts() const {

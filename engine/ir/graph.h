@@ -126,8 +126,9 @@ class Graph {
   Node* AddNode(std::unique_ptr<Node> node);
   int32_t NextId() const { return next_id_; }
 
-  // Rewires every use of `from` (operands and graph outputs) to `to`.
-  void ReplaceAllUses(ValueRef from, ValueRef to);
+  // Rewires every use of `from` (operands and graph outputs) to `to`;
+  // returns how many uses it rewired.
+  int ReplaceAllUses(ValueRef from, ValueRef to);
   // Number of uses of each value (operands and graph outputs).
   absl::flat_hash_map<ValueRef, int> UseCounts() const;
   // Removes nodes whose results nobody uses, except Input and Param nodes.

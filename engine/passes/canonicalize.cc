@@ -29,11 +29,11 @@ bool IsSplat(const ir::Graph& g, ir::ValueRef ref, double v) {
   return n->value->num_elements() > 0;
 }
 
-// Replaces `n` by `with` when that keeps the result type; returns true if it did.
+// Replaces `n`'s uses by `with` when that keeps the result type; returns
+// whether any use changed (a node already bypassed changes nothing).
 bool Forward(ir::Graph& g, const ir::Node& n, ir::ValueRef with) {
   if (!(g.TypeOf(with) == n.outputs[0])) return false;
-  g.ReplaceAllUses(n.out(), with);
-  return true;
+  return g.ReplaceAllUses(n.out(), with) > 0;
 }
 
 int SimplifyOnce(ir::Graph& g) {
@@ -134,9 +134,8 @@ int CseOnce(ir::Graph& g) {
     ir::Node& prev = *it->second;
     if (n.op == v1::OP_CONSTANT && prev.value->bytes() != n.value->bytes()) continue;
     for (size_t i = 0; i < n.outputs.size(); ++i) {
-      g.ReplaceAllUses(n.out(static_cast<int>(i)), prev.out(static_cast<int>(i)));
+      changed += g.ReplaceAllUses(n.out(static_cast<int>(i)), prev.out(static_cast<int>(i)));
     }
-    ++changed;
   }
   return changed;
 }

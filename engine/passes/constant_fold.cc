@@ -22,19 +22,19 @@ class ConstantFoldPass final : public Pass {
   absl::Status Run(ir::Graph& g, PassContext& ctx) const override {
     if (ctx.devices.empty()) return absl::OkStatus();
     backend::Device& cpu = *ctx.devices[0];
-    std::vector<ir::Node*> candidates;
-    for (const auto& np : g.nodes()) {
-      ir::Node& n = *np;
-      if (n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT) continue;
-      if (n.op == v1::OP_COPY || n.outputs.size() != 1 || n.operands.empty()) continue;
+    // In node order, so a node whose operands were folded earlier in this
+    // sweep folds too.
+    std::vector<ir::Node*> order;
+    for (const auto& np : g.nodes()) order.push_back(np.get());
+    int folded_count = 0;
+    for (ir::Node* n : order) {
+      if (n->op == v1::OP_INPUT || n->op == v1::OP_PARAM || n->op == v1::OP_CONSTANT) continue;
+      if (n->op == v1::OP_COPY || n->outputs.size() != 1 || n->operands.empty()) continue;
       bool all_const = true;
-      for (const ir::ValueRef& v : n.operands) {
+      for (const ir::ValueRef& v : n->operands) {
         all_const = all_const && g.FindNode(v.node)->op == v1::OP_CONSTANT;
       }
-      if (!all_const || n.outputs[0].num_bytes() > kMaxFoldedBytes) continue;
-      candidates.push_back(&n);
-    }
-    for (ir::Node* n : candidates) {
+      if (!all_const || n->outputs[0].num_bytes() > kMaxFoldedBytes) continue;
       const backend::KernelSpec spec = SpecOf(g, *n);
       if (!cpu.Supports(spec).native) continue;
       std::vector<const HostTensor*> inputs;
@@ -59,8 +59,9 @@ class ConstantFoldPass final : public Pass {
       folded->origins = n->origins;
       ir::Node* made = g.AddNode(std::move(folded));
       g.ReplaceAllUses(n->out(), made->out());
+      ++folded_count;
     }
-    if (!candidates.empty()) {
+    if (folded_count > 0) {
       g.RemoveDeadNodes();
       KILN_RETURN_IF_ERROR(g.SortTopologically());
     }

@@ -183,6 +183,7 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
     bool identity = true;
     for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
     if (!identity) x = r.Transpose(x, perm);
+    if (r.TypeOf(x).dims == IrDims{b, m, k}) return x;
     return r.Reshape(x, {b, m, k});
   };
   const int64_t batch = prod(ld, lbatch), m = prod(ld, lfree), k = prod(ld, lcon),
@@ -200,6 +201,7 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
   for (int64_t bb : lbatch) final_dims.push_back(ld[bb]);
   for (int64_t f : lfree) final_dims.push_back(ld[f]);
   for (int64_t f : rfree) final_dims.push_back(rd[f]);
+  if (!r.ok() || r.TypeOf(out).dims == final_dims) return out;
   return r.Reshape(out, final_dims);
 }
 
