@@ -57,6 +57,7 @@ struct DeviceProfile {
   double bandwidth_gbps = 0;       // memory bandwidth, bytes read + written
   double launch_overhead_us = 0;   // fixed cost per kernel launch
   double host_to_device_gbps = 0;  // copy bandwidth; 0 = shares host memory
+  double sync_overhead_us = 0;     // fixed cost per run: submit + wait for the queue
   bool calibrated = false;
 };
 
