@@ -20,13 +20,14 @@ using backend::KernelSpec;
 constexpr int64_t kMaxHeadDim = 256;
 
 struct AttentionPush {
+  uint32_t mask;
   uint32_t B, Hq, Hkv, Sq, Sk, D, Dv;
   uint32_t prefix, window;
   float scale, softcap;
   uint32_t keep_sq;
   uint32_t bias_strides[4];
 };
-static_assert(sizeof(AttentionPush) == 64);
+static_assert(sizeof(AttentionPush) == 68);
 
 struct AttentionConfig {
   uint32_t wg, br, bc, dmax;
@@ -44,13 +45,13 @@ uint64_t SharedBytes(uint32_t br, uint32_t bc, uint32_t dmax) {
 }
 
 std::optional<AttentionConfig> Choose(const DeviceCaps& caps, int64_t sq, int64_t d, int64_t dv) {
-  const uint32_t dmax = std::max<uint32_t>(16, Pow2Ceil(std::max<int64_t>({d, dv, 1})));
+  const uint32_t dmax = std::max<uint32_t>(32, Pow2Ceil(std::max<int64_t>({d, dv, 1})));
   const uint32_t wg = std::min<uint32_t>(128, Workgroup1D(caps));
   const std::pair<uint32_t, uint32_t> blocks[] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
   for (auto [br, bc] : blocks) {
     if (br > wg || SharedBytes(br, bc, dmax) > caps.max_shared_memory) continue;
     // Short query blocks (decoding) do not need tall workgroups.
-    while (br > 4 && br / 2 >= sq) br /= 2;
+    if (sq <= 4) br = 4;
     return AttentionConfig{wg, br, bc, dmax};
   }
   return std::nullopt;
@@ -129,6 +130,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(VulkanDevice& d
   const Dims& k = spec.inputs[1].dims;
   const Dims& v = spec.inputs[2].dims;
   AttentionPush p{};
+  p.mask = static_cast<uint32_t>(a.mask());
   p.B = static_cast<uint32_t>(q[0]);
   p.Hq = static_cast<uint32_t>(q[1]);
   p.Hkv = static_cast<uint32_t>(std::max<int64_t>(k[1], 1));
@@ -158,8 +160,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(VulkanDevice& d
   KILN_ASSIGN_OR_RETURN(auto pipeline,
                         EmbeddedPipeline(dev, absl::StrCat("attention_", DTypeSuffix(dt)), 6,
                                          sizeof(AttentionPush),
-                                         {cfg->wg, cfg->br, cfg->bc, cfg->dmax,
-                                          static_cast<uint32_t>(a.mask())}));
+                                         {cfg->wg, cfg->br, cfg->bc, cfg->dmax}));
   const std::string mask = absl::AsciiStrToLower(v1::MaskKind_Name(a.mask()).substr(5));
   return std::unique_ptr<backend::Kernel>(std::make_unique<AttentionKernel>(
       dev, spec, std::move(pipeline), p, cfg->br,

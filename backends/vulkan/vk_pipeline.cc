@@ -4,6 +4,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -82,7 +84,8 @@ std::string PipelineManager::CacheHeader(const DeviceCaps& caps, uint64_t data_b
 }
 
 PipelineManager::PipelineManager(VkDevice device, const DeviceCaps& caps, std::string cache_path)
-    : device_(device), caps_(caps), cache_path_(std::move(cache_path)) {}
+    : device_(device), caps_(caps), cache_path_(std::move(cache_path)),
+      log_pipelines_(std::getenv("KILN_VULKAN_LOG_PIPELINES") != nullptr) {}
 
 absl::StatusOr<std::unique_ptr<PipelineManager>> PipelineManager::Create(VkDevice device,
                                                                          const DeviceCaps& caps,
@@ -252,11 +255,18 @@ absl::StatusOr<std::shared_ptr<const Pipeline>> PipelineManager::Get(const Pipel
   info.stage.pSpecializationInfo = entries.empty() ? nullptr : &spec;
   info.layout = layout;
   VkPipeline pipeline;
+  const auto start = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(VkCheck(vkCreateComputePipelines(device_, cache_, 1, &info, nullptr,
                                                         &pipeline),
                                "vkCreateComputePipelines"))
       << "for " << desc.name;
   ++created_;
+  if (log_pipelines_) {
+    spdlog::info("vulkan: pipeline {} [{}] created in {:.1f} ms", desc.name,
+                 absl::StrJoin(desc.specialization, ","),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+  }
   auto p = std::make_shared<const Pipeline>(desc.name, pipeline, layout,
                                             set_layouts_.at(desc.bindings), desc.bindings,
                                             desc.push_bytes);

@@ -101,6 +101,7 @@ class PipelineManager {
   const DeviceCaps& caps_;
   std::string cache_path_;
   CacheState cache_state_ = CacheState::kNone;
+  const bool log_pipelines_;  // KILN_VULKAN_LOG_PIPELINES: log each creation and its time
   VkPipelineCache cache_ = VK_NULL_HANDLE;  // internally synchronized by the driver
 
   mutable absl::Mutex mu_;

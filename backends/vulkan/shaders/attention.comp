@@ -2,7 +2,7 @@
 // Blocked attention with an online softmax (FlashAttention's schedule).
 // q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] -> o [B, Hq, Sq, Dv].
 // A workgroup takes BR query rows of one (batch, head) and walks key blocks
-// of BC: logits = scale * q.k, then softcap, then the additive bias (MASK 6);
+// of BC: logits = scale * q.k, then softcap, then the additive bias (MASK_BIAS);
 // structural masks align the last query with the last key (query i sits at
 // position i + Sk - Sq); a -inf logit is masked too. Each row keeps its
 // running max and sum; a row that sees no key at all outputs zeros. Key
@@ -14,7 +14,6 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint BR = 16;    // query rows per workgroup
 layout(constant_id = 2) const uint BC = 32;    // keys per block
 layout(constant_id = 3) const uint DMAX = 64;  // >= D and Dv
-layout(constant_id = 4) const uint MASK = 0;   // MaskKind
 
 layout(std430, binding = 0) readonly buffer Q { BUF_T q[]; };
 layout(std430, binding = 1) readonly buffer K { BUF_T k[]; };
@@ -22,7 +21,10 @@ layout(std430, binding = 2) readonly buffer V { BUF_T v[]; };
 layout(std430, binding = 3) readonly buffer Bias { BUF_T bias[]; };  // MASK_BIAS
 layout(std430, binding = 4) readonly buffer Keep { uint keep[]; };   // MASK_CUSTOM, bool bytes
 layout(std430, binding = 5) writeonly buffer O { BUF_T o[]; };
+// The mask kind is a push constant, not a specialization: one pipeline per
+// dtype and head-dim bucket serves every mask.
 layout(push_constant) uniform Push {
+  uint mask;  // MaskKind
   uint B, Hq, Hkv, Sq, Sk, D, Dv;
   uint prefix;
   uint window;
@@ -43,9 +45,9 @@ shared float row_alpha[BR];
 const uint O_PER_THREAD = (BR * DMAX + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
 
 bool visible(int pos, int j) {
-  if (MASK == 1) return j <= pos;                                     // causal
-  if (MASK == 2) return j < int(pc.prefix) || j <= pos;              // prefix
-  if (MASK == 4) return j <= pos && pos - j < int(pc.window);        // sliding window
+  if (pc.mask == 1) return j <= pos;                                     // causal
+  if (pc.mask == 2) return j < int(pc.prefix) || j <= pos;              // prefix
+  if (pc.mask == 4) return j <= pos && pos - j < int(pc.window);        // sliding window
   return true;
 }
 
@@ -77,9 +79,9 @@ void main() {
   // The keys any row of this workgroup may see.
   const int last_row = int(min(i0 + BR, pc.Sq)) - 1;
   int k_begin = 0, k_end = int(pc.Sk);
-  if (MASK == 1 || MASK == 4) k_end = min(k_end, last_row + shift + 1);
-  if (MASK == 2) k_end = min(k_end, max(int(pc.prefix), last_row + shift + 1));
-  if (MASK == 4) k_begin = max(0, int(i0) + shift - int(pc.window) + 1);
+  if (pc.mask == 1 || pc.mask == 4) k_end = min(k_end, last_row + shift + 1);
+  if (pc.mask == 2) k_end = min(k_end, max(int(pc.prefix), last_row + shift + 1));
+  if (pc.mask == 4) k_begin = max(0, int(i0) + shift - int(pc.window) + 1);
   barrier();
 
   for (int j0 = k_begin; j0 < k_end; j0 += int(BC)) {
@@ -96,12 +98,12 @@ void main() {
       const uint row = i0 + i, key = uint(j0) + j;
       float l = -K_INF;
       if (row < pc.Sq && key < pc.Sk && visible(int(row) + shift, int(key)) &&
-          (MASK != 5 || custom_keep(b, row, key))) {
+          (pc.mask != 5 || custom_keep(b, row, key))) {
         float dot = 0.0;
         for (uint d = 0u; d < pc.D; ++d) dot = fma(Qs[i][d], Ks[j][d], dot);
         l = pc.scale * dot;
         if (pc.softcap > 0.0) l = pc.softcap * k_tanh(l / pc.softcap);
-        if (MASK == 6) {
+        if (pc.mask == 6) {
           l += LOAD_VAL(bias[b * pc.bias_strides[0] + h * pc.bias_strides[1] +
                              row * pc.bias_strides[2] + key * pc.bias_strides[3]]);
         }

@@ -420,5 +420,350 @@ TEST(VulkanKernelTest, GatherAndOutOfRangeIndex) {
   EXPECT_FALSE(huge.ok());
 }
 
+// ---- batching and dependencies ----
+
+KernelSpec UnarySpec(v1::UnaryKind kind, DType dt, Dims dims) {
+  KernelSpec spec = Spec(v1::OP_UNARY, {{dt, dims}}, {{dt, dims}});
+  spec.attrs.mutable_unary()->set_kind(kind);
+  return spec;
+}
+
+KernelSpec BinarySpec(v1::BinaryKind kind, Dims a, Dims b, Dims out) {
+  KernelSpec spec = Spec(v1::OP_BINARY, {{v1::DTYPE_F32, a}, {v1::DTYPE_F32, b}},
+                         {{v1::DTYPE_F32, out}});
+  spec.attrs.mutable_binary()->set_kind(kind);
+  return spec;
+}
+
+TEST(VulkanStreamTest, DependentLaunchesShareOneSubmissionWithBarriers) {
+  REQUIRE_DEVICE(d);
+  const int64_t n = 4096;
+  backend::PrepareContext ctx;
+  auto add = d->PrepareKernel(BinarySpec(v1::BINARY_ADD, {n}, {n}, {n}), ctx);
+  ASSERT_TRUE(add.ok()) << add.status();
+  auto s = d->CreateStream();
+  ASSERT_TRUE(s.ok());
+  auto* vs = static_cast<VulkanStream*>(s->get());
+  std::vector<float> ones(n, 1.0f);
+  auto x = Upload(*d, **s, ones.data(), n * 4);
+  auto y = Upload(*d, **s, ones.data(), n * 4);
+  ASSERT_TRUE((*s)->Synchronize().ok());
+  const int64_t before = vs->submissions();
+  // x = x + y, then y = x + y, ... 20 times: every launch reads the last one's output.
+  const BufferView bx{x.get(), 0, n * 4}, by{y.get(), 0, n * 4};
+  for (int i = 0; i < 20; ++i) {
+    const BufferView in[2] = {bx, by};
+    const BufferView out[1] = {i % 2 == 0 ? bx : by};
+    ASSERT_TRUE((*add)->Launch(**s, in, out).ok());
+  }
+  ASSERT_TRUE((*s)->Synchronize().ok());
+  EXPECT_EQ(vs->submissions() - before, 1);  // one command buffer for all 20
+  // Fibonacci: after 20 steps x = F(21), y = F(22) with F(1) = F(2) = 1.
+  std::vector<float> gx = Download<float>(*d, **s, *x, n), gy = Download<float>(*d, **s, *y, n);
+  EXPECT_EQ(gx[0], 10946.0f);
+  EXPECT_EQ(gy[n - 1], 17711.0f);
+}
+
+TEST(VulkanStreamTest, LongLaunchSequencesAreSubmittedInPieces) {
+  REQUIRE_DEVICE(d);
+  backend::PrepareContext ctx;
+  auto neg = d->PrepareKernel(UnarySpec(v1::UNARY_NEG, v1::DTYPE_F32, {64}), ctx);
+  ASSERT_TRUE(neg.ok());
+  auto s = d->CreateStream();
+  ASSERT_TRUE(s.ok());
+  auto* vs = static_cast<VulkanStream*>(s->get());
+  std::vector<float> v = Iota(64);
+  auto x = Upload(*d, **s, v.data(), 256);
+  const int64_t before = vs->submissions();
+  const BufferView bx{x.get(), 0, 256};
+  for (int i = 0; i < 601; ++i) ASSERT_TRUE((*neg)->Launch(**s, {&bx, 1}, {&bx, 1}).ok());
+  ASSERT_TRUE((*s)->Synchronize().ok());
+  EXPECT_GE(vs->submissions() - before, 3);
+  std::vector<float> got = Download<float>(*d, **s, *x, 64);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(got[i], -v[i]);
+}
+
+TEST(VulkanStreamTest, RejectsAnotherBackendsStream) {
+  REQUIRE_DEVICE(d);
+  backend::Device* cpu = nullptr;
+  std::unique_ptr<backend::Backend> cpu_backend;
+  for (const auto& reg : backend::RegisteredBackends()) {
+    if (reg.name == "cpu") cpu_backend = std::move(reg.factory({})).value();
+  }
+  if (cpu_backend == nullptr) GTEST_SKIP() << "no cpu backend linked";
+  cpu = cpu_backend->devices()[0];
+  auto foreign = cpu->CreateStream();
+  ASSERT_TRUE(foreign.ok());
+  backend::PrepareContext ctx;
+  auto k = d->PrepareKernel(UnarySpec(v1::UNARY_NEG, v1::DTYPE_F32, {4}), ctx);
+  ASSERT_TRUE(k.ok());
+  auto buf = d->Allocate(16);
+  ASSERT_TRUE(buf.ok());
+  const BufferView v{buf->get(), 0, 16};
+  EXPECT_EQ((*k)->Launch(**foreign, {&v, 1}, {&v, 1}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- claims ----
+
+TEST(VulkanClaimTest, UnsupportedSpecsSayWhy) {
+  REQUIRE_DEVICE(d);
+  const backend::Claim f64 = d->Supports(UnarySpec(v1::UNARY_EXP, v1::DTYPE_F64, {4}));
+  EXPECT_FALSE(f64.native);
+  EXPECT_NE(f64.reason.find("f64"), std::string::npos) << f64.reason;
+  const backend::Claim conv = d->Supports(Spec(v1::OP_CONV, {}, {}));
+  EXPECT_FALSE(conv.native);
+  EXPECT_NE(conv.reason.find("OP_CONV"), std::string::npos) << conv.reason;
+  backend::PrepareContext ctx;
+  auto k = d->PrepareKernel(UnarySpec(v1::UNARY_EXP, v1::DTYPE_F64, {4}), ctx);
+  EXPECT_EQ(k.status().code(), absl::StatusCode::kUnimplemented);
+  // A tensor past maxStorageBufferRange cannot be bound.
+  const int64_t huge = static_cast<int64_t>(d->caps().max_storage_buffer_range / 4 + 1);
+  EXPECT_FALSE(d->Supports(UnarySpec(v1::UNARY_NEG, v1::DTYPE_F32, {huge})).native);
+}
+
+// ---- the persisted pipeline cache ----
+
+TEST(VulkanPipelineCacheTest, PersistsAcrossBackendsAndRejectsForeignFiles) {
+  if (SharedDevice() == nullptr) GTEST_SKIP() << "no Vulkan device available";
+  TempDir dir;
+  std::string path;
+  KernelSpec softmax = Spec(v1::OP_SOFTMAX, {{v1::DTYPE_F32, {3, 5}}}, {{v1::DTYPE_F32, {3, 5}}});
+  {
+    auto b = MakeVulkan(dir.path());
+    ASSERT_TRUE(b.ok());
+    auto* d = static_cast<VulkanDevice*>((*b)->devices()[0]);
+    EXPECT_EQ(d->pipelines().cache_state(), PipelineManager::CacheState::kAbsent);
+    path = d->pipelines().cache_path();
+    EXPECT_NE(path.find(dir.path()), std::string::npos);
+    auto got = RunSpec(*d, softmax, {Bytes(Iota(15))});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_GE(d->pipelines().pipelines_created(), 1);
+  }  // destroying the backend writes the cache
+  ASSERT_TRUE(std::filesystem::exists(path));
+  const auto size = std::filesystem::file_size(path);
+  EXPECT_GT(size, 56u);
+  {
+    auto b = MakeVulkan(dir.path());
+    ASSERT_TRUE(b.ok());
+    auto* d = static_cast<VulkanDevice*>((*b)->devices()[0]);
+    EXPECT_EQ(d->pipelines().cache_state(), PipelineManager::CacheState::kLoaded);
+  }
+  // A file written by another device (another pipelineCacheUUID) is ignored.
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    DeviceCaps other = SharedDevice()->caps();
+    other.pipeline_cache_uuid[0] ^= 0xff;
+    const std::string payload = bytes.substr(56);
+    std::string forged = PipelineManager::CacheHeader(other, payload.size(), 0) + payload;
+    // Keep the checksum right so only the device check can reject it.
+    std::memcpy(forged.data() + 48, bytes.data() + 48, 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << forged;
+  }
+  {
+    auto b = MakeVulkan(dir.path());
+    ASSERT_TRUE(b.ok());
+    auto* d = static_cast<VulkanDevice*>((*b)->devices()[0]);
+    EXPECT_EQ(d->pipelines().cache_state(), PipelineManager::CacheState::kRejected);
+    auto got = RunSpec(*d, softmax, {Bytes(Iota(15))});  // still works, cache rebuilt
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  // A truncated file is ignored too.
+  std::filesystem::resize_file(path, 40);
+  {
+    auto b = MakeVulkan(dir.path());
+    ASSERT_TRUE(b.ok());
+    auto* d = static_cast<VulkanDevice*>((*b)->devices()[0]);
+    EXPECT_EQ(d->pipelines().cache_state(), PipelineManager::CacheState::kRejected);
+  }
+}
+
+// ---- the SPIR-V kernel cache ----
+
+class MemoryBinaryCache final : public backend::KernelBinaryCache {
+ public:
+  std::optional<std::string> Lookup(const std::string& key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Store(const std::string& key, std::string_view binary) override {
+    absl::MutexLock lock(&mu_);
+    entries_[key] = std::string(binary);
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu_);
+    return entries_.size();
+  }
+  void CorruptAll() {
+    absl::MutexLock lock(&mu_);
+    for (auto& [k, v] : entries_) v = "not spir-v";
+  }
+  std::string AnyKey() {
+    absl::MutexLock lock(&mu_);
+    return entries_.empty() ? "" : entries_.begin()->first;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::string> entries_;
+};
+
+TEST(VulkanKernelCacheTest, SecondPrepareHitsAndOtherDevicesReuseBinaries) {
+  if (SharedDevice() == nullptr) GTEST_SKIP() << "no Vulkan device available";
+  MemoryBinaryCache cache;
+  KernelSpec gelu = UnarySpec(v1::UNARY_GELU, v1::DTYPE_F32, {3, 7});
+  {
+    auto b = MakeVulkan();
+    ASSERT_TRUE(b.ok());
+    backend::Device* d = (*b)->devices()[0];
+    backend::PrepareContext first;
+    first.binaries = &cache;
+    auto k1 = d->PrepareKernel(gelu, first);
+    ASSERT_TRUE(k1.ok()) << k1.status();
+    EXPECT_EQ(first.kernel_cache_misses, 1);
+    EXPECT_EQ(first.kernel_cache_hits, 0);
+    EXPECT_EQ(cache.size(), 1u);
+    EXPECT_EQ(cache.AnyKey().rfind("vk-spirv-", 0), 0u);
+    EXPECT_EQ((*k1)->implementation(), "spirv:unary_gelu_f32");
+    backend::PrepareContext second;
+    second.binaries = &cache;
+    auto k2 = d->PrepareKernel(gelu, second);
+    ASSERT_TRUE(k2.ok());
+    EXPECT_EQ(second.kernel_cache_hits, 1);
+    EXPECT_EQ(second.kernel_cache_misses, 0);
+    // Another shape is another kernel.
+    backend::PrepareContext third;
+    third.binaries = &cache;
+    ASSERT_TRUE(d->PrepareKernel(UnarySpec(v1::UNARY_GELU, v1::DTYPE_F32, {5}), third).ok());
+    EXPECT_EQ(third.kernel_cache_misses, 1);
+    EXPECT_EQ(cache.size(), 2u);
+  }
+  {
+    // A fresh backend (empty memo) finds the binary in the engine's cache.
+    auto b = MakeVulkan();
+    ASSERT_TRUE(b.ok());
+    backend::PrepareContext ctx;
+    ctx.binaries = &cache;
+    auto k = (*b)->devices()[0]->PrepareKernel(gelu, ctx);
+    ASSERT_TRUE(k.ok());
+    EXPECT_EQ(ctx.kernel_cache_hits, 1);
+    EXPECT_EQ(ctx.kernel_cache_misses, 0);
+    auto got = RunSpec(*(*b)->devices()[0], gelu, {Bytes(Iota(21, 0.1f))});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR(Values<float>((*got)[0])[10], 0.841344746f, 1e-6f);  // gelu(1.0)
+  }
+  {
+    // A corrupt entry is recompiled and overwritten, never trusted.
+    cache.CorruptAll();
+    auto b = MakeVulkan();
+    ASSERT_TRUE(b.ok());
+    backend::PrepareContext ctx;
+    ctx.binaries = &cache;
+    ASSERT_TRUE((*b)->devices()[0]->PrepareKernel(gelu, ctx).ok());
+    EXPECT_EQ(ctx.kernel_cache_misses, 1);
+    backend::PrepareContext again;
+    again.binaries = &cache;
+    auto b2 = MakeVulkan();
+    ASSERT_TRUE(b2.ok());
+    ASSERT_TRUE((*b2)->devices()[0]->PrepareKernel(gelu, again).ok());
+    EXPECT_EQ(again.kernel_cache_hits, 1);
+  }
+}
+
+TEST(VulkanKernelCacheTest, KeyCoversSourceAndDevice) {
+  REQUIRE_DEVICE(d);
+  ShaderCompiler& c = d->shaders();
+  const std::string k1 = c.CacheKey("void main() {}");
+  EXPECT_EQ(k1, c.CacheKey("void main() {}"));
+  EXPECT_NE(k1, c.CacheKey("void main() { }"));
+  EXPECT_EQ(k1.size(), std::string("vk-spirv-").size() + 64);
+  auto other = ShaderCompiler::Create("another device");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(k1, (*other)->CacheKey("void main() {}"));
+}
+
+// ---- a few kernels end to end (the conformance suite covers every family) ----
+
+TEST(VulkanKernelTest, MatMulSoftmaxNorm) {
+  REQUIRE_DEVICE(d);
+  const int64_t m = 33, k = 47, n = 65;
+  std::vector<float> a(m * k), b(k * n);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  KernelSpec mm = Spec(v1::OP_MATMUL, {{v1::DTYPE_F32, {m, k}}, {v1::DTYPE_F32, {k, n}}},
+                       {{v1::DTYPE_F32, {m, n}}});
+  auto got = RunSpec(*d, mm, {Bytes(a), Bytes(b)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto c = Values<float>((*got)[0]);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (int64_t p = 0; p < k; ++p) want += double(a[i * k + p]) * b[p * n + j];
+      ASSERT_NEAR(c[i * n + j], want, 2e-5) << i << "," << j;
+    }
+  }
+  KernelSpec sm = Spec(v1::OP_SOFTMAX, {{v1::DTYPE_F32, {m, k}}}, {{v1::DTYPE_F32, {m, k}}});
+  got = RunSpec(*d, sm, {Bytes(a)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto p = Values<float>((*got)[0]);
+  for (int64_t i = 0; i < m; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[i * k + j];
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  KernelSpec ln = Spec(v1::OP_LAYER_NORM, {{v1::DTYPE_F32, {m, k}}}, {{v1::DTYPE_F32, {m, k}}});
+  got = RunSpec(*d, ln, {Bytes(a)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto y = Values<float>((*got)[0]);
+  double mean = 0, sq = 0;
+  for (int64_t j = 0; j < k; ++j) mean += y[j];
+  for (int64_t j = 0; j < k; ++j) sq += y[j] * y[j];
+  EXPECT_NEAR(mean / k, 0.0, 1e-5);
+  EXPECT_NEAR(sq / k, 1.0, 1e-3);  // epsilon makes it slightly below 1
+}
+
+TEST(VulkanKernelTest, AttentionCausalMatchesNaive) {
+  REQUIRE_DEVICE(d);
+  const int64_t sq = 5, sk = 9, dh = 8;
+  std::vector<float> q(2 * sq * dh), kk(sk * dh), v(sk * dh);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : q) x = u(rng);
+  for (float& x : kk) x = u(rng);
+  for (float& x : v) x = u(rng);
+  // Two query heads share one kv head (GQA); causal, bottom-right aligned.
+  KernelSpec spec = Spec(v1::OP_ATTENTION,
+                         {{v1::DTYPE_F32, {1, 2, sq, dh}}, {v1::DTYPE_F32, {1, 1, sk, dh}},
+                          {v1::DTYPE_F32, {1, 1, sk, dh}}},
+                         {{v1::DTYPE_F32, {1, 2, sq, dh}}});
+  spec.attrs.mutable_attention()->set_mask(v1::MASK_CAUSAL);
+  auto got = RunSpec(*d, spec, {Bytes(q), Bytes(kk), Bytes(v)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto o = Values<float>((*got)[0]);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < sq; ++i) {
+      std::vector<double> w(sk, 0);
+      double mx = -1e30, sum = 0;
+      const int64_t pos = i + sk - sq;
+      for (int64_t j = 0; j <= pos; ++j) {
+        double dot = 0;
+        for (int64_t x = 0; x < dh; ++x) dot += q[(h * sq + i) * dh + x] * kk[j * dh + x];
+        w[j] = dot / std::sqrt(double(dh));
+        mx = std::max(mx, w[j]);
+      }
+      for (int64_t j = 0; j <= pos; ++j) sum += (w[j] = std::exp(w[j] - mx));
+      for (int64_t x = 0; x < dh; ++x) {
+        double acc = 0;
+        for (int64_t j = 0; j <= pos; ++j) acc += w[j] * v[j * dh + x];
+        EXPECT_NEAR(o[(h * sq + i) * dh + x], acc / sum, 1e-5);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::vulkan
