@@ -15,8 +15,10 @@
 #include "engine/compile/lower.h"
 #include "engine/ir/text.h"
 #include "engine/passes/pass.h"
+#include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
 #include "engine/runtime/device_registry.h"
+#include "engine/runtime/device_worker.h"
 #include "engine/runtime/executable.h"
 #include "engine/runtime/params.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -70,6 +72,10 @@ struct Engine::Impl {
   std::unique_ptr<compile::KernelBinaryCacheAdapter> kernel_binaries;
   runtime::CostModel cost_model;
   std::string devices_signature;
+  // Device infos as reported (calibrated profiles merged), in registry order.
+  std::vector<backend::DeviceInfo> infos;
+  std::vector<bool> calibration_from_cache;
+  std::map<std::string, std::unique_ptr<runtime::DeviceWorker>> workers;
 
   absl::Mutex cache_mu;
   std::list<std::string> lru ABSL_GUARDED_BY(cache_mu);  // front = most recent
@@ -128,6 +134,30 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   KILN_ASSIGN_OR_RETURN(impl->registry, runtime::DeviceRegistry::Create(ro));
   for (backend::Device* d : impl->registry->devices()) {
     impl->devices_signature += DeviceSignature(d->info());
+    backend::DeviceInfo info = d->info();
+    bool from_cache = false;
+    const bool calibrate =
+        options.calibration == EngineOptions::Calibration::kAlways ||
+        (options.calibration == EngineOptions::Calibration::kIfCacheDir && !options.cache_dir.empty());
+    if (calibrate) {
+      auto measured = runtime::CalibrateCached(*d, options.cache_dir);
+      if (measured.ok()) {
+        info.profile = measured->profile;
+        from_cache = measured->from_cache;
+        impl->cost_model.SetProfile(info.id, info.profile);
+        spdlog::info("{}: {} ({:.1f} GFLOP/s f32, {:.1f} GB/s, launch {:.1f} us, sync {:.1f} us){}",
+                     info.id, info.name, info.profile.peak_gflops_f32, info.profile.bandwidth_gbps,
+                     info.profile.launch_overhead_us, info.profile.sync_overhead_us,
+                     from_cache ? " from the calibration cache"
+                                : absl::StrCat(" calibrated in ", measured->seconds, " s"));
+      } else {
+        spdlog::warn("{}: calibration failed ({}); using nominal figures", info.id,
+                     std::string(measured.status().message()));
+      }
+    }
+    impl->infos.push_back(std::move(info));
+    impl->calibration_from_cache.push_back(from_cache);
+    impl->workers[d->info().id] = std::make_unique<runtime::DeviceWorker>(d->info().id);
   }
   impl->devices_signature += impl->registry->BackendVersions();
   if (!options.cache_dir.empty()) {
@@ -147,7 +177,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 
 std::vector<const backend::DeviceInfo*> Engine::Devices() const {
   std::vector<const backend::DeviceInfo*> out;
-  for (backend::Device* d : impl_->registry->devices()) out.push_back(&d->info());
+  for (const backend::DeviceInfo& info : impl_->infos) out.push_back(&info);
+  return out;
+}
+
+std::vector<DeviceStats> Engine::DeviceStatistics() const {
+  std::vector<DeviceStats> out;
+  const auto& devices = impl_->registry->devices();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const runtime::WorkerStats w = impl_->workers.at(devices[i]->info().id)->stats();
+    DeviceStats s;
+    s.device = w.device;
+    s.runs = w.runs;
+    s.busy_micros = w.busy_micros;
+    s.uptime_micros = w.uptime_micros;
+    s.queued = w.queued;
+    s.memory_in_use = devices[i]->memory_in_use();
+    s.calibrated = impl_->infos[i].profile.calibrated;
+    s.calibration_from_cache = impl_->calibration_from_cache[i];
+    out.push_back(std::move(s));
+  }
   return out;
 }
 
@@ -377,7 +426,18 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateParams(std::span<const T
 absl::StatusOr<RunResult> Engine::Run(Executable& executable, std::span<const TensorRef> inputs,
                                       const ParamSet* params, const RunOptions& options) {
   auto& exe = static_cast<runtime::LoadedExecutable&>(executable);
-  return exe.Run(inputs, static_cast<const runtime::ParamSetImpl*>(params), options);
+  const auto* p = static_cast<const runtime::ParamSetImpl*>(params);
+  std::string device = exe.lir().placement().chosen();
+  auto it = impl_->workers.find(device);
+  if (it == impl_->workers.end()) it = impl_->workers.find(impl_->registry->cpu()->info().id);
+  const auto queued_at = Clock::now();
+  auto result = it->second->Submit([&, queued_at]() -> absl::StatusOr<RunResult> {
+    const double wait_us = MicrosSince(queued_at);
+    auto r = exe.Run(inputs, p, options);
+    if (r.ok() && options.report) r->report.set_queue_micros(wait_us);
+    return r;
+  });
+  return result.get();
 }
 
 absl::StatusOr<RunResult> Engine::RunGraph(const v1::Graph& graph, std::span<const TensorRef> inputs,

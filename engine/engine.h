@@ -42,6 +42,23 @@ struct EngineOptions {
   ir::VerifyOptions verify;          // graph limits (nodes, rank, elements, depth)
   int64_t max_memory_executables = 256;  // in-memory executable cache entries
   std::vector<std::string> disabled_backends;  // e.g. {"vulkan"}
+  // Device calibration (micro-benchmarks for the cost model): measured once
+  // and cached in cache_dir; kIfCacheDir skips it when there is no cache dir
+  // (profiles stay nominal), kAlways measures at every start without one.
+  enum class Calibration { kIfCacheDir, kAlways, kNever };
+  Calibration calibration = Calibration::kIfCacheDir;
+};
+
+// Per-device worker statistics (busy time, runs, queue length).
+struct DeviceStats {
+  std::string device;
+  int64_t runs = 0;
+  double busy_micros = 0;
+  double uptime_micros = 0;
+  int queued = 0;
+  int64_t memory_in_use = 0;
+  bool calibrated = false;
+  bool calibration_from_cache = false;
 };
 
 struct CompileOptions {
@@ -127,8 +144,10 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Every device of every backend that found one, the CPU first.
+  // Every device of every backend that found one, the CPU first, with its
+  // calibrated profile when calibration ran.
   std::vector<const backend::DeviceInfo*> Devices() const;
+  std::vector<DeviceStats> DeviceStatistics() const;
   // Bytes allocated on each device now, in Devices() order.
   std::vector<int64_t> DeviceMemoryInUse() const;
   // Backends that found no device, and why ("vulkan: no driver").
@@ -147,8 +166,9 @@ class Engine {
   // check that every param an executable reads is present with its type.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateParams(std::span<const TensorRef> values);
 
-  // Runs an executable. Every input must be given with the compiled shape;
-  // every param of the graph must be in `params`.
+  // Runs an executable on the worker of the device it was placed on (runs on
+  // different devices proceed concurrently). Every input must be given with
+  // the compiled shape; every param of the graph must be in `params`.
   absl::StatusOr<RunResult> Run(Executable& executable, std::span<const TensorRef> inputs,
                                 const ParamSet* params, const RunOptions& options);
 

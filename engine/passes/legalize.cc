@@ -52,6 +52,8 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
   for (const ir::Node* in : g.Inputs()) io += static_cast<double>(in->type().num_bytes());
   for (const auto& o : g.outputs()) io += static_cast<double>(g.TypeOf(o.value).num_bytes());
   total += model.CopyMicros(io, cpu.info(), device.info());
+  // Every run submits to the device's queue and waits for it once.
+  total += model.Profile(device.info()).sync_overhead_us;
   return total;
 }
 

@@ -3,7 +3,8 @@
 // roofline over its profile plus its launch overhead, with per-backend
 // efficiency corrections per op family.
 //
-// Thread safety: immutable after construction; safe to share.
+// Thread safety: set up (SetProfile, SetEfficiency) before sharing; const
+// methods are then safe from any thread.
 #pragma once
 
 #include <string>
@@ -39,12 +40,17 @@ class CostModel {
   double CopyMicros(double bytes, const backend::DeviceInfo& from,
                     const backend::DeviceInfo& to) const;
 
+  // A measured profile for a device, used instead of the backend's nominal one.
+  void SetProfile(const std::string& device, const backend::DeviceProfile& profile);
+  const backend::DeviceProfile& Profile(const backend::DeviceInfo& device) const;
+
   // Fraction of the roofline a backend reaches for an op family (default 1).
   void SetEfficiency(const std::string& backend, OpFamily family, double efficiency);
   double Efficiency(const std::string& backend, OpFamily family) const;
 
  private:
   absl::flat_hash_map<std::string, double> efficiency_;  // "backend/family"
+  absl::flat_hash_map<std::string, backend::DeviceProfile> profiles_;  // by device id
 };
 
 }  // namespace kiln::runtime

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/base/status.h"
 
 namespace kiln::runtime {
@@ -294,6 +295,7 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
     r.set_executable_key(lir_.key());
     *r.mutable_placement() = lir_.placement();
     r.set_run_micros(total_us);
+    r.set_start_unix_micros(absl::ToUnixMicros(absl::Now()) - static_cast<int64_t>(total_us));
     std::map<std::string, v1::DeviceTotals> totals;
     for (int i = 0; i < lir_.steps_size(); ++i) {
       const v1::LirStep& step = lir_.steps(i);
