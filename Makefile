@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 KILND_FLAGS ?=
 
-.PHONY: deps configure build test run bench clean format
+.PHONY: deps configure build test run bench clean format lint
 
 deps:
 	./scripts/install-deps.sh
@@ -27,6 +27,9 @@ bench: build
 
 format:
 	./scripts/format.sh
+
+lint: build
+	./scripts/lint.sh $(BUILD_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)
