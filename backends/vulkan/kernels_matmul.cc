@@ -1,8 +1,9 @@
 // MatMul and FusedMatMul: the shared-memory tiled kernel (matmul.comp) for
-// f32/f16/bf16, and on devices with VK_NV_cooperative_matrix (fp16 16x16x16)
-// a cooperative-matrix kernel (matmul_coop_nv.comp) for f16 products whose
-// M, N and K are multiples of 16. Tiles are chosen from the device's limits
-// and the problem size.
+// f32/f16/bf16; a subgroup-reduction kernel (matvec.comp) for matrix-vector
+// products whose operands both run along K (decoding); and on devices with
+// VK_NV_cooperative_matrix (fp16 16x16x16) a cooperative-matrix kernel
+// (matmul_coop_nv.comp) for f16 products whose M, N and K are multiples of
+// 16. Tiles are chosen from the device's limits and the problem size.
 #include <algorithm>
 #include <cstdlib>
 
@@ -87,13 +88,6 @@ absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
   push.N = static_cast<uint32_t>(n);
   push.K = static_cast<uint32_t>(k);
   push.batch = static_cast<uint32_t>(batch);
-  // x @ W with an unbatched W and a plain A: one [batch * M, K] @ [K, N] product.
-  const bool b_unbatched = std::all_of(bs.begin(), bs.end(), [](int64_t s) { return s == 0; });
-  if (b_unbatched && !p.ta && batch > 1) {
-    push.M = static_cast<uint32_t>(batch * m);
-    push.batch = 1;
-    dims.clear();
-  }
   if (dims.size() > 4) return absl::InvalidArgumentError("more than 4 batch runs");
   push.batch_rank = static_cast<uint32_t>(dims.size());
   for (size_t d = 0; d < dims.size(); ++d) {
@@ -111,6 +105,19 @@ struct Tile {
 };
 
 // The largest tile the device fits that still yields a few tiles of work.
+// x @ W with an unbatched W and a plain A is one [batch * M, K] @ [K, N]
+// product: bigger tiles, one batch.
+void FoldBatch(MatMulPlan& p) {
+  MatMulPush& q = p.push;
+  for (uint32_t d = 0; d < q.batch_rank; ++d) {
+    if (q.b_strides[d] != 0) return;
+  }
+  if (p.ta || q.batch <= 1) return;
+  q.M *= q.batch;
+  q.batch = 1;
+  q.batch_rank = 0;
+}
+
 Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
   const Tile candidates[] = {{128, 128, 16, 8, 8}, {64, 64, 16, 4, 4}, {32, 32, 16, 2, 2},
                              {16, 16, 16, 1, 1}};
@@ -138,9 +145,19 @@ bool CoopEligible(const DeviceCaps& caps, const KernelSpec& spec, const MatMulPl
          4 * caps.subgroup_size <= caps.max_workgroup_invocations;
 }
 
+// A subgroup per output, lanes over K: when one side is a vector and both
+// operands are contiguous along K.
+bool MatVecEligible(const DeviceCaps& caps, const MatMulPlan& p) {
+  const MatMulPush& q = p.push;
+  return caps.subgroup_arithmetic && caps.subgroup_size >= 4 && (q.M == 1 || q.N == 1) &&
+         (!p.ta || q.M == 1) && (p.tb || q.N == 1) && q.K >= 4 * caps.subgroup_size &&
+         Workgroup1D(caps) % caps.subgroup_size == 0;
+}
+
 Claim SupportsMatMul(const VulkanDevice& d, const KernelSpec& spec) {
   absl::StatusOr<MatMulPlan> p = Plan(spec);
   if (!p.ok()) return Claim::No(absl::StrCat("vulkan matmul: ", p.status().message()));
+  if (!MatVecEligible(d.caps(), *p)) FoldBatch(*p);
   const DType dt = spec.outputs[0].dtype;
   for (const auto& t : spec.inputs) {
     if (t.dtype != dt) return Claim::No("vulkan matmul: operands differ in dtype");
@@ -161,6 +178,7 @@ Claim SupportsMatMul(const VulkanDevice& d, const KernelSpec& spec) {
 
 class MatMulKernel final : public VulkanKernel {
  public:
+  // tile_m == 0: the matvec kernel, `tile_n` outputs per workgroup.
   MatMulKernel(VulkanDevice& d, const KernelSpec& spec, std::shared_ptr<const Pipeline> p,
                MatMulPlan plan, uint32_t tile_m, uint32_t tile_n, std::string impl)
       : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), plan_(plan),
@@ -175,6 +193,11 @@ class MatMulKernel final : public VulkanKernel {
     if (plan_.has_bias) b[2] = in[next++];
     if (plan_.has_residual) b[3] = in[next++];
     const MatMulPush& p = plan_.push;
+    if (tile_m_ == 0) {
+      const uint64_t outputs = uint64_t{p.batch} * p.M * p.N;
+      return s.Dispatch(*pipeline_, b, 0b10000, &p, sizeof(p),
+                        Groups1D(device_.caps(), outputs, tile_n_));
+    }
     const uint32_t gz = std::min<uint32_t>(p.batch, device_.caps().max_workgroup_count[2]);
     return s.Dispatch(*pipeline_, b, 0b10000, &p, sizeof(p), (p.N + tile_n_ - 1) / tile_n_,
                       (p.M + tile_m_ - 1) / tile_m_, gz);
@@ -198,6 +221,17 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
     epilogue += absl::StrCat("+", v1::UnaryKind_Name(static_cast<v1::UnaryKind>(plan.act)));
   }
   if (plan.has_residual) epilogue += "+residual";
+  if (MatVecEligible(caps, plan)) {
+    const uint32_t wg = Workgroup1D(caps);
+    KILN_ASSIGN_OR_RETURN(
+        auto pipeline,
+        EmbeddedPipeline(d, absl::StrCat("matvec_", DTypeSuffix(dt)), 5, sizeof(MatMulPush),
+                         {wg, plan.act, plan.has_bias, plan.has_residual}));
+    return std::unique_ptr<backend::Kernel>(std::make_unique<MatMulKernel>(
+        d, spec, std::move(pipeline), plan, 0, wg / caps.subgroup_size,
+        absl::StrCat("spirv:matvec_", DTypeSuffix(dt), epilogue)));
+  }
+  FoldBatch(plan);
   if (CoopEligible(caps, spec, plan)) {
     // 2 x 2 subgroups, 2 x 2 fragments each: a 64 x 64 tile.
     const uint32_t sg = caps.subgroup_size, fm = 2, fn = 2;

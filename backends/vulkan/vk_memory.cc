@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::Create(VkPhysicalDevice 
   const VkMemoryPropertyFlags f = props.memoryTypes[type].propertyFlags;
   pool->host_visible_ = f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT;
   pool->host_coherent_ = f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  pool->host_cached_ = f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
   pool->options_.granularity = std::max<uint64_t>(pool->options_.granularity, req.alignment);
   pool->options_.block_size = AlignUp(pool->options_.block_size, pool->options_.granularity);
   return pool;

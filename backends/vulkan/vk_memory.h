@@ -113,6 +113,9 @@ class MemoryPool {
   Stats stats() const;
   bool host_visible() const { return host_visible_; }
   bool host_coherent() const { return host_coherent_; }
+  // Host reads of mapped memory are fast only when it is cached (not a
+  // write-combined BAR window).
+  bool host_cached() const { return host_cached_; }
   uint32_t memory_type() const { return memory_type_; }
   uint64_t granularity() const { return options_.granularity; }
   uint64_t block_size() const { return options_.block_size; }
@@ -127,6 +130,7 @@ class MemoryPool {
   uint32_t memory_type_ = 0;
   bool host_visible_ = false;
   bool host_coherent_ = false;
+  bool host_cached_ = false;
 
   mutable absl::Mutex blocks_mu_;
   std::vector<std::unique_ptr<MemoryBlock>> blocks_ ABSL_GUARDED_BY(blocks_mu_);

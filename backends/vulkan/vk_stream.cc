@@ -302,7 +302,8 @@ absl::Status VulkanStream::Upload(const void* src, const BufferBinding& dst, uin
 
 absl::Status VulkanStream::Download(const BufferBinding& src, void* dst, uint64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  if (src.mapped != nullptr && device_.device_pool().host_coherent() && Idle()) {
+  const MemoryPool& pool = device_.device_pool();
+  if (src.mapped != nullptr && pool.host_coherent() && pool.host_cached() && Idle()) {
     std::memcpy(dst, src.mapped, bytes);
     return absl::OkStatus();
   }

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
 #include "backends/vulkan/vk_device.h"
@@ -205,6 +206,9 @@ TEST(RangeAllocatorTest, RandomAllocFreeKeepsInvariants) {
 TEST(VulkanDeviceTest, ReportsInfoAndFeatures) {
   REQUIRE_DEVICE(d);
   const backend::DeviceInfo& info = d->info();
+  std::printf("%s: %s [%s] driver %s\n  identity %s\n  features %s\n", info.id.c_str(),
+              info.name.c_str(), info.arch.c_str(), info.driver_version.c_str(),
+              info.identity.c_str(), absl::StrJoin(info.features, " ").c_str());
   EXPECT_EQ(info.id, "vulkan:0");
   EXPECT_EQ(info.backend, "vulkan");
   EXPECT_FALSE(info.name.empty());
@@ -724,6 +728,41 @@ TEST(VulkanKernelTest, MatMulSoftmaxNorm) {
   for (int64_t j = 0; j < k; ++j) sq += y[j] * y[j];
   EXPECT_NEAR(mean / k, 0.0, 1e-5);
   EXPECT_NEAR(sq / k, 1.0, 1e-3);  // epsilon makes it slightly below 1
+}
+
+TEST(VulkanKernelTest, MatVecWithEpilogueUsesSubgroups) {
+  REQUIRE_DEVICE(d);
+  if (!d->caps().subgroup_arithmetic) GTEST_SKIP() << "no subgroup arithmetic";
+  // Decoding: x [2, 1, K] @ W^T (W [N, K]) + bias, then gelu.
+  const int64_t k = 300, n = 40;
+  std::vector<float> x(2 * k), w(n * k), bias(n);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : x) v = u(rng);
+  for (float& v : w) v = u(rng) * 0.1f;
+  for (float& v : bias) v = u(rng);
+  KernelSpec spec = Spec(v1::OP_FUSED_MATMUL,
+                         {{v1::DTYPE_F32, {2, 1, k}}, {v1::DTYPE_F32, {n, k}}, {v1::DTYPE_F32, {n}}},
+                         {{v1::DTYPE_F32, {2, 1, n}}});
+  auto* f = spec.attrs.mutable_fused_matmul();
+  f->set_transpose_b(true);
+  f->set_has_bias(true);
+  f->set_activation(v1::UNARY_GELU);
+  backend::PrepareContext ctx;
+  auto kernel = d->PrepareKernel(spec, ctx);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*kernel)->implementation(), "spirv:matvec_f32+bias+UNARY_GELU");
+  auto got = RunSpec(*d, spec, {Bytes(x), Bytes(w), Bytes(bias)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto y = Values<float>((*got)[0]);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = bias[j];
+      for (int64_t p = 0; p < k; ++p) dot += double(x[b * k + p]) * w[j * k + p];
+      const double want = 0.5 * dot * std::erfc(-dot / std::sqrt(2.0));
+      EXPECT_NEAR(y[b * n + j], want, 1e-5) << b << "," << j;
+    }
+  }
 }
 
 TEST(VulkanKernelTest, AttentionCausalMatchesNaive) {
