@@ -4,6 +4,7 @@
 //   kiln_bench matmul  [--sizes 512,1024,2048] [--rounds 7] [--threads 2]
 //   kiln_bench compile [--rounds 5]
 //   kiln_bench memory
+//   kiln_bench placement [--reps 5] [--cache_dir DIR]
 //
 // `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
 // included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
@@ -102,7 +103,9 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   HostTensor x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
   auto engine = MakeEngine(threads);
   auto params = engine->CreateParams(models::ParamRefs(m));
-  auto compiled = engine->Compile(m.graph, {}, {{"x", x.dims()}});
+  CompileOptions copts;
+  if (flags.contains("device")) copts.device = flags.at("device");
+  auto compiled = engine->Compile(m.graph, copts, {{"x", x.dims()}});
   if (!params.ok() || !compiled.ok()) {
     std::fprintf(stderr, "setup failed\n");
     return 1;
@@ -137,6 +140,7 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     std::ofstream(dir / "manifest.json") << manifest.dump(1);
   }
   const json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
+                    {"device", compiled->executable->lir().placement().chosen()},
                     {"batch", batch}, {"seq", cfg.seq}, {"iters", iters},
                     {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
                     {"min_ms", *std::min_element(ms.begin(), ms.end())}};
@@ -263,12 +267,164 @@ int Memory(const std::map<std::string, std::string>&) {
   return 0;
 }
 
+// Graphs from tiny to large; each runs pinned to every device and under
+// `auto`, and the auto choice is compared with the fastest measured device.
+struct PlacementCase {
+  std::string name;
+  v1::Graph graph;
+  std::vector<HostTensor> inputs;
+  std::vector<std::string> input_names;
+  models::Model params;  // for graphs with params
+};
+
+std::vector<PlacementCase> PlacementCases() {
+  std::vector<PlacementCase> cases;
+  std::mt19937_64 rng(5);
+  auto elementwise = [&](const std::string& name, int64_t n, int depth) {
+    GraphBuilder g(name);
+    auto x = g.input("x", v1::DTYPE_F32, {n});
+    auto y = x;
+    for (int i = 0; i < depth; ++i) y = g.tanh(g.add(g.mul(y, y), x));
+    g.output("y", y);
+    PlacementCase c{name, g.Build(), {}, {"x"}, {}};
+    c.inputs.push_back(models::RandomF32(rng, {n}, 1.0));
+    cases.push_back(std::move(c));
+  };
+  auto matmul = [&](const std::string& name, int64_t n) {
+    GraphBuilder g(name);
+    auto a = g.input("a", v1::DTYPE_F32, {n, n});
+    auto b = g.input("b", v1::DTYPE_F32, {n, n});
+    g.output("c", g.matmul(a, b));
+    PlacementCase c{name, g.Build(), {}, {"a", "b"}, {}};
+    c.inputs.push_back(models::RandomF32(rng, {n, n}, 1.0));
+    c.inputs.push_back(models::RandomF32(rng, {n, n}, 1.0));
+    cases.push_back(std::move(c));
+  };
+  auto softmax = [&](const std::string& name, int64_t rows, int64_t cols) {
+    GraphBuilder g(name);
+    auto x = g.input("x", v1::DTYPE_F32, {rows, cols});
+    g.output("y", g.softmax(x));
+    PlacementCase c{name, g.Build(), {}, {"x"}, {}};
+    c.inputs.push_back(models::RandomF32(rng, {rows, cols}, 3.0));
+    cases.push_back(std::move(c));
+  };
+  auto attention = [&](const std::string& name, int64_t heads, int64_t seq) {
+    GraphBuilder g(name);
+    auto q = g.input("q", v1::DTYPE_F32, {1, heads, seq, 64});
+    auto k = g.input("k", v1::DTYPE_F32, {1, heads, seq, 64});
+    auto v = g.input("v", v1::DTYPE_F32, {1, heads, seq, 64});
+    v1::AttentionAttrs a;
+    a.set_mask(v1::MASK_CAUSAL);
+    g.output("o", g.attention(q, k, v, a));
+    PlacementCase c{name, g.Build(), {}, {"q", "k", "v"}, {}};
+    for (int i = 0; i < 3; ++i) c.inputs.push_back(models::RandomF32(rng, {1, heads, seq, 64}, 1.0));
+    cases.push_back(std::move(c));
+  };
+  auto model = [&](const std::string& name, models::Model m, Dims x_dims) {
+    PlacementCase c{name, m.graph, {}, {"x"}, std::move(m)};
+    c.inputs.push_back(models::RandomF32(rng, x_dims, 1.0));
+    cases.push_back(std::move(c));
+  };
+  elementwise("tiny_add", 1, 1);
+  model("mlp_b1", models::Mlp(), {1, 784});
+  elementwise("elementwise_64k", 1 << 16, 4);
+  softmax("softmax_256x256", 256, 256);
+  matmul("matmul_128", 128);
+  matmul("matmul_512", 512);
+  elementwise("elementwise_16m", 1 << 24, 4);
+  softmax("softmax_4096x4096", 4096, 4096);
+  model("mlp_b512", models::Mlp(), {512, 784});
+  matmul("matmul_1024", 1024);
+  models::EncoderConfig cfg;
+  model("encoder_b1", models::EncoderLayer(cfg), {1, cfg.seq, cfg.hidden});
+  model("encoder_b16", models::EncoderLayer(cfg), {16, cfg.seq, cfg.hidden});
+  matmul("matmul_2048", 2048);
+  attention("attention_h16_s2048", 16, 2048);
+  matmul("matmul_4096", 4096);
+  return cases;
+}
+
+int Placement(const std::map<std::string, std::string>& flags) {
+  const int reps = static_cast<int>(Flag(flags, "reps", 5));
+  EngineOptions o;
+  o.cpu_threads = static_cast<int>(Flag(flags, "threads", 0));
+  o.cache_dir = flags.contains("cache_dir") ? flags.at("cache_dir") : "";
+  o.calibration = EngineOptions::Calibration::kAlways;
+  auto created = Engine::Create(o);
+  if (!created.ok()) return 1;
+  auto engine = std::move(created).value();
+  std::vector<std::string> devices;
+  json profiles = json::array();
+  for (const auto* d : engine->Devices()) {
+    devices.push_back(d->id);
+    profiles.push_back({{"device", d->id}, {"name", d->name},
+                        {"gflops_f32", d->profile.peak_gflops_f32},
+                        {"bandwidth_gbps", d->profile.bandwidth_gbps},
+                        {"launch_us", d->profile.launch_overhead_us},
+                        {"sync_us", d->profile.sync_overhead_us}});
+  }
+  json results = json::array();
+  int good = 0, total = 0;
+  for (PlacementCase& c : PlacementCases()) {
+    std::vector<TensorRef> inputs;
+    for (size_t i = 0; i < c.inputs.size(); ++i) inputs.push_back(TensorRef::Of(c.input_names[i], c.inputs[i]));
+    std::shared_ptr<ParamSet> params;
+    if (!c.params.params.empty()) {
+      auto p = engine->CreateParams(models::ParamRefs(c.params));
+      if (!p.ok()) return 1;
+      params = *p;
+    }
+    auto time_on = [&](const std::string& device, std::string* chosen) -> double {
+      CompileOptions co;
+      co.device = device;
+      std::vector<std::pair<std::string, Dims>> shapes;
+      for (const auto& t : inputs) shapes.emplace_back(t.name, t.dims);
+      auto compiled = engine->Compile(c.graph, co, shapes);
+      if (!compiled.ok()) {
+        std::fprintf(stderr, "%s on %s: %s\n", c.name.c_str(), device.c_str(),
+                     std::string(compiled.status().message()).c_str());
+        return -1;
+      }
+      if (chosen) *chosen = compiled->executable->lir().placement().chosen();
+      std::vector<double> ms;
+      for (int r = 0; r < reps + 1; ++r) {
+        const auto t0 = Clock::now();
+        auto run = engine->Run(*compiled->executable, inputs, params.get(), {});
+        if (!run.ok()) return -1;
+        if (r > 0) ms.push_back(Ms(t0, Clock::now()));
+      }
+      return Median(ms);
+    };
+    json per_device = json::object();
+    std::string fastest;
+    double fastest_ms = 1e30;
+    for (const std::string& d : devices) {
+      const double ms = time_on(d, nullptr);
+      per_device[d] = ms;
+      if (ms >= 0 && ms < fastest_ms) fastest_ms = ms, fastest = d;
+    }
+    std::string chosen;
+    time_on("auto", &chosen);
+    const double chosen_ms = per_device.contains(chosen) ? per_device[chosen].get<double>() : -1;
+    const bool ok = chosen == fastest || (chosen_ms >= 0 && chosen_ms <= 1.1 * fastest_ms);
+    good += ok;
+    ++total;
+    results.push_back({{"graph", c.name}, {"ms", per_device}, {"fastest", fastest},
+                       {"auto", chosen}, {"auto_within_10pct", ok}});
+  }
+  std::printf("%s\n", json({{"bench", "placement_accuracy"}, {"devices", profiles},
+                            {"graphs", total}, {"auto_fastest_or_within_10pct", good},
+                            {"accuracy", total ? double(good) / total : 0.0},
+                            {"results", results}}).dump().c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory [flags]\n");
+    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement [flags]\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -277,6 +433,7 @@ int main(int argc, char** argv) {
   if (cmd == "matmul") return kiln::MatMul(flags);
   if (cmd == "compile") return kiln::CompileBench(flags);
   if (cmd == "memory") return kiln::Memory(flags);
+  if (cmd == "placement") return kiln::Placement(flags);
   std::fprintf(stderr, "unknown benchmark %s\n", cmd.c_str());
   return 2;
 }
