@@ -139,7 +139,7 @@ Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
 
 bool CoopEligible(const DeviceCaps& caps, const KernelSpec& spec, const MatMulPlan& p) {
   if (std::getenv("KILN_VULKAN_NO_COOPMAT") != nullptr) return false;
-  return caps.coop_nv_f16_16x16x16 && caps.float16 && caps.storage16 &&
+  return caps.coop_nv_f16_16x16x16 && caps.float16 && caps.storage16 && caps.vulkan_memory_model &&
          spec.outputs[0].dtype == v1::DTYPE_F16 && p.push.M % 16 == 0 && p.push.N % 16 == 0 &&
          p.push.K % 16 == 0 && p.push.K > 0 && caps.subgroup_size >= 16 &&
          4 * caps.subgroup_size <= caps.max_workgroup_invocations;

@@ -142,6 +142,7 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   c.int64 = feats.features.shaderInt64;
   c.float64 = feats.features.shaderFloat64;
   c.timeline_semaphore = f12.timelineSemaphore;
+  c.vulkan_memory_model = f12.vulkanMemoryModel;
   c.host_query_reset = f12.hostQueryReset;
   if (!c.timeline_semaphore) {
     return absl::FailedPreconditionError(
@@ -199,6 +200,7 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   en12.shaderFloat16 = f12.shaderFloat16;
   en12.shaderInt8 = f12.shaderInt8;
   en12.hostQueryReset = f12.hostQueryReset;
+  en12.vulkanMemoryModel = f12.vulkanMemoryModel;
   if (c.coop_matrix_nv) en12.pNext = &en_coop;
   VkPhysicalDeviceVulkan11Features en11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   en11.storageBuffer16BitAccess = f11.storageBuffer16BitAccess;

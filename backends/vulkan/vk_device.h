@@ -66,6 +66,7 @@ struct DeviceCaps {
   // Shaders may declare SignedZeroInfNanPreserve for f32 (IEEE NaN/inf/-0).
   bool preserve_inf_nan32 = false;
 
+  bool vulkan_memory_model = false;  // the cooperative-matrix shader declares it
   bool timeline_semaphore = false;
   bool host_query_reset = false;
   float timestamp_period_ns = 1.0f;
