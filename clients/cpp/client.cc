@@ -41,7 +41,7 @@ v1::GraphSource GraphFromText(std::string text) {
   return s;
 }
 
-const HostTensor* RunResult::output(const std::string& name) const {
+const HostTensor* ClientRunResult::output(const std::string& name) const {
   for (const auto& [n, t] : outputs) {
     if (n == name) return &t;
   }
@@ -211,7 +211,7 @@ absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
   return out;
 }
 
-absl::StatusOr<RunResult> Client::DoRun(const v1::RunRequest& req) const {
+absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req) const {
   v1::RunResponse resp;
   auto ctx = NewContext();
   KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->Run(ctx.get(), req, &resp)));
@@ -230,8 +230,8 @@ absl::StatusOr<RunResult> Client::DoRun(const v1::RunRequest& req) const {
   return result;
 }
 
-absl::StatusOr<RunResult> Client::Run(const std::string& session_id, const TensorMap& inputs,
-                                      const RunOptions& options) const {
+absl::StatusOr<Client::RunResult> Client::Run(const std::string& session_id, const TensorMap& inputs,
+                                      const Client::RunOptions& options) const {
   if (session_id.empty()) return absl::InvalidArgumentError("Run: empty session id");
   v1::RunRequest req;
   req.set_session_id(session_id);
@@ -241,8 +241,8 @@ absl::StatusOr<RunResult> Client::Run(const std::string& session_id, const Tenso
   return DoRun(req);
 }
 
-absl::StatusOr<RunResult> Client::Run(const v1::GraphSource& graph, const TensorMap& inputs,
-                                      const TensorMap& params, const RunOptions& options) const {
+absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, const TensorMap& inputs,
+                                      const TensorMap& params, const Client::RunOptions& options) const {
   v1::RunRequest req;
   *req.mutable_graph() = graph;
   *req.mutable_options() = options.compile;

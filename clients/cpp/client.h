@@ -50,25 +50,30 @@ using ProgressFn = std::function<void(int64_t done, int64_t total)>;
 v1::GraphSource GraphFromProto(v1::Graph graph);
 v1::GraphSource GraphFromText(std::string text);
 
-struct RunOptions {
-  bool report = false;       // ask for the dispatch report
-  int32_t priority = 0;      // higher first within the tenant
+using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
+
+// Spelled Client::RunOptions and Client::RunResult (kiln::RunOptions and
+// kiln::RunResult are the in-process Engine's).
+struct ClientRunOptions {
+  bool report = false;         // ask for the dispatch report
+  int32_t priority = 0;        // higher first within the tenant
   v1::CompileOptions compile;  // one-shot runs only (a session was compiled at creation)
 };
 
-struct RunResult {
-  NamedTensors outputs;        // the graph's output order
-  v1::DispatchReport report;   // filled when RunOptions::report
+struct ClientRunResult {
+  NamedTensors outputs;       // the graph's output order
+  v1::DispatchReport report;  // filled when RunOptions::report
   std::string request_id;
 
   // The output called `name`, or nullptr.
   const HostTensor* output(const std::string& name) const;
 };
 
-using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
-
 class Client {
  public:
+  using RunOptions = ClientRunOptions;
+  using RunResult = ClientRunResult;
+
   // `addr` is a gRPC target ("127.0.0.1:7450", "unix:/run/kilnd.sock"). The
   // channel connects lazily: an unreachable server shows up as UNAVAILABLE on
   // the first call, not here.

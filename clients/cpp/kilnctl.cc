@@ -232,12 +232,12 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   }
   KILN_ASSIGN_OR_RETURN(auto client, Connect(g));
   const bool progress = ProgressWanted(g.progress);
-  RunOptions options;
+  Client::RunOptions options;
   options.report = f.report || !f.trace.empty();
   options.priority = f.priority;
   options.compile.set_device(f.device);
 
-  absl::StatusOr<RunResult> result;
+  absl::StatusOr<Client::RunResult> result;
   if (params.empty()) {
     Spinner spin("compiling and running", progress);
     result = client->Run(graph, inputs, {}, options);

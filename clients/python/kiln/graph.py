@@ -163,14 +163,14 @@ class Graph:
 
     # -- elementwise ------------------------------------------------------
     def activation(self, kind, x) -> Value:
-        self._add(graph_pb2.OP_UNARY, [x]).attrs.unary.kind = _enum(
-            graph_pb2.UnaryKind, "UNARY_", kind)
+        kind = _enum(graph_pb2.UnaryKind, "UNARY_", kind)
+        self._add(graph_pb2.OP_UNARY, [x]).attrs.unary.kind = kind
         return self._last()
 
     def binary(self, kind, a, b) -> Value:
+        kind = _enum(graph_pb2.BinaryKind, "BINARY_", kind)
         a, b = self._pair(a, b)
-        self._add(graph_pb2.OP_BINARY, [a, b]).attrs.binary.kind = _enum(
-            graph_pb2.BinaryKind, "BINARY_", kind)
+        self._add(graph_pb2.OP_BINARY, [a, b]).attrs.binary.kind = kind
         return self._last()
 
     def add(self, a, b): return self.binary(graph_pb2.BINARY_ADD, a, b)
@@ -182,9 +182,9 @@ class Graph:
     def pow(self, a, b): return self.binary(graph_pb2.BINARY_POW, a, b)
 
     def compare(self, kind, a, b) -> Value:
+        kind = _enum(graph_pb2.CompareKind, "COMPARE_", kind)
         a, b = self._pair(a, b)
-        self._add(graph_pb2.OP_COMPARE, [a, b], tensor_pb2.DTYPE_BOOL).attrs.compare.kind = _enum(
-            graph_pb2.CompareKind, "COMPARE_", kind)
+        self._add(graph_pb2.OP_COMPARE, [a, b], tensor_pb2.DTYPE_BOOL).attrs.compare.kind = kind
         return self._last()
 
     def where(self, cond, a, b) -> Value:
@@ -260,10 +260,11 @@ class Graph:
         """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D]. `mask`: none, causal, prefix,
         bidirectional, sliding_window, custom or bias (the last two read
         `mask_operand`)."""
+        mask = _enum(graph_pb2.MaskKind, "MASK_", mask)
         ops = [q, k, v] + ([mask_operand] if mask_operand is not None else [])
         a = self._add(graph_pb2.OP_ATTENTION, ops).attrs.attention
         a.SetInParent()
-        a.mask = _enum(graph_pb2.MaskKind, "MASK_", mask)
+        a.mask = mask
         if scale is not None:
             a.scale = scale
         a.softcap, a.prefix, a.window, a.heads, a.kv_heads = softcap, prefix, window, heads, kv_heads
@@ -303,11 +304,12 @@ class Graph:
         return self._last()
 
     def pad(self, x, low, high, value: float = 0.0, mode="constant") -> Value:
+        mode = _enum(graph_pb2.PadMode, "PAD_", mode)
         a = self._add(graph_pb2.OP_PAD, [x]).attrs.pad
         a.low.extend(low)
         a.high.extend(high)
         a.value = value
-        a.mode = _enum(graph_pb2.PadMode, "PAD_", mode)
+        a.mode = mode
         a.SetInParent()
         return self._last()
 
@@ -320,8 +322,9 @@ class Graph:
         """Reduces over `axes` (an int or a sequence; empty = all)."""
         if isinstance(axes, int):
             axes = (axes,)
+        kind = _enum(graph_pb2.ReduceKind, "REDUCE_", kind)
         a = self._add(graph_pb2.OP_REDUCE, [x]).attrs.reduce
-        a.kind = _enum(graph_pb2.ReduceKind, "REDUCE_", kind)
+        a.kind = kind
         a.axes.extend(axes)
         a.keepdims = keepdims
         return self._last()
@@ -358,8 +361,9 @@ class Graph:
 
     def pool(self, x, kind, window, stride=(), pad_low=(), pad_high=(),
              count_include_pad=False) -> Value:
+        kind = _enum(graph_pb2.PoolKind, "POOL_", kind)
         a = self._add(graph_pb2.OP_POOL, [x]).attrs.pool
-        a.kind = _enum(graph_pb2.PoolKind, "POOL_", kind)
+        a.kind = kind
         a.window.extend(window)
         a.stride.extend(stride)
         a.pad_low.extend(pad_low)
@@ -369,14 +373,16 @@ class Graph:
 
     # -- losses -----------------------------------------------------------
     def softmax_cross_entropy(self, logits, labels, reduction="mean") -> Value:
+        reduction = _enum(graph_pb2.Reduction, "REDUCTION_", reduction)
         a = self._add(graph_pb2.OP_SOFTMAX_CROSS_ENTROPY, [logits, labels]).attrs
-        a.softmax_cross_entropy.reduction = _enum(graph_pb2.Reduction, "REDUCTION_", reduction)
+        a.softmax_cross_entropy.reduction = reduction
         a.softmax_cross_entropy.SetInParent()
         return self._last()
 
     def mean_squared_error(self, pred, target, reduction="mean") -> Value:
+        reduction = _enum(graph_pb2.Reduction, "REDUCTION_", reduction)
         a = self._add(graph_pb2.OP_MEAN_SQUARED_ERROR, [pred, target]).attrs
-        a.mean_squared_error.reduction = _enum(graph_pb2.Reduction, "REDUCTION_", reduction)
+        a.mean_squared_error.reduction = reduction
         a.mean_squared_error.SetInParent()
         return self._last()
 

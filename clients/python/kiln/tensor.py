@@ -64,7 +64,8 @@ def _axis(axis, rank):
 class Tensor:
     """A lazily evaluated tensor: an op over other tensors. Immutable."""
 
-    __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
+    # `ndarray + Tensor`: numpy's operators step aside for Tensor.__radd__ & co.
+    __array_ufunc__ = None
 
     def __init__(self, op, args=(), attrs=None, dtype=_F32, shape=(), value=None, name=None):
         self.op, self.args, self.attrs = op, tuple(args), dict(attrs or {})

@@ -1,0 +1,274 @@
+// kiln::Client against a real kilnd: the MLP and the BERT encoder layer
+// (one-shot and through sessions) match the f64 references of
+// tests/e2e/models.h; params stream in chunks and come back intact; server
+// errors arrive with their codes and messages; reports and the disk cache
+// survive a restart.
+#include <filesystem>
+#include <random>
+
+#include "clients/cpp/client.h"
+#include "clients/cpp/graph_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/clients/kilnd_child.h"
+#include "tests/e2e/models.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::KilndChild;
+using testing::ScratchDir;
+using testing::SharedKilnd;
+
+std::unique_ptr<Client> Connect(const std::string& addr, const ClientOptions& options = {}) {
+  auto c = Client::Create(addr, options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+std::string ExampleText(const std::string& name) {
+  return testing::ReadFileOrDie(std::string(KILN_SOURCE_DIR) + "/examples/" + name);
+}
+
+TensorMap Inputs(HostTensor x) {
+  TensorMap m;
+  m.emplace("x", std::move(x));
+  return m;
+}
+
+TensorMap Clone(const TensorMap& m) {
+  TensorMap out;
+  for (const auto& [name, t] : m) out.emplace(name, t.Clone());
+  return out;
+}
+
+TEST(ClientTest, HealthDevicesAndServerInfo) {
+  auto c = Connect(SharedKilnd().addr());
+  auto health = c->Health();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto devices = c->ListDevices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_GE(devices->devices_size(), 1);
+  EXPECT_EQ(devices->devices(0).id(), "cpu:0");
+
+  auto info = c->ServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->version().empty());
+  EXPECT_FALSE(info->cache().dir().empty());
+}
+
+TEST(ClientTest, MlpOneShotMatchesReference) {
+  auto c = Connect(SharedKilnd().addr());
+  models::Model m = models::Mlp();
+  std::mt19937_64 rng(7);
+  HostTensor x = models::RandomF32(rng, {3, 784}, 1.0);
+  const HostTensor want = models::MlpReference(m, x);
+  Client::RunOptions options;
+  options.report = true;
+  auto r = c->Run(GraphFromProto(m.graph), Inputs(std::move(x)), m.params, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const HostTensor* logits = r->output("logits");
+  ASSERT_NE(logits, nullptr);
+  EXPECT_EQ(logits->dims(), (Dims{3, 10}));
+  EXPECT_LE(models::WorstError(*logits, want, 1e-4, 1e-4), 1.0);
+  EXPECT_FALSE(r->request_id.empty());
+  EXPECT_GT(r->report.steps_size(), 0);
+  EXPECT_GT(r->report.run_micros(), 0);
+
+  // The report is kept by the server, findable by request id.
+  auto kept = c->GetReport(r->request_id);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->steps_size(), r->report.steps_size());
+}
+
+TEST(ClientTest, MlpSessionStreamsParamsInChunks) {
+  // 64 KiB chunks: w1 alone (784 x 512 f32, 1.5 MiB) takes 25 of them.
+  ClientOptions options;
+  options.chunk_bytes = 64 << 10;
+  auto c = Connect(SharedKilnd().addr(), options);
+  models::Model m = models::Mlp();
+  auto session = c->CreateSession(GraphFromProto(m.graph));
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ(session->signature().params_size(), 6);
+
+  int64_t total_bytes = 0, calls = 0, last = 0;
+  bool monotonic = true;
+  for (const auto& [name, t] : m.params) total_bytes += t.num_bytes();
+  auto set = c->SetParams(session->session_id(), m.params, [&](int64_t done, int64_t total) {
+    monotonic &= done > last && total == total_bytes;
+    last = done;
+    ++calls;
+  });
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->params(), 6);
+  EXPECT_EQ(set->bytes(), total_bytes);
+  EXPECT_TRUE(monotonic);
+  EXPECT_EQ(last, total_bytes);
+  EXPECT_GT(calls, 25);
+
+  // GetParams reassembles what was uploaded, byte for byte.
+  auto back = c->GetParams(session->session_id());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), m.params.size());
+  for (const auto& [name, t] : m.params) {
+    ASSERT_TRUE(back->contains(name)) << name;
+    EXPECT_EQ(back->at(name).dims(), t.dims()) << name;
+    EXPECT_EQ(back->at(name).bytes(), t.bytes()) << name;
+  }
+  auto some = c->GetParams(session->session_id(), {"b2"});
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(some->size(), 1u);
+
+  std::mt19937_64 rng(8);
+  for (int64_t batch : {1, 5}) {
+    HostTensor x = models::RandomF32(rng, {batch, 784}, 1.0);
+    const HostTensor want = models::MlpReference(m, x);
+    auto r = c->Run(session->session_id(), Inputs(std::move(x)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LE(models::WorstError(r->outputs.at(0).second, want, 1e-4, 1e-4), 1.0);
+  }
+
+  ASSERT_TRUE(c->CloseSession(session->session_id()).ok());
+  auto closed = c->Run(session->session_id(), Inputs(models::RandomF32(rng, {1, 784}, 1.0)));
+  EXPECT_EQ(closed.status().code(), absl::StatusCode::kNotFound) << closed.status();
+}
+
+TEST(ClientTest, EncoderLayerSessionMatchesReference) {
+  auto c = Connect(SharedKilnd().addr());
+  const models::EncoderConfig config;
+  models::Model m = models::EncoderLayer(config);
+  auto session = c->CreateSession(GraphFromProto(m.graph));
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(c->SetParams(session->session_id(), m.params).ok());
+  std::mt19937_64 rng(9);
+  HostTensor x = models::RandomF32(rng, {2, config.seq, config.hidden}, 1.0);
+  const HostTensor want = models::EncoderLayerReference(m, config, x);
+  auto r = c->Run(session->session_id(), Inputs(std::move(x)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outputs.at(0).first, "y");
+  EXPECT_EQ(r->outputs.at(0).second.dims(), (Dims{2, config.seq, config.hidden}));
+  EXPECT_LE(models::WorstError(r->outputs.at(0).second, want, 2e-4, 2e-4), 1.0);
+  EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
+}
+
+TEST(ClientTest, TextGraphsCompileAndRun) {
+  auto c = Connect(SharedKilnd().addr());
+  const v1::GraphSource mlp = GraphFromText(ExampleText("mlp.kiln"));
+
+  // Verify only (a symbolic batch and no shapes), then compile for batch 4.
+  auto verified = c->Compile(mlp);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_TRUE(verified->executable_key().empty());
+  ASSERT_EQ(verified->signature().inputs_size(), 1);
+  EXPECT_EQ(verified->signature().inputs(0).name(), "x");
+  EXPECT_EQ(verified->signature().params_size(), 6);
+  auto compiled = c->Compile(mlp, {}, {{"x", {4, 784}}});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_FALSE(compiled->executable_key().empty());
+  EXPECT_GT(compiled->report().kernels(), 0);
+
+  // examples/mlp.kiln has the param names of models::Mlp.
+  models::Model m = models::Mlp();
+  std::mt19937_64 rng(10);
+  HostTensor x = models::RandomF32(rng, {4, 784}, 1.0);
+  const HostTensor want = models::MlpReference(m, x);
+  auto r = c->Run(mlp, Inputs(std::move(x)), m.params);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LE(models::WorstError(r->outputs.at(0).second, want, 1e-4, 1e-4), 1.0);
+
+  // A graph file loads as text by its extension.
+  auto loaded = LoadGraphFile(std::string(KILN_SOURCE_DIR) + "/examples/mlp.kiln");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->has_text());
+}
+
+TEST(ClientTest, ErrorsCarryServerCodesAndMessages) {
+  auto c = Connect(SharedKilnd().addr());
+
+  // A parse error names the line.
+  auto bad_text = c->Compile(GraphFromText("graph \"g\"\ninput x: f32[4]\nlet y = frobnicate(x)\nout y\n"));
+  EXPECT_EQ(bad_text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_text.status().message()), HasSubstr("frobnicate"));
+
+  // Unknown session.
+  auto unknown = c->Run("no-such-session", {});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no-such-session"));
+
+  // Wrong input name and wrong input shape, named in the message.
+  models::Model m = models::Mlp();
+  std::mt19937_64 rng(11);
+  TensorMap wrong_name;
+  wrong_name.emplace("y", models::RandomF32(rng, {1, 784}, 1.0));
+  auto r1 = c->Run(GraphFromProto(m.graph), wrong_name, m.params);
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument) << r1.status();
+  EXPECT_THAT(std::string(r1.status().message()), HasSubstr("x"));
+  auto r2 = c->Run(GraphFromProto(m.graph), Inputs(models::RandomF32(rng, {1, 783}, 1.0)), m.params);
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kInvalidArgument) << r2.status();
+  EXPECT_THAT(std::string(r2.status().message()), HasSubstr("783"));
+
+  // A missing param.
+  TensorMap partial = Clone(m.params);
+  partial.erase("w3");
+  auto r3 = c->Run(GraphFromProto(m.graph), Inputs(models::RandomF32(rng, {1, 784}, 1.0)), partial);
+  EXPECT_FALSE(r3.ok());
+  EXPECT_THAT(std::string(r3.status().message()), HasSubstr("w3"));
+
+  // No server at all: UNAVAILABLE, with a deadline honoured.
+  ClientOptions quick;
+  quick.timeout = absl::Seconds(2);
+  auto nowhere = Connect("127.0.0.1:1", quick);
+  auto h = nowhere->Health();
+  EXPECT_TRUE(h.status().code() == absl::StatusCode::kUnavailable ||
+              h.status().code() == absl::StatusCode::kDeadlineExceeded)
+      << h.status();
+}
+
+TEST(ClientTest, ReportsListTheLastRuns) {
+  auto c = Connect(SharedKilnd().addr());
+  const v1::GraphSource g = GraphFromText("graph \"plus_one\"\ninput x: f32[4]\nlet y = x + 1.0\nout y\n");
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {4}, {1, 2, 3, float(i)});
+    Client::RunOptions options;
+    options.report = true;
+    auto r = c->Run(g, Inputs(std::move(x)), {}, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FLOAT_EQ(r->outputs.at(0).second.data_as<float>()[3], i + 1.0f);
+    ids.push_back(r->request_id);
+  }
+  auto last = c->GetReports(2);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(last->size(), 2u);
+  EXPECT_EQ(last->at(0).request_id(), ids[1]);  // oldest first
+  EXPECT_EQ(last->at(1).request_id(), ids[2]);
+}
+
+TEST(ClientRestartTest, ReportSaysCacheHitDiskAfterRestart) {
+  ScratchDir cache;
+  models::Model m = models::Mlp(3);
+  std::mt19937_64 rng(12);
+  Client::RunOptions options;
+  options.report = true;
+  for (int round = 0; round < 2; ++round) {
+    auto kilnd = KilndChild::Start(cache.path());
+    ASSERT_TRUE(kilnd.ok()) << kilnd.status();
+    auto c = Connect((*kilnd)->addr());
+    auto r = c->Run(GraphFromProto(m.graph), Inputs(models::RandomF32(rng, {2, 784}, 1.0)),
+                    m.params, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const v1::CacheOutcome outcome = r->report.compile().executable_cache();
+    if (round == 0) {
+      EXPECT_EQ(outcome, v1::CACHE_MISS) << v1::CacheOutcome_Name(outcome);
+    } else {
+      EXPECT_EQ(outcome, v1::CACHE_HIT_DISK) << v1::CacheOutcome_Name(outcome);
+    }
+    EXPECT_EQ((*kilnd)->Stop(), 0) << (*kilnd)->Log();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
