@@ -19,10 +19,12 @@ using simd::Set;
 template <typename T>
 void ConvertTo(const T* src, int64_t stride, int64_t n, int64_t* dst) {
   if (stride == 0) {
-    std::fill(dst, dst + n, static_cast<int64_t>(src[0]));
+    std::fill(dst, dst + n, static_cast<int64_t>(src[0]));  // NOLINT(bugprone-signed-char-misuse)
     return;
   }
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<int64_t>(src[i]);
+  // Sign extension of signed sources is the point.
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = static_cast<int64_t>(src[i]);  // NOLINT(bugprone-signed-char-misuse)
 }
 
 void HalfToF32(const uint16_t* src, int64_t n, float* dst) {
@@ -63,9 +65,11 @@ void Bf16ToF32(const uint16_t* src, int64_t n, float* dst) {
   }
 }
 
+// Two's-complement wrap into T, then sign (or zero) extension back.
 template <typename T>
 void WrapTo(int64_t* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(v[i]);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = static_cast<T>(v[i]);  // NOLINT(bugprone-signed-char-misuse)
 }
 
 // Saturating, NaN -> 0, truncating float -> integer of `to`'s range.
@@ -128,13 +132,13 @@ void BinaryFloat(int kind, const T* a, const T* b, T* y, int64_t n) {
     case v1::BINARY_MAX:
       for (int64_t i = 0; i < n; ++i) {
         const T m = a[i] > b[i] ? a[i] : b[i];
-        y[i] = a[i] != a[i] ? a[i] : m;
+        y[i] = std::isnan(a[i]) ? a[i] : m;
       }
       return;
     case v1::BINARY_MIN:
       for (int64_t i = 0; i < n; ++i) {
         const T m = a[i] < b[i] ? a[i] : b[i];
-        y[i] = a[i] != a[i] ? a[i] : m;
+        y[i] = std::isnan(a[i]) ? a[i] : m;
       }
       return;
     case v1::BINARY_POW:
@@ -312,8 +316,6 @@ void Store(const void* src, DType dtype, int64_t n, void* dst) {
       std::memcpy(dst, src, n * 4);
       return;
     case v1::DTYPE_F64:
-      std::memcpy(dst, src, n * 8);
-      return;
     case v1::DTYPE_I64:
       std::memcpy(dst, src, n * 8);
       return;
@@ -515,7 +517,7 @@ void UnaryF64(int kind, const double* x, double* y, int64_t n) {
       if (x != y) std::memcpy(y, x, n * 8);
       return;
     case v1::UNARY_RELU:
-      map([](double v) { return v > 0 || v != v ? v : 0.0; });
+      map([](double v) { return v > 0 || std::isnan(v) ? v : 0.0; });
       return;
     case v1::UNARY_GELU:
       map(GeluF64);
@@ -576,7 +578,7 @@ void UnaryF64(int kind, const double* x, double* y, int64_t n) {
       return;
     case v1::UNARY_SOFTPLUS:
       map([](double v) {
-        return (v > 0 || v != v ? v : 0.0) + std::log1p(std::exp(-std::fabs(v)));
+        return (v > 0 || std::isnan(v) ? v : 0.0) + std::log1p(std::exp(-std::fabs(v)));
       });
       return;
     default:

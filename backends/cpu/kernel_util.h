@@ -3,11 +3,13 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +20,16 @@
 #include "backends/cpu/elementwise_ops.h"
 
 namespace kiln::cpu {
+
+// x is NaN; false for integer types (generic code over floats and ints).
+template <typename T>
+inline bool IsNanValue(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::isnan(x);
+  } else {
+    return false;
+  }
+}
 
 inline bool IsDense(DType d) { return IsKnownDType(d) && !IsQuantized(d); }
 inline bool IsF16OrBf16(DType d) { return d == v1::DTYPE_F16 || d == v1::DTYPE_BF16; }

@@ -48,7 +48,9 @@ void WriteLoss(const std::vector<double>& values, double count, v1::Reduction re
 
 template <typename T>
 void LoadLabels(const void* p, int64_t n, int64_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(static_cast<const T*>(p)[i]);
+  const T* src = static_cast<const T*>(p);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<int64_t>(src[i]);  // NOLINT(bugprone-signed-char-misuse)
 }
 
 struct XentPlan {
@@ -120,7 +122,7 @@ absl::Status RunXent(const XentPlan& p, std::span<const backend::BufferView> inp
                   if (p.int_labels && p.has_ignore && labels[r] == p.ignore) continue;
                   RowToF64(x + r * c * esize, p.dtype, c, row.data());
                   double mx = -INFINITY, sum = 0, mean = 0;
-                  for (double v : row) mx = (v > mx || v != v) ? v : mx;
+                  for (double v : row) mx = (v > mx || std::isnan(v)) ? v : mx;
                   for (double v : row) sum += std::exp(v - mx), mean += v;
                   const double lse = mx + std::log(sum);
                   if (p.int_labels) {

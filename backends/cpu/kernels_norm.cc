@@ -107,7 +107,7 @@ void SoftmaxColsF32(const float* x, float* y, int64_t n, int64_t inner, int64_t 
   exps.resize(w);
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * inner + c0;
-    for (int64_t i = 0; i < w; ++i) mx[i] = (row[i] > mx[i] || row[i] != row[i]) ? row[i] : mx[i];
+    for (int64_t i = 0; i < w; ++i) mx[i] = (row[i] > mx[i] || std::isnan(row[i])) ? row[i] : mx[i];
   }
   for (int64_t r = 0; r < n; ++r) {
     const float* row = x + r * inner + c0;
@@ -140,7 +140,7 @@ void SoftmaxF64(const double* x, double* y, int64_t n, int64_t inner, bool log) 
     double mx = -INFINITY, sum = 0;
     for (int64_t r = 0; r < n; ++r) {
       const double v = x[r * inner + i];
-      mx = (v > mx || v != v) ? v : mx;
+      mx = (v > mx || std::isnan(v)) ? v : mx;
     }
     for (int64_t r = 0; r < n; ++r) sum += std::exp(x[r * inner + i] - mx);
     const double lse = std::log(sum);

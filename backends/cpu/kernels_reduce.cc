@@ -47,7 +47,7 @@ struct MaxOp {
                                                 : std::numeric_limits<A>::lowest();
   }
   // NaN wins: x NaN is taken; an accumulated NaN is never replaced.
-  static A Apply(A a, A x) { return (x > a || x != x) ? x : a; }
+  static A Apply(A a, A x) { return (x > a || IsNanValue(x)) ? x : a; }
 };
 template <typename A>
 struct MinOp {
@@ -55,7 +55,7 @@ struct MinOp {
     return std::numeric_limits<A>::has_infinity ? std::numeric_limits<A>::infinity()
                                                 : std::numeric_limits<A>::max();
   }
-  static A Apply(A a, A x) { return (x < a || x != x) ? x : a; }
+  static A Apply(A a, A x) { return (x < a || IsNanValue(x)) ? x : a; }
 };
 
 // Row fold with 8 independent lanes so the loop vectorizes.
@@ -328,7 +328,7 @@ void ArgMaxT(const T* x, I* out, Shape3 s) {
                   int64_t at = 0;
                   for (int64_t r = 1; r < s.r; ++r) {
                     const T v = p[r * s.inner];
-                    if (v > best || (v != v && best == best)) best = v, at = r;
+                    if (v > best || (IsNanValue(v) && !IsNanValue(best))) best = v, at = r;
                   }
                   out[u] = static_cast<I>(at);
                 }
@@ -435,7 +435,8 @@ void CumsumT(const T* x, T* y, Shape3 s, bool exclusive, bool reverse) {
                     const int64_t r = reverse ? s.r - 1 - step : step;
                     const int64_t off = (o * s.r + r) * s.inner + i0;
                     for (int64_t i = 0; i < w; ++i) {
-                      const A v = static_cast<A>(x[off + i]);
+                      const A v =
+                          static_cast<A>(x[off + i]);  // NOLINT(bugprone-signed-char-misuse)
                       if (exclusive) y[off + i] = static_cast<T>(acc[i]);
                       acc[i] += v;
                       if (!exclusive) y[off + i] = static_cast<T>(acc[i]);

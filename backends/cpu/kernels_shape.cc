@@ -429,7 +429,8 @@ KernelOr CreatePad(const KernelSpec& spec) {
 template <typename T>
 void LoadIndices(const void* p, int64_t n, int64_t* out) {
   const T* src = static_cast<const T*>(p);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(src[i]);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<int64_t>(src[i]);  // NOLINT(bugprone-signed-char-misuse)
 }
 
 KernelOr CreateGather(const KernelSpec& spec) {
