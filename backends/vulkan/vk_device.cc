@@ -355,9 +355,9 @@ absl::StatusOr<VulkanStream*> AsVulkanStream(backend::Stream& stream, const Vulk
   return s;
 }
 
-absl::StatusOr<BufferBinding> VulkanDevice::Resolve(const backend::BufferView& view, int64_t need,
-                                                    const std::string& what) const {
-  if (need == 0) return BufferBinding{dummy_.buffer(), dummy_.offset, 256, dummy_.mapped()};
+absl::StatusOr<BufferBinding> VulkanDevice::ResolveTransfer(const backend::BufferView& view,
+                                                            int64_t need,
+                                                            const std::string& what) const {
   const auto* buf = dynamic_cast<const VulkanBuffer*>(view.buffer);
   if (buf == nullptr || buf->owner() != this) {
     return absl::InvalidArgumentError(
@@ -370,21 +370,29 @@ absl::StatusOr<BufferBinding> VulkanDevice::Resolve(const backend::BufferView& v
                                               "-byte buffer"));
   }
   const Allocation& a = buf->allocation();
-  const uint64_t offset = a.offset + static_cast<uint64_t>(view.offset);
-  if (offset % caps_.min_storage_offset_alignment != 0) {
+  return BufferBinding{a.buffer(), a.offset + static_cast<uint64_t>(view.offset),
+                       static_cast<uint64_t>(need),
+                       a.mapped() ? a.mapped() + view.offset : nullptr};
+}
+
+absl::StatusOr<BufferBinding> VulkanDevice::Resolve(const backend::BufferView& view, int64_t need,
+                                                    const std::string& what) const {
+  if (need == 0) return BufferBinding{dummy_.buffer(), dummy_.offset, 256, dummy_.mapped()};
+  KILN_ASSIGN_OR_RETURN(BufferBinding b, ResolveTransfer(view, need, what));
+  if (b.offset % caps_.min_storage_offset_alignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         info_.id, ": ", what, " starts at byte ", view.offset,
-        " of its buffer; vulkan binds views at multiples of ", caps_.min_storage_offset_alignment));
+        " of its buffer; vulkan kernels bind views at multiples of ",
+        caps_.min_storage_offset_alignment));
   }
-  return BufferBinding{a.buffer(), offset, static_cast<uint64_t>(need),
-                       a.mapped() ? a.mapped() + view.offset : nullptr};
+  return b;
 }
 
 absl::Status VulkanDevice::CopyToDevice(backend::Stream& stream, const void* src,
                                         backend::BufferView dst) {
   KILN_ASSIGN_OR_RETURN(VulkanStream * s, AsVulkanStream(stream, *this));
   if (dst.bytes == 0) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(BufferBinding d, Resolve(dst, dst.bytes, "copy destination"));
+  KILN_ASSIGN_OR_RETURN(BufferBinding d, ResolveTransfer(dst, dst.bytes, "copy destination"));
   KILN_RETURN_IF_ERROR(s->Upload(src, d, d.range));
   return s->MaybeFlush();
 }
@@ -393,7 +401,7 @@ absl::Status VulkanDevice::CopyToHost(backend::Stream& stream, backend::BufferVi
                                       void* dst) {
   KILN_ASSIGN_OR_RETURN(VulkanStream * s, AsVulkanStream(stream, *this));
   if (src.bytes == 0) return absl::OkStatus();
-  KILN_ASSIGN_OR_RETURN(BufferBinding b, Resolve(src, src.bytes, "copy source"));
+  KILN_ASSIGN_OR_RETURN(BufferBinding b, ResolveTransfer(src, src.bytes, "copy source"));
   KILN_RETURN_IF_ERROR(s->Download(b, dst, b.range));
   return s->MaybeFlush();
 }
@@ -402,23 +410,8 @@ absl::Status VulkanDevice::CopyOnDevice(backend::Stream& stream, backend::Buffer
                                         backend::BufferView dst) {
   KILN_ASSIGN_OR_RETURN(VulkanStream * s, AsVulkanStream(stream, *this));
   if (src.bytes == 0) return absl::OkStatus();
-  // Transfers have no offset alignment rule: resolve without the storage-binding check.
-  auto raw = [&](const backend::BufferView& v, const char* what) -> absl::StatusOr<BufferBinding> {
-    const auto* buf = dynamic_cast<const VulkanBuffer*>(v.buffer);
-    if (buf == nullptr || buf->owner() != this) {
-      return absl::InvalidArgumentError(absl::StrCat(info_.id, ": ", what, " is not ours"));
-    }
-    if (v.offset < 0 || v.offset + src.bytes > buf->size()) {
-      return absl::OutOfRangeError(absl::StrCat(info_.id, ": ", what, " range [", v.offset, ", ",
-                                                v.offset + src.bytes, ") exceeds the buffer of ",
-                                                buf->size()));
-    }
-    return BufferBinding{buf->allocation().buffer(),
-                         buf->allocation().offset + static_cast<uint64_t>(v.offset),
-                         static_cast<uint64_t>(src.bytes), nullptr};
-  };
-  KILN_ASSIGN_OR_RETURN(BufferBinding from, raw(src, "copy source"));
-  KILN_ASSIGN_OR_RETURN(BufferBinding to, raw(dst, "copy destination"));
+  KILN_ASSIGN_OR_RETURN(BufferBinding from, ResolveTransfer(src, src.bytes, "copy source"));
+  KILN_ASSIGN_OR_RETURN(BufferBinding to, ResolveTransfer(dst, src.bytes, "copy destination"));
   KILN_RETURN_IF_ERROR(s->Copy(from, to, from.range));
   return s->MaybeFlush();
 }

@@ -125,6 +125,9 @@ class VulkanDevice final : public backend::Device {
   // dummy range (descriptors cannot be empty). `what` names the operand.
   absl::StatusOr<BufferBinding> Resolve(const backend::BufferView& view, int64_t need,
                                         const std::string& what) const;
+  // As Resolve, for transfers (copies have no alignment rule). REQUIRES: need > 0.
+  absl::StatusOr<BufferBinding> ResolveTransfer(const backend::BufferView& view, int64_t need,
+                                                const std::string& what) const;
 
   // Whether every tensor of `spec` fits one storage-buffer binding and has
   // fewer than 2^31 elements; the reason otherwise.

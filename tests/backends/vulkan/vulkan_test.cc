@@ -280,8 +280,21 @@ TEST(VulkanMemoryTest, RejectsForeignAndOutOfRangeViews) {
   std::vector<char> host(128);
   EXPECT_EQ(d->CopyToDevice(**s, host.data(), BufferView{buf->get(), 0, 128}).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(d->CopyToDevice(**s, host.data(), BufferView{buf->get(), 4, 16}).code(),
-            absl::StatusCode::kInvalidArgument);  // not at a binding alignment
+  // Copies take any offset; kernels need views at the storage-binding alignment.
+  EXPECT_TRUE(d->CopyToDevice(**s, host.data(), BufferView{buf->get(), 4, 16}).ok());
+  backend::PrepareContext ctx;
+  KernelSpec neg;
+  neg.op = v1::OP_UNARY;
+  neg.label = "neg";
+  neg.attrs.mutable_unary()->set_kind(v1::UNARY_NEG);
+  neg.inputs = {{v1::DTYPE_F32, {4}}};
+  neg.outputs = {{v1::DTYPE_F32, {4}}};
+  auto k = d->PrepareKernel(neg, ctx);
+  ASSERT_TRUE(k.ok());
+  const BufferView misaligned{buf->get(), 4, 16}, aligned{buf->get(), 0, 16};
+  EXPECT_EQ((*k)->Launch(**s, {&misaligned, 1}, {&aligned, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*s)->Synchronize().ok());
 }
 
 // ---- streams ----
