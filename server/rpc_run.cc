@@ -13,12 +13,21 @@ namespace {
 
 // The inputs a wire graph declares (read from its Input nodes, before any
 // import), so a one-shot run's inputs are checked with the same messages as
-// a session's.
-GraphSignature DeclaredInputs(const v1::Graph& graph) {
+// a session's. Nullopt when a declaration is malformed: the verifier then
+// names the node.
+std::optional<GraphSignature> DeclaredInputs(const v1::Graph& graph) {
   GraphSignature sig;
   for (const v1::Node& n : graph.nodes()) {
-    if (n.op() != v1::OP_INPUT || n.outputs_size() != 1) continue;
-    sig.inputs.push_back({n.name(), n.outputs(0)});
+    if (n.op() != v1::OP_INPUT) continue;
+    if (n.outputs_size() != 1) return std::nullopt;
+    const v1::TensorType& t = n.outputs(0);
+    if (t.dtype() == v1::DTYPE_UNSPECIFIED || !IsKnownDType(t.dtype())) return std::nullopt;
+    for (const v1::Dim& d : t.dims()) {
+      if (d.kind_case() == v1::Dim::KIND_NOT_SET || (d.has_size() && d.size() < 0)) {
+        return std::nullopt;
+      }
+    }
+    sig.inputs.push_back({n.name(), t});
   }
   return sig;
 }
@@ -132,7 +141,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       params = session_->params();
     } else {
       KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_.graph(), d.config->limits()));
-      KILN_RETURN_IF_ERROR(CheckInputsAgainst(DeclaredInputs(graph), inputs_));
+      if (std::optional<GraphSignature> declared = DeclaredInputs(graph)) {
+        KILN_RETURN_IF_ERROR(CheckInputsAgainst(*declared, inputs_));
+      }
       const CompileOptions options = ToEngineOptions(request_.options());
       KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
       std::vector<std::pair<std::string, Dims>> shapes;

@@ -156,6 +156,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
         ": the address is invalid or in use (--listen=host:port; port 0 picks a free port)"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
+  s->server_->GetHealthCheckService()->SetServingStatus(v1::Kiln::service_full_name(), true);
   spdlog::info("kilnd {} listening on {} (port {}), metrics {}, cache {}, {} tenant(s){}, "
                "{} concurrent run(s)",
                kKilndVersion, config.listen(), s->port_,

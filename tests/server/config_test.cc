@@ -1,0 +1,131 @@
+// kilnd's configuration in-process: defaults, textproto parsing, flag
+// overrides, validation, and the shipped configs/*.textproto.
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "server/tenants.h"
+
+namespace kiln::server {
+namespace {
+
+TEST(ServerConfig, EmptyConfigHasWorkingDefaults) {
+  auto c = LoadConfig("", {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen(), "127.0.0.1:7450");
+  EXPECT_EQ(c->metrics_listen(), "127.0.0.1:9450");
+  EXPECT_FALSE(c->cache_dir().empty());
+  EXPECT_EQ(c->drain_timeout_seconds(), 30);
+  EXPECT_EQ(c->max_concurrent_runs(), 2);
+  EXPECT_EQ(c->reports_per_tenant(), 64);
+  EXPECT_GT(c->limits().max_message_bytes(), 4 << 20);
+  EXPECT_EQ(c->default_quota().max_request_bytes(), c->limits().max_message_bytes());
+  EXPECT_GT(c->default_quota().max_sessions(), 0);
+  EXPECT_GT(c->default_quota().max_queue(), 0);
+}
+
+TEST(ServerConfig, FlagsOverrideTheFile) {
+  auto parsed = ParseConfigText("listen: \"127.0.0.1:1\"\ndrain_timeout_seconds: 5\n", "x");
+  ASSERT_TRUE(parsed.ok());
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/kilnd_flags.textproto";
+  std::ofstream(path) << "listen: \"127.0.0.1:1\"\ndrain_timeout_seconds: 5\ncpu_threads: 3\n";
+  FlagOverrides flags;
+  flags.listen = "127.0.0.1:2";
+  auto c = LoadConfig(path, flags);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen(), "127.0.0.1:2");
+  EXPECT_EQ(c->drain_timeout_seconds(), 5);
+  EXPECT_EQ(c->cpu_threads(), 3);
+}
+
+TEST(ServerConfig, TenantQuotasInheritTheDefaultQuota) {
+  auto c = ParseConfigText(R"(
+default_quota { max_sessions: 7 }
+tenants { name: "a" api_key_sha256: "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+          quota { max_queue: 3 } }
+)", "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ApplyDefaults(*c);
+  ASSERT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(c->tenants(0).quota().max_sessions(), 7);
+  EXPECT_EQ(c->tenants(0).quota().max_queue(), 3);
+  EXPECT_EQ(c->tenants(0).weight(), 1);
+  EXPECT_EQ(c->tenants(0).api_key_sha256(0),
+            "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789");
+}
+
+TEST(ServerConfig, RejectsWhatCannotWork) {
+  auto check = [](const std::string& text, const std::string& needle) {
+    auto c = ParseConfigText(text, "t");
+    ASSERT_TRUE(c.ok()) << c.status();
+    ApplyDefaults(*c);
+    absl::Status s = ValidateConfig(*c);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  check("listen: \"0.0.0.0:7450\"", "refusing to listen on 0.0.0.0:7450 without authentication");
+  check("tenants { name: \"a\" }", "has no api_key_sha256");
+  check("tenants { name: \"a\" api_key_sha256: \"secret\" }", "not 64 hex digits");
+  check(R"(tenants { name: "a" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" }
+           tenants { name: "a" api_key_sha256: "1111111111111111111111111111111111111111111111111111111111111111" })",
+        "two tenants are named \"a\"");
+  check(R"(tenants { name: "a" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" }
+           tenants { name: "b" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" })",
+        "listed for two tenants");
+  check("limits { max_nodes: -1 }", "limits.max_nodes");
+  check("default_quota { max_queue: -2 }", "default_quota.max_queue");
+  check("max_concurrent_runs: -1", "max_concurrent_runs");
+
+  auto bad = ParseConfigText("listen: 7450\n", "f.textproto");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("f.textproto:1:"), std::string::npos) << bad.status();
+}
+
+TEST(ServerConfig, LoopbackAddresses) {
+  for (const char* a : {"127.0.0.1:7450", "127.1.2.3:0", "localhost:1", "[::1]:7450",
+                        "unix:/tmp/kilnd.sock", "ipv4:127.0.0.1:5"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a : {"0.0.0.0:7450", "[::]:7450", "10.0.0.1:7450", "example.com:1",
+                        "127.0.0.1.evil.com:1", "1270.0.0.1:3"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
+TEST(ServerConfig, Sha256OfKnownVector) {
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(ServerConfig, ShippedConfigsLoad) {
+  const char* src = std::getenv("KILN_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  for (const char* name : {"kilnd.textproto", "multi_tenant.textproto"}) {
+    SCOPED_TRACE(name);
+    auto c = LoadConfig(std::string(src) + "/configs/" + name, {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto tenants = TenantRegistry::Create(*c);
+    ASSERT_TRUE(tenants.ok());
+    if (std::string(name) == "multi_tenant.textproto") {
+      EXPECT_FALSE((*tenants)->open());
+      EXPECT_EQ((*tenants)->tenants().size(), 2u);
+      // The keys the example documents map to their tenants.
+      auto alice = (*tenants)->Authenticate("Bearer alice-example-key");
+      ASSERT_TRUE(alice.ok()) << alice.status();
+      EXPECT_EQ((*alice)->name(), "alice");
+      auto bob = (*tenants)->Authenticate("bearer bob-example-key");
+      ASSERT_TRUE(bob.ok()) << bob.status();
+      EXPECT_EQ((*bob)->name(), "bob");
+      EXPECT_EQ((*tenants)->Authenticate(std::nullopt).status().code(),
+                absl::StatusCode::kUnauthenticated);
+    } else {
+      EXPECT_TRUE((*tenants)->open());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::server

@@ -1,0 +1,150 @@
+// /metrics scraped over HTTP: the counters and gauges move as the requests
+// did; a queued run whose client goes away is dropped and counted.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "tests/server/kilnd_process.h"
+#include "tests/server/test_graphs.h"
+
+namespace kiln {
+namespace {
+
+using testing::AddTensor;
+using testing::Context;
+using testing::KilndProcess;
+using testing::MetricValue;
+using testing::TempDir;
+
+class ServerMetrics : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    kilnd_ = KilndProcess::Start(
+        {.cache_dir = cache_.path(), .extra_flags = {"--max_concurrent_runs=1"}}, &error);
+    ASSERT_NE(kilnd_, nullptr) << error;
+    stub_ = kilnd_->Stub();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << "kilnd log:\n" << kilnd_->Log();
+  }
+  std::string Scrape() { return testing::HttpGet(kilnd_->metrics_port(), "/metrics"); }
+
+  TempDir cache_;
+  std::unique_ptr<KilndProcess> kilnd_;
+  std::unique_ptr<v1::Kiln::Stub> stub_;
+};
+
+TEST_F(ServerMetrics, CountersMoveWithRequests) {
+  const std::string before = Scrape();
+  ASSERT_NE(before.find("kiln_sessions{tenant=\"default\"} 0"), std::string::npos) << before;
+  const std::map<std::string, std::string> run_ok = {
+      {"tenant", "default"}, {"method", "Run"}, {"code", "OK"}};
+  const std::map<std::string, std::string> run_bad = {
+      {"tenant", "default"}, {"method", "Run"}, {"code", "INVALID_ARGUMENT"}};
+
+  // Three good one-shot runs (one compile, two memory hits), two bad ones.
+  for (int i = 0; i < 3; ++i) {
+    v1::RunResponse resp;
+    grpc::Status s = stub_->Run(Context().get(), testing::AffineRequest(), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  for (int i = 0; i < 2; ++i) {
+    v1::RunRequest bad = testing::AffineRequest();
+    bad.mutable_inputs(0)->set_name("nope");
+    v1::RunResponse resp;
+    ASSERT_EQ(stub_->Run(Context().get(), bad, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // A session with its params: sessions and param bytes are gauges.
+  v1::CreateSessionRequest create;
+  create.mutable_graph()->set_text(testing::kAffineText);
+  const v1::RunRequest affine = testing::AffineRequest();
+  for (const auto& p : affine.params()) *create.add_params() = p;
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(stub_->CreateSession(Context().get(), create, &created).ok());
+
+  const std::string after = Scrape();
+  EXPECT_EQ(MetricValue(after, "kiln_requests_total", run_ok) -
+                MetricValue(before, "kiln_requests_total", run_ok),
+            3);
+  EXPECT_EQ(MetricValue(after, "kiln_requests_total", run_bad) -
+                MetricValue(before, "kiln_requests_total", run_bad),
+            2);
+  EXPECT_EQ(MetricValue(after, "kiln_requests_total",
+                        {{"method", "CreateSession"}, {"code", "OK"}}),
+            1);
+  EXPECT_EQ(MetricValue(after, "kiln_run_seconds_count", {{"tenant", "default"}}), 3);
+  // One-shot inputs are checked against the graph once it is parsed, after
+  // the queue: the two bad runs queued too.
+  EXPECT_EQ(MetricValue(after, "kiln_queue_seconds_count", {{"tenant", "default"}}), 5);
+  EXPECT_GT(MetricValue(after, "kiln_run_seconds_sum", {{"tenant", "default"}}), 0);
+  EXPECT_EQ(MetricValue(after, "kiln_compiles_total", {{"outcome", "miss"}}), 1);
+  EXPECT_EQ(MetricValue(after, "kiln_compiles_total", {{"outcome", "hit_memory"}}), 2);
+  EXPECT_EQ(MetricValue(after, "kiln_compile_seconds_count"), 3);
+  EXPECT_EQ(MetricValue(after, "kiln_compile_cache_misses_total"), 1);
+  EXPECT_EQ(MetricValue(after, "kiln_compile_cache_hits_total", {{"level", "memory"}}), 2);
+  EXPECT_EQ(MetricValue(after, "kiln_compile_cache_hits_total", {{"level", "disk"}}), 0);
+  EXPECT_EQ(MetricValue(after, "kiln_compile_cache_corrupt_total"), 0);
+  EXPECT_GE(MetricValue(after, "kiln_compile_cache_disk_entries"), 1);
+  // The affine graph is one fused matmul kernel per run, on the CPU.
+  EXPECT_GE(MetricValue(after, "kiln_kernels_total", {{"backend", "cpu"}}), 3);
+  EXPECT_EQ(MetricValue(after, "kiln_sessions", {{"tenant", "default"}}), 1);
+  EXPECT_EQ(MetricValue(after, "kiln_param_bytes", {{"tenant", "default"}}), 24 + 8);
+  EXPECT_GT(MetricValue(after, "kiln_device_memory_in_use_bytes", {{"device", "cpu:0"}}), 0);
+  EXPECT_EQ(MetricValue(after, "kiln_runs_in_flight", {{"tenant", "default"}}), 0);
+
+  v1::CloseSessionRequest close;
+  close.set_session_id(created.session_id());
+  v1::CloseSessionResponse closed;
+  ASSERT_TRUE(stub_->CloseSession(Context().get(), close, &closed).ok());
+  const std::string end = Scrape();
+  EXPECT_EQ(MetricValue(end, "kiln_sessions", {{"tenant", "default"}}), 0);
+  EXPECT_EQ(MetricValue(end, "kiln_param_bytes", {{"tenant", "default"}}), 0);
+}
+
+TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
+  // One worker: a slow run holds it, a second run queues and its client
+  // cancels; the second never runs.
+  const v1::RunRequest slow = testing::SlowRequest(1024, 48);
+  v1::RunResponse slow_resp;
+  grpc::ClientContext slow_ctx;
+  std::promise<grpc::Status> slow_done;
+  stub_->async()->Run(&slow_ctx, &slow, &slow_resp,
+                      [&](grpc::Status s) { slow_done.set_value(std::move(s)); });
+  for (int i = 0; i < 500; ++i) {
+    if (MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  v1::RunRequest second = testing::AffineRequest();
+  v1::RunResponse second_resp;
+  grpc::ClientContext second_ctx;
+  std::promise<grpc::Status> second_done;
+  stub_->async()->Run(&second_ctx, &second, &second_resp,
+                      [&](grpc::Status s) { second_done.set_value(std::move(s)); });
+  for (int i = 0; i < 500; ++i) {
+    if (MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 1);
+  second_ctx.TryCancel();
+  EXPECT_EQ(second_done.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  // The server drops it from the queue at once, not when the worker frees.
+  std::string m;
+  for (int i = 0; i < 500; ++i) {
+    m = Scrape();
+    if (MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}), 1);
+  EXPECT_EQ(MetricValue(m, "kiln_runs_queued", {{"tenant", "default"}}), 0);
+  EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), 1);
+  EXPECT_TRUE(slow_done.get_future().get().ok());
+  m = Scrape();
+  EXPECT_EQ(MetricValue(m, "kiln_run_seconds_count", {{"tenant", "default"}}), 1);
+  EXPECT_NE(kilnd_->Log().find("code=CANCELLED"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
