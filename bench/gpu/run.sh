@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool, carry .gpu): unpacks the bundle made by
+# scripts/gpu_bundle.sh and runs the GPU test label and the GPU benchmarks,
+# writing JSON and logs under $OUT.
+set -u
+root=$(pwd)
+stage=/tmp/kiln-gpu
+mkdir -p "$stage" && tar -xJf .gpu/kiln-gpu.tar.xz -C "$stage"
+for f in .gpu/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$stage/lib
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nproc
+} > "$out/env.txt" 2>&1
+# The conformance suite on every device (cpu:0 and the H200 through Vulkan).
+KILN_CONFORMANCE_GPU_ONLY=1 timeout 300 "$stage/bin/kiln_conformance_test" \
+  --gtest_output=json:"$out/conformance.json" > "$out/conformance.log" 2>&1
+echo "conformance exit $?" >> "$out/env.txt"
+timeout 200 "$stage/bin/vk_matmul_vs_cublas" > "$out/matmul.json" 2>> "$out/env.txt"
+timeout 120 "$stage/bin/kiln_bench" encoder --device vulkan:0 --batch 8 --iters 50 \
+  --threads 16 --export /tmp/enc > "$out/encoder.json" 2>> "$out/env.txt"
+timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc >> "$out/encoder.json" 2>> "$out/env.txt"
+timeout 300 "$stage/bin/kiln_bench" placement --threads 16 > "$out/placement.json" 2>> "$out/env.txt"
+echo done >> "$out/env.txt"

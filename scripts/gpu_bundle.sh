@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds what the GPU machine runs (GPU.md): a release build with the Vulkan
+# backend and the cuBLAS peer, packed with the Debian libraries it loads into
+# .gpu/kiln-gpu.tar.xz (glibc, the CUDA libraries and libcuda stay behind: the
+# machine has its own), plus Debian's libvulkan1 .deb (the loader; the NVIDIA
+# ICD is there). bench/gpu/run.sh unpacks and runs it.
+#   scripts/gpu_bundle.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_TESTS=ON \
+  -DKILN_BUILD_BENCH=ON >/dev/null
+targets=(kiln_conformance_test kiln_bench vk_matmul_vs_cublas)
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
+rm -rf .gpu/stage && mkdir -p .gpu/stage/bin .gpu/stage/lib
+cp "$build/tests/kiln_conformance_test" "$build/bench/engine/kiln_bench" \
+   "$build/bench/gpu/vk_matmul_vs_cublas" .gpu/stage/bin/
+strip .gpu/stage/bin/*
+skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libcuda|libcublas.*|libcudart|libvulkan)\.so'
+for b in .gpu/stage/bin/*; do
+  ldd "$b" | awk '/=> \//{print $3}' | while read -r lib; do
+    name=$(basename "$lib")
+    [[ $name =~ $skip ]] && continue
+    [[ -f .gpu/stage/lib/$name ]] || cp -L "$lib" .gpu/stage/lib/
+  done
+done
+tar -C .gpu/stage -cJf .gpu/kiln-gpu.tar.xz .
+(cd .gpu && rm -f libvulkan1_*.deb && apt-get download libvulkan1 >/dev/null)
+du -sh .gpu/kiln-gpu.tar.xz .gpu/*.deb
