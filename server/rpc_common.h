@@ -8,8 +8,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <climits>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "kiln/v1/service.pb.h"
 #include "server/service.h"
@@ -60,10 +62,20 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
 absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message& message,
                           const std::string& what);
 
+// Serializes a response or stream message; RESOURCE_EXHAUSTED when it is
+// past protobuf's 2 GiB message limit (outputs that large cannot be sent).
 template <typename M>
-void SerializeMessage(const M& message, grpc::ByteBuffer* out) {
+absl::Status SerializeMessage(const M& message, grpc::ByteBuffer* out) {
+  const size_t bytes = message.ByteSizeLong();
+  if (bytes > static_cast<size_t>(INT32_MAX)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the ", message.GetTypeName(), " would be ", bytes,
+        " bytes, over protobuf's 2 GiB message limit; return fewer or smaller outputs"));
+  }
   bool own_buffer = false;
-  grpc::SerializationTraits<M>::Serialize(message, out, &own_buffer);
+  grpc::Status s = grpc::SerializationTraits<M>::Serialize(message, out, &own_buffer);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("cannot serialize the ", message.GetTypeName()));
+  return absl::OkStatus();
 }
 
 // A unary call: Begin, parse the request, then `fn(call, request, response)`
@@ -87,7 +99,7 @@ grpc::ServerUnaryReactor* UnaryCall(KilnService& service, grpc::CallbackServerCo
   auto work = [&service, reactor, response_bytes, call = std::move(call), messages,
                fn = std::move(fn)]() mutable {
     absl::Status s = fn(call, messages->first, messages->second);
-    if (s.ok()) SerializeMessage(messages->second, response_bytes);
+    if (s.ok()) s = SerializeMessage(messages->second, response_bytes);
     service.End(call, s);
     reactor->Finish(ToGrpc(s));
   };

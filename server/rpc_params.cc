@@ -174,8 +174,8 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
   }
 
   // Last use of `this` before OnDone may delete it.
-  void Complete(const absl::Status& s) {
-    if (s.ok()) SerializeMessage(response_, response_bytes_);
+  void Complete(absl::Status s) {
+    if (s.ok()) s = SerializeMessage(response_, response_bytes_);
     service_.End(call_, s);
     Finish(ToGrpc(s));
   }
@@ -278,7 +278,10 @@ class GetParamsReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     offset_ += len;
     current_done_ = offset_ >= current_->num_bytes();  // an empty param is one chunk
     out_.Clear();
-    SerializeMessage(chunk_, &out_);
+    if (absl::Status s = SerializeMessage(chunk_, &out_); !s.ok()) {
+      Complete(s);
+      return;
+    }
     StartWrite(&out_);
   }
 

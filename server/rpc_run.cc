@@ -196,8 +196,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   }
 
   // Last use of `this` before OnDone may delete it.
-  void Complete(const absl::Status& s) {
-    if (s.ok()) SerializeMessage(response_, &response_bytes_);
+  void Complete(absl::Status s) {
+    if (s.ok()) s = SerializeMessage(response_, &response_bytes_);
     service_.End(call_, s);
     Finish(ToGrpc(s));
   }
