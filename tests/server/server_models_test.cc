@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "tests/e2e/models.h"
 #include "tests/server/kilnd_process.h"
@@ -242,6 +244,81 @@ TEST_F(ServerModels, CompileDevicesInfoHealthReflection) {
   v1::GetReportResponse reports;
   ASSERT_TRUE(stub->GetReport(Context().get(), last, &reports).ok());
   EXPECT_LE(reports.reports_size(), 2);
+}
+
+// Many clients at once, each with its own session and shapes, while others
+// run one-shot graphs: every answer is its own request's.
+TEST_F(ServerModels, ConcurrentClientsGetTheirOwnAnswers) {
+  constexpr int kClients = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures = 0;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto stub = kilnd_->Stub();
+      std::string session;
+      if (c % 2 == 0) {
+        v1::CreateSessionRequest create;
+        create.mutable_graph()->set_text(kAffineText);
+        v1::CreateSessionResponse created;
+        if (!stub->CreateSession(Context().get(), create, &created).ok()) {
+          ++failures;
+          return;
+        }
+        session = created.session_id();
+        std::map<std::string, HostTensor> params;
+        // w = c * identity-ish, b = 0: y = relu(x @ w)
+        params.emplace("w", HostTensor::FromVector(v1::DTYPE_F32, {3, 2},
+                                                   std::vector<float>{1.0f * c, 0, 0, 1.0f * c, 0, 0}));
+        params.emplace("b", HostTensor::FromVector(v1::DTYPE_F32, {2}, std::vector<float>{0, 0}));
+        if (!testing::UploadParams(*stub, session, params, 4).ok()) {
+          ++failures;
+          return;
+        }
+      }
+      for (int i = 0; i < 25; ++i) {
+        const int64_t batch = 1 + (i + c) % 4;
+        v1::RunRequest req;
+        if (session.empty()) {
+          req = testing::AffineRequest();
+          req.clear_inputs();
+          req.mutable_params(0)->mutable_tensor()->set_data(
+              std::string(ToProto(HostTensor::FromVector(
+                                      v1::DTYPE_F32, {3, 2},
+                                      std::vector<float>{1.0f * c, 0, 0, 1.0f * c, 0, 0}))
+                              .data()));
+          req.mutable_params(1)->mutable_tensor()->set_data(std::string(8, '\0'));
+        } else {
+          req.set_session_id(session);
+        }
+        std::vector<double> x(batch * 3);
+        for (int64_t k = 0; k < batch * 3; ++k) x[k] = static_cast<double>(k + i);
+        testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {batch, 3}, x);
+        v1::RunResponse resp;
+        grpc::Status s = stub->Run(Context().get(), req, &resp);
+        if (!s.ok() || resp.outputs_size() != 1) {
+          ++failures;
+          continue;
+        }
+        const HostTensor y = FromProto(resp.outputs(0).tensor());
+        for (int64_t r = 0; r < batch; ++r) {
+          for (int j = 0; j < 2; ++j) {
+            const double want = std::max(0.0, c * x[r * 3 + j]);
+            if (y.dims() != Dims{batch, 2} || std::abs(y.GetAsDouble(r * 2 + j) - want) > 1e-3) {
+              ++failures;
+            }
+          }
+        }
+      }
+      if (!session.empty()) {
+        v1::CloseSessionRequest close;
+        close.set_session_id(session);
+        v1::CloseSessionResponse closed;
+        if (!stub->CloseSession(Context().get(), close, &closed).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST(ServerRestart, SameRequestHitsTheDiskCacheAfterRestart) {
