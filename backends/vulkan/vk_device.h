@@ -7,6 +7,11 @@
 // Lifetimes: the VkInstance (owned by the backend) outlives the device; the
 // device outlives every Buffer, Stream and Kernel it created.
 // Thread safety: every public method is thread-safe (backend.h).
+//
+// Debugging switches (environment, read at creation or preparation):
+//   KILN_VULKAN_NO_SUBGROUPS=1  kernels take their shared-memory paths
+//   KILN_VULKAN_NO_COOPMAT      f16 matmuls skip the cooperative-matrix path
+//   KILN_VULKAN_LOG_PIPELINES   log every pipeline creation and its time
 #pragma once
 
 #include "backends/vulkan/vk_loader.h"
