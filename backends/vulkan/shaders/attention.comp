@@ -38,9 +38,13 @@ shared float Qs[BR][DMAX];
 shared float Ks[BC][DMAX];
 shared float Vs[BC][DMAX];
 shared float S[BR][BC];
-shared float row_max[BR];
-shared float row_sum[BR];
+shared float red[gl_WorkGroupSize.x];
 shared float row_alpha[BR];
+shared float row_sum[BR];
+
+// Invocations per query row in the softmax step (the workgroup size is a
+// multiple of BR).
+const uint TPR = gl_WorkGroupSize.x / BR;
 
 const uint O_PER_THREAD = (BR * DMAX + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
 
@@ -66,13 +70,13 @@ void main() {
   const int shift = int(pc.Sk) - int(pc.Sq);
 
   for (uint e = lid; e < BR * DMAX; e += WG) {
-    const uint i = e / DMAX, d = e % DMAX;
-    Qs[i][d] = (i0 + i < pc.Sq && d < pc.D) ? LOAD_VAL(q[q_base + (i0 + i) * pc.D + d]) : 0.0;
+    const uint qi = e / DMAX, d = e % DMAX;
+    Qs[qi][d] = (i0 + qi < pc.Sq && d < pc.D) ? LOAD_VAL(q[q_base + (i0 + qi) * pc.D + d]) : 0.0;
   }
-  if (lid < BR) {
-    row_max[lid] = -K_INF;
-    row_sum[lid] = 0.0;
-  }
+  // Row i of this invocation's softmax group, its column offset, and the
+  // row's running max and sum (every member of the group keeps the same).
+  const uint i = lid / TPR, c = lid % TPR;
+  float m_row = -K_INF, l_row = 0.0;
   float acc[O_PER_THREAD];
   for (uint r = 0u; r < O_PER_THREAD; ++r) acc[r] = 0.0;
 
@@ -93,8 +97,10 @@ void main() {
       Vs[j][d] = (in_k && d < pc.Dv) ? LOAD_VAL(v[(kv_base + key) * pc.Dv + d]) : 0.0;
     }
     barrier();
-    for (uint e = lid; e < BR * BC; e += WG) {
-      const uint i = e / BC, j = e % BC;
+    // Logits of row i for columns j = c, c + TPR, ...; the row's TPR
+    // invocations then agree on its max and sum through `red`.
+    float local_max = -K_INF;
+    for (uint j = c; j < BC; j += TPR) {
       const uint row = i0 + i, key = uint(j0) + j;
       float l = -K_INF;
       if (row < pc.Sq && key < pc.Sk && visible(int(row) + shift, int(key)) &&
@@ -109,43 +115,47 @@ void main() {
         }
       }
       S[i][j] = l;
+      local_max = max(local_max, l);
     }
+    red[lid] = local_max;
     barrier();
-    if (lid < BR) {
-      // Online softmax for row lid: new max, rescale factor, probabilities.
-      float mb = -K_INF;
-      for (uint j = 0u; j < BC; ++j) mb = max(mb, S[lid][j]);
-      const float m_old = row_max[lid];
-      const float m_new = max(m_old, mb);
-      const float alpha = m_old == -K_INF ? 0.0 : k_exp(m_old - m_new);
-      float sum = 0.0;
-      for (uint j = 0u; j < BC; ++j) {
-        const float p = S[lid][j] == -K_INF ? 0.0 : k_exp(S[lid][j] - m_new);
-        S[lid][j] = p;
-        sum += p;
-      }
-      row_max[lid] = m_new;
-      row_sum[lid] = row_sum[lid] * alpha + sum;
-      row_alpha[lid] = alpha;
+    float block_max = -K_INF;
+    for (uint t = 0u; t < TPR; ++t) block_max = max(block_max, red[i * TPR + t]);
+    const float m_new = max(m_row, block_max);
+    const float alpha = m_row == -K_INF ? 0.0 : k_exp(m_row - m_new);
+    float local_sum = 0.0;
+    for (uint j = c; j < BC; j += TPR) {
+      const float p = S[i][j] == -K_INF ? 0.0 : k_exp(S[i][j] - m_new);
+      S[i][j] = p;
+      local_sum += p;
     }
+    barrier();  // every invocation has read `red`
+    red[lid] = local_sum;
+    if (c == 0u) row_alpha[i] = alpha;
     barrier();
+    float block_sum = 0.0;
+    for (uint t = 0u; t < TPR; ++t) block_sum += red[i * TPR + t];
+    l_row = l_row * alpha + block_sum;
+    m_row = m_new;
     for (uint r = 0u; r < O_PER_THREAD; ++r) {
       const uint e = lid + r * WG;
       if (e >= BR * DMAX) break;
-      const uint i = e / DMAX, d = e % DMAX;
-      float s = acc[r] * row_alpha[i];
-      for (uint j = 0u; j < BC; ++j) s = fma(S[i][j], Vs[j][d], s);
+      const uint oi = e / DMAX, d = e % DMAX;
+      float s = acc[r] * row_alpha[oi];
+      for (uint j = 0u; j < BC; ++j) s = fma(S[oi][j], Vs[j][d], s);
       acc[r] = s;
     }
     barrier();
   }
+  if (c == 0u) row_sum[i] = l_row;
+  barrier();
   for (uint r = 0u; r < O_PER_THREAD; ++r) {
     const uint e = lid + r * WG;
     if (e >= BR * DMAX) break;
-    const uint i = e / DMAX, d = e % DMAX;
-    const uint row = i0 + i;
+    const uint oi = e / DMAX, d = e % DMAX;
+    const uint row = i0 + oi;
     if (row >= pc.Sq || d >= pc.Dv) continue;
-    const float l = row_sum[i];
+    const float l = row_sum[oi];
     o[((b * pc.Hq + h) * pc.Sq + row) * pc.Dv + d] = STORE_VAL(l > 0.0 ? acc[r] / l : 0.0);
   }
 }
