@@ -101,6 +101,13 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.drain_timeout_seconds) config.set_drain_timeout_seconds(*flags.drain_timeout_seconds);
   if (flags.max_concurrent_runs) config.set_max_concurrent_runs(*flags.max_concurrent_runs);
   if (flags.cpu_threads) config.set_cpu_threads(*flags.cpu_threads);
+  if (flags.calibration) config.set_calibration(*flags.calibration);
+  if (config.calibration().empty()) config.set_calibration("auto");
+  if (config.calibration() != "auto" && config.calibration() != "always" &&
+      config.calibration() != "never") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration must be auto, always or never; got \"", config.calibration(), "\""));
+  }
   // Validate before defaults fill in: a negative drain must not become 30 s.
   if (config.drain_timeout_seconds() < 0) {
     return absl::InvalidArgumentError("drain_timeout_seconds must be >= 0");

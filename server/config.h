@@ -48,6 +48,7 @@ struct FlagOverrides {
   std::optional<double> drain_timeout_seconds;
   std::optional<int> max_concurrent_runs;
   std::optional<int> cpu_threads;
+  std::optional<std::string> calibration;
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the

@@ -38,6 +38,9 @@ ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
 ABSL_FLAG(std::optional<int>, max_concurrent_runs, std::nullopt,
           "Runs executing at once over all tenants (default 2).");
 ABSL_FLAG(std::optional<int>, cpu_threads, std::nullopt, "CPU kernel threads (default: every core).");
+ABSL_FLAG(std::optional<std::string>, calibration, std::nullopt,
+          "Device calibration for placement: auto (once per device, cached in the cache dir), "
+          "always, or never (nominal profiles).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -88,6 +91,7 @@ int main(int argc, char** argv) {
   }
   flags.max_concurrent_runs = absl::GetFlag(FLAGS_max_concurrent_runs);
   flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  flags.calibration = absl::GetFlag(FLAGS_calibration);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));

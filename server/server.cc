@@ -105,6 +105,9 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   eo.cache_dir = config.cache_dir();
   eo.cache_max_bytes = config.cache_max_bytes();
   eo.cpu_threads = config.cpu_threads();
+  eo.calibration = config.calibration() == "never"    ? EngineOptions::Calibration::kNever
+                   : config.calibration() == "always" ? EngineOptions::Calibration::kAlways
+                                                      : EngineOptions::Calibration::kIfCacheDir;
   eo.verify = VerifyOptionsFrom(config.limits());
   eo.disabled_backends.assign(config.disabled_backends().begin(), config.disabled_backends().end());
   auto engine = Engine::Create(eo);

@@ -101,25 +101,31 @@ backend::KernelSpec TinySpec() {
   return s;
 }
 
-// Peak matmul GFLOP/s: grow the size until one product takes >= 20 ms (or 2048).
+// Each measurement aims at ~5 ms per timed batch: enough to rise above the
+// clock and launch noise, short enough that a first start calibrates every
+// device in well under a second.
+constexpr double kBatchSeconds = 0.005;
+
+// Peak matmul GFLOP/s: grow the size until one product takes >= 5 ms, at
+// least 256 (small products measure launch cost, not the device), at most 4096.
 absl::StatusOr<double> MatMulGflops(backend::Device& device, DType dtype) {
   double best = 0;
-  for (int64_t n = 128; n <= 2048; n *= 2) {
+  for (int64_t n = 256; n <= 4096; n *= 2) {
     KILN_ASSIGN_OR_RETURN(auto bench, Bench::Create(device, MatMulSpec(dtype, n)));
     KILN_ASSIGN_OR_RETURN(double once, bench->Time(1, 1));  // warm-up, and sizes the reps
-    const int reps = std::clamp(static_cast<int>(0.02 / std::max(once, 1e-6)), 1, 20);
+    const int reps = std::clamp(static_cast<int>(kBatchSeconds / std::max(once, 1e-6)), 1, 50);
     KILN_ASSIGN_OR_RETURN(double s, bench->Time(reps, 3));
     best = std::max(best, 2.0 * n * n * n / s / 1e9);
-    if (s * reps >= 0.02 && n >= 512) break;
+    if (once >= kBatchSeconds) break;
   }
   return best;
 }
 
 absl::StatusOr<double> BandwidthGbps(backend::Device& device) {
-  const int64_t n = int64_t{1} << 22;  // 3 x 16 MiB of traffic per add
+  const int64_t n = int64_t{1} << 21;  // 3 x 8 MiB of traffic per add: past the caches
   KILN_ASSIGN_OR_RETURN(auto bench, Bench::Create(device, AddSpec(n)));
   KILN_ASSIGN_OR_RETURN(double once, bench->Time(1, 1));
-  const int reps = std::clamp(static_cast<int>(0.02 / std::max(once, 1e-6)), 1, 50);
+  const int reps = std::clamp(static_cast<int>(kBatchSeconds / std::max(once, 1e-6)), 1, 50);
   KILN_ASSIGN_OR_RETURN(double s, bench->Time(reps, 3));
   return 3.0 * 4.0 * n / s / 1e9;
 }
@@ -136,12 +142,12 @@ absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device) {
   KILN_RETURN_IF_ERROR(tiny->Time(10, 1).status());
   // Back-to-back launches amortize the queue's submit + wait; single synced
   // launches pay it each time: the difference is the per-run sync cost.
-  KILN_ASSIGN_OR_RETURN(double batched, tiny->Time(200, 3));
-  KILN_ASSIGN_OR_RETURN(double synced, tiny->Time(1, 50));
+  KILN_ASSIGN_OR_RETURN(double batched, tiny->Time(100, 3));
+  KILN_ASSIGN_OR_RETURN(double synced, tiny->Time(1, 20));
   p.launch_overhead_us = batched * 1e6;
   p.sync_overhead_us = std::max(0.0, (synced - batched) * 1e6);
   if (!device.info().host_memory) {
-    const int64_t bytes = int64_t{32} << 20;
+    const int64_t bytes = int64_t{16} << 20;
     KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(bytes));
     KILN_ASSIGN_OR_RETURN(auto stream, device.CreateStream());
     std::vector<char> host(bytes, 1);
