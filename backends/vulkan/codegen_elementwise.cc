@@ -27,9 +27,12 @@ CType CTypeOf(DType d) {
 
 const char* GlslType(CType t) {
   switch (t) {
-    case CType::kFloat: return "float";
-    case CType::kInt: return "int";
-    case CType::kInt64: return "int64_t";
+    case CType::kFloat:
+      return "float";
+    case CType::kInt:
+      return "int";
+    case CType::kInt64:
+      return "int64_t";
   }
   return "?";
 }
@@ -37,14 +40,24 @@ const char* GlslType(CType t) {
 // The element type of a storage buffer of `d`.
 const char* BufferType(DType d) {
   switch (d) {
-    case v1::DTYPE_F32: return "float";
-    case v1::DTYPE_F16: case v1::DTYPE_BF16: return "uint16_t";
-    case v1::DTYPE_I16: return "int16_t";
-    case v1::DTYPE_I8: return "int8_t";
-    case v1::DTYPE_U8: case v1::DTYPE_BOOL: return "uint8_t";
-    case v1::DTYPE_I32: return "int";
-    case v1::DTYPE_I64: return "int64_t";
-    default: return "?";
+    case v1::DTYPE_F32:
+      return "float";
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      return "uint16_t";
+    case v1::DTYPE_I16:
+      return "int16_t";
+    case v1::DTYPE_I8:
+      return "int8_t";
+    case v1::DTYPE_U8:
+    case v1::DTYPE_BOOL:
+      return "uint8_t";
+    case v1::DTYPE_I32:
+      return "int";
+    case v1::DTYPE_I64:
+      return "int64_t";
+    default:
+      return "?";
   }
 }
 
@@ -70,24 +83,37 @@ std::string IntLit(int64_t v, CType t) {
 // The value `x` (already in its ctype) rounded to what `d` can store.
 std::string RoundTo(const std::string& x, DType d) {
   switch (d) {
-    case v1::DTYPE_F16: return absl::StrCat("k_round_f16(", x, ")");
-    case v1::DTYPE_BF16: return absl::StrCat("k_round_bf16(", x, ")");
-    case v1::DTYPE_I8: return absl::StrCat("bitfieldExtract(", x, ", 0, 8)");
-    case v1::DTYPE_I16: return absl::StrCat("bitfieldExtract(", x, ", 0, 16)");
-    case v1::DTYPE_U8: return absl::StrCat("((", x, ") & 0xff)");
-    case v1::DTYPE_BOOL: return absl::StrCat("((", x, ") != 0 ? 1 : 0)");
-    default: return x;
+    case v1::DTYPE_F16:
+      return absl::StrCat("k_round_f16(", x, ")");
+    case v1::DTYPE_BF16:
+      return absl::StrCat("k_round_bf16(", x, ")");
+    case v1::DTYPE_I8:
+      return absl::StrCat("bitfieldExtract(", x, ", 0, 8)");
+    case v1::DTYPE_I16:
+      return absl::StrCat("bitfieldExtract(", x, ", 0, 16)");
+    case v1::DTYPE_U8:
+      return absl::StrCat("((", x, ") & 0xff)");
+    case v1::DTYPE_BOOL:
+      return absl::StrCat("((", x, ") != 0 ? 1 : 0)");
+    default:
+      return x;
   }
 }
 
 std::pair<int64_t, int64_t> IntRange(DType d) {
   switch (d) {
-    case v1::DTYPE_I8: return {-128, 127};
-    case v1::DTYPE_U8: return {0, 255};
-    case v1::DTYPE_I16: return {-32768, 32767};
-    case v1::DTYPE_I32: return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
-    case v1::DTYPE_BOOL: return {0, 1};
-    default: return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+    case v1::DTYPE_I8:
+      return {-128, 127};
+    case v1::DTYPE_U8:
+      return {0, 255};
+    case v1::DTYPE_I16:
+      return {-32768, 32767};
+    case v1::DTYPE_I32:
+      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    case v1::DTYPE_BOOL:
+      return {0, 1};
+    default:
+      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
   }
 }
 
@@ -105,8 +131,8 @@ std::string Cast(const std::string& x, DType from, DType to) {
   if (cf == CType::kFloat) {  // truncate toward zero, saturate, NaN -> 0
     const auto [lo, hi] = IntRange(to);
     const std::string glsl = GlslType(ct);
-    return absl::StrCat("(isnan(", x, ") ? ", IntLit(0, ct), " : (", x, " <= ",
-                        FloatLit(static_cast<float>(lo)), " ? ", IntLit(lo, ct), " : (", x,
+    return absl::StrCat("(isnan(", x, ") ? ", IntLit(0, ct), " : (", x,
+                        " <= ", FloatLit(static_cast<float>(lo)), " ? ", IntLit(lo, ct), " : (", x,
                         " >= ", FloatLit(static_cast<float>(hi)), " ? ", IntLit(hi, ct), " : ",
                         glsl, "(", x, "))))");
   }
@@ -118,84 +144,131 @@ std::string Cast(const std::string& x, DType from, DType to) {
 std::string UnaryFloat(v1::UnaryKind k, const std::string& x) {
   auto call = [&](const char* f) { return absl::StrCat(f, "(", x, ")"); };
   switch (k) {
-    case v1::UNARY_IDENTITY: return x;
-    case v1::UNARY_RELU: return absl::StrCat("(", x, " < 0.0 ? 0.0 : ", x, ")");
-    case v1::UNARY_GELU: return call("k_gelu");
-    case v1::UNARY_GELU_TANH: return call("k_gelu_tanh");
-    case v1::UNARY_SILU: return call("k_silu");
-    case v1::UNARY_SIGMOID: return call("k_sigmoid");
-    case v1::UNARY_TANH: return call("k_tanh");
-    case v1::UNARY_EXP: return call("k_exp");
-    case v1::UNARY_LOG: return call("k_log");
-    case v1::UNARY_SQRT: return call("k_sqrt");
-    case v1::UNARY_RSQRT: return call("k_rsqrt");
-    case v1::UNARY_NEG: return absl::StrCat("(-", x, ")");
-    case v1::UNARY_ABS: return call("abs");
-    case v1::UNARY_SIN: return call("k_sin");
-    case v1::UNARY_COS: return call("k_cos");
-    case v1::UNARY_ERF: return call("k_erf");
-    case v1::UNARY_FLOOR: return call("k_floor");
-    case v1::UNARY_CEIL: return call("k_ceil");
-    case v1::UNARY_ROUND: return call("roundEven");
-    case v1::UNARY_SIGN: return call("k_sign");
-    case v1::UNARY_RECIPROCAL: return call("k_recip");
-    case v1::UNARY_SOFTPLUS: return call("k_softplus");
-    default: return "";
+    case v1::UNARY_IDENTITY:
+      return x;
+    case v1::UNARY_RELU:
+      return absl::StrCat("(", x, " < 0.0 ? 0.0 : ", x, ")");
+    case v1::UNARY_GELU:
+      return call("k_gelu");
+    case v1::UNARY_GELU_TANH:
+      return call("k_gelu_tanh");
+    case v1::UNARY_SILU:
+      return call("k_silu");
+    case v1::UNARY_SIGMOID:
+      return call("k_sigmoid");
+    case v1::UNARY_TANH:
+      return call("k_tanh");
+    case v1::UNARY_EXP:
+      return call("k_exp");
+    case v1::UNARY_LOG:
+      return call("k_log");
+    case v1::UNARY_SQRT:
+      return call("k_sqrt");
+    case v1::UNARY_RSQRT:
+      return call("k_rsqrt");
+    case v1::UNARY_NEG:
+      return absl::StrCat("(-", x, ")");
+    case v1::UNARY_ABS:
+      return call("abs");
+    case v1::UNARY_SIN:
+      return call("k_sin");
+    case v1::UNARY_COS:
+      return call("k_cos");
+    case v1::UNARY_ERF:
+      return call("k_erf");
+    case v1::UNARY_FLOOR:
+      return call("k_floor");
+    case v1::UNARY_CEIL:
+      return call("k_ceil");
+    case v1::UNARY_ROUND:
+      return call("roundEven");
+    case v1::UNARY_SIGN:
+      return call("k_sign");
+    case v1::UNARY_RECIPROCAL:
+      return call("k_recip");
+    case v1::UNARY_SOFTPLUS:
+      return call("k_softplus");
+    default:
+      return "";
   }
 }
 
 std::string UnaryInt(v1::UnaryKind k, const std::string& x, CType t) {
   const std::string zero = IntLit(0, t), one = IntLit(1, t);
   switch (k) {
-    case v1::UNARY_IDENTITY: return x;
-    case v1::UNARY_RELU: return absl::StrCat("max(", x, ", ", zero, ")");
-    case v1::UNARY_NEG: return absl::StrCat("(", zero, " - ", x, ")");
-    case v1::UNARY_ABS: return absl::StrCat("(", x, " < ", zero, " ? ", zero, " - ", x, " : ", x, ")");
+    case v1::UNARY_IDENTITY:
+      return x;
+    case v1::UNARY_RELU:
+      return absl::StrCat("max(", x, ", ", zero, ")");
+    case v1::UNARY_NEG:
+      return absl::StrCat("(", zero, " - ", x, ")");
+    case v1::UNARY_ABS:
+      return absl::StrCat("(", x, " < ", zero, " ? ", zero, " - ", x, " : ", x, ")");
     case v1::UNARY_SIGN:
       return absl::StrCat("((", x, " > ", zero, " ? ", one, " : ", zero, ") - (", x, " < ", zero,
                           " ? ", one, " : ", zero, "))");
-    default: return "";
+    default:
+      return "";
   }
 }
 
 std::string BinaryExpr(v1::BinaryKind k, const std::string& a, const std::string& b, CType t) {
   if (t == CType::kFloat) {
     switch (k) {
-      case v1::BINARY_ADD: return absl::StrCat("(", a, " + ", b, ")");
-      case v1::BINARY_SUB: return absl::StrCat("(", a, " - ", b, ")");
-      case v1::BINARY_MUL: return absl::StrCat("(", a, " * ", b, ")");
-      case v1::BINARY_DIV: return absl::StrCat("(", a, " / ", b, ")");
+      case v1::BINARY_ADD:
+        return absl::StrCat("(", a, " + ", b, ")");
+      case v1::BINARY_SUB:
+        return absl::StrCat("(", a, " - ", b, ")");
+      case v1::BINARY_MUL:
+        return absl::StrCat("(", a, " * ", b, ")");
+      case v1::BINARY_DIV:
+        return absl::StrCat("(", a, " / ", b, ")");
       case v1::BINARY_MAX:
         return absl::StrCat("((isnan(", a, ") || isnan(", b, ")) ? K_NAN : max(", a, ", ", b, "))");
       case v1::BINARY_MIN:
         return absl::StrCat("((isnan(", a, ") || isnan(", b, ")) ? K_NAN : min(", a, ", ", b, "))");
-      case v1::BINARY_POW: return absl::StrCat("k_pow(", a, ", ", b, ")");
-      default: return "";
+      case v1::BINARY_POW:
+        return absl::StrCat("k_pow(", a, ", ", b, ")");
+      default:
+        return "";
     }
   }
   const std::string zero = IntLit(0, t), minus1 = IntLit(-1, t);
   switch (k) {
-    case v1::BINARY_ADD: return absl::StrCat("(", a, " + ", b, ")");
-    case v1::BINARY_SUB: return absl::StrCat("(", a, " - ", b, ")");
-    case v1::BINARY_MUL: return absl::StrCat("(", a, " * ", b, ")");
+    case v1::BINARY_ADD:
+      return absl::StrCat("(", a, " + ", b, ")");
+    case v1::BINARY_SUB:
+      return absl::StrCat("(", a, " - ", b, ")");
+    case v1::BINARY_MUL:
+      return absl::StrCat("(", a, " * ", b, ")");
     case v1::BINARY_DIV:  // x / 0 = 0; x / -1 negates (INT_MIN wraps), never a trapping divide
-      return absl::StrCat("(", b, " == ", zero, " ? ", zero, " : (", b, " == ", minus1, " ? ",
-                          zero, " - ", a, " : ", a, " / ", b, "))");
-    case v1::BINARY_MAX: return absl::StrCat("max(", a, ", ", b, ")");
-    case v1::BINARY_MIN: return absl::StrCat("min(", a, ", ", b, ")");
-    default: return "";
+      return absl::StrCat("(", b, " == ", zero, " ? ", zero, " : (", b, " == ", minus1, " ? ", zero,
+                          " - ", a, " : ", a, " / ", b, "))");
+    case v1::BINARY_MAX:
+      return absl::StrCat("max(", a, ", ", b, ")");
+    case v1::BINARY_MIN:
+      return absl::StrCat("min(", a, ", ", b, ")");
+    default:
+      return "";
   }
 }
 
 const char* CompareOp(v1::CompareKind k) {
   switch (k) {
-    case v1::COMPARE_EQ: return "==";
-    case v1::COMPARE_NE: return "!=";
-    case v1::COMPARE_LT: return "<";
-    case v1::COMPARE_LE: return "<=";
-    case v1::COMPARE_GT: return ">";
-    case v1::COMPARE_GE: return ">=";
-    default: return "";
+    case v1::COMPARE_EQ:
+      return "==";
+    case v1::COMPARE_NE:
+      return "!=";
+    case v1::COMPARE_LT:
+      return "<";
+    case v1::COMPARE_LE:
+      return "<=";
+    case v1::COMPARE_GT:
+      return ">";
+    case v1::COMPARE_GE:
+      return ">=";
+    default:
+      return "";
   }
 }
 
@@ -246,14 +319,14 @@ std::string InstrExpr(const v1::FusedInstr& f, const std::vector<std::string>& n
       const auto [tmin, tmax] = IntRange(dt);
       std::string e = x;
       if (c.has_max()) {
-        const double hi = std::clamp(std::floor(c.max()), static_cast<double>(tmin),
-                                     static_cast<double>(tmax));
+        const double hi =
+            std::clamp(std::floor(c.max()), static_cast<double>(tmin), static_cast<double>(tmax));
         const std::string h = IntLit(static_cast<int64_t>(hi), ct);
         e = absl::StrCat("(", x, " > ", h, " ? ", h, " : ", e, ")");
       }
       if (c.has_min()) {
-        const double lo = std::clamp(std::ceil(c.min()), static_cast<double>(tmin),
-                                     static_cast<double>(tmax));
+        const double lo =
+            std::clamp(std::ceil(c.min()), static_cast<double>(tmin), static_cast<double>(tmax));
         const std::string l = IntLit(static_cast<int64_t>(lo), ct);
         e = absl::StrCat("(", x, " < ", l, " ? ", l, " : ", e, ")");
       }
@@ -348,13 +421,25 @@ absl::StatusOr<ElementwiseRegion> RegionFor(const KernelSpec& spec) {
   for (size_t i = 0; i < spec.inputs.size(); ++i) f.add_args(static_cast<int>(i));
   f.set_dtype(spec.outputs[0].dtype);
   switch (spec.op) {
-    case v1::OP_UNARY: *f.mutable_unary() = spec.attrs.unary(); break;
-    case v1::OP_BINARY: *f.mutable_binary() = spec.attrs.binary(); break;
-    case v1::OP_COMPARE: *f.mutable_compare() = spec.attrs.compare(); break;
-    case v1::OP_CAST: *f.mutable_cast() = spec.attrs.cast(); break;
-    case v1::OP_CLAMP: *f.mutable_clamp() = spec.attrs.clamp(); break;
-    case v1::OP_WHERE: break;
-    default: return absl::InvalidArgumentError("not an elementwise op");
+    case v1::OP_UNARY:
+      *f.mutable_unary() = spec.attrs.unary();
+      break;
+    case v1::OP_BINARY:
+      *f.mutable_binary() = spec.attrs.binary();
+      break;
+    case v1::OP_COMPARE:
+      *f.mutable_compare() = spec.attrs.compare();
+      break;
+    case v1::OP_CAST:
+      *f.mutable_cast() = spec.attrs.cast();
+      break;
+    case v1::OP_CLAMP:
+      *f.mutable_clamp() = spec.attrs.clamp();
+      break;
+    case v1::OP_WHERE:
+      break;
+    default:
+      return absl::InvalidArgumentError("not an elementwise op");
   }
   r.instrs.push_back(std::move(f));
   r.results.push_back(0);
@@ -380,7 +465,8 @@ std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spe
   for (size_t j = 0; j < region.instrs.size(); ++j) {
     const v1::FusedInstr& f = region.instrs[j];
     for (int a : f.args()) {
-      if (a < 0 || a >= n + static_cast<int>(j)) return absl::StrCat("instruction ", j, " reads ", a);
+      if (a < 0 || a >= n + static_cast<int>(j))
+        return absl::StrCat("instruction ", j, " reads ", a);
     }
     int arity = 1;
     if (f.op() == v1::OP_CONSTANT) arity = 0;
@@ -416,7 +502,8 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
   std::string src = "#version 450\n";
   if (s16) absl::StrAppend(&src, "#extension GL_EXT_shader_16bit_storage : require\n");
   if (s8) absl::StrAppend(&src, "#extension GL_EXT_shader_8bit_storage : require\n");
-  if (i64) absl::StrAppend(&src, "#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require\n");
+  if (i64)
+    absl::StrAppend(&src, "#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require\n");
   if (caps.preserve_inf_nan32) {
     // IEEE NaN, infinities and signed zeros for f32 (SignedZeroInfNanPreserve, 32 bits).
     absl::StrAppend(&src, "#extension GL_EXT_spirv_intrinsics : require\n",
@@ -435,8 +522,7 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
   const IndexPlan plan = PlanIndexing(spec);
   const int64_t total = spec.outputs[0].num_elements();
   absl::StrAppend(&src, "void main() {\n  const uint step = gl_NumWorkGroups.x * ", workgroup,
-                  "u;\n  for (uint i = gl_GlobalInvocationID.x; i < ", total,
-                  "u; i += step) {\n");
+                  "u;\n  for (uint i = gl_GlobalInvocationID.x; i < ", total, "u; i += step) {\n");
   // Which inputs are read, and whether any needs coordinates.
   std::vector<bool> used(n, false);
   for (const auto& f : region.instrs) {
@@ -462,8 +548,8 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
       if (k == 0) {
         absl::StrAppend(&src, "    const uint c0 = rem;\n");
       } else {
-        absl::StrAppend(&src, "    const uint c", k, " = rem % ", plan.dims[k], "u;\n    rem /= ",
-                        plan.dims[k], "u;\n");
+        absl::StrAppend(&src, "    const uint c", k, " = rem % ", plan.dims[k],
+                        "u;\n    rem /= ", plan.dims[k], "u;\n");
       }
     }
   }
@@ -474,12 +560,25 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
     const std::string raw = absl::StrCat("in", i, "[", IndexExpr(plan, i, kind[i]), "]");
     std::string load;
     switch (spec.inputs[i].dtype) {
-      case v1::DTYPE_F16: load = absl::StrCat("k_f16_to_f32(uint(", raw, "))"); break;
-      case v1::DTYPE_BF16: load = absl::StrCat("k_bf16_to_f32(uint(", raw, "))"); break;
-      case v1::DTYPE_I8: case v1::DTYPE_I16: load = absl::StrCat("int(", raw, ")"); break;
-      case v1::DTYPE_U8: load = absl::StrCat("int(uint(", raw, "))"); break;
-      case v1::DTYPE_BOOL: load = absl::StrCat("(uint(", raw, ") != 0u ? 1 : 0)"); break;
-      default: load = raw; break;
+      case v1::DTYPE_F16:
+        load = absl::StrCat("k_f16_to_f32(uint(", raw, "))");
+        break;
+      case v1::DTYPE_BF16:
+        load = absl::StrCat("k_bf16_to_f32(uint(", raw, "))");
+        break;
+      case v1::DTYPE_I8:
+      case v1::DTYPE_I16:
+        load = absl::StrCat("int(", raw, ")");
+        break;
+      case v1::DTYPE_U8:
+        load = absl::StrCat("int(uint(", raw, "))");
+        break;
+      case v1::DTYPE_BOOL:
+        load = absl::StrCat("(uint(", raw, ") != 0u ? 1 : 0)");
+        break;
+      default:
+        load = raw;
+        break;
     }
     absl::StrAppend(&src, "    const ", GlslType(CTypeOf(spec.inputs[i].dtype)), " ", names[i],
                     " = ", load, ";\n");
@@ -494,13 +593,27 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
     const std::string v = names[n + region.results[k]];
     std::string store;
     switch (spec.outputs[k].dtype) {
-      case v1::DTYPE_F16: store = absl::StrCat("uint16_t(k_f32_to_f16(", v, "))"); break;
-      case v1::DTYPE_BF16: store = absl::StrCat("uint16_t(k_f32_to_bf16(", v, "))"); break;
-      case v1::DTYPE_I8: store = absl::StrCat("int8_t(", v, ")"); break;
-      case v1::DTYPE_I16: store = absl::StrCat("int16_t(", v, ")"); break;
-      case v1::DTYPE_U8: store = absl::StrCat("uint8_t(uint(", v, "))"); break;
-      case v1::DTYPE_BOOL: store = absl::StrCat("uint8_t(", v, " != 0 ? 1u : 0u)"); break;
-      default: store = v; break;
+      case v1::DTYPE_F16:
+        store = absl::StrCat("uint16_t(k_f32_to_f16(", v, "))");
+        break;
+      case v1::DTYPE_BF16:
+        store = absl::StrCat("uint16_t(k_f32_to_bf16(", v, "))");
+        break;
+      case v1::DTYPE_I8:
+        store = absl::StrCat("int8_t(", v, ")");
+        break;
+      case v1::DTYPE_I16:
+        store = absl::StrCat("int16_t(", v, ")");
+        break;
+      case v1::DTYPE_U8:
+        store = absl::StrCat("uint8_t(uint(", v, "))");
+        break;
+      case v1::DTYPE_BOOL:
+        store = absl::StrCat("uint8_t(", v, " != 0 ? 1u : 0u)");
+        break;
+      default:
+        store = v;
+        break;
     }
     absl::StrAppend(&src, "    out", k, "[i] = ", store, ";\n");
   }

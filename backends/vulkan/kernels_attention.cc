@@ -47,7 +47,8 @@ uint64_t SharedBytes(uint32_t br, uint32_t bc, uint32_t dmax) {
 std::optional<AttentionConfig> Choose(const DeviceCaps& caps, int64_t sq, int64_t d, int64_t dv) {
   const uint32_t dmax = std::max<uint32_t>(32, Pow2Ceil(std::max<int64_t>({d, dv, 1})));
   const uint32_t wg = std::min<uint32_t>(128, Workgroup1D(caps));
-  const std::pair<uint32_t, uint32_t> blocks[] = {{32, 32}, {16, 32}, {16, 16}, {8, 16}, {8, 8}, {4, 8}};
+  const std::pair<uint32_t, uint32_t> blocks[] = {{32, 32}, {16, 32}, {16, 16},
+                                                  {8, 16},  {8, 8},   {4, 8}};
   for (auto [br, bc] : blocks) {
     if (br > wg || SharedBytes(br, bc, dmax) > caps.max_shared_memory) continue;
     // Short query blocks (decoding) do not need tall workgroups.
@@ -112,8 +113,8 @@ class AttentionKernel final : public VulkanKernel {
       b[4] = in[3];
       b[4].range = AlignUp(b[4].range, 4);  // bool bytes are read as words
     }
-    return s.Dispatch(*pipeline_, b, 0b100000, &push_, sizeof(push_),
-                      (push_.Sq + br_ - 1) / br_, push_.Hq, push_.B);
+    return s.Dispatch(*pipeline_, b, 0b100000, &push_, sizeof(push_), (push_.Sq + br_ - 1) / br_,
+                      push_.Hq, push_.B);
   }
 
  private:
@@ -140,7 +141,9 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(VulkanDevice& d
   p.Dv = static_cast<uint32_t>(v[3]);
   p.prefix = static_cast<uint32_t>(std::clamp<int64_t>(a.prefix(), 0, INT32_MAX));
   p.window = static_cast<uint32_t>(std::clamp<int64_t>(a.window(), 0, INT32_MAX));
-  p.scale = static_cast<float>(a.has_scale() ? a.scale() : q[3] > 0 ? 1.0 / std::sqrt(double(q[3])) : 1.0);
+  p.scale = static_cast<float>(a.has_scale() ? a.scale()
+                               : q[3] > 0    ? 1.0 / std::sqrt(double(q[3]))
+                                             : 1.0);
   p.softcap = static_cast<float>(a.softcap());
   if (a.mask() == v1::MASK_CUSTOM) {
     p.keep_sq = spec.inputs[3].dims.size() == 3 ? p.Sk : 0;
@@ -157,10 +160,10 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(VulkanDevice& d
   const std::optional<AttentionConfig> cfg = Choose(dev.caps(), q[2], q[3], v[3]);
   if (!cfg) return absl::InternalError("no attention block configuration fits");
   const DType dt = spec.inputs[0].dtype;
-  KILN_ASSIGN_OR_RETURN(auto pipeline,
-                        EmbeddedPipeline(dev, absl::StrCat("attention_", DTypeSuffix(dt)), 6,
-                                         sizeof(AttentionPush),
-                                         {cfg->wg, cfg->br, cfg->bc, cfg->dmax}));
+  KILN_ASSIGN_OR_RETURN(
+      auto pipeline,
+      EmbeddedPipeline(dev, absl::StrCat("attention_", DTypeSuffix(dt)), 6, sizeof(AttentionPush),
+                       {cfg->wg, cfg->br, cfg->bc, cfg->dmax}));
   const std::string mask = absl::AsciiStrToLower(v1::MaskKind_Name(a.mask()).substr(5));
   return std::unique_ptr<backend::Kernel>(std::make_unique<AttentionKernel>(
       dev, spec, std::move(pipeline), p, cfg->br,

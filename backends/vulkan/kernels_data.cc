@@ -84,7 +84,8 @@ std::string ElemVariant(const char* shader, DType dtype) {
 
 Claim StoredDType(const VulkanDevice& d, DType dtype, const char* op) {
   if (IsQuantized(dtype) || ElementSize(dtype) == 0) {
-    return Claim::No(absl::StrCat("vulkan ", op, " moves dense types only, not ", DTypeName(dtype)));
+    return Claim::No(
+        absl::StrCat("vulkan ", op, " moves dense types only, not ", DTypeName(dtype)));
   }
   if (!StorageOk(d.caps(), dtype)) {
     return Claim::No(absl::StrCat("vulkan ", op, ": ", StorageMissing(d.caps(), dtype)));
@@ -191,7 +192,9 @@ class StridedCopyKernel final : public VulkanKernel {
  public:
   StridedCopyKernel(VulkanDevice& d, const KernelSpec& spec, std::shared_ptr<const Pipeline> p,
                     std::vector<StridedPush> pushes, std::string impl)
-      : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), pushes_(std::move(pushes)) {}
+      : VulkanKernel(d, spec, std::move(impl)),
+        pipeline_(std::move(p)),
+        pushes_(std::move(pushes)) {}
 
  protected:
   absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
@@ -201,8 +204,8 @@ class StridedCopyKernel final : public VulkanKernel {
       const StridedPush& p = pushes_[i];
       if (p.count == 0 || spec_.inputs[i].num_elements() == 0) continue;
       const BufferBinding b[2] = {in[i], out[0]};
-      KILN_RETURN_IF_ERROR(s.Dispatch(*pipeline_, b, 0b10, &p, sizeof(p),
-                                      Groups1D(device_.caps(), p.count, wg)));
+      KILN_RETURN_IF_ERROR(
+          s.Dispatch(*pipeline_, b, 0b10, &p, sizeof(p), Groups1D(device_.caps(), p.count, wg)));
     }
     return absl::OkStatus();
   }
@@ -223,12 +226,12 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateStrided(VulkanDevice& d,
   }
   const DType dt = spec.outputs[0].dtype;
   const std::string variant = ElemVariant("strided_copy", dt);
-  KILN_ASSIGN_OR_RETURN(auto pipeline, EmbeddedPipeline(d, variant, 2, sizeof(StridedPush),
-                                                        {Workgroup1D(d.caps())}));
+  KILN_ASSIGN_OR_RETURN(
+      auto pipeline, EmbeddedPipeline(d, variant, 2, sizeof(StridedPush), {Workgroup1D(d.caps())}));
   const std::string op = absl::AsciiStrToLower(v1::OpKind_Name(spec.op).substr(3));
-  return std::unique_ptr<backend::Kernel>(std::make_unique<StridedCopyKernel>(
-      d, spec, std::move(pipeline), std::move(pushes),
-      absl::StrCat("spirv:", op, "_", DTypeSuffix(dt))));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<StridedCopyKernel>(d, spec, std::move(pipeline), std::move(pushes),
+                                          absl::StrCat("spirv:", op, "_", DTypeSuffix(dt))));
 }
 
 // Reshape and Copy: the bytes are already in order; one transfer copy.
@@ -255,8 +258,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateByteCopy(VulkanDevice& d,
                                                                 const KernelSpec& spec,
                                                                 backend::PrepareContext&) {
   const char* what = spec.op == v1::OP_RESHAPE ? "reshape" : "copy";
-  return std::unique_ptr<backend::Kernel>(std::make_unique<ByteCopyKernel>(
-      d, spec, absl::StrCat("vulkan:transfer_", what)));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<ByteCopyKernel>(d, spec, absl::StrCat("vulkan:transfer_", what)));
 }
 
 // ---- Gather ----
@@ -281,8 +284,8 @@ class GatherKernel final : public VulkanKernel {
         s.ReserveErrorSlot([label, n](uint32_t, const std::array<uint32_t, 3>& d) {
           const int64_t index = static_cast<int64_t>((uint64_t{d[2]} << 32) | d[1]);
           return absl::OutOfRangeError(absl::StrCat(label, ": gather index ", index,
-                                                    " (at position ", d[0],
-                                                    ") is out of range [", -n, ", ", n, ")"));
+                                                    " (at position ", d[0], ") is out of range [",
+                                                    -n, ", ", n, ")"));
         }));
     GatherPush p = push_;
     p.slot = slot.index;
@@ -302,12 +305,18 @@ class GatherKernel final : public VulkanKernel {
 // The gather shader's IDX_KIND for an index dtype, or -1.
 int IndexKind(DType d) {
   switch (d) {
-    case v1::DTYPE_I32: return 0;
-    case v1::DTYPE_I64: return 1;
-    case v1::DTYPE_I16: return 2;
-    case v1::DTYPE_I8: return 3;
-    case v1::DTYPE_U8: return 4;
-    default: return -1;
+    case v1::DTYPE_I32:
+      return 0;
+    case v1::DTYPE_I64:
+      return 1;
+    case v1::DTYPE_I16:
+      return 2;
+    case v1::DTYPE_I8:
+      return 3;
+    case v1::DTYPE_U8:
+      return 4;
+    default:
+      return -1;
   }
 }
 

@@ -53,17 +53,20 @@ std::string KernelName(const KernelSpec& spec, const std::string& cache_key) {
       return absl::StrCat("unary_", lower(v1::UnaryKind_Name(spec.attrs.unary().kind()).substr(6)),
                           "_", dt);
     case v1::OP_BINARY:
-      return absl::StrCat("binary_",
-                          lower(v1::BinaryKind_Name(spec.attrs.binary().kind()).substr(7)), "_", dt);
+      return absl::StrCat(
+          "binary_", lower(v1::BinaryKind_Name(spec.attrs.binary().kind()).substr(7)), "_", dt);
     case v1::OP_COMPARE:
       return absl::StrCat("compare_",
                           lower(v1::CompareKind_Name(spec.attrs.compare().kind()).substr(8)), "_",
                           DTypeSuffix(spec.inputs[0].dtype));
-    case v1::OP_WHERE: return absl::StrCat("where_", dt);
+    case v1::OP_WHERE:
+      return absl::StrCat("where_", dt);
     case v1::OP_CAST:
       return absl::StrCat("cast_", DTypeSuffix(spec.inputs[0].dtype), "_to_", dt);
-    case v1::OP_CLAMP: return absl::StrCat("clamp_", dt);
-    default: return absl::StrCat("fused_ew_", cache_key.substr(cache_key.size() - 12));
+    case v1::OP_CLAMP:
+      return absl::StrCat("clamp_", dt);
+    default:
+      return absl::StrCat("fused_ew_", cache_key.substr(cache_key.size() - 12));
   }
 }
 

@@ -95,7 +95,8 @@ absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
     push.a_strides[d] = static_cast<uint32_t>(as[d]);
     push.b_strides[d] = static_cast<uint32_t>(bs[d]);
   }
-  if (p.has_bias) push.bias_count = static_cast<uint32_t>(std::max<int64_t>(1, spec.inputs[2].num_elements()));
+  if (p.has_bias)
+    push.bias_count = static_cast<uint32_t>(std::max<int64_t>(1, spec.inputs[2].num_elements()));
   return p;
 }
 
@@ -119,8 +120,8 @@ void FoldBatch(MatMulPlan& p) {
 }
 
 Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
-  const Tile candidates[] = {{128, 128, 16, 8, 8}, {64, 64, 16, 4, 4}, {32, 32, 16, 2, 2},
-                             {16, 16, 16, 1, 1}};
+  const Tile candidates[] = {
+      {128, 128, 16, 8, 8}, {64, 64, 16, 4, 4}, {32, 32, 16, 2, 2}, {16, 16, 16, 1, 1}};
   const bool gpu = caps.type == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ||
                    caps.type == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU;
   for (const Tile& t : candidates) {
@@ -181,8 +182,11 @@ class MatMulKernel final : public VulkanKernel {
   // tile_m == 0: the matvec kernel, `tile_n` outputs per workgroup.
   MatMulKernel(VulkanDevice& d, const KernelSpec& spec, std::shared_ptr<const Pipeline> p,
                MatMulPlan plan, uint32_t tile_m, uint32_t tile_n, std::string impl)
-      : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), plan_(plan),
-        tile_m_(tile_m), tile_n_(tile_n) {}
+      : VulkanKernel(d, spec, std::move(impl)),
+        pipeline_(std::move(p)),
+        plan_(plan),
+        tile_m_(tile_m),
+        tile_n_(tile_n) {}
 
  protected:
   absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
@@ -235,14 +239,13 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
   if (CoopEligible(caps, spec, plan)) {
     // 2 x 2 subgroups, 2 x 2 fragments each: a 64 x 64 tile.
     const uint32_t sg = caps.subgroup_size, fm = 2, fn = 2;
-    KILN_ASSIGN_OR_RETURN(
-        auto pipeline,
-        EmbeddedPipeline(d, "matmul_coop_nv_f16", 5, sizeof(MatMulPush),
-                         {4 * sg, 2, 2, fm, fn, plan.ta, plan.tb, plan.act, plan.has_bias,
-                          plan.has_residual}));
-    return std::unique_ptr<backend::Kernel>(std::make_unique<MatMulKernel>(
-        d, spec, std::move(pipeline), plan, 2 * fm * 16, 2 * fn * 16,
-        absl::StrCat("spirv:matmul_coopmat_f16", epilogue)));
+    KILN_ASSIGN_OR_RETURN(auto pipeline,
+                          EmbeddedPipeline(d, "matmul_coop_nv_f16", 5, sizeof(MatMulPush),
+                                           {4 * sg, 2, 2, fm, fn, plan.ta, plan.tb, plan.act,
+                                            plan.has_bias, plan.has_residual}));
+    return std::unique_ptr<backend::Kernel>(
+        std::make_unique<MatMulKernel>(d, spec, std::move(pipeline), plan, 2 * fm * 16, 2 * fn * 16,
+                                       absl::StrCat("spirv:matmul_coopmat_f16", epilogue)));
   }
   const Tile t = ChooseTile(caps, plan.push);
   KILN_ASSIGN_OR_RETURN(

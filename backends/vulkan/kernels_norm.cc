@@ -80,8 +80,7 @@ class NormKernel final : public VulkanKernel {
  public:
   NormKernel(VulkanDevice& d, const KernelSpec& spec, std::shared_ptr<const Pipeline> p,
              NormPlan plan, NormPush push, std::string impl)
-      : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), plan_(plan),
-        push_(push) {}
+      : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), plan_(plan), push_(push) {}
 
  protected:
   absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
@@ -116,10 +115,9 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, con
   const bool sg = UseSubgroups(d.caps(), wg);
   const DType dt = spec.inputs[0].dtype;
   const std::string variant = absl::StrCat("norm_", DTypeSuffix(dt), sg ? "_sg" : "");
-  KILN_ASSIGN_OR_RETURN(
-      auto pipeline,
-      EmbeddedPipeline(d, variant, 6, sizeof(NormPush),
-                       {wg, plan.rms, plan.residual, plan.emit_sum, plan.scale, plan.bias}));
+  KILN_ASSIGN_OR_RETURN(auto pipeline, EmbeddedPipeline(d, variant, 6, sizeof(NormPush),
+                                                        {wg, plan.rms, plan.residual, plan.emit_sum,
+                                                         plan.scale, plan.bias}));
   const char* what = plan.residual ? (plan.rms ? "residual_rms_norm_" : "residual_layer_norm_")
                                    : (plan.rms ? "rms_norm_" : "layer_norm_");
   return std::unique_ptr<backend::Kernel>(std::make_unique<NormKernel>(

@@ -74,10 +74,16 @@ Claim SupportsReduce(const VulkanDevice& d, const KernelSpec& spec) {
   const auto kind = spec.attrs.reduce().kind();
   if (kind < v1::REDUCE_SUM || kind > v1::REDUCE_PROD) return Claim::No("unknown reduce kind");
   switch (dt) {
-    case v1::DTYPE_F32: case v1::DTYPE_I32: break;
-    case v1::DTYPE_F16: case v1::DTYPE_BF16: case v1::DTYPE_I16: case v1::DTYPE_I8:
+    case v1::DTYPE_F32:
+    case v1::DTYPE_I32:
+      break;
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_I16:
+    case v1::DTYPE_I8:
     case v1::DTYPE_U8:
-      if (!StorageOk(d.caps(), dt)) return Claim::No(absl::StrCat("vulkan reduce: ", StorageMissing(d.caps(), dt)));
+      if (!StorageOk(d.caps(), dt))
+        return Claim::No(absl::StrCat("vulkan reduce: ", StorageMissing(d.caps(), dt)));
       break;
     case v1::DTYPE_I64:
       if (!d.caps().int64) return Claim::No("vulkan reduce: i64 needs shaderInt64");
@@ -93,8 +99,11 @@ class ReduceKernel final : public VulkanKernel {
  public:
   ReduceKernel(VulkanDevice& d, const KernelSpec& spec, std::shared_ptr<const Pipeline> p,
                ReducePush push, bool per_thread, uint32_t wg, std::string impl)
-      : VulkanKernel(d, spec, std::move(impl)), pipeline_(std::move(p)), push_(push),
-        per_thread_(per_thread), wg_(wg) {}
+      : VulkanKernel(d, spec, std::move(impl)),
+        pipeline_(std::move(p)),
+        push_(push),
+        per_thread_(per_thread),
+        wg_(wg) {}
 
  protected:
   absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
@@ -128,9 +137,9 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateReduce(VulkanDevice& d,
                         EmbeddedPipeline(d, Variant("reduce", dt, sg), 2, sizeof(ReducePush),
                                          {wg, static_cast<uint32_t>(kind), per_thread ? 1u : 0u}));
   const std::string kname = absl::AsciiStrToLower(v1::ReduceKind_Name(kind).substr(7));
-  return std::unique_ptr<backend::Kernel>(std::make_unique<ReduceKernel>(
-      d, spec, std::move(pipeline), push, per_thread, wg,
-      absl::StrCat("spirv:reduce_", kname, "_", DTypeSuffix(dt))));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<ReduceKernel>(d, spec, std::move(pipeline), push, per_thread, wg,
+                                     absl::StrCat("spirv:reduce_", kname, "_", DTypeSuffix(dt))));
 }
 
 // ---- Softmax / LogSoftmax ----
@@ -158,9 +167,9 @@ class SoftmaxKernel final : public VulkanKernel {
   absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
                       std::span<const BufferBinding> out) override {
     const BufferBinding b[2] = {in[0], out[0]};
-    const uint32_t groups = push_.inner == 1
-                                ? Groups1D(device_.caps(), push_.outer, 1)
-                                : Groups1D(device_.caps(), uint64_t{push_.outer} * push_.inner, wg_);
+    const uint32_t groups =
+        push_.inner == 1 ? Groups1D(device_.caps(), push_.outer, 1)
+                         : Groups1D(device_.caps(), uint64_t{push_.outer} * push_.inner, wg_);
     return s.Dispatch(*pipeline_, b, 0b10, &push_, sizeof(push_), groups);
   }
 

@@ -23,24 +23,37 @@ std::string Hex(const uint8_t* bytes, size_t n) {
 
 const char* TypeName(VkPhysicalDeviceType t) {
   switch (t) {
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete-gpu";
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated-gpu";
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual-gpu";
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
-    default: return "other";
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return "discrete-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return "integrated-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return "virtual-gpu";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return "cpu";
+    default:
+      return "other";
   }
 }
 
 std::string VendorName(uint32_t id) {
   switch (id) {
-    case 0x10DE: return "nvidia";
-    case 0x1002: return "amd";
-    case 0x8086: return "intel";
-    case 0x13B5: return "arm";
-    case 0x5143: return "qualcomm";
-    case 0x106B: return "apple";
-    case VK_VENDOR_ID_MESA: return "mesa";
-    default: return absl::StrFormat("vendor-0x%04x", id);
+    case 0x10DE:
+      return "nvidia";
+    case 0x1002:
+      return "amd";
+    case 0x8086:
+      return "intel";
+    case 0x13B5:
+      return "arm";
+    case 0x5143:
+      return "qualcomm";
+    case 0x106B:
+      return "apple";
+    case VK_VENDOR_ID_MESA:
+      return "mesa";
+    default:
+      return absl::StrFormat("vendor-0x%04x", id);
   }
 }
 
@@ -83,8 +96,8 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   const std::string name = base.deviceName;
   if (base.apiVersion < VK_API_VERSION_1_2) {
     return absl::FailedPreconditionError(
-        absl::StrCat("vulkan: ", name, " offers Vulkan ", VK_API_VERSION_MAJOR(base.apiVersion), ".",
-                     VK_API_VERSION_MINOR(base.apiVersion), "; the backend needs 1.2"));
+        absl::StrCat("vulkan: ", name, " offers Vulkan ", VK_API_VERSION_MAJOR(base.apiVersion),
+                     ".", VK_API_VERSION_MINOR(base.apiVersion), "; the backend needs 1.2"));
   }
   props.pNext = &p11;
   vkGetPhysicalDeviceProperties2(physical, &props);
@@ -108,11 +121,12 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   c.timestamp_period_ns = lim.timestampPeriod;
   const bool compute_subgroups = p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT;
   c.subgroup_size = std::max<uint32_t>(p11.subgroupSize, 1);
-  c.subgroup_basic = compute_subgroups && (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
-  c.subgroup_arithmetic = c.subgroup_basic &&
-                          (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
-  c.subgroup_shuffle = c.subgroup_basic &&
-                       (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+  c.subgroup_basic =
+      compute_subgroups && (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
+  c.subgroup_arithmetic =
+      c.subgroup_basic && (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  c.subgroup_shuffle =
+      c.subgroup_basic && (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
   if (const char* off = std::getenv("KILN_VULKAN_NO_SUBGROUPS"); off != nullptr && *off == '1') {
     // A debugging switch: kernels take their shared-memory paths.
     c.subgroup_basic = c.subgroup_arithmetic = c.subgroup_shuffle = false;
@@ -223,8 +237,8 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   dinfo.pQueueCreateInfos = &qinfo;
   dinfo.enabledExtensionCount = static_cast<uint32_t>(enabled_exts.size());
   dinfo.ppEnabledExtensionNames = enabled_exts.data();
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateDevice(physical, &dinfo, nullptr, &device_),
-                               "vkCreateDevice"))
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateDevice(physical, &dinfo, nullptr, &device_), "vkCreateDevice"))
       << "on " << name;
   {
     absl::MutexLock lock(&queue_mu_);
@@ -240,8 +254,8 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
       main_heap = std::max<uint64_t>(main_heap, mem.memoryHeaps[h].size);
     }
   }
-  const uint64_t granularity = std::max<uint64_t>(
-      {256, c.min_storage_offset_alignment, c.non_coherent_atom_size});
+  const uint64_t granularity =
+      std::max<uint64_t>({256, c.min_storage_offset_alignment, c.non_coherent_atom_size});
   MemoryPool::Options dopt;
   dopt.kind = MemoryKind::kDevice;
   dopt.block_size = std::clamp<uint64_t>(main_heap / 16, uint64_t{4} << 20, uint64_t{64} << 20);
@@ -303,8 +317,9 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
 
   std::string cache_path;
   if (!options.cache_dir.empty()) {
-    cache_path = absl::StrFormat("%s/vulkan/pipelines-%04x-%04x-%s.bin", options.cache_dir,
-                                 c.vendor_id, c.device_id, Hex(c.pipeline_cache_uuid, VK_UUID_SIZE));
+    cache_path =
+        absl::StrFormat("%s/vulkan/pipelines-%04x-%04x-%s.bin", options.cache_dir, c.vendor_id,
+                        c.device_id, Hex(c.pipeline_cache_uuid, VK_UUID_SIZE));
   }
   KILN_ASSIGN_OR_RETURN(pipelines_, PipelineManager::Create(device_, caps_, cache_path));
   KILN_ASSIGN_OR_RETURN(shaders_, ShaderCompiler::Create(info.identity));
@@ -364,10 +379,9 @@ absl::StatusOr<BufferBinding> VulkanDevice::ResolveTransfer(const backend::Buffe
         absl::StrCat(info_.id, ": ", what, " is not a buffer of this device"));
   }
   if (view.offset < 0 || need < 0 || view.bytes < need || view.offset + need > buf->size()) {
-    return absl::OutOfRangeError(absl::StrCat(info_.id, ": ", what, " needs ", need,
-                                              " bytes at offset ", view.offset, " of a ",
-                                              view.bytes, "-byte view into a ", buf->size(),
-                                              "-byte buffer"));
+    return absl::OutOfRangeError(
+        absl::StrCat(info_.id, ": ", what, " needs ", need, " bytes at offset ", view.offset,
+                     " of a ", view.bytes, "-byte view into a ", buf->size(), "-byte buffer"));
   }
   const Allocation& a = buf->allocation();
   return BufferBinding{a.buffer(), a.offset + static_cast<uint64_t>(view.offset),
@@ -380,10 +394,10 @@ absl::StatusOr<BufferBinding> VulkanDevice::Resolve(const backend::BufferView& v
   if (need == 0) return BufferBinding{dummy_.buffer(), dummy_.offset, 256, dummy_.mapped()};
   KILN_ASSIGN_OR_RETURN(BufferBinding b, ResolveTransfer(view, need, what));
   if (b.offset % caps_.min_storage_offset_alignment != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        info_.id, ": ", what, " starts at byte ", view.offset,
-        " of its buffer; vulkan kernels bind views at multiples of ",
-        caps_.min_storage_offset_alignment));
+    return absl::InvalidArgumentError(
+        absl::StrCat(info_.id, ": ", what, " starts at byte ", view.offset,
+                     " of its buffer; vulkan kernels bind views at multiples of ",
+                     caps_.min_storage_offset_alignment));
   }
   return b;
 }
@@ -397,8 +411,7 @@ absl::Status VulkanDevice::CopyToDevice(backend::Stream& stream, const void* src
   return s->MaybeFlush();
 }
 
-absl::Status VulkanDevice::CopyToHost(backend::Stream& stream, backend::BufferView src,
-                                      void* dst) {
+absl::Status VulkanDevice::CopyToHost(backend::Stream& stream, backend::BufferView src, void* dst) {
   KILN_ASSIGN_OR_RETURN(VulkanStream * s, AsVulkanStream(stream, *this));
   if (src.bytes == 0) return absl::OkStatus();
   KILN_ASSIGN_OR_RETURN(BufferBinding b, ResolveTransfer(src, src.bytes, "copy source"));

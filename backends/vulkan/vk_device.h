@@ -14,8 +14,6 @@
 //   KILN_VULKAN_LOG_PIPELINES   log every pipeline creation and its time
 #pragma once
 
-#include "backends/vulkan/vk_loader.h"
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -27,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
+#include "backends/vulkan/vk_loader.h"
 #include "backends/vulkan/vk_memory.h"
 
 namespace kiln::vulkan {
@@ -66,7 +65,7 @@ struct DeviceCaps {
   bool float16 = false;    // shaderFloat16
   bool int8 = false;       // shaderInt8
   bool int16 = false;
-  bool int64 = false;      // shaderInt64: i64 arithmetic
+  bool int64 = false;  // shaderInt64: i64 arithmetic
   bool float64 = false;
   // Shaders may declare SignedZeroInfNanPreserve for f32 (IEEE NaN/inf/-0).
   bool preserve_inf_nan32 = false;

@@ -55,11 +55,18 @@ absl::Status VulkanKernel::Launch(backend::Stream& stream,
 
 bool StorageOk(const DeviceCaps& caps, DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F32: case v1::DTYPE_I32: case v1::DTYPE_F64: case v1::DTYPE_I64:
+    case v1::DTYPE_F32:
+    case v1::DTYPE_I32:
+    case v1::DTYPE_F64:
+    case v1::DTYPE_I64:
       return true;
-    case v1::DTYPE_F16: case v1::DTYPE_BF16: case v1::DTYPE_I16:
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_I16:
       return caps.storage16;
-    case v1::DTYPE_I8: case v1::DTYPE_U8: case v1::DTYPE_BOOL:
+    case v1::DTYPE_I8:
+    case v1::DTYPE_U8:
+    case v1::DTYPE_BOOL:
       return caps.storage8;
     default:
       return false;
@@ -68,9 +75,13 @@ bool StorageOk(const DeviceCaps& caps, DType dtype) {
 
 std::string StorageMissing(const DeviceCaps& caps, DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F16: case v1::DTYPE_BF16: case v1::DTYPE_I16:
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+    case v1::DTYPE_I16:
       return absl::StrCat(DTypeName(dtype), " tensors need storageBuffer16BitAccess");
-    case v1::DTYPE_I8: case v1::DTYPE_U8: case v1::DTYPE_BOOL:
+    case v1::DTYPE_I8:
+    case v1::DTYPE_U8:
+    case v1::DTYPE_BOOL:
       return absl::StrCat(DTypeName(dtype), " tensors need storageBuffer8BitAccess");
     default:
       return absl::StrCat(DTypeName(dtype), " is not a dense type the vulkan backend stores");
@@ -82,7 +93,8 @@ backend::Claim FloatKernelDType(const VulkanDevice& device, const backend::Kerne
   if (dtype == v1::DTYPE_F32) return backend::Claim::Yes();
   if (dtype == v1::DTYPE_F16) {
     if (device.caps().storage16) return backend::Claim::Yes();
-    return backend::Claim::No(absl::StrCat("vulkan ", what, ": f16 needs storageBuffer16BitAccess"));
+    return backend::Claim::No(
+        absl::StrCat("vulkan ", what, ": f16 needs storageBuffer16BitAccess"));
   }
   return backend::Claim::No(
       absl::StrCat("vulkan ", what, " runs f32 and f16 only, not ", DTypeName(dtype)));
@@ -140,7 +152,8 @@ std::string DTypeSuffix(DType dtype) { return DTypeName(dtype); }
 
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {
   std::vector<int64_t> s(dims.size(), 1);
-  for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i)
+    s[i] = s[i + 1] * dims[i + 1];
   return s;
 }
 

@@ -26,8 +26,8 @@ absl::Status LoadVulkanLoader() {
       return;
     }
     std::string missing;
-#define KILN_VK_RESOLVE(name)                                       \
-  name = reinterpret_cast<PFN_##name>(dlsym(lib, #name));           \
+#define KILN_VK_RESOLVE(name)                             \
+  name = reinterpret_cast<PFN_##name>(dlsym(lib, #name)); \
   if (name == nullptr) missing += absl::StrCat(missing.empty() ? "" : ", ", #name);
     KILN_VK_FUNCTIONS(KILN_VK_RESOLVE)
 #undef KILN_VK_RESOLVE

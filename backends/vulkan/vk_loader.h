@@ -17,26 +17,35 @@
 #include "absl/status/status.h"
 
 // Core (1.0-1.2) functions exported by every loader.
-#define KILN_VK_FUNCTIONS(X)                                                                   \
-  X(vkGetInstanceProcAddr) X(vkCreateInstance) X(vkDestroyInstance)                            \
-  X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                               \
-  X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceFeatures2)                            \
-  X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties)           \
-  X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkDestroyDevice)                 \
-  X(vkGetDeviceQueue) X(vkDeviceWaitIdle) X(vkQueueSubmit) X(vkCreateBuffer) X(vkDestroyBuffer) \
-  X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory)   \
-  X(vkMapMemory) X(vkUnmapMemory) X(vkCreateCommandPool) X(vkDestroyCommandPool)               \
-  X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer)                    \
-  X(vkCreateSemaphore) X(vkDestroySemaphore) X(vkWaitSemaphores)                               \
-  X(vkGetSemaphoreCounterValue) X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool)           \
-  X(vkResetDescriptorPool) X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)               \
-  X(vkCmdPipelineBarrier) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) \
-  X(vkCmdDispatch) X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkCmdResetQueryPool)                \
-  X(vkCmdWriteTimestamp) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkGetQueryPoolResults)   \
-  X(vkCreatePipelineCache) X(vkDestroyPipelineCache) X(vkGetPipelineCacheData)                 \
-  X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout)              \
-  X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout)         \
-  X(vkCreateComputePipelines) X(vkDestroyPipeline)
+#define KILN_VK_FUNCTIONS(X)                                                                       \
+  X(vkGetInstanceProcAddr)                                                                         \
+  X(vkCreateInstance) X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(                        \
+      vkGetPhysicalDeviceProperties) X(vkGetPhysicalDeviceProperties2)                             \
+      X(vkGetPhysicalDeviceFeatures2) X(vkGetPhysicalDeviceMemoryProperties) X(                    \
+          vkGetPhysicalDeviceQueueFamilyProperties) X(vkEnumerateDeviceExtensionProperties)        \
+          X(vkCreateDevice) X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkDeviceWaitIdle) X(          \
+              vkQueueSubmit) X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) \
+              X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory)             \
+                  X(vkUnmapMemory) X(vkCreateCommandPool) X(vkDestroyCommandPool) X(               \
+                      vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer)      \
+                      X(vkCreateSemaphore) X(vkDestroySemaphore) X(vkWaitSemaphores) X(            \
+                          vkGetSemaphoreCounterValue) X(vkCreateDescriptorPool)                    \
+                          X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) X(                   \
+                              vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)                  \
+                              X(vkCmdPipelineBarrier) X(vkCmdBindPipeline) X(                      \
+                                  vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch)  \
+                                  X(vkCmdCopyBuffer) X(vkCmdFillBuffer) X(vkCmdResetQueryPool)     \
+                                      X(vkCmdWriteTimestamp) X(vkCreateQueryPool)                  \
+                                          X(vkDestroyQueryPool) X(vkGetQueryPoolResults) X(        \
+                                              vkCreatePipelineCache) X(vkDestroyPipelineCache)     \
+                                              X(vkGetPipelineCacheData) X(vkCreateShaderModule)    \
+                                                  X(vkDestroyShaderModule)                         \
+                                                      X(vkCreateDescriptorSetLayout)               \
+                                                          X(vkDestroyDescriptorSetLayout)          \
+                                                              X(vkCreatePipelineLayout)            \
+                                                                  X(vkDestroyPipelineLayout)       \
+                                                                      X(vkCreateComputePipelines)  \
+                                                                          X(vkDestroyPipeline)
 
 namespace kiln::vulkan {
 

@@ -144,8 +144,8 @@ absl::StatusOr<std::unique_ptr<MemoryBlock>> MemoryPool::NewBlock(uint64_t size,
   binfo.size = size;
   binfo.usage = kBlockUsage;
   binfo.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateBuffer(device_, &binfo, nullptr, &block->buffer),
-                               "vkCreateBuffer"))
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateBuffer(device_, &binfo, nullptr, &block->buffer), "vkCreateBuffer"))
       << "for a " << size << "-byte " << options_.name << " block";
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device_, block->buffer, &req);
@@ -168,7 +168,8 @@ absl::StatusOr<std::unique_ptr<MemoryBlock>> MemoryPool::NewBlock(uint64_t size,
   }
   if (host_visible_) {
     void* p = nullptr;
-    if (VkResult r = vkMapMemory(device_, block->memory, 0, VK_WHOLE_SIZE, 0, &p); r != VK_SUCCESS) {
+    if (VkResult r = vkMapMemory(device_, block->memory, 0, VK_WHOLE_SIZE, 0, &p);
+        r != VK_SUCCESS) {
       DestroyBlock(*block);
       return VkError(r, "vkMapMemory");
     }
@@ -248,8 +249,8 @@ MemoryPool::Stats MemoryPool::stats() const {
 
 // ---- VulkanBuffer ----------------------------------------------------------
 
-VulkanBuffer::VulkanBuffer(const void* owner, MemoryPool* pool, Allocation allocation,
-                           int64_t size, std::atomic<int64_t>& counter)
+VulkanBuffer::VulkanBuffer(const void* owner, MemoryPool* pool, Allocation allocation, int64_t size,
+                           std::atomic<int64_t>& counter)
     : owner_(owner), pool_(pool), allocation_(allocation), size_(size), counter_(counter) {
   counter_ += size_;
 }

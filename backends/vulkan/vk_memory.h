@@ -8,8 +8,6 @@
 // offset 0 of any buffer can be bound as a storage buffer.
 #pragma once
 
-#include "backends/vulkan/vk_loader.h"
-
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -24,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
+#include "backends/vulkan/vk_loader.h"
 
 namespace kiln::vulkan {
 
@@ -52,7 +51,7 @@ class RangeAllocator {
 
   uint64_t capacity_;
   uint64_t free_bytes_;
-  std::map<uint64_t, uint64_t> by_offset_;          // offset -> size
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (size, offset)
 };
 
@@ -141,8 +140,8 @@ class MemoryPool {
 // A resolved, bindable device range: what a dispatch or a copy touches.
 struct BufferBinding {
   VkBuffer buffer = VK_NULL_HANDLE;
-  uint64_t offset = 0;  // bytes from the start of `buffer`
-  uint64_t range = 0;   // bytes
+  uint64_t offset = 0;     // bytes from the start of `buffer`
+  uint64_t range = 0;      // bytes
   char* mapped = nullptr;  // host address of byte `offset` when mapped, else nullptr
 };
 

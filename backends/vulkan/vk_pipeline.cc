@@ -39,8 +39,9 @@ static_assert(sizeof(FileHeader) == 56);
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create the directory of ", path, ": ",
-                                                  ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create the directory of ", path, ": ", ec.message()));
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
@@ -84,17 +85,21 @@ std::string PipelineManager::CacheHeader(const DeviceCaps& caps, uint64_t data_b
 }
 
 PipelineManager::PipelineManager(VkDevice device, const DeviceCaps& caps, std::string cache_path)
-    : device_(device), caps_(caps), cache_path_(std::move(cache_path)),
+    : device_(device),
+      caps_(caps),
+      cache_path_(std::move(cache_path)),
       log_pipelines_(std::getenv("KILN_VULKAN_LOG_PIPELINES") != nullptr) {}
 
 absl::StatusOr<std::unique_ptr<PipelineManager>> PipelineManager::Create(VkDevice device,
                                                                          const DeviceCaps& caps,
                                                                          std::string cache_path) {
-  auto m = std::unique_ptr<PipelineManager>(new PipelineManager(device, caps, std::move(cache_path)));
+  auto m =
+      std::unique_ptr<PipelineManager>(new PipelineManager(device, caps, std::move(cache_path)));
   std::vector<char> data;
   if (!m->cache_path_.empty()) {
     if (auto s = m->LoadCache(&data); !s.ok()) {
-      spdlog::warn("vulkan: ignoring pipeline cache {}: {}", m->cache_path_, std::string(s.message()));
+      spdlog::warn("vulkan: ignoring pipeline cache {}: {}", m->cache_path_,
+                   std::string(s.message()));
       m->cache_state_ = CacheState::kRejected;
       data.clear();
     }
@@ -102,8 +107,8 @@ absl::StatusOr<std::unique_ptr<PipelineManager>> PipelineManager::Create(VkDevic
   VkPipelineCacheCreateInfo info{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
   info.initialDataSize = data.size();
   info.pInitialData = data.empty() ? nullptr : data.data();
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreatePipelineCache(device, &info, nullptr, &m->cache_),
-                               "vkCreatePipelineCache"));
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreatePipelineCache(device, &info, nullptr, &m->cache_), "vkCreatePipelineCache"));
   return m;
 }
 
@@ -162,8 +167,8 @@ absl::Status PipelineManager::Save() {
     created_at_last_save_ = created_;
   }
   size_t size = 0;
-  KILN_RETURN_IF_ERROR(VkCheck(vkGetPipelineCacheData(device_, cache_, &size, nullptr),
-                               "vkGetPipelineCacheData"));
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkGetPipelineCacheData(device_, cache_, &size, nullptr), "vkGetPipelineCacheData"));
   std::string data(size, '\0');
   const VkResult r = vkGetPipelineCacheData(device_, cache_, &size, data.data());
   if (r != VK_SUCCESS && r != VK_INCOMPLETE) return VkError(r, "vkGetPipelineCacheData");
@@ -185,8 +190,8 @@ absl::StatusOr<VkShaderModule> PipelineManager::Module(const PipelineDesc& desc)
   info.codeSize = desc.spirv.size() * sizeof(uint32_t);
   info.pCode = desc.spirv.data();
   VkShaderModule module;
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateShaderModule(device_, &info, nullptr, &module),
-                               "vkCreateShaderModule"))
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateShaderModule(device_, &info, nullptr, &module), "vkCreateShaderModule"))
       << "for " << desc.name;
   modules_.emplace(desc.module_key, module);
   return module;
@@ -222,16 +227,16 @@ absl::StatusOr<VkPipelineLayout> PipelineManager::Layout(uint32_t bindings, uint
   info.pushConstantRangeCount = push_bytes > 0 ? 1 : 0;
   info.pPushConstantRanges = push_bytes > 0 ? &range : nullptr;
   VkPipelineLayout layout;
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreatePipelineLayout(device_, &info, nullptr, &layout),
-                               "vkCreatePipelineLayout"));
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreatePipelineLayout(device_, &info, nullptr, &layout), "vkCreatePipelineLayout"));
   layouts_.emplace(key, layout);
   return layout;
 }
 
 absl::StatusOr<std::shared_ptr<const Pipeline>> PipelineManager::Get(const PipelineDesc& desc) {
   if (desc.push_bytes % 4 != 0 || desc.push_bytes > caps_.max_push_constants) {
-    return absl::InvalidArgumentError(absl::StrCat("vulkan: ", desc.name, " wants ",
-                                                   desc.push_bytes, " push-constant bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vulkan: ", desc.name, " wants ", desc.push_bytes, " push-constant bytes"));
   }
   const std::string key = absl::StrCat(desc.module_key, "|", desc.bindings, "|", desc.push_bytes,
                                        "|", absl::StrJoin(desc.specialization, ","));
@@ -256,9 +261,9 @@ absl::StatusOr<std::shared_ptr<const Pipeline>> PipelineManager::Get(const Pipel
   info.layout = layout;
   VkPipeline pipeline;
   const auto start = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateComputePipelines(device_, cache_, 1, &info, nullptr,
-                                                        &pipeline),
-                               "vkCreateComputePipelines"))
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateComputePipelines(device_, cache_, 1, &info, nullptr, &pipeline),
+              "vkCreateComputePipelines"))
       << "for " << desc.name;
   ++created_;
   if (log_pipelines_) {
@@ -267,9 +272,8 @@ absl::StatusOr<std::shared_ptr<const Pipeline>> PipelineManager::Get(const Pipel
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                      .count());
   }
-  auto p = std::make_shared<const Pipeline>(desc.name, pipeline, layout,
-                                            set_layouts_.at(desc.bindings), desc.bindings,
-                                            desc.push_bytes);
+  auto p = std::make_shared<const Pipeline>(
+      desc.name, pipeline, layout, set_layouts_.at(desc.bindings), desc.bindings, desc.push_bytes);
   pipelines_.emplace(key, p);
   return std::shared_ptr<const Pipeline>(p);
 }

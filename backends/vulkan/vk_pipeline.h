@@ -15,8 +15,6 @@
 // live as long as the manager (kernels hold shared_ptrs).
 #pragma once
 
-#include "backends/vulkan/vk_loader.h"
-
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,6 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/vulkan/vk_loader.h"
 
 namespace kiln::vulkan {
 
@@ -36,8 +35,12 @@ class Pipeline {
  public:
   Pipeline(std::string name, VkPipeline pipeline, VkPipelineLayout layout,
            VkDescriptorSetLayout set_layout, uint32_t bindings, uint32_t push_bytes)
-      : name_(std::move(name)), pipeline_(pipeline), layout_(layout), set_layout_(set_layout),
-        bindings_(bindings), push_bytes_(push_bytes) {}
+      : name_(std::move(name)),
+        pipeline_(pipeline),
+        layout_(layout),
+        set_layout_(set_layout),
+        bindings_(bindings),
+        push_bytes_(push_bytes) {}
   const std::string& name() const { return name_; }
   VkPipeline pipeline() const { return pipeline_; }
   VkPipelineLayout layout() const { return layout_; }
@@ -48,18 +51,18 @@ class Pipeline {
  private:
   std::string name_;
   VkPipeline pipeline_;
-  VkPipelineLayout layout_;            // owned by the manager
-  VkDescriptorSetLayout set_layout_;   // owned by the manager
+  VkPipelineLayout layout_;           // owned by the manager
+  VkDescriptorSetLayout set_layout_;  // owned by the manager
   uint32_t bindings_;
   uint32_t push_bytes_;
 };
 
 struct PipelineDesc {
-  std::string name;                    // for reports and errors, e.g. "softmax_f32"
-  std::string module_key;              // identifies the SPIR-V: "embedded:<name>" or "gen:<hash>"
-  std::span<const uint32_t> spirv;     // read during Get only
+  std::string name;                 // for reports and errors, e.g. "softmax_f32"
+  std::string module_key;           // identifies the SPIR-V: "embedded:<name>" or "gen:<hash>"
+  std::span<const uint32_t> spirv;  // read during Get only
   uint32_t bindings = 0;
-  uint32_t push_bytes = 0;             // multiple of 4, <= maxPushConstantsSize
+  uint32_t push_bytes = 0;               // multiple of 4, <= maxPushConstantsSize
   std::vector<uint32_t> specialization;  // constant_id i = specialization[i]
 };
 
@@ -108,8 +111,7 @@ class PipelineManager {
   absl::flat_hash_map<std::string, VkShaderModule> modules_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint32_t, VkDescriptorSetLayout> set_layouts_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, VkPipelineLayout> layouts_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<const Pipeline>> pipelines_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const Pipeline>> pipelines_ ABSL_GUARDED_BY(mu_);
   int64_t created_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t created_at_last_save_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Mutex save_mu_;  // one writer of the cache file at a time

@@ -36,10 +36,8 @@ ShaderCompiler::~ShaderCompiler() {
 std::string ShaderCompiler::CacheKey(const std::string& source) const {
   // Ordered, named, length-prefixed components: no two lists hash alike.
   const std::pair<std::string, std::string> components[] = {
-      {"kind", "vulkan-spirv"},
-      {"codegen_version", absl::StrCat(kCodegenVersion)},
-      {"device", identity_},
-      {"flags", kFlags},
+      {"kind", "vulkan-spirv"}, {"codegen_version", absl::StrCat(kCodegenVersion)},
+      {"device", identity_},    {"flags", kFlags},
       {"source", source},
   };
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
@@ -70,8 +68,8 @@ absl::StatusOr<Spirv> ShaderCompiler::Compile(const std::string& name,
   if (shaderc_result_get_compilation_status(result) != shaderc_compilation_status_success) {
     std::string message = shaderc_result_get_error_message(result);
     shaderc_result_release(result);
-    return absl::InternalError(absl::StrCat("vulkan: generated shader ", name,
-                                            " failed to compile: ", message));
+    return absl::InternalError(
+        absl::StrCat("vulkan: generated shader ", name, " failed to compile: ", message));
   }
   const size_t bytes = shaderc_result_get_length(result);
   Spirv spirv(bytes / 4);
@@ -81,8 +79,8 @@ absl::StatusOr<Spirv> ShaderCompiler::Compile(const std::string& name,
 }
 
 absl::StatusOr<std::shared_ptr<const Spirv>> ShaderCompiler::Get(const std::string& name,
-                                                                const std::string& source,
-                                                                backend::PrepareContext& context) {
+                                                                 const std::string& source,
+                                                                 backend::PrepareContext& context) {
   const std::string key = CacheKey(source);
   {
     absl::MutexLock lock(&memo_mu_);

@@ -33,7 +33,10 @@ class VulkanEvent final : public backend::Event {
  public:
   VulkanEvent(const void* stream, std::shared_ptr<QueryPool> queries, uint32_t index,
               double period_ns, uint32_t valid_bits)
-      : stream_(stream), queries_(std::move(queries)), index_(index), period_ns_(period_ns),
+      : stream_(stream),
+        queries_(std::move(queries)),
+        index_(index),
+        period_ns_(period_ns),
         mask_(valid_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << valid_bits) - 1) {}
 
   absl::StatusOr<double> MicrosSince(const backend::Event& earlier) const override {
@@ -50,9 +53,9 @@ class VulkanEvent final : public backend::Event {
  private:
   absl::StatusOr<uint64_t> Ticks() const {
     uint64_t ticks = 0;
-    const VkResult r = vkGetQueryPoolResults(queries_->device(), queries_->pool(), index_, 1,
-                                             sizeof(ticks), &ticks, sizeof(ticks),
-                                             VK_QUERY_RESULT_64_BIT);
+    const VkResult r =
+        vkGetQueryPoolResults(queries_->device(), queries_->pool(), index_, 1, sizeof(ticks),
+                              &ticks, sizeof(ticks), VK_QUERY_RESULT_64_BIT);
     if (r == VK_NOT_READY) {
       return absl::FailedPreconditionError(
           "vulkan: event not reached yet (synchronize the stream first)");
@@ -100,15 +103,15 @@ absl::Status VulkanStream::Init() {
   VkCommandPoolCreateInfo pinfo{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pinfo.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pinfo.queueFamilyIndex = device_.queue_family();
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateCommandPool(dev, &pinfo, nullptr, &command_pool_),
-                               "vkCreateCommandPool"));
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateCommandPool(dev, &pinfo, nullptr, &command_pool_), "vkCreateCommandPool"));
   VkSemaphoreTypeCreateInfo tinfo{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
   tinfo.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
   tinfo.initialValue = 0;
   VkSemaphoreCreateInfo sinfo{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
   sinfo.pNext = &tinfo;
-  KILN_RETURN_IF_ERROR(VkCheck(vkCreateSemaphore(dev, &sinfo, nullptr, &timeline_),
-                               "vkCreateSemaphore(timeline)"));
+  KILN_RETURN_IF_ERROR(
+      VkCheck(vkCreateSemaphore(dev, &sinfo, nullptr, &timeline_), "vkCreateSemaphore(timeline)"));
   return absl::OkStatus();
 }
 
@@ -205,10 +208,9 @@ absl::Status VulkanStream::Dispatch(const Pipeline& pipeline,
                                     const void* push, uint32_t push_bytes, uint32_t groups_x,
                                     uint32_t groups_y, uint32_t groups_z) {
   if (bindings.size() != pipeline.bindings() || push_bytes != pipeline.push_bytes()) {
-    return absl::InternalError(absl::StrCat("vulkan: ", pipeline.name(), " takes ",
-                                            pipeline.bindings(), " buffers and ",
-                                            pipeline.push_bytes(), " push bytes, got ",
-                                            bindings.size(), " and ", push_bytes));
+    return absl::InternalError(absl::StrCat(
+        "vulkan: ", pipeline.name(), " takes ", pipeline.bindings(), " buffers and ",
+        pipeline.push_bytes(), " push bytes, got ", bindings.size(), " and ", push_bytes));
   }
   if (groups_x == 0 || groups_y == 0 || groups_z == 0) return absl::OkStatus();
   const DeviceCaps& caps = device_.caps();
@@ -326,15 +328,16 @@ absl::StatusOr<BufferBinding> VulkanStream::Scratch(uint64_t bytes) {
 absl::StatusOr<VulkanStream::ErrorSlot> VulkanStream::ReserveErrorSlot(ErrorDecoder decoder) {
   KILN_ASSIGN_OR_RETURN(Batch * b, Open());
   if (b->errors.block == nullptr) {
-    KILN_ASSIGN_OR_RETURN(b->errors, device_.staging_pool().Allocate(kErrorSlots * kErrorSlotBytes));
+    KILN_ASSIGN_OR_RETURN(b->errors,
+                          device_.staging_pool().Allocate(kErrorSlots * kErrorSlotBytes));
     std::memset(b->errors.mapped(), 0, kErrorSlots * kErrorSlotBytes);
   }
   if (b->error_slots.size() == kErrorSlots) {
     return absl::ResourceExhaustedError("vulkan: too many checked dispatches in one batch");
   }
   b->error_slots.push_back(std::move(decoder));
-  return ErrorSlot{BufferBinding{b->errors.buffer(), b->errors.offset, kErrorSlots * kErrorSlotBytes,
-                                 b->errors.mapped()},
+  return ErrorSlot{BufferBinding{b->errors.buffer(), b->errors.offset,
+                                 kErrorSlots * kErrorSlotBytes, b->errors.mapped()},
                    static_cast<uint32_t>(b->error_slots.size() - 1)};
 }
 
@@ -411,8 +414,8 @@ absl::Status VulkanStream::Retire(bool wait) {
     info.semaphoreCount = 1;
     info.pSemaphores = &timeline_;
     info.pValues = &last_signal_;
-    KILN_RETURN_IF_ERROR(VkCheck(vkWaitSemaphores(device_.vk(), &info, UINT64_MAX),
-                                 "vkWaitSemaphores"));
+    KILN_RETURN_IF_ERROR(
+        VkCheck(vkWaitSemaphores(device_.vk(), &info, UINT64_MAX), "vkWaitSemaphores"));
   }
   uint64_t reached = 0;
   KILN_RETURN_IF_ERROR(VkCheck(vkGetSemaphoreCounterValue(device_.vk(), timeline_, &reached),
@@ -425,8 +428,8 @@ absl::Status VulkanStream::Retire(bool wait) {
       const auto* words = reinterpret_cast<const uint32_t*>(b->errors.mapped());
       for (size_t i = 0; i < b->error_slots.size(); ++i) {
         if (words[4 * i] != 0 && pending_error_.ok()) {
-          pending_error_ =
-              b->error_slots[i](words[4 * i], {words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]});
+          pending_error_ = b->error_slots[i](
+              words[4 * i], {words[4 * i + 1], words[4 * i + 2], words[4 * i + 3]});
         }
       }
     }
@@ -460,8 +463,8 @@ absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
     info.queryType = VK_QUERY_TYPE_TIMESTAMP;
     info.queryCount = kQueriesPerPool;
     VkQueryPool pool;
-    KILN_RETURN_IF_ERROR(VkCheck(vkCreateQueryPool(device_.vk(), &info, nullptr, &pool),
-                                 "vkCreateQueryPool"));
+    KILN_RETURN_IF_ERROR(
+        VkCheck(vkCreateQueryPool(device_.vk(), &info, nullptr, &pool), "vkCreateQueryPool"));
     queries_ = std::make_shared<QueryPool>(device_.vk(), pool, kQueriesPerPool);
     next_query_ = 0;
   }

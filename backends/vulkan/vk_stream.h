@@ -17,8 +17,6 @@
 // Thread safety: one thread at a time (backend.h). The device outlives the stream.
 #pragma once
 
-#include "backends/vulkan/vk_loader.h"
-
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -30,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/vulkan/vk_loader.h"
 #include "backends/vulkan/vk_memory.h"
 
 namespace kiln::vulkan {

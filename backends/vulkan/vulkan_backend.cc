@@ -2,8 +2,6 @@
 // device ("vulkan:0".."vulkan:n-1" in enumeration order). Registered at
 // priority 10 (after the CPU). Without a loader, a driver or a usable device
 // the factory fails or lists no devices; it never takes kilnd down.
-#include "backends/vulkan/vk_loader.h"
-
 #include <memory>
 #include <string>
 #include <vector>

@@ -55,8 +55,8 @@ VulkanDevice* SharedDevice() {
   return static_cast<VulkanDevice*>(b->devices()[0]);
 }
 
-#define REQUIRE_DEVICE(var)                                        \
-  VulkanDevice* var = SharedDevice();                              \
+#define REQUIRE_DEVICE(var)           \
+  VulkanDevice* var = SharedDevice(); \
   if (var == nullptr) GTEST_SKIP() << "no Vulkan device available"
 
 class TempDir {
@@ -86,17 +86,16 @@ std::unique_ptr<backend::Buffer> Upload(backend::Device& d, backend::Stream& s, 
 template <typename T>
 std::vector<T> Download(backend::Device& d, backend::Stream& s, backend::Buffer& buf, int64_t n) {
   std::vector<T> out(n);
-  EXPECT_TRUE(d.CopyToHost(s, BufferView{&buf, 0, n * static_cast<int64_t>(sizeof(T))},
-                           out.data())
-                  .ok());
+  EXPECT_TRUE(
+      d.CopyToHost(s, BufferView{&buf, 0, n * static_cast<int64_t>(sizeof(T))}, out.data()).ok());
   EXPECT_TRUE(s.Synchronize().ok());
   return out;
 }
 
 // Runs `spec` on host inputs (raw bytes) and returns the outputs' bytes.
 absl::StatusOr<std::vector<std::string>> RunSpec(backend::Device& d, const KernelSpec& spec,
-                                             const std::vector<std::string>& inputs,
-                                             backend::PrepareContext* ctx = nullptr) {
+                                                 const std::vector<std::string>& inputs,
+                                                 backend::PrepareContext* ctx = nullptr) {
   backend::PrepareContext local;
   auto kernel = d.PrepareKernel(spec, ctx ? *ctx : local);
   if (!kernel.ok()) return kernel.status();
@@ -154,7 +153,7 @@ TEST(RangeAllocatorTest, BestFitAndCoalescing) {
   EXPECT_EQ(*b, 100u);
   EXPECT_EQ(*c, 300u);
   EXPECT_EQ(r.free_bytes(), 400u);
-  r.Free(*b, 200);  // hole of 200 at 100; tail of 400 at 600
+  r.Free(*b, 200);           // hole of 200 at 100; tail of 400 at 600
   auto d = r.Allocate(150);  // best fit: the 200 hole, not the 400 tail
   ASSERT_TRUE(d);
   EXPECT_EQ(*d, 100u);
@@ -381,7 +380,8 @@ TEST(VulkanKernelTest, TransposeSliceConcat) {
   REQUIRE_DEVICE(d);
   const std::vector<float> x = Iota(2 * 3 * 4);
   {
-    KernelSpec spec = Spec(v1::OP_TRANSPOSE, {{v1::DTYPE_F32, {2, 3, 4}}}, {{v1::DTYPE_F32, {4, 2, 3}}});
+    KernelSpec spec =
+        Spec(v1::OP_TRANSPOSE, {{v1::DTYPE_F32, {2, 3, 4}}}, {{v1::DTYPE_F32, {4, 2, 3}}});
     for (int p : {2, 0, 1}) spec.attrs.mutable_transpose()->add_perm(p);
     auto got = RunSpec(*d, spec, {Bytes(x)});
     ASSERT_TRUE(got.ok()) << got.status();
@@ -394,7 +394,8 @@ TEST(VulkanKernelTest, TransposeSliceConcat) {
     // x[:, 1:, ::2] on f16 (2-byte elements).
     std::vector<uint16_t> h(24);
     for (int i = 0; i < 24; ++i) h[i] = FloatToHalf(static_cast<float>(i));
-    KernelSpec spec = Spec(v1::OP_SLICE, {{v1::DTYPE_F16, {2, 3, 4}}}, {{v1::DTYPE_F16, {2, 2, 2}}});
+    KernelSpec spec =
+        Spec(v1::OP_SLICE, {{v1::DTYPE_F16, {2, 3, 4}}}, {{v1::DTYPE_F16, {2, 2, 2}}});
     auto* a = spec.attrs.mutable_slice();
     for (int64_t v : {0, 1, 0}) a->add_start(v);
     for (int64_t v : {2, 3, 4}) a->add_stop(v);
@@ -446,8 +447,8 @@ KernelSpec UnarySpec(v1::UnaryKind kind, DType dt, Dims dims) {
 }
 
 KernelSpec BinarySpec(v1::BinaryKind kind, Dims a, Dims b, Dims out) {
-  KernelSpec spec = Spec(v1::OP_BINARY, {{v1::DTYPE_F32, a}, {v1::DTYPE_F32, b}},
-                         {{v1::DTYPE_F32, out}});
+  KernelSpec spec =
+      Spec(v1::OP_BINARY, {{v1::DTYPE_F32, a}, {v1::DTYPE_F32, b}}, {{v1::DTYPE_F32, out}});
   spec.attrs.mutable_binary()->set_kind(kind);
   return spec;
 }
@@ -754,9 +755,10 @@ TEST(VulkanKernelTest, MatVecWithEpilogueUsesSubgroups) {
   for (float& v : x) v = u(rng);
   for (float& v : w) v = u(rng) * 0.1f;
   for (float& v : bias) v = u(rng);
-  KernelSpec spec = Spec(v1::OP_FUSED_MATMUL,
-                         {{v1::DTYPE_F32, {2, 1, k}}, {v1::DTYPE_F32, {n, k}}, {v1::DTYPE_F32, {n}}},
-                         {{v1::DTYPE_F32, {2, 1, n}}});
+  KernelSpec spec =
+      Spec(v1::OP_FUSED_MATMUL,
+           {{v1::DTYPE_F32, {2, 1, k}}, {v1::DTYPE_F32, {n, k}}, {v1::DTYPE_F32, {n}}},
+           {{v1::DTYPE_F32, {2, 1, n}}});
   auto* f = spec.attrs.mutable_fused_matmul();
   f->set_transpose_b(true);
   f->set_has_bias(true);
@@ -789,7 +791,8 @@ TEST(VulkanKernelTest, AttentionCausalMatchesNaive) {
   for (float& x : v) x = u(rng);
   // Two query heads share one kv head (GQA); causal, bottom-right aligned.
   KernelSpec spec = Spec(v1::OP_ATTENTION,
-                         {{v1::DTYPE_F32, {1, 2, sq, dh}}, {v1::DTYPE_F32, {1, 1, sk, dh}},
+                         {{v1::DTYPE_F32, {1, 2, sq, dh}},
+                          {v1::DTYPE_F32, {1, 1, sk, dh}},
                           {v1::DTYPE_F32, {1, 1, sk, dh}}},
                          {{v1::DTYPE_F32, {1, 2, sq, dh}}});
   spec.attrs.mutable_attention()->set_mask(v1::MASK_CAUSAL);
