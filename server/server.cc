@@ -57,6 +57,31 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
                                 "Bytes allocated on each device", MetricType::Gauge, in_use));
   out.push_back(Metrics::Family("kiln_device_memory_bytes", "Memory of each device",
                                 MetricType::Gauge, capacity));
+  // The devices' workers: busy time (its rate over a window is the busy
+  // ratio), runs, queue length, and whether the profile was calibrated.
+  Samples busy, busy_ratio, device_runs, device_queued, calibrated;
+  for (const DeviceStats& d : engine.DeviceStatistics()) {
+    const Metrics::Labels labels{{"device", d.device}};
+    busy.push_back({labels, d.busy_micros / 1e6});
+    busy_ratio.push_back({labels, d.uptime_micros > 0 ? d.busy_micros / d.uptime_micros : 0.0});
+    device_runs.push_back({labels, static_cast<double>(d.runs)});
+    device_queued.push_back({labels, static_cast<double>(d.queued)});
+    calibrated.push_back({labels, d.calibrated ? (d.calibration_from_cache ? 2.0 : 1.0) : 0.0});
+  }
+  out.push_back(Metrics::Family("kiln_device_busy_seconds_total",
+                                "Time each device's worker spent running work (rate() = busy ratio)",
+                                MetricType::Counter, busy));
+  out.push_back(Metrics::Family("kiln_device_busy_ratio",
+                                "Busy time over uptime of each device's worker", MetricType::Gauge,
+                                busy_ratio));
+  out.push_back(Metrics::Family("kiln_device_runs_total", "Runs executed on each device",
+                                MetricType::Counter, device_runs));
+  out.push_back(Metrics::Family("kiln_device_queued_runs", "Runs waiting for each device",
+                                MetricType::Gauge, device_queued));
+  out.push_back(Metrics::Family("kiln_device_calibrated",
+                                "0 nominal profile, 1 calibrated at this start, 2 from the "
+                                "calibration cache",
+                                MetricType::Gauge, calibrated));
 
   const std::map<std::string, int64_t> open = sessions.CountByTenant();
   const std::map<std::string, Scheduler::Load> loads = scheduler.Loads();
