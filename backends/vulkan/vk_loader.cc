@@ -26,9 +26,10 @@ absl::Status LoadVulkanLoader() {
       return;
     }
     std::string missing;
-#define KILN_VK_RESOLVE(name)                             \
-  name = reinterpret_cast<PFN_##name>(dlsym(lib, #name)); \
-  if (name == nullptr) missing += absl::StrCat(missing.empty() ? "" : ", ", #name);
+    // `name` is a function name pasted into identifiers, never an expression.
+#define KILN_VK_RESOLVE(name)                                          \
+  name = reinterpret_cast<PFN_##name>(dlsym(lib, #name)); /* NOLINT */ \
+  if ((name) == nullptr) missing += absl::StrCat(missing.empty() ? "" : ", ", #name);
     KILN_VK_FUNCTIONS(KILN_VK_RESOLVE)
 #undef KILN_VK_RESOLVE
     vkEnumerateInstanceVersion =
