@@ -1,0 +1,425 @@
+// kiln_load: what kilnd costs over loopback gRPC (issue 3's benchmarks).
+//
+//   (a) overhead: a 1-element graph (x + 1) at concurrency 1, through a
+//       session and one-shot (graph inline); p50/p99 client-observed latency,
+//       next to a grpc.health Check as the floor of one gRPC round trip;
+//   (b) throughput at concurrency 1..64 (closed loop, one thread per
+//       outstanding call) for the tiny graph and the BERT-base encoder layer
+//       (session with params, batch 1, seq 128);
+//   (c) the encoder layer through kilnd vs the in-process Engine in this
+//       process, alternating blocks of runs A B A B; overhead of the medians.
+//
+// Starts its own kilnd (temp cache dir, ephemeral ports, a queue quota that
+// admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of stdout (bench/run_all.sh
+// collects one per line); progress goes to stderr.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "clients/cpp/client.h"
+#include "engine/engine.h"
+#include "engine/ir/builder.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "tests/clients/kilnd_child.h"
+#include "tests/e2e/models.h"
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// Nearest-rank percentile; `v` is sorted in place.
+double Percentile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * v.size()));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+double Median(std::vector<double> v) { return Percentile(v, 0.5); }
+
+json Summary(std::vector<double> us) {
+  double sum = 0;
+  for (double u : us) sum += u;
+  const size_t n = us.size();
+  return {{"runs", n},
+          {"mean_us", n ? sum / n : 0},
+          {"p50_us", Percentile(us, 0.5)},
+          {"p90_us", Percentile(us, 0.9)},
+          {"p99_us", Percentile(us, 0.99)},
+          {"max_us", n ? us.back() : 0}};
+}
+
+void Die(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "kiln_load: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+json Machine() {
+  std::string model;
+  std::ifstream cpu("/proc/cpuinfo");
+  for (std::string line; std::getline(cpu, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = Trim(line.substr(line.find(':') + 2));
+      break;
+    }
+  }
+  utsname u{};
+  uname(&u);
+  return {{"cpu", model},
+          {"cores", std::thread::hardware_concurrency()},
+          {"kernel", std::string(u.release)},
+          {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())}};
+}
+
+// One closed loop per thread for `seconds`: each thread issues its next call
+// when the previous one returns.
+template <typename Call>
+json Throughput(int concurrency, double seconds, const Call& call) {
+  std::vector<std::vector<double>> lat(concurrency);
+  std::atomic<bool> go{false};
+  std::atomic<int> errors{0};
+  absl::Mutex first_error_mu;
+  absl::Status first_error;  // guarded by first_error_mu
+  std::vector<std::thread> threads;
+  Clock::time_point start;
+  const auto duration = std::chrono::duration<double>(seconds);
+  for (int t = 0; t < concurrency; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      while (Clock::now() - start < duration) {
+        const auto t0 = Clock::now();
+        if (absl::Status s = call(); !s.ok()) {
+          errors.fetch_add(1);
+          absl::MutexLock lock(&first_error_mu);
+          if (first_error.ok()) first_error = s;
+          continue;
+        }
+        lat[t].push_back(MicrosSince(t0));
+      }
+    });
+  }
+  start = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : threads) th.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  json j = Summary(all);  // successful runs only
+  j["concurrency"] = concurrency;
+  j["runs_per_s"] = all.size() / elapsed;
+  j["errors"] = errors.load();
+  if (!first_error.ok()) j["first_error"] = first_error.ToString();
+  return j;
+}
+
+struct Flags {
+  std::string addr;
+  std::string kilnd;
+  int tiny_rounds = 5;
+  int tiny_runs = 2000;
+  double tiny_seconds = 1.5;
+  double encoder_seconds = 3.0;
+  int encoder_blocks = 20;
+  int block_runs = 4;
+  int payload_runs = 200;
+  std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
+  bool skip_encoder = false;
+};
+
+int Main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"kiln_load: kilnd overhead and throughput over loopback gRPC (JSON on stdout)"};
+  app.add_option("--addr", f.addr, "a running kilnd (default: start one)");
+  app.add_option("--kilnd", f.kilnd, "kilnd binary to start")->capture_default_str();
+  app.add_option("--tiny-rounds", f.tiny_rounds, "rounds of sequential tiny runs")->capture_default_str();
+  app.add_option("--tiny-runs", f.tiny_runs, "tiny runs per round")->capture_default_str();
+  app.add_option("--tiny-seconds", f.tiny_seconds, "seconds per tiny throughput point")
+      ->capture_default_str();
+  app.add_option("--encoder-seconds", f.encoder_seconds, "seconds per encoder throughput point")
+      ->capture_default_str();
+  app.add_option("--encoder-blocks", f.encoder_blocks, "A/B blocks, in-process vs kilnd")
+      ->capture_default_str();
+  app.add_option("--block-runs", f.block_runs, "timed runs per block (after one untimed)")
+      ->capture_default_str();
+  app.add_option("--payload-runs", f.payload_runs, "runs per payload case")->capture_default_str();
+  app.add_option("--concurrency", f.concurrency, "throughput points")->delimiter(',');
+  app.add_flag("--skip-encoder", f.skip_encoder, "only the tiny graph");
+  CLI11_PARSE(app, argc, argv);
+  // The in-process engine logs through spdlog: to stderr, keeping stdout JSON.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kiln_load"));
+
+  json out;
+  out["machine"] = Machine();
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  out["command"] = cmd;
+
+  std::unique_ptr<testing::ScratchDir> cache;
+  std::unique_ptr<testing::KilndChild> kilnd;
+  if (f.addr.empty()) {
+    cache = std::make_unique<testing::ScratchDir>();
+    // Queue room for every thread of the highest concurrency: the default
+    // quota (64 in flight, 32 queued) answers RESOURCE_EXHAUSTED beyond it.
+    const int most = *std::max_element(f.concurrency.begin(), f.concurrency.end());
+    const std::string config = cache->path() + "/kilnd.textproto";
+    std::ofstream(config) << "default_quota { max_in_flight: " << 2 * most + 8
+                          << " max_queue: " << 2 * most + 8 << " }\n";
+    auto k = testing::KilndChild::Start(cache->path() + "/cache", f.kilnd,
+                                        {"--config=" + config});
+    Die(k.status(), "starting kilnd");
+    kilnd = std::move(*k);
+    f.addr = kilnd->addr();
+  }
+  out["addr"] = f.addr;
+  auto client_or = Client::Create(f.addr);
+  Die(client_or.status(), "connecting");
+  const Client& client = **client_or;
+
+  // (a) The tiny graph: x f32[1] -> x + 1.
+  std::fprintf(stderr, "kiln_load: tiny graph, concurrency 1\n");
+  GraphBuilder tiny("plus_one");
+  tiny.output("y", tiny.add(tiny.input("x", v1::DTYPE_F32, {int64_t{1}}), tiny.scalar(1.0)));
+  const v1::GraphSource tiny_src = GraphFromProto(tiny.Build());
+  TensorMap tiny_in;
+  tiny_in.emplace("x", HostTensor::FromVector<float>(v1::DTYPE_F32, {1}, {41.0f}));
+  auto tiny_session = client.CreateSession(tiny_src);
+  Die(tiny_session.status(), "tiny session");
+  const std::string tiny_id = tiny_session->session_id();
+  auto check = client.Run(tiny_id, tiny_in);
+  Die(check.status(), "tiny run");
+  if (check->outputs.at(0).second.data_as<float>()[0] != 42.0f) Die(absl::InternalError("x + 1 != 42"), "tiny run");
+
+  auto run_session = [&] { return client.Run(tiny_id, tiny_in).status(); };
+  auto run_oneshot = [&] { return client.Run(tiny_src, tiny_in).status(); };
+  auto health = [&] { return client.Health().status(); };
+  for (int i = 0; i < 500; ++i) {  // warm up the channel, caches and pools
+    Die(run_session(), "warm-up");
+    Die(run_oneshot(), "warm-up");
+    Die(health(), "warm-up");
+  }
+  // Rounds alternate the three kinds of call so drift hits them alike.
+  std::vector<double> all_s, all_o, all_h, p50_s, p99_s, p50_o, p99_o, p50_h;
+  for (int round = 0; round < f.tiny_rounds; ++round) {
+    std::vector<double> s, o, h;
+    for (int i = 0; i < f.tiny_runs; ++i) {
+      auto t0 = Clock::now();
+      Die(run_session(), "tiny session run");
+      s.push_back(MicrosSince(t0));
+      t0 = Clock::now();
+      Die(run_oneshot(), "tiny one-shot run");
+      o.push_back(MicrosSince(t0));
+      t0 = Clock::now();
+      Die(health(), "health");
+      h.push_back(MicrosSince(t0));
+    }
+    all_s.insert(all_s.end(), s.begin(), s.end());
+    all_o.insert(all_o.end(), o.begin(), o.end());
+    all_h.insert(all_h.end(), h.begin(), h.end());
+    p50_s.push_back(Percentile(s, 0.5));
+    p99_s.push_back(Percentile(s, 0.99));
+    p50_o.push_back(Percentile(o, 0.5));
+    p99_o.push_back(Percentile(o, 0.99));
+    p50_h.push_back(Percentile(h, 0.5));
+  }
+  // What kilnd itself measured for the last runs (it keeps a report of each):
+  // the engine's run and the wait for a run slot. The rest of the client's
+  // latency is gRPC, (de)serialization and the server's request handling.
+  std::vector<double> server_run, server_queue;
+  if (auto kept = client.GetReports(0); kept.ok()) {
+    for (const v1::DispatchReport& r : *kept) {
+      server_run.push_back(r.run_micros());
+      server_queue.push_back(r.queue_micros());
+    }
+  }
+  out["tiny_overhead"] = {
+      {"graph", "x f32[1] -> x + 1"},
+      {"rounds", f.tiny_rounds},
+      {"runs_per_round", f.tiny_runs},
+      {"session", {{"pooled", Summary(all_s)},
+                   {"p50_us_median_of_rounds", Median(p50_s)},
+                   {"p99_us_median_of_rounds", Median(p99_s)}}},
+      {"one_shot", {{"pooled", Summary(all_o)},
+                    {"p50_us_median_of_rounds", Median(p50_o)},
+                    {"p99_us_median_of_rounds", Median(p99_o)}}},
+      {"grpc_health_check", {{"pooled", Summary(all_h)},
+                             {"p50_us_median_of_rounds", Median(p50_h)}}},
+      {"server_side_last_runs", {{"runs", server_run.size()},
+                                 {"engine_run_p50_us", Median(server_run)},
+                                 {"queue_p50_us", Median(server_queue)}}},
+      {"targets", {{"p50_us", 100}, {"p99_us", 300}}}};
+
+  // (a') What moving an encoder layer's activation (f32[1, 128, 768], 384 KiB)
+  // costs per direction, with graphs that do almost nothing else.
+  std::fprintf(stderr, "kiln_load: payload cost, concurrency 1\n");
+  json payload = json::array();
+  {
+    struct Case {
+      const char* name;
+      std::function<void(GraphBuilder&)> build;
+      Dims in;
+    };
+    const Dims big = {1, 128, 768};
+    const std::vector<Case> cases = {
+        {"4 B in, 4 B out", [](GraphBuilder& g) {
+           g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}}), g.scalar(1.0)));
+         }, {1}},
+        {"384 KiB in, 4 B out", [&](GraphBuilder& g) {
+           g.output("y", g.reduce(v1::REDUCE_SUM, g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}), {}));
+         }, big},
+        {"4 B in, 384 KiB out", [&](GraphBuilder& g) {
+           g.output("y", g.expand(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{1}, int64_t{1}}), big));
+         }, {1, 1, 1}},
+        {"384 KiB in, 384 KiB out", [&](GraphBuilder& g) {
+           g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}), g.scalar(1.0)));
+         }, big},
+    };
+    for (const Case& c : cases) {
+      GraphBuilder g(c.name);
+      c.build(g);
+      auto session = client.CreateSession(GraphFromProto(g.Build()));
+      Die(session.status(), "payload session");
+      TensorMap in;
+      in.emplace("x", std::move(HostTensor::Create(v1::DTYPE_F32, c.in)).value());
+      std::vector<double> lat;
+      for (int i = 0; i < 20 + f.payload_runs; ++i) {
+        const auto t0 = Clock::now();
+        Die(client.Run(session->session_id(), in).status(), "payload run");
+        if (i >= 20) lat.push_back(MicrosSince(t0));
+      }
+      std::vector<double> engine;
+      if (auto kept = client.GetReports(32); kept.ok()) {
+        for (const v1::DispatchReport& r : *kept) engine.push_back(r.run_micros());
+      }
+      Die(client.CloseSession(session->session_id()), "close");
+      payload.push_back({{"case", c.name},
+                         {"client", Summary(lat)},
+                         {"server_engine_run_p50_us", Median(engine)}});
+    }
+  }
+  out["payload_cost"] = payload;
+
+  // (b) Throughput curves.
+  json tiny_curve = json::array();
+  for (int c : f.concurrency) {
+    std::fprintf(stderr, "kiln_load: tiny graph, concurrency %d\n", c);
+    tiny_curve.push_back(Throughput(c, f.tiny_seconds, run_session));
+  }
+  out["tiny_throughput"] = tiny_curve;
+  if (f.skip_encoder) {
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+
+  const models::EncoderConfig config;
+  models::Model m = models::EncoderLayer(config);
+  std::mt19937_64 rng(1);
+  TensorMap enc_in;
+  enc_in.emplace("x", models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
+  auto enc_session = client.CreateSession(GraphFromProto(m.graph));
+  Die(enc_session.status(), "encoder session");
+  const std::string enc_id = enc_session->session_id();
+  Die(client.SetParams(enc_id, m.params).status(), "encoder params");
+  auto run_encoder = [&] { return client.Run(enc_id, enc_in).status(); };
+  for (int i = 0; i < 5; ++i) Die(run_encoder(), "encoder warm-up");
+
+  json enc_curve = json::array();
+  for (int c : f.concurrency) {
+    std::fprintf(stderr, "kiln_load: encoder layer, concurrency %d\n", c);
+    enc_curve.push_back(Throughput(c, f.encoder_seconds, run_encoder));
+  }
+  out["encoder_throughput"] = enc_curve;
+
+  // (c) The same encoder layer in this process.
+  std::fprintf(stderr, "kiln_load: encoder layer, in-process vs kilnd\n");
+  testing::ScratchDir engine_cache;
+  EngineOptions eo;
+  eo.cache_dir = engine_cache.path();
+  auto engine = Engine::Create(eo);
+  Die(engine.status(), "engine");
+  auto compiled = (*engine)->Compile(m.graph, {}, {{"x", {1, config.seq, config.hidden}}});
+  Die(compiled.status(), "in-process compile");
+  const std::vector<TensorRef> param_refs = models::ParamRefs(m);
+  auto params = (*engine)->CreateParams(param_refs);
+  Die(params.status(), "in-process params");
+  const std::vector<TensorRef> in_refs = {TensorRef::Of("x", enc_in.at("x"))};
+  auto run_inproc = [&] {
+    return (*engine)->Run(*compiled->executable, in_refs, params->get(), {}).status();
+  };
+  for (int i = 0; i < 5; ++i) Die(run_inproc(), "in-process warm-up");
+  // Blocks alternate A B A B; the first run of each block is dropped, so the
+  // other side's spinning OpenMP threads and cold caches do not count.
+  // kilnd's own report of each timed run splits its latency into the engine
+  // run inside kilnd and the rest (gRPC, copies, request handling).
+  std::vector<double> a, b, ratio, served_engine, served_rest;
+  for (int block = 0; block < f.encoder_blocks; ++block) {
+    for (const bool inproc : {block % 2 == 0, block % 2 != 0}) {
+      std::vector<double> kept;
+      for (int i = 0; i <= f.block_runs; ++i) {
+        const auto t0 = Clock::now();
+        Die(inproc ? run_inproc() : run_encoder(), "encoder A/B");
+        if (i > 0) kept.push_back(MicrosSince(t0));
+      }
+      (inproc ? a : b).insert((inproc ? a : b).end(), kept.begin(), kept.end());
+      if (inproc) continue;
+      auto reports = client.GetReports(f.block_runs);  // this block's timed runs, oldest first
+      Die(reports.status(), "reports");
+      for (size_t i = 0; i < reports->size() && i < kept.size(); ++i) {
+        served_engine.push_back((*reports)[i].run_micros());
+        served_rest.push_back(kept[i] - (*reports)[i].run_micros());
+      }
+    }
+    // Ratio of this block pair's medians.
+    const size_t n = static_cast<size_t>(f.block_runs);
+    ratio.push_back(Median({b.end() - n, b.end()}) / Median({a.end() - n, a.end()}));
+  }
+  const double ma = Median(a), mb = Median(b);
+  out["encoder_overhead"] = {
+      {"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+      {"blocks", f.encoder_blocks},
+      {"runs_per_block", f.block_runs},
+      {"in_process", Summary(a)},
+      {"kilnd", Summary(b)},
+      {"overhead_pct_of_medians", 100.0 * (mb - ma) / ma},
+      {"overhead_pct_median_of_block_ratios", 100.0 * (Median(ratio) - 1.0)},
+      {"kilnd_engine_run_p50_us", Median(served_engine)},
+      {"kilnd_non_engine_p50_us", Median(served_rest)},
+      {"non_engine_pct_of_in_process", 100.0 * Median(served_rest) / ma},
+      {"target_pct", 5}};
+  std::printf("%s\n", out.dump().c_str());
+  Die(client.CloseSession(enc_id), "close");
+  Die(client.CloseSession(tiny_id), "close");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Main(argc, argv); }
