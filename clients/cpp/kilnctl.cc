@@ -134,16 +134,18 @@ std::string Preview(const HostTensor& t) {
 absl::Status CmdDevices(const GlobalFlags& g) {
   KILN_ASSIGN_OR_RETURN(auto client, Connect(g));
   KILN_ASSIGN_OR_RETURN(v1::ListDevicesResponse resp, client->ListDevices());
-  std::printf("%-10s %-8s %-32s %-12s %10s %8s %12s\n", "id", "backend", "name", "arch", "memory",
-              "threads", "peak f32");
+  std::vector<std::vector<std::string>> rows;
   for (const v1::DeviceInfo& d : resp.devices()) {
-    std::printf("%-10s %-8s %-32s %-12s %10s %8d %12s\n", d.id().c_str(), d.backend().c_str(),
-                d.name().c_str(), d.arch().c_str(), HumanBytes(d.memory_bytes()).c_str(),
-                d.threads(),
-                d.profile().peak_gflops_f32() > 0
-                    ? absl::StrFormat("%.0f GFLOP/s", d.profile().peak_gflops_f32()).c_str()
-                    : "-");
+    const double peak = d.profile().peak_gflops_f32();
+    rows.push_back({d.id(), d.backend(), d.name(), d.arch(), HumanBytes(d.memory_bytes()),
+                    absl::StrCat(d.threads()),
+                    peak > 0 ? absl::StrFormat("%.0f GFLOP/s", peak) : std::string("-"),
+                    d.profile().calibrated() ? "yes" : "no"});
   }
+  std::printf("%s", FormatTable({"id", "backend", "name", "arch", "memory", "threads", "peak f32",
+                                 "calibrated"},
+                                {false, false, false, false, true, true, true, false}, rows)
+                        .c_str());
   for (const std::string& u : resp.unavailable()) std::printf("unavailable: %s\n", u.c_str());
   return absl::OkStatus();
 }

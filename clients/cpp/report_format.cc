@@ -38,9 +38,10 @@ std::string StepNodes(const v1::DispatchStep& s) {
   return out;
 }
 
-// Columns left-aligned unless marked numeric (right-aligned).
-std::string Table(const std::vector<std::string>& header, const std::vector<bool>& numeric,
-                  const std::vector<std::vector<std::string>>& rows) {
+}  // namespace
+
+std::string FormatTable(const std::vector<std::string>& header, const std::vector<bool>& numeric,
+                        const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> width(header.size());
   for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
   for (const auto& row : rows) {
@@ -59,8 +60,6 @@ std::string Table(const std::vector<std::string>& header, const std::vector<bool
   for (const auto& row : rows) out += line(row);
   return out;
 }
-
-}  // namespace
 
 std::string HumanCount(double v) {
   static constexpr const char* kUnits[] = {"", " k", " M", " G", " T", " P"};
@@ -116,7 +115,7 @@ std::string FormatCompileReport(const v1::CompileReport& r) {
     for (const v1::StageTiming& s : r.stages()) {
       rows.push_back({s.stage(), absl::StrFormat("%.1f", s.micros()), absl::StrCat(s.nodes_after())});
     }
-    absl::StrAppend(&out, "\n", Table({"stage", "us", "nodes"}, {false, true, true}, rows));
+    absl::StrAppend(&out, "\n", FormatTable({"stage", "us", "nodes"}, {false, true, true}, rows));
   }
   if (r.paths_size() > 0) {
     std::vector<std::string> parts;
@@ -158,7 +157,7 @@ std::string FormatReportTable(const v1::DispatchReport& r) {
                     absl::StrFormat("%.1f", s.start_micros()),
                     absl::StrFormat("%.1f", s.duration_micros())});
   }
-  absl::StrAppend(&out, Table({"kernel", "implementation", "path", "device", "nodes", "flops",
+  absl::StrAppend(&out, FormatTable({"kernel", "implementation", "path", "device", "nodes", "flops",
                                "bytes", "start us", "duration us"},
                               {false, false, false, false, false, true, true, true, true}, rows));
   for (const v1::DeviceTotals& t : r.totals()) {

@@ -7,6 +7,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kiln/v1/report.pb.h"
 #include "kiln/v1/service.pb.h"
@@ -29,6 +30,11 @@ std::string FormatTensorType(const v1::TensorType& type);
 // thread per device, one complete event per step. Reports are placed on one
 // time axis by their start_unix_micros (the first at 0).
 std::string ReportsToChromeTrace(std::span<const v1::DispatchReport> reports);
+
+// An aligned text table: columns separated by two spaces, `numeric` ones
+// right-aligned.
+std::string FormatTable(const std::vector<std::string>& header, const std::vector<bool>& numeric,
+                        const std::vector<std::vector<std::string>>& rows);
 
 // "1.50 G", "12.3 k" (SI) and "1.5 MiB" (binary) for table cells.
 std::string HumanCount(double v);
