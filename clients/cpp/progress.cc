@@ -37,6 +37,7 @@ void ProgressBar::Update(int64_t done) {
 }
 
 void ProgressBar::Draw(int64_t done) {
+  drawn_ = done;
   constexpr int kWidth = 30;
   const double frac = total_ > 0 ? std::clamp(static_cast<double>(done) / total_, 0.0, 1.0) : 1.0;
   const int filled = static_cast<int>(frac * kWidth);
@@ -50,7 +51,7 @@ void ProgressBar::Finish() {
   if (finished_) return;
   finished_ = true;
   if (!enabled_) return;
-  Draw(done_);
+  if (drawn_ != done_) Draw(done_);
   std::fputs("\n", stderr);
 }
 

@@ -40,6 +40,7 @@ class ProgressBar {
   const absl::Time start_ = absl::Now();
   absl::Time last_draw_ = absl::InfinitePast();
   int64_t done_ = 0;
+  int64_t drawn_ = -1;  // `done` of the last draw
   bool finished_ = false;
 };
 
