@@ -10,8 +10,8 @@
 //       process, alternating blocks of runs A B A B; overhead of the medians.
 //
 // Starts its own kilnd (temp cache dir, ephemeral ports, a queue quota that
-// admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of stdout (bench/run_all.sh
-// collects one per line); progress goes to stderr.
+// admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
+// stdout (bench/run_all.sh collects one per line); progress goes to stderr.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -109,6 +109,7 @@ json Throughput(int concurrency, double seconds, const Call& call) {
   absl::Mutex first_error_mu;
   absl::Status first_error;  // guarded by first_error_mu
   std::vector<std::thread> threads;
+  threads.reserve(concurrency);
   Clock::time_point start;
   const auto duration = std::chrono::duration<double>(seconds);
   for (int t = 0; t < concurrency; ++t) {
@@ -159,7 +160,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"kiln_load: kilnd overhead and throughput over loopback gRPC (JSON on stdout)"};
   app.add_option("--addr", f.addr, "a running kilnd (default: start one)");
   app.add_option("--kilnd", f.kilnd, "kilnd binary to start")->capture_default_str();
-  app.add_option("--tiny-rounds", f.tiny_rounds, "rounds of sequential tiny runs")->capture_default_str();
+  app.add_option("--tiny-rounds", f.tiny_rounds, "rounds of sequential tiny runs")
+      ->capture_default_str();
   app.add_option("--tiny-runs", f.tiny_runs, "tiny runs per round")->capture_default_str();
   app.add_option("--tiny-seconds", f.tiny_seconds, "seconds per tiny throughput point")
       ->capture_default_str();
@@ -192,8 +194,7 @@ int Main(int argc, char** argv) {
     const std::string config = cache->path() + "/kilnd.textproto";
     std::ofstream(config) << "default_quota { max_in_flight: " << 2 * most + 8
                           << " max_queue: " << 2 * most + 8 << " }\n";
-    auto k = testing::KilndChild::Start(cache->path() + "/cache", f.kilnd,
-                                        {"--config=" + config});
+    auto k = testing::KilndChild::Start(cache->path() + "/cache", f.kilnd, {"--config=" + config});
     Die(k.status(), "starting kilnd");
     kilnd = std::move(*k);
     f.addr = kilnd->addr();
@@ -215,7 +216,8 @@ int Main(int argc, char** argv) {
   const std::string tiny_id = tiny_session->session_id();
   auto check = client.Run(tiny_id, tiny_in);
   Die(check.status(), "tiny run");
-  if (check->outputs.at(0).second.data_as<float>()[0] != 42.0f) Die(absl::InternalError("x + 1 != 42"), "tiny run");
+  if (check->outputs.at(0).second.data_as<float>()[0] != 42.0f)
+    Die(absl::InternalError("x + 1 != 42"), "tiny run");
 
   auto run_session = [&] { return client.Run(tiny_id, tiny_in).status(); };
   auto run_oneshot = [&] { return client.Run(tiny_src, tiny_in).status(); };
@@ -263,17 +265,20 @@ int Main(int argc, char** argv) {
       {"graph", "x f32[1] -> x + 1"},
       {"rounds", f.tiny_rounds},
       {"runs_per_round", f.tiny_runs},
-      {"session", {{"pooled", Summary(all_s)},
-                   {"p50_us_median_of_rounds", Median(p50_s)},
-                   {"p99_us_median_of_rounds", Median(p99_s)}}},
-      {"one_shot", {{"pooled", Summary(all_o)},
-                    {"p50_us_median_of_rounds", Median(p50_o)},
-                    {"p99_us_median_of_rounds", Median(p99_o)}}},
-      {"grpc_health_check", {{"pooled", Summary(all_h)},
-                             {"p50_us_median_of_rounds", Median(p50_h)}}},
-      {"server_side_last_runs", {{"runs", server_run.size()},
-                                 {"engine_run_p50_us", Median(server_run)},
-                                 {"queue_p50_us", Median(server_queue)}}},
+      {"session",
+       {{"pooled", Summary(all_s)},
+        {"p50_us_median_of_rounds", Median(p50_s)},
+        {"p99_us_median_of_rounds", Median(p99_s)}}},
+      {"one_shot",
+       {{"pooled", Summary(all_o)},
+        {"p50_us_median_of_rounds", Median(p50_o)},
+        {"p99_us_median_of_rounds", Median(p99_o)}}},
+      {"grpc_health_check",
+       {{"pooled", Summary(all_h)}, {"p50_us_median_of_rounds", Median(p50_h)}}},
+      {"server_side_last_runs",
+       {{"runs", server_run.size()},
+        {"engine_run_p50_us", Median(server_run)},
+        {"queue_p50_us", Median(server_queue)}}},
       {"targets", {{"p50_us", 100}, {"p99_us", 300}}}};
 
   // (a') What moving an encoder layer's activation (f32[1, 128, 768], 384 KiB)
@@ -288,18 +293,32 @@ int Main(int argc, char** argv) {
     };
     const Dims big = {1, 128, 768};
     const std::vector<Case> cases = {
-        {"4 B in, 4 B out", [](GraphBuilder& g) {
+        {"4 B in, 4 B out",
+         [](GraphBuilder& g) {
            g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}}), g.scalar(1.0)));
-         }, {1}},
-        {"384 KiB in, 4 B out", [&](GraphBuilder& g) {
-           g.output("y", g.reduce(v1::REDUCE_SUM, g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}), {}));
-         }, big},
-        {"4 B in, 384 KiB out", [&](GraphBuilder& g) {
-           g.output("y", g.expand(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{1}, int64_t{1}}), big));
-         }, {1, 1, 1}},
-        {"384 KiB in, 384 KiB out", [&](GraphBuilder& g) {
-           g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}), g.scalar(1.0)));
-         }, big},
+         },
+         {1}},
+        {"384 KiB in, 4 B out",
+         [&](GraphBuilder& g) {
+           g.output(
+               "y",
+               g.reduce(v1::REDUCE_SUM,
+                        g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}), {}));
+         },
+         big},
+        {"4 B in, 384 KiB out",
+         [&](GraphBuilder& g) {
+           g.output("y", g.expand(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{1}, int64_t{1}}),
+                                  big));
+         },
+         {1, 1, 1}},
+        {"384 KiB in, 384 KiB out",
+         [&](GraphBuilder& g) {
+           g.output("y",
+                    g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}),
+                          g.scalar(1.0)));
+         },
+         big},
     };
     for (const Case& c : cases) {
       GraphBuilder g(c.name);
@@ -401,18 +420,17 @@ int Main(int argc, char** argv) {
     ratio.push_back(Median({b.end() - n, b.end()}) / Median({a.end() - n, a.end()}));
   }
   const double ma = Median(a), mb = Median(b);
-  out["encoder_overhead"] = {
-      {"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
-      {"blocks", f.encoder_blocks},
-      {"runs_per_block", f.block_runs},
-      {"in_process", Summary(a)},
-      {"kilnd", Summary(b)},
-      {"overhead_pct_of_medians", 100.0 * (mb - ma) / ma},
-      {"overhead_pct_median_of_block_ratios", 100.0 * (Median(ratio) - 1.0)},
-      {"kilnd_engine_run_p50_us", Median(served_engine)},
-      {"kilnd_non_engine_p50_us", Median(served_rest)},
-      {"non_engine_pct_of_in_process", 100.0 * Median(served_rest) / ma},
-      {"target_pct", 5}};
+  out["encoder_overhead"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+                             {"blocks", f.encoder_blocks},
+                             {"runs_per_block", f.block_runs},
+                             {"in_process", Summary(a)},
+                             {"kilnd", Summary(b)},
+                             {"overhead_pct_of_medians", 100.0 * (mb - ma) / ma},
+                             {"overhead_pct_median_of_block_ratios", 100.0 * (Median(ratio) - 1.0)},
+                             {"kilnd_engine_run_p50_us", Median(served_engine)},
+                             {"kilnd_non_engine_p50_us", Median(served_rest)},
+                             {"non_engine_pct_of_in_process", 100.0 * Median(served_rest) / ma},
+                             {"target_pct", 5}};
   std::printf("%s\n", out.dump().c_str());
   Die(client.CloseSession(enc_id), "close");
   Die(client.CloseSession(tiny_id), "close");
@@ -422,4 +440,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kiln
 
-int main(int argc, char** argv) { return kiln::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return kiln::Main(argc, argv);
+  } catch (const std::exception& e) {  // a library's (CLI11, JSON, allocation) unexpected error
+    std::fprintf(stderr, "kiln_load: %s\n", e.what());
+    return 1;
+  }
+}

@@ -175,7 +175,8 @@ absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
   v1::ParamChunk chunk;
   while (reader->Read(&chunk)) {
     if (!bad.ok()) continue;  // drain, then report the first problem
-    const bool starts = !chunk.name().empty() && (chunk.name() != current_name || chunk.offset() == 0);
+    const bool starts =
+        !chunk.name().empty() && (chunk.name() != current_name || chunk.offset() == 0);
     if (starts) {
       if (out.contains(chunk.name())) {
         bad = absl::DataLossError(absl::StrCat("GetParams: param '", chunk.name(), "' sent twice"));
@@ -230,8 +231,9 @@ absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req) const
   return result;
 }
 
-absl::StatusOr<Client::RunResult> Client::Run(const std::string& session_id, const TensorMap& inputs,
-                                      const Client::RunOptions& options) const {
+absl::StatusOr<Client::RunResult> Client::Run(const std::string& session_id,
+                                              const TensorMap& inputs,
+                                              const Client::RunOptions& options) const {
   if (session_id.empty()) return absl::InvalidArgumentError("Run: empty session id");
   v1::RunRequest req;
   req.set_session_id(session_id);
@@ -242,7 +244,8 @@ absl::StatusOr<Client::RunResult> Client::Run(const std::string& session_id, con
 }
 
 absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, const TensorMap& inputs,
-                                      const TensorMap& params, const Client::RunOptions& options) const {
+                                              const TensorMap& params,
+                                              const Client::RunOptions& options) const {
   v1::RunRequest req;
   *req.mutable_graph() = graph;
   *req.mutable_options() = options.compile;

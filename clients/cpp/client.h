@@ -112,8 +112,7 @@ class Client {
                                 const RunOptions& options = {}) const;
   // One-shot: compiles `graph` (cached by content on the server) and runs it.
   absl::StatusOr<RunResult> Run(const v1::GraphSource& graph, const TensorMap& inputs,
-                                const TensorMap& params = {},
-                                const RunOptions& options = {}) const;
+                                const TensorMap& params = {}, const RunOptions& options = {}) const;
 
   absl::Status CloseSession(const std::string& session_id) const;
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;

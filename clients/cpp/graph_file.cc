@@ -45,8 +45,8 @@ absl::StatusOr<v1::GraphSource> FromProtoText(const std::string& text, const std
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, src.mutable_graph())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a kiln.v1.Graph in protobuf text format: ", errors.first()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a kiln.v1.Graph in protobuf text format: ", errors.first()));
   }
   return src;
 }
@@ -63,7 +63,8 @@ absl::StatusOr<v1::GraphSource> FromBinary(const std::string& bytes, const std::
 
 absl::StatusOr<v1::GraphSource> LoadGraphFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   std::ostringstream ss;
   ss << f.rdbuf();
   std::string bytes = ss.str();
@@ -85,9 +86,10 @@ absl::StatusOr<v1::GraphSource> LoadGraphFile(const std::string& path) {
   if (bin.ok() && bin->graph().nodes_size() > 0) return bin;
   auto text = FromProtoText(bytes, path);
   if (text.ok()) return text;
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": not a graph: expected `.kiln` text, a binary kiln.v1.Graph (.pb) or a "
-            "kiln.v1.Graph in protobuf text format (.pbtxt)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path,
+                   ": not a graph: expected `.kiln` text, a binary kiln.v1.Graph (.pb) or a "
+                   "kiln.v1.Graph in protobuf text format (.pbtxt)"));
 }
 
 }  // namespace kiln

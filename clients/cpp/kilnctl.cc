@@ -73,11 +73,10 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const GlobalFlags& g) {
 }
 
 absl::StatusOr<std::pair<std::string, std::string>> SplitAssignment(const std::string& arg,
-                                                                     const char* flag) {
+                                                                    const char* flag) {
   std::pair<std::string, std::string> kv = absl::StrSplit(arg, absl::MaxSplits('=', 1));
   if (kv.first.empty() || kv.second.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " expects name=value, got '", arg, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " expects name=value, got '", arg, "'"));
   }
   return kv;
 }
@@ -174,8 +173,9 @@ absl::Status CmdCacheStats(const GlobalFlags& g) {
   std::printf("executables   %lld memory hits, %lld disk hits, %lld misses (hit rate %s)\n",
               static_cast<long long>(c.memory_hits()), static_cast<long long>(c.disk_hits()),
               static_cast<long long>(c.misses()),
-              lookups > 0 ? absl::StrFormat("%.1f%%", 100.0 * (lookups - c.misses()) / lookups).c_str()
-                          : "-");
+              lookups > 0
+                  ? absl::StrFormat("%.1f%%", 100.0 * (lookups - c.misses()) / lookups).c_str()
+                  : "-");
   std::printf("kernels       %lld hits, %lld misses\n", static_cast<long long>(c.kernel_hits()),
               static_cast<long long>(c.kernel_misses()));
   std::printf("disk          %lld entries, %s\n", static_cast<long long>(c.disk_entries()),
@@ -230,7 +230,9 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   if (!f.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(f.out_dir, ec);
-    if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", f.out_dir, ": ", ec.message()));
+    if (ec)
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create ", f.out_dir, ": ", ec.message()));
   }
   KILN_ASSIGN_OR_RETURN(auto client, Connect(g));
   const bool progress = ProgressWanted(g.progress);
@@ -257,9 +259,9 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
       for (const v1::SignatureEntry& e : session->signature().params()) wanted.push_back(e.name());
       for (const auto& [name, t] : params) {
         if (std::find(wanted.begin(), wanted.end(), name) == wanted.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("the graph has no param '", name, "' (its params: ",
-                           wanted.empty() ? "none" : absl::StrJoin(wanted, ", "), ")"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the graph has no param '", name,
+              "' (its params: ", wanted.empty() ? "none" : absl::StrJoin(wanted, ", "), ")"));
         }
       }
       int64_t total = 0;
@@ -347,7 +349,8 @@ int Main(int argc, char** argv) {
   compile->add_option("graph", cf.graph, ".kiln text, binary .pb or .pbtxt graph")->required();
   compile->add_option("--shape", cf.shapes, "concrete input shape: name=d0,d1,...");
   compile->add_option("--device", cf.device, "auto, or a device id (cpu:0)")->capture_default_str();
-  compile->add_flag("--prefer-common-ir", cf.prefer_common_ir, "decompose instead of native kernels");
+  compile->add_flag("--prefer-common-ir", cf.prefer_common_ir,
+                    "decompose instead of native kernels");
   compile->add_flag("--no-fusion", cf.no_fusion, "disable fusion");
 
   RunFlags rf;
@@ -391,4 +394,11 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kiln
 
-int main(int argc, char** argv) { return kiln::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return kiln::Main(argc, argv);
+  } catch (const std::exception& e) {  // a library's (CLI11, JSON, allocation) unexpected error
+    std::fprintf(stderr, "kilnctl: %s\n", e.what());
+    return 1;
+  }
+}

@@ -125,7 +125,8 @@ absl::StatusOr<HostTensor> ParseNpy(std::string_view bytes, const std::string& w
     header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
-    if (bytes.size() < 12) return absl::InvalidArgumentError(absl::StrCat(what, ": truncated header"));
+    if (bytes.size() < 12)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": truncated header"));
     for (int i = 0; i < 4; ++i) header_len |= size_t{static_cast<uint8_t>(bytes[8 + i])} << (8 * i);
     header_start = 12;
   } else {
@@ -137,8 +138,8 @@ absl::StatusOr<HostTensor> ParseNpy(std::string_view bytes, const std::string& w
   }
   const std::string_view header = bytes.substr(header_start, header_len);
   auto malformed = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": malformed .npy header (", why,
-                                                   "): ", std::string(header)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": malformed .npy header (", why, "): ", std::string(header)));
   };
 
   HeaderReader r(header);
@@ -227,7 +228,8 @@ absl::StatusOr<std::string> SerializeNpy(const HostTensor& tensor) {
   out.push_back(static_cast<char>(v2 ? 2 : 1));
   out.push_back(0);
   const size_t len = header.size();
-  for (size_t i = 0; i < (v2 ? 4u : 2u); ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  for (size_t i = 0; i < (v2 ? 4u : 2u); ++i)
+    out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   out += header;
   out.append(tensor.bytes());
   return out;
@@ -235,7 +237,8 @@ absl::StatusOr<std::string> SerializeNpy(const HostTensor& tensor) {
 
 absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   std::ostringstream ss;
   ss << f.rdbuf();
   if (f.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
@@ -244,7 +247,8 @@ absl::StatusOr<HostTensor> ReadNpy(const std::string& path) {
 
 absl::Status WriteNpy(const std::string& path, const HostTensor& tensor) {
   auto bytes = SerializeNpy(tensor);
-  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes.status().message()));
+  if (!bytes.ok())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes.status().message()));
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) {
     return absl::PermissionDeniedError(

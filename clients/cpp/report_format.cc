@@ -105,15 +105,17 @@ std::string FormatSignature(const v1::Signature& sig) {
 std::string FormatCompileReport(const v1::CompileReport& r) {
   std::string out = absl::StrCat(
       "executable ", r.executable_key().empty() ? "(none: verified only)" : r.executable_key(),
-      "\ncache      ", v1::CacheOutcome_Name(r.executable_cache()), " (kernels: ",
-      r.kernel_cache_hits(), " hits, ", r.kernel_cache_misses(), " misses)\n",
+      "\ncache      ", v1::CacheOutcome_Name(r.executable_cache()),
+      " (kernels: ", r.kernel_cache_hits(), " hits, ", r.kernel_cache_misses(), " misses)\n",
       absl::StrFormat("compile    %.1f us, %d kernels, %d copies\n", r.total_micros(), r.kernels(),
                       r.copies()));
-  if (!r.compiler_version().empty()) absl::StrAppend(&out, "compiler   ", r.compiler_version(), "\n");
+  if (!r.compiler_version().empty())
+    absl::StrAppend(&out, "compiler   ", r.compiler_version(), "\n");
   if (r.stages_size() > 0) {
     std::vector<std::vector<std::string>> rows;
     for (const v1::StageTiming& s : r.stages()) {
-      rows.push_back({s.stage(), absl::StrFormat("%.1f", s.micros()), absl::StrCat(s.nodes_after())});
+      rows.push_back(
+          {s.stage(), absl::StrFormat("%.1f", s.micros()), absl::StrCat(s.nodes_after())});
     }
     absl::StrAppend(&out, "\n", FormatTable({"stage", "us", "nodes"}, {false, true, true}, rows));
   }
@@ -145,9 +147,8 @@ std::string FormatReportTable(const v1::DispatchReport& r) {
   if (r.has_placement() && !r.placement().chosen().empty()) {
     absl::StrAppend(&out, "  placed on ", r.placement().chosen());
   }
-  absl::StrAppend(&out,
-                  absl::StrFormat("\nrun %.1f us, queue %.1f us, %d steps\n\n", r.run_micros(),
-                                  r.queue_micros(), r.steps_size()));
+  absl::StrAppend(&out, absl::StrFormat("\nrun %.1f us, queue %.1f us, %d steps\n\n",
+                                        r.run_micros(), r.queue_micros(), r.steps_size()));
   std::vector<std::vector<std::string>> rows;
   for (const v1::DispatchStep& s : r.steps()) {
     std::string kernel = s.kernel();
@@ -157,12 +158,14 @@ std::string FormatReportTable(const v1::DispatchReport& r) {
                     absl::StrFormat("%.1f", s.start_micros()),
                     absl::StrFormat("%.1f", s.duration_micros())});
   }
-  absl::StrAppend(&out, FormatTable({"kernel", "implementation", "path", "device", "nodes", "flops",
-                               "bytes", "start us", "duration us"},
-                              {false, false, false, false, false, true, true, true, true}, rows));
+  absl::StrAppend(
+      &out, FormatTable({"kernel", "implementation", "path", "device", "nodes", "flops", "bytes",
+                         "start us", "duration us"},
+                        {false, false, false, false, false, true, true, true, true}, rows));
   for (const v1::DeviceTotals& t : r.totals()) {
-    absl::StrAppend(&out, absl::StrFormat("\n%s: busy %.1f us, %d kernels, peak %s", t.device(),
-                                          t.busy_micros(), t.kernels(), HumanBytes(t.peak_bytes())));
+    absl::StrAppend(&out,
+                    absl::StrFormat("\n%s: busy %.1f us, %d kernels, peak %s", t.device(),
+                                    t.busy_micros(), t.kernels(), HumanBytes(t.peak_bytes())));
   }
   if (r.totals_size() > 0) out += "\n";
   return out;
@@ -181,39 +184,47 @@ std::string ReportsToChromeTrace(std::span<const v1::DispatchReport> reports) {
     ++pid;
     const double base =
         r.start_unix_micros() > 0 ? static_cast<double>(r.start_unix_micros() - origin) : 0.0;
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", pid},
                       {"args", {{"name", absl::StrCat("kiln request ", r.request_id())}}}});
     // Track 0 holds the request as a whole; devices get tracks 1, 2, ...
     std::map<std::string, int> tid;
     for (const v1::DispatchStep& s : r.steps()) {
       if (!tid.contains(s.device())) tid.emplace(s.device(), static_cast<int>(tid.size()) + 1);
     }
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
-                      {"args", {{"name", "request"}}}});
-    for (const auto& [device, id] : tid) {
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", id},
-                        {"args", {{"name", device}}}});
-    }
-    events.push_back({{"name", "run"},
-                      {"cat", "request"},
-                      {"ph", "X"},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
                       {"pid", pid},
                       {"tid", 0},
-                      {"ts", base},
-                      {"dur", r.run_micros()},
-                      {"args",
-                       {{"request_id", r.request_id()},
-                        {"tenant", r.tenant()},
-                        {"executable_key", r.executable_key()},
-                        {"queue_micros", r.queue_micros()},
-                        {"cache", r.has_compile()
-                                      ? v1::CacheOutcome_Name(r.compile().executable_cache())
-                                      : std::string()}}}});
+                      {"args", {{"name", "request"}}}});
+    for (const auto& [device, id] : tid) {
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", id},
+                        {"args", {{"name", device}}}});
+    }
+    events.push_back(
+        {{"name", "run"},
+         {"cat", "request"},
+         {"ph", "X"},
+         {"pid", pid},
+         {"tid", 0},
+         {"ts", base},
+         {"dur", r.run_micros()},
+         {"args",
+          {{"request_id", r.request_id()},
+           {"tenant", r.tenant()},
+           {"executable_key", r.executable_key()},
+           {"queue_micros", r.queue_micros()},
+           {"cache", r.has_compile() ? v1::CacheOutcome_Name(r.compile().executable_cache())
+                                     : std::string()}}}});
     for (const v1::DispatchStep& s : r.steps()) {
       nlohmann::json nodes = nlohmann::json::array();
       for (int i = 0; i < s.node_ids_size(); ++i) {
-        nodes.push_back({{"id", s.node_ids(i)},
-                         {"name", i < s.node_names_size() ? s.node_names(i) : ""}});
+        nodes.push_back(
+            {{"id", s.node_ids(i)}, {"name", i < s.node_names_size() ? s.node_names(i) : ""}});
       }
       nlohmann::json ops = nlohmann::json::array();
       for (int op : s.ops()) ops.push_back(OpName(static_cast<v1::OpKind>(op)));

@@ -3,10 +3,11 @@
 // tests/e2e/models.h; params stream in chunks and come back intact; server
 // errors arrive with their codes and messages; reports and the disk cache
 // survive a restart.
+#include "clients/cpp/client.h"
+
 #include <filesystem>
 #include <random>
 
-#include "clients/cpp/client.h"
 #include "clients/cpp/graph_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -189,7 +190,8 @@ TEST(ClientTest, ErrorsCarryServerCodesAndMessages) {
   auto c = Connect(SharedKilnd().addr());
 
   // A parse error names the line.
-  auto bad_text = c->Compile(GraphFromText("graph \"g\"\ninput x: f32[4]\nlet y = frobnicate(x)\nout y\n"));
+  auto bad_text =
+      c->Compile(GraphFromText("graph \"g\"\ninput x: f32[4]\nlet y = frobnicate(x)\nout y\n"));
   EXPECT_EQ(bad_text.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_text.status().message()), HasSubstr("frobnicate"));
 
@@ -206,7 +208,8 @@ TEST(ClientTest, ErrorsCarryServerCodesAndMessages) {
   auto r1 = c->Run(GraphFromProto(m.graph), wrong_name, m.params);
   EXPECT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument) << r1.status();
   EXPECT_THAT(std::string(r1.status().message()), HasSubstr("x"));
-  auto r2 = c->Run(GraphFromProto(m.graph), Inputs(models::RandomF32(rng, {1, 783}, 1.0)), m.params);
+  auto r2 =
+      c->Run(GraphFromProto(m.graph), Inputs(models::RandomF32(rng, {1, 783}, 1.0)), m.params);
   EXPECT_EQ(r2.status().code(), absl::StatusCode::kInvalidArgument) << r2.status();
   EXPECT_THAT(std::string(r2.status().message()), HasSubstr("783"));
 
@@ -229,7 +232,8 @@ TEST(ClientTest, ErrorsCarryServerCodesAndMessages) {
 
 TEST(ClientTest, ReportsListTheLastRuns) {
   auto c = Connect(SharedKilnd().addr());
-  const v1::GraphSource g = GraphFromText("graph \"plus_one\"\ninput x: f32[4]\nlet y = x + 1.0\nout y\n");
+  const v1::GraphSource g =
+      GraphFromText("graph \"plus_one\"\ninput x: f32[4]\nlet y = x + 1.0\nout y\n");
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
     HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {4}, {1, 2, 3, float(i)});

@@ -66,9 +66,9 @@ TEST(KilnctlTest, RunMlpWithParamsDirReportAndTrace) {
   Write(dir.path() + "/x.npy", x);
   const std::string trace = dir.path() + "/trace.json";
 
-  ProcessResult r = Kilnctl({"run", Example("mlp.kiln"), "--input", "x=" + dir.path() + "/x.npy",
-                             "--params-dir", dir.path() + "/params", "--out", dir.path() + "/out",
-                             "--report", "--trace", trace});
+  ProcessResult r =
+      Kilnctl({"run", Example("mlp.kiln"), "--input", "x=" + dir.path() + "/x.npy", "--params-dir",
+               dir.path() + "/params", "--out", dir.path() + "/out", "--report", "--trace", trace});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("logits: f32[2, 10] -> " + dir.path() + "/out/logits.npy"));
   auto logits = ReadNpy(dir.path() + "/out/logits.npy");
@@ -184,15 +184,16 @@ TEST(KilnctlTest, ErrorsExitOneWithTheMessage) {
 
   models::Model m = models::Mlp();
   Write(dir.path() + "/bogus.npy", m.params.at("b1"));
-  ProcessResult unknown_param = Kilnctl({"run", Example("mlp.kiln"), "--input",
-                                         "x=" + dir.path() + "/x.npy", "--param",
-                                         "bogus=" + dir.path() + "/bogus.npy"});
+  ProcessResult unknown_param =
+      Kilnctl({"run", Example("mlp.kiln"), "--input", "x=" + dir.path() + "/x.npy", "--param",
+               "bogus=" + dir.path() + "/bogus.npy"});
   EXPECT_EQ(unknown_param.status, 1);
   EXPECT_THAT(unknown_param.err, HasSubstr("the graph has no param 'bogus' (its params: "));
 
   ProcessResult usage = Kilnctl({"run"});
   EXPECT_EQ(usage.status, 2);
-  ProcessResult nowhere = testing::RunProcess({KILNCTL_PATH, "--addr=127.0.0.1:1", "--timeout=5", "devices"});
+  ProcessResult nowhere =
+      testing::RunProcess({KILNCTL_PATH, "--addr=127.0.0.1:1", "--timeout=5", "devices"});
   EXPECT_EQ(nowhere.status, 1);
   EXPECT_THAT(nowhere.err, HasSubstr("UNAVAILABLE"));
 }

@@ -98,8 +98,7 @@ absl::StatusOr<std::unique_ptr<KilndChild>> KilndChild::Start(
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("kilnd wrote no port file in 60 s:\n", k->Log()));
+  return absl::DeadlineExceededError(absl::StrCat("kilnd wrote no port file in 60 s:\n", k->Log()));
 }
 
 int KilndChild::Stop() {

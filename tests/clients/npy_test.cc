@@ -1,9 +1,10 @@
 // .npy read/write: every dtype round-trips; headers NumPy writes (v1, v2,
 // 0-d, empty, 1-tuple shapes) parse; Fortran order, big-endian, truncated and
 // malformed files are refused with a message that says what to do.
+#include "clients/cpp/npy.h"
+
 #include <cstring>
 
-#include "clients/cpp/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,7 +23,8 @@ std::string NpyBytes(const std::string& dict, const std::string& data, int major
   out += static_cast<char>(major);
   out += '\0';
   const size_t len = header.size();
-  for (size_t i = 0; i < (major == 1 ? 2u : 4u); ++i) out += static_cast<char>((len >> (8 * i)) & 0xff);
+  for (size_t i = 0; i < (major == 1 ? 2u : 4u); ++i)
+    out += static_cast<char>((len >> (8 * i)) & 0xff);
   return out + header + data;
 }
 
@@ -47,28 +49,34 @@ TEST(NpyTest, EveryDTypeRoundTrips) {
 TEST(NpyTest, ShapesAsNumPyWritesThem) {
   const float one = 1.0f;
   const std::string f(reinterpret_cast<const char*>(&one), 4);
-  auto scalar = ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", f), "s");
+  auto scalar =
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", f), "s");
   ASSERT_TRUE(scalar.ok()) << scalar.status();
   EXPECT_TRUE(scalar->dims().empty());
   EXPECT_EQ(scalar->data_as<float>()[0], 1.0f);
 
-  auto vec = ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", f), "v");
+  auto vec =
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", f), "v");
   ASSERT_TRUE(vec.ok()) << vec.status();
   EXPECT_EQ(vec->dims(), (Dims{1}));
 
-  auto empty = ParseNpy(NpyBytes("{'descr': '<i8', 'fortran_order': False, 'shape': (0, 5), }", ""), "e");
+  auto empty =
+      ParseNpy(NpyBytes("{'descr': '<i8', 'fortran_order': False, 'shape': (0, 5), }", ""), "e");
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->dims(), (Dims{0, 5}));
 
   // Version 2 headers, keys in another order, '|' and '=' byte orders.
-  auto v2 = ParseNpy(NpyBytes("{'shape': (1,), 'fortran_order': False, 'descr': '=f4'}", f, 2), "v2");
+  auto v2 =
+      ParseNpy(NpyBytes("{'shape': (1,), 'fortran_order': False, 'descr': '=f4'}", f, 2), "v2");
   ASSERT_TRUE(v2.ok()) << v2.status();
-  auto u8 = ParseNpy(NpyBytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", "\x01\x02"), "u");
+  auto u8 = ParseNpy(
+      NpyBytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", "\x01\x02"), "u");
   ASSERT_TRUE(u8.ok()) << u8.status();
   EXPECT_EQ(u8->dtype(), v1::DTYPE_U8);
 
   // A one-dim array may say Fortran order: its layout is the same.
-  auto fvec = ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }", f), "fv");
+  auto fvec =
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }", f), "fv");
   EXPECT_TRUE(fvec.ok()) << fvec.status();
 }
 
@@ -80,30 +88,36 @@ TEST(NpyTest, RefusesWhatItCannotRead) {
   EXPECT_THAT(std::string(fortran.status().message()), HasSubstr("f.npy: Fortran-order"));
   EXPECT_THAT(std::string(fortran.status().message()), HasSubstr("ascontiguousarray"));
 
-  auto big = ParseNpy(NpyBytes("{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", four), "b");
+  auto big =
+      ParseNpy(NpyBytes("{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }", four), "b");
   EXPECT_THAT(std::string(big.status().message()), HasSubstr("big-endian"));
 
-  auto complex = ParseNpy(NpyBytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", four), "c");
+  auto complex =
+      ParseNpy(NpyBytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", four), "c");
   EXPECT_THAT(std::string(complex.status().message()), HasSubstr("unsupported .npy dtype '<c8'"));
 
   auto structured = ParseNpy(
       NpyBytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (4,), }", four), "st");
   EXPECT_THAT(std::string(structured.status().message()), HasSubstr("structured"));
 
-  auto truncated = ParseNpy(
-      NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }", four), "t");
+  auto truncated =
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }", four), "t");
   EXPECT_THAT(std::string(truncated.status().message()), HasSubstr("truncated data"));
 
-  auto trailing = ParseNpy(
-      NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", four), "t");
+  auto trailing =
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", four), "t");
   EXPECT_THAT(std::string(trailing.status().message()), HasSubstr("trailing"));
 
-  auto bad_bool = ParseNpy(NpyBytes("{'descr': '|b1', 'fortran_order': False, 'shape': (1,), }", "\x07"), "bb");
+  auto bad_bool =
+      ParseNpy(NpyBytes("{'descr': '|b1', 'fortran_order': False, 'shape': (1,), }", "\x07"), "bb");
   EXPECT_THAT(std::string(bad_bool.status().message()), HasSubstr("not 0 or 1"));
 
-  EXPECT_THAT(std::string(ParseNpy("PK\x03\x04 a zip", "z").status().message()), HasSubstr("bad magic"));
+  EXPECT_THAT(std::string(ParseNpy("PK\x03\x04 a zip", "z").status().message()),
+              HasSubstr("bad magic"));
   EXPECT_FALSE(ParseNpy(NpyBytes("{'descr': '<f4', 'shape': (1,)}", four), "m").ok());
-  EXPECT_FALSE(ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", ""), "n").ok());
+  EXPECT_FALSE(
+      ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", ""), "n")
+          .ok());
   EXPECT_EQ(ReadNpy("/nonexistent/x.npy").status().code(), absl::StatusCode::kNotFound);
 }
 
