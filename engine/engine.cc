@@ -67,7 +67,8 @@ void Dump(const std::string& dir, const ir::Graph& g, int index, const std::stri
 
 struct Engine::Impl {
   EngineOptions options;
-  std::unique_ptr<runtime::DeviceRegistry> registry;
+  // Shared with every executable and parameter set, which may outlive the Engine.
+  std::shared_ptr<runtime::DeviceRegistry> registry;
   std::unique_ptr<compile::DiskCache> disk;
   std::unique_ptr<compile::KernelBinaryCacheAdapter> kernel_binaries;
   runtime::CostModel cost_model;
@@ -253,7 +254,7 @@ absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::LoadFro
     return std::shared_ptr<runtime::LoadedExecutable>();
   }
   backend::PrepareContext prep;
-  auto exe = runtime::LoadedExecutable::Load(std::move(lir), *registry, kernel_binaries.get(), &prep);
+  auto exe = runtime::LoadedExecutable::Load(std::move(lir), registry, kernel_binaries.get(), &prep);
   if (!exe.ok()) {
     corrupt(std::string(exe.status().message()));
     return std::shared_ptr<runtime::LoadedExecutable>();
@@ -312,7 +313,7 @@ absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::Compile
   report.set_kernels(kernels);
   report.set_copies(copies);
   backend::PrepareContext prep;
-  KILN_ASSIGN_OR_RETURN(auto exe, runtime::LoadedExecutable::Load(std::move(lir), *registry,
+  KILN_ASSIGN_OR_RETURN(auto exe, runtime::LoadedExecutable::Load(std::move(lir), registry,
                                                                    kernel_binaries.get(), &prep));
   report.set_kernel_cache_hits(prep.kernel_cache_hits);
   report.set_kernel_cache_misses(prep.kernel_cache_misses);
@@ -419,7 +420,7 @@ absl::StatusOr<CompileResult> Engine::Compile(
 }
 
 absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateParams(std::span<const TensorRef> values) {
-  KILN_ASSIGN_OR_RETURN(auto set, runtime::ParamSetImpl::Create(*impl_->registry->cpu(), values));
+  KILN_ASSIGN_OR_RETURN(auto set, runtime::ParamSetImpl::Create(impl_->registry, *impl_->registry->cpu(), values));
   return std::shared_ptr<ParamSet>(std::move(set));
 }
 

@@ -16,17 +16,17 @@ DeviceWorker::~DeviceWorker() {
   thread_.join();
 }
 
-void DeviceWorker::Push(std::function<void()> work) {
+void DeviceWorker::Push(std::function<void()> run, std::function<void()> publish) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(std::move(work));
+    queue_.push_back(Work{std::move(run), std::move(publish)});
   }
   queue_cv_.notify_one();
 }
 
 void DeviceWorker::Loop() {
   for (;;) {
-    std::function<void()> work;
+    Work work;
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
       queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -35,12 +35,15 @@ void DeviceWorker::Loop() {
       queue_.pop_front();
     }
     const auto t0 = std::chrono::steady_clock::now();
-    work();
+    work.run();
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    ++runs_;
-    busy_micros_ += us;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      ++runs_;
+      busy_micros_ += us;
+    }
+    work.publish();
   }
 }
 

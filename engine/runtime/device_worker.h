@@ -15,8 +15,10 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 namespace kiln::runtime {
 
@@ -35,27 +37,39 @@ class DeviceWorker {
   DeviceWorker(const DeviceWorker&) = delete;
   DeviceWorker& operator=(const DeviceWorker&) = delete;
 
-  // Queues `fn` and returns a future for its result.
+  // Queues `fn` and returns a future for its result. The statistics count
+  // the run before the future becomes ready, so a caller that waited for its
+  // result sees it in stats().
   template <typename Fn>
   auto Submit(Fn fn) -> std::future<decltype(fn())> {
     using R = decltype(fn());
-    auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
-    std::future<R> result = task->get_future();
-    Push([task] { (*task)(); });
+    auto promise = std::make_shared<std::promise<R>>();
+    std::future<R> result = promise->get_future();
+    if constexpr (std::is_void_v<R>) {
+      Push([fn = std::move(fn)]() mutable { fn(); }, [promise] { promise->set_value(); });
+    } else {
+      auto value = std::make_shared<std::optional<R>>();
+      Push([fn = std::move(fn), value]() mutable { value->emplace(fn()); },
+           [promise, value] { promise->set_value(std::move(**value)); });
+    }
     return result;
   }
 
   WorkerStats stats() const;
 
  private:
-  void Push(std::function<void()> work);
+  struct Work {
+    std::function<void()> run;      // does the work on the worker thread
+    std::function<void()> publish;  // hands the result to the waiter
+  };
+  void Push(std::function<void()> run, std::function<void()> publish);
   void Loop();
 
   const std::string device_;
   const std::chrono::steady_clock::time_point started_;
   mutable std::mutex queue_mu_;
   std::condition_variable queue_cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by queue_mu_
+  std::deque<Work> queue_;  // guarded by queue_mu_
   bool stopping_ = false;                    // guarded by queue_mu_
   int64_t runs_ = 0;                         // guarded by queue_mu_
   double busy_micros_ = 0;                   // guarded by queue_mu_

@@ -38,14 +38,15 @@ backend::TensorDesc DescOf(const v1::TensorType& t) { return {t.dtype(), DimsOf(
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
-    v1::Executable lir, const DeviceRegistry& registry, backend::KernelBinaryCache* binaries,
-    backend::PrepareContext* prepare_stats) {
-  auto exe = std::unique_ptr<LoadedExecutable>(new LoadedExecutable(std::move(lir)));
+    v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
+    backend::KernelBinaryCache* binaries, backend::PrepareContext* prepare_stats) {
+  const DeviceRegistry& devices = *registry;
+  auto exe = std::unique_ptr<LoadedExecutable>(new LoadedExecutable(std::move(lir), std::move(registry)));
   v1::Executable& l = exe->lir_;
   auto state = [&](const std::string& id) -> absl::StatusOr<DeviceState*> {
     auto it = exe->devices_.find(id);
     if (it != exe->devices_.end()) return &it->second;
-    backend::Device* d = registry.Find(id);
+    backend::Device* d = devices.Find(id);
     if (d == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("executable needs device ", id,
                                                         ", which this process does not have"));
@@ -273,7 +274,8 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
   RunResult result;
   for (const v1::LirNamedSlot& out : lir_.outputs()) {
     const v1::Slot& slot = lir_.slots(out.slot());
-    KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(slot.type().dtype(), DimsOf(slot.type())));
+    KILN_ASSIGN_OR_RETURN(HostTensor t,
+                          HostTensor::CreateUninitialized(slot.type().dtype(), DimsOf(slot.type())));
     DeviceState& s = devices_.at(slot.device());
     if (t.num_bytes() > 0) {
       if (s.device->info().host_memory) {

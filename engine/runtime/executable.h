@@ -23,9 +23,11 @@ namespace kiln::runtime {
 class LoadedExecutable final : public Executable {
  public:
   // Prepares every kernel (filling in each step's implementation name when it
-  // is empty) and allocates arenas and constants. `binaries` may be null.
+  // is empty) and allocates arenas and constants. `binaries` may be null. The
+  // executable keeps `registry` (and so the devices its buffers live on) alive,
+  // so it may outlive the Engine that compiled it.
   static absl::StatusOr<std::unique_ptr<LoadedExecutable>> Load(
-      v1::Executable lir, const DeviceRegistry& registry, backend::KernelBinaryCache* binaries,
+      v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry, backend::KernelBinaryCache* binaries,
       backend::PrepareContext* prepare_stats);
 
   const std::string& key() const override { return lir_.key(); }
@@ -45,10 +47,13 @@ class LoadedExecutable final : public Executable {
     std::map<int, std::unique_ptr<backend::Buffer>> input_staging;
   };
 
-  explicit LoadedExecutable(v1::Executable lir) : lir_(std::move(lir)) {}
+  LoadedExecutable(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry)
+      : registry_(std::move(registry)), lir_(std::move(lir)) {}
   absl::Status CheckInputs(std::span<const TensorRef> inputs, std::vector<const TensorRef*>* by_index) const;
   absl::Status CheckParams(const ParamSetImpl* params) const;
 
+  // Declared first so the devices outlive every buffer, stream and kernel below.
+  std::shared_ptr<const DeviceRegistry> registry_;
   v1::Executable lir_;
   GraphSignature signature_;
   std::map<std::string, DeviceState> devices_;

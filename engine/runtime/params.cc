@@ -6,8 +6,8 @@
 namespace kiln::runtime {
 
 absl::StatusOr<std::shared_ptr<ParamSetImpl>> ParamSetImpl::Create(
-    backend::Device& home, std::span<const TensorRef> values) {
-  auto set = std::shared_ptr<ParamSetImpl>(new ParamSetImpl(home));
+    std::shared_ptr<const void> keep_alive, backend::Device& home, std::span<const TensorRef> values) {
+  auto set = std::shared_ptr<ParamSetImpl>(new ParamSetImpl(std::move(keep_alive), home));
   KILN_ASSIGN_OR_RETURN(auto stream, home.CreateStream());
   for (const TensorRef& v : values) {
     if (v.name.empty()) return absl::InvalidArgumentError("a param has an empty name");

@@ -23,7 +23,10 @@ class ParamSetImpl final : public ParamSet {
     int64_t bytes;
   };
 
-  static absl::StatusOr<std::shared_ptr<ParamSetImpl>> Create(backend::Device& home,
+  // `keep_alive` owns `home` and every device a mirror may land on (the
+  // device registry), so a parameter set may outlive the Engine.
+  static absl::StatusOr<std::shared_ptr<ParamSetImpl>> Create(std::shared_ptr<const void> keep_alive,
+                                                              backend::Device& home,
                                                               std::span<const TensorRef> values);
 
   int64_t total_bytes() const override { return total_bytes_; }
@@ -35,8 +38,10 @@ class ParamSetImpl final : public ParamSet {
   absl::StatusOr<backend::BufferView> On(const std::string& name, backend::Device& device) const;
 
  private:
-  explicit ParamSetImpl(backend::Device& home) : home_(home) {}
+  ParamSetImpl(std::shared_ptr<const void> keep_alive, backend::Device& home)
+      : keep_alive_(std::move(keep_alive)), home_(home) {}
 
+  std::shared_ptr<const void> keep_alive_;  // first: destroyed after every buffer
   backend::Device& home_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<backend::Buffer>> home_buffers_;
