@@ -57,6 +57,7 @@ struct DeviceProfile {
   double bandwidth_gbps = 0;       // memory bandwidth, bytes read + written
   double launch_overhead_us = 0;   // fixed cost per kernel launch
   double host_to_device_gbps = 0;  // copy bandwidth; 0 = shares host memory
+  double device_to_host_gbps = 0;  // read-back bandwidth; 0 = as host_to_device
   double sync_overhead_us = 0;     // fixed cost per run: submit + wait for the queue
   bool calibrated = false;
 };

@@ -17,7 +17,9 @@ rm -rf .gpu/stage && mkdir -p .gpu/stage/bin .gpu/stage/lib
 cp "$build/tests/kiln_conformance_test" "$build/bench/engine/kiln_bench" \
    "$build/bench/gpu/vk_matmul_vs_cublas" .gpu/stage/bin/
 strip .gpu/stage/bin/*
-skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libcuda|libcublas.*|libcudart|libvulkan)\.so'
+# glibc, the C++ runtime and zlib are newer there (and Python's torch needs
+# theirs); CUDA and the Vulkan loader come from the machine or the .deb.
+skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|libz|libcuda|libcublas.*|libcudart|libvulkan)\.so'
 for b in .gpu/stage/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}' | while read -r lib; do
     name=$(basename "$lib")
@@ -26,5 +28,8 @@ for b in .gpu/stage/bin/*; do
   done
 done
 tar -C .gpu/stage -cJf .gpu/kiln-gpu.tar.xz .
-(cd .gpu && rm -f libvulkan1_*.deb && apt-get download libvulkan1 >/dev/null)
+rm -rf .gpu/stage  # only the archive travels (64 MiB limit)
+# The NVIDIA Vulkan ICD (libGLX_nvidia) needs glvnd beside the loader.
+(cd .gpu && rm -f ./*.deb && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 \
+  libgles2 2>/dev/null >/dev/null)
 du -sh .gpu/kiln-gpu.tar.xz .gpu/*.deb

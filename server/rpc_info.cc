@@ -36,6 +36,7 @@ grpc::ServerUnaryReactor* KilnService::ListDevices(grpc::CallbackServerContext* 
       p->set_bandwidth_gbps(d.profile.bandwidth_gbps);
       p->set_launch_overhead_us(d.profile.launch_overhead_us);
       p->set_host_to_device_gbps(d.profile.host_to_device_gbps);
+      p->set_device_to_host_gbps(d.profile.device_to_host_gbps);
       p->set_sync_overhead_us(d.profile.sync_overhead_us);
       p->set_calibrated(d.profile.calibrated);
     }

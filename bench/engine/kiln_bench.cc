@@ -135,6 +135,9 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     double us = 0;
     for (const auto& t : r->report.totals()) us += t.busy_micros();
     busy.push_back(us / 1000.0);
+    if (i == 0 && flags.contains("report_out")) {
+      std::ofstream(flags.at("report_out")) << r->report.DebugString();
+    }
   }
   if (flags.contains("export")) {
     const std::filesystem::path dir = flags.at("export");

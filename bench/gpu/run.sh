@@ -8,12 +8,19 @@ stage=/tmp/kiln-gpu
 mkdir -p "$stage" && tar -xJf .gpu/kiln-gpu.tar.xz -C "$stage"
 for f in .gpu/*.deb; do dpkg -x "$f" /; done
 ldconfig
+# The NVIDIA ICD manifest is not always where the loader looks by default.
+for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+           /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
+           $(find / -xdev -name 'nvidia_icd*.json' 2>/dev/null | head -1); do
+  if [[ -f $icd ]]; then export VK_DRIVER_FILES=$icd; break; fi
+done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$stage/lib
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   nproc
+  echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
 } > "$out/env.txt" 2>&1
 # The conformance suite on every device (cpu:0 and the H200 through Vulkan).
 KILN_CONFORMANCE_GPU_ONLY=1 timeout 300 "$stage/bin/kiln_conformance_test" \
@@ -22,6 +29,6 @@ echo "conformance exit $?" >> "$out/env.txt"
 timeout 200 "$stage/bin/vk_matmul_vs_cublas" > "$out/matmul.json" 2>> "$out/env.txt"
 timeout 120 "$stage/bin/kiln_bench" encoder --device vulkan:0 --batch 8 --iters 50 \
   --threads 16 --export /tmp/enc > "$out/encoder.json" 2>> "$out/env.txt"
-timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc >> "$out/encoder.json" 2>> "$out/env.txt"
+LD_LIBRARY_PATH= timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc >> "$out/encoder.json" 2>> "$out/env.txt"
 timeout 300 "$stage/bin/kiln_bench" placement --threads 16 > "$out/placement.json" 2>> "$out/env.txt"
 echo done >> "$out/env.txt"

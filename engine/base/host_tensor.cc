@@ -28,6 +28,12 @@ std::string DimsToString(std::span<const int64_t> dims) {
 void HostTensor::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, Dims dims) {
+  auto t = CreateUninitialized(dtype, std::move(dims));
+  if (t.ok() && t->num_bytes_ > 0) std::memset(t->data(), 0, static_cast<size_t>(t->num_bytes_));
+  return t;
+}
+
+absl::StatusOr<HostTensor> HostTensor::CreateUninitialized(DType dtype, Dims dims) {
   if (!IsKnownDType(dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
   }
@@ -48,7 +54,6 @@ absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, Dims dims) {
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", *bytes, " bytes"));
   }
-  std::memset(p, 0, alloc == 0 ? 64 : alloc);
   t.data_.reset(p);
   return t;
 }

@@ -27,6 +27,9 @@ class HostTensor {
   HostTensor() = default;
   // Allocates zero-filled storage. Fails on negative dims or overflow.
   static absl::StatusOr<HostTensor> Create(DType dtype, Dims dims);
+  // Like Create but leaves the contents undefined: for buffers about to be
+  // overwritten whole (zero-filling a large output costs a pass over memory).
+  static absl::StatusOr<HostTensor> CreateUninitialized(DType dtype, Dims dims);
   // Copies `bytes`; its size must match.
   static absl::StatusOr<HostTensor> FromBytes(DType dtype, Dims dims, std::string_view bytes);
   static absl::StatusOr<HostTensor> FromProto(const v1::Tensor& proto);

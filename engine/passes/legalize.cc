@@ -48,10 +48,11 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
     }
   }
   // Inputs arrive from the host and outputs return to it.
-  double io = 0;
-  for (const ir::Node* in : g.Inputs()) io += static_cast<double>(in->type().num_bytes());
-  for (const auto& o : g.outputs()) io += static_cast<double>(g.TypeOf(o.value).num_bytes());
-  total += model.CopyMicros(io, cpu.info(), device.info());
+  double in_bytes = 0, out_bytes = 0;
+  for (const ir::Node* in : g.Inputs()) in_bytes += static_cast<double>(in->type().num_bytes());
+  for (const auto& o : g.outputs()) out_bytes += static_cast<double>(g.TypeOf(o.value).num_bytes());
+  total += model.CopyMicros(in_bytes, cpu.info(), device.info()) +
+           model.CopyMicros(out_bytes, device.info(), cpu.info());
   // Every run submits to the device's queue and waits for it once.
   total += model.Profile(device.info()).sync_overhead_us;
   return total;

@@ -13,7 +13,7 @@
 namespace kiln::runtime {
 
 // Bumped when the procedure changes; older cached profiles are re-measured.
-inline constexpr int kCalibrationVersion = 1;
+inline constexpr int kCalibrationVersion = 2;
 
 struct CalibrationResult {
   backend::DeviceProfile profile;

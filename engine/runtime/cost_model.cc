@@ -165,9 +165,13 @@ double CostModel::KernelMicros(const Work& work, OpFamily family, DType dtype,
 double CostModel::CopyMicros(double bytes, const backend::DeviceInfo& from,
                              const backend::DeviceInfo& to) const {
   if (from.id == to.id) return 0;
-  const auto& link = from.host_memory ? Profile(to) : Profile(from);
-  const double gbps = link.host_to_device_gbps > 0 ? link.host_to_device_gbps
-                                                   : std::max(1.0, link.bandwidth_gbps);
+  // Uploads are paced by the destination's host-to-device link, read-backs by
+  // the source's device-to-host link (often slower: uncached or staged).
+  const bool upload = from.host_memory;
+  const auto& link = upload ? Profile(to) : Profile(from);
+  double gbps = upload ? link.host_to_device_gbps : link.device_to_host_gbps;
+  if (gbps <= 0) gbps = link.host_to_device_gbps;
+  if (gbps <= 0) gbps = std::max(1.0, link.bandwidth_gbps);
   return bytes / (gbps * 1e3) + link.launch_overhead_us;
 }
 
