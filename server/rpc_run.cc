@@ -89,7 +89,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     Scheduler::Job job;
     job.priority = request_.priority();
     job.deadline = Deadline();
-    job.run = [this](absl::Duration queued) { Execute(queued); };
+    job.run = [this](absl::Duration queued) { outcome_ = Execute(queued); };
+    job.finish = [this] { Complete(std::move(outcome_)); };
     job.drop = [this](absl::Status why) {
       { absl::MutexLock lock(&admit_mu_); }
       // gRPC cancels a call whose deadline passed; say which it was.
@@ -109,16 +110,16 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::FromChrono(deadline);
   }
 
-  void Execute(absl::Duration queued) {
+  // The run's outcome; the scheduler's finish callback sends it.
+  absl::Status Execute(absl::Duration queued) {
     { absl::MutexLock lock(&admit_mu_); }
     if (cancelled_.load() || ctx_->IsCancelled()) {
-      Complete(absl::Now() >= Deadline()
-                   ? absl::DeadlineExceededError("the run's deadline passed before it started")
-                   : absl::CancelledError("the client went away before the run started"));
-      return;
+      return absl::Now() >= Deadline()
+                 ? absl::DeadlineExceededError("the run's deadline passed before it started")
+                 : absl::CancelledError("the client went away before the run started");
     }
     service_.deps().metrics->ObserveQueue(call_.tenant->name(), queued);
-    Complete(RunNow(queued));
+    return RunNow(queued);
   }
 
   absl::Status RunNow(absl::Duration queued) {
@@ -213,6 +214,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   std::vector<TensorRef> params_;
   std::shared_ptr<Session> session_;
   std::atomic<bool> cancelled_ = false;
+  absl::Status outcome_;  // set by the scheduler's run, sent by its finish
 
   absl::Mutex admit_mu_;
   Scheduler::Ticket ticket_ ABSL_GUARDED_BY(admit_mu_) = 0;

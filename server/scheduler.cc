@@ -125,8 +125,11 @@ void Scheduler::WorkerLoop() {
     } else {
       job.run(now - enqueued);
     }
-    absl::MutexLock lock(&queue_mu_);
-    --owner->running;
+    {
+      absl::MutexLock lock(&queue_mu_);
+      --owner->running;
+    }
+    if (job.finish) job.finish();
   }
 }
 

@@ -52,6 +52,10 @@ class Scheduler {
     absl::Time deadline = absl::InfiniteFuture();
     // Executes the job; `queued` is the time it waited.
     std::function<void(absl::Duration queued)> run;
+    // Optional; called after `run` once the job no longer counts against its
+    // tenant's in-flight quota. Reply to the client here: a client that has
+    // its answer may submit again at once and must find its slot free.
+    std::function<void()> finish;
     // Called instead of `run` when the job is not started.
     std::function<void(absl::Status why)> drop;
   };

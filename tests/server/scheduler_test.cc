@@ -211,6 +211,29 @@ TEST(Scheduler, WorkersRunConcurrently) {
   while (done < 2) absl::SleepFor(absl::Milliseconds(1));
 }
 
+// A job's finish runs after its slot is released: a client answered from
+// finish may submit again at once within max_in_flight = 1.
+TEST(Scheduler, FinishRunsAfterTheSlotIsReleased) {
+  auto s = Scheduler::Create({.workers = 1});
+  ASSERT_TRUE(s.ok());
+  Scheduler* sched = s->get();
+  absl::Notification finished;
+  absl::Status resubmit = absl::UnknownError("finish not called");
+  Scheduler::Job job;
+  job.run = [](absl::Duration) {};
+  job.finish = [&] {
+    Scheduler::Job again;
+    again.run = [](absl::Duration) {};
+    again.drop = [](absl::Status) {};
+    resubmit = sched->Submit(Policy("a", 1, 1, 1), std::move(again)).status();
+    finished.Notify();
+  };
+  job.drop = [](absl::Status) {};
+  ASSERT_TRUE(sched->Submit(Policy("a", 1, 1, 1), std::move(job)).ok());
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(resubmit.ok()) << resubmit;
+}
+
 TEST(Scheduler, DestructionDropsQueuedJobsUnavailable) {
   Recorder* r = nullptr;
   std::vector<std::string> dropped;
