@@ -76,6 +76,7 @@ struct Engine::Impl {
   // Device infos as reported (calibrated profiles merged), in registry order.
   std::vector<backend::DeviceInfo> infos;
   std::vector<bool> calibration_from_cache;
+  std::vector<bool> calibration_contended;
   std::map<std::string, std::unique_ptr<runtime::DeviceWorker>> workers;
 
   absl::Mutex cache_mu;
@@ -136,15 +137,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   for (backend::Device* d : impl->registry->devices()) {
     impl->devices_signature += DeviceSignature(d->info());
     backend::DeviceInfo info = d->info();
-    bool from_cache = false;
+    bool from_cache = false, contended = false;
     const bool calibrate =
         options.calibration == EngineOptions::Calibration::kAlways ||
         (options.calibration == EngineOptions::Calibration::kIfCacheDir && !options.cache_dir.empty());
     if (calibrate) {
-      auto measured = runtime::CalibrateCached(*d, options.cache_dir);
+      auto measured = runtime::CalibrateCached(*d, options.cache_dir,
+                                               options.calibration_max_load_per_core);
       if (measured.ok()) {
         info.profile = measured->profile;
         from_cache = measured->from_cache;
+        contended = measured->contended;
         impl->cost_model.SetProfile(info.id, info.profile);
         spdlog::info("{}: {} ({:.1f} GFLOP/s f32, {:.1f} GB/s, launch {:.1f} us, sync {:.1f} us){}",
                      info.id, info.name, info.profile.peak_gflops_f32, info.profile.bandwidth_gbps,
@@ -158,6 +161,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     }
     impl->infos.push_back(std::move(info));
     impl->calibration_from_cache.push_back(from_cache);
+    impl->calibration_contended.push_back(contended);
     impl->workers[d->info().id] = std::make_unique<runtime::DeviceWorker>(d->info().id);
   }
   impl->devices_signature += impl->registry->BackendVersions();
@@ -190,12 +194,14 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
     DeviceStats s;
     s.device = w.device;
     s.runs = w.runs;
+    s.inline_runs = w.inline_runs;
     s.busy_micros = w.busy_micros;
     s.uptime_micros = w.uptime_micros;
     s.queued = w.queued;
     s.memory_in_use = devices[i]->memory_in_use();
     s.calibrated = impl_->infos[i].profile.calibrated;
     s.calibration_from_cache = impl_->calibration_from_cache[i];
+    s.calibration_contended = impl_->calibration_contended[i];
     out.push_back(std::move(s));
   }
   return out;
@@ -431,13 +437,21 @@ absl::StatusOr<RunResult> Engine::Run(Executable& executable, std::span<const Te
   std::string device = exe.lir().placement().chosen();
   auto it = impl_->workers.find(device);
   if (it == impl_->workers.end()) it = impl_->workers.find(impl_->registry->cpu()->info().id);
+  bool may_run_inline = false;
+  for (const v1::DeviceEstimate& e : exe.lir().placement().estimates()) {
+    if (e.device() == device && e.feasible() && e.estimate_micros() > 0) {
+      may_run_inline = e.estimate_micros() <= impl_->options.inline_run_micros;
+    }
+  }
   const auto queued_at = Clock::now();
-  auto result = it->second->Submit([&, queued_at]() -> absl::StatusOr<RunResult> {
-    const double wait_us = MicrosSince(queued_at);
-    auto r = exe.Run(inputs, p, options);
-    if (r.ok() && options.report) r->report.set_queue_micros(wait_us);
-    return r;
-  });
+  auto result = it->second->Submit(
+      [&, queued_at]() -> absl::StatusOr<RunResult> {
+        const double wait_us = MicrosSince(queued_at);
+        auto r = exe.Run(inputs, p, options);
+        if (r.ok() && options.report) r->report.set_queue_micros(wait_us);
+        return r;
+      },
+      may_run_inline);
   return result.get();
 }
 

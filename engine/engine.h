@@ -47,18 +47,28 @@ struct EngineOptions {
   // (profiles stay nominal), kAlways measures at every start without one.
   enum class Calibration { kIfCacheDir, kAlways, kNever };
   Calibration calibration = Calibration::kIfCacheDir;
+  // A calibration measured while the host's load average per core is above
+  // this is used but not cached (the next start measures again).
+  double calibration_max_load_per_core = 2.0;
+  // A run whose executable the cost model estimates at or below this many
+  // microseconds runs on the caller's thread when its device is idle, instead
+  // of waking the device's worker thread (a wake-up costs tens of
+  // microseconds on a virtualized host). 0 always hands runs to the worker.
+  double inline_run_micros = 250;
 };
 
 // Per-device worker statistics (busy time, runs, queue length).
 struct DeviceStats {
   std::string device;
   int64_t runs = 0;
+  int64_t inline_runs = 0;  // of `runs`, run on the caller's thread
   double busy_micros = 0;
   double uptime_micros = 0;
   int queued = 0;
   int64_t memory_in_use = 0;
   bool calibrated = false;
   bool calibration_from_cache = false;
+  bool calibration_contended = false;  // measured on a busy host, not cached
 };
 
 struct CompileOptions {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -171,8 +172,17 @@ absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device) {
   return p;
 }
 
+double HostLoadPerCore() {
+  double load = 0;
+  std::ifstream in("/proc/loadavg");
+  if (!(in >> load)) return 0;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return load / cores;
+}
+
 absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
-                                                  const std::string& cache_dir) {
+                                                  const std::string& cache_dir,
+                                                  double max_load_per_core) {
   const backend::DeviceInfo& info = device.info();
   const std::string id_key = absl::StrCat("calibration-v", kCalibrationVersion, "|", info.identity);
   const std::filesystem::path dir = std::filesystem::path(cache_dir) / "calibration";
@@ -200,10 +210,22 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
       spdlog::warn("calibration cache {} is unreadable or foreign; measuring again", file.string());
     }
   }
+  // Other processes' work slows every measurement; a reading taken on a busy
+  // host is not kept on disk (the load average lags, so it is read on both
+  // sides of the measurement).
+  const double load_before = HostLoadPerCore();
   const auto t0 = Clock::now();
   KILN_ASSIGN_OR_RETURN(result.profile, Calibrate(device));
   result.seconds = Seconds(t0, Clock::now());
-  if (!cache_dir.empty()) {
+  const double load = std::max(load_before, HostLoadPerCore());
+  result.contended = load > max_load_per_core;
+  if (result.contended && !cache_dir.empty()) {
+    spdlog::warn(
+        "{}: the host is busy (load average {:.1f} per core) while calibrating; the profile is "
+        "used now but not cached, the next start measures again",
+        info.id, load);
+  }
+  if (!cache_dir.empty() && !result.contended) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     const backend::DeviceProfile& p = result.profile;

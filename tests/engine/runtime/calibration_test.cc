@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "engine/runtime/device_registry.h"
 #include "engine/runtime/device_worker.h"
@@ -20,7 +23,9 @@ TEST(Calibration, MeasuresThenReusesTheCache) {
   backend::Device& cpu = *(*registry)->cpu();
   const fs::path dir = fs::temp_directory_path() / ("kiln_calib_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  auto first = CalibrateCached(cpu, dir.string());
+  // The tests run beside other builds and tests: any load is accepted here.
+  constexpr double kAnyLoad = 1e9;
+  auto first = CalibrateCached(cpu, dir.string(), kAnyLoad);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE(first->from_cache);
   const backend::DeviceProfile& p = first->profile;
@@ -30,7 +35,7 @@ TEST(Calibration, MeasuresThenReusesTheCache) {
   EXPECT_GT(p.launch_overhead_us, 0.0);
   EXPECT_EQ(p.host_to_device_gbps, 0.0);  // host memory: no copies
 
-  auto second = CalibrateCached(cpu, dir.string());
+  auto second = CalibrateCached(cpu, dir.string(), kAnyLoad);
   ASSERT_TRUE(second.ok());
   EXPECT_TRUE(second->from_cache);
   EXPECT_DOUBLE_EQ(second->profile.peak_gflops_f32, p.peak_gflops_f32);
@@ -40,9 +45,28 @@ TEST(Calibration, MeasuresThenReusesTheCache) {
   for (const auto& e : fs::directory_iterator(dir / "calibration")) {
     std::ofstream(e.path()) << "{not json";
   }
-  auto third = CalibrateCached(cpu, dir.string());
+  auto third = CalibrateCached(cpu, dir.string(), kAnyLoad);
   ASSERT_TRUE(third.ok());
   EXPECT_FALSE(third->from_cache);
+  fs::remove_all(dir);
+}
+
+// A measurement taken on a busy host is used but never stored: with a load
+// limit of -1 every host is busy, and the next call measures again.
+TEST(Calibration, BusyHostIsNotCached) {
+  auto registry = DeviceRegistry::Create({});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  backend::Device& cpu = *(*registry)->cpu();
+  const fs::path dir = fs::temp_directory_path() / ("kiln_calib_busy_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (int i = 0; i < 2; ++i) {
+    auto r = CalibrateCached(cpu, dir.string(), -1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->from_cache);
+    EXPECT_TRUE(r->contended);
+    EXPECT_GT(r->profile.peak_gflops_f32, 0);
+  }
+  EXPECT_FALSE(fs::exists(dir / "calibration") && !fs::is_empty(dir / "calibration"));
   fs::remove_all(dir);
 }
 
@@ -62,6 +86,36 @@ TEST(DeviceWorker, RunsInOrderAndCounts) {
   EXPECT_EQ(s.runs, 20);
   EXPECT_EQ(s.queued, 0);
   EXPECT_GE(s.busy_micros, 0.0);
+}
+
+// An idle lane runs an inline-eligible job on the caller's thread; a busy one
+// queues it behind the holder, in order, on the worker thread.
+TEST(DeviceWorker, InlineOnlyWhenIdle) {
+  DeviceWorker worker("cpu:0");
+  const std::thread::id caller = std::this_thread::get_id();
+  auto here = worker.Submit([] { return std::this_thread::get_id(); }, /*may_run_inline=*/true);
+  ASSERT_EQ(here.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(here.get(), caller);
+
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::atomic<bool> holder_done = false;
+  auto holder = worker.Submit([gate, &holder_done] {
+    gate.wait();
+    holder_done = true;
+  });
+  auto queued = worker.Submit(
+      [&holder_done] { return std::make_pair(std::this_thread::get_id(), holder_done.load()); },
+      /*may_run_inline=*/true);
+  EXPECT_EQ(queued.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  release.set_value();
+  holder.get();
+  const auto [thread, after_holder] = queued.get();
+  EXPECT_NE(thread, caller);
+  EXPECT_TRUE(after_holder);
+  const WorkerStats s = worker.stats();
+  EXPECT_EQ(s.runs, 3);
+  EXPECT_EQ(s.inline_runs, 1);
 }
 
 }  // namespace

@@ -265,6 +265,38 @@ TEST(Engine, ConcurrentRunsOfOneExecutable) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 200);
+  // Every run is counted, inline or queued, and the lane ends idle.
+  for (const DeviceStats& s : engine->DeviceStatistics()) {
+    if (s.device != "cpu:0") continue;
+    EXPECT_EQ(s.runs, 200);
+    EXPECT_EQ(s.queued, 0);
+  }
+}
+
+// A graph the cost model rates small runs on the caller's thread when the
+// device is idle; inline_run_micros = 0 hands every run to the worker.
+TEST(Engine, SmallRunsRunOnTheCallersThread) {
+  for (const double limit : {250.0, 0.0}) {
+    EngineOptions o;
+    o.inline_run_micros = limit;
+    auto engine = Engine::Create(o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Fixture f;
+    auto params = (*engine)->CreateParams(f.params());
+    ASSERT_TRUE(params.ok());
+    auto c = (*engine)->Compile(SmallGraph(), {}, {{"x", {2, 8}}});
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int i = 0; i < 3; ++i) {
+      auto r = (*engine)->Run(*c->executable, f.inputs(), params->get(), {});
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->outputs[0].second.data_as<float>()[0], 6.f);
+    }
+    for (const DeviceStats& s : (*engine)->DeviceStatistics()) {
+      if (s.device != "cpu:0") continue;
+      EXPECT_EQ(s.runs, 3);
+      EXPECT_EQ(s.inline_runs, limit > 0 ? 3 : 0) << "inline_run_micros = " << limit;
+    }
+  }
 }
 
 }  // namespace
