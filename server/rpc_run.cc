@@ -38,10 +38,22 @@ class RunReactor final : public grpc::ServerUnaryReactor {
              const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
       : service_(service), ctx_(ctx), request_bytes_(*request_bytes),
         response_bytes_(*response_bytes) {
-    // Held until the job is admitted and its ticket stored: a worker that
-    // starts the job at once waits here before it may finish the call.
+    {
+      // Held until the job is admitted and its ticket stored: a worker that
+      // starts the job at once waits here before it may finish the call.
+      absl::MutexLock lock(&admit_mu_);
+      if (absl::Status s = Admit(); !s.ok()) {
+        Complete(s);
+        return;
+      }
+      if (!run_inline_) return;
+    }
+    // A small session run with a free slot runs here, on gRPC's thread; the
+    // call may be over (and `this` gone) when TryRunInline returns true.
+    Scheduler& scheduler = *service_.deps().scheduler;
+    if (scheduler.TryRunInline(policy_, job_)) return;
     absl::MutexLock lock(&admit_mu_);
-    if (absl::Status s = Admit(); !s.ok()) Complete(s);
+    if (absl::Status s = Submit(); !s.ok()) Complete(s);
   }
 
   void OnCancel() override {
@@ -85,8 +97,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       KILN_RETURN_IF_ERROR(CheckInputsAgainst(session_->signature(), inputs_));
     }
     const Tenant& t = *call_.tenant;
-    const TenantPolicy policy{t.name(), t.weight(), t.quota().max_in_flight(), t.quota().max_queue()};
-    Scheduler::Job job;
+    policy_ = TenantPolicy{t.name(), t.weight(), t.quota().max_in_flight(), t.quota().max_queue()};
+    Scheduler::Job& job = job_;
     job.priority = request_.priority();
     job.deadline = Deadline();
     job.run = [this](absl::Duration queued) { outcome_ = Execute(queued); };
@@ -100,8 +112,24 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       }
       Complete(why);
     };
-    KILN_ASSIGN_OR_RETURN(ticket_, d.scheduler->Submit(policy, std::move(job)));
+    run_inline_ = session_ && SmallSessionRun();
+    if (run_inline_) return absl::OkStatus();
+    return Submit();
+  }
+
+  absl::Status Submit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admit_mu_) {
+    KILN_ASSIGN_OR_RETURN(ticket_, service_.deps().scheduler->Submit(policy_, std::move(job_)));
     return absl::OkStatus();
+  }
+
+  // The session already has an executable for these inputs, and the cost
+  // model rates it short enough to run on gRPC's thread without holding up
+  // other calls (a thread hand-off would cost more than the run).
+  bool SmallSessionRun() const {
+    static constexpr double kInlineRunMicros = 250;
+    const std::optional<double> estimate =
+        session_->EstimatedRunMicros(session_->symbolic() ? ShapeKey(inputs_) : "");
+    return estimate && *estimate <= kInlineRunMicros;
   }
 
   absl::Time Deadline() const {
@@ -215,6 +243,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   std::shared_ptr<Session> session_;
   std::atomic<bool> cancelled_ = false;
   absl::Status outcome_;  // set by the scheduler's run, sent by its finish
+  TenantPolicy policy_;
+  Scheduler::Job job_;       // until handed to the scheduler
+  bool run_inline_ = false;  // try TryRunInline before queueing
 
   absl::Mutex admit_mu_;
   Scheduler::Ticket ticket_ ABSL_GUARDED_BY(admit_mu_) = 0;

@@ -30,6 +30,10 @@ Scheduler::~Scheduler() {
   }
   for (Job& j : dropped) j.drop(absl::UnavailableError("kilnd is shutting down"));
   for (std::thread& t : workers_) t.join();
+  // Jobs running inline on callers' threads still hold slots.
+  absl::MutexLock lock(&queue_mu_);
+  queue_mu_.Await(absl::Condition(
+      +[](int64_t* running) { return *running == 0; }, &running_total_));
 }
 
 absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(const TenantPolicy& tenant, Job job) {
@@ -57,6 +61,42 @@ absl::StatusOr<Scheduler::Ticket> Scheduler::Submit(const TenantPolicy& tenant, 
   queued_.emplace(seq, std::make_pair(&t, key));
   ++queued_total_;
   return seq;
+}
+
+bool Scheduler::TryRunInline(const TenantPolicy& tenant, Job& job) {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    if (stopping_ || queued_total_ > 0 || running_total_ >= options_.workers) return false;
+    TenantState& t = tenants_[tenant.name];
+    if (t.running >= tenant.max_in_flight) return false;  // Submit names the quota
+    t.stride = 1.0 / std::max(tenant.weight, 1e-6);
+    t.pass = std::max(t.pass, virtual_time_);
+    virtual_time_ = t.pass;
+    t.pass += t.stride;
+    ++t.running;
+    ++running_total_;
+  }
+  // The job may end the call, and with it the object that owned `job`.
+  Job local = std::move(job);
+  RunStarted(tenant.name, local, absl::Now());
+  return true;
+}
+
+void Scheduler::RunStarted(const std::string& tenant, Job& job, absl::Time enqueued) {
+  const absl::Time now = absl::Now();
+  if (now > job.deadline) {
+    job.drop(absl::DeadlineExceededError(absl::StrCat(
+        "the run's deadline passed after ", absl::FormatDuration(now - enqueued),
+        " in the queue, before it started")));
+  } else {
+    job.run(now - enqueued);
+  }
+  {
+    absl::MutexLock lock(&queue_mu_);
+    --tenants_[tenant].running;
+    --running_total_;
+  }
+  if (job.finish) job.finish();
 }
 
 bool Scheduler::Cancel(Ticket ticket) {
@@ -90,11 +130,14 @@ void Scheduler::WorkerLoop() {
     Job job;
     absl::Time enqueued;
     TenantState* owner = nullptr;
+    std::string owner_name;
     {
       absl::MutexLock lock(&queue_mu_);
+      // A slot may be held by a job running inline on a caller's thread.
       queue_mu_.Await(absl::Condition(
           +[](Scheduler* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return s->stopping_ || s->queued_total_ > 0;
+            return (s->stopping_ && s->queued_total_ == 0) ||
+                   (s->queued_total_ > 0 && s->running_total_ < s->options_.workers);
           },
           this));
       if (queued_total_ == 0) return;  // stopping
@@ -105,6 +148,7 @@ void Scheduler::WorkerLoop() {
             (t.pass == owner->pass &&
              t.queue.begin()->first.second < owner->queue.begin()->first.second)) {
           owner = &t;
+          owner_name = name;
         }
       }
       auto head = owner->queue.begin();
@@ -116,20 +160,9 @@ void Scheduler::WorkerLoop() {
       virtual_time_ = owner->pass;
       owner->pass += owner->stride;
       ++owner->running;
+      ++running_total_;
     }
-    const absl::Time now = absl::Now();
-    if (now > job.deadline) {
-      job.drop(absl::DeadlineExceededError(absl::StrCat(
-          "the run's deadline passed after ", absl::FormatDuration(now - enqueued),
-          " in the queue, before it started")));
-    } else {
-      job.run(now - enqueued);
-    }
-    {
-      absl::MutexLock lock(&queue_mu_);
-      --owner->running;
-    }
-    if (job.finish) job.finish();
+    RunStarted(owner_name, job, enqueued);
   }
 }
 

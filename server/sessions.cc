@@ -29,6 +29,17 @@ std::optional<Session::Compiled> Session::FindExecutable(const std::string& shap
   return it->second;
 }
 
+std::optional<double> Session::EstimatedRunMicros(const std::string& shape_key) const {
+  absl::MutexLock lock(&state_mu_);
+  auto it = executables_.find(shape_key);
+  if (it == executables_.end()) return std::nullopt;
+  const v1::Placement& p = it->second.executable->lir().placement();
+  for (const v1::DeviceEstimate& e : p.estimates()) {
+    if (e.device() == p.chosen() && e.feasible() && e.estimate_micros() > 0) return e.estimate_micros();
+  }
+  return std::nullopt;
+}
+
 int64_t Session::AddExecutable(const std::string& shape_key, Compiled compiled) {
   absl::MutexLock lock(&state_mu_);
   if (closed_ || executables_.contains(shape_key)) return compiled.arena_bytes;

@@ -49,6 +49,9 @@ class Session {
   };
   // The executable remembered for `shape_key`, if any.
   std::optional<Compiled> FindExecutable(const std::string& shape_key) const;
+  // The cost model's estimate of one run of that executable on the device it
+  // was placed on, if the session has it.
+  std::optional<double> EstimatedRunMicros(const std::string& shape_key) const;
   // Remembers `compiled` (whose arena bytes the caller has charged). Returns
   // the arena bytes of executables forgotten to stay under the per-session
   // limit, for the caller to release.

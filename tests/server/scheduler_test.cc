@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -232,6 +233,43 @@ TEST(Scheduler, FinishRunsAfterTheSlotIsReleased) {
   ASSERT_TRUE(sched->Submit(Policy("a", 1, 1, 1), std::move(job)).ok());
   ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(resubmit.ok()) << resubmit;
+}
+
+// With a free slot and nothing queued a job runs on the caller's thread;
+// with every slot taken it is refused (and then queued by the caller).
+TEST(Scheduler, RunsInlineOnlyWithAFreeSlot) {
+  auto s = Scheduler::Create({.workers = 1});
+  ASSERT_TRUE(s.ok());
+  Scheduler* sched = s->get();
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  bool finished = false;
+  Scheduler::Job job;
+  job.run = [&](absl::Duration) { ran_on = std::this_thread::get_id(); };
+  job.finish = [&] { finished = true; };
+  job.drop = [](absl::Status) {};
+  ASSERT_TRUE(sched->TryRunInline(Policy("a", 1, 1, 1), job));
+  EXPECT_EQ(ran_on, caller);
+  EXPECT_TRUE(finished);
+
+  // The only slot is held by a queued job that waits on a gate.
+  absl::Notification started, gate;
+  Scheduler::Job holder;
+  holder.run = [&](absl::Duration) {
+    started.Notify();
+    gate.WaitForNotification();
+  };
+  holder.drop = [](absl::Status) {};
+  ASSERT_TRUE(sched->Submit(Policy("b"), std::move(holder)).ok());
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  bool ran = false;
+  Scheduler::Job refused;
+  refused.run = [&](absl::Duration) { ran = true; };
+  refused.drop = [](absl::Status) {};
+  EXPECT_FALSE(sched->TryRunInline(Policy("a"), refused));
+  EXPECT_FALSE(ran);
+  ASSERT_TRUE(refused.run != nullptr);  // untouched: the caller queues it
+  gate.Notify();
 }
 
 TEST(Scheduler, DestructionDropsQueuedJobsUnavailable) {
