@@ -2,9 +2,11 @@
 // f32/f16/bf16; a subgroup-reduction kernel (matvec.comp) for matrix-vector
 // products whose operands both run along K (decoding); and on devices with
 // VK_NV_cooperative_matrix (fp16 16x16x16) a cooperative-matrix kernel
-// (matmul_coop_nv.comp) for f16 products whose M, N and K are multiples of
-// 16. Tiles are chosen from the device's limits and the problem size.
+// (matmul_coop_nv.comp: shared-memory staged, double-buffered) for f16
+// products whose M, N and K are multiples of 16. Tiles are chosen from the
+// device's limits and the problem size.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -138,12 +140,78 @@ Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
   return candidates[3];
 }
 
+// A cooperative-matrix tile (matmul_coop_nv.comp): bm x bn outputs per
+// workgroup of sg_m x sg_n subgroups of 32, K staged bk deep in `stages`
+// shared buffers; group_m tile rows are visited together (L2 reuse); `order`
+// is the shader's fragment load order.
+struct CoopTile {
+  uint32_t bm, bn, bk, sg_m, sg_n, group_m, stages = 2, order = 0;
+  uint32_t invocations() const { return sg_m * sg_n * 32; }
+  // The shader's shared array: the staged A and B tiles (rows padded by 16
+  // bytes), or the epilogue scratch if larger.
+  uint32_t shared_bytes(bool ta, bool tb) const {
+    const uint32_t a = (ta ? bk : bm) * ((ta ? bm : bk) / 8 + 1);
+    const uint32_t b = (tb ? bn : bk) * ((tb ? bk : bn) / 8 + 1);
+    return std::max(stages * (a + b), sg_m * sg_n * 80) * 16;
+  }
+  bool Fits(const DeviceCaps& caps, bool ta, bool tb) const {
+    return bm % (16 * sg_m) == 0 && bn % (16 * sg_n) == 0 && bk % 16 == 0 && bk > 0 &&
+           group_m > 0 && (stages == 1 || stages == 2) && order <= 1 &&
+           invocations() <= caps.max_workgroup_invocations &&
+           invocations() <= caps.max_workgroup_size[0] &&
+           shared_bytes(ta, tb) <= caps.max_shared_memory;
+  }
+};
+
+// KILN_VULKAN_COOP_TILE=BMxBNxBKxSG_MxSG_NxGROUP_M[xSTAGESxORDER] (tuning):
+// that tile where it fits; otherwise the largest tile that still gives a few
+// waves of work.
+CoopTile ChooseCoopTile(const DeviceCaps& caps, const MatMulPlan& p) {
+  if (const char* env = std::getenv("KILN_VULKAN_COOP_TILE"); env != nullptr) {
+    CoopTile t{};
+    if (std::sscanf(env, "%ux%ux%ux%ux%ux%ux%ux%u", &t.bm, &t.bn, &t.bk, &t.sg_m, &t.sg_n,
+                    &t.group_m, &t.stages, &t.order) >= 6 &&
+        t.Fits(caps, p.ta, p.tb)) {
+      return t;
+    }
+  }
+  // Measured on the H200 (docs/benchmarks.md): 128 x 128 tiles staged 64
+  // deep in one buffer beat double-buffered 16- and 32-deep stages (48 KiB
+  // of shared memory allows no deeper double buffer) and 64 x 64 subgroup
+  // blocks; small products need the smaller tiles to fill the GPU.
+  const CoopTile candidates[] = {{128, 128, 64, 2, 4, 8, 1, 0},
+                                 {128, 64, 32, 2, 2, 8, 2, 0},
+                                 {64, 64, 64, 2, 2, 8, 1, 0},
+                                 {32, 32, 32, 2, 2, 8, 2, 0}};
+  const uint64_t batch = p.push.batch;
+  for (const CoopTile& t : candidates) {
+    if (!t.Fits(caps, p.ta, p.tb)) continue;
+    const uint64_t tiles = batch * ((p.push.M + t.bm - 1) / t.bm) * ((p.push.N + t.bn - 1) / t.bn);
+    if (tiles >= 256) return t;
+  }
+  return candidates[3];
+}
+
+// The device runs matmul_coop_nv.comp itself: 16x16x16 f16 cooperative
+// matrices in subgroups of 32.
+bool CoopHardware(const DeviceCaps& caps) {
+  return caps.coop_nv_f16_16x16x16 && caps.float16 && caps.subgroup_size == 32;
+}
+
+// KILN_VULKAN_COOP_EMULATE=1: elsewhere its emulation stands in (tests).
+bool CoopEmulated() {
+  const char* env = std::getenv("KILN_VULKAN_COOP_EMULATE");
+  return env != nullptr && *env == '1';
+}
+
+// Eligible for matmul_coop_nv.comp: f16 with M, N, K multiples of 16, and
+// storage offsets that keep the shader's 16-byte vectors aligned.
 bool CoopEligible(const DeviceCaps& caps, const KernelSpec& spec, const MatMulPlan& p) {
   if (std::getenv("KILN_VULKAN_NO_COOPMAT") != nullptr) return false;
-  return caps.coop_nv_f16_16x16x16 && caps.float16 && caps.storage16 && caps.vulkan_memory_model &&
+  return (CoopHardware(caps) || CoopEmulated()) && caps.storage16 && caps.vulkan_memory_model &&
          spec.outputs[0].dtype == v1::DTYPE_F16 && p.push.M % 16 == 0 && p.push.N % 16 == 0 &&
-         p.push.K % 16 == 0 && p.push.K > 0 && caps.subgroup_size >= 16 &&
-         4 * caps.subgroup_size <= caps.max_workgroup_invocations;
+         p.push.K % 16 == 0 && p.push.K > 0 && caps.min_storage_offset_alignment % 16 == 0 &&
+         CoopTile{32, 32, 32, 2, 2, 8}.Fits(caps, p.ta, p.tb);
 }
 
 // A subgroup per output, lanes over K: when one side is a vector and both
@@ -237,15 +305,18 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
   }
   FoldBatch(plan);
   if (CoopEligible(caps, spec, plan)) {
-    // 2 x 2 subgroups, 2 x 2 fragments each: a 64 x 64 tile.
-    const uint32_t sg = caps.subgroup_size, fm = 2, fn = 2;
-    KILN_ASSIGN_OR_RETURN(auto pipeline,
-                          EmbeddedPipeline(d, "matmul_coop_nv_f16", 5, sizeof(MatMulPush),
-                                           {4 * sg, 2, 2, fm, fn, plan.ta, plan.tb, plan.act,
-                                            plan.has_bias, plan.has_residual}));
-    return std::unique_ptr<backend::Kernel>(
-        std::make_unique<MatMulKernel>(d, spec, std::move(pipeline), plan, 2 * fm * 16, 2 * fn * 16,
-                                       absl::StrCat("spirv:matmul_coopmat_f16", epilogue)));
+    const CoopTile t = ChooseCoopTile(caps, plan);
+    const bool emulated = !CoopHardware(caps);
+    KILN_ASSIGN_OR_RETURN(
+        auto pipeline,
+        EmbeddedPipeline(
+            d, emulated ? "matmul_coop_emu_f16" : "matmul_coop_nv_f16", 5, sizeof(MatMulPush),
+            {t.invocations(), t.bm, t.bn, t.bk, t.sg_m, t.sg_n, plan.ta, plan.tb, plan.act,
+             plan.has_bias, plan.has_residual, t.group_m, t.stages, t.order}));
+    return std::unique_ptr<backend::Kernel>(std::make_unique<MatMulKernel>(
+        d, spec, std::move(pipeline), plan, t.bm, t.bn,
+        absl::StrCat("spirv:matmul_coopmat", emulated ? "_emulated" : "", "_f16_", t.bm, "x", t.bn,
+                     epilogue)));
   }
   const Tile t = ChooseTile(caps, plan.push);
   KILN_ASSIGN_OR_RETURN(

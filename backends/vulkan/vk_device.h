@@ -11,6 +11,11 @@
 // Debugging switches (environment, read at creation or preparation):
 //   KILN_VULKAN_NO_SUBGROUPS=1  kernels take their shared-memory paths
 //   KILN_VULKAN_NO_COOPMAT      f16 matmuls skip the cooperative-matrix path
+//   KILN_VULKAN_COOP_TILE=BMxBNxBKxSG_MxSG_NxGROUP_M[xSTAGESxORDER]  the
+//                               cooperative-matrix matmul's tile (tuning;
+//                               ignored if it does not fit)
+//   KILN_VULKAN_COOP_EMULATE=1  without cooperative matrices, f16 matmuls run
+//                               that kernel's emulation (tests its tiling)
 //   KILN_VULKAN_LOG_PIPELINES   log every pipeline creation and its time
 #pragma once
 
@@ -76,8 +81,9 @@ struct DeviceCaps {
   float timestamp_period_ns = 1.0f;
   uint32_t timestamp_valid_bits = 0;
 
-  // Cooperative matrices. Debian 12's Vulkan headers (1.3.239) and glslang
-  // (12) predate VK_KHR_cooperative_matrix, so the kernel path uses
+  // Cooperative matrices. Debian 12's Vulkan headers (1.3.239) and glslc
+  // (shaderc 2023.2, glslang 11.13: no GL_KHR_cooperative_matrix) predate
+  // VK_KHR_cooperative_matrix, so the kernel path uses
   // VK_NV_cooperative_matrix; the KHR extension is only recorded.
   bool coop_matrix_khr = false;
   bool coop_matrix_nv = false;

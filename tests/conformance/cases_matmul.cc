@@ -274,6 +274,23 @@ std::vector<Shape> RandomShapes(const std::string& seed, int count) {
   return shapes;
 }
 
+// f16 with M, N and K multiples of 16: the Vulkan cooperative-matrix kernel
+// where the device has one. Small products take its small tiles; the
+// 2000 x 2096 ones its largest, with partial tiles on both edges and a K
+// that is not a whole number of stages.
+std::vector<Shape> CoopShapes() {
+  return {
+      {{144, 48}, {48, 80}},
+      {{2, 3, 32, 64}, {2, 3, 64, 48}},  // batched
+      {{2, 1, 64, 32}, {1, 3, 32, 16}},  // both broadcast
+      {{64, 48}, {64, 96}, true, false},
+      {{48, 64}, {96, 64}, false, true},
+      {{3, 64, 48}, {3, 80, 64}, true, true},
+      {{2000, 48}, {48, 2096}},
+      {{48, 2000}, {2096, 48}, true, true},
+  };
+}
+
 std::vector<Case> MatMulCases() {
   std::vector<Case> cases;
   for (const Shape& s : PlainShapes())
@@ -299,6 +316,8 @@ std::vector<Case> MatMulCases() {
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (const Shape& s : low) cases.push_back(MakeCase("matmul", s, dtype, nullptr));
   }
+  for (const Shape& s : CoopShapes())
+    cases.push_back(MakeCase("matmul", s, v1::DTYPE_F16, nullptr));
   return cases;
 }
 
@@ -363,6 +382,12 @@ std::vector<Case> FusedMatMulCases() {
         MakeCase("fused_matmul", {{4, 17, 33}, {9, 33}, false, true}, dtype, &silu_bias));
     cases.push_back(MakeCase("fused_matmul", {{3, 0}, {0, 5}}, dtype, &all));
   }
+  // The cooperative-matrix kernel's epilogue (f16, dims multiples of 16).
+  cases.push_back(MakeCase("fused_matmul", {{2, 48, 32}, {2, 32, 80}}, v1::DTYPE_F16, &all));
+  cases.push_back(MakeCase("fused_matmul", {{32, 2000}, {2096, 32}, true, true}, v1::DTYPE_F16,
+                           &gelu_tanh_all));
+  cases.push_back(
+      MakeCase("fused_matmul", {{4, 32, 48}, {80, 48}, false, true}, v1::DTYPE_F16, &silu_bias));
   return cases;
 }
 

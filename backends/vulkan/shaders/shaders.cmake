@@ -27,12 +27,14 @@ kiln_vk_shader(reduce_i64 reduce.comp DT_I64)
 
 # Matrix products: the tiled kernel per storage dtype; the cooperative-matrix
 # kernel (VK_NV_cooperative_matrix, f16) is selected only on devices that
-# report it.
+# report it, and its emulation (no cooperative matrices) only by
+# KILN_VULKAN_COOP_EMULATE, for testing its tiling on lavapipe.
 foreach(dt f32 f16 bf16)
   string(TOUPPER ${dt} DT)
   kiln_vk_shader(matmul_${dt} matmul.comp DT_${DT})
 endforeach()
 kiln_vk_shader(matmul_coop_nv_f16 matmul_coop_nv.comp)
+kiln_vk_shader(matmul_coop_emu_f16 matmul_coop_nv.comp COOP_EMULATE)
 
 foreach(dt f32 f16 bf16)
   string(TOUPPER ${dt} DT)

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -778,6 +779,100 @@ TEST(VulkanKernelTest, MatVecWithEpilogueUsesSubgroups) {
       EXPECT_NEAR(y[b * n + j], want, 1e-5) << b << "," << j;
     }
   }
+}
+
+// The f16 cooperative-matrix kernel's tiling (staging, double buffering, tile
+// order, edges, transposes, batches, epilogue) through its emulation, which
+// runs without cooperative matrices (on a device that has them, the real
+// kernel runs). Tiles that fit lavapipe's 32 KiB of shared memory.
+TEST(VulkanKernelTest, CoopMatMulTilingEmulated) {
+  REQUIRE_DEVICE(d);
+  if (!d->caps().storage16 || !d->caps().vulkan_memory_model) GTEST_SKIP() << "no f16 storage";
+  struct Case {
+    int64_t batch, m, n, k;
+    bool ta, tb, bias, residual;
+    v1::UnaryKind act;
+    bool b_batched;
+  };
+  const Case cases[] = {
+      {1, 80, 144, 48, false, false, true, true, v1::UNARY_GELU_TANH, false},
+      {3, 48, 32, 64, true, true, false, false, v1::UNARY_KIND_UNSPECIFIED, true},
+      {2, 64, 48, 16, true, false, true, false, v1::UNARY_RELU, false},
+      {1, 16, 208, 80, false, true, false, true, v1::UNARY_KIND_UNSPECIFIED, false},
+  };
+  const char* tiles[] = {"32x32x32x2x2x1", "64x128x32x2x2x8", "128x64x32x2x4x2x2x1",
+                         "64x64x16x2x2x3", "64x64x64x2x2x8x1x1"};
+  setenv("KILN_VULKAN_COOP_EMULATE", "1", 1);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto f16 = [&](int64_t count) {
+    std::vector<uint16_t> v(count);
+    for (uint16_t& x : v) x = FloatToHalf(u(rng));
+    return v;
+  };
+  for (const char* tile : tiles) {
+    setenv("KILN_VULKAN_COOP_TILE", tile, 1);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(tile, " batch ", c.batch, " ", c.m, "x", c.n, "x", c.k,
+                                c.ta ? " ta" : "", c.tb ? " tb" : ""));
+      const Dims a_dims = c.ta ? Dims{c.batch, c.k, c.m} : Dims{c.batch, c.m, c.k};
+      Dims b_dims = c.tb ? Dims{c.n, c.k} : Dims{c.k, c.n};
+      if (c.b_batched) b_dims.insert(b_dims.begin(), c.batch);
+      const std::vector<uint16_t> a = f16(c.batch * c.m * c.k);
+      const std::vector<uint16_t> b = f16((c.b_batched ? c.batch : 1) * c.k * c.n);
+      const std::vector<uint16_t> bias = f16(c.n), res = f16(c.batch * c.m * c.n);
+      std::vector<TensorDesc> inputs = {{v1::DTYPE_F16, a_dims}, {v1::DTYPE_F16, b_dims}};
+      std::vector<std::string> bytes = {Bytes(a), Bytes(b)};
+      if (c.bias) inputs.push_back({v1::DTYPE_F16, {c.n}}), bytes.push_back(Bytes(bias));
+      if (c.residual) {
+        inputs.push_back({v1::DTYPE_F16, {c.batch, c.m, c.n}});
+        bytes.push_back(Bytes(res));
+      }
+      KernelSpec spec = Spec(v1::OP_FUSED_MATMUL, inputs, {{v1::DTYPE_F16, {c.batch, c.m, c.n}}});
+      auto* f = spec.attrs.mutable_fused_matmul();
+      f->set_transpose_a(c.ta);
+      f->set_transpose_b(c.tb);
+      f->set_has_bias(c.bias);
+      f->set_has_residual(c.residual);
+      f->set_activation(c.act);
+      backend::PrepareContext ctx;
+      auto kernel = d->PrepareKernel(spec, ctx);
+      ASSERT_TRUE(kernel.ok()) << kernel.status();
+      const std::string bm_bn(tile, std::strchr(std::strchr(tile, 'x') + 1, 'x'));
+      // The emulation here; the real kernel on a device with cooperative matrices.
+      const std::string impl = (*kernel)->implementation();
+      EXPECT_TRUE(
+          absl::StartsWith(impl, absl::StrCat("spirv:matmul_coopmat_emulated_f16_", bm_bn)) ||
+          absl::StartsWith(impl, absl::StrCat("spirv:matmul_coopmat_f16_", bm_bn)))
+          << impl;
+      auto got = RunSpec(*d, spec, bytes, &ctx);
+      ASSERT_TRUE(got.ok()) << got.status();
+      const auto y = Values<uint16_t>((*got)[0]);
+      for (int64_t bi = 0; bi < c.batch; ++bi) {
+        const int64_t ao = bi * c.m * c.k, bo = c.b_batched ? bi * c.k * c.n : 0;
+        for (int64_t i = 0; i < c.m; ++i) {
+          for (int64_t j = 0; j < c.n; ++j) {
+            double v = 0;
+            for (int64_t p = 0; p < c.k; ++p) {
+              v += double(HalfToFloat(a[ao + (c.ta ? p * c.m + i : i * c.k + p)])) *
+                   HalfToFloat(b[bo + (c.tb ? j * c.k + p : p * c.n + j)]);
+            }
+            const int64_t at = (bi * c.m + i) * c.n + j;
+            if (c.bias) v += HalfToFloat(bias[j]);
+            if (c.act == v1::UNARY_RELU) v = std::max(v, 0.0);
+            if (c.act == v1::UNARY_GELU_TANH) {
+              v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+            }
+            if (c.residual) v += HalfToFloat(res[at]);
+            ASSERT_NEAR(HalfToFloat(y[at]), v, 2e-3 * (1 + std::fabs(v)) + 1e-3)
+                << "batch " << bi << " at " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+  unsetenv("KILN_VULKAN_COOP_TILE");
+  unsetenv("KILN_VULKAN_COOP_EMULATE");
 }
 
 TEST(VulkanKernelTest, AttentionCausalMatchesNaive) {
