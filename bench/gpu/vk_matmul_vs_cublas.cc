@@ -1,17 +1,26 @@
 // Vulkan MatMul (our kernels, through the backend interface) vs cuBLAS on the
 // same GPU in the same process: f32 vs cuBLAS SGEMM (no TF32), and f16 (the
 // cooperative-matrix path where the device has it) vs cuBLAS HGEMM with f32
-// accumulation. Medians of timed batches after warm-up; prints JSON.
+// accumulation. Both sides multiply the same random operands in [-1, 1); the
+// Kiln result is checked against cuBLAS (f16: a GemmEx with an f32 result,
+// so the reference is not rounded twice): max_abs_err, and max_rel_err =
+// max_abs_err / max |reference|. Medians of timed batches after warm-up;
+// prints JSON.
 //
 //   vk_matmul_vs_cublas [--sizes 1024,2048,4096,8192] [--reps 10]
+//                       [--coop_tiles 128x128x32x2x4x8,...]
+// --coop_tiles also times the f16 product once per KILN_VULKAN_COOP_TILE
+// (BMxBNxBKxSG_MxSG_NxGROUP_M) given, for tuning.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -21,7 +30,6 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 double Median(std::vector<double> v) {
@@ -38,83 +46,181 @@ double Median(std::vector<double> v) {
     }                                                                          \
   } while (0)
 
-// Milliseconds per product, median over `rounds` batches of `reps`.
-double TimeVulkan(kiln::backend::Device& dev, kiln::DType dtype, int64_t n, int reps, int rounds,
-                  std::string* impl) {
-  kiln::backend::KernelSpec spec;
-  spec.name = spec.label = "bench_matmul";
-  spec.op = kiln::v1::OP_MATMUL;
-  spec.attrs.mutable_matmul();
-  spec.inputs = {{dtype, {n, n}}, {dtype, {n, n}}};
-  spec.outputs = {{dtype, {n, n}}};
-  if (!dev.Supports(spec).native) return -1;
-  kiln::backend::PrepareContext ctx;
-  auto kernel = dev.PrepareKernel(spec, ctx);
-  auto stream = dev.CreateStream();
-  if (!kernel.ok() || !stream.ok()) return -1;
-  *impl = (*kernel)->implementation();
-  const int64_t bytes = spec.inputs[0].num_bytes();
-  std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs;
-  std::vector<kiln::backend::BufferView> views;
-  std::vector<char> host(bytes);
-  for (int64_t i = 0; i < bytes; i += 2) host[i] = static_cast<char>((i / 2) % 7);  // small finite values
-  for (int i = 0; i < 3; ++i) {
-    bufs.push_back(std::move(dev.Allocate(bytes)).value());
-    views.push_back({bufs.back().get(), 0, bytes});
-    if (i < 2 && !dev.CopyToDevice(**stream, host.data(), views.back()).ok()) return -1;
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t p = 0; p <= s.size();) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    if (q > p) out.push_back(s.substr(p, q - p));
+    p = q + 1;
   }
-  std::vector<kiln::backend::BufferView> ins = {views[0], views[1]}, outs = {views[2]};
-  for (int i = 0; i < 3; ++i) (void)(*kernel)->Launch(**stream, ins, outs);
-  (void)(*stream)->Synchronize();
-  std::vector<double> ms;
-  for (int r = 0; r < rounds; ++r) {
-    auto e0 = (*stream)->Record();
-    for (int i = 0; i < reps; ++i) (void)(*kernel)->Launch(**stream, ins, outs);
-    auto e1 = (*stream)->Record();
-    (void)(*stream)->Synchronize();
-    auto us = (*e1)->MicrosSince(**e0);
-    if (!us.ok()) return -1;
-    ms.push_back(*us / 1000.0 / reps);
-  }
-  return Median(ms);
+  return out;
 }
 
-double TimeCublas(cublasHandle_t h, bool half, int64_t n, int reps, int rounds) {
+// Random n x n operands in [-1, 1), as the dtype stores them.
+std::vector<char> RandomMatrix(bool half, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<char> bytes(n * n * (half ? 2 : 4));
+  for (int64_t i = 0; i < n * n; ++i) {
+    const float v = dist(rng);
+    if (half) {
+      const uint16_t h = kiln::FloatToHalf(v);
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(bytes.data() + 4 * i, &v, 4);
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> ToFloats(bool half, const std::vector<char>& bytes) {
+  std::vector<float> out(bytes.size() / (half ? 2 : 4));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (half) {
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + 2 * i, 2);
+      out[i] = kiln::HalfToFloat(h);
+    } else {
+      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+    }
+  }
+  return out;
+}
+
+struct Errors {
+  double max_abs = -1, max_rel = -1;
+};
+
+Errors Compare(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size() || want.empty()) return {};
+  double max_abs = 0, ref_max = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    max_abs = std::isfinite(d) ? std::max(max_abs, d) : INFINITY;
+    ref_max = std::max(ref_max, std::fabs(double(want[i])));
+  }
+  return {max_abs, ref_max > 0 ? max_abs / ref_max : max_abs};
+}
+
+// One n x n product's operands on the Vulkan device, reused across kernels.
+class VulkanOperands {
+ public:
+  VulkanOperands(kiln::backend::Device& dev, kiln::DType dtype, int64_t n,
+                 const std::vector<char>& a, const std::vector<char>& b)
+      : dev_(dev), dtype_(dtype), n_(n) {
+    const int64_t bytes = static_cast<int64_t>(a.size());
+    auto stream = dev.CreateStream();
+    if (!stream.ok()) return;
+    stream_ = std::move(stream).value();
+    for (int i = 0; i < 3; ++i) {
+      auto buf = dev.Allocate(bytes);
+      if (!buf.ok()) return;
+      bufs_.push_back(std::move(buf).value());
+      views_.push_back({bufs_.back().get(), 0, bytes});
+    }
+    ok_ = dev.CopyToDevice(*stream_, a.data(), views_[0]).ok() &&
+          dev.CopyToDevice(*stream_, b.data(), views_[1]).ok() && stream_->Synchronize().ok();
+  }
+
+  // Milliseconds per product (median over `rounds` batches of `reps`), the
+  // kernel's implementation name and its result; -1 ms where it cannot run.
+  double Time(int reps, int rounds, std::string* impl, std::vector<float>* result) {
+    kiln::backend::KernelSpec spec;
+    spec.name = spec.label = "bench_matmul";
+    spec.op = kiln::v1::OP_MATMUL;
+    spec.attrs.mutable_matmul();
+    spec.inputs = {{dtype_, {n_, n_}}, {dtype_, {n_, n_}}};
+    spec.outputs = {{dtype_, {n_, n_}}};
+    if (!ok_ || !dev_.Supports(spec).native) return -1;
+    kiln::backend::PrepareContext ctx;
+    auto kernel = dev_.PrepareKernel(spec, ctx);
+    if (!kernel.ok()) return -1;
+    *impl = (*kernel)->implementation();
+    std::vector<kiln::backend::BufferView> ins = {views_[0], views_[1]}, outs = {views_[2]};
+    // A kernel that fails must not pass on the previous kernel's result.
+    const std::vector<char> zeros(views_[2].bytes);
+    if (!dev_.CopyToDevice(*stream_, zeros.data(), views_[2]).ok()) return -1;
+    for (int i = 0; i < 3; ++i) {
+      if (!(*kernel)->Launch(*stream_, ins, outs).ok()) return -1;
+    }
+    if (!stream_->Synchronize().ok()) return -1;
+    std::vector<double> ms;
+    for (int r = 0; r < rounds; ++r) {
+      auto e0 = stream_->Record();
+      for (int i = 0; i < reps; ++i) (void)(*kernel)->Launch(*stream_, ins, outs);
+      auto e1 = stream_->Record();
+      if (!e0.ok() || !e1.ok() || !stream_->Synchronize().ok()) return -1;
+      auto us = (*e1)->MicrosSince(**e0);
+      if (!us.ok()) return -1;
+      ms.push_back(*us / 1000.0 / reps);
+    }
+    std::vector<char> host(views_[2].bytes);
+    if (!dev_.CopyToHost(*stream_, views_[2], host.data()).ok() || !stream_->Synchronize().ok()) {
+      return -1;
+    }
+    *result = ToFloats(dtype_ == kiln::v1::DTYPE_F16, host);
+    return Median(ms);
+  }
+
+ private:
+  kiln::backend::Device& dev_;
+  kiln::DType dtype_;
+  int64_t n_;
+  bool ok_ = false;
+  std::unique_ptr<kiln::backend::Stream> stream_;
+  std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs_;
+  std::vector<kiln::backend::BufferView> views_;
+};
+
+// Row-major C = A @ B with cuBLAS (column-major): C^T = B^T A^T. f16: the
+// timed GEMM has an f16 result; `reference` gets an f32-result GEMM.
+double TimeCublas(cublasHandle_t h, bool half, int64_t n, const std::vector<char>& ha,
+                  const std::vector<char>& hb, int reps, int rounds,
+                  std::vector<float>* reference) {
   const size_t elem = half ? 2 : 4;
-  void *a, *b, *c;
+  void *a, *b, *c, *ref;
   CHECK_CUDA(cudaMalloc(&a, n * n * elem));
   CHECK_CUDA(cudaMalloc(&b, n * n * elem));
   CHECK_CUDA(cudaMalloc(&c, n * n * elem));
-  CHECK_CUDA(cudaMemset(a, 0, n * n * elem));
-  CHECK_CUDA(cudaMemset(b, 0, n * n * elem));
+  CHECK_CUDA(cudaMalloc(&ref, n * n * 4));
+  CHECK_CUDA(cudaMemcpy(a, ha.data(), ha.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b, hb.data(), hb.size(), cudaMemcpyHostToDevice));
   const float one = 1.f, zero = 0.f;
-  auto gemm = [&] {
+  auto gemm = [&](void* out, cudaDataType out_type) {
     if (half) {
-      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b,
-                              CUDA_R_16F, n, &zero, c, CUDA_R_16F, n, CUBLAS_COMPUTE_32F,
+      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, CUDA_R_16F, n, a,
+                              CUDA_R_16F, n, &zero, out, out_type, n, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
     } else {
-      CHECK_CUDA(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, static_cast<float*>(a), n,
-                             static_cast<float*>(b), n, &zero, static_cast<float*>(c), n));
+      CHECK_CUDA(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, static_cast<float*>(b), n,
+                             static_cast<float*>(a), n, &zero, static_cast<float*>(out), n));
     }
   };
-  for (int i = 0; i < 3; ++i) gemm();
+  const cudaDataType out_type = half ? CUDA_R_16F : CUDA_R_32F;
+  for (int i = 0; i < 3; ++i) gemm(c, out_type);
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
   std::vector<double> ms;
   for (int r = 0; r < rounds; ++r) {
     CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) gemm();
+    for (int i = 0; i < reps; ++i) gemm(c, out_type);
     CHECK_CUDA(cudaEventRecord(e1));
     CHECK_CUDA(cudaEventSynchronize(e1));
     float t;
     CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
     ms.push_back(t / reps);
   }
+  gemm(ref, CUDA_R_32F);
+  reference->resize(n * n);
+  CHECK_CUDA(cudaMemcpy(reference->data(), ref, n * n * 4, cudaMemcpyDeviceToHost));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
+  cudaFree(ref);
   return Median(ms);
 }
 
@@ -122,18 +228,14 @@ double TimeCublas(cublasHandle_t h, bool half, int64_t n, int reps, int rounds) 
 
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1024, 2048, 4096, 8192};
+  std::vector<std::string> coop_tiles;
   int reps = 10;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--coop_tiles") == 0) coop_tiles = Split(argv[i + 1]);
     if (std::strcmp(argv[i], "--sizes") == 0) {
       sizes.clear();
-      std::string s = argv[i + 1];
-      for (size_t p = 0; p <= s.size();) {
-        size_t q = s.find(',', p);
-        if (q == std::string::npos) q = s.size();
-        sizes.push_back(std::stoll(s.substr(p, q - p)));
-        p = q + 1;
-      }
+      for (const std::string& s : Split(argv[i + 1])) sizes.push_back(std::stoll(s));
     }
   }
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
@@ -151,30 +253,54 @@ int main(int argc, char** argv) {
   if (vk == nullptr) return 1;
   cublasHandle_t h;
   CHECK_CUDA(cublasCreate(&h));
-  CHECK_CUDA(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // SGEMM without TF32
   json results = json::array();
   for (int64_t n : sizes) {
     const int r = n >= 8192 ? std::max(2, reps / 4) : reps;
-    std::string impl32, impl16;
-    const double vk32 = TimeVulkan(*vk, kiln::v1::DTYPE_F32, n, r, 5, &impl32);
-    const double cb32 = TimeCublas(h, false, n, r, 5);
-    const double vk16 = TimeVulkan(*vk, kiln::v1::DTYPE_F16, n, r, 5, &impl16);
-    CHECK_CUDA(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    const double cb16 = TimeCublas(h, true, n, r, 5);
-    CHECK_CUDA(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
     const double flop = 2.0 * n * n * n;
     auto tflops = [&](double ms) { return ms > 0 ? flop / ms / 1e9 : 0.0; };
-    results.push_back({{"n", n},
-                       {"f32", {{"kiln_vulkan_ms", vk32}, {"cublas_sgemm_ms", cb32},
-                                {"kiln_tflops", tflops(vk32)}, {"cublas_tflops", tflops(cb32)},
-                                {"ratio", vk32 > 0 ? cb32 / vk32 : 0.0}, {"impl", impl32}}},
-                       {"f16", {{"kiln_vulkan_ms", vk16}, {"cublas_hgemm_ms", cb16},
-                                {"kiln_tflops", tflops(vk16)}, {"cublas_tflops", tflops(cb16)},
-                                {"ratio", vk16 > 0 ? cb16 / vk16 : 0.0}, {"impl", impl16}}}});
+    json row = {{"n", n}};
+    for (const bool half : {false, true}) {
+      const kiln::DType dtype = half ? kiln::v1::DTYPE_F16 : kiln::v1::DTYPE_F32;
+      const std::vector<char> a = RandomMatrix(half, n, 2 * n + half);
+      const std::vector<char> b = RandomMatrix(half, n, 2 * n + half + 7);
+      // SGEMM without TF32; HGEMM on tensor cores.
+      CHECK_CUDA(cublasSetMathMode(h, half ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
+      std::vector<float> want, got;
+      const double cb = TimeCublas(h, half, n, a, b, r, 5, &want);
+      VulkanOperands operands(*vk, dtype, n, a, b);
+      auto measure = [&](json entry) {
+        std::string impl;
+        const double ms = operands.Time(r, 5, &impl, &got);
+        const Errors err = ms > 0 ? Compare(got, want) : Errors{};
+        entry.update({{"kiln_vulkan_ms", ms},
+                      {"kiln_tflops", tflops(ms)},
+                      {"ratio", ms > 0 ? cb / ms : 0.0},
+                      {"impl", impl},
+                      {"max_abs_err", err.max_abs},
+                      {"max_rel_err", err.max_rel}});
+        return entry;
+      };
+      json entry = measure(
+          {{half ? "cublas_hgemm_ms" : "cublas_sgemm_ms", cb}, {"cublas_tflops", tflops(cb)}});
+      if (half && !coop_tiles.empty()) {
+        json sweep = json::array();
+        for (const std::string& tile : coop_tiles) {
+          setenv("KILN_VULKAN_COOP_TILE", tile.c_str(), 1);
+          sweep.push_back(measure({{"tile", tile}}));
+        }
+        unsetenv("KILN_VULKAN_COOP_TILE");
+        entry["coop_tiles"] = sweep;
+      }
+      row[half ? "f16" : "f32"] = entry;
+    }
+    results.push_back(row);
+    std::fprintf(stderr, "n=%lld done\n", static_cast<long long>(n));
   }
   cublasDestroy(h);
-  std::printf("%s\n", json({{"bench", "vulkan_matmul_vs_cublas"}, {"device", vk->info().name},
-                            {"driver", vk->info().driver_version}, {"features", vk->info().features},
+  std::printf("%s\n", json({{"bench", "vulkan_matmul_vs_cublas"},
+                            {"device", vk->info().name},
+                            {"driver", vk->info().driver_version},
+                            {"features", vk->info().features},
                             {"results", results}})
                           .dump()
                           .c_str());
