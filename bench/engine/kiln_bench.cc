@@ -28,6 +28,8 @@
 #include "engine/engine.h"
 #include "engine/ir/builder.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
 #include "tests/e2e/models.h"
 
 namespace kiln {
@@ -390,6 +392,7 @@ int Placement(const std::map<std::string, std::string>& flags) {
       if (!p.ok()) return 1;
       params = *p;
     }
+    json estimates = json::object();  // the cost model's view, from the auto compile
     auto time_on = [&](const std::string& device, std::string* chosen) -> double {
       CompileOptions co;
       co.device = device;
@@ -401,7 +404,13 @@ int Placement(const std::map<std::string, std::string>& flags) {
                      std::string(compiled.status().message()).c_str());
         return -1;
       }
-      if (chosen) *chosen = compiled->executable->lir().placement().chosen();
+      if (chosen) {
+        const v1::Placement& pl = compiled->executable->lir().placement();
+        *chosen = pl.chosen();
+        for (const v1::DeviceEstimate& e : pl.estimates()) {
+          if (e.feasible()) estimates[e.device()] = e.estimate_micros() / 1000.0;
+        }
+      }
       std::vector<double> ms;
       for (int r = 0; r < reps + 1; ++r) {
         const auto t0 = Clock::now();
@@ -425,7 +434,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
     const bool ok = chosen == fastest || (chosen_ms >= 0 && chosen_ms <= 1.1 * fastest_ms);
     good += ok;
     ++total;
-    results.push_back({{"graph", c.name}, {"ms", per_device}, {"fastest", fastest},
+    results.push_back({{"graph", c.name}, {"ms", per_device}, {"estimate_ms", estimates},
+                       {"fastest", fastest},
                        {"auto", chosen}, {"auto_within_10pct", ok}});
   }
   std::printf("%s\n", json({{"bench", "placement_accuracy"}, {"devices", profiles},
@@ -443,6 +453,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement [flags]\n");
     return 2;
   }
+  // stdout carries the JSON; the engine's log lines go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("kiln_bench"));
   const std::string cmd = argv[1];
   const auto flags = kiln::ParseFlags(argc, argv);
   if (cmd == "encoder") return kiln::Encoder(flags);

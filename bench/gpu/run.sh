@@ -28,7 +28,7 @@ KILN_CONFORMANCE_GPU_ONLY=1 timeout 300 "$stage/bin/kiln_conformance_test" \
 echo "conformance exit $?" >> "$out/env.txt"
 timeout 200 "$stage/bin/vk_matmul_vs_cublas" > "$out/matmul.json" 2>> "$out/env.txt"
 timeout 120 "$stage/bin/kiln_bench" encoder --device vulkan:0 --batch 8 --iters 50 \
-  --threads 16 --export /tmp/enc > "$out/encoder.json" 2>> "$out/env.txt"
+  --threads 16 --export /tmp/enc --report_out "$out/encoder_report.txt" > "$out/encoder.json" 2>> "$out/env.txt"
 LD_LIBRARY_PATH= timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc >> "$out/encoder.json" 2>> "$out/env.txt"
 timeout 300 "$stage/bin/kiln_bench" placement --threads 16 > "$out/placement.json" 2>> "$out/env.txt"
 echo done >> "$out/env.txt"
