@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
@@ -30,6 +31,25 @@ struct MatMulPlan {
   bool ta = false, tb = false, has_bias = false, has_residual = false;
   uint32_t act = 0;  // UnaryKind; 0 and IDENTITY mean none
 };
+
+// Activations whose code is long (erf, exp, tanh, ...) leave the tiled
+// kernel's accumulators through shared memory (matmul.comp's STAGED_EPILOGUE).
+// KILN_VULKAN_STAGED_EPILOGUE=0 turns it off, to measure the difference.
+bool StagedEpilogue(uint32_t act) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("KILN_VULKAN_STAGED_EPILOGUE");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  switch (act) {
+    case 0:
+    case v1::UNARY_RELU:
+    case v1::UNARY_NEG:
+    case v1::UNARY_ABS:
+      return false;
+    default:
+      return enabled;
+  }
+}
 
 absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
   MatMulPlan p;
@@ -121,6 +141,18 @@ void FoldBatch(MatMulPlan& p) {
   q.batch_rank = 0;
 }
 
+// 128 x 128 tiles only when they make at least this many workgroups: on a
+// large GPU (the H200 has 132 SMs) fewer leave SMs idle, and 64 x 64 tiles
+// of the same product (4x the workgroups) finish sooner.
+// KILN_VULKAN_MIN_TILES128 overrides it (0: the old rule, size only).
+int64_t MinTiles128() {
+  static const int64_t n = [] {
+    const char* env = std::getenv("KILN_VULKAN_MIN_TILES128");
+    return env != nullptr ? std::atoll(env) : int64_t{256};
+  }();
+  return n;
+}
+
 Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
   const Tile candidates[] = {
       {128, 128, 16, 8, 8}, {64, 64, 16, 4, 4}, {32, 32, 16, 2, 2}, {16, 16, 16, 1, 1}};
@@ -132,7 +164,8 @@ Tile ChooseTile(const DeviceCaps& caps, const MatMulPush& p) {
         t.invocations() > caps.max_workgroup_size[0] || shared > caps.max_shared_memory) {
       continue;
     }
-    if (t.bm == 128 && (!gpu || std::min(p.M, p.N) < 512)) continue;
+    const int64_t tiles128 = int64_t{(p.M + 127) / 128} * ((p.N + 127) / 128) * p.batch;
+    if (t.bm == 128 && (!gpu || std::min(p.M, p.N) < 512 || tiles128 < MinTiles128())) continue;
     if (t.bm == 64 && std::min(p.M, p.N) < 64) continue;
     if (t.bm == 32 && std::min(p.M, p.N) < 16 && std::max(p.M, p.N) < 256) continue;
     return t;
@@ -319,14 +352,16 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
                      epilogue)));
   }
   const Tile t = ChooseTile(caps, plan.push);
+  const bool staged = StagedEpilogue(plan.act);
   KILN_ASSIGN_OR_RETURN(
       auto pipeline,
       EmbeddedPipeline(d, absl::StrCat("matmul_", DTypeSuffix(dt)), 5, sizeof(MatMulPush),
                        {t.invocations(), t.bm, t.bn, t.bk, t.tm, t.tn, plan.ta, plan.tb, plan.act,
-                        plan.has_bias, plan.has_residual}));
+                        plan.has_bias, plan.has_residual, staged}));
   return std::unique_ptr<backend::Kernel>(std::make_unique<MatMulKernel>(
       d, spec, std::move(pipeline), plan, t.bm, t.bn,
-      absl::StrCat("spirv:matmul_", DTypeSuffix(dt), "_", t.bm, "x", t.bn, epilogue)));
+      absl::StrCat("spirv:matmul_", DTypeSuffix(dt), "_", t.bm, "x", t.bn, epilogue,
+                   staged ? "+staged" : "")));
 }
 
 const VulkanOpRegistration kRegistration({
