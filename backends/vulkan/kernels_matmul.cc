@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
@@ -31,25 +30,6 @@ struct MatMulPlan {
   bool ta = false, tb = false, has_bias = false, has_residual = false;
   uint32_t act = 0;  // UnaryKind; 0 and IDENTITY mean none
 };
-
-// Activations whose code is long (erf, exp, tanh, ...) leave the tiled
-// kernel's accumulators through shared memory (matmul.comp's STAGED_EPILOGUE).
-// KILN_VULKAN_STAGED_EPILOGUE=0 turns it off, to measure the difference.
-bool StagedEpilogue(uint32_t act) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("KILN_VULKAN_STAGED_EPILOGUE");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  switch (act) {
-    case 0:
-    case v1::UNARY_RELU:
-    case v1::UNARY_NEG:
-    case v1::UNARY_ABS:
-      return false;
-    default:
-      return enabled;
-  }
-}
 
 absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
   MatMulPlan p;
@@ -352,16 +332,14 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
                      epilogue)));
   }
   const Tile t = ChooseTile(caps, plan.push);
-  const bool staged = StagedEpilogue(plan.act);
   KILN_ASSIGN_OR_RETURN(
       auto pipeline,
       EmbeddedPipeline(d, absl::StrCat("matmul_", DTypeSuffix(dt)), 5, sizeof(MatMulPush),
                        {t.invocations(), t.bm, t.bn, t.bk, t.tm, t.tn, plan.ta, plan.tb, plan.act,
-                        plan.has_bias, plan.has_residual, staged}));
+                        plan.has_bias, plan.has_residual}));
   return std::unique_ptr<backend::Kernel>(std::make_unique<MatMulKernel>(
       d, spec, std::move(pipeline), plan, t.bm, t.bn,
-      absl::StrCat("spirv:matmul_", DTypeSuffix(dt), "_", t.bm, "x", t.bn, epilogue,
-                   staged ? "+staged" : "")));
+      absl::StrCat("spirv:matmul_", DTypeSuffix(dt), "_", t.bm, "x", t.bn, epilogue)));
 }
 
 const VulkanOpRegistration kRegistration({

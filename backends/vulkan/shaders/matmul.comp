@@ -5,13 +5,6 @@
 // so neighbours read neighbouring shared words). A and B are staged BK deep.
 // Accumulation is f32 whatever the storage dtype. Batch dims (up to 4 after
 // collapsing) broadcast through zero strides.
-//
-// STAGED_EPILOGUE (for costly activations such as GELU): the tile leaves the
-// accumulators through shared memory, BM / TM rows at a time, and the
-// epilogue runs in a loop the compiler keeps rolled: one copy of the
-// activation's code instead of TM * TN inlined beside 64 live accumulators,
-// which on NVIDIA's compiler made the whole kernel ~4x slower.
-#extension GL_EXT_control_flow_attributes : require
 #include "dtype_io.glsl"
 #include "epilogue.glsl"
 
@@ -26,7 +19,6 @@ layout(constant_id = 7) const bool TRANS_B = false;  // B is [N, K]
 layout(constant_id = 8) const uint ACT = 0;          // UnaryKind, 0 = none
 layout(constant_id = 9) const bool HAS_BIAS = false;
 layout(constant_id = 10) const bool HAS_RESIDUAL = false;
-layout(constant_id = 11) const bool STAGED_EPILOGUE = false;
 
 layout(std430, binding = 0) readonly buffer A { BUF_T a[]; };
 layout(std430, binding = 1) readonly buffer B { BUF_T b[]; };
@@ -46,14 +38,6 @@ layout(push_constant) uniform Push {
 // Rows padded by one word: the transposed staging writes stay conflict-free.
 shared float As[BK][BM + 1];
 shared float Bs[BK][BN + 1];
-shared float Cs[STAGED_EPILOGUE ? (BM / TM) * BN : 1u];
-
-float Epilogue(uint at, float v) {
-  if (HAS_BIAS) v += LOAD_VAL(bias[at % pc.bias_count]);
-  v = k_activate(ACT, v);
-  if (HAS_RESIDUAL) v += LOAD_VAL(res[at]);
-  return v;
-}
 
 void main() {
   const uint lid = gl_LocalInvocationID.x;
@@ -103,30 +87,18 @@ void main() {
       }
       barrier();
     }
-    if (STAGED_EPILOGUE) {
-      const uint ROWS = BM / TM;  // rows per pass: one per ty
-      for (uint i = 0u; i < TM; ++i) {
-        for (uint j = 0u; j < TN; ++j) Cs[ty * BN + tx + j * (BN / TN)] = acc[i][j];
-        barrier();
-        [[dont_unroll]] for (uint e = lid; e < ROWS * BN; e += WG) {
-          const uint m = m0 + e / BN + i * ROWS, n = n0 + e % BN;
-          if (m < pc.M && n < pc.N) {
-            const uint at = (batch * pc.M + m) * pc.N + n;
-            c[at] = STORE_VAL(Epilogue(at, Cs[e]));
-          }
-        }
-        barrier();
-      }
-    } else {
-      for (uint i = 0u; i < TM; ++i) {
-        const uint m = m0 + ty + i * (BM / TM);
-        if (m >= pc.M) continue;
-        for (uint j = 0u; j < TN; ++j) {
-          const uint n = n0 + tx + j * (BN / TN);
-          if (n >= pc.N) continue;
-          const uint at = (batch * pc.M + m) * pc.N + n;
-          c[at] = STORE_VAL(Epilogue(at, acc[i][j]));
-        }
+    for (uint i = 0u; i < TM; ++i) {
+      const uint m = m0 + ty + i * (BM / TM);
+      if (m >= pc.M) continue;
+      for (uint j = 0u; j < TN; ++j) {
+        const uint n = n0 + tx + j * (BN / TN);
+        if (n >= pc.N) continue;
+        const uint at = (batch * pc.M + m) * pc.N + n;
+        float v = acc[i][j];
+        if (HAS_BIAS) v += LOAD_VAL(bias[at % pc.bias_count]);
+        v = k_activate(ACT, v);
+        if (HAS_RESIDUAL) v += LOAD_VAL(res[at]);
+        c[at] = STORE_VAL(v);
       }
     }
   }
