@@ -115,9 +115,11 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   std::vector<TensorRef> inputs = {TensorRef::Of("x", x)};
   std::vector<double> ms;
   RunResult last;
+  RunOptions timed;  // --with_report 1: time runs that also build the dispatch report (as kilnd's do)
+  timed.report = Flag(flags, "with_report", 0) != 0;
   for (int i = 0; i < warmup + iters; ++i) {
     const auto t0 = Clock::now();
-    auto r = engine->Run(*compiled->executable, inputs, params->get(), {});
+    auto r = engine->Run(*compiled->executable, inputs, params->get(), timed);
     const auto t1 = Clock::now();
     if (!r.ok()) {
       std::fprintf(stderr, "run: %s\n", std::string(r.status().message()).c_str());
