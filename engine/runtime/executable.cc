@@ -108,6 +108,32 @@ absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
     prepare_stats->kernel_cache_hits += ctx.kernel_cache_hits;
     prepare_stats->kernel_cache_misses += ctx.kernel_cache_misses;
   }
+  exe->direct_output_.assign(l.slots_size(), false);
+  {
+    std::vector<int> writers(l.slots_size(), 0);
+    for (const v1::LirStep& step : l.steps()) {
+      if (step.kind() != v1::STEP_KERNEL) continue;
+      for (int slot : step.outputs()) ++writers[slot];
+    }
+    std::vector<int> outputs_per_slot(l.slots_size(), 0);
+    for (const auto& out : l.outputs()) ++outputs_per_slot[out.slot()];
+    for (const auto& out : l.outputs()) {
+      const int i = out.slot();
+      const v1::Slot& slot = l.slots(i);
+      if (slot.storage() != v1::SLOT_ARENA || slot.bytes() <= 0 || writers[i] != 1 ||
+          outputs_per_slot[i] != 1 || !exe->devices_.at(slot.device()).device->info().host_memory) {
+        continue;
+      }
+      bool alone = true;
+      for (int j = 0; j < l.slots_size() && alone; ++j) {
+        const v1::Slot& other = l.slots(j);
+        if (j == i || other.storage() != v1::SLOT_ARENA || other.device() != slot.device()) continue;
+        alone = other.offset() + other.bytes() <= slot.offset() ||
+                slot.offset() + slot.bytes() <= other.offset();
+      }
+      exe->direct_output_[i] = alone;
+    }
+  }
   for (const auto& in : l.inputs()) {
     exe->signature_.inputs.push_back({in.name(), l.slots(in.slot()).type()});
   }
@@ -186,11 +212,20 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
   const auto wall_start = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<backend::Buffer>> external;
   std::vector<backend::BufferView> views(lir_.slots_size());
+  std::map<int, HostTensor> direct;  // slot -> the result tensor kernels write
   for (int i = 0; i < lir_.slots_size(); ++i) {
     const v1::Slot& slot = lir_.slots(i);
     DeviceState& s = devices_.at(slot.device());
     switch (slot.storage()) {
       case v1::SLOT_ARENA:
+        if (direct_output_[i]) {
+          KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::CreateUninitialized(
+                                                  slot.type().dtype(), DimsOf(slot.type())));
+          external.push_back(std::make_unique<ExternalHostBuffer>(t.data(), t.num_bytes()));
+          views[i] = backend::BufferView{external.back().get(), 0, slot.bytes()};
+          direct.emplace(i, std::move(t));
+          break;
+        }
         views[i] = backend::BufferView{s.arena.get(), slot.offset(), slot.bytes()};
         break;
       case v1::SLOT_CONSTANT:
@@ -274,6 +309,10 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
   RunResult result;
   for (const v1::LirNamedSlot& out : lir_.outputs()) {
     const v1::Slot& slot = lir_.slots(out.slot());
+    if (auto it = direct.find(out.slot()); it != direct.end()) {
+      result.outputs.emplace_back(out.name(), std::move(it->second));
+      continue;
+    }
     KILN_ASSIGN_OR_RETURN(HostTensor t,
                           HostTensor::CreateUninitialized(slot.type().dtype(), DimsOf(slot.type())));
     DeviceState& s = devices_.at(slot.device());

@@ -59,6 +59,10 @@ class LoadedExecutable final : public Executable {
   std::map<std::string, DeviceState> devices_;
   std::vector<std::unique_ptr<backend::Kernel>> kernels_;  // per step; null for copies
   std::vector<std::unique_ptr<backend::Buffer>> constants_;
+  // Per slot: a graph output that kernels may write straight into the
+  // caller's result tensor (host-memory device, written by one kernel step,
+  // sharing no arena bytes with any other slot), saving the copy-out.
+  std::vector<bool> direct_output_;
   absl::Mutex run_mu_;
 };
 

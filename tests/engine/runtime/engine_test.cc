@@ -273,6 +273,46 @@ TEST(Engine, ConcurrentRunsOfOneExecutable) {
   }
 }
 
+// Outputs written straight into the result tensors (no copy-out) stay
+// correct when an output also feeds later kernels and across repeated runs
+// (each run returns its own tensors).
+TEST(Engine, OutputsThatFeedLaterKernels) {
+  GraphBuilder g("two_outputs");
+  auto x = g.input("x", v1::DTYPE_F32, {int64_t{4}, int64_t{8}});
+  auto w = g.input("w", v1::DTYPE_F32, {int64_t{8}, int64_t{8}});
+  auto h = g.matmul(x, w);
+  g.output("h", h);
+  g.output("z", g.matmul(h, w));
+  auto engine = MakeEngine();
+  auto c = engine->Compile(g.Build(), {}, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> xs(32), ws(64);
+  for (int i = 0; i < 32; ++i) xs[i] = 0.25f * (i % 5) - 0.5f;
+  for (int i = 0; i < 64; ++i) ws[i] = (i % 9 == 0) ? 1.0f : 0.125f * (i % 3);
+  HostTensor xt = HostTensor::FromVector<float>(v1::DTYPE_F32, {4, 8}, xs);
+  HostTensor wt = HostTensor::FromVector<float>(v1::DTYPE_F32, {8, 8}, ws);
+  std::vector<TensorRef> in = {TensorRef::Of("x", xt), TensorRef::Of("w", wt)};
+  auto first = engine->Run(*c->executable, in, nullptr, {});
+  auto second = engine->Run(*c->executable, in, nullptr, {});
+  ASSERT_TRUE(first.ok() && second.ok());
+  for (const RunResult* r : {&*first, &*second}) {
+    ASSERT_EQ(r->outputs.size(), 2u);
+    const float* hv = r->outputs[0].second.data_as<float>();
+    const float* zv = r->outputs[1].second.data_as<float>();
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 8; ++j) {
+        double hr = 0;
+        for (int k = 0; k < 8; ++k) hr += double(xs[i * 8 + k]) * ws[k * 8 + j];
+        EXPECT_NEAR(hv[i * 8 + j], hr, 1e-5);
+        double zr = 0;
+        for (int k = 0; k < 8; ++k) zr += double(hv[i * 8 + k]) * ws[k * 8 + j];
+        EXPECT_NEAR(zv[i * 8 + j], zr, 1e-4);
+      }
+    }
+  }
+  EXPECT_NE(first->outputs[0].second.data(), second->outputs[0].second.data());
+}
+
 // A graph the cost model rates small runs on the caller's thread when the
 // device is idle; inline_run_micros = 0 hands every run to the worker.
 TEST(Engine, SmallRunsRunOnTheCallersThread) {
