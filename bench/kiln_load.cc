@@ -441,6 +441,9 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // As kilnctl: both the client and the in-process engine of this process
+  // keep their freed buffers (see TuneMallocForLargeTensors).
+  kiln::TuneMallocForLargeTensors();
   try {
     return kiln::Main(argc, argv);
   } catch (const std::exception& e) {  // a library's (CLI11, JSON, allocation) unexpected error

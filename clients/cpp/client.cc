@@ -1,5 +1,7 @@
 #include "clients/cpp/client.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -46,6 +48,12 @@ const HostTensor* ClientRunResult::output(const std::string& name) const {
     if (n == name) return &t;
   }
   return nullptr;
+}
+
+bool TuneMallocForLargeTensors() {
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 128 << 20) == 1;
+  return mmap_ok && trim_ok;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addr,

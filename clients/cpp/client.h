@@ -69,6 +69,16 @@ struct ClientRunResult {
   const HostTensor* output(const std::string& name) const;
 };
 
+// Keeps glibc's malloc from serving tensor-sized buffers with fresh mmaps and
+// from returning freed heap to the system after every call: either makes each
+// call that moves a large tensor page-fault its buffers anew (~15 us a page on
+// a VM: a session Run with a 384 KiB input took 2.9 ms instead of 0.3-0.5 ms).
+// Process-wide (mallopt: mmap threshold 32 MiB, trim threshold 128 MiB, so up
+// to 128 MiB of freed heap stays with the process): kilnctl and kiln_load call
+// it at start; an application embedding the client decides for itself (or sets
+// GLIBC_TUNABLES). Returns false when glibc refused a setting.
+bool TuneMallocForLargeTensors();
+
 class Client {
  public:
   using RunOptions = ClientRunOptions;

@@ -395,6 +395,7 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  kiln::TuneMallocForLargeTensors();
   try {
     return kiln::Main(argc, argv);
   } catch (const std::exception& e) {  // a library's (CLI11, JSON, allocation) unexpected error

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "clients/cpp/graph_file.h"
+#include "engine/ir/builder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/clients/kilnd_child.h"
@@ -152,6 +153,29 @@ TEST(ClientTest, EncoderLayerSessionMatchesReference) {
   EXPECT_EQ(r->outputs.at(0).first, "y");
   EXPECT_EQ(r->outputs.at(0).second.dims(), (Dims{2, config.seq, config.hidden}));
   EXPECT_LE(models::WorstError(r->outputs.at(0).second, want, 2e-4, 2e-4), 1.0);
+  EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
+}
+
+// With malloc tuned as kilnctl tunes it, large tensors still round-trip
+// (the setting changes where buffers come from, never their contents).
+TEST(ClientTest, TunedMallocRunsLargeTensors) {
+  EXPECT_TRUE(TuneMallocForLargeTensors());
+  auto c = Connect(SharedKilnd().addr());
+  GraphBuilder g("plus_one_big");
+  g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1}, int64_t{128}, int64_t{768}}),
+                      g.scalar(1.0)));
+  auto session = c->CreateSession(GraphFromProto(g.Build()));
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 3; ++i) {
+    HostTensor x = models::RandomF32(rng, {1, 128, 768}, 1.0);
+    const float first = x.data_as<float>()[0], last = x.data_as<float>()[128 * 768 - 1];
+    auto r = c->Run(session->session_id(), Inputs(std::move(x)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    const HostTensor& y = r->outputs.at(0).second;
+    EXPECT_FLOAT_EQ(y.data_as<float>()[0], first + 1.0f);
+    EXPECT_FLOAT_EQ(y.data_as<float>()[128 * 768 - 1], last + 1.0f);
+  }
   EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
 }
 
