@@ -460,15 +460,11 @@ absl::StatusOr<RunResult> Engine::Run(Executable& executable, std::span<const Te
                                       const ParamSet* params, const RunOptions& options) {
   auto& exe = static_cast<runtime::LoadedExecutable&>(executable);
   const auto* p = static_cast<const runtime::ParamSetImpl*>(params);
-  std::string device = exe.lir().placement().chosen();
+  const std::string& device = exe.lir().placement().chosen();
   auto it = impl_->workers.find(device);
   if (it == impl_->workers.end()) it = impl_->workers.find(impl_->registry->cpu()->info().id);
-  bool may_run_inline = false;
-  for (const v1::DeviceEstimate& e : exe.lir().placement().estimates()) {
-    if (e.device() == device && e.feasible() && e.estimate_micros() > 0) {
-      may_run_inline = e.estimate_micros() <= impl_->options.inline_run_micros;
-    }
-  }
+  const double estimate = exe.estimated_run_micros();
+  const bool may_run_inline = estimate > 0 && estimate <= impl_->options.inline_run_micros;
   const auto queued_at = Clock::now();
   auto result = it->second->Submit(
       [&, queued_at]() -> absl::StatusOr<RunResult> {

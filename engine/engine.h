@@ -112,6 +112,9 @@ class Executable {
   virtual const std::string& key() const = 0;
   virtual const v1::Executable& lir() const = 0;
   virtual const GraphSignature& signature() const = 0;  // concrete types
+  // The cost model's estimate of one run on the device it was placed on, in
+  // microseconds; 0 when there is none.
+  virtual double estimated_run_micros() const = 0;
 };
 
 // Parameter values resident on device memory, by name. Created from host

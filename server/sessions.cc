@@ -33,11 +33,9 @@ std::optional<double> Session::EstimatedRunMicros(const std::string& shape_key) 
   absl::MutexLock lock(&state_mu_);
   auto it = executables_.find(shape_key);
   if (it == executables_.end()) return std::nullopt;
-  const v1::Placement& p = it->second.executable->lir().placement();
-  for (const v1::DeviceEstimate& e : p.estimates()) {
-    if (e.device() == p.chosen() && e.feasible() && e.estimate_micros() > 0) return e.estimate_micros();
-  }
-  return std::nullopt;
+  const double estimate = it->second.executable->estimated_run_micros();
+  if (estimate <= 0) return std::nullopt;
+  return estimate;
 }
 
 int64_t Session::AddExecutable(const std::string& shape_key, Compiled compiled) {

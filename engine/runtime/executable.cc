@@ -108,6 +108,11 @@ absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
     prepare_stats->kernel_cache_hits += ctx.kernel_cache_hits;
     prepare_stats->kernel_cache_misses += ctx.kernel_cache_misses;
   }
+  for (const v1::DeviceEstimate& e : l.placement().estimates()) {
+    if (e.device() == l.placement().chosen() && e.feasible()) {
+      exe->estimated_run_micros_ = std::max(0.0, e.estimate_micros());
+    }
+  }
   exe->direct_output_.assign(l.slots_size(), false);
   {
     std::vector<int> writers(l.slots_size(), 0);

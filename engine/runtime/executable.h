@@ -33,6 +33,7 @@ class LoadedExecutable final : public Executable {
   const std::string& key() const override { return lir_.key(); }
   const v1::Executable& lir() const override { return lir_; }
   const GraphSignature& signature() const override { return signature_; }
+  double estimated_run_micros() const override { return estimated_run_micros_; }
   void set_key(const std::string& key) { lir_.set_key(key); }
 
   absl::StatusOr<RunResult> Run(std::span<const TensorRef> inputs, const ParamSetImpl* params,
@@ -56,6 +57,7 @@ class LoadedExecutable final : public Executable {
   std::shared_ptr<const DeviceRegistry> registry_;
   v1::Executable lir_;
   GraphSignature signature_;
+  double estimated_run_micros_ = 0;
   std::map<std::string, DeviceState> devices_;
   std::vector<std::unique_ptr<backend::Kernel>> kernels_;  // per step; null for copies
   std::vector<std::unique_ptr<backend::Buffer>> constants_;
