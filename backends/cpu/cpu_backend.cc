@@ -1,5 +1,4 @@
 #include "backends/cpu/cpu_backend.h"
-#include "backends/cpu/onednn_util.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -131,7 +130,6 @@ class CpuBackend final : public backend::Backend {
     info.profile.bandwidth_gbps = 20.0;
     info.profile.launch_overhead_us = 1.0;
     info.profile.host_to_device_gbps = 0;
-    WarmUpDnnl();
     auto backend = std::unique_ptr<CpuBackend>(new CpuBackend());
     backend->device_ = std::make_unique<CpuDevice>(std::move(info));
     return backend;

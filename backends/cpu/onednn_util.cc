@@ -9,23 +9,6 @@
 
 namespace kiln::cpu {
 
-void WarmUpDnnl() {
-  try {
-    using dt = dnnl::memory::data_type;
-    using tag = dnnl::memory::format_tag;
-    const dnnl::memory::desc a({8, 8}, dt::f32, tag::ab), b({8, 8}, dt::f32, tag::ab),
-        c({8, 8}, dt::f32, tag::ab);
-    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), DnnlEngine()));
-    float x[64] = {}, y[64] = {}, z[64] = {};
-    dnnl::stream s(DnnlEngine());
-    mm.execute(s, {{DNNL_ARG_SRC, dnnl::memory(a, DnnlEngine(), x)},
-                   {DNNL_ARG_WEIGHTS, dnnl::memory(b, DnnlEngine(), y)},
-                   {DNNL_ARG_DST, dnnl::memory(c, DnnlEngine(), z)}});
-    s.wait();
-  } catch (const dnnl::error&) {
-  }
-}
-
 dnnl::engine& DnnlEngine() {
   static auto* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
   return *engine;

@@ -20,11 +20,6 @@ namespace kiln::cpu {
 // The process-wide oneDNN CPU engine, created on first use.
 dnnl::engine& DnnlEngine();
 
-// Pays oneDNN's one-time start-up (ISA dispatch, primitive cache, the
-// first JIT) by building and running a tiny matmul, so a daemon's first
-// compile after a restart does not. Errors are ignored: the first real
-// kernel reports them.
-void WarmUpDnnl();
 
 // Runs `fn` (which may throw dnnl::error, as the C++ API does) and turns an
 // exception into a status naming `what`: no exception leaves a kernel.
