@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "engine/base/checked_int.h"
+
 namespace kiln {
 namespace {
 
@@ -41,9 +43,7 @@ std::optional<int64_t> BytesFor(DType dtype, int64_t elements) {
   if (elements < 0 || layout.block_bytes == 0) return std::nullopt;
   if (elements % layout.block_elems != 0) return std::nullopt;
   const int64_t blocks = elements / layout.block_elems;
-  int64_t bytes = 0;
-  if (__builtin_mul_overflow(blocks, layout.block_bytes, &bytes)) return std::nullopt;
-  return bytes;
+  return (CheckedInt(blocks) * layout.block_bytes).value();
 }
 
 int64_t ElementSize(DType dtype) {

@@ -5,20 +5,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/base/checked_int.h"
 #include "engine/base/half.h"
 
 namespace kiln {
 
 absl::StatusOr<int64_t> CheckedNumElements(std::span<const int64_t> dims) {
-  int64_t n = 1;
+  CheckedInt n = 1;
   for (int64_t d : dims) {
     if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim ", d));
-    if (__builtin_mul_overflow(n, d, &n)) {
+    n = n * d;
+    if (!n.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("element count of ", DimsToString(dims), " overflows int64"));
     }
   }
-  return n;
+  return n.get();
 }
 
 std::string DimsToString(std::span<const int64_t> dims) {
