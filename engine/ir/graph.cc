@@ -236,8 +236,8 @@ std::string TypeToString(const TensorType& t, const std::vector<std::string>& sy
     } else if (d == kDynamic) {
       dims.push_back("?");
     } else {
-      const int s = SymbolIndex(d);
-      dims.push_back(s < static_cast<int>(symbols.size()) ? symbols[s] : absl::StrCat("$", s));
+      const std::string* name = SymbolName(d, symbols);
+      dims.push_back(name != nullptr ? *name : absl::StrCat("$", SymbolIndex(d)));
     }
   }
   return absl::StrCat(DTypeName(t.dtype), "[", absl::StrJoin(dims, ", "), "]");

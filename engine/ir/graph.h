@@ -36,7 +36,14 @@ using IrDims = absl::InlinedVector<int64_t, 6>;
 constexpr int64_t kDynamic = -1;
 constexpr int64_t SymbolDim(int symbol) { return -2 - symbol; }
 constexpr bool IsSymbolDim(int64_t d) { return d <= -2; }
-constexpr int SymbolIndex(int64_t d) { return static_cast<int>(-2 - d); }
+// int64: a dim far below -2 (only ever a bug) must not wrap to a small index.
+constexpr int64_t SymbolIndex(int64_t d) { return -2 - d; }
+// The name of symbol dim `d` in `symbols`; nullptr when `d` is not a symbol
+// dim or names no symbol there (never an out-of-range read).
+inline const std::string* SymbolName(int64_t d, const std::vector<std::string>& symbols) {
+  if (!IsSymbolDim(d) || SymbolIndex(d) >= static_cast<int64_t>(symbols.size())) return nullptr;
+  return &symbols[SymbolIndex(d)];
+}
 
 struct TensorType {
   DType dtype = v1::DTYPE_UNSPECIFIED;

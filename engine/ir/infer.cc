@@ -437,6 +437,12 @@ absl::Status InferNorms(Ctx& c) {
       if (a.has_theta() && !(a.theta() > 0 && std::isfinite(a.theta()))) {
         return c.Error("attribute theta must be positive");
       }
+      // Default positions are position_offset .. position_offset + S - 1.
+      const int64_t seq = c.in(0).dims[2];
+      if (c.num_operands() == 1 && seq > 0 && !(CheckedInt(a.position_offset()) + (seq - 1)).ok()) {
+        return c.Overflow("the last default position, attribute position_offset=",
+                          a.position_offset(), " + ", seq - 1);
+      }
       if (c.num_operands() == 2) {
         const TensorType& p = c.in(1);
         if (!IsInteger(p.dtype)) return c.Error("positions must be integers, got ", c.T(1));
@@ -490,13 +496,22 @@ absl::Status InferNode(const Graph& graph, Node& node, const InferLimits& limits
     if (t.rank() > limits.max_rank) {
       return c.Error("result rank ", t.rank(), " exceeds the limit ", limits.max_rank);
     }
-    if (!t.is_static()) continue;
-    int64_t n = 1;
-    for (int64_t d : t.dims) {
-      if (__builtin_mul_overflow(n, d, &n)) {
-        return c.Error("result shape ", TypeToString(t, graph.symbols()), " overflows int64");
-      }
+    // Negative dims mean symbols, so a rule whose arithmetic went out of range
+    // would hand later code (printing, export, specialization) a symbol that does
+    // not exist; every rule checks its arithmetic, and this catches any that did not.
+    for (size_t k = 0; k < t.dims.size(); ++k) {
+      const int64_t d = t.dims[k];
+      if (d >= 0 || d == kDynamic || SymbolName(d, graph.symbols()) != nullptr) continue;
+      return c.Error("result dim ", k, " is ", d, ", neither a size nor a symbol (shape arithmetic "
+                     "out of range)");
     }
+    if (!t.is_static()) continue;
+    CheckedInt product = 1;
+    for (int64_t d : t.dims) product = product * d;
+    if (!product.ok()) {
+      return c.Overflow("result shape ", TypeToString(t, graph.symbols()), ": element count");
+    }
+    const int64_t n = product.get();
     // Configured limits, not malformed graphs: RESOURCE_EXHAUSTED (verifier.h).
     if (n > limits.max_tensor_elements) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/base/checked_int.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/infer.h"
 
@@ -24,6 +25,12 @@ struct Ctx {
   template <typename... Args>
   absl::Status Error(const Args&... args) const {
     return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", args...));
+  }
+  // For a CheckedInt formula that did not fit: `args` say what was computed
+  // from which attributes and dims; the message adds the limit.
+  template <typename... Args>
+  absl::Status Overflow(const Args&... args) const {
+    return Error(args..., " overflows int64 (max ", kInt64Max, ")");
   }
   absl::Status Arity(int min, int max) const;
   absl::Status NeedFloat(int operand) const;

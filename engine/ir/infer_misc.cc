@@ -257,7 +257,9 @@ absl::Status InferCollective(Ctx& c) {
   if (g == 0 || out[axis] < 0) {
     out[axis] = kDynamic;
   } else if (c.node.op == v1::OP_ALL_GATHER) {
-    out[axis] *= g;
+    const CheckedInt gathered = CheckedInt(out[axis]) * g;
+    if (!gathered.ok()) return c.Overflow("dim ", axis, " of ", out[axis], " * group size ", g);
+    out[axis] = gathered.get();
   } else {
     if (out[axis] % g != 0) return c.Error("dim ", axis, " not divisible by the group size ", g);
     out[axis] /= g;

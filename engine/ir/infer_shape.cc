@@ -11,7 +11,7 @@ absl::Status InferReshape(Ctx& c) {
   const auto& shape = c.node.attrs.reshape().shape();
   const TensorType& x = c.in(0);
   int infer_at = -1;
-  int64_t known = 1;
+  CheckedInt known = 1;
   IrDims out;
   for (int i = 0; i < shape.size(); ++i) {
     const int64_t d = shape[i];
@@ -22,9 +22,8 @@ absl::Status InferReshape(Ctx& c) {
       continue;
     }
     if (d < 0) return c.Error("attribute shape has negative dim ", d);
-    if (__builtin_mul_overflow(known, d, &known)) {
-      return c.Error("attribute shape overflows int64");
-    }
+    known = known * d;
+    if (!known.ok()) return c.Overflow("attribute shape [", absl::StrJoin(shape, ", "), "]");
     out.push_back(d);
   }
   if (!x.is_static()) {
@@ -39,20 +38,21 @@ absl::Status InferReshape(Ctx& c) {
     }
     return c.Set(TensorType(x.dtype, std::move(out)));
   }
-  const int64_t total = x.num_elements();
+  const int64_t total = x.num_elements();  // the operand's count passed InferNode's check
+  const int64_t product = known.get();
   if (infer_at >= 0) {
-    if (known == 0) {
+    if (product == 0) {
       if (total != 0) return c.Error("cannot infer -1 with a zero-sized dim in ", c.T(0));
       out[infer_at] = 0;
     } else {
-      if (total % known != 0) {
+      if (total % product != 0) {
         return c.Error("cannot reshape ", c.T(0), " (", total, " elements) to a multiple of ",
-                       known);
+                       product);
       }
-      out[infer_at] = total / known;
+      out[infer_at] = total / product;
     }
-  } else if (known != total) {
-    return c.Error("cannot reshape ", c.T(0), " (", total, " elements) into ", known,
+  } else if (product != total) {
+    return c.Error("cannot reshape ", c.T(0), " (", total, " elements) into ", product,
                    " elements");
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
@@ -93,7 +93,7 @@ absl::Status InferSlice(Ctx& c) {
     if (seen[axis]) return c.Error("attribute axes repeats axis ", axis);
     seen[axis] = true;
     const int64_t step = a.step().empty() ? 1 : a.step(i);
-    if (step < 1) return c.Error("attribute step=", step, " must be >= 1");
+    if (step < 1) return c.Error("attribute step[", i, "]=", step, " must be >= 1");
     const int64_t dim = x.dims[axis];
     if (dim < 0) {
       out[axis] = kDynamic;
@@ -104,7 +104,8 @@ absl::Status InferSlice(Ctx& c) {
       return std::clamp<int64_t>(v, 0, dim);
     };
     const int64_t start = clampi(a.start(i)), stop = clampi(a.stop(i));
-    out[axis] = stop > start ? (stop - start + step - 1) / step : 0;
+    // ceil((stop - start) / step) without `+ step - 1`, which overflows for a huge step.
+    out[axis] = stop > start ? (stop - start - 1) / step + 1 : 0;
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }
@@ -126,7 +127,16 @@ absl::Status InferConcat(Ctx& c) {
         return c.Error("dim ", k, " differs: ", c.T(0), " vs ", c.T(i));
       }
     }
-    out[axis] = (out[axis] >= 0 && xi.dims[axis] >= 0) ? out[axis] + xi.dims[axis] : kDynamic;
+    if (out[axis] < 0 || xi.dims[axis] < 0) {
+      out[axis] = kDynamic;
+      continue;
+    }
+    const CheckedInt sum = CheckedInt(out[axis]) + xi.dims[axis];
+    if (!sum.ok()) {
+      return c.Overflow("concatenated dim ", axis, ": ", out[axis], " (operands 0..", i - 1,
+                        ") + ", xi.dims[axis], " (operand ", i, ")");
+    }
+    out[axis] = sum.get();
   }
   return c.Set(TensorType(x0.dtype, std::move(out)));
 }
@@ -139,9 +149,12 @@ absl::Status InferExpand(Ctx& c) {
     return c.Error("attribute shape has rank ", shape.size(), " below the operand's ", x.rank());
   }
   IrDims target(shape.begin(), shape.end());
+  CheckedInt elements = 1;
   for (int64_t d : target) {
     if (d < 0) return c.Error("attribute shape has negative dim ", d);
+    elements = elements * d;
   }
+  if (!elements.ok()) return c.Overflow("attribute shape [", absl::StrJoin(shape, ", "), "]");
   const int64_t off = target.size() - x.rank();
   for (int64_t i = 0; i < x.rank(); ++i) {
     const int64_t d = x.dims[i];
@@ -163,7 +176,13 @@ absl::Status InferPad(Ctx& c) {
   IrDims out = x.dims;
   for (int64_t i = 0; i < x.rank(); ++i) {
     const int64_t lo = a.low(i), hi = a.high(i);
-    if (lo < 0 || hi < 0) return c.Error("negative padding on dim ", i, " (use slice)");
+    if (lo < 0 || hi < 0) {
+      return c.Error("negative padding on dim ", i, ": low[", i, "]=", lo, ", high[", i, "]=", hi,
+                     " (use slice)");
+    }
+    // Checked before the dim is known, so a symbolic dim fails at import too.
+    const CheckedInt padding = CheckedInt(lo) + hi;
+    if (!padding.ok()) return c.Overflow("low[", i, "]=", lo, " + high[", i, "]=", hi);
     if (x.dims[i] < 0) continue;
     if (a.mode() == v1::PAD_REFLECT && (lo >= x.dims[i] || hi >= x.dims[i])) {
       return c.Error("reflect padding on dim ", i, " must be below its size ", x.dims[i]);
@@ -171,7 +190,12 @@ absl::Status InferPad(Ctx& c) {
     if (a.mode() == v1::PAD_EDGE && x.dims[i] == 0 && (lo > 0 || hi > 0)) {
       return c.Error("edge padding of an empty dim ", i);
     }
-    if (__builtin_add_overflow(x.dims[i], lo + hi, &out[i])) return c.Error("padding overflows");
+    const CheckedInt size = padding + x.dims[i];
+    if (!size.ok()) {
+      return c.Overflow("dim ", i, " of size ", x.dims[i], " + low[", i, "]=", lo, " + high[", i,
+                        "]=", hi);
+    }
+    out[i] = size.get();
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }

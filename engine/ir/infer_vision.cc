@@ -1,10 +1,22 @@
 // Inference for convolution, pooling and FFTs.
+#include <limits>
+
 #include "engine/ir/infer_internal.h"
 
 namespace kiln::ir::infer_internal {
 namespace {
 
-// Per-spatial-dim attribute with a default when empty.
+// Conv and pool geometry is bounded to 32 bits. oneDNN (the CPU conv) keeps
+// stride, dilation, padding and extents in int and rejects or misreads larger
+// ones, which reached clients as INTERNAL at compile time. Each attribute is at
+// most kMaxSpatialAttr, so any two of them still add up within int32 (oneDNN
+// computes pad_high + stride), and a conv's padded input and dilated kernel
+// extents are at most kMaxSpatialExtent.
+constexpr int64_t kMaxSpatialExtent = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxSpatialAttr = kMaxSpatialExtent / 2;
+
+// Per-spatial-dim attribute with a default when empty; every entry in
+// [min, kMaxSpatialAttr].
 absl::Status Spatial(Ctx& c, const google::protobuf::RepeatedField<int64_t>& f, int n,
                      int64_t def, int64_t min, const char* name, std::vector<int64_t>* out) {
   if (f.empty()) {
@@ -16,8 +28,12 @@ absl::Status Spatial(Ctx& c, const google::protobuf::RepeatedField<int64_t>& f, 
                    f.size());
   }
   out->assign(f.begin(), f.end());
-  for (int64_t v : *out) {
-    if (v < min) return c.Error("attribute ", name, "=", v, " must be >= ", min);
+  for (int i = 0; i < n; ++i) {
+    const int64_t v = (*out)[i];
+    if (v < min) return c.Error("attribute ", name, "[", i, "]=", v, " must be >= ", min);
+    if (v > kMaxSpatialAttr) {
+      return c.Error("attribute ", name, "[", i, "]=", v, " exceeds the limit ", kMaxSpatialAttr);
+    }
   }
   return absl::OkStatus();
 }
@@ -42,7 +58,8 @@ absl::Status InferConv(Ctx& c) {
   const int64_t cin = x.dims[1], o = w.dims[0];
   if (cin >= 0 && cin % groups != 0) return c.Error("channels ", cin, " not divisible by groups");
   if (o >= 0 && o % groups != 0) return c.Error("output channels ", o, " not divisible by groups");
-  if (cin >= 0 && w.dims[1] >= 0 && w.dims[1] * groups != cin) {
+  // cin / groups, not w.dims[1] * groups: a huge groups would overflow.
+  if (cin >= 0 && w.dims[1] >= 0 && w.dims[1] != cin / groups) {
     return c.Error("w has ", w.dims[1], " input channels per group, x has ", cin, " / ", groups);
   }
   if (c.num_operands() == 3) {
@@ -58,14 +75,25 @@ absl::Status InferConv(Ctx& c) {
       out.push_back(kDynamic);
       continue;
     }
-    const int64_t eff = dil[i] * (k - 1) + 1;
-    const int64_t padded = in + lo[i] + hi[i];
     if (k == 0) return c.Error("kernel dim ", i, " is zero");
-    if (padded < eff) {
-      return c.Error("spatial dim ", i, " (", in, " padded to ", padded,
-                     ") is smaller than the dilated kernel ", eff);
+    const CheckedInt eff = CheckedInt(dil[i]) * (k - 1) + 1;
+    const CheckedInt padded = CheckedInt(in) + lo[i] + hi[i];
+    if (!eff.ok() || eff.get() > kMaxSpatialExtent) {
+      return c.Error("spatial dim ", i, ": the kernel of ", k, " dilated by dilation[", i, "]=",
+                     dil[i], " spans ", eff.ok() ? absl::StrCat(eff.get()) : "more than int64",
+                     ", over the limit ", kMaxSpatialExtent);
     }
-    out.push_back((padded - eff) / stride[i] + 1);
+    if (!padded.ok() || padded.get() > kMaxSpatialExtent) {
+      return c.Error("spatial dim ", i, ": ", in, " padded by pad_low[", i, "]=", lo[i],
+                     " and pad_high[", i, "]=", hi[i], " is ",
+                     padded.ok() ? absl::StrCat(padded.get()) : "more than int64",
+                     ", over the limit ", kMaxSpatialExtent);
+    }
+    if (padded.get() < eff.get()) {
+      return c.Error("spatial dim ", i, " (", in, " padded to ", padded.get(),
+                     ") is smaller than the dilated kernel ", eff.get());
+    }
+    out.push_back((padded.get() - eff.get()) / stride[i] + 1);
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }
@@ -89,7 +117,14 @@ absl::Status InferConvTranspose(Ctx& c) {
   if (!DimsCompatible(x.dims[1], w.dims[0])) {
     return c.Error("w must have ", x.dims[1], " input channels, got ", c.T(1));
   }
-  const int64_t o = w.dims[1] >= 0 ? w.dims[1] * groups : kDynamic;
+  int64_t o = kDynamic;
+  if (w.dims[1] >= 0) {
+    const CheckedInt channels = CheckedInt(w.dims[1]) * groups;
+    if (!channels.ok()) {
+      return c.Overflow("output channels ", w.dims[1], " per group * groups=", groups);
+    }
+    o = channels.get();
+  }
   IrDims out = {x.dims[0], o};
   for (int i = 0; i < 2; ++i) {
     const int64_t in = x.dims[2 + i], k = w.dims[2 + i];
@@ -97,9 +132,15 @@ absl::Status InferConvTranspose(Ctx& c) {
       out.push_back(kDynamic);
       continue;
     }
-    const int64_t size = (in - 1) * stride[i] - lo[i] - hi[i] + dil[i] * (k - 1) + op[i] + 1;
-    if (size < 0) return c.Error("output spatial dim ", i, " would be negative");
-    out.push_back(size);
+    const CheckedInt size =
+        (CheckedInt(in) - 1) * stride[i] - lo[i] - hi[i] + CheckedInt(dil[i]) * (k - 1) + op[i] + 1;
+    if (!size.ok()) {
+      return c.Overflow("output spatial dim ", i, " ((", in, " - 1) * stride ", stride[i],
+                        " - pads ", lo[i], ", ", hi[i], " + dilation ", dil[i], " * (", k,
+                        " - 1) + output_padding ", op[i], " + 1)");
+    }
+    if (size.get() < 0) return c.Error("output spatial dim ", i, " would be negative");
+    out.push_back(size.get());
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }
@@ -131,9 +172,14 @@ absl::Status InferPool(Ctx& c) {
       out.push_back(kDynamic);
       continue;
     }
-    const int64_t padded = in + lo[i] + hi[i];
-    if (padded < window[i]) return c.Error("spatial dim ", i, " is smaller than the window");
-    out.push_back((padded - window[i]) / stride[i] + 1);
+    // lo and hi are below the window, itself at most kMaxSpatialAttr.
+    const CheckedInt padded = CheckedInt(in) + lo[i] + hi[i];
+    if (!padded.ok()) {
+      return c.Overflow("spatial dim ", i, ": ", in, " + pad_low[", i, "]=", lo[i], " + pad_high[",
+                        i, "]=", hi[i]);
+    }
+    if (padded.get() < window[i]) return c.Error("spatial dim ", i, " is smaller than the window");
+    out.push_back((padded.get() - window[i]) / stride[i] + 1);
   }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }
@@ -164,7 +210,17 @@ absl::Status InferFft(Ctx& c) {
   }
   // irfft: complex [..., m, 2] -> real [..., n] with n default 2 (m - 1).
   out.pop_back();
-  out.back() = a.n() ? a.n() : (len >= 0 ? 2 * (len - 1) : kDynamic);
+  if (a.n() != 0) {
+    out.back() = a.n();
+  } else if (len < 0) {
+    out.back() = kDynamic;
+  } else {
+    // m = 0 would give -2, which reads as a symbol.
+    if (len == 0) return c.Error("irfft of an empty axis needs attribute n");
+    const CheckedInt n = (CheckedInt(len) - 1) * 2;
+    if (!n.ok()) return c.Overflow("default n = 2 * (", len, " - 1)");
+    out.back() = n.get();
+  }
   return c.Set(TensorType(x.dtype, std::move(out)));
 }
 

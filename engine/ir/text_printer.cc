@@ -129,8 +129,8 @@ class Printer {
     for (int64_t d : t.dims) {
       if (d >= 0) {
         dims.push_back(absl::StrCat(d));
-      } else if (IsSymbolDim(d) && SymbolIndex(d) < static_cast<int>(g_.symbols().size())) {
-        dims.push_back(QuoteName(g_.symbols()[SymbolIndex(d)]));
+      } else if (const std::string* name = SymbolName(d, g_.symbols()); name != nullptr) {
+        dims.push_back(QuoteName(*name));
       } else {
         dims.push_back("?");
       }

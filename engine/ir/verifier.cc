@@ -50,16 +50,18 @@ absl::StatusOr<TensorType> ImportType(const v1::TensorType& t, Graph& g, const v
   return out;
 }
 
+// Inference never leaves a dim that names no symbol (InferNode checks); one
+// that does anyway is written anonymous rather than read out of range.
 void ExportType(const TensorType& t, const Graph& g, v1::TensorType* out) {
   out->set_dtype(t.dtype);
   for (int64_t d : t.dims) {
     v1::Dim* dim = out->add_dims();
     if (d >= 0) {
       dim->set_size(d);
-    } else if (d == kDynamic) {
-      dim->set_symbol("?");
+    } else if (const std::string* name = SymbolName(d, g.symbols()); name != nullptr) {
+      dim->set_symbol(*name);
     } else {
-      dim->set_symbol(g.symbols()[SymbolIndex(d)]);
+      dim->set_symbol("?");
     }
   }
 }
@@ -349,7 +351,15 @@ absl::StatusOr<std::vector<TensorType>> InferSubgraph(const v1::Graph& body,
   }
   KILN_RETURN_IF_ERROR(VerifyGraph(*g, opts, depth));
   std::vector<TensorType> outs;
-  for (const GraphOutput& o : g->outputs()) outs.push_back(g->TypeOf(o.value));
+  for (const GraphOutput& o : g->outputs()) {
+    // The body's symbols are its own (a custom op may declare one): the caller's
+    // graph has no such symbol, so they leave as anonymous dims.
+    TensorType t = g->TypeOf(o.value);
+    for (auto& d : t.dims) {
+      if (d < 0) d = kDynamic;
+    }
+    outs.push_back(std::move(t));
+  }
   return outs;
 }
 

@@ -175,7 +175,8 @@ TEST(VerifierTest, ShapeArithmeticOverflowingInt64) {
     const V x = b.input("x", kF32, {int64_t{2}, int64_t{3}});
     b.output("r", b.reshape(x, {int64_t{1} << 62, 8}));
     b.named("r");
-    ExpectInvalid(b.Build(), "node 1 \"r\" (reshape)", "attribute shape overflows int64");
+    ExpectInvalid(b.Build(), "node 1 \"r\" (reshape)",
+                  "attribute shape [4611686018427387904, 8] overflows int64");
   }
   {
     GraphBuilder b("g");
