@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <mutex>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
 namespace kiln::backend {
 namespace {
 
@@ -27,6 +30,19 @@ int64_t TensorDesc::num_elements() const {
 int64_t TensorDesc::num_bytes() const {
   auto b = BytesFor(dtype, num_elements());
   return b ? *b : 0;
+}
+
+absl::Status DeviceFault(std::string_view device, std::string_view what) {
+  absl::Status s = absl::UnavailableError(absl::StrCat(device, ": device fault: ", what));
+  s.SetPayload(kDeviceFaultPayload, absl::Cord(device));
+  return s;
+}
+
+std::optional<std::string> FaultedDevice(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kUnavailable) return std::nullopt;
+  std::optional<absl::Cord> p = status.GetPayload(kDeviceFaultPayload);
+  if (!p) return std::nullopt;
+  return std::string(*p);
 }
 
 BackendRegistration::BackendRegistration(std::string name, int priority, BackendFactory factory) {

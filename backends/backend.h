@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/base/dtype.h"
 #include "engine/base/host_tensor.h"
 #include "kiln/v1/graph.pb.h"
@@ -109,13 +110,31 @@ class Event {
 // An in-order queue of copies and kernels on one device.
 class Stream {
  public:
+  // How long Synchronize() waits when the caller names no bound: a device that
+  // has not finished a few kernels in this long is treated as hung.
+  static constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(120);
+
   virtual ~Stream() = default;
-  // Blocks until everything enqueued so far has finished; returns the first
-  // asynchronous failure, if any.
-  virtual absl::Status Synchronize() = 0;
+  // Blocks until everything enqueued so far has finished, for at most
+  // `timeout`; returns the first asynchronous failure, if any. A wait that
+  // times out is a device fault: UNAVAILABLE naming the device, and the stream
+  // stays failed (every later call returns the same status). No device wait
+  // in Kiln is unbounded.
+  virtual absl::Status SynchronizeFor(absl::Duration timeout) = 0;
+  absl::Status Synchronize() { return SynchronizeFor(kDefaultWaitTimeout); }
   // Records an event after all work enqueued so far.
   virtual absl::StatusOr<std::unique_ptr<Event>> Record() = 0;
 };
+
+// Device faults: a device that hung (a wait timed out), lost its context or
+// crashed its worker. The status is UNAVAILABLE, its message names the device
+// and what happened, and it carries the device id as a payload so the engine
+// can tell a fault (mark the device unhealthy, discard the run context,
+// restart) from an ordinary error without parsing messages.
+inline constexpr char kDeviceFaultPayload[] = "type.kiln.dev/kiln.DeviceFault";
+absl::Status DeviceFault(std::string_view device, std::string_view what);
+// The faulted device's id, or nullopt when `status` is not a device fault.
+std::optional<std::string> FaultedDevice(const absl::Status& status);
 
 // Binary artifacts a backend's codegen may cache (SPIR-V, cubins), keyed by
 // the backend over kernel source, codegen version, arch and flags. Implemented

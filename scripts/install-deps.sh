@@ -15,8 +15,9 @@ packages=(
   libdnnl-dev
   # Vulkan backend (lavapipe runs it on the CPU)
   libvulkan-dev glslc spirv-tools libshaderc-dev mesa-vulkan-drivers vulkan-tools
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks (valgrind: the Vulkan stream memcheck test; stress:
+  # loading the cores in flakiness runs)
+  libgtest-dev libgmock-dev libbenchmark-dev valgrind stress
   # Python client and numerics references
   python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
   python3-torch python3-onnx libopenblas0-pthread

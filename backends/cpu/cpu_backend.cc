@@ -57,7 +57,8 @@ class HostEvent final : public backend::Event {
 
 class HostStream final : public backend::Stream {
  public:
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  // Work completes as it is enqueued: nothing to wait for.
+  absl::Status SynchronizeFor(absl::Duration) override { return absl::OkStatus(); }
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override {
     return std::make_unique<HostEvent>();
   }

@@ -329,6 +329,11 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
 VulkanDevice::~VulkanDevice() {
   if (device_ == VK_NULL_HANDLE) return;
   vkDeviceWaitIdle(device_);
+  {
+    absl::MutexLock lock(&timelines_mu_);
+    for (const Timeline& t : free_timelines_) vkDestroySemaphore(device_, t.semaphore, nullptr);
+    free_timelines_.clear();
+  }
   pipelines_.reset();  // saves the pipeline cache
   shaders_.reset();
   if (device_pool_ && dummy_.block != nullptr) device_pool_->Free(dummy_);
@@ -340,6 +345,32 @@ VulkanDevice::~VulkanDevice() {
 absl::Status VulkanDevice::Submit(const VkSubmitInfo& submit) {
   absl::MutexLock lock(&queue_mu_);
   return VkCheck(vkQueueSubmit(queue_, 1, &submit, VK_NULL_HANDLE), "vkQueueSubmit");
+}
+
+absl::StatusOr<VulkanDevice::Timeline> VulkanDevice::AcquireTimeline() {
+  {
+    absl::MutexLock lock(&timelines_mu_);
+    if (!free_timelines_.empty()) {
+      Timeline t = free_timelines_.back();
+      free_timelines_.pop_back();
+      return t;
+    }
+  }
+  VkSemaphoreTypeCreateInfo tinfo{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
+  tinfo.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+  tinfo.initialValue = 0;
+  VkSemaphoreCreateInfo sinfo{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
+  sinfo.pNext = &tinfo;
+  Timeline t;
+  KILN_RETURN_IF_ERROR(VkCheck(vkCreateSemaphore(device_, &sinfo, nullptr, &t.semaphore),
+                               "vkCreateSemaphore(timeline)"));
+  return t;
+}
+
+void VulkanDevice::ReleaseTimeline(Timeline timeline) {
+  if (timeline.semaphore == VK_NULL_HANDLE) return;
+  absl::MutexLock lock(&timelines_mu_);
+  free_timelines_.push_back(timeline);
 }
 
 absl::StatusOr<std::unique_ptr<backend::Buffer>> VulkanDevice::Allocate(int64_t bytes) {

@@ -129,6 +129,18 @@ class VulkanDevice final : public backend::Device {
   // Submits to the device's queue. Thread-safe.
   absl::Status Submit(const VkSubmitInfo& submit);
 
+  // A timeline semaphore for a stream, and the value it has reached (a
+  // recycled one continues from there). Semaphores are never destroyed while
+  // the device lives (vk_stream.h says why); a stream gives its semaphore back
+  // with ReleaseTimeline once every submission that signals it has finished.
+  // Thread-safe.
+  struct Timeline {
+    VkSemaphore semaphore = VK_NULL_HANDLE;
+    uint64_t value = 0;
+  };
+  absl::StatusOr<Timeline> AcquireTimeline();
+  void ReleaseTimeline(Timeline timeline);
+
   // Resolves `view` to a bindable range of `need` bytes: the buffer must be
   // this device's, the range inside it, and the start aligned to
   // minStorageBufferOffsetAlignment. A zero-byte `need` resolves to a small
@@ -156,6 +168,9 @@ class VulkanDevice final : public backend::Device {
 
   absl::Mutex queue_mu_;
   VkQueue queue_ ABSL_GUARDED_BY(queue_mu_) = VK_NULL_HANDLE;
+
+  absl::Mutex timelines_mu_;
+  std::vector<Timeline> free_timelines_ ABSL_GUARDED_BY(timelines_mu_);
 
   std::unique_ptr<MemoryPool> device_pool_;
   std::unique_ptr<MemoryPool> staging_pool_;

@@ -105,20 +105,24 @@ absl::Status VulkanStream::Init() {
   pinfo.queueFamilyIndex = device_.queue_family();
   KILN_RETURN_IF_ERROR(
       VkCheck(vkCreateCommandPool(dev, &pinfo, nullptr, &command_pool_), "vkCreateCommandPool"));
-  VkSemaphoreTypeCreateInfo tinfo{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
-  tinfo.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
-  tinfo.initialValue = 0;
-  VkSemaphoreCreateInfo sinfo{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
-  sinfo.pNext = &tinfo;
-  KILN_RETURN_IF_ERROR(
-      VkCheck(vkCreateSemaphore(dev, &sinfo, nullptr, &timeline_), "vkCreateSemaphore(timeline)"));
+  KILN_ASSIGN_OR_RETURN(VulkanDevice::Timeline t, device_.AcquireTimeline());
+  timeline_ = t.semaphore;
+  last_signal_ = t.value;
   return absl::OkStatus();
 }
 
 VulkanStream::~VulkanStream() {
   (void)Flush();
-  (void)Retire(/*wait=*/true);
+  (void)Retire(kDefaultWaitTimeout);
   VkDevice dev = device_.vk();
+  if (!failed_.ok()) {
+    // The device may still be using what the unfinished batches reference:
+    // leak them (and the semaphore) rather than free memory it may write.
+    for (auto& b : in_flight_) b.release();
+    in_flight_.clear();
+    timeline_ = VK_NULL_HANDLE;
+    command_pool_ = VK_NULL_HANDLE;
+  }
   auto destroy = [&](std::unique_ptr<Batch>& b) {
     for (auto& [pool, a] : b->transients) pool->Free(a);
     if (b->errors.block != nullptr) device_.staging_pool().Free(b->errors);
@@ -129,7 +133,7 @@ VulkanStream::~VulkanStream() {
   for (auto& b : spare_) destroy(b);
   queries_.reset();
   if (command_pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(dev, command_pool_, nullptr);
-  if (timeline_ != VK_NULL_HANDLE) vkDestroySemaphore(dev, timeline_, nullptr);
+  device_.ReleaseTimeline({timeline_, last_signal_});
 }
 
 absl::StatusOr<VulkanStream::Batch*> VulkanStream::Open() {
@@ -150,6 +154,13 @@ absl::StatusOr<VulkanStream::Batch*> VulkanStream::Open() {
   VkCommandBufferBeginInfo begin{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   KILN_RETURN_IF_ERROR(VkCheck(vkBeginCommandBuffer(b->cmd, &begin), "vkBeginCommandBuffer"));
+  // Orders this batch after everything submitted to the queue before it (this
+  // stream's earlier batches among them): no semaphore wait is needed.
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
+                          VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  vkCmdPipelineBarrier(b->cmd, kWorkStages, kWorkStages, 0, 1, &barrier, 0, nullptr, 0, nullptr);
   open_ = std::move(b);
   return open_.get();
 }
@@ -351,6 +362,7 @@ absl::Status VulkanStream::MaybeFlush() {
 }
 
 absl::Status VulkanStream::Flush() {
+  if (!failed_.ok()) return failed_;
   if (!open_) return absl::OkStatus();
   Batch& b = *open_;
   // Make the batch's writes visible to the host (read-back staging, error slots).
@@ -361,19 +373,12 @@ absl::Status VulkanStream::Flush() {
                        0, nullptr);
   KILN_RETURN_IF_ERROR(VkCheck(vkEndCommandBuffer(b.cmd), "vkEndCommandBuffer"));
   b.signal = last_signal_ + 1;
-  // Wait for this stream's previous batch: batches of one stream run in order.
-  const uint64_t wait_value = last_signal_;
-  const VkPipelineStageFlags wait_stage = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+  // Signal only: the barrier the batch opens with orders it (vk_stream.h).
   VkTimelineSemaphoreSubmitInfo tinfo{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
-  tinfo.waitSemaphoreValueCount = wait_value > 0 ? 1 : 0;
-  tinfo.pWaitSemaphoreValues = &wait_value;
   tinfo.signalSemaphoreValueCount = 1;
   tinfo.pSignalSemaphoreValues = &b.signal;
   VkSubmitInfo submit{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   submit.pNext = &tinfo;
-  submit.waitSemaphoreCount = wait_value > 0 ? 1 : 0;
-  submit.pWaitSemaphores = &timeline_;
-  submit.pWaitDstStageMask = &wait_stage;
   submit.commandBufferCount = 1;
   submit.pCommandBuffers = &b.cmd;
   submit.signalSemaphoreCount = 1;
@@ -407,15 +412,30 @@ void VulkanStream::Recycle(std::unique_ptr<Batch> b) {
   spare_.push_back(std::move(b));
 }
 
-absl::Status VulkanStream::Retire(bool wait) {
+absl::Status VulkanStream::Retire(absl::Duration wait) {
+  if (!failed_.ok()) return failed_;
   if (in_flight_.empty()) return absl::OkStatus();
-  if (wait) {
+  if (wait > absl::ZeroDuration()) {
     VkSemaphoreWaitInfo info{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
     info.semaphoreCount = 1;
     info.pSemaphores = &timeline_;
     info.pValues = &last_signal_;
-    KILN_RETURN_IF_ERROR(
-        VkCheck(vkWaitSemaphores(device_.vk(), &info, UINT64_MAX), "vkWaitSemaphores"));
+    const uint64_t ns = wait == absl::InfiniteDuration()
+                            ? UINT64_MAX
+                            : static_cast<uint64_t>(absl::ToInt64Nanoseconds(wait));
+    const VkResult r = vkWaitSemaphores(device_.vk(), &info, ns);
+    if (r == VK_TIMEOUT || r == VK_ERROR_DEVICE_LOST) {
+      uint64_t reached = 0;
+      (void)vkGetSemaphoreCounterValue(device_.vk(), timeline_, &reached);
+      failed_ = backend::DeviceFault(
+          device_.info().id,
+          absl::StrCat(r == VK_TIMEOUT ? absl::StrCat("work did not finish within ",
+                                                      absl::FormatDuration(wait))
+                                       : std::string("device lost"),
+                       " (", last_signal_ - reached, " of this stream's submissions unfinished)"));
+      return failed_;
+    }
+    KILN_RETURN_IF_ERROR(VkCheck(r, "vkWaitSemaphores"));
   }
   uint64_t reached = 0;
   KILN_RETURN_IF_ERROR(VkCheck(vkGetSemaphoreCounterValue(device_.vk(), timeline_, &reached),
@@ -440,19 +460,23 @@ absl::Status VulkanStream::Retire(bool wait) {
 
 bool VulkanStream::Idle() {
   if (open_ && open_->commands > 0) return false;
-  if (!in_flight_.empty() && !Retire(/*wait=*/false).ok()) return false;
+  if (!in_flight_.empty() && !Retire(absl::ZeroDuration()).ok()) return false;
   return in_flight_.empty();
 }
 
-absl::Status VulkanStream::Synchronize() {
+absl::Status VulkanStream::SynchronizeFor(absl::Duration timeout) {
+  if (!failed_.ok()) return failed_;
   KILN_RETURN_IF_ERROR(Flush()) << "while synchronizing " << device_.info().id;
-  KILN_RETURN_IF_ERROR(Retire(/*wait=*/true)) << "while synchronizing " << device_.info().id;
+  // A zero timeout would only poll; every wait here waits for completion.
+  KILN_RETURN_IF_ERROR(Retire(std::max(timeout, absl::Nanoseconds(1))))
+      << "while synchronizing " << device_.info().id;
   absl::Status s = std::move(pending_error_);
   pending_error_ = absl::OkStatus();
   return s;
 }
 
 absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
+  if (!failed_.ok()) return failed_;
   const DeviceCaps& caps = device_.caps();
   if (caps.timestamp_valid_bits == 0) {
     KILN_RETURN_IF_ERROR(Flush());

@@ -7,8 +7,24 @@
 // the batch wrote (or writes one it read). A batch is submitted at
 // Synchronize, at Record, or when it grows large (MaybeFlush, which kernels
 // call only between launches, so a kernel's dispatches and the transients
-// they use always share a batch). Each submission signals the stream's
-// timeline semaphore and waits for the previous one, which orders batches.
+// they use always share a batch). Each submission signals the next value of
+// the stream's timeline semaphore; it never waits on a semaphore. Batches are
+// ordered by the queue's submission order and the full memory barrier each
+// batch opens with (its first scope holds every command submitted earlier).
+//
+// Why no submission waits on the stream's own previous value: Mesa 22.3's
+// emulated timelines (lavapipe) keep a reference to a submission's *wait*
+// point past the signal the host waits for, and drop it later on the queue
+// thread; destroying the semaphore after the host wait (legal Vulkan) then
+// lets the queue thread write freed memory and, once that memory is reused,
+// block forever on it: the kiln_vulkan_test hang. tests/backends/vulkan/repro/
+// proves it without Kiln's code (valgrind: errors with self-waits, none
+// without). Semaphores are also never destroyed while the device lives: a
+// stream returns its semaphore to the device's pool (VulkanDevice::
+// ReleaseTimeline), so no late reference can reach freed memory.
+//
+// Every host wait is bounded (SynchronizeFor); one that times out is a device
+// fault, reported UNAVAILABLE naming the device, and the stream stays failed.
 //
 // Data-dependent failures (an out-of-range gather index) are written by the
 // shader into the batch's error slots; they surface as the status of the
@@ -71,7 +87,7 @@ class VulkanStream final : public backend::Stream {
   VulkanStream(const VulkanStream&) = delete;
   VulkanStream& operator=(const VulkanStream&) = delete;
 
-  absl::Status Synchronize() override;
+  absl::Status SynchronizeFor(absl::Duration timeout) override;
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override;
 
   const VulkanDevice& device() const { return device_; }
@@ -129,8 +145,9 @@ class VulkanStream final : public backend::Stream {
   absl::Status Init();
   absl::StatusOr<Batch*> Open();
   absl::Status Flush();
-  // Retires batches whose signal has passed; with `wait`, waits for all.
-  absl::Status Retire(bool wait);
+  // Retires batches whose signal has passed; with a nonzero `wait`, first
+  // waits up to that long for all of them (a timeout fails the stream).
+  absl::Status Retire(absl::Duration wait);
   void Recycle(std::unique_ptr<Batch> batch);
   // Inserts a barrier when [bindings] conflict with the batch's ranges.
   void Track(Batch& b, std::span<const Range> reads, std::span<const Range> writes);
@@ -139,8 +156,9 @@ class VulkanStream final : public backend::Stream {
 
   VulkanDevice& device_;
   VkCommandPool command_pool_ = VK_NULL_HANDLE;
-  VkSemaphore timeline_ = VK_NULL_HANDLE;
+  VkSemaphore timeline_ = VK_NULL_HANDLE;  // from the device's pool
   uint64_t last_signal_ = 0;  // value of the newest submission
+  absl::Status failed_;       // a device fault (timed-out wait): sticky
   std::unique_ptr<Batch> open_;
   std::deque<std::unique_ptr<Batch>> in_flight_;
   std::vector<std::unique_ptr<Batch>> spare_;

@@ -4,6 +4,7 @@
 // skip where no Vulkan device is present (lavapipe is enough).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -500,6 +501,74 @@ TEST(VulkanStreamTest, LongLaunchSequencesAreSubmittedInPieces) {
   EXPECT_GE(vs->submissions() - before, 3);
   std::vector<float> got = Download<float>(*d, **s, *x, 64);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(got[i], -v[i]);
+}
+
+// The kiln_vulkan_test hang: streams created, used and destroyed back to back
+// (as every RunSpec does). With submissions that waited on their own stream's
+// semaphore, lavapipe 22.3's queue thread wrote the destroyed semaphore's
+// memory and, once it was reused, blocked forever (vk_stream.h). Under
+// valgrind (the kiln_vulkan_stream_churn_memcheck test) the old pattern shows
+// invalid writes from the queue thread within a few iterations; here every
+// wait is bounded, so a hang fails instead of stalling the suite.
+TEST(VulkanStreamTest, StreamChurnWithQueuedWorkAndEvents) {
+  REQUIRE_DEVICE(d);
+  const int iterations = std::getenv("KILN_VK_CHURN") ? std::atoi(std::getenv("KILN_VK_CHURN")) : 200;
+  std::vector<int32_t> host(256);
+  for (int i = 0; i < iterations; ++i) {
+    auto s = d->CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    std::iota(host.begin(), host.end(), i);
+    auto a = d->Allocate(1024);
+    auto b = d->Allocate(1024);
+    ASSERT_TRUE(a.ok() && b.ok());
+    // Two submissions at least (Record flushes), then a read-back.
+    ASSERT_TRUE(d->CopyToDevice(**s, host.data(), {a->get(), 0, 1024}).ok());
+    auto e0 = (*s)->Record();
+    ASSERT_TRUE(e0.ok()) << e0.status();
+    ASSERT_TRUE(d->CopyOnDevice(**s, {a->get(), 0, 1024}, {b->get(), 0, 1024}).ok());
+    auto e1 = (*s)->Record();
+    ASSERT_TRUE(e1.ok()) << e1.status();
+    std::vector<int32_t> back(256, -1);
+    ASSERT_TRUE(d->CopyToHost(**s, {b->get(), 0, 1024}, back.data()).ok());
+    const absl::Status synced = (*s)->SynchronizeFor(absl::Seconds(30));
+    ASSERT_TRUE(synced.ok()) << "iteration " << i << ": " << synced;
+    ASSERT_EQ(back, host) << "iteration " << i;
+  }
+}
+
+// A wait that times out is a device fault: UNAVAILABLE naming the device, and
+// the stream stays failed; the device itself keeps serving other streams.
+TEST(VulkanStreamTest, TimedOutWaitIsADeviceFault) {
+  REQUIRE_DEVICE(d);
+  auto made = d->CreateStream();
+  ASSERT_TRUE(made.ok());
+  auto vs = AsVulkanStream(**made, *d);
+  ASSERT_TRUE(vs.ok());
+  // Enough work that a 1 us wait cannot see it finish (256 MiB of fills).
+  const int64_t bytes = int64_t{64} << 20;
+  auto buf = d->Allocate(bytes);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  auto binding = d->ResolveTransfer({buf->get(), 0, bytes}, bytes, "buffer");
+  ASSERT_TRUE(binding.ok()) << binding.status();
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE((*vs)->Fill(*binding, bytes, i).ok());
+  const absl::Status s = (*made)->SynchronizeFor(absl::Microseconds(1));
+  ASSERT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), d->info().id)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "device fault")) << s;
+  // Sticky: the stream does not pretend to recover.
+  EXPECT_EQ((*made)->Synchronize().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*made)->Record().status().code(), absl::StatusCode::kUnavailable);
+  made->reset();  // leaks what the device may still use; must not hang or crash
+  // The fills may still be writing it: keep its memory out of the pool.
+  (void)buf->release();
+  // Other streams on the device are unaffected.
+  auto other = d->CreateStream();
+  ASSERT_TRUE(other.ok());
+  std::vector<int32_t> host(64, 5), back(64, 0);
+  auto small = Upload(*d, **other, host.data(), 256);
+  ASSERT_TRUE(d->CopyToHost(**other, {small.get(), 0, 256}, back.data()).ok());
+  ASSERT_TRUE((*other)->SynchronizeFor(absl::Seconds(60)).ok());
+  EXPECT_EQ(back, host);
 }
 
 TEST(VulkanStreamTest, RejectsAnotherBackendsStream) {
