@@ -38,6 +38,51 @@ std::string StepNodes(const v1::DispatchStep& s) {
   return out;
 }
 
+// One row per device estimate (`*` marks the chosen one), then the server's
+// reason for the choice, with the runner-up's estimate when there is one.
+std::string FormatPlacement(const v1::Placement& p) {
+  std::vector<std::vector<std::string>> rows;
+  const v1::DeviceEstimate* chosen = nullptr;
+  const v1::DeviceEstimate* runner_up = nullptr;
+  for (const v1::DeviceEstimate& e : p.estimates()) {
+    const bool is_chosen = e.device() == p.chosen();
+    if (is_chosen) {
+      chosen = &e;
+    } else if (e.feasible() &&
+               (runner_up == nullptr || e.estimate_micros() < runner_up->estimate_micros())) {
+      runner_up = &e;
+    }
+    rows.push_back({is_chosen ? "*" : "", e.device(),
+                    e.feasible() ? absl::StrFormat("%.1f", e.estimate_micros()) : "-",
+                    e.feasible() ? "yes" : "no", e.reason()});
+  }
+  std::string out =
+      absl::StrCat("placement (policy ", p.policy().empty() ? "auto" : p.policy(), ")\n");
+  if (!rows.empty()) {
+    absl::StrAppend(&out, FormatTable({"", "device", "estimate us", "feasible", "reason"},
+                                      {false, false, true, false, false}, rows));
+  }
+  absl::StrAppend(&out, "chosen: ", p.chosen().empty() ? "-" : p.chosen());
+  if (!p.why().empty()) absl::StrAppend(&out, " - ", p.why());
+  if (chosen != nullptr && runner_up != nullptr) {
+    absl::StrAppend(&out, absl::StrFormat(" (%.1f us vs %.1f us on %s)", chosen->estimate_micros(),
+                                          runner_up->estimate_micros(), runner_up->device()));
+  }
+  return out + "\n";
+}
+
+nlohmann::json PlacementJson(const v1::Placement& p) {
+  nlohmann::json estimates = nlohmann::json::array();
+  for (const v1::DeviceEstimate& e : p.estimates()) {
+    estimates.push_back({{"device", e.device()},
+                         {"estimate_micros", e.estimate_micros()},
+                         {"feasible", e.feasible()},
+                         {"reason", e.reason()}});
+  }
+  return {
+      {"policy", p.policy()}, {"chosen", p.chosen()}, {"why", p.why()}, {"estimates", estimates}};
+}
+
 }  // namespace
 
 std::string FormatTable(const std::vector<std::string>& header, const std::vector<bool>& numeric,
@@ -54,6 +99,8 @@ std::string FormatTable(const std::vector<std::string>& header, const std::vecto
       if (c > 0) out += "  ";
       out += numeric[c] ? pad + cells[c] : (c + 1 == cells.size() ? cells[c] : cells[c] + pad);
     }
+    // Empty trailing cells would leave blanks at the end of the line.
+    out.erase(out.find_last_not_of(' ') + 1);
     return out + "\n";
   };
   std::string out = line(header);
@@ -149,6 +196,7 @@ std::string FormatReportTable(const v1::DispatchReport& r) {
   }
   absl::StrAppend(&out, absl::StrFormat("\nrun %.1f us, queue %.1f us, %d steps\n\n",
                                         r.run_micros(), r.queue_micros(), r.steps_size()));
+  if (r.has_placement()) absl::StrAppend(&out, FormatPlacement(r.placement()), "\n");
   std::vector<std::vector<std::string>> rows;
   for (const v1::DispatchStep& s : r.steps()) {
     std::string kernel = s.kernel();
@@ -219,7 +267,8 @@ std::string ReportsToChromeTrace(std::span<const v1::DispatchReport> reports) {
            {"executable_key", r.executable_key()},
            {"queue_micros", r.queue_micros()},
            {"cache", r.has_compile() ? v1::CacheOutcome_Name(r.compile().executable_cache())
-                                     : std::string()}}}});
+                                     : std::string()},
+           {"placement", PlacementJson(r.placement())}}}});
     for (const v1::DispatchStep& s : r.steps()) {
       nlohmann::json nodes = nlohmann::json::array();
       for (int i = 0; i < s.node_ids_size(); ++i) {

@@ -15,8 +15,10 @@
 namespace kiln {
 
 // A summary line (request, executable key, cache outcome, placement, run
-// time), then one row per step: kernel, implementation, path, device, nodes,
-// flops, bytes, start, duration; then per-device totals.
+// time); the placement: one row per device estimate (estimate, feasible,
+// reason; `*` marks the chosen device), then a `chosen:` line with the
+// server's reason; one row per step: kernel, implementation, path, device,
+// nodes, flops, bytes, start, duration; then per-device totals.
 std::string FormatReportTable(const v1::DispatchReport& report);
 
 // Cache outcome, stage timings, memory plan and notes of a compile.
@@ -27,12 +29,13 @@ std::string FormatSignature(const v1::Signature& signature);
 std::string FormatTensorType(const v1::TensorType& type);
 
 // Chrome trace-event JSON: one process per report (named by request id), one
-// thread per device, one complete event per step. Reports are placed on one
-// time axis by their start_unix_micros (the first at 0).
+// thread per device, one complete event per step; the request's event carries
+// the placement (policy, chosen, why, estimates) in its args. Reports are
+// placed on one time axis by their start_unix_micros (the first at 0).
 std::string ReportsToChromeTrace(std::span<const v1::DispatchReport> reports);
 
 // An aligned text table: columns separated by two spaces, `numeric` ones
-// right-aligned.
+// right-aligned, no trailing blanks.
 std::string FormatTable(const std::vector<std::string>& header, const std::vector<bool>& numeric,
                         const std::vector<std::vector<std::string>>& rows);
 
