@@ -1,13 +1,15 @@
 // kilnctl as a user runs it: a subprocess against a real kilnd, with .npy
 // files in and out. The MLP (.kiln text, params from a directory) and the
 // encoder layer (binary proto, params one by one) match tests/e2e/models.h;
-// --report prints the table, --trace writes valid Chrome trace JSON; errors
-// exit 1 with the server's message.
+// --report prints the table (with the placement: every device's estimate and
+// the chosen one), --trace writes valid Chrome trace JSON; errors exit 1 with
+// the server's message.
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "clients/cpp/npy.h"
 #include "gmock/gmock.h"
@@ -163,6 +165,127 @@ TEST(KilnctlTest, OneShotCompileAndReports) {
   std::set<int> pids;
   for (const auto& e : doc.at("traceEvents")) pids.insert(e.at("pid").get<int>());
   EXPECT_EQ(pids.size(), 2u);
+}
+
+// The device ids of `kilnctl devices` (the first column below its header).
+std::vector<std::string> DeviceIds() {
+  ProcessResult devices = Kilnctl({"devices"});
+  EXPECT_EQ(devices.status, 0) << devices.err;
+  std::vector<std::string> ids;
+  const std::vector<std::string> lines = absl::StrSplit(devices.out, '\n', absl::SkipEmpty());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    ids.push_back(std::string(lines[i].substr(0, lines[i].find(' '))));
+  }
+  return ids;
+}
+
+// The placement section of a report table: its device rows (below the column
+// header) and its `chosen:` line. Fails the test when the section is missing.
+struct PlacementSection {
+  std::string policy_line;
+  std::vector<std::string> rows;
+  std::string chosen_line;
+};
+PlacementSection ParsePlacement(const std::string& out) {
+  PlacementSection p;
+  const std::vector<std::string> lines = absl::StrSplit(out, '\n');
+  auto it = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.rfind("placement (policy ", 0) == 0;
+  });
+  EXPECT_NE(it, lines.end()) << out;
+  if (it == lines.end()) return p;
+  p.policy_line = *it++;
+  EXPECT_TRUE(it != lines.end() && it->rfind("   device", 0) == 0) << out;
+  for (++it; it != lines.end() && !it->empty(); ++it) {
+    if (it->rfind("chosen: ", 0) == 0) {
+      p.chosen_line = *it;
+      break;
+    }
+    p.rows.push_back(*it);
+  }
+  EXPECT_FALSE(p.chosen_line.empty()) << out;
+  return p;
+}
+
+// Each device once, exactly one marked chosen, and the `chosen:` line naming
+// it; the chosen device's id.
+std::string ExpectEveryDeviceOnceOneChosen(const PlacementSection& p,
+                                           const std::vector<std::string>& devices) {
+  EXPECT_EQ(p.rows.size(), devices.size()) << absl::StrJoin(p.rows, "\n");
+  std::string chosen;
+  for (const std::string& id : devices) {
+    int found = 0;
+    for (const std::string& row : p.rows) {
+      const std::vector<std::string> cells = absl::StrSplit(row, ' ', absl::SkipEmpty());
+      const bool marked = row[0] == '*';
+      if (cells.size() < 3 || cells[marked ? 1 : 0] != id) continue;
+      ++found;
+      EXPECT_THAT(row, ::testing::ContainsRegex("  (yes|no)( |$)")) << row;
+      if (marked) {
+        EXPECT_TRUE(chosen.empty()) << "two devices marked chosen";
+        chosen = id;
+      }
+    }
+    EXPECT_EQ(found, 1) << id << " in\n" << absl::StrJoin(p.rows, "\n");
+  }
+  EXPECT_FALSE(chosen.empty()) << "no device marked chosen";
+  EXPECT_EQ(p.chosen_line.rfind("chosen: " + chosen + " - ", 0), 0u) << p.chosen_line;
+  return chosen;
+}
+
+TEST(KilnctlTest, ReportShowsPlacementEstimatesAndTheChoice) {
+  ScratchDir dir;
+  const std::vector<std::string> devices = DeviceIds();
+  ASSERT_FALSE(devices.empty());
+  const std::string graph = dir.path() + "/scale.kiln";
+  {
+    std::ofstream f(graph);
+    f << "graph \"scale\"\ninput x: f32[n]\nlet y = x * 3.0 - 1.0\nout y\n";
+  }
+  Write(dir.path() + "/x.npy", HostTensor::FromVector<float>(v1::DTYPE_F32, {2}, {1, 2}));
+  const std::string trace = dir.path() + "/trace.json";
+
+  // auto: the server estimates every device and picks one.
+  ProcessResult run = Kilnctl(
+      {"run", graph, "--input", "x=" + dir.path() + "/x.npy", "--report", "--trace", trace});
+  ASSERT_EQ(run.status, 0) << run.err;
+  const PlacementSection placed = ParsePlacement(run.out);
+  EXPECT_EQ(placed.policy_line, "placement (policy auto)");
+  const std::string chosen = ExpectEveryDeviceOnceOneChosen(placed, devices);
+  EXPECT_THAT(run.out, HasSubstr("placed on " + chosen));
+  if (devices.size() == 1) {
+    EXPECT_THAT(placed.chosen_line, HasSubstr("the only device"));
+  }
+
+  // The trace's request event carries the same estimates.
+  const nlohmann::json doc = nlohmann::json::parse(ReadFileOrDie(trace));
+  int requests = 0;
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("name") != "run") continue;
+    ++requests;
+    const nlohmann::json& p = e.at("args").at("placement");
+    EXPECT_EQ(p.at("chosen"), chosen);
+    ASSERT_EQ(p.at("estimates").size(), devices.size());
+    for (size_t i = 0; i < devices.size(); ++i) {
+      EXPECT_EQ(p.at("estimates")[i].at("device"), devices[i]);
+      EXPECT_GE(p.at("estimates")[i].at("estimate_micros").get<double>(), 0);
+    }
+  }
+  EXPECT_EQ(requests, 1);
+
+  // Pinned: the policy and the reason say so, and `kilnctl report` shows the
+  // same section from the report kilnd kept.
+  ProcessResult pinned = Kilnctl(
+      {"run", graph, "--input", "x=" + dir.path() + "/x.npy", "--report", "--device", "cpu:0"});
+  ASSERT_EQ(pinned.status, 0) << pinned.err;
+  ProcessResult kept = Kilnctl({"report", "--last", "1"});
+  ASSERT_EQ(kept.status, 0) << kept.err;
+  for (const ProcessResult* r : {&pinned, &kept}) {
+    const PlacementSection p = ParsePlacement(r->out);
+    EXPECT_EQ(p.policy_line, "placement (policy cpu:0)");
+    EXPECT_EQ(ExpectEveryDeviceOnceOneChosen(p, devices), "cpu:0");
+    EXPECT_THAT(p.chosen_line, HasSubstr("pinned"));
+  }
 }
 
 TEST(KilnctlTest, ErrorsExitOneWithTheMessage) {
