@@ -32,7 +32,7 @@ int64_t TensorDesc::num_bytes() const {
   return b ? *b : 0;
 }
 
-absl::Status DeviceFault(std::string_view device, std::string_view what) {
+absl::Status DeviceFault(const std::string& device, const std::string& what) {
   absl::Status s = absl::UnavailableError(absl::StrCat(device, ": device fault: ", what));
   s.SetPayload(kDeviceFaultPayload, absl::Cord(device));
   return s;
@@ -40,7 +40,7 @@ absl::Status DeviceFault(std::string_view device, std::string_view what) {
 
 std::optional<std::string> FaultedDevice(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kUnavailable) return std::nullopt;
-  std::optional<absl::Cord> p = status.GetPayload(kDeviceFaultPayload);
+  absl::optional<absl::Cord> p = status.GetPayload(kDeviceFaultPayload);
   if (!p) return std::nullopt;
   return std::string(*p);
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -63,8 +64,24 @@ struct DeviceProfile {
   bool calibrated = false;
 };
 
+// What a device is, for placement and isolation: the host's own cores, or an
+// accelerator with its own queues (a CPU-emulated Vulkan device is kCpu).
+enum class DeviceKind { kCpu, kGpu };
+
 struct DeviceInfo {
   std::string id;              // "cpu:0", "vulkan:0", "cuda:0"
+  DeviceKind kind = DeviceKind::kCpu;
+  // Runs the device serves at once to good effect: the device scheduler's
+  // slots (1 on the CPU, whose one OpenMP team takes every core; several
+  // streams on a GPU, so host work of one run overlaps device work of another).
+  int max_concurrent_runs = 1;
+  // Offsets of buffer views bound to kernels must be multiples of this (a
+  // power of two; the memory planner aligns every arena slot of the device).
+  int64_t buffer_alignment = 64;
+  // Cost-model corrections: the fraction of the roofline this device's kernels
+  // reach per op family ("matmul", "conv", "attention", "elementwise",
+  // "reduce", "norm", "shape", "other"); a family not listed counts as 1.
+  std::map<std::string, double> roofline_efficiency;
   std::string backend;         // "cpu", "vulkan", "cuda"
   std::string name;            // human-readable model name
   std::string arch;            // "x86-64-v3+avx512", "sm_90", Vulkan device type
@@ -132,7 +149,7 @@ class Stream {
 // can tell a fault (mark the device unhealthy, discard the run context,
 // restart) from an ordinary error without parsing messages.
 inline constexpr char kDeviceFaultPayload[] = "type.kiln.dev/kiln.DeviceFault";
-absl::Status DeviceFault(std::string_view device, std::string_view what);
+absl::Status DeviceFault(const std::string& device, const std::string& what);
 // The faulted device's id, or nullopt when `status` is not a device fault.
 std::optional<std::string> FaultedDevice(const absl::Status& status);
 

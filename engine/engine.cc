@@ -5,10 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <list>
+#include <thread>
+#include <array>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "engine/base/status.h"
 #include "engine/compile/cache_key.h"
 #include "engine/compile/disk_cache.h"
@@ -18,8 +21,8 @@
 #include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
 #include "engine/runtime/device_registry.h"
-#include "engine/runtime/device_worker.h"
-#include "engine/runtime/executable.h"
+#include "engine/runtime/fair_scheduler.h"
+#include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -69,19 +72,105 @@ struct Engine::Impl {
   EngineOptions options;
   // Shared with every executable and parameter set, which may outlive the Engine.
   std::shared_ptr<runtime::DeviceRegistry> registry;
-  std::unique_ptr<compile::DiskCache> disk;
-  std::unique_ptr<compile::KernelBinaryCacheAdapter> kernel_binaries;
+  std::shared_ptr<compile::DiskCache> disk;
+  // Shared with every program, which prepares kernels for new run contexts.
+  std::shared_ptr<compile::KernelBinaryCacheAdapter> kernel_binaries;
+  runtime::ProgramOptions program_options;
   runtime::CostModel cost_model;
   std::string devices_signature;
   // Device infos as reported (calibrated profiles merged), in registry order.
   std::vector<backend::DeviceInfo> infos;
   std::vector<bool> calibration_from_cache;
   std::vector<bool> calibration_contended;
-  std::map<std::string, std::unique_ptr<runtime::DeviceWorker>> workers;
+  // One scheduler per device (every run placed there goes through it).
+  std::map<std::string, std::unique_ptr<runtime::FairScheduler>> schedulers;
+
+  // Device health: a device fault marks the device unhealthy and fails its
+  // runs fast until a probe on a fresh stream succeeds (the restart).
+  struct Health {
+    bool healthy = true;
+    std::string fault;  // the last fault
+    int64_t faults = 0;
+    int64_t restarts = 0;
+  };
+  absl::Mutex health_mu;
+  std::map<std::string, Health> health ABSL_GUARDED_BY(health_mu);
+  bool stopping ABSL_GUARDED_BY(health_mu) = false;
+  std::thread recovery;  // probes unhealthy devices; joined by ~Impl
+
+  ~Impl() {
+    {
+      absl::MutexLock lock(&health_mu);
+      stopping = true;
+    }
+    if (recovery.joinable()) recovery.join();
+    schedulers.clear();  // drains queued runs before the devices go
+  }
+
+  void NoteFault(const std::string& device, const absl::Status& status) {
+    absl::MutexLock lock(&health_mu);
+    Health& h = health[device];
+    h.healthy = false;
+    h.fault = std::string(status.message());
+    ++h.faults;
+    spdlog::error("{}: marked unhealthy: {}", device, h.fault);
+  }
+
+  absl::Status CheckHealthy(const std::string& device) {
+    absl::MutexLock lock(&health_mu);
+    const Health& h = health[device];
+    if (h.healthy) return absl::OkStatus();
+    return backend::DeviceFault(
+        device, absl::StrCat("the device is unhealthy and being restarted after: ", h.fault));
+  }
+
+  // Restarts faulted devices: a device is healthy again once a small copy
+  // round trip on a fresh stream finishes within the wait floor.
+  void RecoveryLoop() {
+    for (;;) {
+      std::vector<std::string> unhealthy;
+      {
+        absl::MutexLock lock(&health_mu);
+        health_mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(200));
+        if (stopping) return;
+        for (const auto& [id, h] : health) {
+          if (!h.healthy) unhealthy.push_back(id);
+        }
+      }
+      for (const std::string& id : unhealthy) {
+        backend::Device* d = registry->Find(id);
+        if (d == nullptr) continue;
+        absl::Status probe = Probe(*d);
+        absl::MutexLock lock(&health_mu);
+        Health& h = health[id];
+        if (probe.ok()) {
+          h.healthy = true;
+          ++h.restarts;
+          spdlog::info("{}: healthy again after restart {} (last fault: {})", id, h.restarts,
+                       h.fault);
+        }
+      }
+    }
+  }
+
+  absl::Status Probe(backend::Device& d) {
+    KILN_ASSIGN_OR_RETURN(auto stream, d.CreateStream());
+    KILN_ASSIGN_OR_RETURN(auto buf, d.Allocate(256));
+    std::array<uint8_t, 256> out{}, back{};
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i);
+    const backend::BufferView v{buf.get(), 0, 256};
+    KILN_RETURN_IF_ERROR(d.CopyToDevice(*stream, out.data(), v));
+    KILN_RETURN_IF_ERROR(d.CopyToHost(*stream, v, back.data()));
+    // A generous bound of its own: the probe must not inherit a run bound.
+    KILN_RETURN_IF_ERROR(
+        stream->SynchronizeFor(std::max(program_options.device_wait_floor, absl::Seconds(10))));
+    if (back != out) return absl::DataLossError("probe read back wrong bytes");
+    return absl::OkStatus();
+  }
 
   absl::Mutex cache_mu;
   std::list<std::string> lru ABSL_GUARDED_BY(cache_mu);  // front = most recent
-  std::map<std::string, std::pair<std::shared_ptr<runtime::LoadedExecutable>,
+  std::map<std::string, std::pair<std::shared_ptr<runtime::Program>,
                                   std::list<std::string>::iterator>>
       loaded ABSL_GUARDED_BY(cache_mu);
   // One compile per key at a time; concurrent requests for it wait.
@@ -90,7 +179,7 @@ struct Engine::Impl {
   absl::Mutex stats_mu;
   CacheStats stats ABSL_GUARDED_BY(stats_mu);
 
-  std::shared_ptr<runtime::LoadedExecutable> FindLoaded(const std::string& key) {
+  std::shared_ptr<runtime::Program> FindLoaded(const std::string& key) {
     absl::MutexLock lock(&cache_mu);
     auto it = loaded.find(key);
     if (it == loaded.end()) return nullptr;
@@ -98,7 +187,7 @@ struct Engine::Impl {
     return it->second.first;
   }
 
-  void Remember(const std::string& key, std::shared_ptr<runtime::LoadedExecutable> exe) {
+  void Remember(const std::string& key, std::shared_ptr<runtime::Program> exe) {
     absl::MutexLock lock(&cache_mu);
     if (loaded.contains(key)) return;
     lru.push_front(key);
@@ -141,9 +230,19 @@ struct Engine::Impl {
     spdlog::debug("engine warm-up took {:.2f} ms", MicrosSince(t0) / 1000);
   }
 
-  absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> LoadFromDisk(
+  double options_inline_run_micros() const { return options.inline_run_micros; }
+  // Queues (or runs inline) one run on its device's scheduler; `done` gets
+  // the outcome, then `keep_alive_until_done` runs (it may free `program`).
+  absl::StatusOr<RunTicket> SubmitRun(runtime::Program& program,
+                                      std::span<const TensorRef> inputs,
+                                      const runtime::ParamSetImpl* params,
+                                      const RunOptions& options,
+                                      std::function<void(absl::StatusOr<RunResult>)> done,
+                                      std::function<void()> keep_alive_until_done);
+
+  absl::StatusOr<std::shared_ptr<runtime::Program>> LoadFromDisk(
       const std::string& key, v1::CompileReport& report);
-  absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> CompileFresh(
+  absl::StatusOr<std::shared_ptr<runtime::Program>> CompileFresh(
       std::unique_ptr<ir::Graph> graph, const CompileOptions& options, const std::string& key,
       v1::CompileReport& report);
 };
@@ -154,6 +253,9 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->program_options.max_contexts = std::max(1, options.max_run_contexts_per_program);
+  impl->program_options.device_wait_floor = options.device_wait_floor;
+  impl->program_options.device_wait_slack = options.device_wait_slack;
   runtime::RegistryOptions ro;
   ro.backend.cpu_threads = options.cpu_threads;
   ro.backend.cache_dir = options.cache_dir;
@@ -187,7 +289,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     impl->infos.push_back(std::move(info));
     impl->calibration_from_cache.push_back(from_cache);
     impl->calibration_contended.push_back(contended);
-    impl->workers[d->info().id] = std::make_unique<runtime::DeviceWorker>(d->info().id);
+    runtime::FairScheduler::Options so;
+    so.name = d->info().id;
+    so.slots = std::max(1, d->info().max_concurrent_runs);
+    if (auto it = options.device_slots.find(so.name); it != options.device_slots.end()) {
+      so.slots = std::max(1, it->second);
+    }
+    if (options.max_device_slots > 0) so.slots = std::min(so.slots, options.max_device_slots);
+    so.max_queued = options.max_queued_runs_per_device;
+    KILN_ASSIGN_OR_RETURN(impl->schedulers[so.name], runtime::FairScheduler::Create(so));
+    impl->health[so.name];
   }
   impl->devices_signature += impl->registry->BackendVersions();
   impl->WarmUp();  // before the disk cache exists: nothing of it is stored
@@ -201,8 +312,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                           << options.cache_dir;
     }
     impl->disk = std::move(disk).value();
-    impl->kernel_binaries = std::make_unique<compile::KernelBinaryCacheAdapter>(*impl->disk);
+    impl->kernel_binaries = std::make_shared<compile::KernelBinaryCacheAdapter>(impl->disk);
   }
+  Impl* raw = impl.get();
+  impl->recovery = std::thread([raw] { raw->RecoveryLoop(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -216,14 +329,29 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
   std::vector<DeviceStats> out;
   const auto& devices = impl_->registry->devices();
   for (size_t i = 0; i < devices.size(); ++i) {
-    const runtime::WorkerStats w = impl_->workers.at(devices[i]->info().id)->stats();
+    const runtime::FairSchedulerStats w = impl_->schedulers.at(devices[i]->info().id)->stats();
     DeviceStats s;
-    s.device = w.device;
+    s.device = w.name;
     s.runs = w.runs;
     s.inline_runs = w.inline_runs;
     s.busy_micros = w.busy_micros;
     s.uptime_micros = w.uptime_micros;
     s.queued = w.queued;
+    s.running = w.running;
+    s.slots = w.slots;
+    s.dropped = w.dropped;
+    s.rejected = w.rejected;
+    s.tenant_device_micros = w.tenant_device_micros;
+    s.tenant_queued = w.tenant_queued;
+    s.tenant_running = w.tenant_running;
+    {
+      absl::MutexLock lock(&impl_->health_mu);
+      const Impl::Health& h = impl_->health[w.name];
+      s.healthy = h.healthy;
+      s.fault = h.fault;
+      s.faults = h.faults;
+      s.restarts = h.restarts;
+    }
     s.memory_in_use = devices[i]->memory_in_use();
     s.calibrated = impl_->infos[i].profile.calibrated;
     s.calibration_from_cache = impl_->calibration_from_cache[i];
@@ -260,11 +388,11 @@ absl::StatusOr<GraphSignature> Engine::Inspect(const v1::Graph& graph) const {
   return sig;
 }
 
-absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::LoadFromDisk(
+absl::StatusOr<std::shared_ptr<runtime::Program>> Engine::Impl::LoadFromDisk(
     const std::string& key, v1::CompileReport& report) {
-  if (!disk) return std::shared_ptr<runtime::LoadedExecutable>();
+  if (!disk) return std::shared_ptr<runtime::Program>();
   compile::LookupResult found = disk->Lookup(compile::CacheLevel::kExecutable, key);
-  if (found.outcome == compile::LookupOutcome::kMiss) return std::shared_ptr<runtime::LoadedExecutable>();
+  if (found.outcome == compile::LookupOutcome::kMiss) return std::shared_ptr<runtime::Program>();
   auto corrupt = [&](const std::string& why) {
     spdlog::warn("compile cache: discarding entry {}: {}", key.substr(0, 16), why);
     report.set_executable_cache(v1::CACHE_CORRUPT);
@@ -274,29 +402,29 @@ absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::LoadFro
   };
   if (found.outcome == compile::LookupOutcome::kCorrupt) {
     corrupt(found.reason);
-    return std::shared_ptr<runtime::LoadedExecutable>();
+    return std::shared_ptr<runtime::Program>();
   }
   v1::Executable lir;
   if (!lir.ParseFromString(found.payload)) {
     corrupt("payload is not an executable");
-    return std::shared_ptr<runtime::LoadedExecutable>();
+    return std::shared_ptr<runtime::Program>();
   }
   if (lir.format_version() != compile::kLirFormatVersion || lir.key() != key) {
     corrupt(absl::StrCat("LIR format ", lir.format_version(), " / key mismatch"));
-    return std::shared_ptr<runtime::LoadedExecutable>();
+    return std::shared_ptr<runtime::Program>();
   }
   backend::PrepareContext prep;
-  auto exe = runtime::LoadedExecutable::Load(std::move(lir), registry, kernel_binaries.get(), &prep);
+  auto exe = runtime::Program::Load(std::move(lir), registry, kernel_binaries, &prep, program_options);
   if (!exe.ok()) {
     corrupt(std::string(exe.status().message()));
-    return std::shared_ptr<runtime::LoadedExecutable>();
+    return std::shared_ptr<runtime::Program>();
   }
   report.set_kernel_cache_hits(prep.kernel_cache_hits);
   report.set_kernel_cache_misses(prep.kernel_cache_misses);
-  return std::shared_ptr<runtime::LoadedExecutable>(std::move(exe).value());
+  return std::shared_ptr<runtime::Program>(std::move(exe).value());
 }
 
-absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::CompileFresh(
+absl::StatusOr<std::shared_ptr<runtime::Program>> Engine::Impl::CompileFresh(
     std::unique_ptr<ir::Graph> g, const CompileOptions& options, const std::string& key,
     v1::CompileReport& report) {
   const char* env_dump = std::getenv("KILN_DUMP");
@@ -345,8 +473,8 @@ absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::Compile
   report.set_kernels(kernels);
   report.set_copies(copies);
   backend::PrepareContext prep;
-  KILN_ASSIGN_OR_RETURN(auto exe, runtime::LoadedExecutable::Load(std::move(lir), registry,
-                                                                   kernel_binaries.get(), &prep));
+  KILN_ASSIGN_OR_RETURN(auto exe, runtime::Program::Load(std::move(lir), registry,
+                                                         kernel_binaries, &prep, program_options));
   report.set_kernel_cache_hits(prep.kernel_cache_hits);
   report.set_kernel_cache_misses(prep.kernel_cache_misses);
   v1::StageTiming* st = report.add_stages();
@@ -362,7 +490,7 @@ absl::StatusOr<std::shared_ptr<runtime::LoadedExecutable>> Engine::Impl::Compile
       spdlog::warn("compile cache: cannot store {}: {}", key.substr(0, 16), std::string(s.message()));
     }
   }
-  return std::shared_ptr<runtime::LoadedExecutable>(std::move(exe));
+  return std::shared_ptr<runtime::Program>(std::move(exe));
 }
 
 absl::StatusOr<CompileResult> Engine::Compile(
@@ -456,25 +584,92 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateParams(std::span<const T
   return std::shared_ptr<ParamSet>(std::move(set));
 }
 
+absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
+    runtime::Program& program, std::span<const TensorRef> inputs,
+    const runtime::ParamSetImpl* params, const RunOptions& options,
+    std::function<void(absl::StatusOr<RunResult>)> done,
+    std::function<void()> keep_alive_until_done) {
+  std::string device = program.device();
+  auto it = schedulers.find(device);
+  if (it == schedulers.end()) {
+    device = registry->cpu()->info().id;
+    it = schedulers.find(device);
+  }
+  KILN_RETURN_IF_ERROR(CheckHealthy(device));
+  const double estimate = program.estimated_run_micros();
+  // The outcome travels from `run` (or `drop`) to `finish`, which answers the
+  // caller once the slot is free and the statistics count the job.
+  auto outcome = std::make_shared<absl::StatusOr<RunResult>>(
+      absl::UnknownError("the run neither ran nor was dropped"));
+  runtime::FairJob job;
+  job.tenant = {options.tenant, options.tenant_weight, options.tenant_max_queue, 0};
+  job.priority = options.priority;
+  job.deadline = options.deadline;
+  job.cost_micros = estimate;
+  job.run = [this, &program, inputs, params, options, outcome](absl::Duration queued) -> double {
+    if (options.cancelled != nullptr && options.cancelled->load()) {
+      *outcome = absl::CancelledError("the client went away before the run started");
+      return 0;
+    }
+    const auto t0 = Clock::now();
+    *outcome = program.Run(inputs, params, options);
+    const double used = MicrosSince(t0);
+    if (outcome->ok() && options.report) {
+      (*outcome)->report.set_queue_micros(absl::ToDoubleMicroseconds(queued));
+    }
+    if (auto faulted = backend::FaultedDevice(outcome->status())) {
+      NoteFault(*faulted, outcome->status());
+    }
+    return used;
+  };
+  job.drop = [outcome](absl::Status why) { *outcome = std::move(why); };
+  job.finish = [outcome, done = std::move(done), keep = std::move(keep_alive_until_done)] {
+    done(std::move(*outcome));
+    if (keep) keep();
+  };
+  const bool may_run_inline = estimate > 0 && estimate <= options_inline_run_micros();
+  if (may_run_inline && it->second->TryRunInline(job)) return RunTicket{device, 0};
+  KILN_ASSIGN_OR_RETURN(const uint64_t id, it->second->Submit(std::move(job)));
+  return RunTicket{device, id};
+}
+
 absl::StatusOr<RunResult> Engine::Run(Executable& executable, std::span<const TensorRef> inputs,
                                       const ParamSet* params, const RunOptions& options) {
-  auto& exe = static_cast<runtime::LoadedExecutable&>(executable);
-  const auto* p = static_cast<const runtime::ParamSetImpl*>(params);
-  const std::string& device = exe.lir().placement().chosen();
-  auto it = impl_->workers.find(device);
-  if (it == impl_->workers.end()) it = impl_->workers.find(impl_->registry->cpu()->info().id);
-  const double estimate = exe.estimated_run_micros();
-  const bool may_run_inline = estimate > 0 && estimate <= impl_->options.inline_run_micros;
-  const auto queued_at = Clock::now();
-  auto result = it->second->Submit(
-      [&, queued_at]() -> absl::StatusOr<RunResult> {
-        const double wait_us = MicrosSince(queued_at);
-        auto r = exe.Run(inputs, p, options);
-        if (r.ok() && options.report) r->report.set_queue_micros(wait_us);
-        return r;
+  absl::StatusOr<RunResult> result;
+  absl::Notification done;
+  KILN_RETURN_IF_ERROR(impl_->SubmitRun(
+      static_cast<runtime::Program&>(executable), inputs,
+      static_cast<const runtime::ParamSetImpl*>(params), options,
+      [&](absl::StatusOr<RunResult> r) {
+        result = std::move(r);
+        done.Notify();
       },
-      may_run_inline);
-  return result.get();
+      nullptr).status());
+  done.WaitForNotification();
+  return result;
+}
+
+bool Engine::CancelQueued(const RunTicket& ticket) {
+  if (ticket.id == 0) return false;
+  auto it = impl_->schedulers.find(ticket.device);
+  return it != impl_->schedulers.end() && it->second->Cancel(ticket.id);
+}
+
+absl::StatusOr<Engine::RunTicket> Engine::RunAsync(std::shared_ptr<Executable> executable,
+                                                   std::vector<TensorRef> inputs,
+                                                   std::shared_ptr<const ParamSet> params,
+                                                   RunOptions options, RunDone done) {
+  if (executable == nullptr) return absl::InvalidArgumentError("RunAsync: no executable");
+  // The views and the objects they name live in a holder until `done` ran.
+  struct Held {
+    std::shared_ptr<Executable> executable;
+    std::vector<TensorRef> inputs;
+    std::shared_ptr<const ParamSet> params;
+  };
+  auto held = std::make_shared<Held>(Held{std::move(executable), std::move(inputs), std::move(params)});
+  return impl_->SubmitRun(static_cast<runtime::Program&>(*held->executable), held->inputs,
+                          static_cast<const runtime::ParamSetImpl*>(held->params.get()), options,
+                          std::move(done), [held]() mutable { held.reset(); });
 }
 
 absl::StatusOr<RunResult> Engine::RunGraph(const v1::Graph& graph, std::span<const TensorRef> inputs,

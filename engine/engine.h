@@ -4,11 +4,15 @@
 //
 // Thread safety: every method is thread-safe. Executables and ParamSets are
 // immutable after creation and shared (shared_ptr): a session holds them while
-// the engine's in-memory cache may drop them. Runs of one Executable are
-// serialized on its arena; runs of different executables proceed concurrently.
+// the engine's in-memory cache may drop them. Runs of one Executable proceed
+// at once on separate run contexts, up to the device's concurrent-run limit
+// (DeviceStats::slots); runs on different devices proceed concurrently.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "backends/backend.h"
 #include "engine/base/host_tensor.h"
 #include "engine/ir/verifier.h"
@@ -55,6 +60,22 @@ struct EngineOptions {
   // of waking the device's worker thread (a wake-up costs tens of
   // microseconds on a virtualized host). 0 always hands runs to the worker.
   double inline_run_micros = 250;
+  // Runs of one program that may proceed at once, each on its own run
+  // context (arena, streams, kernels).
+  int max_run_contexts_per_program = 4;
+  // Concurrent runs per device, by device id, overriding what the backend
+  // reports (DeviceInfo::max_concurrent_runs).
+  std::map<std::string, int> device_slots;
+  // Caps every device's concurrent runs (0 = no cap): kilnd's max_concurrent_runs.
+  int max_device_slots = 0;
+  // Runs waiting on one device, all tenants together (RESOURCE_EXHAUSTED past it).
+  int64_t max_queued_runs_per_device = 4096;
+  // Every device wait is bounded: device_wait_slack x the cost model's
+  // estimate of the run, and never less than device_wait_floor. A wait that
+  // times out is a device fault: the run fails UNAVAILABLE naming the device,
+  // which is marked unhealthy until a probe succeeds (DeviceStats).
+  absl::Duration device_wait_floor = absl::Seconds(10);
+  double device_wait_slack = 100;
 };
 
 // Per-device worker statistics (busy time, runs, queue length).
@@ -65,6 +86,17 @@ struct DeviceStats {
   double busy_micros = 0;
   double uptime_micros = 0;
   int queued = 0;
+  int running = 0;
+  int slots = 0;           // concurrent runs the device's scheduler allows
+  int64_t dropped = 0;     // deadline passed in the queue, or cancelled
+  int64_t rejected = 0;    // the device's queue was full
+  std::map<std::string, double> tenant_device_micros;  // device time by tenant
+  std::map<std::string, int> tenant_queued;            // runs waiting, by tenant
+  std::map<std::string, int> tenant_running;           // runs executing, by tenant
+  bool healthy = true;
+  std::string fault;       // the last device fault, if any
+  int64_t faults = 0;
+  int64_t restarts = 0;    // times the device came back after a fault
   int64_t memory_in_use = 0;
   bool calibrated = false;
   bool calibration_from_cache = false;
@@ -132,6 +164,17 @@ struct RunOptions {
   bool report = false;               // fill RunResult::report (steps, timings)
   std::string request_id;
   std::string tenant;
+  // The run stops between kernels (DEADLINE_EXCEEDED) once this passes, and is
+  // not started (in the device's queue) after it.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Optional, owned by the caller and valid for the call: the run stops
+  // between kernels (CANCELLED) once it is true (the client went away).
+  const std::atomic<bool>* cancelled = nullptr;
+  // Scheduling on the device: weighted fair queuing across tenants by device
+  // time, then priority (higher first) and arrival inside a tenant.
+  double tenant_weight = 1;
+  int priority = 0;
+  int64_t tenant_max_queue = 1024;  // this tenant's runs waiting on the device
 };
 
 struct RunResult {
@@ -179,11 +222,37 @@ class Engine {
   // check that every param an executable reads is present with its type.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateParams(std::span<const TensorRef> values);
 
-  // Runs an executable on the worker of the device it was placed on (runs on
-  // different devices proceed concurrently). Every input must be given with
-  // the compiled shape; every param of the graph must be in `params`.
+  // Runs an executable through the scheduler of the device it was placed on
+  // (queue, fairness, deadline: RunOptions), on a free run context, and blocks
+  // until it ends. Every input must be given with the compiled shape; every
+  // param of the graph must be in `params`. Fails RESOURCE_EXHAUSTED when the
+  // device's queue is full, UNAVAILABLE (backend::FaultedDevice) when the
+  // device faulted or is unhealthy, CANCELLED / DEADLINE_EXCEEDED when the run
+  // was stopped before it started or between kernels.
   absl::StatusOr<RunResult> Run(Executable& executable, std::span<const TensorRef> inputs,
                                 const ParamSet* params, const RunOptions& options);
+
+  // Run without blocking: the run is queued on its device's scheduler (or run
+  // at once on the calling thread under the inline rule) and `done` is called
+  // exactly once with the outcome, on a device thread or the calling thread.
+  // The engine keeps `executable`, `params` and `inputs` (views: the caller
+  // keeps their bytes valid until `done`) until then. An error returned here
+  // (queue full, device unhealthy) means `done` is never called.
+  // The ticket names a queued run for CancelQueued (id 0: it already ran,
+  // inline).
+  using RunDone = std::function<void(absl::StatusOr<RunResult>)>;
+  struct RunTicket {
+    std::string device;
+    uint64_t id = 0;
+  };
+  absl::StatusOr<RunTicket> RunAsync(std::shared_ptr<Executable> executable,
+                                     std::vector<TensorRef> inputs,
+                                     std::shared_ptr<const ParamSet> params, RunOptions options,
+                                     RunDone done);
+  // Drops a run still waiting in its device's queue: its `done` gets CANCELLED
+  // (on this thread, before this returns). False when it started or ended; a
+  // started run stops between kernels when RunOptions::cancelled is set.
+  bool CancelQueued(const RunTicket& ticket);
 
   // Compile (cached) + run, with shapes taken from `inputs`.
   absl::StatusOr<RunResult> RunGraph(const v1::Graph& graph, std::span<const TensorRef> inputs,

@@ -50,6 +50,9 @@ void DefaultQuota(v1::TenantQuota& q, const v1::TenantQuota& fallback) {
     q.set_max_device_memory_bytes(fallback.max_device_memory_bytes());
   }
   if (q.max_queue() == 0) q.set_max_queue(fallback.max_queue());
+  if (q.max_concurrent_compiles() == 0) {
+    q.set_max_concurrent_compiles(fallback.max_concurrent_compiles());
+  }
 }
 
 absl::Status CheckQuota(const v1::TenantQuota& q, const std::string& where) {
@@ -65,6 +68,9 @@ absl::Status CheckQuota(const v1::TenantQuota& q, const std::string& where) {
     return bad("max_device_memory_bytes", q.max_device_memory_bytes());
   }
   if (q.max_queue() < 0) return bad("max_queue", q.max_queue());
+  if (q.max_concurrent_compiles() < 0) {
+    return bad("max_concurrent_compiles", q.max_concurrent_compiles());
+  }
   return absl::OkStatus();
 }
 
@@ -144,6 +150,7 @@ void ApplyDefaults(v1::ServerConfig& config) {
   builtin.set_max_request_bytes(l.max_message_bytes());
   builtin.set_max_device_memory_bytes(kDefaultMaxDeviceMemoryBytes);
   builtin.set_max_queue(kDefaultMaxQueue);
+  builtin.set_max_concurrent_compiles(kDefaultMaxConcurrentCompiles);
   DefaultQuota(*config.mutable_default_quota(), builtin);
   for (v1::TenantConfig& t : *config.mutable_tenants()) {
     DefaultQuota(*t.mutable_quota(), config.default_quota());

@@ -34,6 +34,7 @@ inline constexpr int kDefaultMaxSessions = 64;
 inline constexpr int64_t kDefaultMaxParamBytes = int64_t{8} << 30;
 inline constexpr int kDefaultMaxInFlight = 64;
 inline constexpr int kDefaultMaxQueue = 32;
+inline constexpr int kDefaultMaxConcurrentCompiles = 1;
 inline constexpr int64_t kDefaultMaxDeviceMemoryBytes = int64_t{16} << 30;
 
 // The name of the one open tenant kilnd serves when no tenant is configured.

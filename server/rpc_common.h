@@ -78,6 +78,11 @@ absl::Status SerializeMessage(const M& message, grpc::ByteBuffer* out) {
   return absl::OkStatus();
 }
 
+// The work pool's fair-share account for a tenant's compiles.
+inline std::string CompileAccount(const Tenant& tenant) {
+  return absl::StrCat(tenant.name(), "/compile");
+}
+
 // A unary call: Begin, parse the request, then `fn(call, request, response)`
 // (on the work pool when `offload`, else inline), then End and Finish with
 // the serialized response. `fn` returns absl::Status and may set call.detail.
@@ -96,6 +101,9 @@ grpc::ServerUnaryReactor* UnaryCall(KilnService& service, grpc::CallbackServerCo
     reactor->Finish(ToGrpc(s));
     return reactor;
   }
+  // Offloaded calls are compiles: their own account, capped by the quota.
+  const std::string account = call.tenant ? CompileAccount(*call.tenant) : "";
+  const int max_compiles = call.tenant ? call.tenant->quota().max_concurrent_compiles() : 0;
   auto work = [&service, reactor, response_bytes, call = std::move(call), messages,
                fn = std::move(fn)]() mutable {
     absl::Status s = fn(call, messages->first, messages->second);
@@ -104,7 +112,9 @@ grpc::ServerUnaryReactor* UnaryCall(KilnService& service, grpc::CallbackServerCo
     reactor->Finish(ToGrpc(s));
   };
   if (offload) {
-    service.deps().pool->Post(std::move(work));
+    // Fair across tenants; a request's bytes stand in for its cost.
+    service.deps().pool->Post(account, static_cast<double>(request_bytes->Length()),
+                              max_compiles, std::move(work));
   } else {
     work();
   }

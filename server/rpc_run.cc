@@ -1,6 +1,9 @@
-// Run: checked on arrival, admitted to the Scheduler, executed on one of its
-// workers (compile cached, then the engine's run), answered from there.
+// Run: checked and admitted on arrival (the tenant's in-flight quota), resolved
+// and compiled on the work pool's compile account when needed, then queued on
+// its device's scheduler in the engine, and answered from there.
 #include <atomic>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -38,34 +41,47 @@ class RunReactor final : public grpc::ServerUnaryReactor {
              const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
       : service_(service), ctx_(ctx), request_bytes_(*request_bytes),
         response_bytes_(*response_bytes) {
-    {
-      // Held until the job is admitted and its ticket stored: a worker that
-      // starts the job at once waits here before it may finish the call.
-      absl::MutexLock lock(&admit_mu_);
-      if (absl::Status s = Admit(); !s.ok()) {
-        Complete(s);
+    if (absl::Status s = Admit(); !s.ok()) {
+      Complete(s);
+      return;
+    }
+    // A session whose executable is ready goes straight to its device's
+    // scheduler (which may run a short run right here, on gRPC's thread);
+    // anything to resolve or compile goes to the work pool's compile account
+    // first, never to a run slot.
+    if (session_) {
+      const std::string key = session_->symbolic() ? ShapeKey(inputs_) : "";
+      if (std::optional<Session::Compiled> c = session_->FindExecutable(key)) {
+        exe_ = c->executable;
+        compile_ = std::move(c->report);
+        MarkReused();
+        params_set_ = session_->params();
+        if (absl::Status s = StartRun(); !s.ok()) Complete(s);
         return;
       }
-      if (!run_inline_) return;
     }
-    // A small session run with a free slot runs here, on gRPC's thread; the
-    // call may be over (and `this` gone) when TryRunInline returns true.
-    Scheduler& scheduler = *service_.deps().scheduler;
-    if (scheduler.TryRunInline(policy_, job_)) return;
-    absl::MutexLock lock(&admit_mu_);
-    if (absl::Status s = Submit(); !s.ok()) Complete(s);
+    Tenant& t = *call_.tenant;
+    service_.deps().pool->Post(CompileAccount(t), static_cast<double>(request_bytes_.Length()),
+                               t.quota().max_concurrent_compiles(), [this] {
+                                 absl::Status s = Prepare();
+                                 if (s.ok()) s = StartRun();
+                                 if (!s.ok()) Complete(s);
+                               });
   }
 
+  // The client went away (or the deadline passed): a run still in its
+  // device's queue is dropped at once; a running one stops between kernels.
   void OnCancel() override {
     cancelled_.store(true);
-    Scheduler::Ticket ticket = 0;
+    std::optional<Engine::RunTicket> ticket;
     {
-      absl::MutexLock lock(&admit_mu_);
+      absl::MutexLock lock(&ticket_mu_);
       ticket = ticket_;
     }
-    if (ticket != 0) service_.deps().scheduler->Cancel(ticket);
+    // May answer the call (CANCELLED) on this thread; gRPC runs OnDone only
+    // after OnCancel returns.
+    if (ticket) service_.deps().engine->CancelQueued(*ticket);
   }
-
   void OnDone() override { delete this; }
 
  private:
@@ -96,40 +112,17 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       call_.detail = absl::StrCat("session=", session_->id());
       KILN_RETURN_IF_ERROR(CheckInputsAgainst(session_->signature(), inputs_));
     }
-    const Tenant& t = *call_.tenant;
-    policy_ = TenantPolicy{t.name(), t.weight(), t.quota().max_in_flight(), t.quota().max_queue()};
-    Scheduler::Job& job = job_;
-    job.priority = request_.priority();
-    job.deadline = Deadline();
-    job.run = [this](absl::Duration queued) { outcome_ = Execute(queued); };
-    job.finish = [this] { Complete(std::move(outcome_)); };
-    job.drop = [this](absl::Status why) {
-      { absl::MutexLock lock(&admit_mu_); }
-      // gRPC cancels a call whose deadline passed; say which it was.
-      if (why.code() == absl::StatusCode::kCancelled && absl::Now() >= Deadline()) {
-        why = absl::DeadlineExceededError(
-            "the run's deadline passed while it waited in the queue; it was not started");
-      }
-      Complete(why);
-    };
-    run_inline_ = session_ && SmallSessionRun();
-    if (run_inline_) return absl::OkStatus();
-    return Submit();
-  }
-
-  absl::Status Submit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admit_mu_) {
-    KILN_ASSIGN_OR_RETURN(ticket_, service_.deps().scheduler->Submit(policy_, std::move(job_)));
+    // The tenant's in-flight quota: compiling, queued or running.
+    KILN_RETURN_IF_ERROR(call_.tenant->AcquireRun());
+    holds_run_ = true;
     return absl::OkStatus();
   }
 
-  // The session already has an executable for these inputs, and the cost
-  // model rates it short enough to run on gRPC's thread without holding up
-  // other calls (a thread hand-off would cost more than the run).
-  bool SmallSessionRun() const {
-    static constexpr double kInlineRunMicros = 250;
-    const std::optional<double> estimate =
-        session_->EstimatedRunMicros(session_->symbolic() ? ShapeKey(inputs_) : "");
-    return estimate && *estimate <= kInlineRunMicros;
+  void MarkReused() {
+    compile_.set_executable_cache(v1::CACHE_HIT_MEMORY);
+    compile_.clear_stages();
+    compile_.set_total_micros(0);
+    compile_.add_notes("executable reused by the session");
   }
 
   absl::Time Deadline() const {
@@ -138,79 +131,104 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::FromChrono(deadline);
   }
 
-  // The run's outcome; the scheduler's finish callback sends it.
-  absl::Status Execute(absl::Duration queued) {
-    { absl::MutexLock lock(&admit_mu_); }
-    if (cancelled_.load() || ctx_->IsCancelled()) {
+  // On the work pool: resolve and compile what the run needs.
+  absl::Status Prepare() {
+    const ServiceDeps& d = service_.deps();
+    if (cancelled_.load()) {
       return absl::Now() >= Deadline()
                  ? absl::DeadlineExceededError("the run's deadline passed before it started")
                  : absl::CancelledError("the client went away before the run started");
     }
-    service_.deps().metrics->ObserveQueue(call_.tenant->name(), queued);
-    return RunNow(queued);
-  }
-
-  absl::Status RunNow(absl::Duration queued) {
-    const ServiceDeps& d = service_.deps();
-    std::shared_ptr<Executable> exe;
-    std::shared_ptr<ParamSet> params;
-    v1::CompileReport compile;
     if (session_) {
       bool reused = false;
       KILN_ASSIGN_OR_RETURN(Session::Compiled c,
                             SessionExecutable(service_, *session_, inputs_, &reused));
-      exe = c.executable;
-      compile = std::move(c.report);
-      if (reused) {
-        compile.set_executable_cache(v1::CACHE_HIT_MEMORY);
-        compile.clear_stages();
-        compile.set_total_micros(0);
-        compile.add_notes("executable reused by the session");
-      }
-      params = session_->params();
-    } else {
-      KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_.graph(), d.config->limits()));
-      if (std::optional<GraphSignature> declared = DeclaredInputs(graph)) {
-        KILN_RETURN_IF_ERROR(CheckInputsAgainst(*declared, inputs_));
-      }
-      const CompileOptions options = ToEngineOptions(request_.options());
-      KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
-      std::vector<std::pair<std::string, Dims>> shapes;
-      for (const TensorRef& t : inputs_) shapes.emplace_back(t.name, t.dims);
-      const absl::Time t0 = absl::Now();
-      KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
-      d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
-      exe = std::move(compiled.executable);
-      compile = std::move(compiled.report);
-      for (const TensorRef& p : params_) {
-        KILN_RETURN_IF_ERROR(CheckParamAgainst(exe->signature(), p.name, p.dtype, p.dims));
-      }
-      if (!params_.empty()) {
-        KILN_ASSIGN_OR_RETURN(params, d.engine->CreateParams(params_));
-      }
+      exe_ = c.executable;
+      compile_ = std::move(c.report);
+      if (reused) MarkReused();
+      params_set_ = session_->params();
+      return absl::OkStatus();
     }
-    absl::StrAppend(&call_.detail, call_.detail.empty() ? "" : " ",
-                    "cache=", CacheOutcomeName(compile.executable_cache()));
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_.graph(), d.config->limits()));
+    if (std::optional<GraphSignature> declared = DeclaredInputs(graph)) {
+      KILN_RETURN_IF_ERROR(CheckInputsAgainst(*declared, inputs_));
+    }
+    const CompileOptions options = ToEngineOptions(request_.options());
+    KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
+    std::vector<std::pair<std::string, Dims>> shapes;
+    for (const TensorRef& t : inputs_) shapes.emplace_back(t.name, t.dims);
+    const absl::Time t0 = absl::Now();
+    KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
+    d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    exe_ = std::move(compiled.executable);
+    compile_ = std::move(compiled.report);
+    for (const TensorRef& p : params_) {
+      KILN_RETURN_IF_ERROR(CheckParamAgainst(exe_->signature(), p.name, p.dtype, p.dims));
+    }
+    if (!params_.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::shared_ptr<ParamSet> p, d.engine->CreateParams(params_));
+      params_set_ = std::move(p);
+    }
+    return absl::OkStatus();
+  }
 
+  // Hands the run to its device's scheduler; its outcome answers the call.
+  absl::Status StartRun() {
+    const ServiceDeps& d = service_.deps();
+    absl::StrAppend(&call_.detail, call_.detail.empty() ? "" : " ",
+                    "cache=", CacheOutcomeName(compile_.executable_cache()));
     RunOptions options;
     options.report = true;  // kept for GetReport whether or not the caller asked
     options.request_id = call_.request_id;
     options.tenant = call_.tenant->name();
-    const absl::Time t0 = absl::Now();
-    absl::StatusOr<RunResult> result = d.engine->Run(*exe, inputs_, params.get(), options);
+    // The device's scheduler orders runs by tenant weight, then priority; the
+    // run stops between kernels once the client goes away or the deadline passes.
+    options.tenant_weight = call_.tenant->weight();
+    options.tenant_max_queue = call_.tenant->quota().max_queue();
+    options.priority = request_.priority();
+    options.deadline = Deadline();
+    options.cancelled = &cancelled_;
+    // The run may end before RunAsync returns: inline here (its outcome is
+    // kept and the call answered below, after the lock), or on a device
+    // thread, whose callback waits until the ticket is stored.
+    std::optional<absl::Status> ran_inline;
+    {
+      absl::MutexLock lock(&ticket_mu_);
+      submitter_.store(std::this_thread::get_id());
+      inline_outcome_ = &ran_inline;
+      absl::StatusOr<Engine::RunTicket> ticket = d.engine->RunAsync(
+          exe_, inputs_, params_set_, options, [this](absl::StatusOr<RunResult> r) {
+            if (submitter_.load() == std::this_thread::get_id()) {
+              *inline_outcome_ = BuildResponse(std::move(r));
+              return;
+            }
+            { absl::MutexLock wait_for_ticket(&ticket_mu_); }
+            Complete(BuildResponse(std::move(r)));
+          });
+      submitter_.store(std::thread::id());
+      inline_outcome_ = nullptr;
+      if (!ticket.ok()) return ticket.status();
+      if (ticket->id != 0) ticket_ = *ticket;
+    }
+    if (ran_inline) Complete(*ran_inline);
+    return absl::OkStatus();
+  }
+
+  absl::Status BuildResponse(absl::StatusOr<RunResult> result) {
+    const ServiceDeps& d = service_.deps();
     if (!result.ok()) {
       if (session_ && result.status().code() == absl::StatusCode::kFailedPrecondition) {
         return StatusBuilder(result.status()) << "bind the session's params with SetParams";
       }
       return result.status();
     }
-    const absl::Duration ran = absl::Now() - t0;
-    d.metrics->ObserveRun(call_.tenant->name(), ran);
     v1::DispatchReport& report = result->report;
+    const absl::Duration queued = absl::Microseconds(report.queue_micros());
+    const absl::Duration ran = absl::Microseconds(report.run_micros());
+    d.metrics->ObserveQueue(call_.tenant->name(), queued);
+    d.metrics->ObserveRun(call_.tenant->name(), ran);
     d.metrics->CountKernels(report);
-    *report.mutable_compile() = std::move(compile);
-    report.set_queue_micros(absl::ToDoubleMicroseconds(queued));
-    report.set_start_unix_micros(absl::ToUnixMicros(absl::Now() - ran));
+    *report.mutable_compile() = std::move(compile_);
     d.reports->Add(call_.tenant->name(), report);
     for (auto& [name, tensor] : result->outputs) {
       v1::NamedTensor* out = response_.add_outputs();
@@ -224,9 +242,14 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::OkStatus();
   }
 
-  // Last use of `this` before OnDone may delete it.
+  // Last use of `this` before OnDone may delete it. The in-flight slot is
+  // free before the answer leaves: a client answered may submit again at once.
   void Complete(absl::Status s) {
     if (s.ok()) s = SerializeMessage(response_, &response_bytes_);
+    if (holds_run_) {
+      holds_run_ = false;
+      call_.tenant->ReleaseRun();
+    }
     service_.End(call_, s);
     Finish(ToGrpc(s));
   }
@@ -241,14 +264,17 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   std::vector<TensorRef> inputs_;  // views into request_
   std::vector<TensorRef> params_;
   std::shared_ptr<Session> session_;
+  std::shared_ptr<Executable> exe_;
+  std::shared_ptr<const ParamSet> params_set_;
+  v1::CompileReport compile_;
   std::atomic<bool> cancelled_ = false;
-  absl::Status outcome_;  // set by the scheduler's run, sent by its finish
-  TenantPolicy policy_;
-  Scheduler::Job job_;       // until handed to the scheduler
-  bool run_inline_ = false;  // try TryRunInline before queueing
+  bool holds_run_ = false;  // counted in the tenant's runs in flight
+  // The thread inside RunAsync, while it is (a run that ends on it ran inline).
+  std::atomic<std::thread::id> submitter_;
+  std::optional<absl::Status>* inline_outcome_ = nullptr;  // StartRun's, while in RunAsync
 
-  absl::Mutex admit_mu_;
-  Scheduler::Ticket ticket_ ABSL_GUARDED_BY(admit_mu_) = 0;
+  absl::Mutex ticket_mu_;
+  std::optional<Engine::RunTicket> ticket_ ABSL_GUARDED_BY(ticket_mu_);  // queued on a device
 };
 
 }  // namespace

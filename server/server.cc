@@ -17,8 +17,7 @@ using Samples = std::vector<std::pair<Metrics::Labels, double>>;
 
 // State read at scrape time.
 std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantRegistry& tenants,
-                                             const SessionStore& sessions,
-                                             const Scheduler& scheduler, absl::Time started) {
+                                             const SessionStore& sessions, absl::Time started) {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
   auto one = [](double v) { return Samples{{{}, v}}; };
@@ -59,9 +58,15 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
                                 MetricType::Gauge, capacity));
   // The devices' workers: busy time (its rate over a window is the busy
   // ratio), runs, queue length, and whether the profile was calibrated.
-  Samples busy, busy_ratio, device_runs, device_queued, calibrated;
+  Samples busy, busy_ratio, device_runs, device_queued, calibrated, healthy, faults, restarts;
+  std::map<std::string, int64_t> tenant_queued, tenant_running;
   for (const DeviceStats& d : engine.DeviceStatistics()) {
     const Metrics::Labels labels{{"device", d.device}};
+    for (const auto& [t, n] : d.tenant_queued) tenant_queued[t] += n;
+    for (const auto& [t, n] : d.tenant_running) tenant_running[t] += n;
+    healthy.push_back({labels, d.healthy ? 1.0 : 0.0});
+    faults.push_back({labels, static_cast<double>(d.faults)});
+    restarts.push_back({labels, static_cast<double>(d.restarts)});
     busy.push_back({labels, d.busy_micros / 1e6});
     busy_ratio.push_back({labels, d.uptime_micros > 0 ? d.busy_micros / d.uptime_micros : 0.0});
     device_runs.push_back({labels, static_cast<double>(d.runs)});
@@ -78,31 +83,41 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
                                 MetricType::Counter, device_runs));
   out.push_back(Metrics::Family("kiln_device_queued_runs", "Runs waiting for each device",
                                 MetricType::Gauge, device_queued));
+  out.push_back(Metrics::Family("kiln_device_healthy",
+                                "1 serving, 0 faulted (hung, lost or crashed) and being restarted",
+                                MetricType::Gauge, healthy));
+  out.push_back(Metrics::Family("kiln_device_faults_total",
+                                "Device faults (a wait timed out, the device was lost)",
+                                MetricType::Counter, faults));
+  out.push_back(Metrics::Family("kiln_device_restarts_total",
+                                "Times a faulted device came back", MetricType::Counter, restarts));
   out.push_back(Metrics::Family("kiln_device_calibrated",
                                 "0 nominal profile, 1 calibrated at this start, 2 from the "
                                 "calibration cache",
                                 MetricType::Gauge, calibrated));
 
   const std::map<std::string, int64_t> open = sessions.CountByTenant();
-  const std::map<std::string, Scheduler::Load> loads = scheduler.Loads();
-  Samples session_samples, running, queued, param_bytes, device_bytes;
+  Samples session_samples, in_flight, running, queued, param_bytes, device_bytes;
   for (const auto& t : tenants.tenants()) {
     const Metrics::Labels labels{{"tenant", t->name()}};
     auto count = open.find(t->name());
     session_samples.push_back({labels, count == open.end() ? 0.0 : static_cast<double>(count->second)});
-    auto load = loads.find(t->name());
-    const Scheduler::Load l = load == loads.end() ? Scheduler::Load{} : load->second;
-    running.push_back({labels, static_cast<double>(l.running)});
-    queued.push_back({labels, static_cast<double>(l.queued)});
     const Tenant::Usage u = t->usage();
+    in_flight.push_back({labels, static_cast<double>(u.runs_in_flight)});
+    running.push_back({labels, static_cast<double>(tenant_running[t->name()])});
+    queued.push_back({labels, static_cast<double>(tenant_queued[t->name()])});
     param_bytes.push_back({labels, static_cast<double>(u.param_bytes)});
     device_bytes.push_back({labels, static_cast<double>(u.device_bytes)});
   }
   out.push_back(Metrics::Family("kiln_sessions", "Open sessions by tenant", MetricType::Gauge,
                                 session_samples));
-  out.push_back(Metrics::Family("kiln_runs_in_flight", "Runs executing now, by tenant",
+  out.push_back(Metrics::Family("kiln_runs_in_flight",
+                                "Run calls admitted and not yet answered (compiling, queued or "
+                                "running), by tenant",
+                                MetricType::Gauge, in_flight));
+  out.push_back(Metrics::Family("kiln_runs_running", "Runs executing on a device now, by tenant",
                                 MetricType::Gauge, running));
-  out.push_back(Metrics::Family("kiln_runs_queued", "Runs waiting for a worker, by tenant",
+  out.push_back(Metrics::Family("kiln_runs_queued", "Runs waiting in a device's queue, by tenant",
                                 MetricType::Gauge, queued));
   out.push_back(Metrics::Family("kiln_param_bytes", "Param bytes charged to each tenant",
                                 MetricType::Gauge, param_bytes));
@@ -135,6 +150,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
                                                       : EngineOptions::Calibration::kIfCacheDir;
   eo.verify = VerifyOptionsFrom(config.limits());
   eo.disabled_backends.assign(config.disabled_backends().begin(), config.disabled_backends().end());
+  eo.max_device_slots = config.max_concurrent_runs();
   auto engine = Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   s->engine_ = std::move(engine).value();
@@ -146,16 +162,12 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   s->reports_ = std::make_unique<ReportStore>(config.reports_per_tenant());
   s->pool_ = std::make_unique<WorkPool>(
       std::max(2, static_cast<int>(std::thread::hardware_concurrency())));
-  auto scheduler = Scheduler::Create({.workers = config.max_concurrent_runs()});
-  if (!scheduler.ok()) return scheduler.status();
-  s->scheduler_ = std::move(scheduler).value();
 
   ServiceDeps deps;
   deps.config = &s->config_;
   deps.engine = s->engine_.get();
   deps.tenants = s->tenants_.get();
   deps.sessions = s->sessions_.get();
-  deps.scheduler = s->scheduler_.get();
   deps.reports = s->reports_.get();
   deps.metrics = s->metrics_.get();
   deps.pool = s->pool_.get();
@@ -163,9 +175,8 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   s->service_ = std::make_unique<KilnService>(deps);
 
   s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),
-                             sessions = s->sessions_.get(), scheduler = s->scheduler_.get(),
-                             started] {
-    return Scrape(*engine, *tenants, *sessions, *scheduler, started);
+                             sessions = s->sessions_.get(), started] {
+    return Scrape(*engine, *tenants, *sessions, started);
   });
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -186,7 +197,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Kiln::service_full_name(), true);
   spdlog::info("kilnd {} listening on {} (port {}), metrics {}, cache {}, {} tenant(s){}, "
-               "{} concurrent run(s)",
+               "at most {} concurrent run(s) per device",
                kKilndVersion, config.listen(), s->port_,
                config.metrics_listen() == "off"
                    ? std::string("off")
@@ -214,10 +225,7 @@ bool KilnServer::Shutdown() {
   if (!drained) spdlog::warn("drain timeout: calls are still running; stopping anyway");
   // Calls in flight now (only after a drain timeout) are cancelled.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drained ? 5 : 1));
-  if (drained) {
-    scheduler_.reset();
-    pool_.reset();
-  }
+  if (drained) pool_.reset();
   metrics_->SetCollector(nullptr);
   spdlog::info("kilnd stopped{}", drained ? "" : " (drain timed out)");
   return drained;

@@ -1,4 +1,4 @@
-// KilnServer: kilnd assembled — engine, tenants, sessions, scheduler, work
+// KilnServer: kilnd assembled — engine (with its device schedulers), tenants, sessions, work
 // pool, metrics exposer and the gRPC server (kiln.v1.Kiln, grpc.health.v1
 // and server reflection) — with graceful shutdown.
 //
@@ -15,7 +15,6 @@
 #include "kiln/v1/config.pb.h"
 #include "server/metrics.h"
 #include "server/reports.h"
-#include "server/scheduler.h"
 #include "server/service.h"
 #include "server/sessions.h"
 #include "server/tenants.h"
@@ -49,16 +48,17 @@ class KilnServer {
   int port_ = 0;
   bool shut_down_ = false;
   // Declaration order is teardown order reversed: the gRPC server stops
-  // first, then the scheduler's workers and the pool (whose tasks use the
-  // service), then the service and what it borrows.
+  // first, then the pool (whose tasks hand runs to the engine), then the
+  // engine (its device schedulers finish or drop the runs they hold, whose
+  // callbacks answer through the service), then the service and what it
+  // borrows.
   std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<Engine> engine_;
   std::unique_ptr<TenantRegistry> tenants_;
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<ReportStore> reports_;
   std::unique_ptr<KilnService> service_;
+  std::unique_ptr<Engine> engine_;
   std::unique_ptr<WorkPool> pool_;
-  std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<grpc::Server> server_;
 };
 

@@ -2,13 +2,14 @@
 // section 7. Handlers are grouped one file per RPC group:
 //   rpc_graphs.cc  Compile, CreateSession, CloseSession
 //   rpc_params.cc  SetParams (client stream), GetParams (server stream)
-//   rpc_run.cc     Run (through the Scheduler)
+//   rpc_run.cc     Run (through its device's scheduler in the engine)
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
-// Blocking work never runs on gRPC's callback threads: runs go to the
-// Scheduler's workers, compiles and param transfers to the WorkPool.
+// Blocking work never runs on gRPC's callback threads: runs go to their
+// device's scheduler (Engine::RunAsync; only runs the cost model rates short
+// run inline), compiles and param transfers to the fair WorkPool.
 //
 // Thread safety: thread-safe. Borrows everything in ServiceDeps, which must
 // outlive the service and every call it started (KilnServer orders this).
@@ -29,7 +30,6 @@
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/metrics.h"
 #include "server/reports.h"
-#include "server/scheduler.h"
 #include "server/sessions.h"
 #include "server/tenants.h"
 #include "server/work_pool.h"
@@ -41,7 +41,6 @@ struct ServiceDeps {
   Engine* engine = nullptr;
   TenantRegistry* tenants = nullptr;
   SessionStore* sessions = nullptr;
-  Scheduler* scheduler = nullptr;
   ReportStore* reports = nullptr;
   Metrics* metrics = nullptr;
   WorkPool* pool = nullptr;

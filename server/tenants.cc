@@ -28,6 +28,23 @@ void Tenant::ReleaseSession() {
   --usage_.sessions;
 }
 
+absl::Status Tenant::AcquireRun() {
+  absl::MutexLock lock(&usage_mu_);
+  if (usage_.runs_in_flight >= quota_.max_in_flight()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant \"", name_, "\" has ", usage_.runs_in_flight,
+        " runs in flight, the quota max_in_flight = ", quota_.max_in_flight(),
+        "; wait for a run to finish"));
+  }
+  ++usage_.runs_in_flight;
+  return absl::OkStatus();
+}
+
+void Tenant::ReleaseRun() {
+  absl::MutexLock lock(&usage_mu_);
+  --usage_.runs_in_flight;
+}
+
 absl::Status Tenant::AcquireBytes(int64_t param_bytes, int64_t device_bytes) {
   absl::MutexLock lock(&usage_mu_);
   if (param_bytes > 0 && param_bytes > quota_.max_param_bytes() - usage_.param_bytes) {

@@ -37,12 +37,17 @@ class Tenant {
     int64_t sessions = 0;
     int64_t param_bytes = 0;   // params of all sessions, plus uploads in progress
     int64_t device_bytes = 0;  // params plus the arenas of the sessions' executables
+    int64_t runs_in_flight = 0;  // admitted Run calls not yet answered
   };
   Usage usage() const;
 
   // Takes one session slot, or RESOURCE_EXHAUSTED naming max_sessions.
   absl::Status AcquireSession();
   void ReleaseSession();
+  // Admits one Run call (compiling, queued or running on a device), or
+  // RESOURCE_EXHAUSTED naming max_in_flight. Released when the call is answered.
+  absl::Status AcquireRun();
+  void ReleaseRun();
   // Charges bytes against max_param_bytes and max_device_memory_bytes (both
   // or neither), or RESOURCE_EXHAUSTED naming the quota, its limit and the
   // bytes in use. Called before the memory is allocated.

@@ -1,37 +1,50 @@
 #include "server/work_pool.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
 namespace kiln::server {
 
-WorkPool::WorkPool(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
-}
-
-WorkPool::~WorkPool() {
-  {
-    absl::MutexLock lock(&tasks_mu_);
-    stopping_ = true;
+WorkPool::WorkPool(int threads, int max_per_tenant)
+    : max_per_tenant_(max_per_tenant > 0 ? max_per_tenant : std::max(1, threads - 1)) {
+  runtime::FairScheduler::Options o;
+  o.name = "work pool";
+  o.slots = std::max(1, threads);
+  o.max_queued = std::numeric_limits<int64_t>::max();
+  auto s = runtime::FairScheduler::Create(o);
+  if (!s.ok()) {  // slots >= 1: cannot fail
+    spdlog::critical("work pool: {}", std::string(s.status().message()));
+    std::abort();
   }
-  for (std::thread& t : threads_) t.join();
+  scheduler_ = std::move(s).value();
 }
 
-void WorkPool::Post(std::function<void()> task) {
-  absl::MutexLock lock(&tasks_mu_);
-  tasks_.push_back(std::move(task));
-}
+WorkPool::~WorkPool() { scheduler_.reset(); }
 
-void WorkPool::Loop() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      absl::MutexLock lock(&tasks_mu_);
-      tasks_mu_.Await(absl::Condition(
-          +[](WorkPool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || !p->tasks_.empty(); },
-          this));
-      if (tasks_.empty()) return;  // stopping, and nothing left to run
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
-    }
-    task();
+void WorkPool::Post(const std::string& tenant, double cost, int max_running,
+                    std::function<void()> task) {
+  runtime::FairJob job;
+  job.tenant = {tenant, 1, std::numeric_limits<int64_t>::max(),
+                max_running > 0 ? std::min(max_running, max_per_tenant_) : max_per_tenant_};
+  job.cost_micros = cost;
+  auto shared = std::make_shared<std::function<void()>>(std::move(task));
+  job.run = [shared](absl::Duration) {
+    const absl::Time t0 = absl::Now();
+    (*shared)();
+    return absl::ToDoubleMicroseconds(absl::Now() - t0);  // the charge: time used
+  };
+  // Posted work always runs: a task dropped at shutdown runs here instead.
+  job.drop = [shared](absl::Status) { (*shared)(); };
+  const absl::Status s = scheduler_->Submit(std::move(job)).status();
+  // Unbounded queues: Submit fails only while the pool is being destroyed,
+  // after every caller that may Post is gone.
+  if (!s.ok()) {
+    spdlog::critical("work pool: {}", std::string(s.message()));
+    std::abort();
   }
 }
 

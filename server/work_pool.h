@@ -1,39 +1,46 @@
-// A fixed pool of threads for the blocking parts of RPCs other than runs
-// (graph parsing and compiles, param uploads and reads), so gRPC's callback
-// threads never block on them. Runs go through the Scheduler instead.
+// A pool of threads for the blocking parts of RPCs other than runs (graph
+// parsing and compiles, param uploads and reads), so gRPC's callback threads
+// never block on them. Runs go through their device's scheduler instead.
+//
+// The pool is fair across tenants (runtime::FairScheduler): a task carries
+// its tenant and a cost (the request's bytes, a stand-in for a graph's node
+// count before it is parsed); the thread that frees up takes the task of the
+// tenant with the least cost served so far, and one tenant's tasks never take
+// more than `max_per_tenant` threads, so one tenant's large compiles cannot
+// hold up another tenant's small one.
 //
 // Thread safety: Post is thread-safe. The destructor runs every task already
-// posted, then joins.
+// posted (queued ones on the destructor's thread), then joins.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
-#include <vector>
+#include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "engine/runtime/fair_scheduler.h"
 
 namespace kiln::server {
 
 class WorkPool {
  public:
-  // REQUIRES: threads >= 1.
-  explicit WorkPool(int threads);
+  // REQUIRES: threads >= 1. `max_per_tenant` 0 = threads - 1 (at least 1).
+  explicit WorkPool(int threads, int max_per_tenant = 0);
   ~WorkPool();
   WorkPool(const WorkPool&) = delete;
   WorkPool& operator=(const WorkPool&) = delete;
 
-  void Post(std::function<void()> task);
+  // Untenanted work (kilnd's own, param streams) and tenants' work: `tenant`
+  // names the fair-share account (a tenant's compiles use "<tenant>/compile"),
+  // `max_running` caps that account's tasks running at once (0 = the pool's
+  // max_per_tenant).
+  void Post(std::function<void()> task) { Post("", 1, 0, std::move(task)); }
+  void Post(const std::string& tenant, double cost, int max_running, std::function<void()> task);
+
+  runtime::FairSchedulerStats stats() const { return scheduler_->stats(); }
 
  private:
-  void Loop();
-
-  std::vector<std::thread> threads_;
-  absl::Mutex tasks_mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(tasks_mu_);
-  bool stopping_ ABSL_GUARDED_BY(tasks_mu_) = false;
+  int max_per_tenant_;
+  std::unique_ptr<runtime::FairScheduler> scheduler_;
 };
 
 }  // namespace kiln::server

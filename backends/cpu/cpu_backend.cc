@@ -112,6 +112,11 @@ class CpuBackend final : public backend::Backend {
     omp_set_num_threads(threads);
     backend::DeviceInfo info;
     info.id = "cpu:0";
+    // What our kernels reach of the roofline on the reference machines
+    // (docs/benchmarks.md); calibration measures matmul and elementwise.
+    info.roofline_efficiency = {{"matmul", 0.85}, {"conv", 0.6},   {"attention", 0.5},
+                                {"elementwise", 0.7}, {"reduce", 0.6}, {"norm", 0.6},
+                                {"shape", 0.5}};
     info.backend = "cpu";
     info.name = CpuModelName();
     info.features = CpuFeatures();

@@ -272,6 +272,13 @@ absl::Status VulkanDevice::Init(VkInstance instance, VkPhysicalDevice physical, 
   // Identity and info.
   backend::DeviceInfo& info = info_;
   info.id = absl::StrCat("vulkan:", ordinal);
+  info.kind = c.type == VK_PHYSICAL_DEVICE_TYPE_CPU ? backend::DeviceKind::kCpu
+                                                    : backend::DeviceKind::kGpu;
+  // Several runs at once: one records and uploads while another's batches run.
+  info.max_concurrent_runs = 4;
+  info.buffer_alignment = std::max<int64_t>(64, static_cast<int64_t>(c.min_storage_offset_alignment));
+  // What our shaders reach of the roofline (docs/benchmarks.md).
+  info.roofline_efficiency = {{"matmul", 0.3}, {"attention", 0.2}, {"elementwise", 0.6}};
   info.backend = "vulkan";
   info.name = name;
   info.arch = absl::StrCat(TypeName(c.type), ":", VendorName(c.vendor_id));

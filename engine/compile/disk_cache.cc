@@ -582,14 +582,14 @@ DiskCache::Stats DiskCache::stats() const {
 
 std::optional<std::string> KernelBinaryCacheAdapter::Lookup(const std::string& key) {
   LookupResult result =
-      cache_.Lookup(CacheLevel::kKernel, DiskCache::IsValidKey(key) ? key : Sha256Hex(key));
+      cache_->Lookup(CacheLevel::kKernel, DiskCache::IsValidKey(key) ? key : Sha256Hex(key));
   if (result.outcome != LookupOutcome::kHit) return std::nullopt;
   return std::move(result.payload);
 }
 
 void KernelBinaryCacheAdapter::Store(const std::string& key, std::string_view binary) {
   // A failed store only costs a rebuild later; DiskCache counts it.
-  cache_.Store(CacheLevel::kKernel, DiskCache::IsValidKey(key) ? key : Sha256Hex(key), binary)
+  cache_->Store(CacheLevel::kKernel, DiskCache::IsValidKey(key) ? key : Sha256Hex(key), binary)
       .IgnoreError();
 }
 

@@ -203,13 +203,14 @@ class DiskCache {
 // rebuild. Thread-safe; `cache` is not owned and must outlive the adapter.
 class KernelBinaryCacheAdapter final : public backend::KernelBinaryCache {
  public:
-  explicit KernelBinaryCacheAdapter(DiskCache& cache) : cache_(cache) {}
+  // Keeps `cache` alive: programs hold the adapter past the Engine's life.
+  explicit KernelBinaryCacheAdapter(std::shared_ptr<DiskCache> cache) : cache_(std::move(cache)) {}
 
   std::optional<std::string> Lookup(const std::string& key) override;
   void Store(const std::string& key, std::string_view binary) override;
 
  private:
-  DiskCache& cache_;
+  std::shared_ptr<DiskCache> cache_;
 };
 
 }  // namespace kiln::compile

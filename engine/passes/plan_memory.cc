@@ -16,9 +16,20 @@
 namespace kiln::passes {
 namespace {
 
-constexpr int64_t kAlignment = 64;
+// Every slot starts on a multiple of its device's buffer alignment, and at
+// least of a cache line.
+constexpr int64_t kMinAlignment = 64;
 
-int64_t Align(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+int64_t Align(int64_t bytes, int64_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+int64_t AlignmentOf(const PassContext& ctx, const std::string& device) {
+  for (const backend::Device* d : ctx.devices) {
+    if (d->info().id == device) return std::max(kMinAlignment, d->info().buffer_alignment);
+  }
+  return kMinAlignment;
+}
 
 bool IsSource(const ir::Node& n) {
   return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
@@ -93,7 +104,8 @@ class PlanMemoryPass final : public Pass {
       }
       for (int k = 0; k < static_cast<int>(n.outputs.size()); ++k) {
         const int64_t bytes = n.outputs[k].num_bytes();
-        naive[n.device] += Align(bytes);
+        const int64_t alignment = AlignmentOf(ctx, n.device);
+        naive[n.device] += Align(bytes, alignment);
         int reuse = -1;
         if (k == 0 && AllowsInPlace(n)) {
           for (const ir::ValueRef& v : n.operands) {
@@ -116,7 +128,7 @@ class PlanMemoryPass final : public Pass {
           ++in_place_count[n.device];
           continue;
         }
-        groups.push_back(Group{n.device, Align(bytes), i, i, 0});
+        groups.push_back(Group{n.device, Align(bytes, alignment), i, i, 0});
         group_of[n.out(k)] = static_cast<int>(groups.size()) - 1;
         plan.values[n.out(k)] = ValuePlacement{n.device, true, -1, bytes};
       }

@@ -108,28 +108,12 @@ Work EstimateWork(const backend::KernelSpec& spec) {
   return w;
 }
 
-CostModel::CostModel() {
-  // Defaults from what our kernels reach on the reference machines (see
-  // docs/benchmarks.md); calibration refines the device profiles themselves.
-  SetEfficiency("cpu", OpFamily::kMatMul, 0.85);
-  SetEfficiency("cpu", OpFamily::kConv, 0.6);
-  SetEfficiency("cpu", OpFamily::kAttention, 0.5);
-  SetEfficiency("cpu", OpFamily::kElementwise, 0.7);
-  SetEfficiency("cpu", OpFamily::kReduce, 0.6);
-  SetEfficiency("cpu", OpFamily::kNorm, 0.6);
-  SetEfficiency("cpu", OpFamily::kShape, 0.5);
-  SetEfficiency("vulkan", OpFamily::kMatMul, 0.3);
-  SetEfficiency("vulkan", OpFamily::kAttention, 0.2);
-  SetEfficiency("vulkan", OpFamily::kElementwise, 0.6);
-}
+CostModel::CostModel() = default;
 
-void CostModel::SetEfficiency(const std::string& backend, OpFamily family, double efficiency) {
-  efficiency_[absl::StrCat(backend, "/", FamilyName(family))] = efficiency;
-}
-
-double CostModel::Efficiency(const std::string& backend, OpFamily family) const {
-  auto it = efficiency_.find(absl::StrCat(backend, "/", FamilyName(family)));
-  return it == efficiency_.end() ? 1.0 : it->second;
+double CostModel::Efficiency(const backend::DeviceInfo& device, OpFamily family) const {
+  auto it = device.roofline_efficiency.find(FamilyName(family));
+  if (it == device.roofline_efficiency.end() || !(it->second > 0)) return 1.0;
+  return std::min(it->second, 1.0);
 }
 
 void CostModel::SetProfile(const std::string& device, const backend::DeviceProfile& profile) {
@@ -154,7 +138,7 @@ double CostModel::KernelMicros(const Work& work, OpFamily family, DType dtype,
   // kernels, so those families reach it by construction; the table corrects
   // the rest (and nominal profiles).
   const bool measured = p.calibrated && (family == OpFamily::kMatMul || family == OpFamily::kElementwise);
-  const double eff = measured ? 1.0 : Efficiency(device.backend, family);
+  const double eff = measured ? 1.0 : Efficiency(device, family);
   const double gflops =
       (dtype == v1::DTYPE_F16 || dtype == v1::DTYPE_BF16) ? p.peak_gflops_f16 : p.peak_gflops_f32;
   const double compute_us = gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0;

@@ -1,9 +1,9 @@
 // The cost model (DESIGN.md section 5): work estimates for kernels and copies
 // (flops and bytes from the KernelSpec), turned into time on a device by a
-// roofline over its profile plus its launch overhead, with per-backend
-// efficiency corrections per op family.
+// roofline over its profile plus its launch overhead, with the corrections
+// per op family that each device's backend reports (no backend is named here).
 //
-// Thread safety: set up (SetProfile, SetEfficiency) before sharing; const
+// Thread safety: set up (SetProfile) before sharing; const
 // methods are then safe from any thread.
 #pragma once
 
@@ -44,12 +44,11 @@ class CostModel {
   void SetProfile(const std::string& device, const backend::DeviceProfile& profile);
   const backend::DeviceProfile& Profile(const backend::DeviceInfo& device) const;
 
-  // Fraction of the roofline a backend reaches for an op family (default 1).
-  void SetEfficiency(const std::string& backend, OpFamily family, double efficiency);
-  double Efficiency(const std::string& backend, OpFamily family) const;
+  // Fraction of the roofline the device reaches for an op family, as its
+  // backend reports it (DeviceInfo::roofline_efficiency; default 1).
+  double Efficiency(const backend::DeviceInfo& device, OpFamily family) const;
 
  private:
-  absl::flat_hash_map<std::string, double> efficiency_;  // "backend/family"
   absl::flat_hash_map<std::string, backend::DeviceProfile> profiles_;  // by device id
 };
 

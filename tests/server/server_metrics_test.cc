@@ -76,9 +76,9 @@ TEST_F(ServerMetrics, CountersMoveWithRequests) {
                         {{"method", "CreateSession"}, {"code", "OK"}}),
             1);
   EXPECT_EQ(MetricValue(after, "kiln_run_seconds_count", {{"tenant", "default"}}), 3);
-  // One-shot inputs are checked against the graph once it is parsed, after
-  // the queue: the two bad runs queued too.
-  EXPECT_EQ(MetricValue(after, "kiln_queue_seconds_count", {{"tenant", "default"}}), 5);
+  // One-shot inputs are checked against the graph once it is parsed, on the
+  // compile pool, before any device queue: only the three good runs queued.
+  EXPECT_EQ(MetricValue(after, "kiln_queue_seconds_count", {{"tenant", "default"}}), 3);
   EXPECT_GT(MetricValue(after, "kiln_run_seconds_sum", {{"tenant", "default"}}), 0);
   EXPECT_EQ(MetricValue(after, "kiln_compiles_total", {{"outcome", "miss"}}), 1);
   EXPECT_EQ(MetricValue(after, "kiln_compiles_total", {{"outcome", "hit_memory"}}), 2);
@@ -105,8 +105,8 @@ TEST_F(ServerMetrics, CountersMoveWithRequests) {
 }
 
 TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
-  // One worker: a slow run holds it, a second run queues and its client
-  // cancels; the second never runs.
+  // The CPU runs one run at a time: a slow run holds it, a second run queues
+  // on the device and its client cancels; the second never runs.
   const v1::RunRequest slow = testing::SlowRequest(1024, 48);
   v1::RunResponse slow_resp;
   grpc::ClientContext slow_ctx;
@@ -114,7 +114,7 @@ TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
   stub_->async()->Run(&slow_ctx, &slow, &slow_resp,
                       [&](grpc::Status s) { slow_done.set_value(std::move(s)); });
   for (int i = 0; i < 500; ++i) {
-    if (MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}) == 1) break;
+    if (MetricValue(Scrape(), "kiln_runs_running", {{"tenant", "default"}}) == 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   v1::RunRequest second = testing::AffineRequest();
@@ -140,10 +140,48 @@ TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
   EXPECT_EQ(MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}), 1);
   EXPECT_EQ(MetricValue(m, "kiln_runs_queued", {{"tenant", "default"}}), 0);
   EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), 1);
+  EXPECT_EQ(MetricValue(m, "kiln_runs_running", {{"tenant", "default"}}), 1);
   EXPECT_TRUE(slow_done.get_future().get().ok());
   m = Scrape();
   EXPECT_EQ(MetricValue(m, "kiln_run_seconds_count", {{"tenant", "default"}}), 1);
   EXPECT_NE(kilnd_->Log().find("code=CANCELLED"), std::string::npos);
+}
+
+// A run whose deadline passes mid-run stops between kernels: the client gets
+// DEADLINE_EXCEEDED at its deadline, kilnd frees the run's slot long before
+// the graph would have finished, and serves the next run.
+TEST_F(ServerMetrics, DeadlineMidRunStopsBetweenKernels) {
+  // Compile it first (the compile is not interruptible), then run it with a
+  // deadline far shorter than the run: 400 chained 512^3 matmuls, ~1 s or more.
+  const v1::RunRequest slow = testing::SlowRequest(512, 400);
+  {
+    v1::RunResponse warm;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
+    (void)stub_->Run(&ctx, slow, &warm);  // compiles (and caches) whatever the outcome
+  }
+  for (int i = 0; i < 1000; ++i) {
+    if (MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::RunResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+  EXPECT_EQ(stub_->Run(&ctx, slow, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The slot frees once the run stops between kernels (one matmul later).
+  double in_flight = 1;
+  for (int i = 0; i < 500 && in_flight != 0; ++i) {
+    in_flight = MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}});
+    if (in_flight != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(in_flight, 0);
+  const double freed_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("freed_after_ms", std::to_string(freed_ms));
+  EXPECT_NE(kilnd_->Log().find("between kernels"), std::string::npos) << kilnd_->Log();
+  v1::RunResponse ok;
+  EXPECT_TRUE(stub_->Run(Context().get(), testing::AffineRequest(), &ok).ok());
 }
 
 }  // namespace

@@ -247,10 +247,10 @@ TEST_F(ServerTenants, InFlightAndQueueQuotas) {
   std::promise<grpc::Status> slow_done;
   stub_->async()->Run(&slow_ctx, &slow, &slow_resp,
                       [&](grpc::Status s) { slow_done.set_value(std::move(s)); });
-  // Wait until it runs.
+  // Wait until it runs on the device (compiled, out of the queue).
   for (int i = 0; i < 500; ++i) {
     const std::string m = testing::HttpGet(kilnd_->metrics_port(), "/metrics");
-    if (testing::MetricValue(m, "kiln_runs_in_flight", {{"tenant", "bob"}}) == 1) break;
+    if (testing::MetricValue(m, "kiln_runs_running", {{"tenant", "bob"}}) == 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // Bob has one run in flight, his quota.
@@ -259,7 +259,8 @@ TEST_F(ServerTenants, InFlightAndQueueQuotas) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(s.error_message().find("max_in_flight = 1"), std::string::npos) << s.error_message();
 
-  // Alice's first run waits in her queue (max_queue 1); the second finds it full.
+  // Alice's first run waits in her queue on the CPU (max_queue 1) behind Bob's;
+  // the second finds it full.
   v1::RunRequest alice_req = testing::AffineRequest();
   v1::RunResponse queued_resp;
   grpc::ClientContext queued_ctx;
@@ -283,6 +284,59 @@ TEST_F(ServerTenants, InFlightAndQueueQuotas) {
   EXPECT_NEAR(testing::FromProto(slow_resp.outputs(0).tensor()).GetAsDouble(0), 1024, 1e-2);
   const grpc::Status queued_status = queued_done.get_future().get();
   EXPECT_TRUE(queued_status.ok()) << queued_status.error_message();
+}
+
+// A long elementwise chain: `nodes` nodes, distinct per `salt` (no cache hit).
+std::string LongChainText(int nodes, int salt) {
+  std::string text = absl::StrCat("graph \"chain_", salt, "\"\ninput x: f32[8]\nlet a0 = x + ",
+                                  salt, ".0\n");
+  for (int i = 1; i < nodes; ++i) {
+    absl::StrAppend(&text, "let a", i, " = ", i % 2 ? "tanh(a" : "a", i - 1,
+                    i % 2 ? ")\n" : " * 0.5\n");
+  }
+  absl::StrAppend(&text, "out y = a", nodes - 1, "\n");
+  return text;
+}
+
+// The work pool is fair across tenants: while one tenant's two large compiles
+// are in it (its quota max_concurrent_compiles = 1 lets one run at a time),
+// another tenant's 3-node compile runs at once on another thread instead of
+// waiting behind them.
+TEST_F(ServerTenants, LargeCompilesOfOneTenantDoNotDelayAnothersSmallOne) {
+  struct Pending {
+    v1::CompileRequest req;
+    v1::CompileResponse resp;
+    grpc::ClientContext ctx;
+    std::promise<grpc::Status> done;
+  };
+  std::vector<std::unique_ptr<Pending>> large;
+  for (int i = 0; i < 2; ++i) {
+    auto p = std::make_unique<Pending>();
+    p->req.mutable_graph()->set_text(LongChainText(12000, 1000 + i + static_cast<int>(::getpid())));
+    p->ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kCarol));
+    Pending* raw = p.get();
+    stub_->async()->Compile(&raw->ctx, &raw->req, &raw->resp,
+                            [raw](grpc::Status st) { raw->done.set_value(std::move(st)); });
+    large.push_back(std::move(p));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  v1::CompileRequest small;
+  small.mutable_graph()->set_text(testing::kAffineText);
+  small.add_input_shapes()->set_name("x");
+  small.mutable_input_shapes(0)->add_dims(2);
+  small.mutable_input_shapes(0)->add_dims(3);
+  v1::CompileResponse small_resp;
+  const grpc::Status small_status = stub_->Compile(Context(kBob).get(), small, &small_resp);
+  ASSERT_TRUE(small_status.ok()) << small_status.error_message();
+  // Neither of Carol's compiles has finished (each takes seconds here): the
+  // small one did not wait for a thread they held.
+  for (auto& p : large) {
+    auto f = p->done.get_future();
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+        << "the small compile waited for a large one";
+    const grpc::Status st = f.get();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
 }
 
 }  // namespace

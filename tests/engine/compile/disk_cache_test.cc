@@ -722,7 +722,8 @@ TEST_F(DiskCacheTest, ConcurrentWritersInThreads) {
 TEST_F(DiskCacheTest, KernelBinaryCacheAdapter) {
   auto cache = Open();
   ASSERT_NE(cache, nullptr);
-  KernelBinaryCacheAdapter adapter(*cache);
+  std::shared_ptr<DiskCache> shared(std::move(cache));
+  KernelBinaryCacheAdapter adapter(shared);
   backend::KernelBinaryCache& binaries = adapter;
 
   // Backends may use any key text; it is hashed into an entry key.
@@ -739,7 +740,7 @@ TEST_F(DiskCacheTest, KernelBinaryCacheAdapter) {
 
   WriteFile(EntryPath(dir_, CacheLevel::kKernel, hex), "damaged");
   EXPECT_EQ(binaries.Lookup(hex), std::nullopt);
-  DiskCache::Stats s = cache->stats();
+  DiskCache::Stats s = shared->stats();
   EXPECT_EQ(s.kernel.hits, 1);
   EXPECT_EQ(s.kernel.misses, 1);
   EXPECT_EQ(s.kernel.corrupt, 1);

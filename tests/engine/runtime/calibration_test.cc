@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "engine/runtime/device_registry.h"
-#include "engine/runtime/device_worker.h"
 
 namespace kiln::runtime {
 namespace {
@@ -68,54 +67,6 @@ TEST(Calibration, BusyHostIsNotCached) {
   }
   EXPECT_FALSE(fs::exists(dir / "calibration") && !fs::is_empty(dir / "calibration"));
   fs::remove_all(dir);
-}
-
-TEST(DeviceWorker, RunsInOrderAndCounts) {
-  DeviceWorker worker("cpu:0");
-  std::vector<int> order;
-  std::vector<std::future<int>> results;
-  for (int i = 0; i < 20; ++i) {
-    results.push_back(worker.Submit([i, &order] {
-      order.push_back(i);  // only the worker thread touches `order`
-      return i * i;
-    }));
-  }
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(results[i].get(), i * i);
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(order[i], i);
-  const WorkerStats s = worker.stats();
-  EXPECT_EQ(s.runs, 20);
-  EXPECT_EQ(s.queued, 0);
-  EXPECT_GE(s.busy_micros, 0.0);
-}
-
-// An idle lane runs an inline-eligible job on the caller's thread; a busy one
-// queues it behind the holder, in order, on the worker thread.
-TEST(DeviceWorker, InlineOnlyWhenIdle) {
-  DeviceWorker worker("cpu:0");
-  const std::thread::id caller = std::this_thread::get_id();
-  auto here = worker.Submit([] { return std::this_thread::get_id(); }, /*may_run_inline=*/true);
-  ASSERT_EQ(here.wait_for(std::chrono::seconds(0)), std::future_status::ready);
-  EXPECT_EQ(here.get(), caller);
-
-  std::promise<void> release;
-  std::shared_future<void> gate = release.get_future().share();
-  std::atomic<bool> holder_done = false;
-  auto holder = worker.Submit([gate, &holder_done] {
-    gate.wait();
-    holder_done = true;
-  });
-  auto queued = worker.Submit(
-      [&holder_done] { return std::make_pair(std::this_thread::get_id(), holder_done.load()); },
-      /*may_run_inline=*/true);
-  EXPECT_EQ(queued.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
-  release.set_value();
-  holder.get();
-  const auto [thread, after_holder] = queued.get();
-  EXPECT_NE(thread, caller);
-  EXPECT_TRUE(after_holder);
-  const WorkerStats s = worker.stats();
-  EXPECT_EQ(s.runs, 3);
-  EXPECT_EQ(s.inline_runs, 1);
 }
 
 }  // namespace

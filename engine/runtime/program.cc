@@ -1,4 +1,4 @@
-#include "engine/runtime/executable.h"
+#include "engine/runtime/program.h"
 
 #include <chrono>
 #include <cstring>
@@ -37,83 +37,88 @@ backend::TensorDesc DescOf(const v1::TensorType& t) { return {t.dtype(), DimsOf(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
-    v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
-    backend::KernelBinaryCache* binaries, backend::PrepareContext* prepare_stats) {
-  const DeviceRegistry& devices = *registry;
-  auto exe = std::unique_ptr<LoadedExecutable>(new LoadedExecutable(std::move(lir), std::move(registry)));
-  v1::Executable& l = exe->lir_;
-  auto state = [&](const std::string& id) -> absl::StatusOr<DeviceState*> {
-    auto it = exe->devices_.find(id);
-    if (it != exe->devices_.end()) return &it->second;
-    backend::Device* d = devices.Find(id);
-    if (d == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("executable needs device ", id,
-                                                        ", which this process does not have"));
-    }
-    DeviceState s;
-    s.device = d;
-    KILN_ASSIGN_OR_RETURN(s.stream, d->CreateStream());
-    return &exe->devices_.emplace(id, std::move(s)).first->second;
+// The mutable half of a run (program.h): per device a stream, the arena and
+// input staging, and the kernels prepared for this context alone.
+class RunContext {
+ public:
+  struct DeviceState {
+    backend::Device* device = nullptr;
+    std::unique_ptr<backend::Stream> stream;
+    std::unique_ptr<backend::Buffer> arena;
+    // Device copies of inputs for devices without host memory, by slot.
+    std::map<int, std::unique_ptr<backend::Buffer>> input_staging;
   };
-  for (const v1::LirArena& a : l.arenas()) {
-    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(a.device()));
-    KILN_ASSIGN_OR_RETURN(s->arena, s->device->Allocate(a.bytes()));
+  std::map<std::string, DeviceState> devices;
+  std::vector<std::unique_ptr<backend::Kernel>> kernels;  // per step; null for copies
+};
+
+Program::Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
+                 std::shared_ptr<backend::KernelBinaryCache> binaries,
+                 const ProgramOptions& options)
+    : registry_(std::move(registry)),
+      binaries_(std::move(binaries)),
+      options_(options),
+      lir_(std::move(lir)) {}
+
+Program::~Program() = default;
+
+absl::StatusOr<std::unique_ptr<Program>> Program::Load(
+    v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
+    std::shared_ptr<backend::KernelBinaryCache> binaries, backend::PrepareContext* prepare_stats,
+    const ProgramOptions& options) {
+  auto p = std::unique_ptr<Program>(
+      new Program(std::move(lir), std::move(registry), std::move(binaries), options));
+  v1::Executable& l = p->lir_;
+  for (const v1::DeviceEstimate& e : l.placement().estimates()) {
+    if (e.device() == l.placement().chosen() && e.feasible()) {
+      p->estimated_run_micros_ = std::max(0.0, e.estimate_micros());
+    }
   }
-  // Constants go to the device of the slot that reads them.
-  exe->constants_.resize(l.constants_size());
+  p->wait_timeout_ =
+      std::max(options.device_wait_floor,
+               absl::Microseconds(p->estimated_run_micros_ * std::max(0.0, options.device_wait_slack)));
+  for (int i = 0; i < l.slots_size(); ++i) {
+    if (p->registry_->Find(l.slots(i).device()) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "executable needs device ", l.slots(i).device(), ", which this process does not have"));
+    }
+  }
+  // Constants go to the device of the slot that reads them, once per program.
+  p->constants_.resize(l.constants_size());
+  std::map<std::string, std::unique_ptr<backend::Stream>> upload;
   for (int i = 0; i < l.slots_size(); ++i) {
     const v1::Slot& slot = l.slots(i);
-    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(slot.device()));
-    if (slot.storage() == v1::SLOT_CONSTANT && !exe->constants_[slot.index()]) {
-      const v1::Tensor& c = l.constants(slot.index());
-      KILN_ASSIGN_OR_RETURN(auto buf, s->device->Allocate(static_cast<int64_t>(c.data().size())));
-      if (!c.data().empty()) {
-        KILN_RETURN_IF_ERROR(s->device->CopyToDevice(
-            *s->stream, c.data().data(),
-            backend::BufferView{buf.get(), 0, static_cast<int64_t>(c.data().size())}));
-      }
-      exe->constants_[slot.index()] = std::move(buf);
+    if (slot.storage() != v1::SLOT_CONSTANT || p->constants_[slot.index()]) continue;
+    backend::Device* d = p->registry_->Find(slot.device());
+    std::unique_ptr<backend::Stream>& stream = upload[slot.device()];
+    if (!stream) {
+      KILN_ASSIGN_OR_RETURN(stream, d->CreateStream());
     }
-    if (slot.storage() == v1::SLOT_INPUT && !s->device->info().host_memory &&
-        !s->input_staging.contains(i)) {
-      KILN_ASSIGN_OR_RETURN(s->input_staging[i], s->device->Allocate(slot.bytes()));
+    const v1::Tensor& c = l.constants(slot.index());
+    KILN_ASSIGN_OR_RETURN(auto buf, d->Allocate(static_cast<int64_t>(c.data().size())));
+    if (!c.data().empty()) {
+      KILN_RETURN_IF_ERROR(d->CopyToDevice(
+          *stream, c.data().data(),
+          backend::BufferView{buf.get(), 0, static_cast<int64_t>(c.data().size())}));
     }
+    p->constants_[slot.index()] = std::move(buf);
+  }
+  for (auto& [id, stream] : upload) {
+    KILN_RETURN_IF_ERROR(stream->SynchronizeFor(p->wait_timeout_)) << "while uploading constants";
   }
   backend::PrepareContext ctx;
-  ctx.binaries = binaries;
-  exe->kernels_.resize(l.steps_size());
+  ctx.binaries = p->binaries_.get();
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> first, p->CreateContext(ctx));
   for (int i = 0; i < l.steps_size(); ++i) {
-    v1::LirStep& step = *l.mutable_steps(i);
-    KILN_ASSIGN_OR_RETURN(DeviceState * s, state(step.device()));
-    if (step.kind() != v1::STEP_KERNEL) continue;
-    v1::LirKernel& k = *step.mutable_kernel();
-    backend::KernelSpec spec;
-    spec.name = k.name();
-    spec.label = absl::StrCat("kernel ", k.name());
-    spec.op = k.node().op();
-    spec.attrs = k.node().attrs();
-    for (const auto& t : k.input_types()) spec.inputs.push_back(DescOf(t));
-    for (const auto& t : k.node().outputs()) spec.outputs.push_back(DescOf(t));
-    auto kernel = s->device->PrepareKernel(spec, ctx);
-    if (!kernel.ok()) {
-      return StatusBuilder(kernel.status()) << "while preparing " << k.name() << " on "
-                                            << step.device();
+    if (first->kernels[i]) {
+      l.mutable_steps(i)->mutable_kernel()->set_implementation(first->kernels[i]->implementation());
     }
-    exe->kernels_[i] = std::move(kernel).value();
-    k.set_implementation(exe->kernels_[i]->implementation());
   }
-  for (auto& [id, s] : exe->devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
   if (prepare_stats != nullptr) {
     prepare_stats->kernel_cache_hits += ctx.kernel_cache_hits;
     prepare_stats->kernel_cache_misses += ctx.kernel_cache_misses;
   }
-  for (const v1::DeviceEstimate& e : l.placement().estimates()) {
-    if (e.device() == l.placement().chosen() && e.feasible()) {
-      exe->estimated_run_micros_ = std::max(0.0, e.estimate_micros());
-    }
-  }
-  exe->direct_output_.assign(l.slots_size(), false);
+  p->direct_output_.assign(l.slots_size(), false);
   {
     std::vector<int> writers(l.slots_size(), 0);
     for (const v1::LirStep& step : l.steps()) {
@@ -126,7 +131,7 @@ absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
       const int i = out.slot();
       const v1::Slot& slot = l.slots(i);
       if (slot.storage() != v1::SLOT_ARENA || slot.bytes() <= 0 || writers[i] != 1 ||
-          outputs_per_slot[i] != 1 || !exe->devices_.at(slot.device()).device->info().host_memory) {
+          outputs_per_slot[i] != 1 || !p->registry_->Find(slot.device())->info().host_memory) {
         continue;
       }
       bool alone = true;
@@ -136,22 +141,130 @@ absl::StatusOr<std::unique_ptr<LoadedExecutable>> LoadedExecutable::Load(
         alone = other.offset() + other.bytes() <= slot.offset() ||
                 slot.offset() + slot.bytes() <= other.offset();
       }
-      exe->direct_output_[i] = alone;
+      p->direct_output_[i] = alone;
     }
   }
   for (const auto& in : l.inputs()) {
-    exe->signature_.inputs.push_back({in.name(), l.slots(in.slot()).type()});
+    p->signature_.inputs.push_back({in.name(), l.slots(in.slot()).type()});
   }
   for (int i = 0; i < l.params_size(); ++i) {
-    exe->signature_.params.push_back({l.params(i).name(), l.slots(l.params(i).slot()).type()});
+    p->signature_.params.push_back({l.params(i).name(), l.slots(l.params(i).slot()).type()});
   }
   for (const auto& out : l.outputs()) {
-    exe->signature_.outputs.push_back({out.name(), l.slots(out.slot()).type()});
+    p->signature_.outputs.push_back({out.name(), l.slots(out.slot()).type()});
   }
-  return exe;
+  {
+    absl::MutexLock lock(&p->contexts_mu_);
+    p->idle_contexts_.push_back(std::move(first));
+    p->live_contexts_ = 1;
+    p->contexts_created_ = 1;
+  }
+  return p;
 }
 
-absl::Status LoadedExecutable::CheckInputs(std::span<const TensorRef> inputs,
+absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
+    backend::PrepareContext& prepare) {
+  const v1::Executable& l = lir_;
+  auto c = std::make_unique<RunContext>();
+  auto state = [&](const std::string& id) -> absl::StatusOr<RunContext::DeviceState*> {
+    auto it = c->devices.find(id);
+    if (it != c->devices.end()) return &it->second;
+    backend::Device* d = registry_->Find(id);
+    if (d == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("executable needs device ", id,
+                                                        ", which this process does not have"));
+    }
+    RunContext::DeviceState s;
+    s.device = d;
+    KILN_ASSIGN_OR_RETURN(s.stream, d->CreateStream());
+    return &c->devices.emplace(id, std::move(s)).first->second;
+  };
+  for (const v1::LirArena& a : l.arenas()) {
+    KILN_ASSIGN_OR_RETURN(RunContext::DeviceState * s, state(a.device()));
+    KILN_ASSIGN_OR_RETURN(s->arena, s->device->Allocate(a.bytes()));
+  }
+  for (int i = 0; i < l.slots_size(); ++i) {
+    const v1::Slot& slot = l.slots(i);
+    KILN_ASSIGN_OR_RETURN(RunContext::DeviceState * s, state(slot.device()));
+    if (slot.storage() == v1::SLOT_INPUT && !s->device->info().host_memory &&
+        !s->input_staging.contains(i)) {
+      KILN_ASSIGN_OR_RETURN(s->input_staging[i], s->device->Allocate(slot.bytes()));
+    }
+  }
+  c->kernels.resize(l.steps_size());
+  for (int i = 0; i < l.steps_size(); ++i) {
+    const v1::LirStep& step = l.steps(i);
+    KILN_ASSIGN_OR_RETURN(RunContext::DeviceState * s, state(step.device()));
+    if (step.kind() != v1::STEP_KERNEL) continue;
+    const v1::LirKernel& k = step.kernel();
+    backend::KernelSpec spec;
+    spec.name = k.name();
+    spec.label = absl::StrCat("kernel ", k.name());
+    spec.op = k.node().op();
+    spec.attrs = k.node().attrs();
+    for (const auto& t : k.input_types()) spec.inputs.push_back(DescOf(t));
+    for (const auto& t : k.node().outputs()) spec.outputs.push_back(DescOf(t));
+    auto kernel = s->device->PrepareKernel(spec, prepare);
+    if (!kernel.ok()) {
+      return StatusBuilder(kernel.status()) << "while preparing " << k.name() << " on "
+                                            << step.device();
+    }
+    c->kernels[i] = std::move(kernel).value();
+  }
+  for (auto& [id, s] : c->devices) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<RunContext>> Program::AcquireContext() {
+  {
+    absl::MutexLock lock(&contexts_mu_);
+    auto can_go = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(contexts_mu_) {
+      return !idle_contexts_.empty() || live_contexts_ < std::max(1, options_.max_contexts);
+    };
+    contexts_mu_.Await(absl::Condition(&can_go));
+    if (!idle_contexts_.empty()) {
+      std::unique_ptr<RunContext> c = std::move(idle_contexts_.back());
+      idle_contexts_.pop_back();
+      return c;
+    }
+    ++live_contexts_;  // reserved; created below, outside the lock
+  }
+  backend::PrepareContext prepare;
+  prepare.binaries = binaries_.get();
+  absl::StatusOr<std::unique_ptr<RunContext>> c = CreateContext(prepare);
+  absl::MutexLock lock(&contexts_mu_);
+  if (!c.ok()) {
+    --live_contexts_;
+    return c.status();
+  }
+  ++contexts_created_;
+  return c;
+}
+
+void Program::ReleaseContext(std::unique_ptr<RunContext> context, bool reusable) {
+  absl::MutexLock lock(&contexts_mu_);
+  if (!reusable) {
+    // Leaked on purpose when its device faulted: the device may still use its
+    // memory. Streams of a faulted device free nothing they may still need.
+    context.reset();
+    --live_contexts_;
+    ++contexts_discarded_;
+    return;
+  }
+  idle_contexts_.push_back(std::move(context));
+}
+
+Program::ContextStats Program::context_stats() const {
+  absl::MutexLock lock(&contexts_mu_);
+  ContextStats s;
+  s.live = live_contexts_;
+  s.idle = static_cast<int>(idle_contexts_.size());
+  s.created = contexts_created_;
+  s.discarded = contexts_discarded_;
+  return s;
+}
+
+absl::Status Program::CheckInputs(std::span<const TensorRef> inputs,
                                            std::vector<const TensorRef*>* by_index) const {
   by_index->assign(lir_.inputs_size(), nullptr);
   for (const TensorRef& t : inputs) {
@@ -190,7 +303,7 @@ absl::Status LoadedExecutable::CheckInputs(std::span<const TensorRef> inputs,
   return absl::OkStatus();
 }
 
-absl::Status LoadedExecutable::CheckParams(const ParamSetImpl* params) const {
+absl::Status Program::CheckParams(const ParamSetImpl* params) const {
   for (int i = 0; i < lir_.params_size(); ++i) {
     const std::string& name = lir_.params(i).name();
     const v1::TensorType& want = lir_.slots(lir_.params(i).slot()).type();
@@ -207,20 +320,61 @@ absl::Status LoadedExecutable::CheckParams(const ParamSetImpl* params) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> inputs,
-                                                const ParamSetImpl* params,
-                                                const RunOptions& options) {
+// Why a run must stop before step `step` of `steps`, if it must.
+// (A client whose deadline passed is also cancelled: the deadline is named.)
+absl::Status StopBetweenKernels(const RunOptions& options, int step, int steps) {
+  const bool cancelled =
+      options.cancelled != nullptr && options.cancelled->load(std::memory_order_relaxed);
+  const bool late = options.deadline != absl::InfiniteFuture() && absl::Now() >= options.deadline;
+  if (late) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the run's deadline passed; it stopped between kernels after ", step, " of ", steps,
+        " steps"));
+  }
+  if (cancelled) {
+    return absl::CancelledError(absl::StrCat(
+        "the run was cancelled (the client went away); it stopped between kernels after ", step,
+        " of ", steps, " steps"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
+                                       const ParamSetImpl* params, const RunOptions& options) {
   std::vector<const TensorRef*> by_index;
   KILN_RETURN_IF_ERROR(CheckInputs(inputs, &by_index));
   KILN_RETURN_IF_ERROR(CheckParams(params));
-  absl::MutexLock lock(&run_mu_);
+  KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
+  absl::StatusOr<RunResult> result = RunOn(*context, by_index, params, options);
+  bool reusable = !backend::FaultedDevice(result.status()).has_value();
+  if (!result.ok() && reusable) {
+    // A run stopped part-way may leave work queued: finish it before the
+    // context serves another run (and surface a device that hung meanwhile).
+    for (auto& [id, s] : context->devices) {
+      absl::Status drained = s.stream->SynchronizeFor(wait_timeout_);
+      if (backend::FaultedDevice(drained)) {
+        reusable = false;
+        result = drained;
+      }
+    }
+  }
+  ReleaseContext(std::move(context), reusable);
+  return result;
+}
+
+absl::StatusOr<RunResult> Program::RunOn(RunContext& context,
+                                         const std::vector<const TensorRef*>& by_index,
+                                         const ParamSetImpl* params, const RunOptions& options) {
+  auto& devices_ = context.devices;
+  auto& kernels_ = context.kernels;
   const auto wall_start = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<backend::Buffer>> external;
   std::vector<backend::BufferView> views(lir_.slots_size());
   std::map<int, HostTensor> direct;  // slot -> the result tensor kernels write
   for (int i = 0; i < lir_.slots_size(); ++i) {
     const v1::Slot& slot = lir_.slots(i);
-    DeviceState& s = devices_.at(slot.device());
+    RunContext::DeviceState& s = devices_.at(slot.device());
     switch (slot.storage()) {
       case v1::SLOT_ARENA:
         if (direct_output_[i]) {
@@ -265,19 +419,23 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
   std::map<std::string, double> origin_wall;                      // its wall offset, us
   std::vector<double> enqueue_wall(lir_.steps_size(), 0);
   for (int i = 0; i < lir_.steps_size(); ++i) {
+    KILN_RETURN_IF_ERROR(StopBetweenKernels(options, i, lir_.steps_size()));
     const v1::LirStep& step = lir_.steps(i);
-    DeviceState& s = devices_.at(step.device());
+    RunContext::DeviceState& s = devices_.at(step.device());
     std::vector<backend::BufferView> ins, outs;
     for (int slot : step.inputs()) ins.push_back(views[slot]);
     for (int slot : step.outputs()) outs.push_back(views[slot]);
     if (options.report) {
-      KILN_ASSIGN_OR_RETURN(timings[i].before, s.stream->Record());
+      // The device's origin comes first: step starts are measured from it
+      // (recorded after the first step's start, the difference was negative
+      // and wrapped to ~1.8e19 us on devices with modular timestamps).
       if (!origin.contains(step.device())) {
         KILN_ASSIGN_OR_RETURN(origin[step.device()], s.stream->Record());
         origin_wall[step.device()] =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start)
                 .count();
       }
+      KILN_ASSIGN_OR_RETURN(timings[i].before, s.stream->Record());
     }
     if (step.kind() == v1::STEP_KERNEL) {
       KILN_RETURN_IF_ERROR(kernels_[i]->Launch(*s.stream, ins, outs))
@@ -286,21 +444,21 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
       const backend::BufferView& src = ins[0];
       const backend::BufferView& dst = outs[0];
       const v1::Slot& src_slot = lir_.slots(step.inputs(0));
-      DeviceState& from = devices_.at(src_slot.device());
+      RunContext::DeviceState& from = devices_.at(src_slot.device());
       if (src.bytes > 0) {
         if (from.device->info().host_memory && s.device->info().host_memory) {
           std::memcpy(dst.host(), src.host(), src.bytes);
         } else if (from.device->info().host_memory) {
           KILN_RETURN_IF_ERROR(s.device->CopyToDevice(*s.stream, src.host(), dst));
         } else if (s.device->info().host_memory) {
-          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
           KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, dst.host()));
-          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
         } else {
           std::vector<char> staging(src.bytes);
-          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
           KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, staging.data()));
-          KILN_RETURN_IF_ERROR(from.stream->Synchronize());
+          KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
           KILN_RETURN_IF_ERROR(s.device->CopyToDevice(*s.stream, staging.data(), dst));
         }
       }
@@ -309,7 +467,7 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
       KILN_ASSIGN_OR_RETURN(timings[i].after, s.stream->Record());
     }
   }
-  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
+  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
 
   RunResult result;
   for (const v1::LirNamedSlot& out : lir_.outputs()) {
@@ -320,7 +478,7 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
     }
     KILN_ASSIGN_OR_RETURN(HostTensor t,
                           HostTensor::CreateUninitialized(slot.type().dtype(), DimsOf(slot.type())));
-    DeviceState& s = devices_.at(slot.device());
+    RunContext::DeviceState& s = devices_.at(slot.device());
     if (t.num_bytes() > 0) {
       if (s.device->info().host_memory) {
         std::memcpy(t.data(), views[out.slot()].host(), t.num_bytes());
@@ -330,7 +488,7 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
     }
     result.outputs.emplace_back(out.name(), std::move(t));
   }
-  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->Synchronize());
+  for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
   const double total_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start).count();
 
@@ -375,7 +533,7 @@ absl::StatusOr<RunResult> LoadedExecutable::Run(std::span<const TensorRef> input
       if (step.kind() == v1::STEP_KERNEL) t.set_kernels(t.kernels() + 1);
     }
     for (auto& [id, t] : totals) {
-      const DeviceState& s = devices_.at(id);
+      const RunContext::DeviceState& s = devices_.at(id);
       t.set_peak_bytes(s.arena ? s.arena->size() : 0);
       *r.add_totals() = t;
     }

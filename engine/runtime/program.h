@@ -1,0 +1,125 @@
+// Program and RunContext (DESIGN.md section 5, "Programs and run contexts").
+//
+// A Program is a loaded executable: the LIR, its signature, and its constants
+// resident on each device. It is immutable after Load and shared by every
+// session and tenant that runs the graph. Each run takes a RunContext from the
+// program's pool: the mutable half (per device: a stream, the arena, input
+// staging; the prepared kernels, whose Launch is not reentrant). Concurrent
+// runs of one program take separate contexts, so they proceed at once up to
+// `max_contexts`; the per-device limit on concurrent runs is the scheduler's
+// (DeviceLanes). A context is created on first need (preparing its kernels,
+// which the kernel binary cache makes cheap) and kept for the next run; one
+// whose run ended in a device fault is discarded, never reused.
+//
+// Runs stop between kernels when RunOptions' deadline passes or its cancel
+// flag is set, and every device wait is bounded by a timeout derived from the
+// cost model's estimate (ProgramOptions). The executor's boundary is
+// message-shaped (the LIR in, outputs and a report out) so a device worker can
+// live in its own process.
+//
+// Thread safety: Run is thread-safe. The Program keeps the device registry
+// (and so its devices) and the kernel binary cache alive, so it may outlive
+// the Engine that loaded it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "engine/engine.h"
+#include "engine/runtime/device_registry.h"
+#include "engine/runtime/params.h"
+
+namespace kiln::runtime {
+
+struct ProgramOptions {
+  // Run contexts of one program alive at once (concurrent runs beyond this
+  // wait for a context). At least 1.
+  int max_contexts = 4;
+  // Device waits: `device_wait_slack` times the cost model's estimate of the
+  // run, and never less than `device_wait_floor`. A wait that times out is a
+  // device fault.
+  absl::Duration device_wait_floor = absl::Seconds(10);
+  double device_wait_slack = 100;
+};
+
+class RunContext;
+
+class Program final : public Executable {
+ public:
+  // Prepares the first run context (filling in each step's implementation
+  // name when it is empty) and uploads the constants. `binaries` may be null.
+  static absl::StatusOr<std::unique_ptr<Program>> Load(
+      v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
+      std::shared_ptr<backend::KernelBinaryCache> binaries, backend::PrepareContext* prepare_stats,
+      const ProgramOptions& options = {});
+  ~Program() override;
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+
+  const std::string& key() const override { return lir_.key(); }
+  const v1::Executable& lir() const override { return lir_; }
+  const GraphSignature& signature() const override { return signature_; }
+  double estimated_run_micros() const override { return estimated_run_micros_; }
+  void set_key(const std::string& key) { lir_.set_key(key); }
+  // The device the program was placed on (its lane).
+  const std::string& device() const { return lir_.placement().chosen(); }
+  // The bound on one device wait of a run of this program.
+  absl::Duration device_wait_timeout() const { return wait_timeout_; }
+
+  // Runs once on a free run context. Fails UNAVAILABLE (with a device-fault
+  // payload, backend::FaultedDevice) when a device faults or hangs,
+  // CANCELLED / DEADLINE_EXCEEDED when the run was stopped between kernels.
+  absl::StatusOr<RunResult> Run(std::span<const TensorRef> inputs, const ParamSetImpl* params,
+                                const RunOptions& options);
+
+  struct ContextStats {
+    int live = 0;     // created and not discarded
+    int idle = 0;     // of `live`, waiting in the pool
+    int64_t created = 0;
+    int64_t discarded = 0;  // after a device fault
+  };
+  ContextStats context_stats() const;
+
+ private:
+  Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
+          std::shared_ptr<backend::KernelBinaryCache> binaries, const ProgramOptions& options);
+  absl::Status CheckInputs(std::span<const TensorRef> inputs,
+                           std::vector<const TensorRef*>* by_index) const;
+  absl::Status CheckParams(const ParamSetImpl* params) const;
+  absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(backend::PrepareContext& prepare);
+  // A free context, a new one when fewer than max_contexts live, else waits.
+  absl::StatusOr<std::unique_ptr<RunContext>> AcquireContext();
+  // Back to the pool; a context after a device fault is discarded instead.
+  void ReleaseContext(std::unique_ptr<RunContext> context, bool reusable);
+  absl::StatusOr<RunResult> RunOn(RunContext& context,
+                                  const std::vector<const TensorRef*>& by_index,
+                                  const ParamSetImpl* params, const RunOptions& options);
+
+  // Declared first so the devices outlive every buffer, stream and kernel below.
+  std::shared_ptr<const DeviceRegistry> registry_;
+  std::shared_ptr<backend::KernelBinaryCache> binaries_;
+  const ProgramOptions options_;
+  v1::Executable lir_;
+  GraphSignature signature_;
+  double estimated_run_micros_ = 0;
+  absl::Duration wait_timeout_;
+  std::vector<std::unique_ptr<backend::Buffer>> constants_;  // immutable after Load
+  // Per slot: a graph output that kernels may write straight into the
+  // caller's result tensor (host-memory device, written by one kernel step,
+  // sharing no arena bytes with any other slot), saving the copy-out.
+  std::vector<bool> direct_output_;
+
+  mutable absl::Mutex contexts_mu_;
+  std::vector<std::unique_ptr<RunContext>> idle_contexts_ ABSL_GUARDED_BY(contexts_mu_);
+  int live_contexts_ ABSL_GUARDED_BY(contexts_mu_) = 0;
+  int64_t contexts_created_ ABSL_GUARDED_BY(contexts_mu_) = 0;
+  int64_t contexts_discarded_ ABSL_GUARDED_BY(contexts_mu_) = 0;
+};
+
+}  // namespace kiln::runtime
