@@ -176,6 +176,11 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
   if (l.max_message_bytes() > (int64_t{2} << 30) - 1) {
     return absl::InvalidArgumentError("limits.max_message_bytes must be below 2 GiB (gRPC's limit)");
   }
+  if (config.device_wait_floor_seconds() < 0 || config.device_wait_slack() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_wait_floor_seconds is ", config.device_wait_floor_seconds(),
+        " and device_wait_slack is ", config.device_wait_slack(), "; both must be >= 0 (0 = the default)"));
+  }
   if (config.max_concurrent_runs() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_runs is ", config.max_concurrent_runs(), "; must be >= 1"));

@@ -18,6 +18,7 @@ grpc::ServerUnaryReactor* KilnService::ListDevices(grpc::CallbackServerContext* 
     const Engine& engine = *deps().engine;
     const std::vector<const backend::DeviceInfo*> devices = engine.Devices();
     const std::vector<int64_t> in_use = engine.DeviceMemoryInUse();
+    const std::vector<DeviceStats> stats = engine.DeviceStatistics();
     for (size_t i = 0; i < devices.size(); ++i) {
       const backend::DeviceInfo& d = *devices[i];
       v1::DeviceInfo* out = response.add_devices();
@@ -39,6 +40,15 @@ grpc::ServerUnaryReactor* KilnService::ListDevices(grpc::CallbackServerContext* 
       p->set_device_to_host_gbps(d.profile.device_to_host_gbps);
       p->set_sync_overhead_us(d.profile.sync_overhead_us);
       p->set_calibrated(d.profile.calibrated);
+      for (const DeviceStats& s : stats) {
+        if (s.device != d.id) continue;
+        out->set_healthy(s.healthy);
+        out->set_fault(s.fault);
+        out->set_faults(s.faults);
+        out->set_restarts(s.restarts);
+        out->set_concurrent_runs(s.slots);
+        out->set_queued_runs(s.queued);
+      }
     }
     for (const std::string& u : engine.UnavailableBackends()) response.add_unavailable(u);
     return absl::OkStatus();

@@ -151,6 +151,10 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   eo.verify = VerifyOptionsFrom(config.limits());
   eo.disabled_backends.assign(config.disabled_backends().begin(), config.disabled_backends().end());
   eo.max_device_slots = config.max_concurrent_runs();
+  if (config.device_wait_floor_seconds() > 0) {
+    eo.device_wait_floor = absl::Seconds(config.device_wait_floor_seconds());
+  }
+  if (config.device_wait_slack() > 0) eo.device_wait_slack = config.device_wait_slack();
   auto engine = Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   s->engine_ = std::move(engine).value();
@@ -196,6 +200,14 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Kiln::service_full_name(), true);
+  // Each device is a health service of its own ("kiln.device/<id>"), NOT_SERVING
+  // from a fault until its restart probe succeeds.
+  s->UpdateDeviceHealth();
+  s->health_watcher_ = std::thread([raw = s.get()] {
+    while (!raw->stop_health_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+      raw->UpdateDeviceHealth();
+    }
+  });
   spdlog::info("kilnd {} listening on {} (port {}), metrics {}, cache {}, {} tenant(s){}, "
                "at most {} concurrent run(s) per device",
                kKilndVersion, config.listen(), s->port_,
@@ -213,13 +225,28 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   return s;
 }
 
+void KilnServer::UpdateDeviceHealth() {
+  for (const DeviceStats& d : engine_->DeviceStatistics()) {
+    server_->GetHealthCheckService()->SetServingStatus(DeviceHealthService(d.device),
+                                                       d.healthy && !shut_down_);
+  }
+}
+
+void KilnServer::StopHealthWatcher() {
+  if (!health_watcher_.joinable()) return;
+  stop_health_.Notify();
+  health_watcher_.join();
+}
+
 bool KilnServer::Shutdown() {
   if (shut_down_) return true;
+  StopHealthWatcher();  // before shut_down_ changes: the watcher reads it
   shut_down_ = true;
   const absl::Duration drain = absl::Seconds(config_.drain_timeout_seconds());
   spdlog::info("shutting down: health NOT_SERVING, refusing new work, draining up to {}",
                absl::FormatDuration(drain));
   server_->GetHealthCheckService()->SetServingStatus(false);
+  UpdateDeviceHealth();  // NOT_SERVING: shut_down_
   service_->StartDraining();
   const bool drained = service_->WaitForCalls(absl::Now() + drain);
   if (!drained) spdlog::warn("drain timeout: calls are still running; stopping anyway");
@@ -232,6 +259,7 @@ bool KilnServer::Shutdown() {
 }
 
 KilnServer::~KilnServer() {
+  StopHealthWatcher();
   if (server_ && !shut_down_) {
     service_->StartDraining();
     server_->Shutdown(std::chrono::system_clock::now());

@@ -7,10 +7,13 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
 #include "server/metrics.h"
@@ -41,8 +44,16 @@ class KilnServer {
   // runs cannot be interrupted mid-graph; the caller may exit anyway).
   bool Shutdown();
 
+  // The health service name of a device: "kiln.device/<id>".
+  static std::string DeviceHealthService(const std::string& device) {
+    return "kiln.device/" + device;
+  }
+
  private:
   KilnServer() = default;
+  // Sets each device's health service from the engine's device health.
+  void UpdateDeviceHealth();
+  void StopHealthWatcher();
 
   v1::ServerConfig config_;
   int port_ = 0;
@@ -60,6 +71,8 @@ class KilnServer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<WorkPool> pool_;
   std::unique_ptr<grpc::Server> server_;
+  absl::Notification stop_health_;
+  std::thread health_watcher_;  // UpdateDeviceHealth every 200 ms; joined first
 };
 
 }  // namespace kiln::server

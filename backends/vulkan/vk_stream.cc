@@ -407,6 +407,7 @@ void VulkanStream::Recycle(std::unique_ptr<Batch> b) {
   b->commands = 0;
   b->staged_bytes = 0;
   b->signal = 0;
+  b->queries.clear();
   b->reads.clear();
   b->writes.clear();
   spare_.push_back(std::move(b));
@@ -494,6 +495,7 @@ absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
   }
   KILN_ASSIGN_OR_RETURN(Batch * b, Open());
   const uint32_t index = next_query_++;
+  if (b->queries.empty() || b->queries.back() != queries_) b->queries.push_back(queries_);
   vkCmdResetQueryPool(b->cmd, queries_->pool(), index, 1);
   vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_->pool(), index);
   ++b->commands;

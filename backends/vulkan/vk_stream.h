@@ -139,6 +139,10 @@ class VulkanStream final : public backend::Stream {
     int commands = 0;
     uint64_t staged_bytes = 0;
     std::vector<Range> reads, writes;  // since the last barrier
+    // Query pools this batch writes: a pool is destroyed only once no
+    // unfinished batch uses it, whoever else drops it (vkDestroyQueryPool
+    // needs its commands complete; lavapipe also touches its queue's context).
+    std::vector<std::shared_ptr<QueryPool>> queries;
   };
 
   explicit VulkanStream(VulkanDevice& device) : device_(device) {}

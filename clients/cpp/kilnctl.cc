@@ -139,12 +139,21 @@ absl::Status CmdDevices(const GlobalFlags& g) {
     rows.push_back({d.id(), d.backend(), d.name(), d.arch(), HumanBytes(d.memory_bytes()),
                     absl::StrCat(d.threads()),
                     peak > 0 ? absl::StrFormat("%.0f GFLOP/s", peak) : std::string("-"),
-                    d.profile().calibrated() ? "yes" : "no"});
+                    d.profile().calibrated() ? "yes" : "no", absl::StrCat(d.concurrent_runs()),
+                    d.healthy() ? "healthy"
+                                : absl::StrCat("UNHEALTHY (", d.faults(), " faults)")});
   }
   std::printf("%s", FormatTable({"id", "backend", "name", "arch", "memory", "threads", "peak f32",
-                                 "calibrated"},
-                                {false, false, false, false, true, true, true, false}, rows)
+                                 "calibrated", "runs at once", "health"},
+                                {false, false, false, false, true, true, true, false, true, false},
+                                rows)
                         .c_str());
+  for (const v1::DeviceInfo& d : resp.devices()) {
+    if (!d.fault().empty()) {
+      std::printf("%s: last fault: %s (restarted %lld times)\n", d.id().c_str(), d.fault().c_str(),
+                  static_cast<long long>(d.restarts()));
+    }
+  }
   for (const std::string& u : resp.unavailable()) std::printf("unavailable: %s\n", u.c_str());
   return absl::OkStatus();
 }

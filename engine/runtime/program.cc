@@ -241,12 +241,25 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::AcquireContext() {
   return c;
 }
 
-void Program::ReleaseContext(std::unique_ptr<RunContext> context, bool reusable) {
-  absl::MutexLock lock(&contexts_mu_);
-  if (!reusable) {
-    // Leaked on purpose when its device faulted: the device may still use its
-    // memory. Streams of a faulted device free nothing they may still need.
+void Program::ReleaseContext(std::unique_ptr<RunContext> context,
+                             const std::optional<std::string>& faulted_device) {
+  if (faulted_device) {
+    // The faulted device may still be running this context's work: its
+    // memory (arena, staging, what its kernels own) is abandoned, never
+    // returned to a pool another run could be handed. Its stream leaks what
+    // its unfinished batches use by itself.
+    auto it = context->devices.find(*faulted_device);
+    if (it != context->devices.end()) {
+      (void)it->second.arena.release();
+      for (auto& [slot, buf] : it->second.input_staging) (void)buf.release();
+    }
+    for (int i = 0; i < lir_.steps_size(); ++i) {
+      if (lir_.steps(i).device() == *faulted_device) (void)context->kernels[i].release();
+    }
     context.reset();
+  }
+  absl::MutexLock lock(&contexts_mu_);
+  if (faulted_device) {
     --live_contexts_;
     ++contexts_discarded_;
     return;
@@ -347,19 +360,19 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
   absl::StatusOr<RunResult> result = RunOn(*context, by_index, params, options);
-  bool reusable = !backend::FaultedDevice(result.status()).has_value();
-  if (!result.ok() && reusable) {
+  std::optional<std::string> faulted = backend::FaultedDevice(result.status());
+  if (!result.ok() && !faulted) {
     // A run stopped part-way may leave work queued: finish it before the
     // context serves another run (and surface a device that hung meanwhile).
     for (auto& [id, s] : context->devices) {
       absl::Status drained = s.stream->SynchronizeFor(wait_timeout_);
-      if (backend::FaultedDevice(drained)) {
-        reusable = false;
+      if (auto f = backend::FaultedDevice(drained); f && !faulted) {
+        faulted = f;
         result = drained;
       }
     }
   }
-  ReleaseContext(std::move(context), reusable);
+  ReleaseContext(std::move(context), faulted);
   return result;
 }
 

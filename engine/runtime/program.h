@@ -24,6 +24,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,10 @@ class Program final : public Executable {
   absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(backend::PrepareContext& prepare);
   // A free context, a new one when fewer than max_contexts live, else waits.
   absl::StatusOr<std::unique_ptr<RunContext>> AcquireContext();
-  // Back to the pool; a context after a device fault is discarded instead.
-  void ReleaseContext(std::unique_ptr<RunContext> context, bool reusable);
+  // Back to the pool; a context whose run ended in a fault of
+  // `faulted_device` is discarded instead, abandoning that device's memory.
+  void ReleaseContext(std::unique_ptr<RunContext> context,
+                      const std::optional<std::string>& faulted_device);
   absl::StatusOr<RunResult> RunOn(RunContext& context,
                                   const std::vector<const TensorRef*>& by_index,
                                   const ParamSetImpl* params, const RunOptions& options);
