@@ -45,13 +45,17 @@ class HostBuffer final : public backend::Buffer {
 
 class HostEvent final : public backend::Event {
  public:
-  HostEvent() : time_(std::chrono::steady_clock::now()) {}
+  explicit HostEvent(const void* stream) : stream_(stream), time_(std::chrono::steady_clock::now()) {}
   absl::StatusOr<double> MicrosSince(const backend::Event& earlier) const override {
-    const auto& e = static_cast<const HostEvent&>(earlier);
-    return std::chrono::duration<double, std::micro>(time_ - e.time_).count();
+    const auto* e = dynamic_cast<const HostEvent*>(&earlier);
+    if (e == nullptr || e->stream_ != stream_) {
+      return absl::InvalidArgumentError("cpu: events are from different streams");
+    }
+    return std::chrono::duration<double, std::micro>(time_ - e->time_).count();
   }
 
  private:
+  const void* stream_;
   std::chrono::steady_clock::time_point time_;
 };
 
@@ -60,7 +64,7 @@ class HostStream final : public backend::Stream {
   // Work completes as it is enqueued: nothing to wait for.
   absl::Status SynchronizeFor(absl::Duration) override { return absl::OkStatus(); }
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override {
-    return std::make_unique<HostEvent>();
+    return std::make_unique<HostEvent>(this);
   }
 };
 
@@ -154,6 +158,15 @@ const backend::BackendRegistration kRegistration("cpu", 0, &CpuBackend::Create);
 
 }  // namespace
 
+bool IsHostStream(const backend::Stream& stream) {
+  return dynamic_cast<const HostStream*>(&stream) != nullptr;
+}
+
+absl::Status CheckHostStream(const backend::Stream& stream, const char* what) {
+  if (IsHostStream(stream)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": the stream is not a cpu stream"));
+}
+
 CpuOpRegistration::CpuOpRegistration(std::initializer_list<CpuOpEntry> entries) {
   for (const CpuOpEntry& e : entries) OpTable()[e.op] = e;
 }
@@ -180,19 +193,22 @@ absl::StatusOr<std::unique_ptr<backend::Stream>> CpuDevice::CreateStream() {
   return std::make_unique<HostStream>();
 }
 
-absl::Status CpuDevice::CopyToDevice(backend::Stream&, const void* src, BufferView dst) {
+absl::Status CpuDevice::CopyToDevice(backend::Stream& stream, const void* src, BufferView dst) {
+  if (auto s = CheckHostStream(stream, "copy to cpu"); !s.ok()) return s;
   if (auto s = CheckView(dst, dst.bytes, "copy to cpu"); !s.ok()) return s;
   ParallelMemcpy(dst.host(), src, dst.bytes);
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::CopyToHost(backend::Stream&, BufferView src, void* dst) {
+absl::Status CpuDevice::CopyToHost(backend::Stream& stream, BufferView src, void* dst) {
+  if (auto s = CheckHostStream(stream, "copy from cpu"); !s.ok()) return s;
   if (auto s = CheckView(src, src.bytes, "copy from cpu"); !s.ok()) return s;
   ParallelMemcpy(dst, src.host(), src.bytes);
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::CopyOnDevice(backend::Stream&, BufferView src, BufferView dst) {
+absl::Status CpuDevice::CopyOnDevice(backend::Stream& stream, BufferView src, BufferView dst) {
+  if (auto s = CheckHostStream(stream, "copy on cpu"); !s.ok()) return s;
   if (auto s = CheckView(src, src.bytes, "copy source"); !s.ok()) return s;
   if (auto s = CheckView(dst, src.bytes, "copy destination"); !s.ok()) return s;
   std::memmove(dst.host(), src.host(), src.bytes);

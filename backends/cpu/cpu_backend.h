@@ -16,10 +16,15 @@ namespace kiln::cpu {
 
 // A kernel body: reads `in`, writes `out` (host pointers), returns a status
 // for data-dependent failures (an out-of-range gather index).
+// Whether `stream` is the CPU backend's (its kernels and copies refuse others).
+bool IsHostStream(const backend::Stream& stream);
+absl::Status CheckHostStream(const backend::Stream& stream, const char* what);
+
 class CpuKernel : public backend::Kernel {
  public:
   absl::Status Launch(backend::Stream& stream, std::span<const backend::BufferView> inputs,
                       std::span<const backend::BufferView> outputs) final {
+    if (absl::Status s = CheckHostStream(stream, "cpu kernel launch"); !s.ok()) return s;
     return Run(inputs, outputs);
   }
   virtual absl::Status Run(std::span<const backend::BufferView> inputs,

@@ -34,10 +34,15 @@ class StatusBuilder {
     return absl::StatusOr<T>(Build());
   }
 
+  // The context is appended to the message; payloads (a device fault's
+  // device, backend::FaultedDevice) travel with it.
   absl::Status Build() const {
     if (!context_ || context_->tellp() == 0) return status_;
-    return absl::Status(status_.code(),
-                        std::string(status_.message()) + "; " + context_->str());
+    absl::Status out(status_.code(), std::string(status_.message()) + "; " + context_->str());
+    status_.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+      out.SetPayload(url, payload);
+    });
+    return out;
   }
 
  private:

@@ -1,0 +1,261 @@
+// The device contract suite (DESIGN.md section 5, as IREE's hal/cts): every
+// promise of backends/backend.h checked on every registered device — the
+// facts a device reports (kind, concurrency, alignment, cost corrections),
+// memory, copies at the device's alignment, in-order streams, events, bounded
+// waits and their fault status, the claim/prepare agreement, and foreign
+// streams refused. A new backend passes this before the engine relies on it.
+//
+// KILN_CTS_GPU_ONLY (the ctest label `gpu`) restricts it to hardware GPUs,
+// skipped cleanly where there is none; KILN_CTS_DEVICE=<id> to one device
+// (a filter that matches no device fails).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "backends/backend.h"
+
+namespace kiln::backend {
+namespace {
+
+struct Registered {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Device*> devices;
+};
+
+const Registered& All() {
+  static Registered* r = [] {
+    auto* out = new Registered();
+    for (const auto& reg : RegisteredBackends()) {
+      auto b = reg.factory({});
+      if (!b.ok()) continue;  // no driver: the backend lists no device
+      for (Device* d : (*b)->devices()) out->devices.push_back(d);
+      out->backends.push_back(std::move(b).value());
+    }
+    return out;
+  }();
+  return *r;
+}
+
+// The devices this run covers (see the header comment).
+std::vector<Device*> Covered() {
+  std::vector<Device*> out;
+  const char* only = std::getenv("KILN_CTS_DEVICE");
+  const bool gpu_only = std::getenv("KILN_CTS_GPU_ONLY") != nullptr;
+  for (Device* d : All().devices) {
+    if (only != nullptr && d->info().id != only) continue;
+    if (gpu_only && d->info().kind != DeviceKind::kGpu) continue;
+    out.push_back(d);
+  }
+  return out;
+}
+
+#define FOR_EACH_DEVICE(d)                                                           \
+  const std::vector<Device*> covered_devices = Covered();                            \
+  if (std::getenv("KILN_CTS_DEVICE") != nullptr) {                                   \
+    ASSERT_FALSE(covered_devices.empty())                                            \
+        << "KILN_CTS_DEVICE=" << std::getenv("KILN_CTS_DEVICE") << " names no device"; \
+  }                                                                                  \
+  if (covered_devices.empty()) GTEST_SKIP() << "no device to cover";                 \
+  for (Device * d : covered_devices)                                                 \
+    if (SCOPED_TRACE(d->info().id); true)
+
+std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7);
+  return v;
+}
+
+TEST(DeviceContract, ThereIsACpuDevice) {
+  bool cpu = false;
+  for (Device* d : All().devices) cpu = cpu || d->info().backend == "cpu";
+  EXPECT_TRUE(cpu) << "the CPU backend is the guaranteed fallback and must register";
+}
+
+TEST(DeviceContract, ReportsItsFacts) {
+  std::set<std::string> ids;
+  FOR_EACH_DEVICE(d) {
+    const DeviceInfo& i = d->info();
+    EXPECT_FALSE(i.id.empty());
+    EXPECT_TRUE(ids.insert(i.id).second) << "duplicate id " << i.id;
+    EXPECT_TRUE(absl::StartsWith(i.id, i.backend + ":")) << i.id << " / " << i.backend;
+    EXPECT_FALSE(i.identity.empty());
+    EXPECT_GE(i.max_concurrent_runs, 1);
+    EXPECT_GE(i.buffer_alignment, 1);
+    EXPECT_EQ(i.buffer_alignment & (i.buffer_alignment - 1), 0) << "not a power of two";
+    EXPECT_GE(i.memory_bytes, 0);
+    for (const auto& [family, eff] : i.roofline_efficiency) {
+      EXPECT_TRUE(eff > 0 && eff <= 1) << family << " = " << eff;
+      static const std::set<std::string> kFamilies = {"matmul", "conv",  "attention", "elementwise",
+                                                      "reduce", "norm",  "shape",     "other"};
+      EXPECT_TRUE(kFamilies.contains(family)) << "unknown op family " << family;
+    }
+    EXPECT_GT(i.profile.peak_gflops_f32, 0);
+    EXPECT_GT(i.profile.bandwidth_gbps, 0);
+    if (i.host_memory) {
+      EXPECT_EQ(i.kind, DeviceKind::kCpu);
+    }
+  }
+}
+
+TEST(DeviceContract, MemoryRoundTripsAndIsAccounted) {
+  FOR_EACH_DEVICE(d) {
+    EXPECT_FALSE(d->Allocate(-1).ok());
+    auto empty = d->Allocate(0);
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ((*empty)->size(), 0);
+    const int64_t before = d->memory_in_use();
+    const size_t n = 1 << 16;
+    {
+      auto buf = d->Allocate(static_cast<int64_t>(n));
+      ASSERT_TRUE(buf.ok()) << buf.status();
+      EXPECT_GE(d->memory_in_use(), before + static_cast<int64_t>(n));
+      auto s = d->CreateStream();
+      ASSERT_TRUE(s.ok()) << s.status();
+      const std::vector<uint8_t> in = Pattern(n, 3);
+      std::vector<uint8_t> out(n, 0);
+      const BufferView v{buf->get(), 0, static_cast<int64_t>(n)};
+      ASSERT_TRUE(d->CopyToDevice(**s, in.data(), v).ok());
+      ASSERT_TRUE(d->CopyToHost(**s, v, out.data()).ok());
+      ASSERT_TRUE((*s)->Synchronize().ok());
+      EXPECT_EQ(in, out);
+      if (d->info().host_memory) {
+        EXPECT_NE((*buf)->host_ptr(), nullptr);
+      }
+    }
+    EXPECT_EQ(d->memory_in_use(), before) << "freed memory is no longer counted";
+  }
+}
+
+// Copies between ranges that start on the device's buffer alignment (the
+// planner's promise), queued in order on one stream: the last write wins.
+TEST(DeviceContract, AlignedCopiesRunInStreamOrder) {
+  FOR_EACH_DEVICE(d) {
+    const int64_t a = d->info().buffer_alignment;
+    const int64_t chunk = std::max<int64_t>(a, 256);
+    auto buf = d->Allocate(chunk * 4);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    auto s = d->CreateStream();
+    ASSERT_TRUE(s.ok());
+    const std::vector<uint8_t> first = Pattern(chunk, 1), second = Pattern(chunk, 9);
+    const BufferView c0{buf->get(), 0, chunk}, c1{buf->get(), chunk, chunk},
+        c2{buf->get(), 2 * chunk, chunk}, c3{buf->get(), 3 * chunk, chunk};
+    ASSERT_TRUE(d->CopyToDevice(**s, first.data(), c0).ok());
+    ASSERT_TRUE(d->CopyOnDevice(**s, c0, c1).ok());   // c1 = first
+    ASSERT_TRUE(d->CopyToDevice(**s, second.data(), c0).ok());
+    ASSERT_TRUE(d->CopyOnDevice(**s, c0, c2).ok());   // c2 = second
+    ASSERT_TRUE(d->CopyOnDevice(**s, c1, c3).ok());   // c3 = first
+    std::vector<uint8_t> r1(chunk), r2(chunk), r3(chunk);
+    ASSERT_TRUE(d->CopyToHost(**s, c1, r1.data()).ok());
+    ASSERT_TRUE(d->CopyToHost(**s, c2, r2.data()).ok());
+    ASSERT_TRUE(d->CopyToHost(**s, c3, r3.data()).ok());
+    ASSERT_TRUE((*s)->Synchronize().ok());
+    EXPECT_EQ(r1, first);
+    EXPECT_EQ(r2, second);
+    EXPECT_EQ(r3, first);
+  }
+}
+
+TEST(DeviceContract, EventsMeasureForwardAndRefuseOtherStreams) {
+  FOR_EACH_DEVICE(d) {
+    auto s = d->CreateStream();
+    auto other = d->CreateStream();
+    ASSERT_TRUE(s.ok() && other.ok());
+    const int64_t n = 1 << 20;
+    auto buf = d->Allocate(2 * n);
+    ASSERT_TRUE(buf.ok());
+    auto e0 = (*s)->Record();
+    ASSERT_TRUE(e0.ok()) << e0.status();
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(d->CopyOnDevice(**s, {buf->get(), 0, n}, {buf->get(), n, n}).ok());
+    }
+    auto e1 = (*s)->Record();
+    ASSERT_TRUE(e1.ok()) << e1.status();
+    auto foreign = (*other)->Record();
+    ASSERT_TRUE(foreign.ok());
+    ASSERT_TRUE((*s)->Synchronize().ok());
+    ASSERT_TRUE((*other)->Synchronize().ok());
+    auto us = (*e1)->MicrosSince(**e0);
+    ASSERT_TRUE(us.ok()) << us.status();
+    EXPECT_GE(*us, 0);
+    EXPECT_LT(*us, 60e6);
+    EXPECT_EQ((*e1)->MicrosSince(**foreign).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// A bounded wait either sees the work finish or reports a device fault naming
+// the device (and stays failed); it never hangs and never says anything else.
+TEST(DeviceContract, BoundedWaitsFinishOrFaultCleanly) {
+  FOR_EACH_DEVICE(d) {
+    auto s = d->CreateStream();
+    ASSERT_TRUE(s.ok());
+    const int64_t n = int64_t{32} << 20;
+    auto buf = d->Allocate(2 * n);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    EXPECT_TRUE((*s)->SynchronizeFor(absl::Seconds(60)).ok());  // nothing queued
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(d->CopyOnDevice(**s, {buf->get(), 0, n}, {buf->get(), n, n}).ok());
+    }
+    const absl::Time t0 = absl::Now();
+    const absl::Status st = (*s)->SynchronizeFor(absl::Microseconds(1));
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(30)) << "the bound was not honoured";
+    if (st.ok()) continue;  // finished within it (devices that complete at enqueue)
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_EQ(FaultedDevice(st), d->info().id) << st;
+    EXPECT_EQ((*s)->Synchronize().code(), absl::StatusCode::kUnavailable) << "not sticky";
+    (void)buf->release();  // the device may still be writing it
+  }
+}
+
+TEST(DeviceContract, ClaimsAndPreparedKernelsAgree) {
+  KernelSpec neg;
+  neg.name = "cts_neg";
+  neg.label = "kernel cts_neg";
+  neg.op = v1::OP_UNARY;
+  neg.attrs.mutable_unary()->set_kind(v1::UNARY_NEG);
+  neg.inputs = {{v1::DTYPE_F32, {8}}};
+  neg.outputs = {{v1::DTYPE_F32, {8}}};
+  FOR_EACH_DEVICE(d) {
+    const Claim claim = d->Supports(neg);
+    PrepareContext ctx;
+    auto k = d->PrepareKernel(neg, ctx);
+    if (!claim.native) {
+      EXPECT_FALSE(claim.reason.empty()) << "a refusal says why";
+      ASSERT_FALSE(k.ok());
+      EXPECT_EQ(k.status().code(), absl::StatusCode::kUnimplemented) << k.status();
+      continue;
+    }
+    ASSERT_TRUE(k.ok()) << k.status();
+    EXPECT_FALSE((*k)->implementation().empty());
+    auto s = d->CreateStream();
+    auto in = d->Allocate(32);
+    auto out = d->Allocate(32);
+    ASSERT_TRUE(s.ok() && in.ok() && out.ok());
+    std::vector<float> x(8), y(8, 0);
+    std::iota(x.begin(), x.end(), 1.0f);
+    const BufferView vi{in->get(), 0, 32}, vo{out->get(), 0, 32};
+    ASSERT_TRUE(d->CopyToDevice(**s, x.data(), vi).ok());
+    ASSERT_TRUE((*k)->Launch(**s, {&vi, 1}, {&vo, 1}).ok());
+    ASSERT_TRUE(d->CopyToHost(**s, vo, y.data()).ok());
+    ASSERT_TRUE((*s)->Synchronize().ok());
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(y[i], -x[i]);
+    // Another device's stream is refused, not used.
+    for (Device* other : All().devices) {
+      if (other == d) continue;
+      auto foreign = other->CreateStream();
+      ASSERT_TRUE(foreign.ok());
+      EXPECT_FALSE((*k)->Launch(**foreign, {&vi, 1}, {&vo, 1}).ok())
+          << "launched on " << other->info().id << "'s stream";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::backend
