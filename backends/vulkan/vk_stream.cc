@@ -499,7 +499,8 @@ absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
   vkCmdResetQueryPool(b->cmd, queries_->pool(), index, 1);
   vkCmdWriteTimestamp(b->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_->pool(), index);
   ++b->commands;
-  KILN_RETURN_IF_ERROR(Flush());
+  // No submission: the timestamp rides in the open batch (the event is
+  // readable once a Synchronize has passed it).
   return std::unique_ptr<backend::Event>(std::make_unique<VulkanEvent>(
       this, queries_, index, caps.timestamp_period_ns, caps.timestamp_valid_bits));
 }

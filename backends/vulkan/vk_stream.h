@@ -5,7 +5,7 @@
 // Dispatches enqueued back to back share a batch; the stream inserts a
 // pipeline barrier only where a command touches a range an earlier command of
 // the batch wrote (or writes one it read). A batch is submitted at
-// Synchronize, at Record, or when it grows large (MaybeFlush, which kernels
+// Synchronize or when it grows large (MaybeFlush, which kernels
 // call only between launches, so a kernel's dispatches and the transients
 // they use always share a batch). Each submission signals the next value of
 // the stream's timeline semaphore; it never waits on a semaphore. Batches are

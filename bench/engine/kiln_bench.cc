@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,8 +24,11 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "engine/ir/builder.h"
 #include "nlohmann/json.hpp"
@@ -487,12 +491,89 @@ int Placement(const std::map<std::string, std::string>& flags) {
   return 0;
 }
 
+// Runtime v2: one shared encoder program per device, called at once by
+// `callers` threads of two tenants. Runs/s for each device alone and for all
+// of them together (callers spread across the devices' programs), so the
+// curve shows concurrent run contexts on one device and scaling with devices.
+//   kiln_bench shared [--devices cpu:0,vulkan:0] [--callers 1,2,4,8] [--seconds 3]
+int SharedEncoder(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  const int64_t batch = Flag(flags, "batch", 8);
+  const double seconds = static_cast<double>(Flag(flags, "seconds", 3));
+  auto list = [&](const std::string& name, const std::string& def) {
+    std::vector<std::string> out;
+    for (absl::string_view v : absl::StrSplit(flags.contains(name) ? flags.at(name) : def, ',')) {
+      if (!v.empty()) out.emplace_back(v);
+    }
+    return out;
+  };
+  const std::vector<std::string> devices = list("devices", "cpu:0,vulkan:0");
+  std::vector<int> callers;
+  for (const std::string& c : list("callers", "1,2,4,8")) callers.push_back(std::stoi(c));
+  models::EncoderConfig cfg;
+  models::Model m = models::EncoderLayer(cfg);
+  std::mt19937_64 rng(99);
+  HostTensor x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
+  auto engine = MakeEngine(threads);
+  auto params = engine->CreateParams(models::ParamRefs(m));
+  if (!params.ok()) return 1;
+  std::map<std::string, std::shared_ptr<Executable>> programs;
+  for (const std::string& d : devices) {
+    CompileOptions copts;
+    copts.device = d;
+    auto c = engine->Compile(m.graph, copts, {{"x", x.dims()}});
+    if (!c.ok()) {
+      std::fprintf(stderr, "compile on %s: %s\n", d.c_str(), std::string(c.status().message()).c_str());
+      return 1;
+    }
+    programs[d] = c->executable;
+  }
+  const std::vector<TensorRef> inputs = {TensorRef::Of("x", x)};
+  for (auto& [d, p] : programs) (void)engine->Run(*p, inputs, params->get(), {});  // warm
+  std::vector<std::vector<std::string>> modes;
+  for (const std::string& d : devices) modes.push_back({d});
+  if (devices.size() > 1) modes.push_back(devices);
+  json points = json::array();
+  for (const auto& mode : modes) {
+    for (int c : callers) {
+      std::atomic<bool> stop = false;
+      std::atomic<int64_t> runs = 0, errors = 0;
+      std::vector<std::thread> pool;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < c; ++i) {
+        pool.emplace_back([&, i] {
+          Executable& p = *programs.at(mode[i % mode.size()]);
+          RunOptions ro;
+          ro.tenant = i % 2 == 0 ? "a" : "b";
+          while (!stop.load()) {
+            (engine->Run(p, inputs, params->get(), ro).ok() ? runs : errors)++;
+          }
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      stop = true;
+      for (auto& t : pool) t.join();
+      const double s = Ms(t0, Clock::now()) / 1000.0;
+      points.push_back({{"devices", mode}, {"callers", c}, {"runs", runs.load()},
+                        {"errors", errors.load()}, {"runs_per_s", runs.load() / s}});
+      std::fprintf(stderr, "shared encoder: %s x %d callers: %.1f runs/s\n",
+                   absl::StrJoin(mode, "+").c_str(), c, runs.load() / s);
+    }
+  }
+  json slots = json::object();
+  for (const DeviceStats& d : engine->DeviceStatistics()) slots[d.device] = d.slots;
+  std::printf("%s\n", json({{"bench", "shared_encoder_throughput"}, {"batch", batch},
+                            {"seq", cfg.seq}, {"threads", threads}, {"device_slots", slots},
+                            {"points", points}}).dump().c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement [flags]\n");
+    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement|shared [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -505,6 +586,7 @@ int main(int argc, char** argv) {
   if (cmd == "compile_once") return kiln::CompileOnce(flags);
   if (cmd == "memory") return kiln::Memory(flags);
   if (cmd == "placement") return kiln::Placement(flags);
+  if (cmd == "shared") return kiln::SharedEncoder(flags);
   std::fprintf(stderr, "unknown benchmark %s\n", cmd.c_str());
   return 2;
 }
