@@ -25,8 +25,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/base/dtype.h"
-#include "engine/base/host_tensor.h"
+#include "base/dtype.h"
+#include "base/host_tensor.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::backend {

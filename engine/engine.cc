@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/compile/cache_key.h"
 #include "engine/compile/disk_cache.h"
 #include "engine/compile/lower.h"

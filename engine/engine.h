@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "engine/ir/verifier.h"
 #include "kiln/v1/executable.pb.h"
 #include "kiln/v1/graph.pb.h"

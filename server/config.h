@@ -6,6 +6,8 @@
 // Pure functions; thread-compatible.
 #pragma once
 
+#include "base/sha256.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -74,7 +76,7 @@ bool IsLoopbackAddress(const std::string& address);
 std::string DefaultCacheDir();
 
 // Lower-case hex SHA-256 of `bytes` (how API keys are stored in the config).
-std::string Sha256Hex(const std::string& bytes);
+using ::kiln::Sha256Hex;  // base/sha256.h
 
 // The engine's graph limits from the config's limits.
 ir::VerifyOptions VerifyOptionsFrom(const v1::Limits& limits);

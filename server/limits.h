@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
 #include "kiln/v1/service.pb.h"

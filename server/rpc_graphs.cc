@@ -1,6 +1,6 @@
 // Compile, CreateSession, CloseSession.
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
 

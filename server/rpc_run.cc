@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
 

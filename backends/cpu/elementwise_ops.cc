@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "backends/cpu/simd_math.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 
 namespace kiln::cpu::ew {
 namespace {

@@ -23,7 +23,7 @@
 
 #include <cstdint>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::cpu::ew {

@@ -25,7 +25,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/onednn_util.h"
 #include "backends/cpu/parallel.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::cpu {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "backends/cpu/parallel.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 
 namespace kiln::cpu {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 namespace kiln::cpu {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 
 namespace kiln::cpu {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/vulkan/embedded_shaders.h"
 #include "backends/vulkan/vk_kernel.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 
 namespace kiln::vulkan {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
 #include "backends/vulkan/vk_util.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

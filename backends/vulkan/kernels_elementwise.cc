@@ -6,7 +6,7 @@
 #include "backends/vulkan/codegen_elementwise.h"
 #include "backends/vulkan/vk_kernel.h"
 #include "backends/vulkan/vk_shader_compiler.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

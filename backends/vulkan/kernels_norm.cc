@@ -1,7 +1,7 @@
 // Normalization: LayerNorm, RmsNorm and FusedResidualNorm (norm.comp).
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

@@ -12,7 +12,7 @@
 #include "backends/vulkan/vk_shader_compiler.h"
 #include "backends/vulkan/vk_stream.h"
 #include "backends/vulkan/vk_util.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/embedded_shaders.h"
 #include "backends/vulkan/vk_shader_compiler.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

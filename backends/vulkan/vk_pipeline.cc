@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/vulkan/vk_device.h"
 #include "backends/vulkan/vk_util.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::vulkan {

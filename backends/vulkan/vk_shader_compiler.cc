@@ -1,11 +1,9 @@
 #include "backends/vulkan/vk_shader_compiler.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/sha256.h"
 
 namespace kiln::vulkan {
 namespace {
@@ -40,19 +38,12 @@ std::string ShaderCompiler::CacheKey(const std::string& source) const {
       {"device", identity_},    {"flags", kFlags},
       {"source", source},
   };
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  Sha256 sha;
   for (const auto& [name, value] : components) {
-    const std::string head = absl::StrCat(name, ":", value.size(), ":");
-    EVP_DigestUpdate(ctx, head.data(), head.size());
-    EVP_DigestUpdate(ctx, value.data(), value.size());
+    sha.Update(absl::StrCat(name, ":", value.size(), ":"));
+    sha.Update(value);
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  return absl::StrCat("vk-spirv-",
-                      absl::BytesToHexString(std::string(reinterpret_cast<char*>(digest), len)));
+  return absl::StrCat("vk-spirv-", sha.FinalHex());
 }
 
 absl::StatusOr<Spirv> ShaderCompiler::Compile(const std::string& name,

@@ -7,7 +7,7 @@
 #include "backends/vulkan/vk_device.h"
 #include "backends/vulkan/vk_pipeline.h"
 #include "backends/vulkan/vk_util.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::vulkan {
 namespace {

@@ -11,7 +11,7 @@
 #include "backends/vulkan/vk_device.h"
 #include "backends/vulkan/vk_loader.h"
 #include "backends/vulkan/vk_util.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::vulkan {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 #include "nlohmann/json.hpp"
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kiln/v1/service.grpc.pb.h"
 

@@ -27,7 +27,7 @@
 #include "clients/cpp/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln {
 namespace {

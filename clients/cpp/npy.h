@@ -16,7 +16,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 
 namespace kiln {
 

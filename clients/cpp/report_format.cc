@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {

@@ -1,7 +1,5 @@
 #include "engine/compile/cache_key.h"
 
-#include <openssl/evp.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -10,56 +8,13 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/sha256.h"
 
 namespace kiln::compile {
 namespace {
 
 // Names the encoding hashed by CacheKey::Hex; change it with the encoding.
 constexpr std::string_view kKeyEncodingTag = "kiln.cache_key.v1";
-
-struct EvpMdCtxDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-
-// libcrypto failing to hash means a broken installation or no memory
-// (SHA-256 is always available), never bad input: an invariant, so abort.
-void CheckEvp(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "kiln: libcrypto %s failed\n", what);
-  std::abort();
-}
-
-// Incremental SHA-256.
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    CheckEvp(ctx_ != nullptr, "EVP_MD_CTX_new");
-    CheckEvp(EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1, "EVP_DigestInit_ex");
-  }
-
-  void Update(std::string_view bytes) {
-    CheckEvp(EVP_DigestUpdate(ctx_.get(), bytes.data(), bytes.size()) == 1, "EVP_DigestUpdate");
-  }
-
-  // Length prefix: 8 bytes, little-endian, whatever the host order.
-  void UpdateLengthPrefixed(std::string_view bytes) {
-    uint64_t n = bytes.size();
-    char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    Update(std::string_view(le, sizeof(le)));
-    Update(bytes);
-  }
-
-  std::string FinalHex() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int size = 0;
-    CheckEvp(EVP_DigestFinal_ex(ctx_.get(), digest, &size) == 1, "EVP_DigestFinal_ex");
-    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, EvpMdCtxDeleter> ctx_;
-};
 
 bool IsShortPrintable(std::string_view value) {
   if (value.empty() || value.size() > CacheKey::kMaxInlineValueBytes) return false;
@@ -104,12 +59,6 @@ std::vector<std::string> Names(const std::vector<CacheKey::Component>& component
 }
 
 }  // namespace
-
-std::string Sha256Hex(std::string_view bytes) {
-  Sha256 sha;
-  sha.Update(bytes);
-  return sha.FinalHex();
-}
 
 CacheKey& CacheKey::Add(std::string name, std::string_view value) {
   components_.push_back({std::move(name), std::string(value)});

@@ -23,6 +23,8 @@
 // needs exclusive access.
 #pragma once
 
+#include "base/sha256.h"
+
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,8 +47,8 @@ inline constexpr char kKeyKilnVersion[] = "kiln_version";
 inline constexpr char kKeyLirFormat[] = "lir_format";
 inline constexpr char kKeyCodegenVersion[] = "codegen_version";
 
-// Lowercase hex SHA-256 of `bytes` (64 characters).
-std::string Sha256Hex(std::string_view bytes);
+// SHA-256 lives in base/ (one helper for the whole tree).
+using ::kiln::Sha256Hex;
 
 class CacheKey {
  public:

@@ -17,7 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/compile/cache_key.h"
 
 namespace kiln::compile {

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln {

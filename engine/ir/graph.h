@@ -24,8 +24,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
-#include "engine/base/dtype.h"
-#include "engine/base/host_tensor.h"
+#include "base/dtype.h"
+#include "base/host_tensor.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::ir {

@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/base/checked_int.h"
+#include "base/checked_int.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/infer.h"
 

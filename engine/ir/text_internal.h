@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "engine/ir/graph.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"

@@ -6,7 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/ir/text.h"
 #include "engine/ir/text_internal.h"
 #include "engine/ir/verifier.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 #include "engine/ir/text.h"
 #include "engine/ir/text_internal.h"
 #include "engine/ir/verifier.h"

@@ -7,8 +7,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "engine/base/half.h"
-#include "engine/base/status.h"
+#include "base/half.h"
+#include "base/status.h"
 #include "engine/ir/text_internal.h"
 
 namespace kiln::ir::text_internal {

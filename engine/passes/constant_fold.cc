@@ -4,7 +4,7 @@
 // stay unfolded, so folding never bloats an executable (an expand of a scalar
 // is cheaper to run than to store).
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/passes/kernel_spec.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"

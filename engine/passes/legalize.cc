@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/passes/decompose.h"
 #include "engine/passes/kernel_spec.h"
 #include "engine/passes/pass.h"

@@ -6,7 +6,7 @@
 // once.
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/ir/infer.h"
 #include "engine/passes/kernel_spec.h"
 #include "engine/passes/pass.h"

@@ -9,7 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/base/host_tensor.h"
-#include "engine/base/status.h"
+#include "base/host_tensor.h"
+#include "base/status.h"
 #include "engine/compile/cache_key.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"

@@ -1,6 +1,6 @@
 #include "engine/runtime/evaluate.h"
 
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::runtime {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 
 namespace kiln::runtime {
 

@@ -1,7 +1,7 @@
 #include "engine/runtime/params.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::runtime {
 

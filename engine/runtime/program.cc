@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "engine/base/status.h"
+#include "base/status.h"
 
 namespace kiln::runtime {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backends/backend.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 
 namespace kiln::conformance {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 #include "tests/conformance/conformance.h"
 
 namespace kiln::conformance::ref {

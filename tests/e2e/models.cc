@@ -199,4 +199,14 @@ HostTensor EncoderLayerReference(const Model& m, const EncoderConfig& c, const H
   return FromF64(f2, {b, s, h});
 }
 
+v1::Graph MatMulChain(int64_t n, int depth) {
+  GraphBuilder g("chain");
+  auto x = g.input("x", v1::DTYPE_F32, {n, n});
+  auto w = g.input("w", v1::DTYPE_F32, {n, n});
+  auto y = x;
+  for (int i = 0; i < depth; ++i) y = g.tanh(g.matmul(y, w));
+  g.output("y", y);
+  return g.Build();
+}
+
 }  // namespace kiln::models

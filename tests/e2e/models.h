@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "engine/engine.h"
 #include "kiln/v1/graph.pb.h"
 
@@ -37,6 +37,10 @@ HostTensor EncoderLayerReference(const Model& m, const EncoderConfig& config, co
 
 // Uniform random f32 tensor in [-scale, scale).
 HostTensor RandomF32(std::mt19937_64& rng, const Dims& dims, double scale);
+
+// y = tanh(... tanh(tanh(x @ w) @ w) ...), `depth` matmuls of n x n inputs x, w:
+// a graph whose size and step count a test can dial.
+v1::Graph MatMulChain(int64_t n, int depth);
 
 // TensorRefs over a model's params, for Engine::CreateParams.
 std::vector<TensorRef> ParamRefs(const Model& m);

@@ -14,7 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "kiln/v1/service.grpc.pb.h"
 
 namespace kiln::testing {

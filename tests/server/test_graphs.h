@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 #include "kiln/v1/service.pb.h"
 #include "tests/server/kilnd_process.h"
 

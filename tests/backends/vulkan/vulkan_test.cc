@@ -23,7 +23,7 @@
 #include "backends/vulkan/vk_pipeline.h"
 #include "backends/vulkan/vk_shader_compiler.h"
 #include "backends/vulkan/vk_stream.h"
-#include "engine/base/half.h"
+#include "base/half.h"
 
 namespace kiln::vulkan {
 namespace {

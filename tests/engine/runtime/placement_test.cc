@@ -46,15 +46,7 @@ v1::Graph TinyGraph() {
   return g.Build();
 }
 
-v1::Graph MatMulChain(int64_t n, int depth) {
-  GraphBuilder g("chain");
-  auto x = g.input("x", v1::DTYPE_F32, {n, n});
-  auto w = g.input("w", v1::DTYPE_F32, {n, n});
-  auto y = x;
-  for (int i = 0; i < depth; ++i) y = g.tanh(g.matmul(y, w));
-  g.output("y", y);
-  return g.Build();
-}
+using models::MatMulChain;
 
 // Placement from profiles alone: with a device profiled far faster than the
 // CPU, a large matmul graph goes to it while a one-element graph stays on the

@@ -33,15 +33,7 @@ bool HasVulkan(const Engine& e) {
   return false;
 }
 
-v1::Graph MatMulChain(int64_t n, int depth) {
-  GraphBuilder g("chain");
-  auto x = g.input("x", v1::DTYPE_F32, {n, n});
-  auto w = g.input("w", v1::DTYPE_F32, {n, n});
-  auto y = x;
-  for (int i = 0; i < depth; ++i) y = g.tanh(g.matmul(y, w));
-  g.output("y", y);
-  return g.Build();
-}
+using models::MatMulChain;
 
 struct Chain {
   v1::Graph graph;

@@ -1,12 +1,12 @@
-#include "engine/base/host_tensor.h"
+#include "base/host_tensor.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/base/checked_int.h"
-#include "engine/base/half.h"
+#include "base/checked_int.h"
+#include "base/half.h"
 
 namespace kiln {
 

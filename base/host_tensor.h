@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kiln/v1/tensor.pb.h"
 
 namespace kiln {

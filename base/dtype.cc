@@ -1,8 +1,8 @@
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 #include <limits>
 
-#include "engine/base/checked_int.h"
+#include "base/checked_int.h"
 
 namespace kiln {
 namespace {
