@@ -32,7 +32,7 @@
 #include "absl/time/time.h"
 #include "clients/cpp/client.h"
 #include "engine/engine.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"

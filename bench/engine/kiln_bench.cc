@@ -30,7 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"

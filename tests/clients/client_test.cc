@@ -9,7 +9,7 @@
 #include <random>
 
 #include "clients/cpp/graph_file.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/clients/kilnd_child.h"

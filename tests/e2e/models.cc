@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 
 namespace kiln::models {
 namespace {

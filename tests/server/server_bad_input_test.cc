@@ -8,7 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "tests/server/kilnd_process.h"
 #include "tests/server/test_graphs.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "tests/server/kilnd_process.h"
 #include "tests/server/test_graphs.h"
 

@@ -1,6 +1,6 @@
 """kiln.Graph: builds a kiln.v1.Graph op by op, and kiln.parse for `.kiln` text.
 
-The builder follows engine/ir/builder.cc (the C++ kiln::GraphBuilder) so a
+The builder follows clients/cpp/graph_builder.cc (the C++ kiln::GraphBuilder) so a
 graph reads the same in both languages and yields the same proto: ir_version 1,
 node ids in call order from 0, every op's attribute message set (with the
 builder's explicit defaults, e.g. softmax axis -1, layer_norm epsilon 1e-5).

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "engine/ir/verifier.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"

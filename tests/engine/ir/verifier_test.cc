@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "engine/ir/text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

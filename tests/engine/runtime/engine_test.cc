@@ -12,7 +12,7 @@
 #include <random>
 
 #include "engine/compile/disk_cache.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "engine/runtime/trace.h"
 #include "nlohmann/json.hpp"
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "engine/ir/verifier.h"
 #include "engine/passes/pass.h"
 #include "engine/runtime/cost_model.h"

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 #include "tests/e2e/models.h"
 
 namespace kiln {

@@ -1,4 +1,4 @@
-#include "engine/ir/builder.h"
+#include "clients/cpp/graph_builder.h"
 
 namespace kiln {
 
