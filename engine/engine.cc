@@ -5,8 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <list>
-#include <thread>
-#include <array>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +19,7 @@
 #include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
 #include "engine/runtime/device_registry.h"
+#include "engine/runtime/device_health.h"
 #include "engine/runtime/fair_scheduler.h"
 #include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
@@ -85,87 +84,12 @@ struct Engine::Impl {
   // One scheduler per device (every run placed there goes through it).
   std::map<std::string, std::unique_ptr<runtime::FairScheduler>> schedulers;
 
-  // Device health: a device fault marks the device unhealthy and fails its
-  // runs fast until a probe on a fresh stream succeeds (the restart).
-  struct Health {
-    bool healthy = true;
-    std::string fault;  // the last fault
-    int64_t faults = 0;
-    int64_t restarts = 0;
-  };
-  absl::Mutex health_mu;
-  std::map<std::string, Health> health ABSL_GUARDED_BY(health_mu);
-  bool stopping ABSL_GUARDED_BY(health_mu) = false;
-  std::thread recovery;  // probes unhealthy devices; joined by ~Impl
+  // A device fault marks its device unhealthy until a probe succeeds.
+  std::unique_ptr<runtime::DeviceHealth> health;
 
   ~Impl() {
-    {
-      absl::MutexLock lock(&health_mu);
-      stopping = true;
-    }
-    if (recovery.joinable()) recovery.join();
+    health.reset();      // stops the prober
     schedulers.clear();  // drains queued runs before the devices go
-  }
-
-  void NoteFault(const std::string& device, const absl::Status& status) {
-    absl::MutexLock lock(&health_mu);
-    Health& h = health[device];
-    h.healthy = false;
-    h.fault = std::string(status.message());
-    ++h.faults;
-    spdlog::error("{}: marked unhealthy: {}", device, h.fault);
-  }
-
-  absl::Status CheckHealthy(const std::string& device) {
-    absl::MutexLock lock(&health_mu);
-    const Health& h = health[device];
-    if (h.healthy) return absl::OkStatus();
-    return backend::DeviceFault(
-        device, absl::StrCat("the device is unhealthy and being restarted after: ", h.fault));
-  }
-
-  // Restarts faulted devices: a device is healthy again once a small copy
-  // round trip on a fresh stream finishes within the wait floor.
-  void RecoveryLoop() {
-    for (;;) {
-      std::vector<std::string> unhealthy;
-      {
-        absl::MutexLock lock(&health_mu);
-        health_mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(200));
-        if (stopping) return;
-        for (const auto& [id, h] : health) {
-          if (!h.healthy) unhealthy.push_back(id);
-        }
-      }
-      for (const std::string& id : unhealthy) {
-        backend::Device* d = registry->Find(id);
-        if (d == nullptr) continue;
-        absl::Status probe = Probe(*d);
-        absl::MutexLock lock(&health_mu);
-        Health& h = health[id];
-        if (probe.ok()) {
-          h.healthy = true;
-          ++h.restarts;
-          spdlog::info("{}: healthy again after restart {} (last fault: {})", id, h.restarts,
-                       h.fault);
-        }
-      }
-    }
-  }
-
-  absl::Status Probe(backend::Device& d) {
-    KILN_ASSIGN_OR_RETURN(auto stream, d.CreateStream());
-    KILN_ASSIGN_OR_RETURN(auto buf, d.Allocate(256));
-    std::array<uint8_t, 256> out{}, back{};
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i);
-    const backend::BufferView v{buf.get(), 0, 256};
-    KILN_RETURN_IF_ERROR(d.CopyToDevice(*stream, out.data(), v));
-    KILN_RETURN_IF_ERROR(d.CopyToHost(*stream, v, back.data()));
-    // A generous bound of its own: the probe must not inherit a run bound.
-    KILN_RETURN_IF_ERROR(
-        stream->SynchronizeFor(std::max(program_options.device_wait_floor, absl::Seconds(10))));
-    if (back != out) return absl::DataLossError("probe read back wrong bytes");
-    return absl::OkStatus();
   }
 
   absl::Mutex cache_mu;
@@ -298,7 +222,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     if (options.max_device_slots > 0) so.slots = std::min(so.slots, options.max_device_slots);
     so.max_queued = options.max_queued_runs_per_device;
     KILN_ASSIGN_OR_RETURN(impl->schedulers[so.name], runtime::FairScheduler::Create(so));
-    impl->health[so.name];
   }
   impl->devices_signature += impl->registry->BackendVersions();
   impl->WarmUp();  // before the disk cache exists: nothing of it is stored
@@ -314,8 +237,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     impl->disk = std::move(disk).value();
     impl->kernel_binaries = std::make_shared<compile::KernelBinaryCacheAdapter>(impl->disk);
   }
-  Impl* raw = impl.get();
-  impl->recovery = std::thread([raw] { raw->RecoveryLoop(); });
+  // The probe has a generous bound of its own: it must not inherit a run's.
+  impl->health = std::make_unique<runtime::DeviceHealth>(
+      *impl->registry, absl::Milliseconds(200),
+      std::max(options.device_wait_floor, absl::Seconds(10)));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -344,14 +269,11 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
     s.tenant_device_micros = w.tenant_device_micros;
     s.tenant_queued = w.tenant_queued;
     s.tenant_running = w.tenant_running;
-    {
-      absl::MutexLock lock(&impl_->health_mu);
-      const Impl::Health& h = impl_->health[w.name];
-      s.healthy = h.healthy;
-      s.fault = h.fault;
-      s.faults = h.faults;
-      s.restarts = h.restarts;
-    }
+    const runtime::DeviceHealth::State h = impl_->health->Get(w.name);
+    s.healthy = h.healthy;
+    s.fault = h.fault;
+    s.faults = h.faults;
+    s.restarts = h.restarts;
     s.memory_in_use = devices[i]->memory_in_use();
     s.calibrated = impl_->infos[i].profile.calibrated;
     s.calibration_from_cache = impl_->calibration_from_cache[i];
@@ -595,7 +517,7 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
     device = registry->cpu()->info().id;
     it = schedulers.find(device);
   }
-  KILN_RETURN_IF_ERROR(CheckHealthy(device));
+  KILN_RETURN_IF_ERROR(health->Check(device));
   const double estimate = program.estimated_run_micros();
   // The outcome travels from `run` (or `drop`) to `finish`, which answers the
   // caller once the slot is free and the statistics count the job.
@@ -618,7 +540,7 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
       (*outcome)->report.set_queue_micros(absl::ToDoubleMicroseconds(queued));
     }
     if (auto faulted = backend::FaultedDevice(outcome->status())) {
-      NoteFault(*faulted, outcome->status());
+      health->NoteFault(*faulted, outcome->status());
     }
     return used;
   };
