@@ -139,6 +139,14 @@ class Stream {
   // in Kiln is unbounded.
   virtual absl::Status SynchronizeFor(absl::Duration timeout) = 0;
   absl::Status Synchronize() { return SynchronizeFor(kDefaultWaitTimeout); }
+  // Work enqueued on this stream after Wait starts only after the work that
+  // preceded `event` on its stream finished. `event` must come from a stream
+  // of the same device (INVALID_ARGUMENT otherwise) whose work up to the event
+  // has been handed to the device (FlushWork; FAILED_PRECONDITION otherwise).
+  // Cross-device order is the engine's, through copies.
+  virtual absl::Status Wait(const Event& event) = 0;
+  // Hands everything enqueued so far to the device without waiting for it.
+  virtual absl::Status FlushWork() = 0;
   // Records an event after all work enqueued so far.
   virtual absl::StatusOr<std::unique_ptr<Event>> Record() = 0;
 };

@@ -63,6 +63,14 @@ class HostStream final : public backend::Stream {
  public:
   // Work completes as it is enqueued: nothing to wait for.
   absl::Status SynchronizeFor(absl::Duration) override { return absl::OkStatus(); }
+  // Every CPU stream's work is done when enqueued: any CPU event has passed.
+  absl::Status Wait(const backend::Event& event) override {
+    if (dynamic_cast<const HostEvent*>(&event) == nullptr) {
+      return absl::InvalidArgumentError("cpu: Wait takes an event of a cpu stream");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status FlushWork() override { return absl::OkStatus(); }
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override {
     return std::make_unique<HostEvent>(this);
   }

@@ -29,11 +29,35 @@ bool Overlaps(const auto& a, const auto& b) {
   return a.buffer == b.buffer && a.begin < b.end && b.begin < a.end;
 }
 
-class VulkanEvent final : public backend::Event {
+// Where an event stands among its stream's submissions: the batch holding it
+// signals `batch_signal`, and `submitted` follows the stream's newest
+// submission (Stream::Wait needs the event's batch on the queue).
+struct PointInfo {
+  const void* stream;
+  const void* device;
+  std::shared_ptr<const std::atomic<uint64_t>> submitted;
+  uint64_t batch_signal;
+};
+
+class StreamPoint : public backend::Event {
  public:
-  VulkanEvent(const void* stream, std::shared_ptr<QueryPool> queries, uint32_t index,
+  explicit StreamPoint(PointInfo info) : stream_(info.stream), info_(std::move(info)) {}
+  const void* stream() const { return info_.stream; }
+  const void* device() const { return info_.device; }
+  bool on_queue() const { return info_.submitted->load() >= info_.batch_signal; }
+
+ protected:
+  const void* stream_;
+
+ private:
+  PointInfo info_;
+};
+
+class VulkanEvent final : public StreamPoint {
+ public:
+  VulkanEvent(PointInfo point, std::shared_ptr<QueryPool> queries, uint32_t index,
               double period_ns, uint32_t valid_bits)
-      : stream_(stream),
+      : StreamPoint(std::move(point)),
         queries_(std::move(queries)),
         index_(index),
         period_ns_(period_ns),
@@ -64,7 +88,6 @@ class VulkanEvent final : public backend::Event {
     return ticks & mask_;
   }
 
-  const void* stream_;
   std::shared_ptr<QueryPool> queries_;
   uint32_t index_;
   double period_ns_;
@@ -73,10 +96,10 @@ class VulkanEvent final : public backend::Event {
 
 // Devices whose compute queue has no timestamps get host-clock events, taken
 // when Record() submits.
-class HostClockEvent final : public backend::Event {
+class HostClockEvent final : public StreamPoint {
  public:
-  explicit HostClockEvent(const void* stream)
-      : stream_(stream), time_(std::chrono::steady_clock::now()) {}
+  explicit HostClockEvent(PointInfo point)
+      : StreamPoint(std::move(point)), time_(std::chrono::steady_clock::now()) {}
   absl::StatusOr<double> MicrosSince(const backend::Event& earlier) const override {
     const auto* e = dynamic_cast<const HostClockEvent*>(&earlier);
     if (e == nullptr || e->stream_ != stream_) {
@@ -86,7 +109,6 @@ class HostClockEvent final : public backend::Event {
   }
 
  private:
-  const void* stream_;
   std::chrono::steady_clock::time_point time_;
 };
 
@@ -390,6 +412,7 @@ absl::Status VulkanStream::Flush() {
     return s;
   }
   last_signal_ = batch->signal;
+  submitted_->store(last_signal_);
   ++submissions_;
   in_flight_.push_back(std::move(batch));
   return absl::OkStatus();
@@ -476,12 +499,34 @@ absl::Status VulkanStream::SynchronizeFor(absl::Duration timeout) {
   return s;
 }
 
+absl::Status VulkanStream::Wait(const backend::Event& event) {
+  if (!failed_.ok()) return failed_;
+  const auto* point = dynamic_cast<const StreamPoint*>(&event);
+  if (point == nullptr || point->device() != &device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        device_.info().id, ": Wait takes an event of a stream of the same device"));
+  }
+  if (point->stream() == this) return absl::OkStatus();  // in order already
+  if (!point->on_queue()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        device_.info().id,
+        ": the event's stream has not submitted it yet; Flush that stream first"));
+  }
+  // The event's batch is on the device's one queue ahead of anything this
+  // stream submits next, and every batch opens with a barrier whose first
+  // scope is all work submitted before it: nothing more to do.
+  return absl::OkStatus();
+}
+
+absl::Status VulkanStream::FlushWork() { return Flush(); }
+
 absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
   if (!failed_.ok()) return failed_;
   const DeviceCaps& caps = device_.caps();
   if (caps.timestamp_valid_bits == 0) {
+    PointInfo point{this, &device_, submitted_, last_signal_ + 1};
     KILN_RETURN_IF_ERROR(Flush());
-    return std::unique_ptr<backend::Event>(std::make_unique<HostClockEvent>(this));
+    return std::unique_ptr<backend::Event>(std::make_unique<HostClockEvent>(std::move(point)));
   }
   if (!queries_ || next_query_ == queries_->capacity()) {
     VkQueryPoolCreateInfo info{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
@@ -502,7 +547,7 @@ absl::StatusOr<std::unique_ptr<backend::Event>> VulkanStream::Record() {
   // No submission: the timestamp rides in the open batch (the event is
   // readable once a Synchronize has passed it).
   return std::unique_ptr<backend::Event>(std::make_unique<VulkanEvent>(
-      this, queries_, index, caps.timestamp_period_ns, caps.timestamp_valid_bits));
+      PointInfo{this, &device_, submitted_, last_signal_ + 1}, queries_, index, caps.timestamp_period_ns, caps.timestamp_valid_bits));
 }
 
 }  // namespace kiln::vulkan

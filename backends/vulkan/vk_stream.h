@@ -34,6 +34,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -88,6 +89,8 @@ class VulkanStream final : public backend::Stream {
   VulkanStream& operator=(const VulkanStream&) = delete;
 
   absl::Status SynchronizeFor(absl::Duration timeout) override;
+  absl::Status Wait(const backend::Event& event) override;
+  absl::Status FlushWork() override;
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override;
 
   const VulkanDevice& device() const { return device_; }
@@ -163,6 +166,8 @@ class VulkanStream final : public backend::Stream {
   VkSemaphore timeline_ = VK_NULL_HANDLE;  // from the device's pool
   uint64_t last_signal_ = 0;  // value of the newest submission
   absl::Status failed_;       // a device fault (timed-out wait): sticky
+  // The newest submitted signal value, shared with this stream's events.
+  std::shared_ptr<std::atomic<uint64_t>> submitted_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::unique_ptr<Batch> open_;
   std::deque<std::unique_ptr<Batch>> in_flight_;
   std::vector<std::unique_ptr<Batch>> spare_;

@@ -214,6 +214,55 @@ TEST(DeviceContract, BoundedWaitsFinishOrFaultCleanly) {
   }
 }
 
+// Stream::Wait orders work across two streams of one device: B copies what A
+// wrote once it waits for A's event (handed to the device with FlushWork).
+// An event of another device is refused.
+TEST(DeviceContract, StreamWaitOrdersAcrossStreams) {
+  FOR_EACH_DEVICE(d) {
+    auto a = d->CreateStream();
+    auto b = d->CreateStream();
+    ASSERT_TRUE(a.ok() && b.ok());
+    const int64_t n = int64_t{8} << 20;
+    auto x = d->Allocate(n), y = d->Allocate(n), z = d->Allocate(n);
+    ASSERT_TRUE(x.ok() && y.ok() && z.ok());
+    const std::vector<uint8_t> data = Pattern(static_cast<size_t>(n), 5);
+    ASSERT_TRUE(d->CopyToDevice(**a, data.data(), {x->get(), 0, n}).ok());
+    ASSERT_TRUE((*a)->Synchronize().ok());
+    for (int i = 0; i < 3; ++i) {  // enough work on A that B would overtake it
+      ASSERT_TRUE(d->CopyOnDevice(**a, {x->get(), 0, n}, {y->get(), 0, n}).ok());
+    }
+    auto done = (*a)->Record();
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE((*a)->FlushWork().ok());
+    ASSERT_TRUE((*b)->Wait(**done).ok());
+    ASSERT_TRUE(d->CopyOnDevice(**b, {y->get(), 0, n}, {z->get(), 0, n}).ok());
+    std::vector<uint8_t> back(static_cast<size_t>(n));
+    ASSERT_TRUE(d->CopyToHost(**b, {z->get(), 0, n}, back.data()).ok());
+    ASSERT_TRUE((*b)->Synchronize().ok());
+    ASSERT_TRUE((*a)->Synchronize().ok());
+    EXPECT_TRUE(back == data) << "B read y before A's copies finished";
+    EXPECT_TRUE((*a)->Wait(**done).ok()) << "waiting on one's own event is in order";
+    // An event whose work is not yet handed to the device: ordered at once
+    // where enqueued work is done (the CPU), refused with a way out elsewhere.
+    ASSERT_TRUE(d->CopyOnDevice(**a, {x->get(), 0, n}, {y->get(), 0, n}).ok());
+    auto pending = (*a)->Record();
+    ASSERT_TRUE(pending.ok());
+    const absl::Status w = (*b)->Wait(**pending);
+    EXPECT_TRUE(w.ok() || (w.code() == absl::StatusCode::kFailedPrecondition &&
+                           absl::StrContains(w.message(), "Flush")))
+        << w;
+    ASSERT_TRUE((*a)->Synchronize().ok());
+    for (Device* other : All().devices) {
+      if (other == d) continue;
+      auto os = other->CreateStream();
+      ASSERT_TRUE(os.ok());
+      auto oe = (*os)->Record();
+      ASSERT_TRUE(oe.ok());
+      EXPECT_EQ((*b)->Wait(**oe).code(), absl::StatusCode::kInvalidArgument) << other->info().id;
+    }
+  }
+}
+
 TEST(DeviceContract, ClaimsAndPreparedKernelsAgree) {
   KernelSpec neg;
   neg.name = "cts_neg";
