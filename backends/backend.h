@@ -206,6 +206,13 @@ class Device {
 
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes) = 0;
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  // Copies are enqueued on `stream` (one of this device's) in order with its
+  // kernels. Host-pointer lifetimes:
+  // - CopyToDevice reads `src` (dst.bytes of it) before it returns (staging it
+  //   if the device needs time): the caller may reuse or free it at once.
+  // - CopyToHost writes `dst` by the time a Synchronize of `stream` passes the
+  //   copy; `dst` must stay valid and untouched until then.
+  // - CopyOnDevice: `src` and `dst` may overlap.
   virtual absl::Status CopyToDevice(Stream& stream, const void* src, BufferView dst) = 0;
   virtual absl::Status CopyToHost(Stream& stream, BufferView src, void* dst) = 0;
   virtual absl::Status CopyOnDevice(Stream& stream, BufferView src, BufferView dst) = 0;

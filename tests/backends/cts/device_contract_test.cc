@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -122,7 +123,11 @@ TEST(DeviceContract, MemoryRoundTripsAndIsAccounted) {
       const std::vector<uint8_t> in = Pattern(n, 3);
       std::vector<uint8_t> out(n, 0);
       const BufferView v{buf->get(), 0, static_cast<int64_t>(n)};
-      ASSERT_TRUE(d->CopyToDevice(**s, in.data(), v).ok());
+      // CopyToDevice has read `src` when it returns: overwriting it at once
+      // must not reach the device.
+      std::vector<uint8_t> src = in;
+      ASSERT_TRUE(d->CopyToDevice(**s, src.data(), v).ok());
+      std::fill(src.begin(), src.end(), 0xEE);
       ASSERT_TRUE(d->CopyToHost(**s, v, out.data()).ok());
       ASSERT_TRUE((*s)->Synchronize().ok());
       EXPECT_EQ(in, out);
