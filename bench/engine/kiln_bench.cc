@@ -98,17 +98,34 @@ void WriteRaw(const std::filesystem::path& path, const HostTensor& t) {
   out.write(static_cast<const char*>(t.data()), t.num_bytes());
 }
 
+// The BERT-base encoder layer, its input for `batch`, an engine and the
+// layer's params on it: what the encoder benchmarks share.
+struct EncoderSetup {
+  models::EncoderConfig cfg;
+  models::Model m;
+  HostTensor x;
+  std::unique_ptr<Engine> engine;
+  absl::StatusOr<std::shared_ptr<ParamSet>> params;
+
+  EncoderSetup(int64_t batch, int threads) : m(models::EncoderLayer(cfg)) {
+    std::mt19937_64 rng(99);
+    x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
+    engine = MakeEngine(threads);
+    params = engine->CreateParams(models::ParamRefs(m));
+  }
+};
+
 int Encoder(const std::map<std::string, std::string>& flags) {
   const int threads = static_cast<int>(Flag(flags, "threads", 2));
   const int64_t batch = Flag(flags, "batch", 1);
   const int iters = static_cast<int>(Flag(flags, "iters", 50));
   const int warmup = static_cast<int>(Flag(flags, "warmup", 10));
-  models::EncoderConfig cfg;
-  models::Model m = models::EncoderLayer(cfg);
-  std::mt19937_64 rng(99);
-  HostTensor x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
-  auto engine = MakeEngine(threads);
-  auto params = engine->CreateParams(models::ParamRefs(m));
+  EncoderSetup setup(batch, threads);
+  const models::EncoderConfig& cfg = setup.cfg;
+  const models::Model& m = setup.m;
+  const HostTensor& x = setup.x;
+  Engine* engine = setup.engine.get();
+  auto& params = setup.params;
   CompileOptions copts;
   if (flags.contains("device")) copts.device = flags.at("device");
   auto compiled = engine->Compile(m.graph, copts, {{"x", x.dims()}});
@@ -495,7 +512,7 @@ int Placement(const std::map<std::string, std::string>& flags) {
 // `callers` threads of two tenants. Runs/s for each device alone and for all
 // of them together (callers spread across the devices' programs), so the
 // curve shows concurrent run contexts on one device and scaling with devices.
-//   kiln_bench shared [--devices cpu:0,vulkan:0] [--callers 1,2,4,8] [--seconds 3]
+//   kiln_bench shared [--devices cpu:0,vulkan:0] [--callers 1,2,4,8] [--seconds 3 (whole)]
 int SharedEncoder(const std::map<std::string, std::string>& flags) {
   const int threads = static_cast<int>(Flag(flags, "threads", 2));
   const int64_t batch = Flag(flags, "batch", 8);
@@ -510,12 +527,12 @@ int SharedEncoder(const std::map<std::string, std::string>& flags) {
   const std::vector<std::string> devices = list("devices", "cpu:0,vulkan:0");
   std::vector<int> callers;
   for (const std::string& c : list("callers", "1,2,4,8")) callers.push_back(std::stoi(c));
-  models::EncoderConfig cfg;
-  models::Model m = models::EncoderLayer(cfg);
-  std::mt19937_64 rng(99);
-  HostTensor x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
-  auto engine = MakeEngine(threads);
-  auto params = engine->CreateParams(models::ParamRefs(m));
+  EncoderSetup setup(batch, threads);
+  const models::EncoderConfig& cfg = setup.cfg;
+  const models::Model& m = setup.m;
+  const HostTensor& x = setup.x;
+  Engine* engine = setup.engine.get();
+  auto& params = setup.params;
   if (!params.ok()) return 1;
   std::map<std::string, std::shared_ptr<Executable>> programs;
   for (const std::string& d : devices) {
