@@ -88,8 +88,10 @@ struct Engine::Impl {
   std::unique_ptr<runtime::DeviceHealth> health;
 
   ~Impl() {
-    health.reset();      // stops the prober
-    schedulers.clear();  // drains queued runs before the devices go
+    // Runs still draining may note a fault: the schedulers go before the
+    // health tracker, and both before the devices.
+    schedulers.clear();
+    health.reset();
   }
 
   absl::Mutex cache_mu;

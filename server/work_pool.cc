@@ -23,7 +23,8 @@ WorkPool::WorkPool(int threads, int max_per_tenant)
   scheduler_ = std::move(s).value();
 }
 
-WorkPool::~WorkPool() { scheduler_.reset(); }
+// The scheduler stays valid while it shuts down: a task it runs then may Post.
+WorkPool::~WorkPool() { scheduler_->Shutdown(); }
 
 void WorkPool::Post(const std::string& tenant, double cost, int max_running,
                     std::function<void()> task) {
@@ -39,13 +40,10 @@ void WorkPool::Post(const std::string& tenant, double cost, int max_running,
   };
   // Posted work always runs: a task dropped at shutdown runs here instead.
   job.drop = [shared](absl::Status) { (*shared)(); };
-  const absl::Status s = scheduler_->Submit(std::move(job)).status();
   // Unbounded queues: Submit fails only while the pool is being destroyed,
-  // after every caller that may Post is gone.
-  if (!s.ok()) {
-    spdlog::critical("work pool: {}", std::string(s.message()));
-    std::abort();
-  }
+  // when a task it runs at shutdown posts its next step (a param stream's
+  // next chunk). Posted work always runs: that one runs here.
+  if (!scheduler_->Submit(std::move(job)).ok()) (*shared)();
 }
 
 }  // namespace kiln::server

@@ -25,10 +25,13 @@ absl::StatusOr<std::unique_ptr<FairScheduler>> FairScheduler::Create(const Optio
   return s;
 }
 
-FairScheduler::~FairScheduler() {
+FairScheduler::~FairScheduler() { Shutdown(); }
+
+void FairScheduler::Shutdown() {
   std::vector<FairJob> dropped;
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return;
     stopping_ = true;
     for (auto& [name, t] : tenants_) {
       for (auto& [key, e] : t.queue) dropped.push_back(std::move(e.job));

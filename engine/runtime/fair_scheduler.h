@@ -96,6 +96,9 @@ class FairScheduler {
 
   static absl::StatusOr<std::unique_ptr<FairScheduler>> Create(const Options& options);
   // Drops every queued job (UNAVAILABLE), waits for running ones, joins.
+  // Submit meanwhile (a dropped job's own callback, say) fails UNAVAILABLE.
+  // The destructor calls it; a second call returns at once.
+  void Shutdown();
   ~FairScheduler();
   FairScheduler(const FairScheduler&) = delete;
   FairScheduler& operator=(const FairScheduler&) = delete;
