@@ -39,11 +39,18 @@ TEST(WorkPool, OneAccountLeavesAThreadForOthers) {
   WorkPool pool(2);  // max_per_tenant = 1
   absl::Notification gate;
   std::atomic<int> big_running = 0;
+  absl::Notification big_started;
   for (int i = 0; i < 2; ++i) {
     pool.Post("big/compile", 1e6, 0, [&] {
-      ++big_running;
+      if (++big_running == 1) big_started.Notify();
       gate.WaitForNotification();
     });
+  }
+  // The first big task holds a thread before the small one arrives (else the
+  // count below could be read before that thread got to its increment).
+  if (!big_started.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+    gate.Notify();
+    FAIL() << "no big task started";
   }
   absl::Notification small_done;
   pool.Post("small/compile", 1, 0, [&] { small_done.Notify(); });
