@@ -5,7 +5,7 @@ function(kiln_warnings target)
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter
       -Wno-missing-field-initializers -Wno-sign-compare
       # GCC 12 at -O3 reports false -Wrestrict hits inside std::string (GCC bug 105329).
-      -Wno-restrict>)
+      $<$<CXX_COMPILER_ID:GNU>:-Wno-restrict>>)
 endfunction()
 
 # kiln_test(name SOURCES ... LIBS ... [LABELS ...]): one gtest binary, one ctest

@@ -16,6 +16,7 @@ namespace {
 TEST(WorkPool, TasksPostedWhileShuttingDownStillRun) {
   std::atomic<bool> second = false;
   absl::Notification gate, holding;
+  std::thread release;  // joined after the pool: it must not outlive `gate`
   {
     WorkPool pool(1);
     pool.Post([&] {
@@ -26,20 +27,22 @@ TEST(WorkPool, TasksPostedWhileShuttingDownStillRun) {
     // Queued behind the holder: dropped to the destructor, which runs it; it
     // posts its next step into a pool that is shutting down.
     pool.Post([&] { pool.Post([&] { second = true; }); });
-    std::thread release([&] {
+    release = std::thread([&] {
       absl::SleepFor(absl::Milliseconds(20));
       gate.Notify();
     });
-    release.detach();
   }
+  release.join();
   EXPECT_TRUE(second.load());
 }
 
 TEST(WorkPool, OneAccountLeavesAThreadForOthers) {
-  WorkPool pool(2);  // max_per_tenant = 1
+  // Declared before the pool, whose tasks use them until its destructor joins.
   absl::Notification gate;
   std::atomic<int> big_running = 0;
   absl::Notification big_started;
+  absl::Notification small_done;
+  WorkPool pool(2);  // max_per_tenant = 1
   for (int i = 0; i < 2; ++i) {
     pool.Post("big/compile", 1e6, 0, [&] {
       if (++big_running == 1) big_started.Notify();
@@ -52,7 +55,6 @@ TEST(WorkPool, OneAccountLeavesAThreadForOthers) {
     gate.Notify();
     FAIL() << "no big task started";
   }
-  absl::Notification small_done;
   pool.Post("small/compile", 1, 0, [&] { small_done.Notify(); });
   EXPECT_TRUE(small_done.WaitForNotificationWithTimeout(absl::Seconds(30)))
       << "the small task waited behind the big account";

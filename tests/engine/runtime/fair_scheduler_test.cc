@@ -42,8 +42,8 @@ TEST(FairScheduler, RejectsZeroSlots) {
 }
 
 TEST(FairScheduler, SlotsBoundConcurrentRuns) {
+  absl::Notification gate;  // outlives the scheduler, whose jobs wait on it
   auto s = Make(2);
-  absl::Notification gate;
   std::atomic<int> started = 0;
   std::vector<absl::Notification> done(3);
   for (int i = 0; i < 3; ++i) {
@@ -65,6 +65,7 @@ TEST(FairScheduler, SlotsBoundConcurrentRuns) {
 }
 
 TEST(FairScheduler, InlineOnlyWhenASlotIsFreeAndNothingWaits) {
+  absl::Notification gate, held;  // outlive the scheduler, whose job waits on them
   auto s = Make(1);
   const std::thread::id caller = std::this_thread::get_id();
   std::thread::id ran_on;
@@ -79,7 +80,6 @@ TEST(FairScheduler, InlineOnlyWhenASlotIsFreeAndNothingWaits) {
   EXPECT_EQ(ran_on, caller);
   EXPECT_EQ(s->stats().inline_runs, 1);
 
-  absl::Notification gate, held;
   FairJob holder = Blocking("a", gate);
   holder.run = [&](absl::Duration) {
     held.Notify();
@@ -100,8 +100,8 @@ TEST(FairScheduler, InlineOnlyWhenASlotIsFreeAndNothingWaits) {
 // Two tenants, weights 1 and 3, a backlog of equal runs: while both have work
 // waiting, the device time splits 1:3.
 TEST(FairScheduler, WeightedFairShareOfDeviceTime) {
+  absl::Notification gate;  // outlives the scheduler, whose jobs wait on it
   auto s = Make(1);
-  absl::Notification gate;
   FairJob first = Blocking("warm", gate);
   ASSERT_TRUE(s->Submit(std::move(first)).ok());  // holds the slot while the queues fill
   std::mutex order_mu;
@@ -134,8 +134,8 @@ TEST(FairScheduler, WeightedFairShareOfDeviceTime) {
 }
 
 TEST(FairScheduler, PriorityThenArrivalInsideATenant) {
+  absl::Notification gate;  // outlives the scheduler, whose jobs wait on it
   auto s = Make(1);
-  absl::Notification gate;
   ASSERT_TRUE(s->Submit(Blocking("t", gate)).ok());
   std::vector<int> order;
   std::mutex mu;
@@ -157,8 +157,8 @@ TEST(FairScheduler, PriorityThenArrivalInsideATenant) {
 }
 
 TEST(FairScheduler, BoundedQueuesRejectAtOnce) {
+  absl::Notification gate;  // outlives the scheduler, whose jobs wait on it
   auto s = Make(1, /*max_queued=*/3);
-  absl::Notification gate;
   ASSERT_TRUE(s->Submit(Blocking("a", gate)).ok());
   while (s->stats().running < 1) absl::SleepFor(absl::Milliseconds(1));
   FairJob j1 = Blocking("a", gate);
@@ -179,8 +179,8 @@ TEST(FairScheduler, BoundedQueuesRejectAtOnce) {
 }
 
 TEST(FairScheduler, DeadlinePassedInQueueIsDroppedAndCancelDrops) {
+  absl::Notification gate;  // outlives the scheduler, whose jobs wait on it
   auto s = Make(1);
-  absl::Notification gate;
   ASSERT_TRUE(s->Submit(Blocking("a", gate)).ok());
   absl::Status late_why, cancelled_why;
   absl::Notification late_done, cancelled_done;
@@ -217,8 +217,8 @@ TEST(FairScheduler, DeadlinePassedInQueueIsDroppedAndCancelDrops) {
 TEST(FairScheduler, DestructorDropsQueuedJobsUnavailable) {
   absl::Status why;
   {
-    auto s = Make(1);
     absl::Notification gate;
+    auto s = Make(1);
     ASSERT_TRUE(s->Submit(Blocking("a", gate)).ok());
     FairJob j;
     j.tenant = {"a", 1, 10};
