@@ -23,6 +23,9 @@ packages=(
   python3-torch python3-onnx libopenblas0-pthread
   # metrics scrape test
   curl
+  # deploy tests (tests/deploy): compose files validated by docker-compose 1.29,
+  # Prometheus and promtool against a real kilnd, nginx as the gRPC balancer
+  docker-compose prometheus nginx python3-yaml
 )
 
 missing=()
