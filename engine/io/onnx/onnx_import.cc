@@ -1,0 +1,660 @@
+// The ONNX importer's driver: the model, its inputs, initializers and nodes, and
+// the per-node context (onnx_internal.h). The op converters live in
+// onnx_ops_*.cc, import-time folding in onnx_fold.cc.
+#include "engine/io/onnx/onnx_import.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "base/checked_int.h"
+#include "base/status.h"
+#include "engine/io/onnx/onnx_internal.h"
+#include "engine/ir/infer.h"
+#include "engine/ir/verifier.h"
+
+namespace kiln::io {
+namespace onnx_internal {
+
+// ---- Importer ---------------------------------------------------------------
+
+std::string Importer::Label() const {
+  const std::string name = node_.name().empty()
+                               ? (node_.output_size() > 0 ? node_.output(0) : std::string("?"))
+                               : node_.name();
+  return absl::StrCat("ONNX node \"", name, "\" (", node_.op_type(), ", opset ", opset_, ")");
+}
+
+absl::Status Importer::Invalid(const std::string& what) const {
+  return absl::InvalidArgumentError(absl::StrCat(Label(), ": ", what));
+}
+
+absl::Status Importer::Unsupported(const std::string& what) const {
+  return absl::UnimplementedError(what);
+}
+
+absl::Status Importer::Need(int i) const {
+  if (has(i)) return absl::OkStatus();
+  return Invalid(absl::StrCat("input ", i, " is required"));
+}
+
+const HostTensor* Importer::Const(int i) const {
+  if (!has(i) || !in(i).known || !in(i).known->complete()) return nullptr;
+  return in(i).known->t.get();
+}
+
+absl::StatusOr<ValueRef> Importer::Ref(int i) {
+  KILN_RETURN_IF_ERROR(Need(i));
+  Value& v = *inputs_[i];
+  if (v.ref.node >= 0) return v.ref;
+  if (!v.known || !v.known->complete()) {
+    return absl::InternalError(absl::StrCat(Label(), ": input ", i, " has no value"));
+  }
+  auto n = std::make_unique<ir::Node>();
+  n->op = v1::OP_CONSTANT;
+  n->name = node_.input(i);
+  n->attrs.mutable_constant();
+  n->value = v.known->t;
+  KILN_RETURN_IF_ERROR(ir::InferNode(graph_, *n, options_.limits)) << "while importing " << Label();
+  v.ref = graph_.AddNode(std::move(n))->out();
+  return v.ref;
+}
+
+absl::StatusOr<std::optional<std::vector<int64_t>>> Importer::Ints(int i) {
+  if (!has(i)) return std::optional<std::vector<int64_t>>();
+  const HostTensor* t = Const(i);
+  if (t == nullptr) {
+    return Unsupported(absl::StrCat("input ", i, " (\"", node_.input(i),
+                                    "\") must be known at import: a constant, or computed from "
+                                    "constants and input shapes (pin the input shapes to fold it)"));
+  }
+  if (!IsInteger(t->dtype()) && t->dtype() != v1::DTYPE_BOOL) {
+    return Invalid(absl::StrCat("input ", i, " must be integers, got ", DTypeName(t->dtype())));
+  }
+  std::vector<int64_t> out(t->num_elements());
+  for (int64_t k = 0; k < t->num_elements(); ++k) out[k] = GetInt(*t, k);
+  return std::optional<std::vector<int64_t>>(std::move(out));
+}
+
+absl::StatusOr<std::vector<int64_t>> Importer::RequiredInts(int i) {
+  KILN_RETURN_IF_ERROR(Need(i));
+  auto v = Ints(i);
+  if (!v.ok()) return v.status();
+  if (!v->has_value()) return Invalid(absl::StrCat("input ", i, " is required"));
+  return std::move(**v);
+}
+
+absl::StatusOr<double> Importer::Scalar(int i) {
+  KILN_RETURN_IF_ERROR(Need(i));
+  const HostTensor* t = Const(i);
+  if (t == nullptr) return Unsupported(absl::StrCat("input ", i, " must be a constant"));
+  if (t->num_elements() != 1) {
+    return Invalid(absl::StrCat("input ", i, " must have one element, got ", t->num_elements()));
+  }
+  return t->GetAsDouble(0);
+}
+
+absl::Status Importer::ShapeArg(int i, std::vector<int64_t>* values, std::vector<int64_t>* sym) {
+  KILN_RETURN_IF_ERROR(Need(i));
+  const Value& v = in(i);
+  if (!v.known) {
+    return Unsupported(absl::StrCat("shape input ", i, " (\"", node_.input(i),
+                                    "\") is computed at run time; Kiln needs it at import "
+                                    "(pin the input shapes so it folds)"));
+  }
+  const HostTensor& t = *v.known->t;
+  if (!IsInteger(t.dtype())) return Invalid(absl::StrCat("shape input ", i, " must be integers"));
+  if (t.rank() > 1) return Invalid(absl::StrCat("shape input ", i, " must be 1-D"));
+  values->assign(t.num_elements(), 0);
+  sym->assign(t.num_elements(), 0);
+  for (int64_t k = 0; k < t.num_elements(); ++k) {
+    (*values)[k] = GetInt(t, k);
+    if (!v.known->complete()) (*sym)[k] = v.known->sym[k];
+  }
+  return absl::OkStatus();
+}
+
+const onnx::AttributeProto* Importer::Attr(const std::string& name) const {
+  for (const auto& a : node_.attribute()) {
+    if (a.name() == name) return &a;
+  }
+  return nullptr;
+}
+
+int64_t Importer::AttrInt(const std::string& name, int64_t def) const {
+  const auto* a = Attr(name);
+  return a ? a->i() : def;
+}
+
+float Importer::AttrFloat(const std::string& name, float def) const {
+  const auto* a = Attr(name);
+  return a ? a->f() : def;
+}
+
+std::string Importer::AttrString(const std::string& name, const std::string& def) const {
+  const auto* a = Attr(name);
+  return a ? a->s() : def;
+}
+
+std::optional<std::vector<int64_t>> Importer::AttrInts(const std::string& name) const {
+  const auto* a = Attr(name);
+  if (!a) return std::nullopt;
+  return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+}
+
+std::optional<std::vector<float>> Importer::AttrFloats(const std::string& name) const {
+  const auto* a = Attr(name);
+  if (!a) return std::nullopt;
+  return std::vector<float>(a->floats().begin(), a->floats().end());
+}
+
+absl::StatusOr<std::optional<std::vector<int64_t>>> Importer::IntsAttrOrInput(
+    const std::string& name, int moved_at, int input) {
+  if (opset_ < moved_at) return AttrInts(name);
+  return Ints(input);
+}
+
+absl::StatusOr<ValueRef> Importer::Emit(v1::OpKind op, std::vector<ValueRef> operands,
+                                        const v1::Attrs& attrs) {
+  auto n = std::make_unique<ir::Node>();
+  n->op = op;
+  const std::string base = node_.output_size() > 0 ? node_.output(0) : node_.name();
+  n->name = emitted_ == 0 ? base : absl::StrCat(base, ".", emitted_);
+  ++emitted_;
+  n->operands.assign(operands.begin(), operands.end());
+  n->attrs = attrs;
+  if (auto s = ir::InferNode(graph_, *n, options_.limits); !s.ok()) {
+    return StatusBuilder(s) << "while importing " << Label();
+  }
+  return graph_.AddNode(std::move(n))->out();
+}
+
+absl::StatusOr<ValueRef> Importer::Constant(HostTensor t) {
+  auto n = std::make_unique<ir::Node>();
+  n->op = v1::OP_CONSTANT;
+  n->name = absl::StrCat(node_.output_size() > 0 ? node_.output(0) : node_.name(), ".c", emitted_++);
+  n->attrs.mutable_constant();
+  n->value = std::make_shared<const HostTensor>(std::move(t));
+  KILN_RETURN_IF_ERROR(ir::InferNode(graph_, *n, options_.limits)) << "while importing " << Label();
+  return graph_.AddNode(std::move(n))->out();
+}
+
+absl::StatusOr<ValueRef> Importer::ScalarConst(DType dtype, double v) {
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dtype, {}));
+  if (IsInteger(dtype) || dtype == v1::DTYPE_BOOL) {
+    SetInt(t, 0, static_cast<int64_t>(v));
+  } else {
+    t.SetFromDouble(0, v);
+  }
+  return Constant(std::move(t));
+}
+
+absl::StatusOr<ValueRef> Importer::Unary(v1::UnaryKind kind, ValueRef x) {
+  v1::Attrs a;
+  a.mutable_unary()->set_kind(kind);
+  return Emit(v1::OP_UNARY, {x}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Binary(v1::BinaryKind kind, ValueRef x, ValueRef y) {
+  v1::Attrs a;
+  a.mutable_binary()->set_kind(kind);
+  return Emit(v1::OP_BINARY, {x, y}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Compare(v1::CompareKind kind, ValueRef x, ValueRef y) {
+  v1::Attrs a;
+  a.mutable_compare()->set_kind(kind);
+  return Emit(v1::OP_COMPARE, {x, y}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Where(ValueRef c, ValueRef x, ValueRef y) {
+  v1::Attrs a;
+  a.mutable_where();
+  return Emit(v1::OP_WHERE, {c, x, y}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Cast(ValueRef x, DType to) {
+  if (TypeOf(x).dtype == to) return x;
+  v1::Attrs a;
+  a.mutable_cast()->set_to(to);
+  return Emit(v1::OP_CAST, {x}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Reshape(ValueRef x, const IrDims& dims) {
+  if (TypeOf(x).dims == dims) return x;
+  v1::Attrs a;
+  for (int64_t d : dims) a.mutable_reshape()->add_shape(d);
+  return Emit(v1::OP_RESHAPE, {x}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Clamp(ValueRef x, std::optional<double> lo,
+                                         std::optional<double> hi) {
+  v1::Attrs a;
+  if (lo) a.mutable_clamp()->set_min(*lo);
+  if (hi) a.mutable_clamp()->set_max(*hi);
+  a.mutable_clamp();
+  return Emit(v1::OP_CLAMP, {x}, a);
+}
+
+absl::StatusOr<ValueRef> Importer::Reduce(v1::ReduceKind kind, ValueRef x,
+                                          std::vector<int64_t> axes, bool keepdims) {
+  v1::Attrs a;
+  a.mutable_reduce()->set_kind(kind);
+  a.mutable_reduce()->set_keepdims(keepdims);
+  // Kiln reads an empty list as "all axes"; pass them explicitly.
+  if (axes.empty()) {
+    for (int64_t k = 0; k < TypeOf(x).rank(); ++k) axes.push_back(k);
+  }
+  for (int64_t ax : axes) a.mutable_reduce()->add_axes(ax);
+  return Emit(v1::OP_REDUCE, {x}, a);
+}
+
+void Importer::SetOutput(int i, ValueRef v) {
+  if (i >= num_outputs()) return;
+  Value out;
+  out.ref = v;
+  out.type = graph_.TypeOf(v);
+  // Name the Kiln node after the ONNX value where this node made it.
+  ir::Node* n = graph_.FindNode(v.node);
+  if (n != nullptr && n->op != v1::OP_INPUT && n->op != v1::OP_PARAM && v.output == 0 &&
+      absl::StartsWith(n->name, node_.output_size() > 0 ? node_.output(0) : "")) {
+    n->name = node_.output(i);
+  }
+  outputs_[i] = std::move(out);
+}
+
+void Importer::SetKnown(int i, std::shared_ptr<const Known> k) {
+  if (i >= num_outputs()) return;
+  Value out;
+  out.type = TensorType(k->t->dtype(), IrDims(k->t->dims().begin(), k->t->dims().end()));
+  out.known = std::move(k);
+  outputs_[i] = std::move(out);
+}
+
+absl::Status Importer::SetConst(int i, HostTensor t) {
+  if (t.num_elements() > options_.limits.max_tensor_elements) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Label(), ": result has ", t.num_elements(), " elements, over the limit"));
+  }
+  auto k = std::make_shared<Known>();
+  k->t = std::make_shared<const HostTensor>(std::move(t));
+  SetKnown(i, std::move(k));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> NormAxis(const Importer& c, int64_t axis, int64_t rank) {
+  int64_t out = 0;
+  if (!ir::NormalizeAxis(axis, rank, &out)) {
+    return c.Invalid(absl::StrCat("axis ", axis, " is out of range for rank ", rank));
+  }
+  return out;
+}
+
+// ---- the driver -------------------------------------------------------------
+
+namespace {
+
+constexpr int kMinOpset = 9;
+constexpr int kMaxOpset = 21;
+
+const ConverterTable& Converters() {
+  static const ConverterTable* table = [] {
+    auto* t = new ConverterTable();
+    RegisterElementwise(*t);
+    RegisterTensorOps(*t);
+    RegisterNnOps(*t);
+    return t;
+  }();
+  return *table;
+}
+
+bool IsDefaultDomain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
+
+absl::StatusOr<TensorType> InputType(const onnx::ValueInfoProto& vi, ir::Graph& g,
+                                     const OnnxImportOptions& options) {
+  auto err = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("graph input \"", vi.name(), "\": ", what));
+  };
+  if (!vi.type().has_tensor_type()) return err("only tensor inputs are supported");
+  const auto& tt = vi.type().tensor_type();
+  const std::optional<DType> dt = DTypeFromOnnx(tt.elem_type());
+  if (!dt) {
+    return absl::UnimplementedError(absl::StrCat("graph input \"", vi.name(), "\": element type ",
+                                                 tt.elem_type(), " has no Kiln dtype"));
+  }
+  TensorType t;
+  t.dtype = *dt;
+  for (const auto& [name, dims] : options.input_shapes) {
+    if (name != vi.name()) continue;
+    if (tt.has_shape() && tt.shape().dim_size() != static_cast<int>(dims.size())) {
+      return err(absl::StrCat("the pinned shape [", absl::StrJoin(dims, ", "), "] has rank ",
+                              dims.size(), "; the model says ", tt.shape().dim_size()));
+    }
+    for (int64_t d : dims) {
+      if (d < 0) return err(absl::StrCat("pinned dim ", d, " is negative"));
+      t.dims.push_back(d);
+    }
+    return t;
+  }
+  if (!tt.has_shape()) return err("has no shape (give it with the input shapes)");
+  if (tt.shape().dim_size() > options.limits.max_rank) {
+    return err(absl::StrCat("rank ", tt.shape().dim_size(), " exceeds the limit ",
+                            options.limits.max_rank));
+  }
+  for (const auto& d : tt.shape().dim()) {
+    if (d.has_dim_value()) {
+      if (d.dim_value() < 0) return err(absl::StrCat("dim ", d.dim_value(), " is negative"));
+      t.dims.push_back(d.dim_value());
+    } else if (d.has_dim_param() && !d.dim_param().empty()) {
+      t.dims.push_back(ir::SymbolDim(g.InternSymbol(d.dim_param())));
+    } else {
+      t.dims.push_back(ir::kDynamic);
+    }
+  }
+  return t;
+}
+
+struct UnsupportedNode {
+  int index;
+  std::string message;
+};
+
+std::string NodeDescription(const onnx::NodeProto& n, int index, int opset) {
+  const std::string domain = n.domain().empty() ? "ai.onnx" : n.domain();
+  return absl::StrCat("node ", index, " \"", n.name(), "\": ", n.op_type(), " (domain ", domain,
+                      ", opset ", opset, ")");
+}
+
+}  // namespace
+}  // namespace onnx_internal
+
+using namespace onnx_internal;  // NOLINT: this file is the internals' driver
+
+absl::StatusOr<OnnxModel> ImportOnnxModel(std::string_view bytes,
+                                          const OnnxImportOptions& options) {
+  if (static_cast<int64_t>(bytes.size()) > options.max_model_bytes ||
+      bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::ResourceExhaustedError(absl::StrCat("ONNX model of ", bytes.size(),
+                                                     " bytes exceeds the limit of ",
+                                                     options.max_model_bytes));
+  }
+  onnx::ModelProto model;
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(
+        "not an ONNX model: the bytes do not parse as onnx.ModelProto (truncated or another "
+        "format)");
+  }
+  if (!model.has_graph()) return absl::InvalidArgumentError("ONNX model has no graph");
+  const onnx::GraphProto& graph = model.graph();
+  // Opsets: only the default domain's matters; imports no node uses are ignored.
+  absl::flat_hash_map<std::string, int64_t> opsets;
+  for (const auto& o : model.opset_import()) {
+    opsets[IsDefaultDomain(o.domain()) ? std::string() : o.domain()] = o.version();
+  }
+  bool uses_default = false;
+  for (const auto& n : graph.node()) uses_default |= IsDefaultDomain(n.domain());
+  int opset = 0;
+  if (uses_default) {
+    auto it = opsets.find("");
+    if (it == opsets.end()) {
+      return absl::InvalidArgumentError("ONNX model imports no opset of the default domain");
+    }
+    if (it->second < kMinOpset || it->second > kMaxOpset) {
+      return absl::UnimplementedError(absl::StrCat("ONNX opset ", it->second,
+                                                   " of the default domain; Kiln imports opsets ",
+                                                   kMinOpset, " to ", kMaxOpset));
+    }
+    opset = static_cast<int>(it->second);
+  }
+  if (graph.node_size() > options.max_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat("ONNX graph has ", graph.node_size(),
+                                                     " nodes, over the limit of ", options.max_nodes));
+  }
+
+  // Every unsupported node first, in one error.
+  std::vector<UnsupportedNode> unsupported;
+  const ConverterTable& table = Converters();
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const auto& n = graph.node(i);
+    const int node_opset = IsDefaultDomain(n.domain())
+                               ? opset
+                               : static_cast<int>(opsets.contains(n.domain()) ? opsets[n.domain()] : 0);
+    if (!IsDefaultDomain(n.domain())) {
+      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, node_opset),
+                                             ": Kiln imports only the default ONNX domain")});
+    } else if (!table.contains(n.op_type())) {
+      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, node_opset),
+                                             ": no Kiln conversion for this op")});
+    }
+  }
+  auto unsupported_error = [&]() {
+    std::vector<std::string> lines;
+    for (const auto& u : unsupported) lines.push_back(absl::StrCat("  ", u.message));
+    return absl::UnimplementedError(absl::StrCat("ONNX model has ", unsupported.size(),
+                                                 " node(s) Kiln cannot import:\n",
+                                                 absl::StrJoin(lines, "\n")));
+  };
+  if (!unsupported.empty()) return unsupported_error();
+
+  ir::Graph g;
+  g.set_name(graph.name().empty() ? "onnx" : graph.name());
+  OnnxModel result;
+  absl::flat_hash_map<std::string, std::unique_ptr<Value>> values;
+  absl::flat_hash_set<std::string> initializer_names;
+  absl::flat_hash_set<std::string> param_names(options.params.begin(), options.params.end());
+  absl::flat_hash_set<std::string> params_found;
+
+  for (const auto& init : graph.initializer()) {
+    if (init.name().empty()) return absl::InvalidArgumentError("ONNX initializer without a name");
+    if (!initializer_names.insert(init.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ONNX initializer \"", init.name(), "\" appears twice"));
+    }
+  }
+  absl::flat_hash_set<std::string> input_names;
+  for (const auto& vi : graph.input()) {
+    if (initializer_names.contains(vi.name())) continue;  // IR < 4 lists initializers as inputs
+    if (vi.name().empty()) return absl::InvalidArgumentError("ONNX graph input without a name");
+    if (!input_names.insert(vi.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ONNX graph input \"", vi.name(), "\" appears twice"));
+    }
+    const HostTensor* fixed = nullptr;
+    for (const auto& [name, value] : options.input_values) {
+      if (name == vi.name()) fixed = value;
+    }
+    if (fixed != nullptr) {
+      auto k = std::make_shared<Known>();
+      k->t = std::make_shared<const HostTensor>(fixed->Clone());
+      auto v = std::make_unique<Value>();
+      v->type = TensorType(fixed->dtype(), IrDims(fixed->dims().begin(), fixed->dims().end()));
+      v->known = std::move(k);
+      values[vi.name()] = std::move(v);
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(TensorType t, InputType(vi, g, options));
+    auto n = std::make_unique<ir::Node>();
+    n->op = v1::OP_INPUT;
+    n->name = vi.name();
+    n->attrs.mutable_input();
+    n->outputs.push_back(t);
+    KILN_RETURN_IF_ERROR(ir::InferNode(g, *n, options.limits)) << "graph input \"" << vi.name() << "\"";
+    auto v = std::make_unique<Value>();
+    v->ref = g.AddNode(std::move(n))->out();
+    v->type = t;
+    values[vi.name()] = std::move(v);
+  }
+  for (const auto& [name, value] : options.input_values) {
+    if (!input_names.contains(name) || value == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("a value was given for \"", name,
+                                                     "\", which is not an input of the ONNX graph"));
+    }
+  }
+  for (const auto& [name, dims] : options.input_shapes) {
+    if (!input_names.contains(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("a shape was given for \"", name,
+                                                     "\", which is not an input of the ONNX graph"));
+    }
+  }
+
+  auto add_param = [&](const std::string& name, std::shared_ptr<const HostTensor> t) -> absl::Status {
+    auto n = std::make_unique<ir::Node>();
+    n->op = v1::OP_PARAM;
+    n->name = name;
+    n->attrs.mutable_param();
+    n->outputs.push_back(TensorType(t->dtype(), IrDims(t->dims().begin(), t->dims().end())));
+    KILN_RETURN_IF_ERROR(ir::InferNode(g, *n, options.limits)) << "param \"" << name << "\"";
+    auto v = std::make_unique<Value>();
+    v->type = n->outputs[0];
+    v->ref = g.AddNode(std::move(n))->out();
+    values[name] = std::move(v);
+    result.params.emplace_back(name, t->Clone());
+    params_found.insert(name);
+    return absl::OkStatus();
+  };
+
+  for (const auto& init : graph.initializer()) {
+    if (values.contains(init.name())) continue;
+    auto t = TensorFromProto(init, options.limits);
+    if (!t.ok()) return StatusBuilder(t.status()) << "ONNX initializer \"" << init.name() << "\"";
+    auto shared = std::make_shared<const HostTensor>(std::move(t).value());
+    if (options.all_initializers_as_params || param_names.contains(init.name())) {
+      KILN_RETURN_IF_ERROR(add_param(init.name(), shared));
+      continue;
+    }
+    auto k = std::make_shared<Known>();
+    k->t = shared;
+    auto v = std::make_unique<Value>();
+    v->type = TensorType(shared->dtype(), IrDims(shared->dims().begin(), shared->dims().end()));
+    v->known = std::move(k);
+    values[init.name()] = std::move(v);
+  }
+
+  // Where each value is produced, to tell a cycle from a missing value.
+  absl::flat_hash_map<std::string, int> producer;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    for (const auto& o : graph.node(i).output()) {
+      if (!o.empty()) producer.emplace(o, i);
+    }
+  }
+
+  absl::flat_hash_set<std::string> poisoned;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& n = graph.node(i);
+    std::vector<Value*> inputs;
+    bool skip = false;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const std::string& name = n.input(k);
+      if (name.empty()) {
+        inputs.push_back(nullptr);
+        continue;
+      }
+      if (poisoned.contains(name)) {
+        skip = true;
+        break;
+      }
+      auto it = values.find(name);
+      if (it == values.end()) {
+        auto p = producer.find(name);
+        if (p == producer.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              NodeDescription(n, i, opset), ": input \"", name,
+              "\" is not a graph input, an initializer or any node's output (missing initializer?)"));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            NodeDescription(n, i, opset), ": input \"", name, "\" is produced by node ", p->second,
+            ", which does not come before it (a cycle, or nodes out of topological order)"));
+      }
+      inputs.push_back(it->second.get());
+    }
+    if (skip) {
+      for (const auto& o : n.output()) poisoned.insert(o);
+      continue;
+    }
+    Importer c(g, options, n, opset, std::move(inputs));
+    absl::Status s;
+    auto folded = TryFold(c);
+    if (!folded.ok()) {
+      s = folded.status();
+    } else if (!*folded) {
+      s = table.at(n.op_type())(c);
+    }
+    if (absl::IsUnimplemented(s)) {
+      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset), ": ", s.message())});
+      for (const auto& o : n.output()) poisoned.insert(o);
+      continue;
+    }
+    if (!s.ok()) {
+      if (absl::StrContains(s.message(), "ONNX node")) return s;
+      return StatusBuilder(s) << "while importing " << c.Label();
+    }
+    for (int k = 0; k < n.output_size(); ++k) {
+      const std::string& name = n.output(k);
+      if (name.empty()) continue;
+      if (values.contains(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(NodeDescription(n, i, opset), ": output \"", name,
+                         "\" is already defined (every ONNX value has one producer)"));
+      }
+      if (!c.outputs()[k]) {
+        return absl::UnimplementedError(absl::StrCat(NodeDescription(n, i, opset), ": output ", k,
+                                                     " (\"", name, "\") is not supported"));
+      }
+      if (n.op_type() == "Constant" && param_names.contains(name) && c.outputs()[k]->known) {
+        KILN_RETURN_IF_ERROR(add_param(name, c.outputs()[k]->known->t));
+        continue;
+      }
+      values[name] = std::make_unique<Value>(std::move(*c.outputs()[k]));
+    }
+  }
+  if (!unsupported.empty()) return unsupported_error();
+  for (const std::string& p : options.params) {
+    if (!params_found.contains(p)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", p, "\" was asked to be a param, but the ONNX graph has no initializer or Constant "
+          "node output of that name"));
+    }
+  }
+
+  absl::flat_hash_set<std::string> out_names;
+  for (const auto& o : graph.output()) {
+    auto it = values.find(o.name());
+    if (it == values.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ONNX graph output \"", o.name(), "\" is not produced by any node"));
+    }
+    if (!out_names.insert(o.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ONNX graph output \"", o.name(), "\" appears twice"));
+    }
+    Value& v = *it->second;
+    if (v.ref.node < 0) {
+      onnx::NodeProto dummy;
+      dummy.set_name(o.name());
+      dummy.add_output(o.name());
+      dummy.set_op_type("output");
+      dummy.add_input(o.name());
+      Importer c(g, options, dummy, opset, {&v});
+      KILN_ASSIGN_OR_RETURN(v.ref, c.Ref(0));
+    }
+    g.outputs().push_back(ir::GraphOutput{o.name(), v.ref});
+  }
+  if (g.outputs().empty()) return absl::InvalidArgumentError("ONNX graph has no outputs");
+  g.RemoveDeadNodes();
+  ir::ExportGraph(g, &result.graph);
+  return result;
+}
+
+absl::StatusOr<v1::Graph> ImportOnnx(std::string_view bytes, const OnnxImportOptions& options) {
+  KILN_ASSIGN_OR_RETURN(OnnxModel m, ImportOnnxModel(bytes, options));
+  return std::move(m.graph);
+}
+
+std::vector<std::string> SupportedOnnxOps() {
+  std::vector<std::string> out;
+  for (const auto& [name, fn] : Converters()) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace kiln::io

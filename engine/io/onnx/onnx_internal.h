@@ -1,0 +1,153 @@
+// Internal to the ONNX importer: the per-node conversion context and the
+// converter tables of the onnx_ops_*.cc files.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/host_tensor.h"
+#include "engine/ir/graph.h"
+#include "engine/io/onnx/onnx_import.h"
+#include "onnx/onnx_pb.h"  // ONNX_ML: onnx/onnx-ml.pb.h with its ONNX_API
+
+namespace kiln::io::onnx_internal {
+
+using ir::IrDims;
+using ir::TensorType;
+using ir::ValueRef;
+
+// A value computed at import (a constant, or shape arithmetic over input
+// shapes). `sym` is empty when every element is known; otherwise one entry per
+// element: 0 = known, else the graph dim code (ir::kDynamic or a symbol dim)
+// whose size the element is, unknown until run time.
+struct Known {
+  std::shared_ptr<const HostTensor> t;
+  std::vector<int64_t> sym;
+  bool complete() const { return sym.empty(); }
+};
+
+// One ONNX value: where it lives in the graph (ref.node < 0 until a Kiln op
+// needs it: folded constants are materialized on first use) and, when known
+// at import, its value.
+struct Value {
+  ValueRef ref;
+  TensorType type;
+  std::shared_ptr<const Known> known;
+};
+
+// Element i of an integer or bool tensor as int64.
+int64_t GetInt(const HostTensor& t, int64_t i);
+void SetInt(HostTensor& t, int64_t i, int64_t v);
+// ONNX elem_type -> Kiln dtype; nullopt for types Kiln has no dtype for.
+std::optional<DType> DTypeFromOnnx(int32_t elem_type);
+absl::StatusOr<HostTensor> TensorFromProto(const onnx::TensorProto& p, const ir::InferLimits& limits);
+
+class Importer;
+using Converter = absl::Status (*)(Importer& c);
+using ConverterTable = absl::flat_hash_map<std::string, Converter>;
+void RegisterElementwise(ConverterTable& table);
+void RegisterTensorOps(ConverterTable& table);
+void RegisterNnOps(ConverterTable& table);
+// Folds `c`'s node at import when its inputs are known; false when it cannot
+// (the node is then converted to Kiln ops).
+absl::StatusOr<bool> TryFold(Importer& c);
+
+// The conversion of one ONNX node. Converters read inputs and attributes,
+// emit Kiln nodes (each inferred at once, so types are always known) and set
+// the node's outputs. An unsupported variant of an op is UNIMPLEMENTED with
+// the reason (the driver names the node).
+class Importer {
+ public:
+  Importer(ir::Graph& graph, const OnnxImportOptions& options, const onnx::NodeProto& node,
+           int opset, std::vector<Value*> inputs)
+      : graph_(graph), options_(options), node_(node), opset_(opset), inputs_(std::move(inputs)) {
+    outputs_.resize(node.output_size());
+  }
+
+  const onnx::NodeProto& node() const { return node_; }
+  int opset() const { return opset_; }
+  const OnnxImportOptions& options() const { return options_; }
+  ir::Graph& graph() { return graph_; }
+
+  // Inputs: an ONNX optional input may be absent (index past the end or "").
+  int num_inputs() const { return static_cast<int>(inputs_.size()); }
+  bool has(int i) const { return i < num_inputs() && inputs_[i] != nullptr; }
+  const Value& in(int i) const { return *inputs_[i]; }
+  const TensorType& type(int i) const { return inputs_[i]->type; }
+  int64_t rank(int i) const { return type(i).rank(); }
+  DType dtype(int i) const { return type(i).dtype; }
+  // The input's complete value, or nullptr.
+  const HostTensor* Const(int i) const;
+  absl::StatusOr<ValueRef> Ref(int i);
+  absl::Status Need(int i) const;  // error unless input i is present
+
+  // An input that must be known at import (axes, pads, sizes) as int64s;
+  // absent (when optional) -> nullopt.
+  absl::StatusOr<std::optional<std::vector<int64_t>>> Ints(int i);
+  absl::StatusOr<std::vector<int64_t>> RequiredInts(int i);
+  absl::StatusOr<double> Scalar(int i);  // a known one-element input
+  // A shape input whose elements may be symbolic: >= 0 / negative literal
+  // values, with sym[i] != 0 where element i is a run-time dim.
+  absl::Status ShapeArg(int i, std::vector<int64_t>* values, std::vector<int64_t>* sym);
+
+  // Attributes.
+  const onnx::AttributeProto* Attr(const std::string& name) const;
+  int64_t AttrInt(const std::string& name, int64_t def) const;
+  float AttrFloat(const std::string& name, float def) const;
+  std::string AttrString(const std::string& name, const std::string& def) const;
+  std::optional<std::vector<int64_t>> AttrInts(const std::string& name) const;
+  std::optional<std::vector<float>> AttrFloats(const std::string& name) const;
+  // An int list that moved from an attribute to input `input` at `opset`.
+  absl::StatusOr<std::optional<std::vector<int64_t>>> IntsAttrOrInput(const std::string& name,
+                                                                      int moved_at, int input);
+
+  // Emitting Kiln nodes. Each is inferred at once; failures name the ONNX node.
+  absl::StatusOr<ValueRef> Emit(v1::OpKind op, std::vector<ValueRef> operands,
+                                const v1::Attrs& attrs);
+  absl::StatusOr<ValueRef> Constant(HostTensor t);
+  absl::StatusOr<ValueRef> ScalarConst(DType dtype, double v);
+  absl::StatusOr<ValueRef> Unary(v1::UnaryKind kind, ValueRef x);
+  absl::StatusOr<ValueRef> Binary(v1::BinaryKind kind, ValueRef a, ValueRef b);
+  absl::StatusOr<ValueRef> Compare(v1::CompareKind kind, ValueRef a, ValueRef b);
+  absl::StatusOr<ValueRef> Where(ValueRef c, ValueRef a, ValueRef b);
+  absl::StatusOr<ValueRef> Cast(ValueRef x, DType to);  // no node when already `to`
+  absl::StatusOr<ValueRef> Reshape(ValueRef x, const IrDims& dims);  // dims may hold one -1
+  absl::StatusOr<ValueRef> Clamp(ValueRef x, std::optional<double> lo, std::optional<double> hi);
+  absl::StatusOr<ValueRef> Reduce(v1::ReduceKind kind, ValueRef x, std::vector<int64_t> axes,
+                                  bool keepdims);
+  const TensorType& TypeOf(ValueRef v) const { return graph_.TypeOf(v); }
+
+  // Outputs.
+  int num_outputs() const { return node_.output_size(); }
+  bool wants(int i) const { return i < num_outputs() && !node_.output(i).empty(); }
+  void SetOutput(int i, ValueRef v);
+  void SetKnown(int i, std::shared_ptr<const Known> k);
+  absl::Status SetConst(int i, HostTensor t);
+  std::vector<std::optional<Value>>& outputs() { return outputs_; }
+
+  // Errors naming the ONNX node.
+  absl::Status Invalid(const std::string& what) const;
+  absl::Status Unsupported(const std::string& what) const;
+  std::string Label() const;
+
+ private:
+  ir::Graph& graph_;
+  const OnnxImportOptions& options_;
+  const onnx::NodeProto& node_;
+  int opset_;
+  std::vector<Value*> inputs_;
+  std::vector<std::optional<Value>> outputs_;
+  int emitted_ = 0;
+};
+
+// Normalizes `axis` against `rank` (ONNX: negative counts from the end).
+absl::StatusOr<int64_t> NormAxis(const Importer& c, int64_t axis, int64_t rank);
+
+}  // namespace kiln::io::onnx_internal

@@ -1,0 +1,514 @@
+// ONNX data-movement ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
+// Concat, Split, Slice, Gather, Expand, Tile, Pad, ConstantOfShape (and the
+// table entries of the ops onnx_fold.cc always folds: Constant, Shape, Size,
+// Range).
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_join.h"
+#include "base/checked_int.h"
+#include "base/status.h"
+#include "engine/io/onnx/onnx_internal.h"
+
+namespace kiln::io::onnx_internal {
+namespace {
+
+// Reshape to dims whose negative entries are run-time dims: one of them
+// becomes Kiln's -1; more than one needs concrete input shapes.
+absl::StatusOr<ValueRef> ReshapeTo(Importer& c, ValueRef x, IrDims dims) {
+  int unknown = 0;
+  for (int64_t& d : dims) {
+    if (d < 0) {
+      ++unknown;
+      d = -1;
+    }
+  }
+  if (unknown > 1) {
+    return c.Unsupported(absl::StrCat("reshape to a shape with ", unknown,
+                                      " run-time dims (pin the input shapes)"));
+  }
+  return c.Reshape(x, dims);
+}
+
+absl::Status ReshapeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  std::vector<int64_t> values, sym;
+  KILN_RETURN_IF_ERROR(c.ShapeArg(1, &values, &sym));
+  const bool allowzero = c.AttrInt("allowzero", 0) != 0;
+  const IrDims& xd = c.type(0).dims;
+  // Each target element: a size, a run-time dim (code < 0), or the one -1.
+  IrDims target;
+  int infer = -1;
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (sym[k] != 0) {
+      target.push_back(sym[k]);
+      continue;
+    }
+    int64_t v = values[k];
+    if (v == 0 && !allowzero) {
+      if (k >= xd.size()) return c.Invalid("a 0 in the reshape target past the input's rank");
+      target.push_back(xd[k]);
+      continue;
+    }
+    if (v == -1) {
+      if (infer >= 0) return c.Invalid("the reshape target has more than one -1");
+      infer = static_cast<int>(k);
+      target.push_back(0);
+      continue;
+    }
+    if (v < 0) return c.Invalid(absl::StrCat("reshape target dim ", v, " is negative"));
+    target.push_back(v);
+  }
+  if (infer < 0) {
+    KILN_ASSIGN_OR_RETURN(ValueRef y, ReshapeTo(c, x, target));
+    c.SetOutput(0, y);
+    return absl::OkStatus();
+  }
+  // A -1: fine when every other element is known; else cancel named symbols of
+  // the input against the target's and compute the -1 statically.
+  std::vector<int64_t> syms;
+  CheckedInt known = 1;
+  for (size_t k = 0; k < target.size(); ++k) {
+    if (static_cast<int>(k) == infer) continue;
+    if (target[k] < 0) syms.push_back(target[k]);
+    else known = known * target[k];
+  }
+  if (syms.empty()) {
+    target[infer] = -1;
+    KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reshape(x, target));
+    c.SetOutput(0, y);
+    return absl::OkStatus();
+  }
+  CheckedInt in_known = 1;
+  std::vector<int64_t> in_syms;
+  for (int64_t d : xd) {
+    if (d < 0) in_syms.push_back(d);
+    else in_known = in_known * d;
+  }
+  std::vector<int64_t> a = syms, b = in_syms;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  const bool named = std::all_of(a.begin(), a.end(), [](int64_t d) { return ir::IsSymbolDim(d); });
+  if (!named || a != b || syms.size() != 1 || !known.ok() || !in_known.ok() || known.get() == 0) {
+    return c.Unsupported("reshape target depends on run-time dims it cannot be solved for (pin the "
+                         "input shapes)");
+  }
+  target[infer] = in_known.get() / known.get();
+  KILN_ASSIGN_OR_RETURN(ValueRef y, ReshapeTo(c, x, target));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status FlattenOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const IrDims& xd = c.type(0).dims;
+  int64_t axis = c.AttrInt("axis", 1);
+  if (axis < 0) axis += c.rank(0);
+  if (axis < 0 || axis > c.rank(0)) return c.Invalid(absl::StrCat("axis ", axis, " is out of range"));
+  // Each side is static, or one symbolic dim times nothing else (batch).
+  auto side = [&](int64_t b, int64_t e) -> int64_t {
+    CheckedInt p = 1;
+    int64_t sym = 0;
+    int nsym = 0;
+    for (int64_t k = b; k < e; ++k) {
+      if (xd[k] < 0) {
+        sym = xd[k];
+        ++nsym;
+      } else {
+        p = p * xd[k];
+      }
+    }
+    if (!p.ok()) return -1;
+    if (nsym == 0) return p.get();
+    return nsym == 1 && p.get() == 1 ? sym : ir::kDynamic;
+  };
+  return [&]() -> absl::Status {
+    KILN_ASSIGN_OR_RETURN(ValueRef y, ReshapeTo(c, x, {side(0, axis), side(axis, c.rank(0))}));
+    c.SetOutput(0, y);
+    return absl::OkStatus();
+  }();
+}
+
+absl::Status TransposeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  std::vector<int64_t> perm = c.AttrInts("perm").value_or(std::vector<int64_t>{});
+  if (perm.empty()) {
+    for (int64_t k = c.rank(0) - 1; k >= 0; --k) perm.push_back(k);
+  }
+  v1::Attrs a;
+  for (int64_t p : perm) a.mutable_transpose()->add_perm(p);
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_TRANSPOSE, {x}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status SqueezeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(auto axes, c.IntsAttrOrInput("axes", 13, 1));
+  const IrDims& xd = c.type(0).dims;
+  std::vector<bool> drop(xd.size(), false);
+  if (!axes || axes->empty()) {
+    for (size_t k = 0; k < xd.size(); ++k) {
+      if (xd[k] < 0) return c.Unsupported("Squeeze without axes of a run-time dim");
+      drop[k] = xd[k] == 1;
+    }
+  } else {
+    for (int64_t a : *axes) {
+      KILN_ASSIGN_OR_RETURN(int64_t ax, NormAxis(c, a, c.rank(0)));
+      if (xd[ax] > 1) return c.Invalid(absl::StrCat("cannot squeeze dim ", ax, " of size ", xd[ax]));
+      drop[ax] = true;
+    }
+  }
+  IrDims out;
+  for (size_t k = 0; k < xd.size(); ++k) {
+    if (!drop[k]) out.push_back(xd[k]);
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef y, ReshapeTo(c, x, out));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status UnsqueezeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(auto axes, c.IntsAttrOrInput("axes", 13, 1));
+  if (!axes) return c.Invalid("axes are required");
+  const IrDims& xd = c.type(0).dims;
+  const int64_t rank = c.rank(0) + static_cast<int64_t>(axes->size());
+  std::vector<bool> ones(rank, false);
+  for (int64_t a : *axes) {
+    KILN_ASSIGN_OR_RETURN(int64_t ax, NormAxis(c, a, rank));
+    if (ones[ax]) return c.Invalid("axes repeat");
+    ones[ax] = true;
+  }
+  IrDims out;
+  size_t k = 0;
+  for (int64_t i = 0; i < rank; ++i) out.push_back(ones[i] ? 1 : xd[k++]);
+  KILN_ASSIGN_OR_RETURN(ValueRef y, ReshapeTo(c, x, out));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status ConcatOp(Importer& c) {
+  std::vector<ValueRef> ops;
+  for (int i = 0; i < c.num_inputs(); ++i) {
+    if (!c.has(i)) continue;
+    KILN_ASSIGN_OR_RETURN(ValueRef v, c.Ref(i));
+    ops.push_back(v);
+  }
+  if (ops.empty()) return c.Invalid("no inputs");
+  v1::Attrs a;
+  a.mutable_concat()->set_axis(c.AttrInt("axis", 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_CONCAT, ops, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ValueRef> SliceAxis(Importer& c, ValueRef x, int64_t axis, int64_t start,
+                                   int64_t stop) {
+  v1::Attrs a;
+  a.mutable_slice()->add_axes(axis);
+  a.mutable_slice()->add_start(start);
+  a.mutable_slice()->add_stop(stop);
+  return c.Emit(v1::OP_SLICE, {x}, a);
+}
+
+absl::Status SplitOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", 0), c.rank(0)));
+  const int64_t dim = c.type(0).dims[axis];
+  KILN_ASSIGN_OR_RETURN(auto split, c.IntsAttrOrInput("split", 13, 1));
+  const int n = c.num_outputs();
+  std::vector<int64_t> sizes;
+  if (split && !split->empty()) {
+    sizes = *split;
+  } else {
+    if (dim < 0) return c.Unsupported("Split of a run-time dim");
+    const int64_t parts = c.opset() >= 18 ? c.AttrInt("num_outputs", n) : n;
+    if (parts <= 0) return c.Invalid("no outputs");
+    const int64_t each = (dim + parts - 1) / parts;  // the last part may be smaller
+    for (int64_t k = 0; k < parts; ++k) sizes.push_back(std::max<int64_t>(0, std::min(each, dim - k * each)));
+  }
+  if (static_cast<int>(sizes.size()) != n) {
+    return c.Invalid(absl::StrCat("split has ", sizes.size(), " sizes for ", n, " outputs"));
+  }
+  CheckedInt start = 0;
+  for (int k = 0; k < n; ++k) {
+    if (sizes[k] < 0) return c.Invalid("negative split size");
+    const CheckedInt stop = start + sizes[k];
+    if (!stop.ok()) return c.Invalid("split sizes overflow");
+    if (dim >= 0 && stop.get() > dim) return c.Invalid("split sizes exceed the dim");
+    KILN_ASSIGN_OR_RETURN(ValueRef y, SliceAxis(c, x, axis, start.get(), stop.get()));
+    c.SetOutput(k, y);
+    start = stop;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ValueRef> IndexConst(Importer& c, const std::vector<int64_t>& idx) {
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(v1::DTYPE_I64, {static_cast<int64_t>(idx.size())}));
+  for (size_t i = 0; i < idx.size(); ++i) t.data_as<int64_t>()[i] = idx[i];
+  return c.Constant(std::move(t));
+}
+
+absl::StatusOr<ValueRef> GatherAxis(Importer& c, ValueRef x, int64_t axis,
+                                    const std::vector<int64_t>& idx) {
+  KILN_ASSIGN_OR_RETURN(ValueRef i, IndexConst(c, idx));
+  v1::Attrs a;
+  a.mutable_gather()->set_axis(axis);
+  return c.Emit(v1::OP_GATHER, {x, i}, a);
+}
+
+absl::Status SliceOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    starts = c.AttrInts("starts").value_or(std::vector<int64_t>{});
+    ends = c.AttrInts("ends").value_or(std::vector<int64_t>{});
+    axes = c.AttrInts("axes").value_or(std::vector<int64_t>{});
+  } else {
+    KILN_ASSIGN_OR_RETURN(starts, c.RequiredInts(1));
+    KILN_ASSIGN_OR_RETURN(ends, c.RequiredInts(2));
+    KILN_ASSIGN_OR_RETURN(auto a, c.Ints(3));
+    KILN_ASSIGN_OR_RETURN(auto s, c.Ints(4));
+    if (a) axes = *a;
+    if (s) steps = *s;
+  }
+  if (axes.empty()) {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
+    return c.Invalid("starts, ends, axes and steps differ in length");
+  }
+  v1::Attrs pos;
+  std::vector<size_t> negative;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(int64_t ax, NormAxis(c, axes[i], c.rank(0)));
+    axes[i] = ax;
+    if (steps[i] == 0) return c.Invalid("slice step 0");
+    if (steps[i] < 0) {
+      negative.push_back(i);
+      continue;
+    }
+    pos.mutable_slice()->add_axes(ax);
+    pos.mutable_slice()->add_start(starts[i]);
+    pos.mutable_slice()->add_stop(ends[i]);
+    pos.mutable_slice()->add_step(steps[i]);
+  }
+  ValueRef y = x;
+  if (pos.slice().axes_size() > 0) {
+    KILN_ASSIGN_OR_RETURN(y, c.Emit(v1::OP_SLICE, {x}, pos));
+  }
+  // Negative steps: the picked indices, gathered (needs the dim's size).
+  for (size_t i : negative) {
+    const int64_t n = c.TypeOf(y).dims[axes[i]];
+    if (n < 0) return c.Unsupported("a negative slice step over a run-time dim");
+    int64_t s = starts[i] < 0 ? starts[i] + n : starts[i];
+    int64_t e = ends[i] < 0 ? ends[i] + n : ends[i];
+    s = std::clamp<int64_t>(s, -1, n - 1);
+    e = std::clamp<int64_t>(e, -1, n - 1);
+    std::vector<int64_t> idx;
+    for (int64_t v = s; v > e; v += steps[i]) idx.push_back(v);
+    KILN_ASSIGN_OR_RETURN(y, GatherAxis(c, y, axes[i], idx));
+  }
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status GatherOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(ValueRef i, c.Ref(1));
+  v1::Attrs a;
+  a.mutable_gather()->set_axis(c.AttrInt("axis", 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_GATHER, {x, i}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+// ONNX Expand broadcasts both ways: the result is broadcast(x.shape, shape).
+absl::Status ExpandOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  std::vector<int64_t> shape, sym;
+  KILN_RETURN_IF_ERROR(c.ShapeArg(1, &shape, &sym));
+  const IrDims& xd = c.type(0).dims;
+  const size_t rank = std::max(xd.size(), shape.size());
+  std::vector<int64_t> out(rank, 1);
+  for (size_t k = 0; k < rank; ++k) {
+    const int64_t xi = k + xd.size() >= rank ? xd[k + xd.size() - rank] : 1;
+    const size_t si = k + shape.size() - rank;
+    const bool has_s = k + shape.size() >= rank;
+    const int64_t s = has_s ? shape[si] : 1;
+    if (has_s && sym[si] != 0) {
+      if (xi < 0 && xi == sym[si]) {
+        out[k] = -1;  // the input's own run-time dim
+        continue;
+      }
+      return c.Unsupported("Expand to a run-time shape (pin the input shapes)");
+    }
+    if (xi < 0) {
+      if (s != 1) return c.Unsupported("Expand of a run-time dim");
+      out[k] = -1;
+      continue;
+    }
+    if (xi != 1 && s != 1 && xi != s) {
+      return c.Invalid(absl::StrCat("cannot expand [", absl::StrJoin(xd, ", "), "] to [",
+                                    absl::StrJoin(shape, ", "), "]"));
+    }
+    if (s < 0) return c.Invalid("negative dim in the Expand shape");
+    out[k] = xi == 1 ? s : xi;
+  }
+  if (std::find(out.begin(), out.end(), -1) != out.end()) {
+    return c.Unsupported("Expand of a tensor with run-time dims (pin the input shapes)");
+  }
+  if (IrDims(out.begin(), out.end()) == xd) {
+    c.SetOutput(0, x);
+    return absl::OkStatus();
+  }
+  v1::Attrs a;
+  for (int64_t d : out) a.mutable_expand()->add_shape(d);
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_EXPAND, {x}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+// Tile: [d0, d1] by [r0, r1] = reshape [1, d0, 1, d1], expand [r0, d0, r1, d1],
+// reshape [r0 * d0, r1 * d1].
+absl::Status TileOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> reps, c.RequiredInts(1));
+  const IrDims& xd = c.type(0).dims;
+  if (reps.size() != xd.size()) return c.Invalid("repeats must have one entry per dim");
+  if (!c.type(0).is_static()) return c.Unsupported("Tile of run-time dims");
+  IrDims split, expanded, out;
+  for (size_t k = 0; k < xd.size(); ++k) {
+    if (reps[k] < 0) return c.Invalid("negative repeat");
+    const CheckedInt d = CheckedInt(xd[k]) * reps[k];
+    if (!d.ok()) return c.Invalid("tiled dim overflows int64");
+    split.push_back(1);
+    split.push_back(xd[k]);
+    expanded.push_back(reps[k]);
+    expanded.push_back(xd[k]);
+    out.push_back(d.get());
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reshape(x, split));
+  v1::Attrs a;
+  for (int64_t d : expanded) a.mutable_expand()->add_shape(d);
+  KILN_ASSIGN_OR_RETURN(y, c.Emit(v1::OP_EXPAND, {y}, a));
+  KILN_ASSIGN_OR_RETURN(y, c.Reshape(y, out));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+absl::Status PadOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const std::string mode = c.AttrString("mode", "constant");
+  std::vector<int64_t> pads;
+  double value = 0;
+  std::optional<std::vector<int64_t>> axes;
+  if (c.opset() < 11) {
+    pads = c.AttrInts("pads").value_or(c.AttrInts("paddings").value_or(std::vector<int64_t>{}));
+    value = c.AttrFloat("value", 0.f);
+  } else {
+    KILN_ASSIGN_OR_RETURN(pads, c.RequiredInts(1));
+    if (c.has(2)) {
+      KILN_ASSIGN_OR_RETURN(value, c.Scalar(2));
+    }
+    if (c.opset() >= 18) {
+      KILN_ASSIGN_OR_RETURN(axes, c.Ints(3));
+    }
+  }
+  const int64_t rank = c.rank(0);
+  std::vector<int64_t> ax;
+  if (axes) {
+    for (int64_t a : *axes) {
+      KILN_ASSIGN_OR_RETURN(int64_t n, NormAxis(c, a, rank));
+      ax.push_back(n);
+    }
+  } else {
+    for (int64_t k = 0; k < rank; ++k) ax.push_back(k);
+  }
+  if (pads.size() != 2 * ax.size()) {
+    return c.Invalid(absl::StrCat("pads has ", pads.size(), " entries; expected ", 2 * ax.size()));
+  }
+  std::vector<int64_t> lo(rank, 0), hi(rank, 0);
+  for (size_t i = 0; i < ax.size(); ++i) {
+    lo[ax[i]] = pads[i];
+    hi[ax[i]] = pads[i + ax.size()];
+  }
+  // Negative pads crop.
+  v1::Attrs crop;
+  for (int64_t k = 0; k < rank; ++k) {
+    if (lo[k] >= 0 && hi[k] >= 0) continue;
+    const int64_t n = c.type(0).dims[k];
+    if (n < 0) return c.Unsupported("negative padding of a run-time dim");
+    crop.mutable_slice()->add_axes(k);
+    crop.mutable_slice()->add_start(lo[k] < 0 ? -lo[k] : 0);
+    crop.mutable_slice()->add_stop(hi[k] < 0 ? n + hi[k] : n);
+    lo[k] = std::max<int64_t>(lo[k], 0);
+    hi[k] = std::max<int64_t>(hi[k], 0);
+  }
+  if (crop.slice().axes_size() > 0) {
+    KILN_ASSIGN_OR_RETURN(x, c.Emit(v1::OP_SLICE, {x}, crop));
+  }
+  v1::Attrs a;
+  auto* p = a.mutable_pad();
+  for (int64_t k = 0; k < rank; ++k) {
+    p->add_low(lo[k]);
+    p->add_high(hi[k]);
+  }
+  p->set_value(value);
+  if (mode == "constant") p->set_mode(v1::PAD_CONSTANT);
+  else if (mode == "reflect") p->set_mode(v1::PAD_REFLECT);
+  else if (mode == "edge") p->set_mode(v1::PAD_EDGE);
+  else return c.Unsupported(absl::StrCat("Pad mode \"", mode, "\""));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_PAD, {x}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+// Not folded (too large): a broadcast scalar.
+absl::Status ConstantOfShapeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, c.RequiredInts(0));
+  HostTensor value = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {0.f});
+  if (const auto* a = c.Attr("value")) {
+    KILN_ASSIGN_OR_RETURN(value, TensorFromProto(a->t(), c.options().limits));
+    if (value.num_elements() != 1) return c.Invalid("attribute value must have one element");
+    KILN_ASSIGN_OR_RETURN(value, HostTensor::FromBytes(value.dtype(), {}, value.bytes()));
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef s, c.Constant(std::move(value)));
+  v1::Attrs a;
+  for (int64_t d : shape) a.mutable_expand()->add_shape(d);
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_EXPAND, {s}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+// Reached only when onnx_fold.cc could not fold the node.
+absl::Status NotFolded(Importer& c) {
+  return c.Unsupported(absl::StrCat(c.node().op_type(),
+                                    " over run-time values (Kiln needs it known at import)"));
+}
+
+}  // namespace
+
+void RegisterTensorOps(ConverterTable& t) {
+  t["Constant"] = NotFolded;
+  t["Shape"] = NotFolded;
+  t["Size"] = NotFolded;
+  t["Range"] = NotFolded;
+  t["Reshape"] = ReshapeOp;
+  t["Flatten"] = FlattenOp;
+  t["Transpose"] = TransposeOp;
+  t["Squeeze"] = SqueezeOp;
+  t["Unsqueeze"] = UnsqueezeOp;
+  t["Concat"] = ConcatOp;
+  t["Split"] = SplitOp;
+  t["Slice"] = SliceOp;
+  t["Gather"] = GatherOp;
+  t["Expand"] = ExpandOp;
+  t["Tile"] = TileOp;
+  t["Pad"] = PadOp;
+  t["ConstantOfShape"] = ConstantOfShapeOp;
+}
+
+}  // namespace kiln::io::onnx_internal
