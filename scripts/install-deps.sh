@@ -24,6 +24,8 @@ packages=(
   # Python client and numerics references
   python3 python3-grpcio python3-protobuf python3-numpy python3-venv python3-pip
   python3-torch python3-onnx libopenblas0-pthread
+  # ONNX import: the schema (onnx/onnx-ml.pb.h, libonnx_proto) and the backend node tests
+  libonnx-dev libonnx-testdata
   # metrics scrape test
   curl
   # deploy tests (tests/deploy): compose files validated by docker-compose 1.29,
