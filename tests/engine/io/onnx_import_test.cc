@@ -1,15 +1,431 @@
-// The ONNX importer on hand-built models: opset moves, params, symbolic dims,
-// folded shape subgraphs, the unsupported-node error, and hostile files.
+// The ONNX importer on hand-built models: opset-versioned attribute moves,
+// params, symbolic dims and folded shape subgraphs, unused opset imports, the
+// unsupported-node error, and hostile files (truncated bytes, cycles, missing
+// initializers, bad and huge dims).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "engine/engine.h"
 #include "engine/io/onnx/onnx_import.h"
+#include "engine/ir/text.h"
+#include "engine/ir/verifier.h"
+#include "onnx/onnx_pb.h"
 
 namespace kiln {
 namespace {
 
-TEST(OnnxImport, NotAModel) {
-  auto g = io::ImportOnnx("garbage", {});
-  EXPECT_FALSE(g.ok());
+// A small ONNX model builder.
+struct Model {
+  onnx::ModelProto m;
+  explicit Model(int opset) {
+    m.set_ir_version(8);
+    auto* o = m.add_opset_import();
+    o->set_domain("");
+    o->set_version(opset);
+    m.mutable_graph()->set_name("test");
+  }
+  onnx::GraphProto& g() { return *m.mutable_graph(); }
+  // dims: >= 0 sizes; -1 a dim_param "batch"; -2 no dim at all.
+  void Input(const std::string& name, std::vector<int64_t> dims, int type = onnx::TensorProto::FLOAT) {
+    auto* vi = g().add_input();
+    vi->set_name(name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(type);
+    auto* shape = tt->mutable_shape();
+    for (int64_t d : dims) {
+      auto* dim = shape->add_dim();
+      if (d >= 0) dim->set_dim_value(d);
+      if (d == -1) dim->set_dim_param("batch");
+    }
+  }
+  void Output(const std::string& name) { g().add_output()->set_name(name); }
+  onnx::TensorProto* Init(const std::string& name, std::vector<int64_t> dims,
+                          std::vector<float> values) {
+    auto* t = g().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    for (float v : values) t->add_float_data(v);
+    return t;
+  }
+  void InitInts(const std::string& name, std::vector<int64_t> values) {
+    auto* t = g().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t->add_int64_data(v);
+  }
+  onnx::NodeProto* Node(const std::string& op, std::vector<std::string> in,
+                        std::vector<std::string> out, const std::string& name = "") {
+    auto* n = g().add_node();
+    n->set_op_type(op);
+    n->set_name(name.empty() ? out[0] : name);
+    for (auto& s : in) n->add_input(s);
+    for (auto& s : out) n->add_output(s);
+    return n;
+  }
+  static void Ints(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v) a->add_ints(x);
+  }
+  static void Float(onnx::NodeProto* n, const std::string& name, float v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
+  std::string Bytes() const { return m.SerializeAsString(); }
+};
+
+absl::StatusOr<io::OnnxModel> Import(const Model& m, const io::OnnxImportOptions& o = {}) {
+  return io::ImportOnnxModel(m.Bytes(), o);
+}
+
+std::unique_ptr<Engine> MakeEngine() {
+  EngineOptions o;
+  o.calibration = EngineOptions::Calibration::kNever;
+  o.disabled_backends = {"vulkan", "cuda"};
+  return std::move(Engine::Create(o)).value();
+}
+
+HostTensor Iota(Dims dims) {
+  auto t = std::move(HostTensor::Create(v1::DTYPE_F32, dims)).value();
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, static_cast<double>(i) - 3);
+  return t;
+}
+
+// ---- opset moves --------------------------------------------------------------
+
+// Squeeze's axes, ReduceSum's axes and Clip's bounds moved from attributes to
+// inputs (opsets 13 and 11); both forms give the same graph results.
+TEST(OnnxImport, OpsetMovesGiveTheSameResults) {
+  auto engine = MakeEngine();
+  std::vector<std::vector<double>> results;
+  for (int opset : {11, 13}) {
+    Model m(opset);
+    m.Input("x", {2, 1, 3});
+    if (opset >= 13) {
+      m.InitInts("axes", {1});
+      m.Node("Squeeze", {"x", "axes"}, {"s"});
+      m.InitInts("raxes", {1});
+      m.Node("ReduceSum", {"s", "raxes"}, {"r"});
+    } else {
+      Model::Ints(m.Node("Squeeze", {"x"}, {"s"}), "axes", {1});
+      Model::Ints(m.Node("ReduceSum", {"s"}, {"r"}), "axes", {1});
+    }
+    m.Init("lo", {}, {-1.f});
+    m.Init("hi", {}, {2.f});
+    m.Node("Clip", {"r", "lo", "hi"}, {"y"});
+    m.Output("y");
+    auto model = Import(m);
+    ASSERT_TRUE(model.ok()) << model.status();
+    HostTensor x = Iota({2, 1, 3});
+    std::vector<TensorRef> in = {TensorRef::Of("x", x)};
+    auto r = engine->RunGraph(model->graph, in, nullptr, {}, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    const HostTensor& y = r->outputs[0].second;
+    ASSERT_EQ(y.dims(), (Dims{2, 1}));
+    results.push_back({y.GetAsDouble(0), y.GetAsDouble(1)});
+  }
+  // rows sum to -6 and 3, clipped to [-1, 2]
+  EXPECT_EQ(results[0], (std::vector<double>{-1, 2}));
+  EXPECT_EQ(results[1], results[0]);
+}
+
+// ---- initializers: constants or params ----------------------------------------
+
+Model Linear() {
+  Model m(13);
+  m.Input("x", {-1, 2});
+  m.Init("W", {2, 2}, {1, 2, 3, 4});
+  m.Init("b", {2}, {10, 20});
+  m.Node("MatMul", {"x", "W"}, {"xw"});
+  m.Node("Add", {"xw", "b"}, {"y"});
+  m.Output("y");
+  return m;
+}
+
+TEST(OnnxImport, InitializersAreConstantsOrParams) {
+  auto consts = Import(Linear());
+  ASSERT_TRUE(consts.ok()) << consts.status();
+  EXPECT_TRUE(consts->params.empty());
+  io::OnnxImportOptions o;
+  o.params = {"W"};
+  auto with_param = Import(Linear(), o);
+  ASSERT_TRUE(with_param.ok()) << with_param.status();
+  ASSERT_EQ(with_param->params.size(), 1u);
+  EXPECT_EQ(with_param->params[0].first, "W");
+  int params = 0, constants = 0;
+  for (const auto& n : with_param->graph.nodes()) {
+    params += n.op() == v1::OP_PARAM;
+    constants += n.op() == v1::OP_CONSTANT;
+  }
+  EXPECT_EQ(params, 1);
+  EXPECT_EQ(constants, 1);  // b
+  // The param graph runs with W uploaded; the constant graph alone; same answer.
+  auto engine = MakeEngine();
+  HostTensor x = Iota({3, 2});
+  std::vector<TensorRef> in = {TensorRef::Of("x", x)};
+  auto a = engine->RunGraph(consts->graph, in, nullptr, {}, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<TensorRef> pr = {TensorRef::Of("W", with_param->params[0].second)};
+  auto ps = engine->CreateParams(pr);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  auto b = engine->RunGraph(with_param->graph, in, ps->get(), {}, {});
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(a->outputs[0].second.GetAsDouble(i), b->outputs[0].second.GetAsDouble(i));
+  }
+  o.params = {"nope"};
+  auto bad = Import(Linear(), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "\"nope\"")) << bad.status();
+}
+
+// ---- symbolic dims and folded shape subgraphs --------------------------------
+
+// x.view(x.size(0), -1) as exporters write it.
+Model ViewFlatten() {
+  Model m(13);
+  m.Input("x", {-1, 3, 4});
+  m.Node("Shape", {"x"}, {"shape"});
+  m.InitInts("zero", {0});
+  m.Node("Gather", {"shape", "zero"}, {"b"});
+  m.InitInts("minus1", {-1});
+  auto* c = m.Node("Concat", {"b", "minus1"}, {"target"});
+  auto* a = c->add_attribute();
+  a->set_name("axis");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(0);
+  m.Node("Reshape", {"x", "target"}, {"y"});
+  m.Output("y");
+  return m;
+}
+
+TEST(OnnxImport, ShapeSubgraphFoldsWithSymbolicBatch) {
+  auto model = Import(ViewFlatten());
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Only the input and one reshape remain: Shape, Gather and Concat folded.
+  int reshapes = 0;
+  for (const auto& n : model->graph.nodes()) reshapes += n.op() == v1::OP_RESHAPE;
+  EXPECT_EQ(reshapes, 1);
+  EXPECT_EQ(model->graph.nodes_size(), 2) << model->graph.DebugString();
+  auto engine = MakeEngine();
+  for (int64_t batch : {1, 5}) {
+    HostTensor x = Iota({batch, 3, 4});
+    std::vector<TensorRef> in = {TensorRef::Of("x", x)};
+    auto r = engine->RunGraph(model->graph, in, nullptr, {}, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outputs[0].second.dims(), (Dims{batch, 12}));
+  }
+  io::OnnxImportOptions pinned;
+  pinned.input_shapes = {{"x", {2, 3, 4}}};
+  auto p = Import(ViewFlatten(), pinned);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->graph.nodes(0).outputs(0).dims(0).size(), 2);
+}
+
+TEST(OnnxImport, ImportedGraphPrintsAndParsesBack) {
+  auto model = Import(Linear());
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto g = ir::ImportGraph(model->graph);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string text = ir::PrintGraph(**g);
+  auto back = ir::ParseGraph(text);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
+}
+
+// ---- opset imports and unsupported nodes ---------------------------------------
+
+TEST(OnnxImport, UnusedOpsetImportsAreIgnored) {
+  Model m = Linear();
+  auto* ml = m.m.add_opset_import();
+  ml->set_domain("ai.onnx.ml");
+  ml->set_version(3);
+  auto* ms = m.m.add_opset_import();
+  ms->set_domain("com.microsoft");
+  ms->set_version(1);
+  auto r = Import(m);
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+TEST(OnnxImport, EveryUnsupportedNodeIsNamed) {
+  Model m(13);
+  m.Input("x", {4, 4});
+  m.InitInts("k", {2});
+  m.Node("TopK", {"x", "k"}, {"v", "i"}, "top");
+  m.Node("Relu", {"v"}, {"r"});
+  m.Node("Hardmax", {"r"}, {"h"}, "hard");
+  auto* custom = m.Node("FusedGelu", {"h"}, {"y"}, "fused");
+  custom->set_domain("com.microsoft");
+  auto* ms = m.m.add_opset_import();
+  ms->set_domain("com.microsoft");
+  ms->set_version(1);
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  const std::string msg(r.status().message());
+  EXPECT_TRUE(absl::StrContains(msg, "3 node(s)")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "\"top\": TopK (domain ai.onnx, opset 13)")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "\"hard\": Hardmax (domain ai.onnx, opset 13)")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "\"fused\": FusedGelu (domain com.microsoft, opset 1)")) << msg;
+}
+
+TEST(OnnxImport, OpsetOutsideTheRangeIsRefused) {
+  Model m(8);
+  m.Input("x", {2});
+  m.Node("Relu", {"x"}, {"y"});
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "opsets 9 to 21")) << r.status();
+}
+
+// ---- hostile files -----------------------------------------------------------------
+
+TEST(OnnxImportHostile, TruncatedProtobuf) {
+  Model m = Linear();
+  m.g().mutable_initializer(0)->clear_float_data();
+  m.g().mutable_initializer(0)->set_raw_data(std::string(16, '\0'));
+  const std::string bytes = m.Bytes();
+  // Cut inside the initializer's raw_data: the length prefix overruns.
+  const size_t at = bytes.find(std::string(16, '\0')) + 8;
+  auto r = io::ImportOnnx(bytes.substr(0, at), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "truncated")) << r.status();
+  // Every prefix is an error or a model, never a crash.
+  for (size_t n = 0; n < bytes.size(); n += 3) (void)io::ImportOnnx(bytes.substr(0, n), {});
+  EXPECT_FALSE(io::ImportOnnx("", {}).ok());
+}
+
+TEST(OnnxImportHostile, Cycle) {
+  Model m(13);
+  m.Input("x", {2});
+  m.Node("Add", {"x", "b"}, {"a"}, "first");
+  m.Node("Relu", {"a"}, {"b"}, "second");
+  m.Output("b");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "cycle")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "\"first\"")) << r.status();
+}
+
+TEST(OnnxImportHostile, MissingInitializer) {
+  Model m(13);
+  m.Input("x", {2, 2});
+  m.Node("MatMul", {"x", "W"}, {"y"}, "mm");
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "\"W\"")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "missing initializer")) << r.status();
+}
+
+TEST(OnnxImportHostile, BadDims) {
+  {
+    Model m(13);
+    m.Input("x", {2, 3});
+    m.g().mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)
+        ->set_dim_value(-5);
+    m.Node("Relu", {"x"}, {"y"});
+    m.Output("y");
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "negative")) << r.status();
+  }
+  {
+    Model m = Linear();
+    m.g().mutable_initializer(0)->set_dims(0, -2);
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "negative dim")) << r.status();
+  }
+  {
+    // Data that does not fill the dims.
+    Model m = Linear();
+    m.g().mutable_initializer(0)->set_dims(0, 3);
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "float_data has 4 values")) << r.status();
+  }
+  {
+    // Shapes that do not fit the op.
+    Model m = Linear();
+    m.g().mutable_initializer(0)->set_dims(0, 4);
+    m.g().mutable_initializer(0)->set_dims(1, 1);
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "MatMul")) << r.status();
+  }
+}
+
+TEST(OnnxImportHostile, HugeDims) {
+  {
+    Model m(13);
+    m.Input("x", {int64_t{1} << 40, int64_t{1} << 40});
+    m.Node("Relu", {"x"}, {"y"});
+    m.Output("y");
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "overflow") ||
+                absl::IsResourceExhausted(r.status()))
+        << r.status();
+  }
+  {
+    Model m = Linear();
+    auto* t = m.g().mutable_initializer(0);
+    t->set_dims(0, int64_t{1} << 62);
+    t->set_dims(1, 8);
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "overflow")) << r.status();
+  }
+  {
+    // A folded ConstantOfShape that would allocate 2^60 elements.
+    Model m(13);
+    m.Input("x", {2});
+    m.InitInts("shape", {int64_t{1} << 30, int64_t{1} << 30});
+    m.Node("ConstantOfShape", {"shape"}, {"c"});
+    m.Node("Add", {"x", "c"}, {"y"});
+    m.Output("y");
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsResourceExhausted(r.status()) ||
+                absl::StrContains(r.status().message(), "limit"))
+        << r.status();
+  }
+  {
+    io::OnnxImportOptions o;
+    o.max_model_bytes = 10;
+    auto r = io::ImportOnnx(Linear().Bytes(), o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  }
+}
+
+TEST(OnnxImportHostile, DuplicateOutputsAndExternalData) {
+  {
+    Model m(13);
+    m.Input("x", {2});
+    m.Node("Relu", {"x"}, {"y"});
+    m.Node("Neg", {"x"}, {"y"}, "again");
+    m.Output("y");
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "already defined")) << r.status();
+  }
+  {
+    Model m = Linear();
+    m.g().mutable_initializer(0)->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "external data")) << r.status();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Exports the PyTorch models kiln_onnx_test imports (an MLP, a CNN with
+BatchNorm, a CNN whose flatten is a Shape -> Gather -> Concat -> Reshape
+subgraph) with torch.onnx.export, plus an input and PyTorch's output for each,
+as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
+
+Run by the test with Debian's /usr/bin/python3 (python3-torch 1.13, python3-onnx).
+"""
+import argparse
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 32)
+        self.fc3 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.nn.functional.gelu(self.fc2(x))
+        return torch.softmax(self.fc3(x), dim=-1)
+
+
+class Cnn(nn.Module):
+    def __init__(self, view_flatten):
+        super().__init__()
+        self.view_flatten = view_flatten
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.pool(torch.relu(self.bn2(self.conv2(x))))
+        if self.view_flatten:
+            x = x.view(x.size(0), -1)  # Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+        else:
+            x = torch.flatten(x, 1)
+        return self.fc(x)
+
+
+def randomize_bn(model, gen):
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+
+
+def save(out, name, model, x, opset):
+    model.eval()
+    path = os.path.join(out, name + ".onnx")
+    with torch.no_grad():
+        torch.onnx.export(model, x, path, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}},
+                          opset_version=opset, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.PRESERVE)  # keeps BatchNormalization
+        y = model(x)
+    onnx.checker.check_model(onnx.load(path))
+    for suffix, t in (("input", x), ("output", y)):
+        with open(os.path.join(out, f"{name}.{suffix}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy().astype(np.float32), suffix).SerializeToString())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    out = p.parse_args().out
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    save(out, "mlp", Mlp(), torch.randn(5, 64, generator=gen), 13)
+    for name, view, opset in (("cnn", False, 13), ("cnn_view", True, 11)):
+        m = Cnn(view)
+        randomize_bn(m, gen)
+        save(out, name, m, torch.randn(3, 3, 16, 16, generator=gen), opset)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+// Models exported from PyTorch (Debian's python3-torch, torch.onnx.export at
+// test time by export_torch_models.py) imported and run on the CPU: outputs
+// equal PyTorch's. The batch dim is dynamic in every export; each model runs
+// with it symbolic (imported once, compiled per batch) and pinned.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+#include "engine/io/onnx/onnx_import.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+class OnnxTorchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        absl::StrCat("kiln_onnx_torch_", ::getpid()));
+    const std::string cmd = absl::StrCat("/usr/bin/python3 ", KILN_SOURCE_DIR,
+                                         "/tests/engine/io/export_torch_models.py --out ",
+                                         dir_->string(), " > ", dir_->string(), ".log 2>&1");
+    export_status_ = std::system(cmd.c_str());
+    EngineOptions o;
+    o.calibration = EngineOptions::Calibration::kNever;
+    o.disabled_backends = {"vulkan", "cuda"};
+    auto e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(e).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    fs::remove(dir_->string() + ".log", ec);
+    delete dir_;
+  }
+
+  void CheckModel(const std::string& name, bool pin) {
+    ASSERT_EQ(export_status_, 0) << "export_torch_models.py failed (needs /usr/bin/python3 with "
+                                    "python3-torch and python3-onnx): "
+                                 << ReadFile(dir_->string() + ".log");
+    const std::string bytes = ReadFile(*dir_ / (name + ".onnx"));
+    auto x = io::ParseOnnxTensor(ReadFile(*dir_ / (name + ".input.pb")));
+    auto want = io::ParseOnnxTensor(ReadFile(*dir_ / (name + ".output.pb")));
+    ASSERT_TRUE(x.ok()) << x.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    io::OnnxImportOptions options;
+    if (pin) options.input_shapes.emplace_back("x", x->dims());
+    auto model = io::ImportOnnxModel(bytes, options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    if (!pin) {
+      // The batch stays a named symbol in the imported graph.
+      const auto& dims = model->graph.nodes(0).outputs(0).dims();
+      ASSERT_GT(dims.size(), 0);
+      EXPECT_EQ(dims[0].symbol(), "batch") << model->graph.nodes(0).DebugString();
+    }
+    std::vector<TensorRef> inputs = {TensorRef::Of("x", *x)};
+    auto r = engine_->RunGraph(model->graph, inputs, nullptr, {}, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->outputs.size(), 1u);
+    const HostTensor& got = r->outputs[0].second;
+    ASSERT_EQ(got.dims(), want->dims());
+    double worst = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      const double g = got.GetAsDouble(i), w = want->GetAsDouble(i);
+      worst = std::max(worst, std::fabs(g - w) / (1e-4 + 1e-4 * std::fabs(w)));
+    }
+    EXPECT_LE(worst, 1.0) << name << ": worst error / budget (1e-4 + 1e-4 |want|)";
+  }
+
+  static fs::path* dir_;
+  static int export_status_;
+  static Engine* engine_;
+};
+
+fs::path* OnnxTorchTest::dir_ = nullptr;
+int OnnxTorchTest::export_status_ = -1;
+Engine* OnnxTorchTest::engine_ = nullptr;
+
+TEST_F(OnnxTorchTest, MlpSymbolicBatch) { CheckModel("mlp", false); }
+TEST_F(OnnxTorchTest, MlpPinnedBatch) { CheckModel("mlp", true); }
+TEST_F(OnnxTorchTest, CnnWithBatchNormSymbolicBatch) { CheckModel("cnn", false); }
+TEST_F(OnnxTorchTest, CnnWithBatchNormPinnedBatch) { CheckModel("cnn", true); }
+// x.view(x.size(0), -1): the Shape -> Gather -> Concat -> Reshape subgraph is
+// solved with the batch symbolic, and folded outright when it is pinned.
+TEST_F(OnnxTorchTest, CnnViewFlattenSymbolicBatch) { CheckModel("cnn_view", false); }
+TEST_F(OnnxTorchTest, CnnViewFlattenPinnedBatch) { CheckModel("cnn_view", true); }
+
+}  // namespace
+}  // namespace kiln
