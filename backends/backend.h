@@ -224,6 +224,15 @@ class Device {
                                                                 PrepareContext& context) = 0;
   // Bytes currently allocated through this device.
   virtual int64_t memory_in_use() const = 0;
+
+  // Restarts: a device whose work runs in a worker process is restarted
+  // after a fault by starting a fresh worker; its memory, streams and kernels
+  // are gone. `generation` counts those restarts: buffers, streams and
+  // kernels from an earlier generation fail as device faults, so the engine
+  // makes what it keeps (constants, parameter mirrors, run contexts) again.
+  // An in-process device never restarts (a restart is a probe by the engine).
+  virtual uint64_t generation() const { return 0; }
+  virtual absl::Status Restart() { return absl::OkStatus(); }
 };
 
 class Backend {

@@ -186,6 +186,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   ro.backend.cpu_threads = options.cpu_threads;
   ro.backend.cache_dir = options.cache_dir;
   ro.disabled = options.disabled_backends;
+  switch (options.device_isolation) {
+    case EngineOptions::DeviceIsolation::kAuto: ro.isolation = runtime::DeviceIsolation::kAuto; break;
+    case EngineOptions::DeviceIsolation::kThread: ro.isolation = runtime::DeviceIsolation::kThread; break;
+    case EngineOptions::DeviceIsolation::kProcess: ro.isolation = runtime::DeviceIsolation::kProcess; break;
+  }
+  ro.worker_binary = options.device_worker;
+  ro.cache_max_bytes = options.cache_max_bytes;
+  ro.worker_grace = options.device_worker_grace;
   KILN_ASSIGN_OR_RETURN(impl->registry, runtime::DeviceRegistry::Create(ro));
   for (backend::Device* d : impl->registry->devices()) {
     impl->devices_signature += DeviceSignature(d->info());
@@ -276,6 +284,8 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
     s.fault = h.fault;
     s.faults = h.faults;
     s.restarts = h.restarts;
+    s.worker_pid = impl_->registry->worker_pid(w.name);
+    s.isolated = s.worker_pid != 0;
     s.memory_in_use = devices[i]->memory_in_use();
     s.calibrated = impl_->infos[i].profile.calibrated;
     s.calibration_from_cache = impl_->calibration_from_cache[i];

@@ -76,6 +76,19 @@ struct EngineOptions {
   // which is marked unhealthy until a probe succeeds (DeviceStats).
   absl::Duration device_wait_floor = absl::Seconds(10);
   double device_wait_slack = 100;
+  // Where each backend other than the CPU's runs (runtime/device_registry.h):
+  // kProcess in a kiln-device-worker child process per device, so a crash or
+  // hang there fails only the runs on that device and the worker restarts;
+  // kThread in this process; kAuto (the default) like kProcess, falling back
+  // to kThread when no worker executable is found.
+  enum class DeviceIsolation { kAuto, kThread, kProcess };
+  DeviceIsolation device_isolation = DeviceIsolation::kAuto;
+  // The worker executable; empty = $KILN_DEVICE_WORKER, else beside the
+  // running executable, else this build tree's.
+  std::string device_worker;
+  // How long past a device wait's own bound a worker may stay silent before
+  // it counts as hung and is killed.
+  absl::Duration device_worker_grace = absl::Seconds(5);
 };
 
 // Per-device worker statistics (busy time, runs, queue length).
@@ -97,6 +110,8 @@ struct DeviceStats {
   std::string fault;       // the last device fault, if any
   int64_t faults = 0;
   int64_t restarts = 0;    // times the device came back after a fault
+  bool isolated = false;   // runs in a device worker process
+  int64_t worker_pid = 0;  // that process, while it lives
   int64_t memory_in_use = 0;
   bool calibrated = false;
   bool calibration_from_cache = false;

@@ -64,7 +64,14 @@ void DeviceHealth::Loop() {
     for (const std::string& id : unhealthy) {
       backend::Device* d = registry_.Find(id);
       if (d == nullptr) continue;
-      const absl::Status probe = Probe(*d);
+      // A device in a worker process comes back as a fresh worker (its
+      // memory and kernels are gone: device generation); then, as for one in
+      // this process, the probe says whether it answers.
+      absl::Status probe = d->Restart();
+      if (probe.ok()) probe = Probe(*d);
+      if (!probe.ok()) {
+        spdlog::warn("{}: restart failed: {}", id, std::string(probe.message()));
+      }
       absl::MutexLock lock(&mu_);
       State& s = states_[id];
       if (!probe.ok()) continue;  // still faulted: try again next round

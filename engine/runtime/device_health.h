@@ -1,9 +1,10 @@
 // DeviceHealth: which devices are serving (DESIGN.md section 5, "Faults
 // contained"). A device fault (backend::DeviceFault: a wait timed out, the
-// device was lost) marks its device unhealthy; runs placed on it then fail
-// fast with UNAVAILABLE. A background thread restarts unhealthy devices: with
-// workers in kilnd's process (thread isolation) a restart is a probe, a small
-// copy round trip on a fresh stream with a generous bound of its own; once it
+// device was lost, its worker process died) marks its device unhealthy; runs
+// placed on it then fail fast with UNAVAILABLE. A background thread restarts
+// unhealthy devices: Device::Restart (a fresh worker process for an isolated
+// device, nothing for one in kilnd's process), then a probe, a small copy
+// round trip on a fresh stream with a generous bound of its own; once it
 // succeeds the device is healthy again.
 //
 // Thread safety: every method is thread-safe. The destructor stops and joins

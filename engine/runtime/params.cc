@@ -69,7 +69,16 @@ absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
   absl::MutexLock lock(&mirrors_mu_);
   auto key = std::make_pair(name, device.info().id);
   auto it = mirrors_.find(key);
+  if (it != mirrors_.end() && it->second.first != device.generation()) {
+    // The device restarted and lost its memory: mirror again. The stale
+    // handle stays alive (a run may still hold a view of it; its uses fail
+    // as device faults) until the set goes.
+    retired_.push_back(std::move(it->second.second));
+    mirrors_.erase(it);
+    it = mirrors_.end();
+  }
   if (it == mirrors_.end()) {
+    const uint64_t generation = device.generation();
     KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(e->bytes));
     KILN_ASSIGN_OR_RETURN(auto stream, device.CreateStream());
     backend::Buffer* src = home_buffers_.at(name).get();
@@ -78,9 +87,9 @@ absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
           device.CopyToDevice(*stream, src->host_ptr(), backend::BufferView{buf.get(), 0, e->bytes}));
     }
     KILN_RETURN_IF_ERROR(stream->Synchronize());
-    it = mirrors_.emplace(key, std::move(buf)).first;
+    it = mirrors_.emplace(key, std::make_pair(generation, std::move(buf))).first;
   }
-  return backend::BufferView{it->second.get(), 0, e->bytes};
+  return backend::BufferView{it->second.second.get(), 0, e->bytes};
 }
 
 }  // namespace kiln::runtime

@@ -48,8 +48,11 @@ class ParamSetImpl final : public ParamSet {
   int64_t total_bytes_ = 0;
 
   mutable absl::Mutex mirrors_mu_;
-  mutable std::map<std::pair<std::string, std::string>, std::unique_ptr<backend::Buffer>> mirrors_
-      ABSL_GUARDED_BY(mirrors_mu_);  // (param, device id) -> buffer
+  // (param, device id) -> the device generation it was made in, the buffer.
+  mutable std::map<std::pair<std::string, std::string>,
+                   std::pair<uint64_t, std::unique_ptr<backend::Buffer>>>
+      mirrors_ ABSL_GUARDED_BY(mirrors_mu_);
+  mutable std::vector<std::unique_ptr<backend::Buffer>> retired_ ABSL_GUARDED_BY(mirrors_mu_);
 };
 
 }  // namespace kiln::runtime

@@ -50,6 +50,7 @@ class RunContext {
   };
   std::map<std::string, DeviceState> devices;
   std::vector<std::unique_ptr<backend::Kernel>> kernels;  // per step; null for copies
+  std::map<std::string, uint64_t> generations;  // of its devices when it was made
 };
 
 Program::Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
@@ -83,28 +84,12 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
           "executable needs device ", l.slots(i).device(), ", which this process does not have"));
     }
   }
-  // Constants go to the device of the slot that reads them, once per program.
-  p->constants_.resize(l.constants_size());
-  std::map<std::string, std::unique_ptr<backend::Stream>> upload;
-  for (int i = 0; i < l.slots_size(); ++i) {
-    const v1::Slot& slot = l.slots(i);
-    if (slot.storage() != v1::SLOT_CONSTANT || p->constants_[slot.index()]) continue;
-    backend::Device* d = p->registry_->Find(slot.device());
-    std::unique_ptr<backend::Stream>& stream = upload[slot.device()];
-    if (!stream) {
-      KILN_ASSIGN_OR_RETURN(stream, d->CreateStream());
-    }
-    const v1::Tensor& c = l.constants(slot.index());
-    KILN_ASSIGN_OR_RETURN(auto buf, d->Allocate(static_cast<int64_t>(c.data().size())));
-    if (!c.data().empty()) {
-      KILN_RETURN_IF_ERROR(d->CopyToDevice(
-          *stream, c.data().data(),
-          backend::BufferView{buf.get(), 0, static_cast<int64_t>(c.data().size())}));
-    }
-    p->constants_[slot.index()] = std::move(buf);
-  }
-  for (auto& [id, stream] : upload) {
-    KILN_RETURN_IF_ERROR(stream->SynchronizeFor(p->wait_timeout_)) << "while uploading constants";
+  // Constants go to the device of the slot that reads them, once per program
+  // (and again after that device restarts).
+  {
+    KILN_ASSIGN_OR_RETURN(auto constants, p->UploadConstants());
+    absl::MutexLock lock(&p->constants_mu_);
+    p->constants_ = std::move(constants);
   }
   backend::PrepareContext ctx;
   ctx.binaries = p->binaries_.get();
@@ -162,6 +147,50 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
   return p;
 }
 
+absl::StatusOr<std::shared_ptr<const Program::Constants>> Program::UploadConstants() const {
+  const v1::Executable& l = lir_;
+  auto c = std::make_shared<Constants>();
+  c->buffers.resize(l.constants_size());
+  std::map<std::string, std::unique_ptr<backend::Stream>> upload;
+  for (int i = 0; i < l.slots_size(); ++i) {
+    const v1::Slot& slot = l.slots(i);
+    if (slot.storage() != v1::SLOT_CONSTANT || c->buffers[slot.index()]) continue;
+    backend::Device* d = registry_->Find(slot.device());
+    if (!c->generations.contains(slot.device())) c->generations[slot.device()] = d->generation();
+    std::unique_ptr<backend::Stream>& stream = upload[slot.device()];
+    if (!stream) {
+      KILN_ASSIGN_OR_RETURN(stream, d->CreateStream());
+    }
+    const v1::Tensor& t = l.constants(slot.index());
+    KILN_ASSIGN_OR_RETURN(auto buf, d->Allocate(static_cast<int64_t>(t.data().size())));
+    if (!t.data().empty()) {
+      KILN_RETURN_IF_ERROR(d->CopyToDevice(
+          *stream, t.data().data(),
+          backend::BufferView{buf.get(), 0, static_cast<int64_t>(t.data().size())}));
+    }
+    c->buffers[slot.index()] = std::move(buf);
+  }
+  for (auto& [id, stream] : upload) {
+    KILN_RETURN_IF_ERROR(stream->SynchronizeFor(wait_timeout_)) << "while uploading constants";
+  }
+  return std::shared_ptr<const Constants>(std::move(c));
+}
+
+bool Program::Stale(const std::map<std::string, uint64_t>& generations) const {
+  for (const auto& [id, generation] : generations) {
+    if (registry_->Find(id)->generation() != generation) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::shared_ptr<const Program::Constants>> Program::CurrentConstants() {
+  absl::MutexLock lock(&constants_mu_);
+  if (Stale(constants_->generations)) {
+    KILN_ASSIGN_OR_RETURN(constants_, UploadConstants());
+  }
+  return constants_;
+}
+
 absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
     backend::PrepareContext& prepare) {
   const v1::Executable& l = lir_;
@@ -176,6 +205,7 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
     }
     RunContext::DeviceState s;
     s.device = d;
+    c->generations[id] = d->generation();
     KILN_ASSIGN_OR_RETURN(s.stream, d->CreateStream());
     return &c->devices.emplace(id, std::move(s)).first->second;
   };
@@ -222,10 +252,26 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::AcquireContext() {
       return !idle_contexts_.empty() || live_contexts_ < std::max(1, options_.max_contexts);
     };
     contexts_mu_.Await(absl::Condition(&can_go));
-    if (!idle_contexts_.empty()) {
+    while (!idle_contexts_.empty()) {
       std::unique_ptr<RunContext> c = std::move(idle_contexts_.back());
       idle_contexts_.pop_back();
-      return c;
+      if (!Stale(c->generations)) return c;
+      // Made before one of its devices restarted: its memory, streams and
+      // kernels there are gone (releasing them costs nothing there).
+      --live_contexts_;
+      ++contexts_discarded_;
+    }
+    if (live_contexts_ >= std::max(1, options_.max_contexts)) {
+      // Every context is busy after all; wait as above.
+      auto can_take = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(contexts_mu_) {
+        return !idle_contexts_.empty() || live_contexts_ < std::max(1, options_.max_contexts);
+      };
+      contexts_mu_.Await(absl::Condition(&can_take));
+      if (!idle_contexts_.empty()) {
+        std::unique_ptr<RunContext> c = std::move(idle_contexts_.back());
+        idle_contexts_.pop_back();
+        return c;
+      }
     }
     ++live_contexts_;  // reserved; created below, outside the lock
   }
@@ -358,8 +404,9 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   KILN_RETURN_IF_ERROR(CheckInputs(inputs, &by_index));
   KILN_RETURN_IF_ERROR(CheckParams(params));
   KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Constants> constants, CurrentConstants());
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
-  absl::StatusOr<RunResult> result = RunOn(*context, by_index, params, options);
+  absl::StatusOr<RunResult> result = RunOn(*context, *constants, by_index, params, options);
   std::optional<std::string> faulted = backend::FaultedDevice(result.status());
   if (!result.ok() && !faulted) {
     // A run stopped part-way may leave work queued: finish it before the
@@ -376,7 +423,7 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   return result;
 }
 
-absl::StatusOr<RunResult> Program::RunOn(RunContext& context,
+absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& constants,
                                          const std::vector<const TensorRef*>& by_index,
                                          const ParamSetImpl* params, const RunOptions& options) {
   auto& devices_ = context.devices;
@@ -401,7 +448,7 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context,
         views[i] = backend::BufferView{s.arena.get(), slot.offset(), slot.bytes()};
         break;
       case v1::SLOT_CONSTANT:
-        views[i] = backend::BufferView{constants_[slot.index()].get(), 0, slot.bytes()};
+        views[i] = backend::BufferView{constants.buffers[slot.index()].get(), 0, slot.bytes()};
         break;
       case v1::SLOT_PARAM: {
         KILN_ASSIGN_OR_RETURN(views[i], params->On(lir_.params(slot.index()).name(), *s.device));

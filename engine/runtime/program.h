@@ -88,6 +88,13 @@ class Program final : public Executable {
   ContextStats context_stats() const;
 
  private:
+  // The constants on their devices, made in the device generations named
+  // (backend::Device::generation): a device that restarted lost them, and
+  // the next run uploads them again. A run holds the set it uses.
+  struct Constants {
+    std::map<std::string, uint64_t> generations;
+    std::vector<std::unique_ptr<backend::Buffer>> buffers;
+  };
   Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
           std::shared_ptr<backend::KernelBinaryCache> binaries, const ProgramOptions& options);
   absl::Status CheckInputs(std::span<const TensorRef> inputs,
@@ -100,7 +107,7 @@ class Program final : public Executable {
   // `faulted_device` is discarded instead, abandoning that device's memory.
   void ReleaseContext(std::unique_ptr<RunContext> context,
                       const std::optional<std::string>& faulted_device);
-  absl::StatusOr<RunResult> RunOn(RunContext& context,
+  absl::StatusOr<RunResult> RunOn(RunContext& context, const Constants& constants,
                                   const std::vector<const TensorRef*>& by_index,
                                   const ParamSetImpl* params, const RunOptions& options);
 
@@ -112,7 +119,12 @@ class Program final : public Executable {
   GraphSignature signature_;
   double estimated_run_micros_ = 0;
   absl::Duration wait_timeout_;
-  std::vector<std::unique_ptr<backend::Buffer>> constants_;  // immutable after Load
+  absl::StatusOr<std::shared_ptr<const Constants>> UploadConstants() const;
+  // The current set, uploaded again when one of its devices restarted.
+  absl::StatusOr<std::shared_ptr<const Constants>> CurrentConstants();
+  bool Stale(const std::map<std::string, uint64_t>& generations) const;
+  absl::Mutex constants_mu_;
+  std::shared_ptr<const Constants> constants_ ABSL_GUARDED_BY(constants_mu_);
   // Per slot: a graph output that kernels may write straight into the
   // caller's result tensor (host-memory device, written by one kernel step,
   // sharing no arena bytes with any other slot), saving the copy-out.

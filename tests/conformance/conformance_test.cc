@@ -4,29 +4,36 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/device_registry.h"
 #include "tests/conformance/conformance.h"
 
 namespace kiln::conformance {
 namespace {
 
 struct DeviceSet {
-  std::vector<std::unique_ptr<backend::Backend>> backends;
+  std::unique_ptr<runtime::DeviceRegistry> registry;
   std::vector<backend::Device*> devices;
 };
 
+// Every device of every backend, in this process; with
+// KILN_TEST_ISOLATION=process every backend but the CPU's runs in device
+// worker processes (runtime/worker_client.h), so the suite checks the
+// process boundary too.
 DeviceSet& Devices() {
   static DeviceSet* set = [] {
     auto* s = new DeviceSet();
-    for (const auto& reg : backend::RegisteredBackends()) {
-      auto b = reg.factory(backend::BackendOptions{});
-      if (!b.ok()) {
-        std::fprintf(stderr, "backend %s unavailable: %s\n", reg.name.c_str(),
-                     std::string(b.status().message()).c_str());
-        continue;
-      }
-      for (backend::Device* d : (*b)->devices()) s->devices.push_back(d);
-      s->backends.push_back(std::move(b).value());
+    runtime::RegistryOptions ro;
+    const char* iso = std::getenv("KILN_TEST_ISOLATION");
+    ro.isolation = iso != nullptr && std::string(iso) == "process" ? runtime::DeviceIsolation::kProcess
+                                                                   : runtime::DeviceIsolation::kThread;
+    auto r = runtime::DeviceRegistry::Create(ro);
+    if (!r.ok()) {
+      std::fprintf(stderr, "no devices: %s\n", std::string(r.status().message()).c_str());
+      std::abort();
     }
+    for (const std::string& u : (*r)->unavailable()) std::fprintf(stderr, "unavailable: %s\n", u.c_str());
+    s->devices = (*r)->devices();
+    s->registry = std::move(r).value();
     return s;
   }();
   return *set;

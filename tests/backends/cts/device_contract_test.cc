@@ -22,24 +22,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends/backend.h"
+#include "engine/runtime/device_registry.h"
 
 namespace kiln::backend {
 namespace {
 
 struct Registered {
-  std::vector<std::unique_ptr<Backend>> backends;
+  std::unique_ptr<runtime::DeviceRegistry> registry;
   std::vector<Device*> devices;
 };
 
+// KILN_TEST_ISOLATION=process: every backend but the CPU's in device worker
+// processes (runtime/worker_client.h), the contract checked across the
+// process boundary.
 const Registered& All() {
   static Registered* r = [] {
     auto* out = new Registered();
-    for (const auto& reg : RegisteredBackends()) {
-      auto b = reg.factory({});
-      if (!b.ok()) continue;  // no driver: the backend lists no device
-      for (Device* d : (*b)->devices()) out->devices.push_back(d);
-      out->backends.push_back(std::move(b).value());
-    }
+    runtime::RegistryOptions ro;
+    const char* iso = std::getenv("KILN_TEST_ISOLATION");
+    ro.isolation = iso != nullptr && std::string(iso) == "process" ? runtime::DeviceIsolation::kProcess
+                                                                   : runtime::DeviceIsolation::kThread;
+    auto reg = runtime::DeviceRegistry::Create(ro);
+    if (!reg.ok()) return out;  // no CPU backend: ThereIsACpuDevice fails
+    out->devices = (*reg)->devices();
+    out->registry = std::move(reg).value();
     return out;
   }();
   return *r;

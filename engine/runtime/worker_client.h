@@ -1,0 +1,68 @@
+// Devices in child processes (DESIGN.md section 5, "Faults contained"): kilnd's
+// side of the device-worker boundary. An IsolatedDevice is a backend::Device
+// whose memory, streams and kernels live in a kiln-device-worker process
+// (worker_server.h): buffers, kernels and streams are handles, a stream's
+// kernels and copies are queued here and go to the worker as one command list
+// when the stream is flushed or synchronized, and host bytes cross through a
+// shared-memory region. The engine cannot tell it from an in-process device,
+// except that its memory is never host-addressable.
+//
+// Faults: a worker that crashes (the socket closes), stops answering a
+// synchronize within the wait's bound plus a grace period (it is killed), or
+// reports a device fault fails every call on it with backend::DeviceFault
+// naming the device and what happened. Restart() starts a fresh worker (the
+// device health tracker calls it); generation() counts the workers, so
+// constants, parameters and run contexts made on an earlier one are made
+// again rather than used.
+//
+// Thread safety: as backend.h requires; Restart is thread-safe with respect to
+// every other call (calls on the old worker fail as device faults).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+
+namespace kiln::runtime::worker {
+
+struct WorkerOptions {
+  std::string binary;   // kiln-device-worker (or a test worker)
+  std::string backend;  // the backend the worker creates: "vulkan", "cuda"
+  backend::BackendOptions backend_options;
+  int64_t cache_max_bytes = int64_t{4} << 30;
+  // The shared staging region per worker; copies that do not fit go inline.
+  int64_t staging_bytes = int64_t{256} << 20;
+  // Starting the worker and its backend (driver initialisation).
+  absl::Duration start_timeout = absl::Seconds(60);
+  // Beyond a synchronize's own bound before the worker counts as hung.
+  absl::Duration grace = absl::Seconds(5);
+  // Calls other than synchronize (allocate, claims, stream creation).
+  absl::Duration call_timeout = absl::Seconds(60);
+  // Kernel preparation (may compile shaders or cubins).
+  absl::Duration prepare_timeout = absl::Seconds(600);
+};
+
+// Where kiln-device-worker is: $KILN_DEVICE_WORKER, else beside the running
+// executable, else where this build tree puts it; empty when none exists.
+std::string DefaultWorkerBinary();
+
+struct IsolatedBackend {
+  std::string name;
+  std::string version;
+  std::vector<std::unique_ptr<backend::Device>> devices;  // one worker each
+};
+
+// Starts a worker for the backend's first device, learns every device its
+// backend found, and starts one more worker per further device. Fails when
+// the worker cannot start or its backend cannot be created (the message is
+// the backend's, as an in-process factory's would be).
+absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& options);
+
+// The pid of the worker now serving `device` (an IsolatedDevice), else 0.
+int64_t WorkerPid(const backend::Device& device);
+
+}  // namespace kiln::runtime::worker

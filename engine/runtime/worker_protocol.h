@@ -1,0 +1,88 @@
+// What both ends of the device-worker boundary share (proto/kiln/v1/worker.proto):
+// length-framed messages on a socket, the shared-memory staging region and
+// its allocator, and conversions between the contract's types and messages.
+//
+// Thread safety: Channel::Send is thread-safe (one writer at a time under its
+// mutex); Channel::Receive is called by one reader thread. ShmRegion's
+// allocator is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+#include "kiln/v1/worker.pb.h"
+
+namespace kiln::runtime::worker {
+
+inline constexpr int kProtocol = 1;
+// A frame longer than this is a broken peer, not a message (copies that do
+// not fit the shared region travel inline, up to this).
+inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
+
+// One end of the socket. Owns the descriptor.
+class Channel {
+ public:
+  explicit Channel(int fd) : fd_(fd) {}
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  absl::Status Send(const google::protobuf::MessageLite& message);
+  // Blocks for the next frame; UNAVAILABLE at end of stream.
+  absl::Status Receive(google::protobuf::MessageLite* message);
+  // Wakes a blocked Receive (it returns UNAVAILABLE) and fails later Sends.
+  void Shutdown();
+  int fd() const { return fd_; }
+
+ private:
+  const int fd_;
+  absl::Mutex send_mu_;
+};
+
+// A memfd both processes map, with a first-fit allocator of 64-byte-aligned
+// blocks (used by kilnd only; the worker reads and writes where it is told).
+class ShmRegion {
+ public:
+  // kilnd's side: a fresh anonymous region of `bytes` (pages come on touch).
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(int64_t bytes);
+  // The worker's side: maps an inherited descriptor.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Map(int fd);
+  ~ShmRegion();
+  ShmRegion(const ShmRegion&) = delete;
+  ShmRegion& operator=(const ShmRegion&) = delete;
+
+  int fd() const { return fd_; }
+  int64_t size() const { return size_; }
+  char* at(int64_t offset) const { return base_ + offset; }
+  // A block's offset, or nullopt when no free range is large enough.
+  std::optional<int64_t> Allocate(int64_t bytes);
+  void Free(int64_t offset);
+  // Whether [offset, offset + bytes) lies inside the region.
+  bool Contains(int64_t offset, int64_t bytes) const;
+
+ private:
+  ShmRegion(int fd, char* base, int64_t size);
+  const int fd_;
+  char* const base_;
+  const int64_t size_;
+  absl::Mutex mu_;
+  std::map<int64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
+  std::map<int64_t, int64_t> used_ ABSL_GUARDED_BY(mu_);
+};
+
+void ToProto(const backend::DeviceInfo& in, v1::worker::Info* out);
+backend::DeviceInfo FromProto(const v1::worker::Info& in);
+void ToProto(const backend::KernelSpec& in, v1::worker::Spec* out);
+backend::KernelSpec FromProto(const v1::worker::Spec& in);
+void SetStatus(const absl::Status& status, v1::worker::Reply* reply);
+// The reply's status; a device fault keeps its payload naming `device`.
+absl::Status StatusOf(const v1::worker::Reply& reply, const std::string& device);
+
+}  // namespace kiln::runtime::worker
