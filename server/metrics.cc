@@ -1,7 +1,13 @@
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +22,16 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   static const auto* b = new prometheus::Histogram::BucketBoundaries{
       50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3,
       100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10, 30};
+  return *b;
+}
+
+// Bytes, 64 B to 1 GiB in powers of 4.
+const prometheus::Histogram::BucketBoundaries& ByteBuckets() {
+  static const auto* b = [] {
+    auto* v = new prometheus::Histogram::BucketBoundaries;
+    for (double x = 64; x <= double{1 << 30}; x *= 4) v->push_back(x);
+    return v;
+  }();
   return *b;
 }
 
@@ -43,9 +59,55 @@ class Metrics::ScrapeCollectable : public prometheus::Collectable {
   Collector collector_ ABSL_GUARDED_BY(collector_mu_);
 };
 
+// The process itself, from /proc/self at scrape time (Linux).
+class Metrics::ProcessCollectable : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricType;
+    std::vector<prometheus::MetricFamily> out;
+    const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+    double vm_pages = 0, rss_pages = 0;
+    if (std::ifstream statm("/proc/self/statm"); statm >> vm_pages >> rss_pages) {
+      out.push_back(Family("kiln_process_resident_memory_bytes", "Resident memory of kilnd",
+                           MetricType::Gauge, {{{}, rss_pages * page}}));
+      out.push_back(Family("kiln_process_virtual_memory_bytes", "Virtual memory of kilnd",
+                           MetricType::Gauge, {{{}, vm_pages * page}}));
+    }
+    // /proc/self/stat: fields after the parenthesised name, which may hold spaces.
+    std::ifstream stat_file("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    if (const size_t close = stat.rfind(')'); close != std::string::npos) {
+      std::istringstream fields(stat.substr(close + 2));
+      std::vector<std::string> f((std::istream_iterator<std::string>(fields)),
+                                 std::istream_iterator<std::string>());
+      // f[0] is field 3 (state): utime 14, stime 15, num_threads 20, starttime 22.
+      if (f.size() > 19) {
+        const double cpu = (std::stod(f[11]) + std::stod(f[12])) / ticks;
+        out.push_back(Family("kiln_process_cpu_seconds_total", "CPU time kilnd used (user + system)",
+                             MetricType::Counter, {{{}, cpu}}));
+        out.push_back(Family("kiln_process_threads", "Threads of kilnd", MetricType::Gauge,
+                             {{{}, std::stod(f[17])}}));
+      }
+    }
+    std::error_code ec;
+    double fds = 0;
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+         it.increment(ec)) {
+      ++fds;
+    }
+    if (!ec) {
+      out.push_back(Family("kiln_process_open_fds", "Open file descriptors of kilnd",
+                           MetricType::Gauge, {{{}, fds}}));
+    }
+    return out;
+  }
+};
+
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      scraped_(std::make_shared<ScrapeCollectable>()) {
+      scraped_(std::make_shared<ScrapeCollectable>()),
+      process_(std::make_shared<ProcessCollectable>()) {
   requests_ = &prometheus::BuildCounter()
                    .Name("kiln_requests_total")
                    .Help("RPCs finished, by tenant, method and gRPC status code")
@@ -54,21 +116,29 @@ Metrics::Metrics()
                   .Name("kiln_kernels_total")
                   .Help("Kernels launched by runs, by backend and path (native, common_ir, rewritten)")
                   .Register(*registry_);
+  kernel_seconds_ = &prometheus::BuildCounter()
+                         .Name("kiln_kernel_seconds_total")
+                         .Help("Device time of the kernels runs launched, by backend and path")
+                         .Register(*registry_);
+  request_bytes_ = &prometheus::BuildHistogram()
+                        .Name("kiln_request_bytes")
+                        .Help("Request message sizes (one SetParams chunk each), by tenant and method")
+                        .Register(*registry_);
   compiles_ = &prometheus::BuildCounter()
                    .Name("kiln_compiles_total")
-                   .Help("Executable lookups by requests, by cache outcome")
+                   .Help("Executable lookups by requests, by tenant and cache outcome")
                    .Register(*registry_);
   queue_seconds_ = &prometheus::BuildHistogram()
                         .Name("kiln_queue_seconds")
-                        .Help("Time runs waited in the scheduler's queue, by tenant")
+                        .Help("Time runs waited in their device's queue, by tenant and device")
                         .Register(*registry_);
   compile_seconds_ = &prometheus::BuildHistogram()
                           .Name("kiln_compile_seconds")
-                          .Help("Time to get an executable (compile or cache load), by outcome")
+                          .Help("Time to get an executable (compile or cache load), by tenant, device and outcome")
                           .Register(*registry_);
   run_seconds_ = &prometheus::BuildHistogram()
                       .Name("kiln_run_seconds")
-                      .Help("Time runs executed on devices, by tenant")
+                      .Help("Time runs executed on their device, by tenant and device")
                       .Register(*registry_);
 }
 
@@ -78,7 +148,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
   std::unique_ptr<Metrics> m(new Metrics());
   if (listen == "off") return m;
   try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+    // civetweb serves one connection per thread and waits request_timeout_ms
+    // (default 30 s) for a request on an open one: with 2 threads, two idle
+    // TCP connections stopped every scrape for 30 s. 8 threads and a 5 s wait
+    // take 8 idle connections to delay a scrape, for at most 5 s.
+    m->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", "8", "request_timeout_ms", "5000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", listen, ": ", e.what(),
@@ -86,6 +161,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
   }
   m->exposer_->RegisterCollectable(m->registry_);
   m->exposer_->RegisterCollectable(m->scraped_);
+  m->exposer_->RegisterCollectable(m->process_);
   const std::vector<int> ports = m->exposer_->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", listen));
   m->port_ = ports.front();
@@ -99,35 +175,66 @@ void Metrics::CountRequest(const std::string& tenant, const std::string& method,
   requests_->Add({{"tenant", tenant}, {"method", method}, {"code", code}}).Increment();
 }
 
-void Metrics::ObserveQueue(const std::string& tenant, absl::Duration waited) {
-  queue_seconds_->Add({{"tenant", tenant}}, LatencyBuckets()).Observe(absl::ToDoubleSeconds(waited));
+void Metrics::ObserveRequestBytes(const std::string& tenant, const std::string& method,
+                                  int64_t bytes) {
+  request_bytes_->Add({{"tenant", tenant}, {"method", method}}, ByteBuckets())
+      .Observe(static_cast<double>(bytes));
 }
 
-void Metrics::ObserveCompile(v1::CacheOutcome outcome, absl::Duration took) {
+void Metrics::ObserveCompile(const std::string& tenant, const std::string& device,
+                             v1::CacheOutcome outcome, absl::Duration took) {
   std::string name = v1::CacheOutcome_Name(outcome);
   if (name.starts_with("CACHE_")) name = name.substr(6);
   name = Lower(name);
-  compiles_->Add({{"outcome", name}}).Increment();
-  compile_seconds_->Add({{"outcome", name}}, LatencyBuckets())
+  compiles_->Add({{"tenant", tenant}, {"outcome", name}}).Increment();
+  compile_seconds_->Add({{"tenant", tenant}, {"device", device}, {"outcome", name}},
+                        LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(took));
 }
 
-void Metrics::ObserveRun(const std::string& tenant, absl::Duration took) {
-  run_seconds_->Add({{"tenant", tenant}}, LatencyBuckets()).Observe(absl::ToDoubleSeconds(took));
+void Metrics::ObserveRun(const std::string& tenant, const v1::DispatchReport& report) {
+  const prometheus::Labels labels{{"tenant", tenant}, {"device", report.placement().chosen()}};
+  queue_seconds_->Add(labels, LatencyBuckets()).Observe(report.queue_micros() * 1e-6);
+  run_seconds_->Add(labels, LatencyBuckets()).Observe(report.run_micros() * 1e-6);
+  CountKernelSteps(report);
 }
 
-void Metrics::CountKernels(const v1::DispatchReport& report) {
-  std::map<std::pair<std::string, std::string>, int> counts;
+void Metrics::CountKernelSteps(const v1::DispatchReport& report) {
+  struct Kernels {
+    int count = 0;
+    double micros = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Kernels> by_path;
   for (const v1::DispatchStep& s : report.steps()) {
     if (s.kind() != v1::STEP_KERNEL) continue;
     const std::string backend = s.device().substr(0, s.device().find(':'));
     std::string path = v1::Path_Name(s.path());
     if (path.starts_with("PATH_")) path = path.substr(5);
-    ++counts[{backend, Lower(path)}];
+    Kernels& k = by_path[{backend, Lower(path)}];
+    ++k.count;
+    k.micros += s.duration_micros();
   }
-  for (const auto& [key, n] : counts) {
-    kernels_->Add({{"backend", key.first}, {"path", key.second}}).Increment(n);
+  for (const auto& [key, k] : by_path) {
+    const prometheus::Labels l{{"backend", key.first}, {"path", key.second}};
+    kernels_->Add(l).Increment(k.count);
+    kernel_seconds_->Add(l).Increment(k.micros * 1e-6);
   }
+}
+
+void Metrics::ObserveQueue(const std::string& tenant, absl::Duration waited) {
+  queue_seconds_->Add({{"tenant", tenant}, {"device", "unknown"}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(waited));
+}
+
+void Metrics::ObserveRun(const std::string& tenant, absl::Duration took) {
+  run_seconds_->Add({{"tenant", tenant}, {"device", "unknown"}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(took));
+}
+
+void Metrics::CountKernels(const v1::DispatchReport& report) { CountKernelSteps(report); }
+
+void Metrics::ObserveCompile(v1::CacheOutcome outcome, absl::Duration took) {
+  ObserveCompile("unknown", "unknown", outcome, took);
 }
 
 prometheus::MetricFamily Metrics::Family(const std::string& name, const std::string& help,

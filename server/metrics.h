@@ -3,12 +3,19 @@
 //
 // Events are counted as they happen (requests, latencies, kernels); state is
 // read at scrape time through one collector callback (cache statistics,
-// device memory, sessions, runs in flight, param bytes per tenant).
+// device memory, sessions, runs in flight, param bytes per tenant) and from
+// /proc/self (the process's memory, CPU time, threads and descriptors).
+//
+// Label cardinality is bounded by construction: `tenant` is a tenant name
+// from the config (or "default", or "unauthenticated"), never a string a
+// client sent; `device` and `backend` come from the device registry;
+// `method`, `code`, `outcome` and `path` are enums. Callers pass only those.
 //
 // Thread safety: every method is thread-safe. The collector runs on the
 // exposer's HTTP threads; it must not block for long.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -50,11 +57,23 @@ class Metrics {
   void SetCollector(Collector collector);
 
   void CountRequest(const std::string& tenant, const std::string& method, const std::string& code);
+  // One request message (a unary request, one SetParams chunk) of `bytes`.
+  void ObserveRequestBytes(const std::string& tenant, const std::string& method, int64_t bytes);
+  // An executable obtained for `tenant` (compiled, or loaded from a cache),
+  // placed on `device`.
+  void ObserveCompile(const std::string& tenant, const std::string& device,
+                      v1::CacheOutcome outcome, absl::Duration took);
+  // A finished run from its dispatch report: queue wait and run time by
+  // tenant and device (the placement's chosen device), kernels and kernel
+  // time by backend (the device id's prefix) and path.
+  void ObserveRun(const std::string& tenant, const v1::DispatchReport& report);
+
+  // The former per-event calls, until every caller has moved to the ones
+  // above (their device label is "unknown").
   void ObserveQueue(const std::string& tenant, absl::Duration waited);
-  void ObserveCompile(v1::CacheOutcome outcome, absl::Duration took);
   void ObserveRun(const std::string& tenant, absl::Duration took);
-  // Kernels of a dispatch report by backend (the device id's prefix) and path.
   void CountKernels(const v1::DispatchReport& report);
+  void ObserveCompile(v1::CacheOutcome outcome, absl::Duration took);
 
   // A gauge or counter family for the collector: one sample per label set.
   static prometheus::MetricFamily Family(const std::string& name, const std::string& help,
@@ -63,16 +82,22 @@ class Metrics {
 
  private:
   class ScrapeCollectable;
+  class ProcessCollectable;
   Metrics();
+  // Kernels and kernel time of a report's steps, by backend and path.
+  void CountKernelSteps(const v1::DispatchReport& report);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<ScrapeCollectable> scraped_;
+  std::shared_ptr<ProcessCollectable> process_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* kernels_;
+  prometheus::Family<prometheus::Counter>* kernel_seconds_;
   prometheus::Family<prometheus::Counter>* compiles_;
+  prometheus::Family<prometheus::Histogram>* request_bytes_;
   prometheus::Family<prometheus::Histogram>* queue_seconds_;
   prometheus::Family<prometheus::Histogram>* compile_seconds_;
   prometheus::Family<prometheus::Histogram>* run_seconds_;
