@@ -34,17 +34,22 @@ class CheckedInt {
   // REQUIRES: ok().
   constexpr int64_t get() const { return value_; }
 
+  // Each operator computes `r` before passing it: in `Make(r, <computes r>)`
+  // the order of argument evaluation is unspecified (clang reads `r` first).
   friend constexpr CheckedInt operator+(CheckedInt a, CheckedInt b) {
     int64_t r = 0;
-    return Make(r, a.ok_ && b.ok_ && !__builtin_add_overflow(a.value_, b.value_, &r));
+    const bool ok = a.ok_ && b.ok_ && !__builtin_add_overflow(a.value_, b.value_, &r);
+    return Make(r, ok);
   }
   friend constexpr CheckedInt operator-(CheckedInt a, CheckedInt b) {
     int64_t r = 0;
-    return Make(r, a.ok_ && b.ok_ && !__builtin_sub_overflow(a.value_, b.value_, &r));
+    const bool ok = a.ok_ && b.ok_ && !__builtin_sub_overflow(a.value_, b.value_, &r);
+    return Make(r, ok);
   }
   friend constexpr CheckedInt operator*(CheckedInt a, CheckedInt b) {
     int64_t r = 0;
-    return Make(r, a.ok_ && b.ok_ && !__builtin_mul_overflow(a.value_, b.value_, &r));
+    const bool ok = a.ok_ && b.ok_ && !__builtin_mul_overflow(a.value_, b.value_, &r);
+    return Make(r, ok);
   }
   // Truncating, as C++; poisoned for b == 0 and for INT64_MIN / -1.
   friend constexpr CheckedInt operator/(CheckedInt a, CheckedInt b) {
