@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "engine/io/onnx/onnx_import.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -76,6 +77,18 @@ absl::StatusOr<v1::GraphSource> LoadGraphFile(const std::string& path) {
   }
   if (ends(".pbtxt") || ends(".textproto") || ends(".txtpb")) return FromProtoText(bytes, path);
   if (ends(".pb") || ends(".binpb")) return FromBinary(bytes, path);
+  if (ends(".onnx")) {
+    // Imported here, on the client: kilnd only ever receives a kiln.v1.Graph.
+    // Initializers become constants (kilnctl import --param makes params).
+    auto graph = io::ImportOnnx(bytes, io::OnnxImportOptions{});
+    if (!graph.ok()) {
+      return absl::Status(graph.status().code(),
+                          absl::StrCat(path, ": ", graph.status().message()));
+    }
+    v1::GraphSource src;
+    *src.mutable_graph() = *std::move(graph);
+    return src;
+  }
   if (LooksLikeKilnText(bytes)) {
     v1::GraphSource src;
     src.set_text(std::move(bytes));

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_file.h"
+#include "clients/cpp/kilnctl_import.h"
 #include "clients/cpp/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
@@ -380,6 +381,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   report->add_option("--request", pf.request_id, "one request's report, by request id");
   report->add_option("--trace", pf.trace, "also write them as Chrome trace JSON");
+
+  AddImportCommand(app);  // kilnctl import: ONNX -> graph file, offline
 
   CLI::App* cache = app.add_subcommand("cache", "compile cache");
   cache->require_subcommand(1);
