@@ -317,5 +317,33 @@ class PrometheusTest(unittest.TestCase):
         print(f"prometheus: firing {sorted(firing)}")
 
 
+    def test_3_label_values_come_from_the_config(self):
+        """Whatever clients send (unknown keys, made-up session ids and request
+        ids), the tenant label takes only the config's names."""
+        import secrets
+        with grpc.insecure_channel(self.a.addr) as ch:
+            stub = service_pb2_grpc.KilnStub(ch)
+            for _ in range(20):
+                md = (("authorization", f"Bearer {secrets.token_hex(16)}"),
+                      ("x-request-id", secrets.token_hex(8)))
+                with self.assertRaises(grpc.RpcError) as e:
+                    stub.ListDevices(service_pb2.ListDevicesRequest(), metadata=md, timeout=30)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                md = (("authorization", f"Bearer {ALICE_KEY}"),)
+                with self.assertRaises(grpc.RpcError) as e:
+                    stub.CloseSession(service_pb2.CloseSessionRequest(
+                        session_id=secrets.token_hex(12)), metadata=md, timeout=30)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.eventually_data("unauthenticated calls",
+                             'kiln_requests_total{tenant="unauthenticated", code="UNAUTHENTICATED"}')
+        r = self.prom.api("label/tenant/values")
+        self.assertEqual(r["status"], "success", r)
+        self.assertLessEqual(set(r["data"]), {"alice", "bob", "default", "unauthenticated"})
+        r = self.prom.api("label/method/values")
+        self.assertLessEqual(set(r["data"]), {
+            "Compile", "CreateSession", "SetParams", "GetParams", "Run", "CloseSession",
+            "ListDevices", "GetReport", "ServerInfo"})
+
+
 if __name__ == "__main__":
     unittest.main()
