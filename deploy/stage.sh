@@ -3,6 +3,7 @@
 # as the Dockerfile's runtime stage copies it:
 #
 #   STAGE_DIR/bin/kilnd, bin/kilnctl        the daemon and its command-line client
+#   STAGE_DIR/bin/kiln-device-worker        kilnd's device worker process (when the tree has it)
 #   STAGE_DIR/bin/kiln-init-secrets         deploy/init-secrets.sh (compose's kiln-init)
 #   STAGE_DIR/wheels/kiln-*.whl             the Python client (pip install it)
 #   STAGE_DIR/etc/kiln/                     configs/ and deploy/container.textproto
@@ -28,10 +29,19 @@ stage=$2
 if [[ ! -f $build/build.ninja ]]; then
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=OFF
 fi
-cmake --build "$build" --target kilnd kilnctl
+# kilnd runs devices other than the CPU in kiln-device-worker child processes,
+# which it looks for beside itself (engine/runtime/worker_client.h).
+targets=(kilnd kilnctl)
+if cmake --build "$build" --target help | grep -q '^kiln-device-worker:'; then
+  targets+=(kiln-device-worker)
+fi
+cmake --build "$build" --target "${targets[@]}"
 
 mkdir -p "$stage/bin" "$stage/wheels" "$stage/etc/kiln"
 install -m 0755 "$build/server/kilnd" "$build/clients/kilnctl" "$stage/bin/"
+if [[ " ${targets[*]} " == *" kiln-device-worker "* ]]; then
+  install -m 0755 "$build/backends/kiln-device-worker" "$stage/bin/"
+fi
 install -m 0755 "$src/deploy/init-secrets.sh" "$stage/bin/kiln-init-secrets"
 cp "$src"/configs/*.textproto "$src/deploy/container.textproto" "$stage/etc/kiln/"
 
@@ -54,7 +64,9 @@ owner() {
     return 1
   }
 }
-ldd "$stage/bin/kilnd" "$stage/bin/kilnctl" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+binaries=("$stage/bin/kilnd" "$stage/bin/kilnctl")
+if [[ -x $stage/bin/kiln-device-worker ]]; then binaries+=("$stage/bin/kiln-device-worker"); fi
+ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
   sort -u | while read -r lib; do owner "$(realpath "$lib")" || exit 1; done | cut -d: -f1 | sort -u \
   >"$stage/runtime-packages.txt"
 echo "stage: $(wc -l <"$stage/runtime-packages.txt") runtime packages, $(ls "$stage/wheels")"

@@ -241,6 +241,10 @@ class StageTest(unittest.TestCase):
         for f in ["bin/kilnd", "bin/kilnctl", "bin/kiln-init-secrets", "etc/kiln/container.textproto"] + [
                 f"etc/kiln/{c}" for c in configs]:
             self.assertTrue(os.path.exists(os.path.join(self.stage, f)), f)
+        # kilnd's device worker ships beside kilnd whenever the tree builds one.
+        if os.path.exists(os.path.join(os.environ["KILN_BUILD_DIR"], "backends",
+                                       "kiln-device-worker")):
+            self.assertTrue(os.path.exists(os.path.join(self.stage, "bin", "kiln-device-worker")))
         wheels = os.listdir(os.path.join(self.stage, "wheels"))
         self.assertEqual(len(wheels), 1, wheels)
         self.assertRegex(wheels[0], r"^kiln-0\.1\.0-py3-none-any\.whl$")
