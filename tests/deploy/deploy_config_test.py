@@ -295,9 +295,10 @@ class StageTest(unittest.TestCase):
         code, out = run([os.path.join(self.stage, "bin", "kiln-init-secrets"), secrets])
         self.assertEqual(code, 0, out)
         self.assertEqual(pathlib.Path(secrets, "kilnd.textproto").read_text(), before)
-        # The staged kilnd with that config (loopback ports instead of 0.0.0.0,
-        # flags override the file), then the image's HEALTHCHECK command.
-        kilnd = du.Kilnd(os.path.join(self.tmp, "cache"), before,
+        # The staged kilnd with that config, off loopback as in the container
+        # (kilnd starts there only with TLS and tenants) but on an ephemeral
+        # port, then the image's HEALTHCHECK command.
+        kilnd = du.Kilnd(os.path.join(self.tmp, "cache"), before, flags=["--listen=0.0.0.0:0"],
                          binary=os.path.join(self.stage, "bin", "kilnd"))
         try:
             kilnctl = os.path.join(self.stage, "bin", "kilnctl")
