@@ -585,12 +585,110 @@ int SharedEncoder(const std::map<std::string, std::string>& flags) {
   return 0;
 }
 
+// The cost of the process boundary (issue 7): a tiny graph and the encoder
+// layer on one accelerator device, run by two engines side by side, one with
+// the device in kilnd's process (thread isolation) and one with it in a
+// device worker process, interleaved run by run. Prints p50 / p99 per run for
+// each and the p50 the boundary adds.
+int Isolation(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  const int iters = static_cast<int>(Flag(flags, "iters", 200));
+  const int64_t batch = Flag(flags, "batch", 1);
+  const std::string device = flags.contains("device") ? flags.at("device") : "vulkan:0";
+  auto make = [&](EngineOptions::DeviceIsolation iso) {
+    EngineOptions o;
+    o.cpu_threads = threads;
+    o.device_isolation = iso;
+    o.calibration = EngineOptions::Calibration::kNever;
+    auto e = Engine::Create(o);
+    if (!e.ok()) {
+      std::fprintf(stderr, "engine: %s\n", std::string(e.status().message()).c_str());
+      std::exit(1);
+    }
+    return std::move(e).value();
+  };
+  std::unique_ptr<Engine> engines[2] = {make(EngineOptions::DeviceIsolation::kThread),
+                                        make(EngineOptions::DeviceIsolation::kProcess)};
+  const char* names[2] = {"thread", "process"};
+  GraphBuilder tb("tiny");
+  auto tx = tb.input("x", v1::DTYPE_F32, {16});
+  tb.output("y", tb.add(tb.mul(tx, tb.scalar(2.0)), tb.scalar(1.0)));
+  const v1::Graph tiny = tb.Build();
+  std::mt19937_64 rng(5);
+  const HostTensor tiny_x = models::RandomF32(rng, {16}, 1.0);
+  models::EncoderConfig cfg;
+  const models::Model enc = models::EncoderLayer(cfg);
+  const HostTensor enc_x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
+  json results = json::array();
+  struct Case {
+    std::string name;
+    const v1::Graph* graph;
+    const HostTensor* x;
+    bool params;
+    int iters;
+  };
+  for (const Case& c : {Case{"tiny", &tiny, &tiny_x, false, iters},
+                        Case{"encoder", &enc.graph, &enc_x, true, std::max(10, iters / 10)}}) {
+    std::shared_ptr<Executable> programs[2];
+    std::shared_ptr<ParamSet> params[2];
+    for (int k = 0; k < 2; ++k) {
+      bool found = false;
+      for (const auto* d : engines[k]->Devices()) found = found || d->id == device;
+      if (!found) {
+        std::fprintf(stderr, "no device %s\n", device.c_str());
+        return 1;
+      }
+      CompileOptions co;
+      co.device = device;
+      auto compiled = engines[k]->Compile(*c.graph, co, {{"x", c.x->dims()}});
+      if (!compiled.ok()) {
+        std::fprintf(stderr, "compile %s (%s): %s\n", c.name.c_str(), names[k],
+                     std::string(compiled.status().message()).c_str());
+        return 1;
+      }
+      programs[k] = compiled->executable;
+      if (c.params) {
+        auto p = engines[k]->CreateParams(models::ParamRefs(enc));
+        if (!p.ok()) return 1;
+        params[k] = *p;
+      }
+    }
+    const std::vector<TensorRef> in = {TensorRef::Of("x", *c.x)};
+    std::vector<double> ms[2];
+    for (int i = 0; i < c.iters + 5; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const auto t0 = Clock::now();
+        auto r = engines[k]->Run(*programs[k], in, params[k].get(), {});
+        const auto t1 = Clock::now();
+        if (!r.ok()) {
+          std::fprintf(stderr, "run %s (%s): %s\n", c.name.c_str(), names[k],
+                       std::string(r.status().message()).c_str());
+          return 1;
+        }
+        if (i >= 5) ms[k].push_back(Ms(t0, t1));  // the first runs warm up
+      }
+    }
+    json row = {{"graph", c.name}, {"device", device}, {"iters", c.iters}};
+    for (int k = 0; k < 2; ++k) {
+      row[names[k]] = {{"p50_us", Median(ms[k]) * 1000}, {"p99_us", Percentile(ms[k], 0.99) * 1000}};
+    }
+    row["added_p50_us"] = (Median(ms[1]) - Median(ms[0])) * 1000;
+    std::fprintf(stderr, "isolation %s on %s: thread p50 %.1f us, process p50 %.1f us (+%.1f us)\n",
+                 c.name.c_str(), device.c_str(), Median(ms[0]) * 1000, Median(ms[1]) * 1000,
+                 (Median(ms[1]) - Median(ms[0])) * 1000);
+    results.push_back(row);
+  }
+  std::printf("%s\n", json({{"bench", "device_isolation_cost"}, {"threads", threads},
+                            {"batch", batch}, {"results", results}}).dump().c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement|shared [flags]\n");
+    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -604,6 +702,7 @@ int main(int argc, char** argv) {
   if (cmd == "memory") return kiln::Memory(flags);
   if (cmd == "placement") return kiln::Placement(flags);
   if (cmd == "shared") return kiln::SharedEncoder(flags);
+  if (cmd == "isolation") return kiln::Isolation(flags);
   std::fprintf(stderr, "unknown benchmark %s\n", cmd.c_str());
   return 2;
 }
