@@ -161,7 +161,8 @@ absl::StatusOr<ValueRef> Importer::Emit(v1::OpKind op, std::vector<ValueRef> ope
   auto n = std::make_unique<ir::Node>();
   n->op = op;
   const std::string base = node_.output_size() > 0 ? node_.output(0) : node_.name();
-  n->name = emitted_ == 0 ? base : absl::StrCat(base, ".", emitted_);
+  // base.k; SetOutput renames the node that carries an ONNX value to its name.
+  n->name = absl::StrCat(base, ".", emitted_);
   ++emitted_;
   n->operands.assign(operands.begin(), operands.end());
   n->attrs = attrs;
@@ -259,7 +260,7 @@ void Importer::SetOutput(int i, ValueRef v) {
   // Name the Kiln node after the ONNX value where this node made it.
   ir::Node* n = graph_.FindNode(v.node);
   if (n != nullptr && n->op != v1::OP_INPUT && n->op != v1::OP_PARAM && v.output == 0 &&
-      absl::StartsWith(n->name, node_.output_size() > 0 ? node_.output(0) : "")) {
+      node_.output_size() > 0 && absl::StartsWith(n->name, absl::StrCat(node_.output(0), "."))) {
     n->name = node_.output(i);
   }
   outputs_[i] = std::move(out);

@@ -183,6 +183,18 @@ absl::Status PoolOp(Importer& c, v1::PoolKind kind) {
 
 absl::Status GlobalPoolOp(Importer& c, v1::ReduceKind kind) {
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const IrDims& xd = c.type(0).dims;
+  const int64_t sp = c.rank(0) - 2;
+  const bool spatial_static =
+      std::all_of(xd.begin() + std::min<int64_t>(2, c.rank(0)), xd.end(), [](int64_t d) { return d > 0; });
+  if ((sp == 1 || sp == 2) && spatial_static && IsFloat(c.dtype(0))) {
+    // One window over the whole plane: the backend's pooling kernel, which
+    // reads the plane contiguously (a reduce over the last axes is slower).
+    v1::Attrs a;
+    a.mutable_pool()->set_kind(kind == v1::REDUCE_MAX ? v1::POOL_MAX : v1::POOL_AVG);
+    for (int64_t i = 0; i < sp; ++i) a.mutable_pool()->add_window(xd[2 + i]);
+    return Out(c, 0, c.Emit(v1::OP_POOL, {x}, a));
+  }
   std::vector<int64_t> axes;
   for (int64_t k = 2; k < c.rank(0); ++k) axes.push_back(k);
   return Out(c, 0, c.Reduce(kind, x, axes, true));

@@ -136,6 +136,34 @@ TEST(OnnxImport, OpsetMovesGiveTheSameResults) {
   EXPECT_EQ(results[1], results[0]);
 }
 
+// GlobalAveragePool / GlobalMaxPool over a static plane run as one pooling
+// window; over a symbolic plane as a reduce. Both give the plane's mean / max.
+TEST(OnnxImport, GlobalPools) {
+  auto engine = MakeEngine();
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) {
+    for (bool symbolic : {false, true}) {
+      Model m(13);
+      m.Input("x", symbolic ? std::vector<int64_t>{2, 3, -2, -2} : std::vector<int64_t>{2, 3, 4, 5});
+      m.Node(op, {"x"}, {"y"});
+      m.Output("y");
+      io::OnnxImportOptions o;
+      auto model = Import(m, o);
+      ASSERT_TRUE(model.ok()) << model.status();
+      HostTensor x = Iota({2, 3, 4, 5});
+      std::vector<TensorRef> in = {TensorRef::Of("x", x)};
+      auto r = engine->RunGraph(model->graph, in, nullptr, {}, {});
+      ASSERT_TRUE(r.ok()) << op << ": " << r.status();
+      const HostTensor& y = r->outputs[0].second;
+      ASSERT_EQ(y.dims(), (Dims{2, 3, 1, 1})) << op;
+      for (int64_t p = 0; p < 6; ++p) {
+        // Plane p holds 20p - 3 .. 20p + 16.
+        const double want = std::string(op) == "GlobalMaxPool" ? 20.0 * p + 16 : 20.0 * p + 6.5;
+        EXPECT_NEAR(y.GetAsDouble(p), want, 1e-5) << op << " plane " << p << " symbolic " << symbolic;
+      }
+    }
+  }
+}
+
 // ---- initializers: constants or params ----------------------------------------
 
 Model Linear() {
