@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""An ONNX CNN exported from PyTorch, imported by Kiln and run on the CPU, vs
+ONNX Runtime 1.30 (npm onnxruntime-node) on the same file, both with 2 threads,
+alternating Kiln / ORT round by round; prints one JSON line with the medians,
+their ratio and the largest output difference.
+
+    bench/onnx_cnn_vs_ort.py BUILD_DIR [--rounds 5] [--iters 40] [--batch 8]
+
+The CNN: conv3x3(3->32)+BN+ReLU, conv3x3/2(32->64)+BN+ReLU,
+conv3x3/2(64->128)+BN+ReLU, global average pool, linear(128->10), on
+[batch, 3, 64, 64]. BatchNormalization stays in the file (TrainingMode.PRESERVE
+of an eval model) so both runtimes see the same graph.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from encoder_vs_ort import ensure_ort, run_json  # noqa: E402
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layers, c = [], 3
+        for out, stride in ((32, 1), (64, 2), (128, 2)):
+            layers += [nn.Conv2d(c, out, 3, stride=stride, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
+            c = out
+        self.body = nn.Sequential(*layers)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.body(x), 1), 1))
+
+
+def export(tmp, batch):
+    torch.manual_seed(0)
+    m = Cnn().eval()
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.1, 0.1)
+            mod.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(batch, 3, 64, 64)
+    path = os.path.join(tmp, "cnn.onnx")
+    torch.onnx.export(m, x, path, input_names=["x"], output_names=["y"], opset_version=13,
+                      training=torch.onnx.TrainingMode.PRESERVE)
+    onnx.checker.check_model(onnx.load(path))
+    xn = x.numpy().astype(np.float32)
+    with open(os.path.join(tmp, "x.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(xn, "x").SerializeToString())
+    xn.tofile(os.path.join(tmp, "x.bin"))
+    with open(os.path.join(tmp, "inputs.json"), "w") as f:
+        json.dump([{"name": "x", "dims": list(xn.shape), "file": os.path.join(tmp, "x.bin")}], f)
+    with torch.no_grad():
+        return path, m(x).numpy()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build_dir")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args()
+    bench = os.path.join(args.build_dir, "bench", "engine", "kiln_onnx_bench")
+    ort_dir = ensure_ort()
+    env = dict(os.environ)
+    env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456"
+    with tempfile.TemporaryDirectory() as tmp:
+        model, y_torch = export(tmp, args.batch)
+        kiln_out, ort_out = os.path.join(tmp, "y_kiln.bin"), os.path.join(tmp, "y_ort.bin")
+        kiln, ortr = [], []
+        for r in range(args.rounds):
+            cmd = [bench, model, os.path.join(tmp, "x.pb"), "--iters", str(args.iters),
+                   "--threads", str(args.threads)]
+            kiln.append(run_json(cmd + (["--out", kiln_out] if r == 0 else []), env)["p50_ms"])
+            cmd = ["node", os.path.join(ort_dir, "ort_run.js"), model,
+                   os.path.join(tmp, "inputs.json"), "--iters", str(args.iters), "--threads",
+                   str(args.threads)]
+            ortr.append(run_json(cmd + (["--out", ort_out] if r == 0 else []), env)["p50_ms"])
+        y_kiln = np.fromfile(kiln_out, dtype=np.float32)
+        y_ort = np.fromfile(ort_out, dtype=np.float32)
+    k, o = statistics.median(kiln), statistics.median(ortr)
+    print(json.dumps({
+        "bench": "onnx_cnn_fp32_vs_onnxruntime", "threads": args.threads, "batch": args.batch,
+        "input": [args.batch, 3, 64, 64], "rounds": args.rounds, "iters_per_round": args.iters,
+        "kiln_p50_ms_rounds": kiln, "ort_p50_ms_rounds": ortr,
+        "kiln_p50_ms": k, "ort_p50_ms": o, "kiln_over_ort": k / o,
+        "max_abs_diff_kiln_torch": float(np.max(np.abs(y_kiln - y_torch.reshape(-1)))),
+        "max_abs_diff_ort_torch": float(np.max(np.abs(y_ort - y_torch.reshape(-1)))),
+    }))
+
+
+if __name__ == "__main__":
+    main()
