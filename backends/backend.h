@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/dtype.h"
 #include "base/host_tensor.h"
@@ -216,6 +217,17 @@ class Device {
   virtual absl::Status CopyToDevice(Stream& stream, const void* src, BufferView dst) = 0;
   virtual absl::Status CopyToHost(Stream& stream, BufferView src, void* dst) = 0;
   virtual absl::Status CopyOnDevice(Stream& stream, BufferView src, BufferView dst) = 0;
+  // Device-to-device without host staging: enqueues on `stream` (one of this
+  // device's) a copy of `src`, a buffer of `peer`, into `dst`, ordered after
+  // the work enqueued on `peer_stream` (one of `peer`'s) so far. UNIMPLEMENTED
+  // when this device cannot reach `peer`'s memory directly (no peer access,
+  // another backend, another process): the engine then stages the bytes
+  // through host memory, as it does for devices without this.
+  virtual absl::Status CopyFromPeer(Stream& stream, Device& peer, Stream& peer_stream,
+                                    BufferView src, BufferView dst) {
+    return absl::UnimplementedError(absl::StrCat(info().id, " cannot copy from ", peer.info().id,
+                                                 " without host staging"));
+  }
 
   // The capability claim: can this device run `spec` as one kernel?
   virtual Claim Supports(const KernelSpec& spec) const = 0;

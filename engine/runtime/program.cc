@@ -514,7 +514,13 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
           KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
           KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, dst.host()));
           KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
+        } else if (absl::Status peer = s.device->CopyFromPeer(*s.stream, *from.device,
+                                                                *from.stream, src, dst);
+                   peer.code() != absl::StatusCode::kUnimplemented) {
+          KILN_RETURN_IF_ERROR(peer) << "while copying from " << src_slot.device() << " to "
+                                     << step.device();
         } else {
+          // No direct path between the two: through host memory.
           std::vector<char> staging(src.bytes);
           KILN_RETURN_IF_ERROR(from.stream->SynchronizeFor(wait_timeout_));
           KILN_RETURN_IF_ERROR(from.device->CopyToHost(*from.stream, src, staging.data()));

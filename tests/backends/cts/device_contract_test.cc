@@ -145,6 +145,41 @@ TEST(DeviceContract, MemoryRoundTripsAndIsAccounted) {
   }
 }
 
+// A copy from another device's memory is either direct and right, ordered
+// after the source stream's work, or refused UNIMPLEMENTED (the engine then
+// stages it through host memory); it never half-works.
+TEST(DeviceContract, PeerCopiesAreDirectOrRefused) {
+  const std::vector<Device*> devices = Covered();
+  if (devices.size() < 2) GTEST_SKIP() << "one device: no peer to copy from";
+  for (Device* dst_dev : devices) {
+    for (Device* src_dev : All().devices) {
+      if (src_dev == dst_dev) continue;
+      SCOPED_TRACE(absl::StrCat(src_dev->info().id, " -> ", dst_dev->info().id));
+      const int64_t n = 4096;
+      auto src = src_dev->Allocate(n);
+      auto dst = dst_dev->Allocate(n);
+      auto ss = src_dev->CreateStream();
+      auto ds = dst_dev->CreateStream();
+      ASSERT_TRUE(src.ok() && dst.ok() && ss.ok() && ds.ok());
+      const std::vector<uint8_t> want = Pattern(n, 5);
+      ASSERT_TRUE(src_dev->CopyToDevice(**ss, want.data(), BufferView{src->get(), 0, n}).ok());
+      const absl::Status s = dst_dev->CopyFromPeer(**ds, *src_dev, **ss, BufferView{src->get(), 0, n},
+                                                   BufferView{dst->get(), 0, n});
+      if (s.code() == absl::StatusCode::kUnimplemented) {
+        EXPECT_TRUE(absl::StrContains(s.message(), src_dev->info().id)) << s;
+        EXPECT_TRUE((*ss)->Synchronize().ok());
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<uint8_t> got(n);
+      ASSERT_TRUE(dst_dev->CopyToHost(**ds, BufferView{dst->get(), 0, n}, got.data()).ok());
+      ASSERT_TRUE((*ds)->Synchronize().ok());
+      ASSERT_TRUE((*ss)->Synchronize().ok());
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 // Copies between ranges that start on the device's buffer alignment (the
 // planner's promise), queued in order on one stream: the last write wins.
 TEST(DeviceContract, AlignedCopiesRunInStreamOrder) {
