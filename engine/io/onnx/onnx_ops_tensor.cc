@@ -3,6 +3,7 @@
 // table entries of the ops onnx_fold.cc always folds: Constant, Shape, Size,
 // Range).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_join.h"
@@ -466,6 +467,150 @@ absl::Status PadOp(Importer& c) {
   return absl::OkStatus();
 }
 
+// Resize (and opset 9 Upsample): nearest, n-linear and cubic, separably, as
+// one, two or four gathers per resized axis with the source indices and
+// weights computed here (the resized dims must be static):
+// y = sum_k x[i_k] * w_k along each axis.
+absl::Status ResizeOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const bool upsample = c.node().op_type() == "Upsample";
+  const std::string mode = c.AttrString("mode", "nearest");
+  if (mode != "nearest" && mode != "linear" && mode != "cubic") {
+    return c.Invalid(absl::StrCat(c.node().op_type(), ": unknown mode \"", mode, "\""));
+  }
+  const std::string transform = upsample || c.opset() < 11
+      ? std::string("asymmetric") : c.AttrString("coordinate_transformation_mode", "half_pixel");
+  const std::string nearest = upsample || c.opset() < 11
+      ? std::string("floor") : c.AttrString("nearest_mode", "round_prefer_floor");
+  if (transform == "tf_crop_and_resize") return c.Unsupported("Resize with tf_crop_and_resize");
+  if (c.AttrInt("antialias", 0) != 0) return c.Unsupported("Resize with antialias");
+  if (c.AttrString("keep_aspect_ratio_policy", "stretch") != "stretch") {
+    return c.Unsupported("Resize keep_aspect_ratio_policy other than stretch");
+  }
+  const int64_t rank = c.rank(0);
+  std::vector<int64_t> axes;
+  if (c.opset() >= 18) axes = c.AttrInts("axes").value_or(std::vector<int64_t>{});
+  if (axes.empty()) {
+    for (int64_t k = 0; k < rank; ++k) axes.push_back(k);
+  }
+  for (int64_t& a : axes) {
+    KILN_ASSIGN_OR_RETURN(a, NormAxis(c, a, rank));
+  }
+  std::vector<double> scales;
+  std::vector<int64_t> sizes;
+  const int scales_in = upsample || c.opset() < 11 ? 1 : 2;
+  if (upsample && c.opset() < 9) {
+    for (float f : c.AttrFloats("scales").value_or(std::vector<float>{})) scales.push_back(f);
+  } else if (c.has(scales_in) && c.Const(scales_in) != nullptr && c.Const(scales_in)->num_elements() > 0) {
+    const HostTensor* t = c.Const(scales_in);
+    for (int64_t i = 0; i < t->num_elements(); ++i) {
+      scales.push_back(static_cast<double>(static_cast<float>(t->GetAsDouble(i))));
+    }
+  } else if (c.has(scales_in) && c.Const(scales_in) == nullptr) {
+    return c.Unsupported("Resize scales computed at run time");
+  }
+  if (!upsample && c.opset() >= 11 && c.has(3)) {
+    KILN_ASSIGN_OR_RETURN(sizes, c.RequiredInts(3));
+  }
+  const size_t n_axes = axes.size();
+  if ((scales.empty() ? sizes.size() : scales.size()) != n_axes) {
+    return c.Invalid(absl::StrCat("Resize needs ", n_axes, " scales or sizes"));
+  }
+  ValueRef y = x;
+  for (size_t k = 0; k < n_axes; ++k) {
+    const int64_t axis = axes[k];
+    const int64_t n = c.TypeOf(y).dims[axis];
+    if (n < 0) return c.Unsupported("Resize of a run-time dim");
+    double s;
+    int64_t m;
+    if (!scales.empty()) {
+      s = scales[k];
+      if (!(s > 0) || !std::isfinite(s)) return c.Invalid("Resize scales must be positive");
+      const double md = std::floor(static_cast<double>(n) * s);
+      if (md > static_cast<double>(c.options().limits.max_tensor_elements)) {
+        return c.Invalid("Resize output dim over the limits");
+      }
+      m = static_cast<int64_t>(md);
+    } else {
+      m = sizes[k];
+      if (m < 0) return c.Invalid("negative Resize size");
+      if (n == 0) return c.Invalid("Resize of an empty dim");
+      s = static_cast<double>(m) / static_cast<double>(n);
+    }
+    if (m > c.options().limits.max_tensor_elements) return c.Invalid("Resize output dim over the limits");
+    if (m == n && s == 1.0) continue;
+    // Taps: one (nearest), two (linear) or four (cubic) source indices per
+    // output element with their weights; indices past the edges clamp (the ONNX
+    // reference pads with the edge values).
+    const int taps = mode == "nearest" ? 1 : mode == "linear" ? 2 : 4;
+    std::vector<std::vector<int64_t>> idx(taps, std::vector<int64_t>(m));
+    std::vector<std::vector<double>> wt(taps, std::vector<double>(m, 1.0));
+    for (int64_t o = 0; o < m; ++o) {
+      double xo;
+      const double lr = static_cast<double>(n) * s;  // unrounded, as the ONNX reference
+      if (transform == "half_pixel") xo = (o + 0.5) / s - 0.5;
+      else if (transform == "pytorch_half_pixel") xo = lr > 1 ? (o + 0.5) / s - 0.5 : -0.5;
+      else if (transform == "align_corners") xo = lr == 1 ? 0 : o * static_cast<double>(n - 1) / (lr - 1);
+      else if (transform == "asymmetric") xo = o / s;
+      else if (transform == "tf_half_pixel_for_nn") xo = (o + 0.5) / s;
+      else return c.Invalid(absl::StrCat("unknown coordinate_transformation_mode \"", transform, "\""));
+      if (taps == 1) {
+        double r;
+        if (nearest == "round_prefer_floor") r = xo == std::floor(xo) + 0.5 ? std::floor(xo) : std::round(xo);
+        else if (nearest == "round_prefer_ceil") r = std::round(xo);
+        else if (nearest == "floor") r = std::floor(xo);
+        else if (nearest == "ceil") r = std::ceil(xo);
+        else return c.Invalid(absl::StrCat("unknown nearest_mode \"", nearest, "\""));
+        idx[0][o] = std::clamp<int64_t>(static_cast<int64_t>(r), 0, n - 1);
+        continue;
+      }
+      const double fl = std::floor(xo);
+      const double t = xo - fl;
+      const int64_t base = static_cast<int64_t>(fl) - (taps == 4 ? 1 : 0);
+      std::vector<double> w;
+      if (taps == 2) {
+        w = {1 - t, t};
+      } else {
+        const double a = c.AttrFloat("cubic_coeff_a", -0.75f);
+        auto far = [a](double d) { return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a; };   // 1 < d < 2
+        auto near = [a](double d) { return ((a + 2) * d - (a + 3)) * d * d + 1; };         // d <= 1
+        w = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+      }
+      double sum = 0;
+      for (int k = 0; k < taps; ++k) {
+        const int64_t i = base + k;
+        if (c.AttrInt("exclude_outside", 0) != 0 && (i < 0 || i >= n)) w[k] = 0;
+        sum += w[k];
+        idx[k][o] = std::clamp<int64_t>(i, 0, n - 1);
+      }
+      for (int k = 0; k < taps; ++k) wt[k][o] = c.AttrInt("exclude_outside", 0) != 0 && sum != 0 ? w[k] / sum : w[k];
+    }
+    if (taps == 1) {
+      KILN_ASSIGN_OR_RETURN(y, GatherAxis(c, y, axis, idx[0]));
+      continue;
+    }
+    if (!IsFloat(c.TypeOf(y).dtype)) return c.Unsupported(absl::StrCat(mode, " Resize of integers"));
+    ValueRef acc;
+    for (int k = 0; k < taps; ++k) {
+      KILN_ASSIGN_OR_RETURN(ValueRef g, GatherAxis(c, y, axis, idx[k]));
+      Dims wd(rank, 1);
+      wd[axis] = m;
+      KILN_ASSIGN_OR_RETURN(HostTensor wk, HostTensor::Create(c.TypeOf(y).dtype, wd));
+      for (int64_t o = 0; o < m; ++o) wk.SetFromDouble(o, wt[k][o]);
+      KILN_ASSIGN_OR_RETURN(ValueRef wv, c.Constant(std::move(wk)));
+      KILN_ASSIGN_OR_RETURN(ValueRef term, c.Binary(v1::BINARY_MUL, g, wv));
+      if (k == 0) {
+        acc = term;
+      } else {
+        KILN_ASSIGN_OR_RETURN(acc, c.Binary(v1::BINARY_ADD, acc, term));
+      }
+    }
+    y = acc;
+  }
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 // Not folded (too large): a broadcast scalar.
 absl::Status ConstantOfShapeOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, c.RequiredInts(0));
@@ -509,6 +654,8 @@ void RegisterTensorOps(ConverterTable& t) {
   t["Tile"] = TileOp;
   t["Pad"] = PadOp;
   t["ConstantOfShape"] = ConstantOfShapeOp;
+  t["Resize"] = ResizeOp;
+  t["Upsample"] = ResizeOp;
 }
 
 }  // namespace kiln::io::onnx_internal
