@@ -315,6 +315,22 @@ absl::Status IsInfOp(Importer& c) {
   return Out(c, c.Compare(v1::COMPARE_EQ, x, i));
 }
 
+// Shrink: x + bias below -lambd, x - bias above lambd, 0 between.
+absl::Status ShrinkOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, In(c, 0));
+  const double lambd = c.AttrFloat("lambd", 0.5f), bias = c.AttrFloat("bias", 0.f);
+  KILN_ASSIGN_OR_RETURN(ValueRef lo, Scalar(c, x, -lambd));
+  KILN_ASSIGN_OR_RETURN(ValueRef hi, Scalar(c, x, lambd));
+  KILN_ASSIGN_OR_RETURN(ValueRef b, Scalar(c, x, bias));
+  KILN_ASSIGN_OR_RETURN(ValueRef z, Scalar(c, x, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef below, c.Compare(v1::COMPARE_LT, x, lo));
+  KILN_ASSIGN_OR_RETURN(ValueRef above, c.Compare(v1::COMPARE_GT, x, hi));
+  KILN_ASSIGN_OR_RETURN(ValueRef xp, c.Binary(v1::BINARY_ADD, x, b));
+  KILN_ASSIGN_OR_RETURN(ValueRef xm, c.Binary(v1::BINARY_SUB, x, b));
+  KILN_ASSIGN_OR_RETURN(ValueRef inner, c.Where(above, xm, z));
+  return Out(c, c.Where(below, xp, inner));
+}
+
 // Per-axis (1-D) scale and zero point broadcast along `axis` of x.
 absl::StatusOr<ValueRef> AlongAxis(Importer& c, ValueRef v, int64_t x_rank, int64_t axis_attr) {
   const TensorType& t = c.TypeOf(v);
@@ -442,6 +458,7 @@ void RegisterElementwise(ConverterTable& t) {
   t["HardSigmoid"] = HardSigmoidOp;
   t["HardSwish"] = HardSwishOp;
   t["Softsign"] = SoftsignOp;
+  t["Shrink"] = ShrinkOp;
   t["Gelu"] = GeluOp;
   t["IsNaN"] = IsNaNOp;
   t["IsInf"] = IsInfOp;

@@ -422,6 +422,41 @@ absl::Status ArgOp(Importer& c, bool min) {
   return Out(c, 0, y);
 }
 
+// Hardmax: 1 where the first maximum along the axis is, else 0 (before
+// opset 13, over the flattened [prod(:axis), prod(axis:)]).
+absl::Status HardmaxOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const int64_t rank = c.rank(0);
+  const IrDims xd = c.type(0).dims;
+  if (!c.type(0).is_static()) return c.Unsupported("Hardmax over run-time dims");
+  int64_t axis;
+  ValueRef v = x;
+  if (c.opset() >= 13) {
+    KILN_ASSIGN_OR_RETURN(axis, NormAxis(c, c.AttrInt("axis", -1), rank));
+  } else {
+    KILN_ASSIGN_OR_RETURN(int64_t a, NormAxis(c, c.AttrInt("axis", 1), rank));
+    int64_t outer = 1, inner = 1;
+    for (int64_t k = 0; k < rank; ++k) (k < a ? outer : inner) *= xd[k];
+    KILN_ASSIGN_OR_RETURN(v, c.Reshape(x, {outer, inner}));
+    axis = 1;
+  }
+  const IrDims vd = c.TypeOf(v).dims;
+  v1::Attrs am;
+  am.mutable_argmax()->set_axis(axis);
+  am.mutable_argmax()->set_keepdims(true);
+  am.mutable_argmax()->set_index_dtype(v1::DTYPE_I64);
+  KILN_ASSIGN_OR_RETURN(ValueRef idx, c.Emit(v1::OP_ARGMAX, {v}, am));
+  Dims id(vd.size(), 1);
+  id[axis] = vd[axis];
+  KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, id));
+  for (int64_t i = 0; i < vd[axis]; ++i) iota.data_as<int64_t>()[i] = i;
+  KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));
+  KILN_ASSIGN_OR_RETURN(ValueRef eq, c.Compare(v1::COMPARE_EQ, idx, io));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Cast(eq, c.dtype(0)));
+  return Out(c, 0, c.Reshape(y, xd));
+}
+
 absl::Status CumSumOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
   KILN_ASSIGN_OR_RETURN(double axis_d, c.Scalar(1));
@@ -523,6 +558,7 @@ void RegisterNnOps(ConverterTable& t) {
   t["ArgMax"] = [](Importer& c) { return ArgOp(c, false); };
   t["ArgMin"] = [](Importer& c) { return ArgOp(c, true); };
   t["CumSum"] = CumSumOp;
+  t["Hardmax"] = HardmaxOp;
   t["MatMulInteger"] = MatMulIntegerOp;
   t["QLinearMatMul"] = QLinearMatMulOp;
 }

@@ -611,6 +611,88 @@ absl::Status ResizeOp(Importer& c) {
   return absl::OkStatus();
 }
 
+// Trilu: keep the upper (j - i >= k) or lower (j - i <= k) triangle of the
+// last two dims; the mask is a constant made here.
+absl::Status TriluOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  if (c.rank(0) < 2) return c.Invalid("Trilu needs rank >= 2");
+  int64_t k = 0;
+  if (c.has(1)) {
+    KILN_ASSIGN_OR_RETURN(double kd, c.Scalar(1));
+    k = static_cast<int64_t>(kd);
+  }
+  const bool upper = c.AttrInt("upper", 1) != 0;
+  const int64_t n = c.type(0).dims[c.rank(0) - 2], m = c.type(0).dims[c.rank(0) - 1];
+  if (n < 0 || m < 0) return c.Unsupported("Trilu over run-time dims");
+  KILN_ASSIGN_OR_RETURN(HostTensor mask, HostTensor::Create(v1::DTYPE_BOOL, {n, m}));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      const CheckedInt d = CheckedInt(j) - i;
+      SetInt(mask, i * m + j, upper ? d.get() >= k : d.get() <= k);
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef mv, c.Constant(std::move(mask)));
+  KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(c.dtype(0), 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Where(mv, x, zero));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
+// EyeLike: a constant of the input's (static, 2-D) shape, ones on diagonal k.
+absl::Status EyeLikeOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(c.Need(0));
+  if (c.rank(0) != 2 || !c.type(0).is_static()) return c.Unsupported("EyeLike of a run-time or non-2-D shape");
+  DType dt = c.dtype(0);
+  if (c.Attr("dtype") != nullptr) {
+    auto d = DTypeFromOnnx(static_cast<int32_t>(c.AttrInt("dtype", 1)));
+    if (!d) return c.Unsupported("EyeLike dtype with no Kiln dtype");
+    dt = *d;
+  }
+  const int64_t k = c.AttrInt("k", 0), n = c.type(0).dims[0], m = c.type(0).dims[1];
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dt, {n, m}));
+  for (int64_t i = 0; i < n; ++i) {
+    const CheckedInt j = CheckedInt(i) + k;
+    if (j.ok() && j.get() >= 0 && j.get() < m) t.SetFromDouble(i * m + j.get(), 1);
+  }
+  return c.SetConst(0, std::move(t));
+}
+
+// DepthToSpace / SpaceToDepth: reshape, transpose, reshape.
+absl::Status DepthSpaceOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  if (c.rank(0) != 4 || !c.type(0).is_static()) return c.Unsupported("a run-time or non-4-D shape");
+  const int64_t b = c.AttrInt("blocksize", 0);
+  const IrDims& d = c.type(0).dims;
+  const int64_t n = d[0], ch = d[1], h = d[2], w = d[3];
+  if (b <= 0) return c.Invalid("blocksize must be positive");
+  IrDims split, out;
+  std::vector<int64_t> perm;
+  if (c.node().op_type() == "DepthToSpace") {
+    if (ch % (b * b) != 0) return c.Invalid("channels not divisible by blocksize^2");
+    const int64_t oc = ch / (b * b);
+    if (c.AttrString("mode", "DCR") == "DCR") {
+      split = {n, b, b, oc, h, w};
+      perm = {0, 3, 4, 1, 5, 2};
+    } else {
+      split = {n, oc, b, b, h, w};
+      perm = {0, 1, 4, 2, 5, 3};
+    }
+    out = {n, oc, h * b, w * b};
+  } else {
+    if (h % b != 0 || w % b != 0) return c.Invalid("spatial dims not divisible by blocksize");
+    split = {n, ch, h / b, b, w / b, b};
+    perm = {0, 3, 5, 1, 2, 4};
+    out = {n, ch * b * b, h / b, w / b};
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef r, c.Reshape(x, split));
+  v1::Attrs a;
+  for (int64_t p : perm) a.mutable_transpose()->add_perm(p);
+  KILN_ASSIGN_OR_RETURN(ValueRef t, c.Emit(v1::OP_TRANSPOSE, {r}, a));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reshape(t, out));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 // Not folded (too large): a broadcast scalar.
 absl::Status ConstantOfShapeOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, c.RequiredInts(0));
@@ -655,6 +737,10 @@ void RegisterTensorOps(ConverterTable& t) {
   t["Pad"] = PadOp;
   t["ConstantOfShape"] = ConstantOfShapeOp;
   t["Resize"] = ResizeOp;
+  t["Trilu"] = TriluOp;
+  t["EyeLike"] = EyeLikeOp;
+  t["DepthToSpace"] = DepthSpaceOp;
+  t["SpaceToDepth"] = DepthSpaceOp;
   t["Upsample"] = ResizeOp;
 }
 
