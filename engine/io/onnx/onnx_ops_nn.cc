@@ -468,6 +468,110 @@ absl::Status CumSumOp(Importer& c) {
   return Out(c, 0, c.Emit(v1::OP_CUMSUM, {x}, a));
 }
 
+// Einsum of one or two operands without repeated letters in an operand and
+// without an ellipsis: letters only one operand has and the output lacks are
+// summed first; two operands contract through dot_general; a transpose puts
+// the result in the output's order.
+absl::Status EinsumOp(Importer& c) {
+  std::string eq = c.AttrString("equation", "");
+  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
+  if (eq.find("...") != std::string::npos) return c.Unsupported("Einsum with an ellipsis");
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> ins;
+  for (size_t b = 0;;) {
+    const size_t e = lhs.find(',', b);
+    ins.push_back(lhs.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  if (static_cast<int>(ins.size()) != c.num_inputs() || ins.size() > 2) {
+    return c.Unsupported("Einsum of more than two operands");
+  }
+  std::string out;
+  if (arrow != std::string::npos) {
+    out = eq.substr(arrow + 2);
+  } else {
+    // Implicit output: the letters that appear once, in alphabetical order.
+    for (char ch = 'A'; ch <= 'z'; ++ch) {
+      if (std::count(lhs.begin(), lhs.end(), ch) == 1) out.push_back(ch);
+    }
+  }
+  std::vector<ValueRef> vals;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (static_cast<int64_t>(ins[i].size()) != c.rank(static_cast<int>(i))) {
+      return c.Invalid(absl::StrCat("Einsum operand ", i, " \"", ins[i], "\" does not match its rank"));
+    }
+    for (char ch : ins[i]) {
+      if (std::count(ins[i].begin(), ins[i].end(), ch) > 1) {
+        return c.Unsupported("Einsum with a repeated letter in one operand (diagonals)");
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef v, c.Ref(static_cast<int>(i)));
+    // Sum the letters no one else needs.
+    std::vector<int64_t> axes;
+    std::string kept;
+    for (size_t k = 0; k < ins[i].size(); ++k) {
+      const char ch = ins[i][k];
+      const bool other = ins.size() == 2 && ins[1 - i].find(ch) != std::string::npos;
+      if (out.find(ch) == std::string::npos && !other) {
+        axes.push_back(static_cast<int64_t>(k));
+      } else {
+        kept.push_back(ch);
+      }
+    }
+    if (!axes.empty()) {
+      KILN_ASSIGN_OR_RETURN(v, c.Reduce(v1::REDUCE_SUM, v, axes, false));
+    }
+    ins[i] = kept;
+    vals.push_back(v);
+  }
+  std::string have = ins[0];
+  ValueRef y = vals[0];
+  if (ins.size() == 2) {
+    KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+    const std::string& a = ins[0];
+    const std::string& b = ins[1];
+    v1::Attrs d;
+    auto* dg = d.mutable_dot_general();
+    std::string batch, afree, bfree;
+    for (size_t k = 0; k < a.size(); ++k) {
+      const size_t j = b.find(a[k]);
+      if (j == std::string::npos) {
+        afree.push_back(a[k]);
+      } else if (out.find(a[k]) != std::string::npos) {
+        batch.push_back(a[k]);
+        dg->add_lhs_batch(static_cast<int64_t>(k));
+        dg->add_rhs_batch(static_cast<int64_t>(j));
+      } else {
+        dg->add_lhs_contracting(static_cast<int64_t>(k));
+        dg->add_rhs_contracting(static_cast<int64_t>(j));
+      }
+    }
+    for (char ch : b) {
+      if (a.find(ch) == std::string::npos) bfree.push_back(ch);
+    }
+    KILN_ASSIGN_OR_RETURN(y, c.Emit(v1::OP_DOT_GENERAL, {vals[0], vals[1]}, d));
+    have = batch + afree + bfree;
+  }
+  if (have.size() != out.size()) return c.Invalid("Einsum output letters do not match its operands");
+  std::vector<int64_t> perm;
+  for (char ch : out) {
+    const size_t k = have.find(ch);
+    if (k == std::string::npos) return c.Invalid(absl::StrCat("Einsum output letter '", std::string(1, ch), "' is in no operand"));
+    perm.push_back(static_cast<int64_t>(k));
+  }
+  bool identity = true;
+  for (size_t k = 0; k < perm.size(); ++k) identity &= perm[k] == static_cast<int64_t>(k);
+  if (!identity) {
+    v1::Attrs t;
+    for (int64_t p : perm) t.mutable_transpose()->add_perm(p);
+    KILN_ASSIGN_OR_RETURN(y, c.Emit(v1::OP_TRANSPOSE, {y}, t));
+  }
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 // x - zero_point in f32; a per-row (A: [M]) or per-column (B: [N]) zero point
 // broadcasts along the right dim.
 absl::StatusOr<ValueRef> Centered(Importer& c, int x_in, int zp_in, bool is_a) {
@@ -559,6 +663,7 @@ void RegisterNnOps(ConverterTable& t) {
   t["ArgMin"] = [](Importer& c) { return ArgOp(c, true); };
   t["CumSum"] = CumSumOp;
   t["Hardmax"] = HardmaxOp;
+  t["Einsum"] = EinsumOp;
   t["MatMulInteger"] = MatMulIntegerOp;
   t["QLinearMatMul"] = QLinearMatMulOp;
 }
