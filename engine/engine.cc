@@ -182,6 +182,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   impl->program_options.max_contexts = std::max(1, options.max_run_contexts_per_program);
   impl->program_options.device_wait_floor = options.device_wait_floor;
   impl->program_options.device_wait_slack = options.device_wait_slack;
+  impl->program_options.ledger = std::make_shared<runtime::RunMemoryLedger>();
   runtime::RegistryOptions ro;
   ro.backend.cpu_threads = options.cpu_threads;
   ro.backend.cache_dir = options.cache_dir;
@@ -279,6 +280,7 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
     s.tenant_device_micros = w.tenant_device_micros;
     s.tenant_queued = w.tenant_queued;
     s.tenant_running = w.tenant_running;
+    s.tenant_run_memory_bytes = impl_->program_options.ledger->On(w.name);
     const runtime::DeviceHealth::State h = impl_->health->Get(w.name);
     s.healthy = h.healthy;
     s.fault = h.fault;

@@ -106,6 +106,9 @@ struct DeviceStats {
   std::map<std::string, double> tenant_device_micros;  // device time by tenant
   std::map<std::string, int> tenant_queued;            // runs waiting, by tenant
   std::map<std::string, int> tenant_running;           // runs executing, by tenant
+  // Device memory of the run contexts tenants' executing runs hold (arenas,
+  // input staging), by tenant; idle contexts belong to their program.
+  std::map<std::string, int64_t> tenant_run_memory_bytes;
   bool healthy = true;
   std::string fault;       // the last device fault, if any
   int64_t faults = 0;

@@ -51,6 +51,7 @@ class RunContext {
   std::map<std::string, DeviceState> devices;
   std::vector<std::unique_ptr<backend::Kernel>> kernels;  // per step; null for copies
   std::map<std::string, uint64_t> generations;  // of its devices when it was made
+  std::map<std::string, int64_t> bytes;         // its arena and staging, by device
 };
 
 Program::Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
@@ -220,6 +221,11 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
         !s->input_staging.contains(i)) {
       KILN_ASSIGN_OR_RETURN(s->input_staging[i], s->device->Allocate(slot.bytes()));
     }
+  }
+  for (const auto& [id, s] : c->devices) {
+    int64_t n = s.arena ? s.arena->size() : 0;
+    for (const auto& [slot, buf] : s.input_staging) n += buf->size();
+    if (n > 0) c->bytes[id] = n;
   }
   c->kernels.resize(l.steps_size());
   for (int i = 0; i < l.steps_size(); ++i) {
@@ -406,6 +412,9 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Constants> constants, CurrentConstants());
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
+  // The context's memory is the run's tenant's while the run holds it.
+  const std::map<std::string, int64_t> held = context->bytes;
+  if (options_.ledger) options_.ledger->Charge(options.tenant, held);
   absl::StatusOr<RunResult> result = RunOn(*context, *constants, by_index, params, options);
   std::optional<std::string> faulted = backend::FaultedDevice(result.status());
   if (!result.ok() && !faulted) {
@@ -420,6 +429,7 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
     }
   }
   ReleaseContext(std::move(context), faulted);
+  if (options_.ledger) options_.ledger->Release(options.tenant, held);
   return result;
 }
 

@@ -35,6 +35,7 @@
 #include "engine/engine.h"
 #include "engine/runtime/device_registry.h"
 #include "engine/runtime/params.h"
+#include "engine/runtime/run_memory.h"
 
 namespace kiln::runtime {
 
@@ -47,6 +48,8 @@ struct ProgramOptions {
   // device fault.
   absl::Duration device_wait_floor = absl::Seconds(10);
   double device_wait_slack = 100;
+  // Where a run's context memory is charged to its tenant; may be null.
+  std::shared_ptr<RunMemoryLedger> ledger;
 };
 
 class RunContext;

@@ -222,6 +222,42 @@ TEST(RuntimeV2, DeadlinesStopRunsBetweenKernels) {
   EXPECT_TRUE(engine->Run(*exe, c.inputs, nullptr, {}).ok());
 }
 
+// While a run executes, its context's memory (here the CPU arena) is charged
+// to the run's tenant; once it ends, to nobody.
+TEST(RuntimeV2, RunContextMemoryIsChargedToTheRunsTenant) {
+  auto engine = MakeEngine();
+  Chain c(384, 24);
+  auto p = CompileOn(*engine, c.graph, "cpu:0");
+  ASSERT_NE(p, nullptr);
+  RunOptions ro;
+  ro.report = true;
+  auto first = engine->Run(*p, c.inputs, nullptr, ro);  // its arena size, from the report
+  ASSERT_TRUE(first.ok()) << first.status();
+  int64_t arena = 0;
+  for (const auto& t : first->report.totals()) {
+    if (t.device() == "cpu:0") arena = t.peak_bytes();
+  }
+  ASSERT_GT(arena, 0);
+  std::atomic<bool> stop = false;
+  std::thread runner([&] {
+    RunOptions a;
+    a.tenant = "alice";
+    while (!stop.load()) EXPECT_TRUE(engine->Run(*p, c.inputs, nullptr, a).ok());
+  });
+  int64_t seen = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (seen == 0 && absl::Now() < until) {
+    const DeviceStats s = StatsOf(engine->DeviceStatistics(), "cpu:0");
+    if (auto it = s.tenant_run_memory_bytes.find("alice"); it != s.tenant_run_memory_bytes.end()) {
+      seen = it->second;
+    }
+  }
+  stop = true;
+  runner.join();
+  EXPECT_EQ(seen, arena);
+  EXPECT_TRUE(StatsOf(engine->DeviceStatistics(), "cpu:0").tenant_run_memory_bytes.empty());
+}
+
 // A device whose waits time out (here: a wait bound far below what the work
 // takes) fails its runs UNAVAILABLE naming it, is marked unhealthy, fails
 // fast while unhealthy, keeps the other devices serving, and comes back once
