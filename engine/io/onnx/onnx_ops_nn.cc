@@ -572,6 +572,96 @@ absl::Status EinsumOp(Importer& c) {
   return absl::OkStatus();
 }
 
+// NegativeLogLikelihoodLoss over log-probabilities x [N, C, d...] and class ids
+// t [N, d...]: loss = -x[n, t, d] * weight[t] (0 where t == ignore_index), then
+// the reduction (mean divides by the summed weights). The class is picked with
+// a one-hot mask (t == iota along C), so no gather-by-element op is needed.
+absl::StatusOr<ValueRef> NllLoss(Importer& c, ValueRef x, int target_in, int weight_in) {
+  KILN_ASSIGN_OR_RETURN(ValueRef t, c.Ref(target_in));
+  const TensorType xt = c.TypeOf(x);
+  if (xt.rank() < 2 || !IsFloat(xt.dtype)) return c.Invalid("input must be float [N, C, ...]");
+  const int64_t classes = xt.dims[1];
+  if (classes < 0) return c.Unsupported("a run-time class count");
+  if (!IsInteger(c.TypeOf(t).dtype)) return c.Invalid("target must be integers");
+  KILN_ASSIGN_OR_RETURN(t, c.Cast(t, v1::DTYPE_I64));
+  const TensorType tt = c.TypeOf(t);
+  const std::string reduction = c.AttrString("reduction", "mean");
+  if (reduction != "mean" && reduction != "sum" && reduction != "none") {
+    return c.Invalid(absl::StrCat("unknown reduction \"", reduction, "\""));
+  }
+  std::optional<ValueRef> valid;
+  if (c.Attr("ignore_index") != nullptr) {
+    KILN_ASSIGN_OR_RETURN(ValueRef ig, c.ScalarConst(v1::DTYPE_I64, c.AttrInt("ignore_index", 0)));
+    KILN_ASSIGN_OR_RETURN(valid, c.Compare(v1::COMPARE_NE, t, ig));
+    KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(v1::DTYPE_I64, 0));
+    KILN_ASSIGN_OR_RETURN(t, c.Where(*valid, t, zero));
+  }
+  IrDims t1 = tt.dims;
+  t1.insert(t1.begin() + 1, 1);
+  KILN_ASSIGN_OR_RETURN(ValueRef te, c.Reshape(t, t1));
+  Dims iota_dims(xt.rank(), 1);
+  iota_dims[1] = classes;
+  KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, iota_dims));
+  for (int64_t i = 0; i < classes; ++i) iota.data_as<int64_t>()[i] = i;
+  KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));
+  KILN_ASSIGN_OR_RETURN(ValueRef mask, c.Compare(v1::COMPARE_EQ, te, io));
+  KILN_ASSIGN_OR_RETURN(ValueRef zf, c.ScalarConst(xt.dtype, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef sel, c.Where(mask, x, zf));
+  KILN_ASSIGN_OR_RETURN(ValueRef picked, c.Reduce(v1::REDUCE_SUM, sel, {1}, false));
+  KILN_ASSIGN_OR_RETURN(ValueRef loss, c.Unary(v1::UNARY_NEG, picked));
+  std::optional<ValueRef> w;
+  if (c.has(weight_in)) {
+    KILN_ASSIGN_OR_RETURN(ValueRef weight, c.Ref(weight_in));
+    KILN_ASSIGN_OR_RETURN(weight, c.Cast(weight, xt.dtype));
+    v1::Attrs g;
+    g.mutable_gather()->set_axis(0);
+    KILN_ASSIGN_OR_RETURN(w, c.Emit(v1::OP_GATHER, {weight, t}, g));
+  }
+  if (valid) {
+    KILN_ASSIGN_OR_RETURN(ValueRef vf, c.Cast(*valid, xt.dtype));
+    if (w) {
+      KILN_ASSIGN_OR_RETURN(w, c.Binary(v1::BINARY_MUL, *w, vf));
+    } else {
+      w = vf;
+    }
+  }
+  if (w) {
+    KILN_ASSIGN_OR_RETURN(loss, c.Binary(v1::BINARY_MUL, loss, *w));
+  }
+  if (reduction == "none") return loss;
+  KILN_ASSIGN_OR_RETURN(ValueRef total, c.Reduce(v1::REDUCE_SUM, loss, {}, false));
+  if (reduction == "sum") return total;
+  if (!w) {
+    int64_t count = 1;
+    for (int64_t d : tt.dims) {
+      if (d < 0) return c.Unsupported("mean loss over run-time dims");
+      count *= d;
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef n, c.ScalarConst(xt.dtype, static_cast<double>(count)));
+    return c.Binary(v1::BINARY_DIV, total, n);
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef wsum, c.Reduce(v1::REDUCE_SUM, *w, {}, false));
+  return c.Binary(v1::BINARY_DIV, total, wsum);
+}
+
+absl::Status NllLossOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  return Out(c, 0, NllLoss(c, x, 1, 2));
+}
+
+absl::Status SoftmaxCrossEntropyOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  if (c.rank(0) < 2) return c.Invalid("scores must be [N, C, ...]");
+  v1::Attrs a;
+  a.mutable_log_softmax()->set_axis(1);
+  KILN_ASSIGN_OR_RETURN(ValueRef lp, c.Emit(v1::OP_LOG_SOFTMAX, {x}, a));
+  KILN_ASSIGN_OR_RETURN(ValueRef loss, NllLoss(c, lp, 1, 2));
+  c.SetOutput(0, loss);
+  c.SetOutput(1, lp);
+  return absl::OkStatus();
+}
+
 // x - zero_point in f32; a per-row (A: [M]) or per-column (B: [N]) zero point
 // broadcasts along the right dim.
 absl::StatusOr<ValueRef> Centered(Importer& c, int x_in, int zp_in, bool is_a) {
@@ -664,6 +754,8 @@ void RegisterNnOps(ConverterTable& t) {
   t["CumSum"] = CumSumOp;
   t["Hardmax"] = HardmaxOp;
   t["Einsum"] = EinsumOp;
+  t["NegativeLogLikelihoodLoss"] = NllLossOp;
+  t["SoftmaxCrossEntropyLoss"] = SoftmaxCrossEntropyOp;
   t["MatMulInteger"] = MatMulIntegerOp;
   t["QLinearMatMul"] = QLinearMatMulOp;
 }
