@@ -315,6 +315,31 @@ absl::Status IsInfOp(Importer& c) {
   return Out(c, c.Compare(v1::COMPARE_EQ, x, i));
 }
 
+// Mod in f64 (exact for integers below 2^53): fmod=1 truncates the quotient
+// (C fmod, the sign of x), fmod=0 floors it (Python %, the sign of y).
+absl::Status ModOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef a, In(c, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef b, In(c, 1));
+  const DType dt = c.TypeOf(a).dtype;
+  const bool fmod = c.AttrInt("fmod", 0) != 0;
+  if (IsFloat(dt) && !fmod) return c.Invalid("Mod of floats needs fmod=1");
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Cast(a, v1::DTYPE_F64));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Cast(b, v1::DTYPE_F64));
+  KILN_ASSIGN_OR_RETURN(ValueRef q, c.Binary(v1::BINARY_DIV, x, y));
+  ValueRef whole;
+  if (fmod) {
+    KILN_ASSIGN_OR_RETURN(ValueRef aq, c.Unary(v1::UNARY_ABS, q));
+    KILN_ASSIGN_OR_RETURN(ValueRef fq, c.Unary(v1::UNARY_FLOOR, aq));
+    KILN_ASSIGN_OR_RETURN(ValueRef sq, c.Unary(v1::UNARY_SIGN, q));
+    KILN_ASSIGN_OR_RETURN(whole, c.Binary(v1::BINARY_MUL, fq, sq));
+  } else {
+    KILN_ASSIGN_OR_RETURN(whole, c.Unary(v1::UNARY_FLOOR, q));
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef yw, c.Binary(v1::BINARY_MUL, y, whole));
+  KILN_ASSIGN_OR_RETURN(ValueRef r, c.Binary(v1::BINARY_SUB, x, yw));
+  return Out(c, c.Cast(r, dt));
+}
+
 // Shrink: x + bias below -lambd, x - bias above lambd, 0 between.
 absl::Status ShrinkOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(ValueRef x, In(c, 0));
@@ -459,6 +484,7 @@ void RegisterElementwise(ConverterTable& t) {
   t["HardSwish"] = HardSwishOp;
   t["Softsign"] = SoftsignOp;
   t["Shrink"] = ShrinkOp;
+  t["Mod"] = ModOp;
   t["Gelu"] = GeluOp;
   t["IsNaN"] = IsNaNOp;
   t["IsInf"] = IsInfOp;

@@ -611,6 +611,57 @@ absl::Status ResizeOp(Importer& c) {
   return absl::OkStatus();
 }
 
+// GatherElements: out[.., j, ..] = data[.., indices[.., j, ..], ..] along axis,
+// written as a one-hot selection: sum_i data[.., i, ..] * (indices == i) over
+// a new axis (O(m * n) work per row: fine for the index-sized tensors it sees).
+absl::Status GatherElementsOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(ValueRef idx, c.Ref(1));
+  const int64_t rank = c.rank(0);
+  if (c.rank(1) != rank || rank == 0) return c.Invalid("data and indices must have the same rank >= 1");
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", 0), rank));
+  if (!c.type(0).is_static() || !c.type(1).is_static()) return c.Unsupported("GatherElements over run-time dims");
+  const IrDims xd = c.type(0).dims, id = c.type(1).dims;
+  const DType dt = c.dtype(0);
+  if (dt == v1::DTYPE_BOOL) return c.Unsupported("GatherElements of bool");
+  // Other dims: the indices' extent of the data.
+  v1::Attrs crop;
+  for (int64_t k = 0; k < rank; ++k) {
+    if (k == axis || id[k] == xd[k]) continue;
+    if (id[k] > xd[k]) return c.Invalid("indices exceed the data on a non-gathered dim");
+    crop.mutable_slice()->add_axes(k);
+    crop.mutable_slice()->add_start(0);
+    crop.mutable_slice()->add_stop(id[k]);
+  }
+  if (crop.slice().axes_size() > 0) {
+    KILN_ASSIGN_OR_RETURN(x, c.Emit(v1::OP_SLICE, {x}, crop));
+  }
+  const int64_t n = xd[axis];
+  KILN_ASSIGN_OR_RETURN(idx, c.Cast(idx, v1::DTYPE_I64));
+  KILN_ASSIGN_OR_RETURN(ValueRef zero_i, c.ScalarConst(v1::DTYPE_I64, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef n_i, c.ScalarConst(v1::DTYPE_I64, static_cast<double>(n)));
+  KILN_ASSIGN_OR_RETURN(ValueRef neg, c.Compare(v1::COMPARE_LT, idx, zero_i));
+  KILN_ASSIGN_OR_RETURN(ValueRef wrapped, c.Binary(v1::BINARY_ADD, idx, n_i));
+  KILN_ASSIGN_OR_RETURN(idx, c.Where(neg, wrapped, idx));
+  // data [.., 1, n, ..], indices [.., m, 1, ..], iota [1.., n, 1..] at axis + 1.
+  IrDims xe = c.TypeOf(x).dims, ie = id;
+  xe.insert(xe.begin() + axis, 1);
+  ie.insert(ie.begin() + axis + 1, 1);
+  KILN_ASSIGN_OR_RETURN(ValueRef xr, c.Reshape(x, xe));
+  KILN_ASSIGN_OR_RETURN(ValueRef ir, c.Reshape(idx, ie));
+  Dims od(rank + 1, 1);
+  od[axis + 1] = n;
+  KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, od));
+  for (int64_t i = 0; i < n; ++i) iota.data_as<int64_t>()[i] = i;
+  KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));
+  KILN_ASSIGN_OR_RETURN(ValueRef mask, c.Compare(v1::COMPARE_EQ, ir, io));
+  KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(dt, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef sel, c.Where(mask, xr, zero));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reduce(v1::REDUCE_SUM, sel, {axis + 1}, false));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 // Trilu: keep the upper (j - i >= k) or lower (j - i <= k) triangle of the
 // last two dims; the mask is a constant made here.
 absl::Status TriluOp(Importer& c) {
@@ -738,6 +789,7 @@ void RegisterTensorOps(ConverterTable& t) {
   t["ConstantOfShape"] = ConstantOfShapeOp;
   t["Resize"] = ResizeOp;
   t["Trilu"] = TriluOp;
+  t["GatherElements"] = GatherElementsOp;
   t["EyeLike"] = EyeLikeOp;
   t["DepthToSpace"] = DepthSpaceOp;
   t["SpaceToDepth"] = DepthSpaceOp;
