@@ -315,6 +315,40 @@ absl::Status IsInfOp(Importer& c) {
   return Out(c, c.Compare(v1::COMPARE_EQ, x, i));
 }
 
+// Hyperbolic functions and their inverses from exp, log and sqrt.
+absl::Status HyperbolicOp(Importer& c) {
+  const std::string& op = c.node().op_type();
+  KILN_ASSIGN_OR_RETURN(ValueRef x, In(c, 0));
+  if (!IsFloat(c.TypeOf(x).dtype)) return c.Invalid(absl::StrCat(op, " needs floats"));
+  KILN_ASSIGN_OR_RETURN(ValueRef one, Scalar(c, x, 1));
+  KILN_ASSIGN_OR_RETURN(ValueRef half, Scalar(c, x, 0.5));
+  if (op == "Sinh" || op == "Cosh") {
+    KILN_ASSIGN_OR_RETURN(ValueRef e, c.Unary(v1::UNARY_EXP, x));
+    KILN_ASSIGN_OR_RETURN(ValueRef nx, c.Unary(v1::UNARY_NEG, x));
+    KILN_ASSIGN_OR_RETURN(ValueRef en, c.Unary(v1::UNARY_EXP, nx));
+    KILN_ASSIGN_OR_RETURN(ValueRef s, c.Binary(op == "Sinh" ? v1::BINARY_SUB : v1::BINARY_ADD, e, en));
+    return Out(c, c.Binary(v1::BINARY_MUL, s, half));
+  }
+  if (op == "Asinh" || op == "Acosh") {  // log(x + sqrt(x^2 +- 1))
+    KILN_ASSIGN_OR_RETURN(ValueRef x2, c.Binary(v1::BINARY_MUL, x, x));
+    KILN_ASSIGN_OR_RETURN(ValueRef r, c.Binary(op == "Asinh" ? v1::BINARY_ADD : v1::BINARY_SUB, x2, one));
+    KILN_ASSIGN_OR_RETURN(ValueRef sq, c.Unary(v1::UNARY_SQRT, r));
+    KILN_ASSIGN_OR_RETURN(ValueRef sum, c.Binary(v1::BINARY_ADD, x, sq));
+    return Out(c, c.Unary(v1::UNARY_LOG, sum));
+  }
+  if (op == "Atanh") {  // 0.5 * log((1 + x) / (1 - x))
+    KILN_ASSIGN_OR_RETURN(ValueRef p, c.Binary(v1::BINARY_ADD, one, x));
+    KILN_ASSIGN_OR_RETURN(ValueRef m, c.Binary(v1::BINARY_SUB, one, x));
+    KILN_ASSIGN_OR_RETURN(ValueRef q, c.Binary(v1::BINARY_DIV, p, m));
+    KILN_ASSIGN_OR_RETURN(ValueRef l, c.Unary(v1::UNARY_LOG, q));
+    return Out(c, c.Binary(v1::BINARY_MUL, l, half));
+  }
+  // Tan
+  KILN_ASSIGN_OR_RETURN(ValueRef sn, c.Unary(v1::UNARY_SIN, x));
+  KILN_ASSIGN_OR_RETURN(ValueRef cs, c.Unary(v1::UNARY_COS, x));
+  return Out(c, c.Binary(v1::BINARY_DIV, sn, cs));
+}
+
 // Mod in f64 (exact for integers below 2^53): fmod=1 truncates the quotient
 // (C fmod, the sign of x), fmod=0 floors it (Python %, the sign of y).
 absl::Status ModOp(Importer& c) {
@@ -485,6 +519,7 @@ void RegisterElementwise(ConverterTable& t) {
   t["Softsign"] = SoftsignOp;
   t["Shrink"] = ShrinkOp;
   t["Mod"] = ModOp;
+  for (const char* op : {"Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Tan"}) t[op] = HyperbolicOp;
   t["Gelu"] = GeluOp;
   t["IsNaN"] = IsNaNOp;
   t["IsInf"] = IsInfOp;

@@ -662,6 +662,46 @@ absl::Status GatherElementsOp(Importer& c) {
   return absl::OkStatus();
 }
 
+// OneHot(indices, depth, values = [off, on]): on where indices (negative ones
+// counted from depth) equal an iota along the new axis, else off.
+absl::Status OneHotOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef idx, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(double depth_d, c.Scalar(1));
+  const HostTensor* values = c.Const(2);
+  if (values == nullptr || values->num_elements() != 2) {
+    return c.Unsupported("OneHot values must be a constant [off, on]");
+  }
+  if (!(depth_d >= 1) || depth_d > static_cast<double>(c.options().limits.max_tensor_elements)) {
+    return c.Invalid("OneHot depth out of range");
+  }
+  const int64_t depth = static_cast<int64_t>(depth_d);
+  const int64_t rank = c.rank(0) + 1;
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", -1), rank));
+  KILN_ASSIGN_OR_RETURN(idx, c.Cast(idx, v1::DTYPE_I64));
+  KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(v1::DTYPE_I64, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef dv, c.ScalarConst(v1::DTYPE_I64, static_cast<double>(depth)));
+  KILN_ASSIGN_OR_RETURN(ValueRef neg, c.Compare(v1::COMPARE_LT, idx, zero));
+  KILN_ASSIGN_OR_RETURN(ValueRef wrapped, c.Binary(v1::BINARY_ADD, idx, dv));
+  KILN_ASSIGN_OR_RETURN(idx, c.Where(neg, wrapped, idx));
+  IrDims ie = c.TypeOf(idx).dims;
+  ie.insert(ie.begin() + axis, 1);
+  if (std::count_if(ie.begin(), ie.end(), [](int64_t d) { return d < 0; }) > 1) {
+    return c.Unsupported("OneHot of run-time dims");
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef ir, ReshapeTo(c, idx, ie));
+  Dims od(rank, 1);
+  od[axis] = depth;
+  KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, od));
+  for (int64_t i = 0; i < depth; ++i) iota.data_as<int64_t>()[i] = i;
+  KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));
+  KILN_ASSIGN_OR_RETURN(ValueRef mask, c.Compare(v1::COMPARE_EQ, ir, io));
+  KILN_ASSIGN_OR_RETURN(ValueRef off, c.ScalarConst(values->dtype(), values->GetAsDouble(0)));
+  KILN_ASSIGN_OR_RETURN(ValueRef on, c.ScalarConst(values->dtype(), values->GetAsDouble(1)));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Where(mask, on, off));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 // Trilu: keep the upper (j - i >= k) or lower (j - i <= k) triangle of the
 // last two dims; the mask is a constant made here.
 absl::Status TriluOp(Importer& c) {
@@ -789,6 +829,7 @@ void RegisterTensorOps(ConverterTable& t) {
   t["ConstantOfShape"] = ConstantOfShapeOp;
   t["Resize"] = ResizeOp;
   t["Trilu"] = TriluOp;
+  t["OneHot"] = OneHotOp;
   t["GatherElements"] = GatherElementsOp;
   t["EyeLike"] = EyeLikeOp;
   t["DepthToSpace"] = DepthSpaceOp;
