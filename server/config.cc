@@ -108,6 +108,9 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.max_concurrent_runs) config.set_max_concurrent_runs(*flags.max_concurrent_runs);
   if (flags.cpu_threads) config.set_cpu_threads(*flags.cpu_threads);
   if (flags.calibration) config.set_calibration(*flags.calibration);
+  if (flags.tls_cert) config.mutable_tls()->set_cert_file(*flags.tls_cert);
+  if (flags.tls_key) config.mutable_tls()->set_key_file(*flags.tls_key);
+  if (flags.tls_client_ca) config.mutable_tls()->set_client_ca_file(*flags.tls_client_ca);
   if (config.calibration().empty()) config.set_calibration("auto");
   if (config.calibration() != "auto" && config.calibration() != "always" &&
       config.calibration() != "never") {
@@ -133,6 +136,9 @@ void ApplyDefaults(v1::ServerConfig& config) {
   if (config.cache_max_bytes() == 0) config.set_cache_max_bytes(kDefaultCacheMaxBytes);
   if (config.drain_timeout_seconds() == 0) config.set_drain_timeout_seconds(kDefaultDrainSeconds);
   if (config.reports_per_tenant() == 0) config.set_reports_per_tenant(kDefaultReportsPerTenant);
+  if (config.report_bytes_per_tenant() == 0) {
+    config.set_report_bytes_per_tenant(kDefaultReportBytesPerTenant);
+  }
   if (config.max_concurrent_runs() == 0) config.set_max_concurrent_runs(kDefaultMaxConcurrentRuns);
 
   v1::Limits& l = *config.mutable_limits();
@@ -188,11 +194,32 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
   if (config.reports_per_tenant() < 0) {
     return absl::InvalidArgumentError("reports_per_tenant must be >= 0");
   }
+  if (config.report_bytes_per_tenant() < 0) {
+    return absl::InvalidArgumentError("report_bytes_per_tenant must be >= 0 (0 = 8 MiB)");
+  }
   if (config.cpu_threads() < 0) return absl::InvalidArgumentError("cpu_threads must be >= 0");
   if (config.cache_max_bytes() < 0) return absl::InvalidArgumentError("cache_max_bytes must be >= 0");
   if (auto s = CheckQuota(config.default_quota(), "default_quota"); !s.ok()) return s;
 
-  std::set<std::string> names, keys;
+  const v1::TlsConfig& tls = config.tls();
+  const bool tls_on = !tls.cert_file().empty();
+  if (tls_on != !tls.key_file().empty()) {
+    return absl::InvalidArgumentError(
+        "tls.cert_file and tls.key_file go together: set both (TLS on) or neither");
+  }
+  if (!tls_on && (!tls.client_ca_file().empty() || !tls.crl_dir().empty() ||
+                  tls.require_client_cert())) {
+    return absl::InvalidArgumentError(
+        "tls.client_ca_file, tls.crl_dir and tls.require_client_cert need TLS: set "
+        "tls.cert_file and tls.key_file too");
+  }
+  if (tls.client_ca_file().empty() && (!tls.crl_dir().empty() || tls.require_client_cert())) {
+    return absl::InvalidArgumentError(
+        "tls.crl_dir and tls.require_client_cert are about client certificates: set "
+        "tls.client_ca_file (the CA they must chain to)");
+  }
+
+  std::set<std::string> names, keys, sans, subjects;
   for (int i = 0; i < config.tenants_size(); ++i) {
     const v1::TenantConfig& t = config.tenants(i);
     const std::string where = absl::StrCat("tenants[", i, "]");
@@ -200,10 +227,17 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("two tenants are named \"", t.name(), "\""));
     }
-    if (t.api_key_sha256().empty()) {
+    const bool by_cert = !t.client_cert_san().empty() || !t.client_cert_subject().empty();
+    if (t.api_key_sha256().empty() && !by_cert) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tenant \"", t.name(), "\" has no api_key_sha256; make one with: "
+          absl::StrCat("tenant \"", t.name(), "\" has no api_key_sha256 and no client_cert_san "
+                       "or client_cert_subject; make a key's hash with: "
                        "printf %s \"$KEY\" | sha256sum"));
+    }
+    if (by_cert && tls.client_ca_file().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant \"", t.name(), "\" is identified by client certificate, which needs mTLS: set "
+          "tls.client_ca_file (and tls.cert_file, tls.key_file)"));
     }
     for (const std::string& key : t.api_key_sha256()) {
       bool hex = key.size() == 64;
@@ -218,6 +252,26 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
             absl::StrCat("tenant \"", t.name(), "\": an api key is listed for two tenants"));
       }
     }
+    for (const std::string& san : t.client_cert_san()) {
+      if (san.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenant \"", t.name(), "\": an empty client_cert_san"));
+      }
+      if (!sans.insert(san).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tenant \"", t.name(), "\": client_cert_san \"", san, "\" is listed twice"));
+      }
+    }
+    for (const std::string& subject : t.client_cert_subject()) {
+      if (subject.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenant \"", t.name(), "\": an empty client_cert_subject"));
+      }
+      if (!subjects.insert(subject).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tenant \"", t.name(), "\": client_cert_subject \"", subject, "\" is listed twice"));
+      }
+    }
     if (t.weight() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("tenant \"", t.name(), "\": weight must be >= 0"));
     }
@@ -225,12 +279,16 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
       return s;
     }
   }
-  if (config.tenants().empty() && !IsLoopbackAddress(config.listen())) {
+  if (!IsLoopbackAddress(config.listen()) && (config.tenants().empty() || !tls_on)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to listen on ", config.listen(),
-        " without authentication: with no tenants configured kilnd serves one open tenant and "
-        "listens on loopback only. Configure tenants with API keys (--config, see "
-        "configs/multi_tenant.textproto) or use --listen=127.0.0.1:<port>"));
+        "refusing to listen on ", config.listen(), " without ",
+        config.tenants().empty() && !tls_on ? "authentication and TLS"
+        : config.tenants().empty()          ? "authentication"
+                                            : "TLS",
+        ": off loopback kilnd needs tenants (API keys or client certificates) and TLS "
+        "(tls.cert_file and tls.key_file, or --tls_cert and --tls_key), so that keys never "
+        "cross the network in plaintext; see configs/multi-tenant.textproto, or use "
+        "--listen=127.0.0.1:<port>"));
   }
   return absl::OkStatus();
 }

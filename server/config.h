@@ -23,6 +23,7 @@ inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9450";
 inline constexpr int64_t kDefaultCacheMaxBytes = int64_t{4} << 30;
 inline constexpr double kDefaultDrainSeconds = 30;
 inline constexpr int kDefaultReportsPerTenant = 64;
+inline constexpr int64_t kDefaultReportBytesPerTenant = int64_t{8} << 20;
 inline constexpr int kDefaultMaxConcurrentRuns = 2;
 // Limits.
 inline constexpr int64_t kDefaultMaxMessageBytes = int64_t{64} << 20;
@@ -52,6 +53,9 @@ struct FlagOverrides {
   std::optional<int> max_concurrent_runs;
   std::optional<int> cpu_threads;
   std::optional<std::string> calibration;
+  std::optional<std::string> tls_cert;       // tls.cert_file
+  std::optional<std::string> tls_key;        // tls.key_file
+  std::optional<std::string> tls_client_ca;  // tls.client_ca_file
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the
@@ -64,9 +68,10 @@ absl::StatusOr<v1::ServerConfig> ParseConfigText(const std::string& text, const 
 // Fills every unset field (limits, quotas, tenants' quotas from default_quota).
 void ApplyDefaults(v1::ServerConfig& config);
 
-// Checks a config with defaults applied: tenants (names and keys unique, keys
-// are 64 hex digits), positive limits, and that a non-loopback `listen` has
-// tenants with keys configured.
+// Checks a config with defaults applied: tenants (names, keys and client
+// certificate identities unique, keys are 64 hex digits, each tenant has a
+// key or a certificate identity), TLS fields that need each other, positive
+// limits, and that a non-loopback `listen` has both TLS and tenants.
 absl::Status ValidateConfig(const v1::ServerConfig& config);
 
 // True for 127.0.0.0/8, [::1], localhost and unix: addresses.

@@ -1,5 +1,7 @@
 #include "server/limits.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/ir/text.h"
@@ -21,7 +23,7 @@ struct GraphWalk {
     nodes += g.nodes_size();
     if (nodes > limits.max_nodes()) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "graph \"", g.name(), "\" has more than ", limits.max_nodes(),
+          "graph ", QuoteClientString(g.name()), " has more than ", limits.max_nodes(),
           " nodes (subgraphs included), over the limit limits.max_nodes = ", limits.max_nodes()));
     }
     for (const v1::Node& n : g.nodes()) {
@@ -63,6 +65,42 @@ std::string TypeString(const v1::TensorType& type) {
     absl::StrAppend(&s, i ? ", " : "", d.has_size() ? absl::StrCat(d.size()) : d.symbol());
   }
   return s + "]";
+}
+
+std::string EscapeClientBytes(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '\n': out += "\\n"; continue;
+      case '\r': out += "\\r"; continue;
+      case '\t': out += "\\t"; continue;
+      case '"': out += "\\\""; continue;
+      case '\\': out += "\\\\"; continue;
+      default: break;
+    }
+    if (c < 0x20 || c >= 0x7f) {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    } else {
+      out.push_back(ch);
+    }
+  }
+  return out;
+}
+
+std::string QuoteClientString(std::string_view s, size_t max_bytes) {
+  const std::string_view kept = s.substr(0, std::min(s.size(), max_bytes));
+  std::string out = absl::StrCat("\"", EscapeClientBytes(kept));
+  if (kept.size() < s.size()) {
+    absl::StrAppend(&out, "...\"(+", s.size() - kept.size(), " bytes)");
+  } else {
+    out.push_back('"');
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> CheckTensorHeader(DType dtype, std::span<const int64_t> dims,
@@ -131,9 +169,9 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
       return absl::InvalidArgumentError(absl::StrCat(kind, "s[", i, "] has no name"));
     }
     if (!seen.insert(nt.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(kind, " \"", nt.name(), "\" is given twice"));
+      return absl::InvalidArgumentError(absl::StrCat(kind, " ", QuoteClientString(nt.name()), " is given twice"));
     }
-    const std::string what = absl::StrCat(kind, " \"", nt.name(), "\"");
+    const std::string what = absl::StrCat(kind, " ", QuoteClientString(nt.name()));
     if (!nt.has_tensor()) return absl::InvalidArgumentError(absl::StrCat(what, " has no tensor"));
     auto bytes = CheckTensor(nt.tensor(), limits, what);
     if (!bytes.ok()) return bytes.status();
@@ -146,7 +184,7 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
 
 absl::Status CheckGraph(const v1::Graph& graph, const v1::Limits& limits) {
   GraphWalk walk{limits};
-  return walk.Visit(graph, 0, absl::StrCat("graph \"", graph.name(), "\""));
+  return walk.Visit(graph, 0, absl::StrCat("graph ", QuoteClientString(graph.name())));
 }
 
 absl::StatusOr<v1::Graph> ResolveGraph(const v1::GraphSource& source, const v1::Limits& limits) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "base/host_tensor.h"
@@ -44,5 +45,22 @@ absl::StatusOr<v1::Graph> ResolveGraph(const v1::GraphSource& source, const v1::
 
 // "f32[?, 784]"
 std::string TypeString(const v1::TensorType& type);
+
+// A client-supplied string (a name, an id, a certificate subject) as it may
+// appear in a log line or a status message: in double quotes, with control
+// bytes, quotes, backslashes and non-ASCII bytes C-escaped (a newline cannot
+// start a forged log line, a NUL cannot land raw), and cut after its first
+// `max_bytes` bytes with the length of the rest noted: "abc..."(+1048573 bytes).
+std::string QuoteClientString(std::string_view s, size_t max_bytes = 64);
+
+// `s` with every byte outside printable ASCII, and `"` and `\`, escaped
+// (`\n`, `\t`, `\r`, `\"`, `\\`, else `\xNN`): safe inside one double-quoted
+// field of one log line.
+std::string EscapeClientBytes(std::string_view s);
+
+// The longest status message kilnd sends (bytes); ToGrpc cuts longer ones.
+// gRPC carries the message in a header, and clients refuse headers past 8 KiB
+// by default.
+inline constexpr size_t kMaxStatusMessageBytes = 2048;
 
 }  // namespace kiln::server

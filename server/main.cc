@@ -21,8 +21,8 @@
 #include "server/server.h"
 
 ABSL_FLAG(std::optional<std::string>, listen, std::nullopt,
-          "gRPC address host:port (default 127.0.0.1:7450; port 0 picks a free port). Without "
-          "tenants in --config only loopback addresses are accepted.");
+          "gRPC address host:port (default 127.0.0.1:7450; port 0 picks a free port). Off "
+          "loopback kilnd needs tenants in --config and TLS (--tls_cert, --tls_key).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound gRPC port to this file once serving.");
 ABSL_FLAG(std::optional<std::string>, metrics_listen, std::nullopt,
           "Prometheus /metrics address host:port (default 127.0.0.1:9450; port 0 picks a free "
@@ -41,6 +41,13 @@ ABSL_FLAG(std::optional<int>, cpu_threads, std::nullopt, "CPU kernel threads (de
 ABSL_FLAG(std::optional<std::string>, calibration, std::nullopt,
           "Device calibration for placement: auto (once per device, cached in the cache dir), "
           "always, or never (nominal profiles).");
+ABSL_FLAG(std::optional<std::string>, tls_cert, std::nullopt,
+          "PEM server certificate: the gRPC port speaks TLS (with --tls_key; config tls.cert_file).");
+ABSL_FLAG(std::optional<std::string>, tls_key, std::nullopt,
+          "PEM private key of --tls_cert (config tls.key_file).");
+ABSL_FLAG(std::optional<std::string>, tls_client_ca, std::nullopt,
+          "PEM CA that client certificates must chain to: mTLS, certificates map to tenants "
+          "(config tls.client_ca_file).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -92,6 +99,9 @@ int main(int argc, char** argv) {
   flags.max_concurrent_runs = absl::GetFlag(FLAGS_max_concurrent_runs);
   flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   flags.calibration = absl::GetFlag(FLAGS_calibration);
+  flags.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  flags.tls_key = absl::GetFlag(FLAGS_tls_key);
+  flags.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));
@@ -128,6 +138,7 @@ int main(int argc, char** argv) {
     std::_Exit(0);
   }).detach();
   (*server)->Shutdown();
+  (*server)->LeakMetricsExposerForExit();
   server->reset();
   spdlog::info("exit 0");
   spdlog::shutdown();

@@ -1,9 +1,15 @@
 // The last dispatch reports of each tenant, for GetReport (DESIGN.md
 // section 6: kept for the last N requests whether or not the caller asked).
 //
+// Each report is kept serialized: one allocation per report instead of a
+// tree of small ones scattered among freed tensor buffers (which kept glibc
+// from returning those buffers: ~200 MiB per tenant with 64 reports), and its
+// bytes are counted against a per-tenant budget; the oldest go first.
+//
 // Thread safety: thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <optional>
@@ -18,8 +24,11 @@ namespace kiln::server {
 
 class ReportStore {
  public:
-  // Keeps `per_tenant` reports per tenant (0 keeps none).
-  explicit ReportStore(int per_tenant) : per_tenant_(per_tenant) {}
+  // Keeps up to `per_tenant` reports per tenant (0 keeps none), and at most
+  // `max_bytes_per_tenant` serialized bytes of them (a report larger than
+  // that alone is not kept).
+  ReportStore(int per_tenant, int64_t max_bytes_per_tenant)
+      : per_tenant_(per_tenant), max_bytes_(max_bytes_per_tenant) {}
   ReportStore(const ReportStore&) = delete;
   ReportStore& operator=(const ReportStore&) = delete;
 
@@ -29,11 +38,23 @@ class ReportStore {
   // The tenant's report of `request_id`, if still kept.
   std::optional<v1::DispatchReport> Find(const std::string& tenant,
                                          const std::string& request_id) const;
+  // Serialized bytes kept for the tenant.
+  int64_t Bytes(const std::string& tenant) const;
 
  private:
+  struct Kept {
+    std::string request_id;
+    std::string bytes;  // the serialized v1::DispatchReport
+  };
+  struct TenantReports {
+    std::deque<Kept> reports;  // oldest first
+    int64_t bytes = 0;
+  };
+
   const int per_tenant_;
+  const int64_t max_bytes_;
   mutable absl::Mutex reports_mu_;
-  std::map<std::string, std::deque<v1::DispatchReport>> reports_ ABSL_GUARDED_BY(reports_mu_);
+  std::map<std::string, TenantReports> reports_ ABSL_GUARDED_BY(reports_mu_);
 };
 
 }  // namespace kiln::server

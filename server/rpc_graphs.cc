@@ -20,7 +20,7 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
     std::vector<std::pair<std::string, Dims>> shapes;
     for (const v1::InputShape& s : request.input_shapes()) {
-      const std::string what = absl::StrCat("input_shapes \"", s.name(), "\"");
+      const std::string what = absl::StrCat("input_shapes ", QuoteClientString(s.name()));
       bool known = false;
       for (const auto& in : sig.inputs) known = known || in.name == s.name();
       if (!known) {
@@ -48,6 +48,7 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
     const absl::Time t0 = absl::Now();
     KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
     d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    ScopeCacheReport(*d.tenants, *call.tenant, compiled.report);
     SignatureToProto(compiled.executable->signature(), response.mutable_signature());
     response.set_executable_key(compiled.executable->key());
     *response.mutable_report() = std::move(compiled.report);
@@ -114,7 +115,7 @@ grpc::ServerUnaryReactor* KilnService::CloseSession(grpc::CallbackServerContext*
       *this, ctx, "CloseSession", request_bytes, response_bytes, /*offload=*/false,
       [this](Call& call, const v1::CloseSessionRequest& request,
              v1::CloseSessionResponse&) -> absl::Status {
-    call.detail = absl::StrCat("session=", request.session_id());
+    call.detail = absl::StrCat("session=", request.session_id().substr(0, 64));
     return deps().sessions->Remove(*call.tenant, request.session_id());
   });
 }

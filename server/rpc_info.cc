@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/compile/cache_key.h"
 #include "engine/ir/verifier.h"
+#include "server/limits.h"
 #include "server/rpc_common.h"
 
 namespace kiln::server {
@@ -67,7 +68,7 @@ grpc::ServerUnaryReactor* KilnService::GetReport(grpc::CallbackServerContext* ct
       std::optional<v1::DispatchReport> r = reports.Find(call.tenant->name(), request.request_id());
       if (!r) {
         return absl::NotFoundError(absl::StrCat(
-            "no report for request \"", request.request_id(), "\": kilnd keeps the last ",
+            "no report for request ", QuoteClientString(request.request_id()), ": kilnd keeps the last ",
             deps().config->reports_per_tenant(), " reports of each tenant, and only its own"));
       }
       *response.add_reports() = std::move(*r);
@@ -99,8 +100,19 @@ grpc::ServerUnaryReactor* KilnService::ServerInfo(grpc::CallbackServerContext* c
     std::set<std::string> backends;
     for (const backend::DeviceInfo* dev : d.engine->Devices()) backends.insert(dev->backend);
     for (const std::string& b : backends) response.add_backends(b);
-    const CacheStats s = d.engine->cache_stats();
     v1::CacheInfo* c = response.mutable_cache();
+    response.set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - d.started));
+    if (!d.tenants->IsAdmin(*call.tenant)) {
+      // The cache is shared: its path and its whole counters are the
+      // operator's; a tenant sees how the cache served its own compiles.
+      const Tenant::CacheCounts own = call.tenant->cache_counts();
+      c->set_memory_hits(own.memory_hits);
+      c->set_disk_hits(own.disk_hits);
+      c->set_misses(own.misses);
+      return absl::OkStatus();
+    }
+    c->set_server_wide(true);
+    const CacheStats s = d.engine->cache_stats();
     c->set_dir(d.config->cache_dir());
     c->set_memory_hits(s.memory_hits);
     c->set_disk_hits(s.disk_hits);
@@ -111,7 +123,6 @@ grpc::ServerUnaryReactor* KilnService::ServerInfo(grpc::CallbackServerContext* c
     c->set_disk_entries(s.disk_entries);
     c->set_kernel_hits(s.kernel_hits);
     c->set_kernel_misses(s.kernel_misses);
-    response.set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - d.started));
     return absl::OkStatus();
   });
 }

@@ -74,8 +74,8 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
       call_.detail = absl::StrCat("session=", session_->id());
     } else if (!c.session_id().empty() && c.session_id() != session_->id()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(Where(), " names session \"", c.session_id(),
-                       "\"; one SetParams stream uploads to one session (\"", session_->id(),
+          absl::StrCat(Where(), " names session ", QuoteClientString(c.session_id()),
+                       "; one SetParams stream uploads to one session (\"", session_->id(),
                        "\")"));
     }
     Upload* current = uploads_.empty() ? nullptr : &uploads_.back();
@@ -121,22 +121,25 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
     if (previous != nullptr && previous->received < previous->data.num_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "param \"", previous->name, "\" got ", previous->received, " of its ",
-          previous->data.num_bytes(), " bytes before param \"", c.name(), "\" started"));
+          previous->data.num_bytes(), " bytes before param ", QuoteClientString(c.name()), " started"));
     }
     if (!names_.insert(c.name()).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("param \"", c.name(), "\" is sent twice in one SetParams stream"));
+          absl::StrCat("param ", QuoteClientString(c.name()), " is sent twice in one SetParams stream"));
     }
     const Dims dims(c.dims().begin(), c.dims().end());
     KILN_RETURN_IF_ERROR(CheckParamAgainst(session_->signature(), c.name(), c.dtype(), dims));
     KILN_ASSIGN_OR_RETURN(
         int64_t bytes,
         CheckTensorHeader(c.dtype(), dims, service_.deps().config->limits(),
-                          absl::StrCat("param \"", c.name(), "\"")));
+                          absl::StrCat("param ", QuoteClientString(c.name()))));
     // The quota is charged before the memory is allocated.
     KILN_RETURN_IF_ERROR(call_.tenant->AcquireBytes(bytes, bytes));
     reserved_ += bytes;
-    KILN_ASSIGN_OR_RETURN(HostTensor data, HostTensor::Create(c.dtype(), dims));
+    // Uninitialized: the pages are committed as chunks are copied in, not all
+    // at the first chunk (a stream that declares 1 GiB and sends 64 bytes
+    // costs 64 bytes). Commit() binds only a param whose every byte arrived.
+    KILN_ASSIGN_OR_RETURN(HostTensor data, HostTensor::CreateUninitialized(c.dtype(), dims));
     uploads_.push_back(Upload{c.name(), std::move(data), 0});
     return &uploads_.back();
   }
@@ -237,7 +240,7 @@ class GetParamsReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         if (std::find(bound.begin(), bound.end(), n) == bound.end()) {
           std::string list;
           for (const std::string& b : bound) absl::StrAppend(&list, list.empty() ? "" : ", ", b);
-          return absl::NotFoundError(absl::StrCat("session has no param \"", n, "\" bound; bound: ",
+          return absl::NotFoundError(absl::StrCat("session has no param ", QuoteClientString(n), " bound; bound: ",
                                                   list.empty() ? "none" : list));
         }
         names_.push_back(n);

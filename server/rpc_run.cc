@@ -119,6 +119,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   }
 
   void MarkReused() {
+    call_.tenant->CountCacheOutcome(v1::CACHE_HIT_MEMORY);  // the tenant's own session
     compile_.set_executable_cache(v1::CACHE_HIT_MEMORY);
     compile_.clear_stages();
     compile_.set_total_micros(0);
@@ -160,6 +161,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     const absl::Time t0 = absl::Now();
     KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
     d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    ScopeCacheReport(*d.tenants, *call_.tenant, compiled.report);
     exe_ = std::move(compiled.executable);
     compile_ = std::move(compiled.report);
     for (const TensorRef& p : params_) {
@@ -296,6 +298,7 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
   const absl::Time t0 = absl::Now();
   KILN_ASSIGN_OR_RETURN(CompileResult r, d.engine->Compile(session.graph(), session.options(), shapes));
   d.metrics->ObserveCompile(r.report.executable_cache(), absl::Now() - t0);
+  ScopeCacheReport(*d.tenants, session.owner(), r.report);
   Session::Compiled c{std::move(r.executable), std::move(r.report), 0};
   c.arena_bytes = ArenaBytes(c.report);
   KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(0, c.arena_bytes));

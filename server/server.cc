@@ -4,11 +4,14 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
+#include "server/tls.h"
 
 namespace kiln::server {
 namespace {
@@ -136,6 +139,9 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   std::unique_ptr<KilnServer> s(new KilnServer());
   s->config_ = config;
   const absl::Time started = absl::Now();
+  // The TLS files are read and checked before anything slow starts.
+  auto credentials = ServerCredentialsFrom(config.tls());
+  if (!credentials.ok()) return credentials.status();
 
   auto metrics = Metrics::Create(config.metrics_listen());
   if (!metrics.ok()) return metrics.status();
@@ -163,7 +169,8 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   if (!tenants.ok()) return tenants.status();
   s->tenants_ = std::move(tenants).value();
   s->sessions_ = std::make_unique<SessionStore>();
-  s->reports_ = std::make_unique<ReportStore>(config.reports_per_tenant());
+  s->reports_ = std::make_unique<ReportStore>(config.reports_per_tenant(),
+                                             config.report_bytes_per_tenant());
   s->pool_ = std::make_unique<WorkPool>(
       std::max(2, static_cast<int>(std::thread::hardware_concurrency())));
 
@@ -186,7 +193,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(config.listen(), *credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits().max_message_bytes()));
   // Two kilnds on one port would split the traffic silently: the second fails.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -204,13 +211,35 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   // from a fault until its restart probe succeeds.
   s->UpdateDeviceHealth();
   s->health_watcher_ = std::thread([raw = s.get()] {
-    while (!raw->stop_health_.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+    uint64_t calls_seen = 0;
+    bool trimmed = true;
+    for (int tick = 1; !raw->stop_health_.WaitForNotificationWithTimeout(absl::Milliseconds(200));
+         ++tick) {
       raw->UpdateDeviceHealth();
+      if (tick % 25 != 0) continue;
+      // Every 5 s: once kilnd has been idle a whole period after some work,
+      // give freed heap back to the system. glibc returns only the top of a
+      // heap by itself; a small live block (a kept report, a session's
+      // bookkeeping) above freed tensor buffers pinned them (~200 MiB per
+      // tenant). Only when idle: trimmed pages fault back in on reuse.
+      const uint64_t calls = raw->service_->calls_begun();
+      if (calls != calls_seen) {
+        calls_seen = calls;
+        trimmed = false;
+      } else if (!trimmed && raw->service_->idle()) {
+        malloc_trim(0);
+        trimmed = true;
+      }
     }
   });
-  spdlog::info("kilnd {} listening on {} (port {}), metrics {}, cache {}, {} tenant(s){}, "
+  const v1::TlsConfig& tls = config.tls();
+  spdlog::info("kilnd {} listening on {} (port {}, {}), metrics {}, cache {}, {} tenant(s){}, "
                "at most {} concurrent run(s) per device",
                kKilndVersion, config.listen(), s->port_,
+               !TlsEnabled(tls)               ? "plaintext"
+               : tls.client_ca_file().empty() ? "TLS"
+               : tls.require_client_cert()    ? "mTLS, client certificate required"
+                                              : "TLS, client certificates verified when sent",
                config.metrics_listen() == "off"
                    ? std::string("off")
                    : absl::StrCat(config.metrics_listen(), " (port ", s->metrics_->port(), ")"),
@@ -250,8 +279,14 @@ bool KilnServer::Shutdown() {
   service_->StartDraining();
   const bool drained = service_->WaitForCalls(absl::Now() + drain);
   if (!drained) spdlog::warn("drain timeout: calls are still running; stopping anyway");
-  // Calls in flight now (only after a drain timeout) are cancelled.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drained ? 5 : 1));
+  server_->GetHealthCheckService()->Shutdown();
+  // What is left after a drain is streams that never end by themselves: health
+  // Watch streams (a load balancer's, a probe's; they saw NOT_SERVING above;
+  // gRPC 1.51's health service does not end them) and reflection streams.
+  // gRPC cancels them at this deadline, which used to be 5 s: an idle kilnd
+  // with a health watcher took 5-6 s to exit. 1 s is left for our answers
+  // (given before the drain ended) to finish sending.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (drained) pool_.reset();
   metrics_->SetCollector(nullptr);
   spdlog::info("kilnd stopped{}", drained ? "" : " (drain timed out)");
@@ -265,6 +300,24 @@ KilnServer::~KilnServer() {
     server_->Shutdown(std::chrono::system_clock::now());
   }
   if (metrics_) metrics_->SetCollector(nullptr);
+  // The members' order (server.h), each timed: an exit that takes long says where.
+  auto teardown = [](const char* what, auto& member) {
+    const absl::Time t0 = absl::Now();
+    member.reset();
+    spdlog::debug("teardown: {} in {}", what, absl::FormatDuration(absl::Now() - t0));
+  };
+  teardown("grpc server", server_);
+  teardown("work pool", pool_);
+  teardown("engine", engine_);
+  teardown("service", service_);
+  teardown("metrics exposer", metrics_);
+}
+
+void KilnServer::LeakMetricsExposerForExit() {
+  // civetweb's mg_stop waits for its master thread, which polls in 2 s
+  // quanta: 0.3-2 s of an idle kilnd's exit. The process ends next, which
+  // closes the port.
+  (void)metrics_.release();
 }
 
 }  // namespace kiln::server

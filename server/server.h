@@ -44,6 +44,10 @@ class KilnServer {
   // runs cannot be interrupted mid-graph; the caller may exit anyway).
   bool Shutdown();
 
+  // For a process about to _Exit after Shutdown: the metrics exposer is not
+  // stopped (its stop takes up to 2 s and the exit closes its port).
+  void LeakMetricsExposerForExit();
+
   // The health service name of a device: "kiln.device/<id>".
   static std::string DeviceHealthService(const std::string& device) {
     return "kiln.device/" + device;

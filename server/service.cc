@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
+#include "server/tls.h"
 
 namespace kiln::server {
 namespace {
@@ -19,6 +20,12 @@ std::optional<std::string_view> Metadata(grpc::CallbackServerContext* ctx, const
   auto it = md.find(key);
   if (it == md.end()) return std::nullopt;
   return std::string_view(it->second.data(), it->second.size());
+}
+
+// Printable ASCII stays, the rest (newlines, NULs, quotes, backslashes,
+// non-ASCII bytes) is C-escaped, so a log line is one line with one meaning.
+std::string LogSafe(absl::string_view s) {
+  return EscapeClientBytes(std::string_view(s.data(), s.size()));
 }
 
 // A client's own request id is kept when it is short and plain.
@@ -37,7 +44,28 @@ bool UsableRequestId(std::string_view id) {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  std::string message(status.message());
+  if (message.size() > kMaxStatusMessageBytes) {
+    // Cut on a UTF-8 boundary: gRPC percent-encodes the message, clients decode UTF-8.
+    size_t cut = kMaxStatusMessageBytes;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xc0) == 0x80) --cut;
+    message = absl::StrCat(message.substr(0, cut), "... (message cut, ", message.size() - cut,
+                           " more bytes)");
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(message));
+}
+
+void ScopeCacheReport(const TenantRegistry& tenants, Tenant& tenant, v1::CompileReport& report) {
+  const bool known = tenant.NoteExecutable(report.executable_key());
+  if (!known && !tenants.open()) {
+    const v1::CacheOutcome o = report.executable_cache();
+    if (o == v1::CACHE_HIT_MEMORY || o == v1::CACHE_HIT_DISK) {
+      report.set_executable_cache(v1::CACHE_MISS);
+    }
+    report.set_kernel_cache_misses(report.kernel_cache_hits() + report.kernel_cache_misses());
+    report.set_kernel_cache_hits(0);
+  }
+  tenant.CountCacheOutcome(report.executable_cache());
 }
 
 void KilnService::StartDraining() {
@@ -53,8 +81,14 @@ bool KilnService::WaitForCalls(absl::Time deadline) {
       deadline);
 }
 
+bool KilnService::idle() const {
+  absl::MutexLock lock(&calls_mu_);
+  return active_calls_ == 0;
+}
+
 absl::Status KilnService::Begin(grpc::CallbackServerContext* ctx, const char* method,
                                 int64_t request_bytes, Call& call) {
+  calls_begun_.fetch_add(1, std::memory_order_relaxed);
   call.method = method;
   call.start = absl::Now();
   if (auto id = Metadata(ctx, "x-request-id"); id && UsableRequestId(*id)) {
@@ -63,7 +97,7 @@ absl::Status KilnService::Begin(grpc::CallbackServerContext* ctx, const char* me
     call.request_id = absl::StrFormat("%06x-%d", boot_tag_, next_request_.fetch_add(1));
   }
   ctx->AddInitialMetadata("x-request-id", call.request_id);
-  auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"));
+  auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"), PeerIdentityOf(*ctx));
   if (!tenant.ok()) return tenant.status();
   call.tenant = *tenant;
   if (request_bytes > 0) {
@@ -84,17 +118,20 @@ void KilnService::End(Call& call, const absl::Status& status) {
   const std::string tenant = call.tenant ? call.tenant->name() : "-";
   deps_.metrics->CountRequest(call.tenant ? tenant : "unauthenticated", call.method, code);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - call.start);
+  // One event, one line: whatever a client put in the detail or the message
+  // (names, ids, graph text) is escaped, and the message is bounded.
+  const std::string detail = LogSafe(call.detail);
   if (status.ok()) {
     spdlog::info("req={} tenant={} rpc={} code=OK ms={:.3f}{}{}", call.request_id, tenant,
-                 call.method, ms, call.detail.empty() ? "" : " ", call.detail);
+                 call.method, ms, detail.empty() ? "" : " ", detail);
   } else {
     const bool ours = status.code() == absl::StatusCode::kInternal ||
                       status.code() == absl::StatusCode::kUnknown ||
                       status.code() == absl::StatusCode::kDataLoss;
     spdlog::log(ours ? spdlog::level::err : spdlog::level::info,
                 "req={} tenant={} rpc={} code={} ms={:.3f}{}{} error=\"{}\"", call.request_id,
-                tenant, call.method, code, ms, call.detail.empty() ? "" : " ", call.detail,
-                std::string(status.message()));
+                tenant, call.method, code, ms, detail.empty() ? "" : " ", detail,
+                LogSafe(status.message().substr(0, kMaxStatusMessageBytes)));
   }
   if (call.admitted) {
     absl::MutexLock lock(&calls_mu_);
@@ -162,8 +199,8 @@ absl::Status CheckDevice(const Engine& engine, const std::string& device) {
     if (d->id == device) return absl::OkStatus();
     absl::StrAppend(&ids, ids.empty() ? "" : ", ", d->id);
   }
-  return absl::InvalidArgumentError(absl::StrCat("options.device \"", device,
-                                                 "\" is not a device of this kilnd; devices: ",
+  return absl::InvalidArgumentError(absl::StrCat("options.device ", QuoteClientString(device),
+                                                 " is not a device of this kilnd; devices: ",
                                                  ids, " (or auto)"));
 }
 
@@ -209,7 +246,7 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
   }
   std::string names;
   for (const auto& p : signature.params) absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
-  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a param of the graph; its ",
+  return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(name), " is not a param of the graph; its ",
                                                  "params: ", names.empty() ? "none" : names));
 }
 
@@ -221,7 +258,7 @@ absl::Status CheckInputsAgainst(const GraphSignature& signature,
       if (in.name == t.name) decl = &in;
     }
     if (decl == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", t.name, "\" is not an input of the graph; ",
+      return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(t.name), " is not an input of the graph; ",
                                                      "its inputs: ", InputList(signature)));
     }
     if (decl->type.dtype() != t.dtype || !DimsFit(decl->type, t.dims)) {

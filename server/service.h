@@ -71,6 +71,9 @@ class KilnService final : public RawKilnService {
   void StartDraining();
   // Waits until no admitted call is active, or `deadline`; true when idle.
   bool WaitForCalls(absl::Time deadline);
+  // Calls begun so far, and whether none is active now (for idle-time work).
+  uint64_t calls_begun() const { return calls_begun_.load(std::memory_order_relaxed); }
+  bool idle() const;
 
   grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                     grpc::ByteBuffer* response) override;
@@ -120,14 +123,23 @@ class KilnService final : public RawKilnService {
  private:
   const ServiceDeps deps_;
   std::atomic<uint64_t> next_request_ = 1;
+  std::atomic<uint64_t> calls_begun_ = 0;
   const uint64_t boot_tag_ = absl::ToUnixMicros(absl::Now()) & 0xffffff;
 
-  absl::Mutex calls_mu_;
+  mutable absl::Mutex calls_mu_;
   bool draining_ ABSL_GUARDED_BY(calls_mu_) = false;
   int64_t active_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };
 
-// absl::Status -> grpc::Status (the codes are the same numbers).
+// absl::Status -> grpc::Status (the codes are the same numbers); a message
+// past kMaxStatusMessageBytes (server/limits.h) is cut.
 grpc::Status ToGrpc(const absl::Status& status);
+
+// Rewrites a compile report as `tenant` may see it and counts it in the
+// tenant's cache counters: an executable the tenant never used before is
+// CACHE_MISS (and its kernels misses) even when another tenant's compile left
+// it in the shared cache, so no tenant can confirm a guess of another's graph.
+// With one open tenant (no tenants configured) the report is left as is.
+void ScopeCacheReport(const TenantRegistry& tenants, Tenant& tenant, v1::CompileReport& report);
 
 }  // namespace kiln::server

@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/limits.h"
 
 namespace kiln::server {
 
@@ -127,7 +128,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionStore::Find(const Tenant& tenant
   auto it = sessions_.find(id);
   if (it == sessions_.end() || &it->second->owner() != &tenant) {
     return absl::NotFoundError(absl::StrCat(
-        "session \"", id, "\" not found (closed, never created, or created by another tenant)"));
+        "session ", QuoteClientString(id), " not found (closed, never created, or created by another tenant)"));
   }
   return it->second;
 }
@@ -139,7 +140,7 @@ absl::Status SessionStore::Remove(const Tenant& tenant, const std::string& id) {
     auto it = sessions_.find(id);
     if (it == sessions_.end() || &it->second->owner() != &tenant) {
       return absl::NotFoundError(absl::StrCat(
-          "session \"", id, "\" not found (closed, never created, or created by another tenant)"));
+          "session ", QuoteClientString(id), " not found (closed, never created, or created by another tenant)"));
     }
     session = std::move(it->second);
     sessions_.erase(it);

@@ -3,7 +3,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kiln/v1/report.pb.h"
 #include "server/config.h"
+#include "server/limits.h"
 
 namespace kiln::server {
 
@@ -77,6 +79,40 @@ absl::Status Tenant::CheckRequestBytes(int64_t bytes, std::string_view what) con
       "; send params with SetParams in smaller chunks"));
 }
 
+bool Tenant::NoteExecutable(const std::string& key) {
+  absl::MutexLock lock(&cache_mu_);
+  if (known_executables_.contains(key)) return true;
+  known_executables_.insert(key);
+  known_order_.push_back(key);
+  if (known_order_.size() > kMaxKnownExecutables) {
+    known_executables_.erase(known_order_.front());
+    known_order_.pop_front();
+  }
+  return false;
+}
+
+void Tenant::CountCacheOutcome(int outcome) {
+  absl::MutexLock lock(&cache_mu_);
+  switch (outcome) {
+    case v1::CACHE_HIT_MEMORY:
+      ++cache_counts_.memory_hits;
+      break;
+    case v1::CACHE_HIT_DISK:
+      ++cache_counts_.disk_hits;
+      break;
+    case v1::CACHE_MISS:
+      ++cache_counts_.misses;
+      break;
+    default:
+      break;
+  }
+}
+
+Tenant::CacheCounts Tenant::cache_counts() const {
+  absl::MutexLock lock(&cache_mu_);
+  return cache_counts_;
+}
+
 absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
     const v1::ServerConfig& config) {
   std::unique_ptr<TenantRegistry> r(new TenantRegistry());
@@ -87,6 +123,20 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
   }
   for (const v1::TenantConfig& t : config.tenants()) {
     r->tenants_.push_back(std::make_unique<Tenant>(t.name(), t.quota(), t.weight()));
+    Tenant* tenant = r->tenants_.back().get();
+    if (t.admin()) r->admins_.insert(tenant);
+    for (const std::string& san : t.client_cert_san()) {
+      if (!r->by_cert_san_.emplace(san, tenant).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tenant \"", t.name(), "\": client_cert_san \"", san, "\" is listed twice"));
+      }
+    }
+    for (const std::string& subject : t.client_cert_subject()) {
+      if (!r->by_cert_subject_.emplace(subject, tenant).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tenant \"", t.name(), "\": client_cert_subject \"", subject, "\" is listed twice"));
+      }
+    }
     for (const std::string& key : t.api_key_sha256()) {
       std::string hex = key;
       absl::AsciiStrToLower(&hex);
@@ -100,8 +150,33 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
 }
 
 absl::StatusOr<Tenant*> TenantRegistry::Authenticate(
-    std::optional<std::string_view> authorization) const {
+    std::optional<std::string_view> authorization, const PeerIdentity& peer) const {
   if (open_) return tenants_.front().get();
+  if (peer.has_certificate) {
+    Tenant* by_cert = nullptr;
+    if (auto it = by_cert_subject_.find(peer.subject); it != by_cert_subject_.end()) {
+      by_cert = it->second;
+    }
+    for (const std::string& san : peer.sans) {
+      if (by_cert != nullptr) break;
+      if (auto it = by_cert_san_.find(san); it != by_cert_san_.end()) by_cert = it->second;
+    }
+    if (by_cert == nullptr) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the client certificate (subject ", QuoteClientString(peer.subject),
+          ") maps to no tenant: no tenant lists its subject in client_cert_subject or one of "
+          "its ", peer.sans.size(), " subject alternative names in client_cert_san"));
+    }
+    if (!authorization) return by_cert;
+    absl::StatusOr<Tenant*> by_key = Authenticate(authorization);
+    if (!by_key.ok()) return by_key;
+    if (*by_key != by_cert) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the client certificate is tenant \"", by_cert->name(),
+          "\"'s but the API key is another tenant's; send one identity"));
+    }
+    return by_cert;
+  }
   if (!authorization) {
     return absl::UnauthenticatedError(
         "missing API key: send metadata \"authorization: Bearer <key>\" (kilnctl --api_key or "

@@ -1,4 +1,5 @@
-// Tenants: who is calling (an API key's SHA-256 matched against the config),
+// Tenants: who is calling (an API key's SHA-256, or a verified client
+// certificate's subject or subject alternative names, matched against the config),
 // what they may use (quota, fair-queuing weight), and what they use now.
 //
 // Thread safety: a TenantRegistry is immutable after Create; Tenant's name,
@@ -7,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,11 +17,20 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kiln/v1/config.pb.h"
 
 namespace kiln::server {
+
+// What a call's verified client certificate says about its owner (server/tls.h
+// reads it from the call's auth context).
+struct PeerIdentity {
+  bool has_certificate = false;   // a verified client certificate came with the call
+  std::string subject;            // RFC 2253, "CN=alice,O=Example"
+  std::vector<std::string> sans;  // subject alternative names (DNS, URI, email, IP)
+};
 
 class Tenant {
  public:
@@ -57,6 +68,22 @@ class Tenant {
   // A request message of `bytes` against max_request_bytes.
   absl::Status CheckRequestBytes(int64_t bytes, std::string_view what) const;
 
+  // The compile cache as this tenant sees it. Executables are shared across
+  // tenants, but whether one was already there is the business of the tenant
+  // that put it there: an executable this tenant never used before is a miss
+  // for it, whichever tenant's compile the shared cache kept.
+  // Records that the tenant uses executable `key`; true when it had before
+  // (remembers the last kMaxKnownExecutables keys).
+  bool NoteExecutable(const std::string& key);
+  struct CacheCounts {
+    int64_t memory_hits = 0;
+    int64_t disk_hits = 0;
+    int64_t misses = 0;
+  };
+  void CountCacheOutcome(int outcome);  // a v1::CacheOutcome, as reported to the tenant
+  CacheCounts cache_counts() const;
+  static constexpr size_t kMaxKnownExecutables = 4096;
+
  private:
   const std::string name_;
   const v1::TenantQuota quota_;
@@ -64,6 +91,11 @@ class Tenant {
 
   mutable absl::Mutex usage_mu_;
   Usage usage_ ABSL_GUARDED_BY(usage_mu_);
+
+  mutable absl::Mutex cache_mu_;
+  absl::flat_hash_set<std::string> known_executables_ ABSL_GUARDED_BY(cache_mu_);
+  std::deque<std::string> known_order_ ABSL_GUARDED_BY(cache_mu_);  // oldest first
+  CacheCounts cache_counts_ ABSL_GUARDED_BY(cache_mu_);
 };
 
 class TenantRegistry {
@@ -73,13 +105,19 @@ class TenantRegistry {
   // default quota serves every caller.
   static absl::StatusOr<std::unique_ptr<TenantRegistry>> Create(const v1::ServerConfig& config);
 
-  // Maps the `authorization` metadata value ("Bearer <key>"; nullopt when the
-  // call has none) to a tenant. UNAUTHENTICATED when tenants are configured
-  // and the key is missing, malformed or unknown; the open tenant accepts
+  // Maps a call to a tenant: its verified client certificate (`peer`), else
+  // the `authorization` metadata value ("Bearer <key>"; nullopt when the call
+  // has none). UNAUTHENTICATED when tenants are configured and the key is
+  // missing, malformed or unknown, when a certificate maps to no tenant, or
+  // when certificate and key name different tenants. The open tenant accepts
   // every call.
-  absl::StatusOr<Tenant*> Authenticate(std::optional<std::string_view> authorization) const;
+  absl::StatusOr<Tenant*> Authenticate(std::optional<std::string_view> authorization,
+                                       const PeerIdentity& peer = {}) const;
 
   bool open() const { return open_; }
+  // Whether `tenant` sees server-wide details (TenantConfig.admin; the open
+  // tenant does).
+  bool IsAdmin(const Tenant& tenant) const { return open_ || admins_.contains(&tenant); }
   const std::vector<std::unique_ptr<Tenant>>& tenants() const { return tenants_; }
 
  private:
@@ -87,6 +125,9 @@ class TenantRegistry {
   bool open_ = false;
   std::vector<std::unique_ptr<Tenant>> tenants_;
   absl::flat_hash_map<std::string, Tenant*> by_key_hash_;  // hex SHA-256 -> tenant
+  absl::flat_hash_map<std::string, Tenant*> by_cert_san_;
+  absl::flat_hash_map<std::string, Tenant*> by_cert_subject_;
+  absl::flat_hash_set<const Tenant*> admins_;
 };
 
 }  // namespace kiln::server

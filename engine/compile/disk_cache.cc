@@ -383,7 +383,9 @@ LookupResult DiskCache::Lookup(CacheLevel level, const std::string& key_hex) {
     return result;
   }
   const std::string path = absl::StrCat(EntryDir(level, key_hex), "/", key_hex);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  // O_NONBLOCK: a FIFO (or device) planted in place of an entry must not
+  // block open() until a writer comes; fstat then refuses it as not regular.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno != ENOENT) result.reason = ErrnoError("open", path).ToString();
     count_miss();

@@ -224,6 +224,15 @@ class Lexer {
         t.kind = Tok::kPunct;
         t.punct = c;
         t.text = std::string(1, c);
+        // The parser refuses nesting past kMaxNesting; refuse it here, before
+        // a hostile text of brackets becomes millions of tokens in memory.
+        if (c == '(' || c == '[' || c == '{') {
+          if (++open_brackets_ > kMaxNesting) {
+            return Error(t, absl::StrCat("nesting deeper than ", kMaxNesting));
+          }
+        } else if ((c == ')' || c == ']' || c == '}') && open_brackets_ > 0) {
+          --open_brackets_;
+        }
         Advance();
       } else {
         return Error(t, absl::StrCat("unexpected character `", std::string(1, c), "`"));
@@ -240,6 +249,8 @@ class Lexer {
   }
 
  private:
+  int open_brackets_ = 0;  // brackets opened and not yet closed
+
   char Peek(size_t ahead = 0) const {
     return pos_ + ahead < text_.size() ? text_[pos_ + ahead] : '\0';
   }

@@ -67,8 +67,23 @@ TEST(ServerConfig, RejectsWhatCannotWork) {
     EXPECT_FALSE(s.ok()) << text;
     EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
   };
-  check("listen: \"0.0.0.0:7450\"", "refusing to listen on 0.0.0.0:7450 without authentication");
-  check("tenants { name: \"a\" }", "has no api_key_sha256");
+  check("listen: \"0.0.0.0:7450\"",
+        "refusing to listen on 0.0.0.0:7450 without authentication and TLS");
+  check("tenants { name: \"a\" }", "has no api_key_sha256 and no client_cert_san");
+  check("tenants { name: \"a\" client_cert_san: \"a.example\" }", "needs mTLS");
+  check("tls { cert_file: \"c.pem\" }", "tls.cert_file and tls.key_file go together");
+  check("tls { client_ca_file: \"ca.pem\" }", "need TLS");
+  check("tls { cert_file: \"c.pem\" key_file: \"k.pem\" crl_dir: \"crl\" }",
+        "set tls.client_ca_file");
+  check(R"(tls { cert_file: "c" key_file: "k" client_ca_file: "ca" }
+           tenants { name: "a" client_cert_san: "x" }
+           tenants { name: "b" client_cert_san: "x" })",
+        "client_cert_san \"x\" is listed twice");
+  check(R"(listen: "0.0.0.0:1"
+           tenants { name: "a" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" })",
+        "refusing to listen on 0.0.0.0:1 without TLS");
+  check(R"(listen: "0.0.0.0:1" tls { cert_file: "c" key_file: "k" })",
+        "refusing to listen on 0.0.0.0:1 without authentication:");
   check("tenants { name: \"a\" api_key_sha256: \"secret\" }", "not 64 hex digits");
   check(R"(tenants { name: "a" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" }
            tenants { name: "a" api_key_sha256: "1111111111111111111111111111111111111111111111111111111111111111" })",
@@ -103,15 +118,17 @@ TEST(ServerConfig, Sha256OfKnownVector) {
 TEST(ServerConfig, ShippedConfigsLoad) {
   const char* src = std::getenv("KILN_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
-  for (const char* name : {"kilnd.textproto", "multi_tenant.textproto"}) {
+  for (const char* name : {"kilnd.textproto", "multi-tenant.textproto"}) {
     SCOPED_TRACE(name);
     auto c = LoadConfig(std::string(src) + "/configs/" + name, {});
     ASSERT_TRUE(c.ok()) << c.status();
     auto tenants = TenantRegistry::Create(*c);
     ASSERT_TRUE(tenants.ok());
-    if (std::string(name) == "multi_tenant.textproto") {
+    if (std::string(name) == "multi-tenant.textproto") {
       EXPECT_FALSE((*tenants)->open());
-      EXPECT_EQ((*tenants)->tenants().size(), 2u);
+      EXPECT_EQ((*tenants)->tenants().size(), 3u);
+      EXPECT_FALSE(c->tls().cert_file().empty());
+      EXPECT_FALSE(c->tls().client_ca_file().empty());
       // The keys the example documents map to their tenants.
       auto alice = (*tenants)->Authenticate("Bearer alice-example-key");
       ASSERT_TRUE(alice.ok()) << alice.status();
@@ -119,6 +136,17 @@ TEST(ServerConfig, ShippedConfigsLoad) {
       auto bob = (*tenants)->Authenticate("bearer bob-example-key");
       ASSERT_TRUE(bob.ok()) << bob.status();
       EXPECT_EQ((*bob)->name(), "bob");
+      // carol is identified by her client certificate's subject or SAN.
+      server::PeerIdentity carol{.has_certificate = true, .subject = "CN=carol,O=Kiln"};
+      auto by_subject = (*tenants)->Authenticate(std::nullopt, carol);
+      ASSERT_TRUE(by_subject.ok()) << by_subject.status();
+      EXPECT_EQ((*by_subject)->name(), "carol");
+      carol = {.has_certificate = true, .subject = "CN=x", .sans = {"carol.clients.kiln"}};
+      auto by_san = (*tenants)->Authenticate(std::nullopt, carol);
+      ASSERT_TRUE(by_san.ok()) << by_san.status();
+      EXPECT_EQ((*by_san)->name(), "carol");
+      EXPECT_TRUE((*tenants)->IsAdmin(**alice));
+      EXPECT_FALSE((*tenants)->IsAdmin(**bob));
       EXPECT_EQ((*tenants)->Authenticate(std::nullopt).status().code(),
                 absl::StatusCode::kUnauthenticated);
     } else {

@@ -95,21 +95,20 @@ TEST(ServerStartup, RefusesNonLoopbackWithoutAuth) {
       << out;
 }
 
-TEST(ServerStartup, NonLoopbackWithTenantsStarts) {
+// API keys must not cross the network in plaintext: tenants alone are not
+// enough off loopback (ServerTls.NonLoopbackNeedsTlsAndTenants starts one with both).
+TEST(ServerStartup, NonLoopbackWithTenantsButNoTlsIsRefused) {
   TempDir cache;
-  std::string error;
-  auto kilnd = KilndProcess::Start(
-      {.cache_dir = cache.path(),
-       .config_text = absl::StrCat("tenants { name: \"t\" api_key_sha256: \"",
-                                   server::Sha256Hex("k"), "\" }"),
-       .extra_flags = {"--listen=0.0.0.0:0"}},
-      &error);
-  ASSERT_NE(kilnd, nullptr) << error;
-  v1::ServerInfoResponse info;
-  ASSERT_TRUE(kilnd->Stub()->ServerInfo(Context("k").get(), {}, &info).ok());
-  EXPECT_EQ(info.tenant(), "t");
-  kilnd->Signal(SIGTERM);
-  EXPECT_EQ(kilnd->WaitExit(absl::Seconds(30)), 0);
+  std::string out;
+  const std::string config = cache.path() + "/tenants.textproto";
+  std::ofstream(config) << absl::StrCat("tenants { name: \"t\" api_key_sha256: \"",
+                                        server::Sha256Hex("k"), "\" }");
+  const int code = testing::RunKilndToExit(
+      {"--listen=0.0.0.0:0", "--metrics_listen=off", "--config=" + config,
+       absl::StrCat("--cache_dir=", cache.path())},
+      &out);
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("refusing to listen on 0.0.0.0:0 without TLS"), std::string::npos) << out;
 }
 
 TEST(ServerStartup, BadConfigNamesTheLine) {
