@@ -3,8 +3,12 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "grpcpp/create_channel.h"
@@ -56,6 +60,62 @@ bool TuneMallocForLargeTensors() {
   return mmap_ok && trim_ok;
 }
 
+namespace {
+
+absl::StatusOr<std::string> ReadTlsFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " file \"", path, "\""));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool EnvTrue(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  const std::string s = absl::AsciiStrToLower(v);
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& options) {
+  const bool tls = options.tls || !options.ca_file.empty() || !options.cert_file.empty() ||
+                   !options.key_file.empty();
+  if (!tls) return grpc::InsecureChannelCredentials();
+  if (options.cert_file.empty() != options.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs its key: give both cert_file and key_file (--cert and --key, "
+        "KILN_CERT and KILN_KEY) or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.ca_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadTlsFile(options.ca_file, "CA"));
+  }
+  if (!options.cert_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadTlsFile(options.cert_file, "client certificate"));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadTlsFile(options.key_file, "client key"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
+ClientOptions ClientOptions::FromEnvironment() {
+  ClientOptions o;
+  o.api_key = EnvOr("KILN_API_KEY", o.api_key);
+  o.tls = EnvTrue("KILN_TLS");
+  o.ca_file = EnvOr("KILN_CA", "");
+  o.cert_file = EnvOr("KILN_CERT", "");
+  o.key_file = EnvOr("KILN_KEY", "");
+  o.tls_server_name = EnvOr("KILN_TLS_SERVER_NAME", "");
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addr,
                                                        const ClientOptions& options) {
   if (addr.empty()) return absl::InvalidArgumentError("empty server address");
@@ -67,7 +127,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addr,
   // Outputs and GetParams chunks are bounded by the server's limits, not ours.
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        ChannelCredentials(options));
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(addr, credentials, args);
   return std::unique_ptr<Client>(new Client(addr, options, std::move(channel)));
 }
 

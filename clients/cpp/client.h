@@ -41,6 +41,26 @@ struct ClientOptions {
   // Payload bytes per SetParams chunk. kilnd's default message limit is far
   // above this; smaller chunks give a smoother progress bar.
   int64_t chunk_bytes = int64_t{1} << 20;
+
+  // TLS (docs/server.md, "TLS and mTLS"). The channel speaks TLS when `tls`
+  // is set or any of the files below is given; otherwise plaintext.
+  bool tls = false;
+  // PEM CA certificates the server's certificate must chain to; empty = the
+  // system's roots.
+  std::string ca_file;
+  // PEM client certificate and its private key, presented to the server
+  // (mTLS: the certificate may identify the tenant instead of an API key).
+  // Both or neither.
+  std::string cert_file;
+  std::string key_file;
+  // The name checked against the server's certificate when it differs from
+  // the address's host (e.g. connecting by IP to a certificate for a DNS name).
+  std::string tls_server_name;
+
+  // Options from the environment: KILN_API_KEY, KILN_TLS (1/true/yes),
+  // KILN_CA, KILN_CERT, KILN_KEY, KILN_TLS_SERVER_NAME. Unset variables leave
+  // the defaults.
+  static ClientOptions FromEnvironment();
 };
 
 // Called after each chunk of a long transfer: bytes done of `total`.
@@ -85,8 +105,10 @@ class Client {
   using RunResult = ClientRunResult;
 
   // `addr` is a gRPC target ("127.0.0.1:7450", "unix:/run/kilnd.sock"). The
-  // channel connects lazily: an unreachable server shows up as UNAVAILABLE on
-  // the first call, not here.
+  // channel connects lazily: an unreachable server (or a TLS handshake that
+  // fails: wrong CA, certificate refused) shows up as UNAVAILABLE on the first
+  // call, not here. The TLS files are read here: a missing or unreadable one
+  // is an error naming it.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& addr,
                                                         const ClientOptions& options = {});
   Client(const Client&) = delete;

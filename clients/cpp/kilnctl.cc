@@ -5,6 +5,8 @@
 //   kilnctl run model.kiln --input x=x.npy [--param w=w.npy | --params-dir dir]
 //           [--out dir] [--report] [--trace trace.json] [--device auto|cpu:0|...]
 //   kilnctl report [--last N | --request ID] [--trace trace.json]
+//   global: --addr host:port --api-key KEY --tls --ca ca.pem --cert me.pem --key me.key
+//           (or KILN_ADDR, KILN_API_KEY, KILN_TLS, KILN_CA, KILN_CERT, KILN_KEY)
 //
 // Exit status: 0 on success, 1 when kilnd (or a local file) answers an error,
 // 2 on bad usage; `health` exits 3 when the server is up but not serving.
@@ -36,6 +38,8 @@ namespace {
 struct GlobalFlags {
   std::string addr = "127.0.0.1:7450";
   std::string api_key;
+  bool tls = false;
+  std::string ca, cert, key, tls_server_name;
   double timeout_s = 0;
   bool progress = false;
 };
@@ -69,6 +73,11 @@ struct ReportFlags {
 absl::StatusOr<std::unique_ptr<Client>> Connect(const GlobalFlags& g) {
   ClientOptions options;
   options.api_key = g.api_key;
+  options.tls = g.tls;
+  options.ca_file = g.ca;
+  options.cert_file = g.cert;
+  options.key_file = g.key;
+  options.tls_server_name = g.tls_server_name;
   if (g.timeout_s > 0) options.timeout = absl::Seconds(g.timeout_s);
   return Client::Create(g.addr, options);
 }
@@ -179,6 +188,13 @@ absl::Status CmdCacheStats(const GlobalFlags& g) {
   std::printf("server        kilnd %s (compiler %s), up %lld s, tenant %s\n",
               info.version().c_str(), info.compiler_version().c_str(),
               static_cast<long long>(info.uptime_seconds()), info.tenant().c_str());
+  if (!c.server_wide()) {
+    // A tenant that is not an admin sees its own compiles only.
+    std::printf("executables   %lld memory hits, %lld disk hits, %lld misses (this tenant's)\n",
+                static_cast<long long>(c.memory_hits()), static_cast<long long>(c.disk_hits()),
+                static_cast<long long>(c.misses()));
+    return absl::OkStatus();
+  }
   std::printf("cache dir     %s\n", c.dir().empty() ? "(disk cache off)" : c.dir().c_str());
   std::printf("executables   %lld memory hits, %lld disk hits, %lld misses (hit rate %s)\n",
               static_cast<long long>(c.memory_hits()), static_cast<long long>(c.disk_hits()),
@@ -346,6 +362,16 @@ int Main(int argc, char** argv) {
   app.add_option("--addr", g.addr, "kilnd address")->envname("KILN_ADDR")->capture_default_str();
   app.add_option("--api_key,--api-key", g.api_key, "API key (sent as a bearer token)")
       ->envname("KILN_API_KEY");
+  app.add_flag("--tls", g.tls, "connect with TLS (implied by --ca, --cert, --key)")
+      ->envname("KILN_TLS");
+  app.add_option("--ca", g.ca, "PEM CA the server's certificate must chain to (default: the "
+                               "system's roots)")
+      ->envname("KILN_CA");
+  app.add_option("--cert", g.cert, "PEM client certificate (mTLS; with --key)")->envname("KILN_CERT");
+  app.add_option("--key", g.key, "PEM private key of --cert")->envname("KILN_KEY");
+  app.add_option("--tls-server-name", g.tls_server_name,
+                 "name to check the server's certificate against, when not the --addr host")
+      ->envname("KILN_TLS_SERVER_NAME");
   app.add_option("--timeout", g.timeout_s, "per-call deadline in seconds (0 = none)");
   app.add_flag("--progress", g.progress, "draw progress on stderr even when it is not a terminal");
 

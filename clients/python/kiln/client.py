@@ -67,14 +67,35 @@ def _session_id(session) -> str:
     return session.id if isinstance(session, Session) else str(session)
 
 
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} file {path!r}: {e.strerror}") from None
+
+
 class Client:
     """Connects to kilnd at `addr` (default $KILN_ADDR, else 127.0.0.1:7450).
     `api_key` (default $KILN_API_KEY) is sent as `authorization: Bearer <key>`;
     `timeout` is a per-call deadline in seconds; SetParams streams
-    `chunk_bytes` per message."""
+    `chunk_bytes` per message.
+
+    TLS: `tls=True` (default $KILN_TLS) or any of `ca`, `cert`, `key` (PEM file
+    paths; defaults $KILN_CA, $KILN_CERT, $KILN_KEY) makes the channel speak
+    TLS: the server's certificate must chain to `ca` (default: the system's
+    roots); `cert` and `key` present a client certificate (mTLS), which may
+    identify the tenant instead of an API key. `tls_server_name` (default
+    $KILN_TLS_SERVER_NAME) is the name checked against the server's
+    certificate when it is not the address's host."""
 
     def __init__(self, addr: str = None, api_key: str = None, timeout: float = None,
-                 chunk_bytes: int = 1 << 20):
+                 chunk_bytes: int = 1 << 20, tls: bool = None, ca: str = None,
+                 cert: str = None, key: str = None, tls_server_name: str = None):
         self.addr = addr or os.environ.get("KILN_ADDR") or DEFAULT_ADDR
         api_key = api_key if api_key is not None else os.environ.get("KILN_API_KEY", "")
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -82,10 +103,30 @@ class Client:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._chunk_bytes = chunk_bytes
-        self._channel = grpc.insecure_channel(self.addr, options=[
+        tls = _env_true("KILN_TLS") if tls is None else tls
+        ca = ca if ca is not None else os.environ.get("KILN_CA", "")
+        cert = cert if cert is not None else os.environ.get("KILN_CERT", "")
+        key = key if key is not None else os.environ.get("KILN_KEY", "")
+        if tls_server_name is None:
+            tls_server_name = os.environ.get("KILN_TLS_SERVER_NAME", "")
+        if bool(cert) != bool(key):
+            raise ValueError("a client certificate needs its key: give both cert and key "
+                             "(KILN_CERT and KILN_KEY) or neither")
+        options = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
-        ])
+        ]
+        self.tls = bool(tls or ca or cert or key)
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(ca, "CA") if ca else None,
+                private_key=_read_pem(key, "client key") if key else None,
+                certificate_chain=_read_pem(cert, "client certificate") if cert else None)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(self.addr, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(self.addr, options=options)
         self._stub = service_pb2_grpc.KilnStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
