@@ -18,6 +18,8 @@ namespace {
 
 using Index = std::vector<int64_t>;
 
+constexpr int64_t kMaxFolded = int64_t{1} << 20;
+
 Dims Strides(const Dims& dims) {
   Dims s(dims.size(), 1);
   for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
@@ -36,7 +38,11 @@ struct Builder {
   std::vector<int64_t> sym;
   bool any_sym = false;
 
+  // A result too large to fold is OUT_OF_RANGE, which TryFold reads as "do
+  // not fold" (the node is converted to graph ops instead).
   static absl::StatusOr<Builder> Make(DType dt, Dims dims) {
+    auto n = CheckedNumElements(dims);
+    if (!n.ok() || *n > kMaxFolded) return absl::OutOfRangeError("too large to fold");
     Builder b;
     KILN_ASSIGN_OR_RETURN(b.t, HostTensor::Create(dt, std::move(dims)));
     b.sym.assign(b.t.num_elements(), 0);
@@ -533,9 +539,19 @@ absl::StatusOr<bool> FoldReduce(Importer& c, const std::string& op) {
   return true;
 }
 
+absl::StatusOr<bool> TryFoldImpl(Importer& c);
+
 }  // namespace
 
 absl::StatusOr<bool> TryFold(Importer& c) {
+  auto r = TryFoldImpl(c);
+  if (!r.ok() && absl::IsOutOfRange(r.status())) return false;
+  return r;
+}
+
+namespace {
+
+absl::StatusOr<bool> TryFoldImpl(Importer& c) {
   const std::string& op = c.node().op_type();
   if (op == "Constant") return FoldConstant(c);
   if (op == "Shape") return FoldShape(c);
@@ -546,7 +562,12 @@ absl::StatusOr<bool> TryFold(Importer& c) {
     if (c.wants(i)) return false;
   }
   for (int i = 0; i < c.num_inputs(); ++i) {
-    if (c.has(i) && c.in(i).known->t->num_elements() > c.options().max_folded_elements) return false;
+    if (!c.has(i)) continue;
+    const HostTensor& t = *c.in(i).known->t;
+    if (t.num_elements() > c.options().max_folded_elements) return false;
+    // Empty multi-dim tensors are no shape arithmetic; their other dims are
+    // unbounded (and index products over them could overflow).
+    if (t.num_elements() == 0 && t.rank() > 1) return false;
   }
   const Known& x = K(c, 0);
   const Dims& xd = x.t->dims();
@@ -650,4 +671,5 @@ absl::StatusOr<bool> TryFold(Importer& c) {
   return false;
 }
 
+}  // namespace
 }  // namespace kiln::io::onnx_internal

@@ -285,6 +285,13 @@ absl::Status Importer::SetConst(int i, HostTensor t) {
   return absl::OkStatus();
 }
 
+absl::Status CheckTable(const Importer& c, int64_t elements, const std::string& what) {
+  if (elements >= 0 && elements <= kMaxImportTable) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(c.Label(), ": ", what, " would have ", elements,
+                                                   " elements, over the importer's limit of ",
+                                                   kMaxImportTable));
+}
+
 absl::StatusOr<int64_t> NormAxis(const Importer& c, int64_t axis, int64_t rank) {
   int64_t out = 0;
   if (!ir::NormalizeAxis(axis, rank, &out)) {

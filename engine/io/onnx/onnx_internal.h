@@ -147,6 +147,13 @@ class Importer {
   int emitted_ = 0;
 };
 
+// Index tables, masks and weights the importer computes on the host (a gather's
+// indices, a Trilu mask, an iota) have at most this many elements: the dims
+// they come from are the model's, so a huge declared dim must fail cleanly
+// instead of allocating.
+inline constexpr int64_t kMaxImportTable = int64_t{1} << 24;
+absl::Status CheckTable(const Importer& c, int64_t elements, const std::string& what);
+
 // Normalizes `axis` against `rank` (ONNX: negative counts from the end).
 absl::StatusOr<int64_t> NormAxis(const Importer& c, int64_t axis, int64_t rank);
 

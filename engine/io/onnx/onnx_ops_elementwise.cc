@@ -49,10 +49,13 @@ absl::Status DropoutOp(Importer& c) {
   }
   KILN_RETURN_IF_ERROR(IdentityOp(c));
   if (c.wants(1)) {
-    KILN_ASSIGN_OR_RETURN(HostTensor mask, HostTensor::Create(v1::DTYPE_BOOL, c.type(0).dims_vector()));
-    for (int64_t i = 0; i < mask.num_elements(); ++i) SetInt(mask, i, 1);
+    // An all-true mask: a scalar broadcast to the input's shape.
     if (!c.type(0).is_static()) return c.Unsupported("Dropout's mask of a run-time shape");
-    KILN_RETURN_IF_ERROR(c.SetConst(1, std::move(mask)));
+    KILN_ASSIGN_OR_RETURN(ValueRef t, c.ScalarConst(v1::DTYPE_BOOL, 1));
+    v1::Attrs a;
+    for (int64_t d : c.type(0).dims) a.mutable_expand()->add_shape(d);
+    KILN_ASSIGN_OR_RETURN(ValueRef mask, c.Emit(v1::OP_EXPAND, {t}, a));
+    c.SetOutput(1, mask);
   }
   return absl::OkStatus();
 }

@@ -403,6 +403,7 @@ absl::Status ArgOp(Importer& c, bool min) {
   if (last) {
     // The last maximum = n - 1 - the first maximum of the reversed axis.
     if (n < 0) return c.Unsupported("select_last_index over a run-time dim");
+    KILN_RETURN_IF_ERROR(CheckTable(c, n, "the reversed index"));
     KILN_ASSIGN_OR_RETURN(HostTensor idx, HostTensor::Create(v1::DTYPE_I64, {n}));
     for (int64_t i = 0; i < n; ++i) idx.data_as<int64_t>()[i] = n - 1 - i;
     KILN_ASSIGN_OR_RETURN(ValueRef ir, c.Constant(std::move(idx)));
@@ -449,6 +450,7 @@ absl::Status HardmaxOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(ValueRef idx, c.Emit(v1::OP_ARGMAX, {v}, am));
   Dims id(vd.size(), 1);
   id[axis] = vd[axis];
+  KILN_RETURN_IF_ERROR(CheckTable(c, vd[axis], "the class iota"));
   KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, id));
   for (int64_t i = 0; i < vd[axis]; ++i) iota.data_as<int64_t>()[i] = i;
   KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));
@@ -601,6 +603,7 @@ absl::StatusOr<ValueRef> NllLoss(Importer& c, ValueRef x, int target_in, int wei
   KILN_ASSIGN_OR_RETURN(ValueRef te, c.Reshape(t, t1));
   Dims iota_dims(xt.rank(), 1);
   iota_dims[1] = classes;
+  KILN_RETURN_IF_ERROR(CheckTable(c, classes, "the class iota"));
   KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, iota_dims));
   for (int64_t i = 0; i < classes; ++i) iota.data_as<int64_t>()[i] = i;
   KILN_ASSIGN_OR_RETURN(ValueRef io, c.Constant(std::move(iota)));

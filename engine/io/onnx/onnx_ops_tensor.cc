@@ -246,6 +246,7 @@ absl::Status SplitOp(Importer& c) {
 }
 
 absl::StatusOr<ValueRef> IndexConst(Importer& c, const std::vector<int64_t>& idx) {
+  KILN_RETURN_IF_ERROR(CheckTable(c, static_cast<int64_t>(idx.size()), "the gather index"));
   KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(v1::DTYPE_I64, {static_cast<int64_t>(idx.size())}));
   for (size_t i = 0; i < idx.size(); ++i) t.data_as<int64_t>()[i] = idx[i];
   return c.Constant(std::move(t));
@@ -304,6 +305,7 @@ absl::Status SliceOp(Importer& c) {
   for (size_t i : negative) {
     const int64_t n = c.TypeOf(y).dims[axes[i]];
     if (n < 0) return c.Unsupported("a negative slice step over a run-time dim");
+    KILN_RETURN_IF_ERROR(CheckTable(c, n, "the reversed slice's index"));
     int64_t s = starts[i] < 0 ? starts[i] + n : starts[i];
     int64_t e = ends[i] < 0 ? ends[i] + n : ends[i];
     s = std::clamp<int64_t>(s, -1, n - 1);
@@ -537,7 +539,7 @@ absl::Status ResizeOp(Importer& c) {
       if (n == 0) return c.Invalid("Resize of an empty dim");
       s = static_cast<double>(m) / static_cast<double>(n);
     }
-    if (m > c.options().limits.max_tensor_elements) return c.Invalid("Resize output dim over the limits");
+    KILN_RETURN_IF_ERROR(CheckTable(c, m, "a resized dim's index table"));
     if (m == n && s == 1.0) continue;
     // Taps: one (nearest), two (linear) or four (cubic) source indices per
     // output element with their weights; indices past the edges clamp (the ONNX
@@ -637,6 +639,7 @@ absl::Status GatherElementsOp(Importer& c) {
     KILN_ASSIGN_OR_RETURN(x, c.Emit(v1::OP_SLICE, {x}, crop));
   }
   const int64_t n = xd[axis];
+  KILN_RETURN_IF_ERROR(CheckTable(c, n, "the gathered axis' iota"));
   KILN_ASSIGN_OR_RETURN(idx, c.Cast(idx, v1::DTYPE_I64));
   KILN_ASSIGN_OR_RETURN(ValueRef zero_i, c.ScalarConst(v1::DTYPE_I64, 0));
   KILN_ASSIGN_OR_RETURN(ValueRef n_i, c.ScalarConst(v1::DTYPE_I64, static_cast<double>(n)));
@@ -675,6 +678,7 @@ absl::Status OneHotOp(Importer& c) {
     return c.Invalid("OneHot depth out of range");
   }
   const int64_t depth = static_cast<int64_t>(depth_d);
+  KILN_RETURN_IF_ERROR(CheckTable(c, depth, "the one-hot iota"));
   const int64_t rank = c.rank(0) + 1;
   KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", -1), rank));
   KILN_ASSIGN_OR_RETURN(idx, c.Cast(idx, v1::DTYPE_I64));
@@ -715,6 +719,7 @@ absl::Status TriluOp(Importer& c) {
   const bool upper = c.AttrInt("upper", 1) != 0;
   const int64_t n = c.type(0).dims[c.rank(0) - 2], m = c.type(0).dims[c.rank(0) - 1];
   if (n < 0 || m < 0) return c.Unsupported("Trilu over run-time dims");
+  KILN_RETURN_IF_ERROR(CheckTable(c, (CheckedInt(n) * m).value().value_or(-1), "the triangle mask"));
   KILN_ASSIGN_OR_RETURN(HostTensor mask, HostTensor::Create(v1::DTYPE_BOOL, {n, m}));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) {
@@ -740,6 +745,7 @@ absl::Status EyeLikeOp(Importer& c) {
     dt = *d;
   }
   const int64_t k = c.AttrInt("k", 0), n = c.type(0).dims[0], m = c.type(0).dims[1];
+  KILN_RETURN_IF_ERROR(CheckTable(c, (CheckedInt(n) * m).value().value_or(-1), "the identity"));
   KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dt, {n, m}));
   for (int64_t i = 0; i < n; ++i) {
     const CheckedInt j = CheckedInt(i) + k;

@@ -436,6 +436,31 @@ TEST(OnnxImportHostile, HugeDims) {
   }
 }
 
+// Tables the importer builds on the host (masks, iotas, index lists) are
+// bounded: a huge declared dim fails cleanly instead of allocating.
+TEST(OnnxImportHostile, HugeDeclaredDimsDoNotAllocate) {
+  for (const char* op : {"Trilu", "EyeLike", "Dropout"}) {
+    Model m(13);
+    m.Input("x", {int64_t{1} << 16, int64_t{1} << 16});
+    if (std::string(op) == "Dropout") {
+      m.Node(op, {"x"}, {"y", "mask"});
+      m.Output("mask");
+    } else {
+      m.Node(op, {"x"}, {"y"});
+    }
+    m.Output("y");
+    auto r = Import(m);
+    if (std::string(op) == "Dropout") {
+      // The mask is a broadcast scalar: nothing is allocated at import.
+      EXPECT_TRUE(r.ok()) << r.status();
+      continue;
+    }
+    ASSERT_FALSE(r.ok()) << op;
+    EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "limit")) << r.status();
+  }
+}
+
 TEST(OnnxImportHostile, DuplicateOutputsAndExternalData) {
   {
     Model m(13);
