@@ -95,6 +95,10 @@ grpc::ServerUnaryReactor* UnaryCall(KilnService& service, grpc::CallbackServerCo
   auto messages = std::make_shared<std::pair<Request, Response>>();
   absl::Status s =
       service.Begin(ctx, method, static_cast<int64_t>(request_bytes->Length()), call);
+  if (s.ok()) {
+    service.deps().metrics->ObserveRequestBytes(call.tenant->name(), method,
+                                                static_cast<int64_t>(request_bytes->Length()));
+  }
   if (s.ok()) s = ParseMessage(*request_bytes, messages->first, "the request");
   if (!s.ok()) {
     service.End(call, s);

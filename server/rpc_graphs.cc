@@ -47,7 +47,8 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
     }
     const absl::Time t0 = absl::Now();
     KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
-    d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    d.metrics->ObserveCompile(call.tenant->name(), compiled.executable->lir().placement().chosen(),
+                              compiled.report.executable_cache(), absl::Now() - t0);
     ScopeCacheReport(*d.tenants, *call.tenant, compiled.report);
     SignatureToProto(compiled.executable->signature(), response.mutable_signature());
     response.set_executable_key(compiled.executable->key());

@@ -66,6 +66,8 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
     const ServiceDeps& d = service_.deps();
     KILN_RETURN_IF_ERROR(call_.tenant->CheckRequestBytes(static_cast<int64_t>(bytes_.Length()),
                                                          "SetParams chunk"));
+    d.metrics->ObserveRequestBytes(call_.tenant->name(), "SetParams",
+                                   static_cast<int64_t>(bytes_.Length()));
     if (!session_) {
       if (c.session_id().empty()) {
         return absl::InvalidArgumentError("the first SetParams chunk must carry session_id");
@@ -207,6 +209,10 @@ class GetParamsReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
     v1::GetParamsRequest request;
     absl::Status s =
         service_.Begin(ctx, "GetParams", static_cast<int64_t>(request_bytes->Length()), call_);
+    if (s.ok()) {
+      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "GetParams",
+                                                   static_cast<int64_t>(request_bytes->Length()));
+    }
     if (s.ok()) s = ParseMessage(*request_bytes, request, "the request");
     if (s.ok()) s = Start(request);
     if (!s.ok()) {

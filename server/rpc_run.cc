@@ -89,6 +89,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     const ServiceDeps& d = service_.deps();
     KILN_RETURN_IF_ERROR(
         service_.Begin(ctx_, "Run", static_cast<int64_t>(request_bytes_.Length()), call_));
+    d.metrics->ObserveRequestBytes(call_.tenant->name(), "Run",
+                                   static_cast<int64_t>(request_bytes_.Length()));
     KILN_RETURN_IF_ERROR(ParseMessage(request_bytes_, request_, "the request"));
     const bool has_session = !request_.session_id().empty();
     const bool has_graph = request_.has_graph() &&
@@ -160,7 +162,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     for (const TensorRef& t : inputs_) shapes.emplace_back(t.name, t.dims);
     const absl::Time t0 = absl::Now();
     KILN_ASSIGN_OR_RETURN(CompileResult compiled, d.engine->Compile(graph, options, shapes));
-    d.metrics->ObserveCompile(compiled.report.executable_cache(), absl::Now() - t0);
+    d.metrics->ObserveCompile(call_.tenant->name(), compiled.executable->lir().placement().chosen(),
+                              compiled.report.executable_cache(), absl::Now() - t0);
     ScopeCacheReport(*d.tenants, *call_.tenant, compiled.report);
     exe_ = std::move(compiled.executable);
     compile_ = std::move(compiled.report);
@@ -227,9 +230,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     v1::DispatchReport& report = result->report;
     const absl::Duration queued = absl::Microseconds(report.queue_micros());
     const absl::Duration ran = absl::Microseconds(report.run_micros());
-    d.metrics->ObserveQueue(call_.tenant->name(), queued);
-    d.metrics->ObserveRun(call_.tenant->name(), ran);
-    d.metrics->CountKernels(report);
+    d.metrics->ObserveRun(call_.tenant->name(), report);
     *report.mutable_compile() = std::move(compile_);
     d.reports->Add(call_.tenant->name(), report);
     for (auto& [name, tensor] : result->outputs) {
@@ -297,7 +298,8 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
   }
   const absl::Time t0 = absl::Now();
   KILN_ASSIGN_OR_RETURN(CompileResult r, d.engine->Compile(session.graph(), session.options(), shapes));
-  d.metrics->ObserveCompile(r.report.executable_cache(), absl::Now() - t0);
+  d.metrics->ObserveCompile(session.owner().name(), r.executable->lir().placement().chosen(),
+                            r.report.executable_cache(), absl::Now() - t0);
   ScopeCacheReport(*d.tenants, session.owner(), r.report);
   Session::Compiled c{std::move(r.executable), std::move(r.report), 0};
   c.arena_bytes = ArenaBytes(c.report);
