@@ -179,18 +179,29 @@ absl::StatusOr<HostTensor> ParseNpy(std::string_view bytes, const std::string& w
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": Fortran-order .npy arrays are not supported; save np.ascontiguousarray(a)"));
   }
-  auto t = HostTensor::Create(*dtype, *shape);
-  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.status().message()));
+  // The header's shape is checked against the bytes present before anything is
+  // allocated: a 100-byte file may claim petabytes.
+  auto elements = CheckedNumElements(*shape);
+  if (!elements.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", elements.status().message()));
+  }
+  const std::optional<int64_t> needed = BytesFor(*dtype, *elements);
+  if (!needed) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", DimsToString(*shape),
+                                                   " of ", *descr, " does not fit in int64 bytes"));
+  }
   const std::string_view data = bytes.substr(header_start + header_len);
-  if (static_cast<int64_t>(data.size()) < t->num_bytes()) {
+  if (static_cast<int64_t>(data.size()) < *needed) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": truncated data: ", *descr,
-                                                   DimsToString(*shape), " needs ", t->num_bytes(),
+                                                   DimsToString(*shape), " needs ", *needed,
                                                    " bytes, the file has ", data.size()));
   }
-  if (static_cast<int64_t>(data.size()) > t->num_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", data.size() - t->num_bytes(),
+  if (static_cast<int64_t>(data.size()) > *needed) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", data.size() - *needed,
                                                    " trailing bytes after the array data"));
   }
+  auto t = HostTensor::CreateUninitialized(*dtype, *shape);
+  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.status().message()));
   if (t->num_bytes() > 0) std::memcpy(t->data(), data.data(), t->num_bytes());
   if (*dtype == v1::DTYPE_BOOL) {
     const auto* b = static_cast<const uint8_t*>(t->data());

@@ -104,6 +104,20 @@ TEST(NpyTest, RefusesWhatItCannotRead) {
       ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }", four), "t");
   EXPECT_THAT(std::string(truncated.status().message()), HasSubstr("truncated data"));
 
+  // A header may claim any shape: it is checked against the bytes present
+  // before anything is allocated (the fuzzer's input claimed 2 PB; the reader
+  // tried to allocate it).
+  auto huge = ParseNpy(
+      NpyBytes("{'descr': '<i2', 'fortran_order': False, 'shape': (1000000000000000, 1), }", four),
+      "h");
+  EXPECT_THAT(std::string(huge.status().message()),
+              HasSubstr("truncated data: <i2[1000000000000000, 1] needs 2000000000000000 bytes"));
+  auto overflowing = ParseNpy(
+      NpyBytes("{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904, 2), }",
+               four),
+      "o");
+  EXPECT_EQ(overflowing.status().code(), absl::StatusCode::kInvalidArgument);
+
   auto trailing =
       ParseNpy(NpyBytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", four), "t");
   EXPECT_THAT(std::string(trailing.status().message()), HasSubstr("trailing"));
