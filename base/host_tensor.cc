@@ -1,7 +1,9 @@
 #include "base/host_tensor.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -105,6 +107,29 @@ double HostTensor::GetAsDouble(int64_t i) const {
   }
 }
 
+namespace {
+
+// A double as an integer of type T: truncated toward zero and saturated to
+// int64 (NaN -> 0), then wrapped to T's width as integer arithmetic wraps. A
+// plain cast of an out-of-range double is undefined behaviour.
+template <typename T>
+T WrappingCast(double v) {
+  int64_t whole = 0;
+  if (std::isnan(v)) {
+    whole = 0;
+  } else if (v <= static_cast<double>(std::numeric_limits<int64_t>::min())) {
+    whole = std::numeric_limits<int64_t>::min();
+  } else if (v >= static_cast<double>(std::numeric_limits<int64_t>::max())) {
+    // 2^63: INT64_MAX is not exact in a double, >= catches the rounded value.
+    whole = std::numeric_limits<int64_t>::max();
+  } else {
+    whole = static_cast<int64_t>(v);
+  }
+  return static_cast<T>(whole);  // modular since C++20
+}
+
+}  // namespace
+
 void HostTensor::SetFromDouble(int64_t i, double v) {
   void* p = data();
   switch (dtype_) {
@@ -112,11 +137,11 @@ void HostTensor::SetFromDouble(int64_t i, double v) {
     case v1::DTYPE_F64: static_cast<double*>(p)[i] = v; break;
     case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
     case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); break;
-    case v1::DTYPE_I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case v1::DTYPE_U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case v1::DTYPE_I16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
-    case v1::DTYPE_I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case v1::DTYPE_I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case v1::DTYPE_I8: static_cast<int8_t*>(p)[i] = WrappingCast<int8_t>(v); break;
+    case v1::DTYPE_U8: static_cast<uint8_t*>(p)[i] = WrappingCast<uint8_t>(v); break;
+    case v1::DTYPE_I16: static_cast<int16_t*>(p)[i] = WrappingCast<int16_t>(v); break;
+    case v1::DTYPE_I32: static_cast<int32_t*>(p)[i] = WrappingCast<int32_t>(v); break;
+    case v1::DTYPE_I64: static_cast<int64_t*>(p)[i] = WrappingCast<int64_t>(v); break;
     case v1::DTYPE_BOOL: static_cast<uint8_t*>(p)[i] = v != 0.0 ? 1 : 0; break;
     default: break;
   }

@@ -61,7 +61,9 @@ class HostTensor {
 
   // Element `i` converted to double (dense types only).
   double GetAsDouble(int64_t i) const;
-  // Stores `v` converted to this tensor's dtype at element `i`.
+  // Stores `v` converted to this tensor's dtype at element `i`. Integer dtypes
+  // take v truncated toward zero, saturated to int64 (NaN: 0), then wrapped to
+  // their width, as integer arithmetic wraps.
   void SetFromDouble(int64_t i, double v);
 
  private:
