@@ -249,11 +249,13 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   // free before the answer leaves: a client answered may submit again at once.
   void Complete(absl::Status s) {
     if (s.ok()) s = SerializeMessage(response_, &response_bytes_);
+    // Logged and counted before the slot frees: whoever sees the tenant's
+    // in-flight count drop also finds the call's log line and request count.
+    service_.End(call_, s);
     if (holds_run_) {
       holds_run_ = false;
       call_.tenant->ReleaseRun();
     }
-    service_.End(call_, s);
     Finish(ToGrpc(s));
   }
 
