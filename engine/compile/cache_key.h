@@ -25,6 +25,7 @@
 
 #include "base/sha256.h"
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -85,5 +86,19 @@ class CacheKey {
  private:
   std::vector<Component> components_;
 };
+
+// What a cache keeps of the keys of its entries is their Components(): names
+// and digests, small whatever the values were. These compare such lists.
+//
+// The components of `from` and `to` alike (same name and occurrence, same
+// digest): how near a cached key is to a wanted one.
+int ComponentsAlike(std::span<const v1::KeyComponent> from, std::span<const v1::KeyComponent> to);
+
+// CacheKey::Explain over digests: says which components differ between
+// `from` and `to` (`input_shapes: "x:f32[2];" -> "x:f32[3];"`), exist on one
+// side only, or appear in another order. Hashed values are shown cut to 12
+// hex characters. Empty when the lists are alike.
+std::string ExplainComponents(std::span<const v1::KeyComponent> from,
+                              std::span<const v1::KeyComponent> to);
 
 }  // namespace kiln::compile

@@ -125,5 +125,43 @@ TEST(CacheKeyTest, ExplainMatchesRepeatedNamesByOccurrence) {
   EXPECT_EQ(a.Explain(b), "input: \"f32[2]\" -> \"f32[3]\"");
 }
 
+TEST(CacheKeyTest, ComponentsAlikeCountsEqualDigestsByName) {
+  CacheKey a, b;
+  a.Add("graph", "g").Add("options", "fusion=1").Add("input_shapes", "x:f32[2];");
+  b.Add("graph", "g").Add("options", "fusion=0").Add("input_shapes", "x:f32[2];");
+  EXPECT_EQ(ComponentsAlike(a.Components(), a.Components()), 3);
+  EXPECT_EQ(ComponentsAlike(a.Components(), b.Components()), 2);
+  CacheKey c;
+  c.Add("input_shapes", "x:f32[2];").Add("graph", "g");  // order does not matter here
+  EXPECT_EQ(ComponentsAlike(a.Components(), c.Components()), 2);
+  EXPECT_EQ(ComponentsAlike(a.Components(), CacheKey().Components()), 0);
+}
+
+TEST(CacheKeyTest, ExplainComponentsWorksOnDigestsAlone) {
+  CacheKey old_key = ExampleKey();
+  CacheKey new_key;
+  new_key.Add(kKeyKilnVersion, kCompilerVersion)
+      .Add(kKeyLirFormat, "4")
+      .Add("graph", "another graph\x01")
+      .Add("device", "cpu:x86-64-v3+avx512");
+  const std::string why = ExplainComponents(old_key.Components(), new_key.Components());
+  // As CacheKey::Explain says it, from the digests a cache keeps.
+  EXPECT_EQ(why, old_key.Explain(new_key));
+  EXPECT_EQ(why, "lir_format: \"3\" -> \"4\"; graph: " +
+                     Sha256Hex(std::string("\x01\x02graph bytes\0with nul", 22)).substr(0, 12) +
+                     ".. -> " + Sha256Hex("another graph\x01").substr(0, 12) + "..");
+  EXPECT_EQ(ExplainComponents(old_key.Components(), ExampleKey().Components()), "");
+
+  CacheKey a, b, c, d;
+  a.Add("graph", "g").Add("shapes", "[1,2]");
+  b.Add("graph", "g").Add("device", "sm_90");
+  EXPECT_EQ(ExplainComponents(a.Components(), b.Components()),
+            "only in this: shapes; only in other: device");
+  c.Add("x", "1").Add("y", "2");
+  d.Add("y", "2").Add("x", "1");
+  EXPECT_EQ(ExplainComponents(c.Components(), d.Components()),
+            "component order differs: [x, y] -> [y, x]");
+}
+
 }  // namespace
 }  // namespace kiln::compile
