@@ -1,21 +1,14 @@
 #include "engine/engine.h"
 
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <list>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/status.h"
-#include "engine/compile/cache_key.h"
 #include "engine/compile/disk_cache.h"
-#include "engine/compile/lower.h"
-#include "engine/ir/text.h"
-#include "engine/passes/pass.h"
+#include "engine/compile/executable_cache.h"
+#include "engine/compile/pipeline.h"
 #include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
 #include "engine/runtime/device_registry.h"
@@ -23,8 +16,6 @@
 #include "engine/runtime/fair_scheduler.h"
 #include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -36,37 +27,11 @@ double MicrosSince(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
 
-std::string Deterministic(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  m.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
-
-std::string DeviceSignature(const backend::DeviceInfo& d) {
-  return absl::StrCat(d.id, "|", d.backend, "|", d.arch, "|", d.driver_version, "|", d.identity,
-                      "\n");
-}
-
-// Writes the graph's text form after a stage when dumping is on.
-void Dump(const std::string& dir, const ir::Graph& g, int index, const std::string& stage) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const std::string name = g.name().empty() ? "graph" : g.name();
-  const std::string path = absl::StrCat(dir, "/", name, ".", index, "_", stage, ".kiln");
-  std::ofstream out(path);
-  ir::PrintOptions opts;
-  opts.annotations = true;
-  out << ir::PrintGraph(g, opts);
-  if (!out) spdlog::warn("KILN_DUMP: cannot write {}", path);
-}
-
 }  // namespace
 
+// The facade's state: compiles go through compile/ (the pipeline and the
+// executable cache in front of it), runs through runtime/ (one scheduler per
+// device, device health).
 struct Engine::Impl {
   EngineOptions options;
   // Shared with every executable and parameter set, which may outlive the Engine.
@@ -76,7 +41,6 @@ struct Engine::Impl {
   std::shared_ptr<compile::KernelBinaryCacheAdapter> kernel_binaries;
   runtime::ProgramOptions program_options;
   runtime::CostModel cost_model;
-  std::string devices_signature;
   // Device infos as reported (calibrated profiles merged), in registry order.
   std::vector<backend::DeviceInfo> infos;
   std::vector<bool> calibration_from_cache;
@@ -94,67 +58,8 @@ struct Engine::Impl {
     health.reset();
   }
 
-  absl::Mutex cache_mu;
-  std::list<std::string> lru ABSL_GUARDED_BY(cache_mu);  // front = most recent
-  std::map<std::string, std::pair<std::shared_ptr<runtime::Program>,
-                                  std::list<std::string>::iterator>>
-      loaded ABSL_GUARDED_BY(cache_mu);
-  // One compile per key at a time; concurrent requests for it wait.
-  std::map<std::string, std::shared_ptr<absl::Mutex>> compiling ABSL_GUARDED_BY(cache_mu);
-
-  absl::Mutex stats_mu;
-  CacheStats stats ABSL_GUARDED_BY(stats_mu);
-
-  std::shared_ptr<runtime::Program> FindLoaded(const std::string& key) {
-    absl::MutexLock lock(&cache_mu);
-    auto it = loaded.find(key);
-    if (it == loaded.end()) return nullptr;
-    lru.splice(lru.begin(), lru, it->second.second);
-    return it->second.first;
-  }
-
-  void Remember(const std::string& key, std::shared_ptr<runtime::Program> exe) {
-    absl::MutexLock lock(&cache_mu);
-    if (loaded.contains(key)) return;
-    lru.push_front(key);
-    loaded[key] = {std::move(exe), lru.begin()};
-    while (static_cast<int64_t>(loaded.size()) > std::max<int64_t>(1, options.max_memory_executables)) {
-      loaded.erase(lru.back());
-      lru.pop_back();
-    }
-  }
-
-  std::shared_ptr<absl::Mutex> CompileLock(const std::string& key) {
-    absl::MutexLock lock(&cache_mu);
-    auto& m = compiling[key];
-    if (!m) m = std::make_shared<absl::Mutex>();
-    return m;
-  }
-
-  // One small compile on the CPU, not cached: pays the process's one-time
-  // costs (lazy protobuf and table set-up in the importer and the passes,
-  // the CPU kernels' first JIT) at start-up instead of in the first request.
-  void WarmUp() {
-    const auto t0 = Clock::now();
-    static constexpr char kGraph[] =
-        "graph \"kiln_warmup\"\n"
-        "input x: f32[2, 8]\n"
-        "param w: f32[8, 8]\n"
-        "param b: f32[8]\n"
-        "let y = gelu(x @ w + b)\n"
-        "out y\n";
-    absl::Status s = [&]() -> absl::Status {
-      KILN_ASSIGN_OR_RETURN(v1::Graph proto, ir::ParseGraphProto(kGraph));
-      KILN_ASSIGN_OR_RETURN(auto g, ir::ImportGraph(proto, options.verify));
-      KILN_RETURN_IF_ERROR(ir::Specialize(*g, {}, options.verify));
-      CompileOptions co;
-      co.device = registry->cpu()->info().id;
-      v1::CompileReport report;
-      return CompileFresh(std::move(g), co, "warmup", report).status();
-    }();
-    if (!s.ok()) spdlog::warn("engine warm-up compile failed: {}", std::string(s.message()));
-    spdlog::debug("engine warm-up took {:.2f} ms", MicrosSince(t0) / 1000);
-  }
+  std::unique_ptr<compile::Pipeline> pipeline;  // reads cost_model
+  std::unique_ptr<compile::ExecutableCache> executables;
 
   double options_inline_run_micros() const { return options.inline_run_micros; }
   // Queues (or runs inline) one run on its device's scheduler; `done` gets
@@ -165,12 +70,6 @@ struct Engine::Impl {
                                       const RunOptions& options,
                                       std::function<void(absl::StatusOr<RunResult>)> done,
                                       std::function<void()> keep_alive_until_done);
-
-  absl::StatusOr<std::shared_ptr<runtime::Program>> LoadFromDisk(
-      const std::string& key, v1::CompileReport& report);
-  absl::StatusOr<std::shared_ptr<runtime::Program>> CompileFresh(
-      std::unique_ptr<ir::Graph> graph, const CompileOptions& options, const std::string& key,
-      v1::CompileReport& report);
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -197,7 +96,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   ro.worker_grace = options.device_worker_grace;
   KILN_ASSIGN_OR_RETURN(impl->registry, runtime::DeviceRegistry::Create(ro));
   for (backend::Device* d : impl->registry->devices()) {
-    impl->devices_signature += DeviceSignature(d->info());
     backend::DeviceInfo info = d->info();
     bool from_cache = false, contended = false;
     const bool calibrate =
@@ -234,8 +132,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     so.max_queued = options.max_queued_runs_per_device;
     KILN_ASSIGN_OR_RETURN(impl->schedulers[so.name], runtime::FairScheduler::Create(so));
   }
-  impl->devices_signature += impl->registry->BackendVersions();
-  impl->WarmUp();  // before the disk cache exists: nothing of it is stored
+  compile::PipelineOptions po;
+  po.registry = impl->registry;
+  po.cost_model = &impl->cost_model;
+  po.program_options = impl->program_options;
+  po.verify = options.verify;
+  {
+    // Before the disk cache exists: nothing of the warm-up is stored.
+    const auto t0 = Clock::now();
+    if (absl::Status s = compile::Pipeline(po).WarmUp(); !s.ok()) {
+      spdlog::warn("engine warm-up compile failed: {}", std::string(s.message()));
+    }
+    spdlog::debug("engine warm-up took {:.2f} ms", MicrosSince(t0) / 1000);
+  }
   if (!options.cache_dir.empty()) {
     compile::DiskCacheOptions co;
     co.dir = options.cache_dir;
@@ -248,6 +157,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     impl->disk = std::move(disk).value();
     impl->kernel_binaries = std::make_shared<compile::KernelBinaryCacheAdapter>(impl->disk);
   }
+  po.kernel_binaries = impl->kernel_binaries;
+  impl->pipeline = std::make_unique<compile::Pipeline>(po);
+  compile::ExecutableCacheOptions eo;
+  eo.max_entries = options.max_memory_executables;
+  eo.disk = impl->disk;
+  eo.registry = impl->registry;
+  eo.kernel_binaries = impl->kernel_binaries;
+  eo.program_options = impl->program_options;
+  impl->executables = std::make_unique<compile::ExecutableCache>(std::move(eo));
   // The probe has a generous bound of its own: it must not inherit a run's.
   impl->health = std::make_unique<runtime::DeviceHealth>(
       *impl->registry, absl::Milliseconds(200),
@@ -324,193 +242,20 @@ absl::StatusOr<GraphSignature> Engine::Inspect(const v1::Graph& graph) const {
   return sig;
 }
 
-absl::StatusOr<std::shared_ptr<runtime::Program>> Engine::Impl::LoadFromDisk(
-    const std::string& key, v1::CompileReport& report) {
-  if (!disk) return std::shared_ptr<runtime::Program>();
-  compile::LookupResult found = disk->Lookup(compile::CacheLevel::kExecutable, key);
-  if (found.outcome == compile::LookupOutcome::kMiss) return std::shared_ptr<runtime::Program>();
-  auto corrupt = [&](const std::string& why) {
-    spdlog::warn("compile cache: discarding entry {}: {}", key.substr(0, 16), why);
-    report.set_executable_cache(v1::CACHE_CORRUPT);
-    report.add_notes(absl::StrCat("cache entry discarded: ", why));
-    absl::MutexLock lock(&stats_mu);
-    ++stats.corrupt;
-  };
-  if (found.outcome == compile::LookupOutcome::kCorrupt) {
-    corrupt(found.reason);
-    return std::shared_ptr<runtime::Program>();
-  }
-  v1::Executable lir;
-  if (!lir.ParseFromString(found.payload)) {
-    corrupt("payload is not an executable");
-    return std::shared_ptr<runtime::Program>();
-  }
-  if (lir.format_version() != compile::kLirFormatVersion || lir.key() != key) {
-    corrupt(absl::StrCat("LIR format ", lir.format_version(), " / key mismatch"));
-    return std::shared_ptr<runtime::Program>();
-  }
-  backend::PrepareContext prep;
-  auto exe = runtime::Program::Load(std::move(lir), registry, kernel_binaries, &prep, program_options);
-  if (!exe.ok()) {
-    corrupt(std::string(exe.status().message()));
-    return std::shared_ptr<runtime::Program>();
-  }
-  report.set_kernel_cache_hits(prep.kernel_cache_hits);
-  report.set_kernel_cache_misses(prep.kernel_cache_misses);
-  return std::shared_ptr<runtime::Program>(std::move(exe).value());
-}
-
-absl::StatusOr<std::shared_ptr<runtime::Program>> Engine::Impl::CompileFresh(
-    std::unique_ptr<ir::Graph> g, const CompileOptions& options, const std::string& key,
-    v1::CompileReport& report) {
-  const char* env_dump = std::getenv("KILN_DUMP");
-  const std::string dump = !options.dump_dir.empty() ? options.dump_dir : (env_dump ? env_dump : "");
-  Dump(dump, *g, 0, "hir");
-  absl::flat_hash_map<int32_t, compile::OriginInfo> origins;
-  for (const auto& n : g->nodes()) origins[n->id] = {n->name, n->op};
-
-  passes::PassContext ctx;
-  ctx.devices = registry->devices();
-  ctx.placement = options.device;
-  ctx.prefer_common_ir = options.prefer_common_ir;
-  ctx.enable_fusion = options.enable_fusion;
-  ctx.cost_model = &cost_model;
-  int index = 1;
-  for (const std::string& stage : passes::PipelineStages()) {
-    const auto t = Clock::now();
-    KILN_ASSIGN_OR_RETURN(auto pass, passes::CreatePass(stage));
-    KILN_RETURN_IF_ERROR(pass->Run(*g, ctx)) << "in stage " << stage;
-    v1::StageTiming* st = report.add_stages();
-    st->set_stage(stage == "canonicalize" ? "mir" : stage);
-    st->set_micros(MicrosSince(t));
-    st->set_nodes_after(static_cast<int32_t>(g->nodes().size()));
-    Dump(dump, *g, index++, stage);
-  }
-  const auto t_lir = Clock::now();
-  KILN_ASSIGN_OR_RETURN(v1::Executable lir, compile::Lower(*g, ctx, origins));
-  lir.set_key(key);
-  for (const v1::MemoryPlanSummary& m : ctx.memory) *report.add_memory() = m;
-  for (const std::string& note : ctx.notes) report.add_notes(note);
-  std::map<v1::Path, int> paths;
-  int kernels = 0, copies = 0;
-  for (const v1::LirStep& s : lir.steps()) {
-    if (s.kind() == v1::STEP_COPY) {
-      ++copies;
-      continue;
-    }
-    ++kernels;
-    ++paths[s.kernel().path()];
-  }
-  for (const auto& [path, count] : paths) {
-    v1::PathCount* pc = report.add_paths();
-    pc->set_path(path);
-    pc->set_nodes(count);
-  }
-  report.set_kernels(kernels);
-  report.set_copies(copies);
-  backend::PrepareContext prep;
-  KILN_ASSIGN_OR_RETURN(auto exe, runtime::Program::Load(std::move(lir), registry,
-                                                         kernel_binaries, &prep, program_options));
-  report.set_kernel_cache_hits(prep.kernel_cache_hits);
-  report.set_kernel_cache_misses(prep.kernel_cache_misses);
-  v1::StageTiming* st = report.add_stages();
-  st->set_stage("lir");
-  st->set_micros(MicrosSince(t_lir));
-  st->set_nodes_after(kernels + copies);
-  // The stored LIR carries the compile report as compiled (cache fields are
-  // rewritten on every load).
-  v1::Executable stored = exe->lir();
-  *stored.mutable_compile() = report;
-  if (disk) {
-    if (auto s = disk->Store(compile::CacheLevel::kExecutable, key, stored.SerializeAsString()); !s.ok()) {
-      spdlog::warn("compile cache: cannot store {}: {}", key.substr(0, 16), std::string(s.message()));
-    }
-  }
-  return std::shared_ptr<runtime::Program>(std::move(exe));
-}
-
 absl::StatusOr<CompileResult> Engine::Compile(
     const v1::Graph& graph, const CompileOptions& options,
     const std::vector<std::pair<std::string, Dims>>& shapes) {
   const auto t0 = Clock::now();
   CompileResult result;
   v1::CompileReport& report = result.report;
-  report.set_compiler_version(compile::kCompilerVersion);
-  KILN_ASSIGN_OR_RETURN(auto g, ir::ImportGraph(graph, impl_->options.verify));
-  KILN_RETURN_IF_ERROR(ir::Specialize(*g, shapes, impl_->options.verify));
-  if (options.device != "auto" && !options.device.empty() &&
-      impl_->registry->Find(options.device) == nullptr) {
-    std::string ids;
-    for (backend::Device* d : impl_->registry->devices()) absl::StrAppend(&ids, ids.empty() ? "" : ", ", d->info().id);
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", options.device, "\" does not exist; devices: ", ids));
-  }
-
-  // The executable key: every input that can change the compiled result.
-  compile::CacheKey key;
-  key.Add(compile::kKeyKilnVersion, compile::kCompilerVersion);
-  key.Add(compile::kKeyLirFormat, absl::StrCat(compile::kLirFormatVersion));
-  v1::Graph canonical;
-  ir::ExportGraph(*g, &canonical, {.strip_names = true, .with_constants = true});
-  key.Add("graph", Deterministic(canonical));
-  key.Add("options", absl::StrCat("device=", options.device, ";common_ir=", options.prefer_common_ir,
-                                  ";fusion=", options.enable_fusion));
-  key.Add("devices", impl_->devices_signature);
-  std::string shape_sig;
-  for (const ir::Node* in : g->Inputs()) {
-    absl::StrAppend(&shape_sig, in->name, ":", ir::TypeToString(in->type()), ";");
-  }
-  key.Add("input_shapes", shape_sig);
-  const std::string hex = key.Hex();
-  report.set_executable_key(hex);
-  for (const v1::KeyComponent& c : key.Components()) *report.add_key_components() = c;
-  v1::StageTiming* hir = report.add_stages();
-  hir->set_stage("hir");
-  hir->set_micros(MicrosSince(t0));
-  hir->set_nodes_after(static_cast<int32_t>(g->nodes().size()));
-
-  if (auto exe = impl_->FindLoaded(hex)) {
-    report.set_executable_cache(v1::CACHE_HIT_MEMORY);
-    absl::MutexLock lock(&impl_->stats_mu);
-    ++impl_->stats.memory_hits;
-    result.executable = exe;
-  } else {
-    auto lock_for_key = impl_->CompileLock(hex);
-    absl::MutexLock compile_lock(lock_for_key.get());
-    if (auto again = impl_->FindLoaded(hex)) {  // another request compiled it meanwhile
-      report.set_executable_cache(v1::CACHE_HIT_MEMORY);
-      result.executable = again;
-    } else {
-      const auto t_load = Clock::now();
-      KILN_ASSIGN_OR_RETURN(auto loaded, impl_->LoadFromDisk(hex, report));
-      if (loaded) {
-        report.set_executable_cache(v1::CACHE_HIT_DISK);
-        v1::StageTiming* st = report.add_stages();
-        st->set_stage("cache_load");
-        st->set_micros(MicrosSince(t_load));
-        for (const auto& m : loaded->lir().compile().memory()) *report.add_memory() = m;
-        for (const auto& p : loaded->lir().compile().paths()) *report.add_paths() = p;
-        report.set_kernels(loaded->lir().compile().kernels());
-        report.set_copies(loaded->lir().compile().copies());
-        absl::MutexLock lock(&impl_->stats_mu);
-        ++impl_->stats.disk_hits;
-      } else {
-        if (report.executable_cache() != v1::CACHE_CORRUPT) {
-          report.set_executable_cache(impl_->disk ? v1::CACHE_MISS : v1::CACHE_DISABLED);
-        }
-        KILN_ASSIGN_OR_RETURN(loaded, impl_->CompileFresh(std::move(g), options, hex, report));
-        absl::MutexLock lock(&impl_->stats_mu);
-        ++impl_->stats.misses;
-      }
-      impl_->Remember(hex, loaded);
-      result.executable = loaded;
-    }
-  }
-  {
-    absl::MutexLock lock(&impl_->stats_mu);
-    impl_->stats.kernel_hits += report.kernel_cache_hits();
-    impl_->stats.kernel_misses += report.kernel_cache_misses();
-  }
+  KILN_ASSIGN_OR_RETURN(compile::HirGraph hir,
+                        impl_->pipeline->Hir(graph, options, shapes, report));
+  KILN_ASSIGN_OR_RETURN(
+      result.executable,
+      impl_->executables->GetOrCompile(
+          hir.key, hir.key_components, report, [&](v1::CompileReport& r) {
+            return impl_->pipeline->Compile(std::move(hir.graph), options, hir.key, r);
+          }));
   report.set_total_micros(MicrosSince(t0));
   return result;
 }
@@ -619,20 +364,6 @@ absl::StatusOr<RunResult> Engine::RunGraph(const v1::Graph& graph, std::span<con
   return result;
 }
 
-CacheStats Engine::cache_stats() const {
-  CacheStats s;
-  {
-    absl::MutexLock lock(&impl_->stats_mu);
-    s = impl_->stats;
-  }
-  if (impl_->disk) {
-    const auto d = impl_->disk->stats();
-    s.evictions = d.total.evictions;
-    s.disk_bytes = d.total.bytes;
-    s.disk_entries = d.total.entries;
-    s.corrupt = std::max(s.corrupt, d.executable.corrupt);
-  }
-  return s;
-}
+CacheStats Engine::cache_stats() const { return impl_->executables->stats(); }
 
 }  // namespace kiln

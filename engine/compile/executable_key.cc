@@ -1,0 +1,54 @@
+#include "engine/compile/executable_key.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/compile/lower.h"
+#include "engine/ir/verifier.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace kiln::compile {
+namespace {
+
+std::string Deterministic(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::io::StringOutputStream stream(&out);
+  google::protobuf::io::CodedOutputStream coded(&stream);
+  coded.SetSerializationDeterministic(true);
+  m.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return out;
+}
+
+}  // namespace
+
+std::string DevicesSignature(const runtime::DeviceRegistry& registry) {
+  std::string out;
+  for (const backend::Device* d : registry.devices()) {
+    const backend::DeviceInfo& i = d->info();
+    absl::StrAppend(&out, i.id, "|", i.backend, "|", i.arch, "|", i.driver_version, "|", i.identity,
+                    "\n");
+  }
+  absl::StrAppend(&out, registry.BackendVersions());
+  return out;
+}
+
+CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
+                       std::string_view devices_signature) {
+  CacheKey key;
+  key.Add(kKeyKilnVersion, kCompilerVersion);
+  key.Add(kKeyLirFormat, absl::StrCat(kLirFormatVersion));
+  v1::Graph canonical;
+  ir::ExportGraph(graph, &canonical, {.strip_names = true, .with_constants = true});
+  key.Add("graph", Deterministic(canonical));
+  key.Add("options", absl::StrCat("device=", options.device, ";common_ir=",
+                                  options.prefer_common_ir, ";fusion=", options.enable_fusion));
+  key.Add("devices", devices_signature);
+  std::string shape_sig;
+  for (const ir::Node* in : graph.Inputs()) {
+    absl::StrAppend(&shape_sig, in->name, ":", ir::TypeToString(in->type()), ";");
+  }
+  key.Add("input_shapes", shape_sig);
+  return key;
+}
+
+}  // namespace kiln::compile

@@ -1,0 +1,155 @@
+#include "engine/compile/pipeline.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "engine/compile/executable_key.h"
+#include "engine/compile/lower.h"
+#include "engine/ir/text.h"
+#include "engine/passes/pass.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::compile {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MicrosSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
+
+// Writes the graph's text form after a stage when dumping is on.
+void Dump(const std::string& dir, const ir::Graph& g, int index, const std::string& stage) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string name = g.name().empty() ? "graph" : g.name();
+  const std::string path = absl::StrCat(dir, "/", name, ".", index, "_", stage, ".kiln");
+  std::ofstream out(path);
+  ir::PrintOptions opts;
+  opts.annotations = true;
+  out << ir::PrintGraph(g, opts);
+  if (!out) spdlog::warn("KILN_DUMP: cannot write {}", path);
+}
+
+}  // namespace
+
+Pipeline::Pipeline(PipelineOptions options)
+    : options_(std::move(options)), devices_signature_(DevicesSignature(*options_.registry)) {}
+
+absl::StatusOr<HirGraph> Pipeline::Hir(const v1::Graph& graph, const CompileOptions& options,
+                                       const std::vector<std::pair<std::string, Dims>>& shapes,
+                                       v1::CompileReport& report) const {
+  const auto t0 = Clock::now();
+  report.set_compiler_version(kCompilerVersion);
+  HirGraph hir;
+  KILN_ASSIGN_OR_RETURN(hir.graph, ir::ImportGraph(graph, options_.verify));
+  KILN_RETURN_IF_ERROR(ir::Specialize(*hir.graph, shapes, options_.verify));
+  const runtime::DeviceRegistry& registry = *options_.registry;
+  if (options.device != "auto" && !options.device.empty() &&
+      registry.Find(options.device) == nullptr) {
+    std::string ids;
+    for (backend::Device* d : registry.devices()) {
+      absl::StrAppend(&ids, ids.empty() ? "" : ", ", d->info().id);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options.device, "\" does not exist; devices: ", ids));
+  }
+  const CacheKey key = ExecutableKey(*hir.graph, options, devices_signature_);
+  hir.key = key.Hex();
+  hir.key_components = key.Components();
+  report.set_executable_key(hir.key);
+  for (const v1::KeyComponent& c : hir.key_components) *report.add_key_components() = c;
+  v1::StageTiming* st = report.add_stages();
+  st->set_stage("hir");
+  st->set_micros(MicrosSince(t0));
+  st->set_nodes_after(static_cast<int32_t>(hir.graph->nodes().size()));
+  return hir;
+}
+
+absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
+    std::unique_ptr<ir::Graph> g, const CompileOptions& options, const std::string& key,
+    v1::CompileReport& report) const {
+  const char* env_dump = std::getenv("KILN_DUMP");
+  const std::string dump =
+      !options.dump_dir.empty() ? options.dump_dir : (env_dump ? env_dump : "");
+  Dump(dump, *g, 0, "hir");
+  absl::flat_hash_map<int32_t, OriginInfo> origins;
+  for (const auto& n : g->nodes()) origins[n->id] = {n->name, n->op};
+
+  passes::PassContext ctx;
+  ctx.devices = options_.registry->devices();
+  ctx.placement = options.device;
+  ctx.prefer_common_ir = options.prefer_common_ir;
+  ctx.enable_fusion = options.enable_fusion;
+  ctx.cost_model = options_.cost_model;
+  int index = 1;
+  for (const std::string& stage : passes::PipelineStages()) {
+    const auto t = Clock::now();
+    KILN_ASSIGN_OR_RETURN(auto pass, passes::CreatePass(stage));
+    KILN_RETURN_IF_ERROR(pass->Run(*g, ctx)) << "in stage " << stage;
+    v1::StageTiming* st = report.add_stages();
+    st->set_stage(stage == "canonicalize" ? "mir" : stage);
+    st->set_micros(MicrosSince(t));
+    st->set_nodes_after(static_cast<int32_t>(g->nodes().size()));
+    Dump(dump, *g, index++, stage);
+  }
+  const auto t_lir = Clock::now();
+  KILN_ASSIGN_OR_RETURN(v1::Executable lir, Lower(*g, ctx, origins));
+  lir.set_key(key);
+  for (const v1::MemoryPlanSummary& m : ctx.memory) *report.add_memory() = m;
+  for (const std::string& note : ctx.notes) report.add_notes(note);
+  std::map<v1::Path, int> paths;
+  int kernels = 0, copies = 0;
+  for (const v1::LirStep& s : lir.steps()) {
+    if (s.kind() == v1::STEP_COPY) {
+      ++copies;
+      continue;
+    }
+    ++kernels;
+    ++paths[s.kernel().path()];
+  }
+  for (const auto& [path, count] : paths) {
+    v1::PathCount* pc = report.add_paths();
+    pc->set_path(path);
+    pc->set_nodes(count);
+  }
+  report.set_kernels(kernels);
+  report.set_copies(copies);
+  backend::PrepareContext prep;
+  KILN_ASSIGN_OR_RETURN(auto program, runtime::Program::Load(std::move(lir), options_.registry,
+                                                             options_.kernel_binaries, &prep,
+                                                             options_.program_options));
+  report.set_kernel_cache_hits(prep.kernel_cache_hits);
+  report.set_kernel_cache_misses(prep.kernel_cache_misses);
+  v1::StageTiming* st = report.add_stages();
+  st->set_stage("lir");
+  st->set_micros(MicrosSince(t_lir));
+  st->set_nodes_after(kernels + copies);
+  return program;
+}
+
+absl::Status Pipeline::WarmUp() const {
+  static constexpr char kGraph[] =
+      "graph \"kiln_warmup\"\n"
+      "input x: f32[2, 8]\n"
+      "param w: f32[8, 8]\n"
+      "param b: f32[8]\n"
+      "let y = gelu(x @ w + b)\n"
+      "out y\n";
+  KILN_ASSIGN_OR_RETURN(v1::Graph proto, ir::ParseGraphProto(kGraph));
+  KILN_ASSIGN_OR_RETURN(auto g, ir::ImportGraph(proto, options_.verify));
+  KILN_RETURN_IF_ERROR(ir::Specialize(*g, {}, options_.verify));
+  CompileOptions co;
+  co.device = options_.registry->cpu()->info().id;
+  v1::CompileReport report;
+  return Compile(std::move(g), co, "warmup", report).status();
+}
+
+}  // namespace kiln::compile
