@@ -221,22 +221,6 @@ void Metrics::CountKernelSteps(const v1::DispatchReport& report) {
   }
 }
 
-void Metrics::ObserveQueue(const std::string& tenant, absl::Duration waited) {
-  queue_seconds_->Add({{"tenant", tenant}, {"device", "unknown"}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(waited));
-}
-
-void Metrics::ObserveRun(const std::string& tenant, absl::Duration took) {
-  run_seconds_->Add({{"tenant", tenant}, {"device", "unknown"}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(took));
-}
-
-void Metrics::CountKernels(const v1::DispatchReport& report) { CountKernelSteps(report); }
-
-void Metrics::ObserveCompile(v1::CacheOutcome outcome, absl::Duration took) {
-  ObserveCompile("unknown", "unknown", outcome, took);
-}
-
 prometheus::MetricFamily Metrics::Family(const std::string& name, const std::string& help,
                                          prometheus::MetricType type,
                                          const std::vector<std::pair<Labels, double>>& samples) {

@@ -68,13 +68,6 @@ class Metrics {
   // time by backend (the device id's prefix) and path.
   void ObserveRun(const std::string& tenant, const v1::DispatchReport& report);
 
-  // The former per-event calls, until every caller has moved to the ones
-  // above (their device label is "unknown").
-  void ObserveQueue(const std::string& tenant, absl::Duration waited);
-  void ObserveRun(const std::string& tenant, absl::Duration took);
-  void CountKernels(const v1::DispatchReport& report);
-  void ObserveCompile(v1::CacheOutcome outcome, absl::Duration took);
-
   // A gauge or counter family for the collector: one sample per label set.
   static prometheus::MetricFamily Family(const std::string& name, const std::string& help,
                                          prometheus::MetricType type,
