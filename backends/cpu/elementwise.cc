@@ -5,187 +5,46 @@
 #include <memory>
 
 #include "absl/container/inlined_vector.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/kernel_util.h"
 #include "backends/cpu/parallel.h"
+#include "base/status.h"
 
 namespace kiln::cpu::ew {
 namespace {
 
 absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
 
-std::string Lower(const std::string& enum_name, size_t prefix) {
-  return absl::AsciiStrToLower(enum_name.substr(std::min(prefix, enum_name.size())));
-}
-
-std::string InstrName(const Instr& in) {
-  switch (in.op) {
-    case v1::OP_UNARY:
-      return Lower(v1::UnaryKind_Name(static_cast<v1::UnaryKind>(in.kind)), 6);
-    case v1::OP_BINARY:
-      return Lower(v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)), 7);
-    case v1::OP_COMPARE:
-      return Lower(v1::CompareKind_Name(static_cast<v1::CompareKind>(in.kind)), 8);
-    case v1::OP_WHERE:
-      return "where";
-    case v1::OP_CAST:
-      return absl::StrCat("cast_", DTypeName(in.arg_dtype), "_to");
-    case v1::OP_CLAMP:
-      return "clamp";
-    case v1::OP_CONSTANT:
-      return "constant";
-    default:
-      return "?";
-  }
-}
-
-// Decodes and checks instruction `index` against the dtypes of the values
-// before it (`values`: the program's inputs, then earlier instructions).
-absl::StatusOr<Instr> Decode(const v1::FusedInstr& f, int index, const std::vector<DType>& values) {
-  Instr in;
-  in.op = f.op();
-  in.dtype = f.dtype();
-  in.num_args = f.args_size();
-  const std::string where = absl::StrCat("instruction ", index, " (", v1::OpKind_Name(f.op()), ")");
-  auto arity = [&](int n) -> absl::Status {
-    if (f.args_size() != n)
-      return Bad(absl::StrCat(where, " takes ", n, " operands, got ", f.args_size()));
-    return absl::OkStatus();
-  };
-  for (int k = 0; k < f.args_size() && k < 3; ++k) {
-    const int a = f.args(k);
-    if (a < 0 || a >= static_cast<int>(values.size())) {
-      return Bad(absl::StrCat(where, " reads value ", a, ", which is not defined before it"));
-    }
-    in.args[k] = a;
-  }
-  auto arg = [&](int k) { return values[in.args[k]]; };
-  auto same = [&](int a, int b) -> absl::Status {
-    if (arg(a) == arg(b)) return absl::OkStatus();
-    return Bad(absl::StrCat(where, " mixes ", DTypeName(arg(a)), " and ", DTypeName(arg(b))));
-  };
-  auto result_is = [&](DType want) -> absl::Status {
-    if (in.dtype == want) return absl::OkStatus();
-    return Bad(absl::StrCat(where, " declares result ", DTypeName(in.dtype), ", computes ",
-                            DTypeName(want)));
-  };
-  for (int k = 0; k < in.num_args && k < 3; ++k) {
-    if (!IsDense(arg(k))) {
-      return Bad(absl::StrCat(where, " reads ", DTypeName(arg(k)),
-                              "; block-quantized types are read only by dequantize"));
+// What the CPU implements, on a region the decoder has already checked.
+absl::Status CheckImplemented(const Program& p) {
+  for (const Instr& in : p.instrs) {
+    switch (in.op) {
+      case v1::OP_UNARY:
+        if (!UnarySupported(in.kind, in.arg_dtype)) {
+          return Bad(absl::StrCat(
+              "cpu implements unary ", v1::UnaryKind_Name(static_cast<v1::UnaryKind>(in.kind)),
+              " on floats (and identity/relu/neg/abs/sign on signed integers), not ",
+              DTypeName(in.arg_dtype)));
+        }
+        break;
+      case v1::OP_BINARY:
+        if (!BinarySupported(in.kind, in.arg_dtype)) {
+          return Bad(absl::StrCat(
+              "cpu implements binary ", v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)),
+              " on floats (and every kind but pow on integers), not ", DTypeName(in.arg_dtype)));
+        }
+        break;
+      case v1::OP_CLAMP:
+        if (!IsFloat(in.arg_dtype) && !IsInteger(in.arg_dtype)) {
+          return Bad(
+              absl::StrCat("cpu implements clamp on numbers, not ", DTypeName(in.arg_dtype)));
+        }
+        break;
+      default:
+        break;
     }
   }
-  if (in.num_args > 0) in.arg_dtype = arg(0);
-  switch (f.op()) {
-    case v1::OP_UNARY: {
-      if (auto s = arity(1); !s.ok()) return s;
-      in.kind = f.unary().kind();
-      if (!UnarySupported(in.kind, arg(0))) {
-        return Bad(absl::StrCat("cpu implements unary ",
-                                v1::UnaryKind_Name(static_cast<v1::UnaryKind>(in.kind)), " on ",
-                                "floats (and identity/relu/neg/abs/sign on signed integers), not ",
-                                DTypeName(arg(0))));
-      }
-      if (auto s = result_is(arg(0)); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_BINARY: {
-      if (auto s = arity(2); !s.ok()) return s;
-      if (auto s = same(0, 1); !s.ok()) return s;
-      in.kind = f.binary().kind();
-      if (!BinarySupported(in.kind, arg(0))) {
-        return Bad(absl::StrCat(
-            "cpu implements binary ", v1::BinaryKind_Name(static_cast<v1::BinaryKind>(in.kind)),
-            " on floats (and every kind but pow on integers), not ", DTypeName(arg(0))));
-      }
-      if (auto s = result_is(arg(0)); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_COMPARE: {
-      if (auto s = arity(2); !s.ok()) return s;
-      if (auto s = same(0, 1); !s.ok()) return s;
-      in.kind = f.compare().kind();
-      if (in.kind <= v1::COMPARE_KIND_UNSPECIFIED || in.kind > v1::COMPARE_GE) {
-        return Bad(absl::StrCat(where, " has unknown compare kind ", in.kind));
-      }
-      if (auto s = result_is(v1::DTYPE_BOOL); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_WHERE: {
-      if (auto s = arity(3); !s.ok()) return s;
-      if (arg(0) != v1::DTYPE_BOOL) return Bad(absl::StrCat(where, " needs a bool condition"));
-      if (auto s = same(1, 2); !s.ok()) return s;
-      if (auto s = result_is(arg(1)); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_CAST: {
-      if (auto s = arity(1); !s.ok()) return s;
-      const DType to = f.cast().to() == v1::DTYPE_UNSPECIFIED ? in.dtype : f.cast().to();
-      if (!IsDense(to))
-        return Bad(absl::StrCat(where, " casts to ", DTypeName(to), ", not a dense type"));
-      if (auto s = result_is(to); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_CLAMP: {
-      if (auto s = arity(1); !s.ok()) return s;
-      if (!IsFloat(arg(0)) && !IsInteger(arg(0))) {
-        return Bad(absl::StrCat("cpu implements clamp on numbers, not ", DTypeName(arg(0))));
-      }
-      const auto& c = f.clamp();
-      in.has_lo = c.has_min();
-      in.has_hi = c.has_max();
-      in.lo = c.min();
-      in.hi = c.max();
-      if ((in.has_lo && std::isnan(in.lo)) || (in.has_hi && std::isnan(in.hi)) ||
-          (in.has_lo && in.has_hi && in.lo > in.hi)) {
-        return Bad(absl::StrCat(where, " has bounds [", in.lo, ", ", in.hi, "]"));
-      }
-      if (auto s = result_is(arg(0)); !s.ok()) return s;
-      break;
-    }
-    case v1::OP_CONSTANT:
-      if (auto s = arity(0); !s.ok()) return s;
-      if (!IsDense(in.dtype)) return Bad(absl::StrCat(where, " has dtype ", DTypeName(in.dtype)));
-      in.scalar = f.scalar();
-      break;
-    default:
-      return Bad(absl::StrCat(where, ": cpu runs unary, binary, compare, where, cast, clamp and ",
-                              "scalar constants in an elementwise region"));
-  }
-  return in;
-}
-
-// The one instruction a standalone elementwise spec stands for.
-absl::StatusOr<v1::FusedInstr> SingleInstr(const backend::KernelSpec& spec, int arity) {
-  if (spec.inputs.size() != static_cast<size_t>(arity) || spec.outputs.size() != 1) {
-    return Bad(absl::StrCat("expects ", arity, " inputs and 1 output, got ", spec.inputs.size(),
-                            " and ", spec.outputs.size()));
-  }
-  v1::FusedInstr f;
-  f.set_op(spec.op);
-  for (int i = 0; i < arity; ++i) f.add_args(i);
-  f.set_dtype(spec.outputs[0].dtype);
-  switch (spec.op) {
-    case v1::OP_UNARY:
-      *f.mutable_unary() = spec.attrs.unary();
-      break;
-    case v1::OP_BINARY:
-      *f.mutable_binary() = spec.attrs.binary();
-      break;
-    case v1::OP_COMPARE:
-      *f.mutable_compare() = spec.attrs.compare();
-      break;
-    case v1::OP_CAST:
-      *f.mutable_cast() = spec.attrs.cast();
-      break;
-    case v1::OP_CLAMP:
-      *f.mutable_clamp() = spec.attrs.clamp();
-      break;
-    default:
-      break;
-  }
-  return f;
+  return absl::OkStatus();
 }
 
 void Exec(const Instr& in, const void* const* regs, void* dst, int64_t n) {
@@ -249,72 +108,15 @@ bool NativeStorage(DType d) {
 }  // namespace
 
 absl::StatusOr<Program> ProgramFromSpec(const backend::KernelSpec& spec) {
-  Program p;
-  std::vector<v1::FusedInstr> instrs;
-  std::vector<int> results;
-  switch (spec.op) {
-    case v1::OP_UNARY:
-    case v1::OP_CAST:
-    case v1::OP_CLAMP:
-    case v1::OP_BINARY:
-    case v1::OP_COMPARE:
-    case v1::OP_WHERE: {
-      int arity = 1;
-      if (spec.op == v1::OP_BINARY || spec.op == v1::OP_COMPARE) arity = 2;
-      if (spec.op == v1::OP_WHERE) arity = 3;
-      auto f = SingleInstr(spec, arity);
-      if (!f.ok()) return f.status();
-      instrs.push_back(*std::move(f));
-      results.push_back(0);
-      break;
-    }
-    case v1::OP_FUSED_ELEMENTWISE: {
-      const auto& a = spec.attrs.fused_elementwise();
-      if (spec.inputs.empty()) return Bad("a fused region needs at least one input");
-      instrs.assign(a.instrs().begin(), a.instrs().end());
-      results.assign(a.results().begin(), a.results().end());
-      if (results.size() != spec.outputs.size()) {
-        return Bad(absl::StrCat("region has ", results.size(), " results but the spec ",
-                                spec.outputs.size(), " outputs"));
-      }
-      break;
-    }
-    default:
-      return Bad(absl::StrCat(v1::OpKind_Name(spec.op), " is not an elementwise op"));
-  }
-  std::vector<DType> values;
-  for (const auto& d : spec.inputs) {
-    if (!IsDense(d.dtype)) {
-      return Bad(
-          absl::StrCat("cpu elementwise kernels read dense types, not ", DTypeName(d.dtype)));
-    }
-    values.push_back(d.dtype);
-    p.inputs.push_back(d.dtype);
-  }
-  for (size_t j = 0; j < instrs.size(); ++j) {
-    auto in = Decode(instrs[j], static_cast<int>(j), values);
-    if (!in.ok()) return in.status();
-    values.push_back(in->dtype);
-    p.instrs.push_back(*in);
-  }
-  for (size_t k = 0; k < results.size(); ++k) {
-    const int r = results[k];
-    if (r < 0 || r >= static_cast<int>(p.instrs.size())) {
-      return Bad(absl::StrCat("region result ", r, " is not an instruction"));
-    }
-    if (p.instrs[r].dtype != spec.outputs[k].dtype) {
-      return Bad(absl::StrCat("output ", k, " is ", DTypeName(spec.outputs[k].dtype),
-                              " but its instruction computes ", DTypeName(p.instrs[r].dtype)));
-    }
-    p.results.push_back(r);
-  }
-  if (p.results.empty()) return Bad("a fused region needs at least one result");
+  KILN_ASSIGN_OR_RETURN(Program p, backend::DecodeSpec(spec));
+  KILN_RETURN_IF_ERROR(CheckImplemented(p));
   return p;
 }
 
 std::string ProgramName(const Program& program) {
   if (program.instrs.size() == 1) {
-    return absl::StrCat(InstrName(program.instrs[0]), "_", DTypeName(program.instrs[0].dtype));
+    return absl::StrCat(backend::InstrName(program.instrs[0]), "_",
+                        DTypeName(program.instrs[0].dtype));
   }
   return absl::StrCat("fused_elementwise_", program.instrs.size());
 }

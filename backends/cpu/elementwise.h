@@ -21,33 +21,21 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/common/elementwise_region.h"
 #include "backends/cpu/elementwise_ops.h"
 
 namespace kiln::cpu::ew {
 
-// One instruction; `args` index the program's inputs (0 .. n-1) and then
-// earlier instructions (n + j), as FusedInstr does.
-struct Instr {
-  v1::OpKind op = v1::OP_KIND_UNSPECIFIED;  // UNARY .. CLAMP, CONSTANT
-  int kind = 0;                             // Unary/Binary/CompareKind
-  int args[3] = {-1, -1, -1};
-  int num_args = 0;
-  DType dtype = v1::DTYPE_UNSPECIFIED;      // result
-  DType arg_dtype = v1::DTYPE_UNSPECIFIED;  // operand 0's (cast source, compare operands)
-  double scalar = 0;                        // CONSTANT
-  bool has_lo = false, has_hi = false;      // CLAMP
-  double lo = 0, hi = 0;
-};
-
-struct Program {
-  std::vector<DType> inputs;
-  std::vector<Instr> instrs;
-  std::vector<int> results;  // instruction index per output
-};
+// A program is a decoded elementwise region (backends/common/elementwise_region.h):
+// instructions with resolved operands, checked once when the kernel is claimed
+// or prepared.
+using Instr = backend::RegionInstr;
+using Program = backend::ElementwiseRegion;
 
 // The program of a Unary, Binary, Compare, Where, Cast, Clamp or
-// FusedElementwise spec. Fails with the reason (used verbatim as the claim's
-// reason) when an instruction is malformed or not implemented for its dtypes.
+// FusedElementwise spec: the shared decoding, then what the CPU implements.
+// Fails with the reason (used verbatim as the claim's reason) when an
+// instruction is malformed or not implemented for its dtypes.
 absl::StatusOr<Program> ProgramFromSpec(const backend::KernelSpec& spec);
 
 // "gelu_f32", "add_f16", "fused_elementwise_4" — for implementation names.

@@ -14,7 +14,9 @@
 namespace kiln::vulkan {
 namespace {
 
+using backend::ElementwiseRegion;
 using backend::KernelSpec;
+using backend::RegionInstr;
 
 // How a value lives in registers.
 enum class CType { kFloat, kInt, kInt64 };
@@ -273,44 +275,43 @@ const char* CompareOp(v1::CompareKind k) {
 }
 
 // One instruction's expression, already rounded to its dtype; "" if unsupported.
-std::string InstrExpr(const v1::FusedInstr& f, const std::vector<std::string>& names,
-                      const std::vector<DType>& dtypes) {
-  const DType dt = f.dtype();
+std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& names) {
+  const DType dt = in.dtype;
   const CType ct = CTypeOf(dt);
-  auto arg = [&](int k) { return names[f.args(k)]; };
-  switch (f.op()) {
+  auto arg = [&](int k) { return names[in.args[k]]; };
+  switch (in.op) {
     case v1::OP_UNARY: {
+      const auto kind = static_cast<v1::UnaryKind>(in.kind);
       if (ct == CType::kFloat) {
-        const std::string e = UnaryFloat(f.unary().kind(), arg(0));
+        const std::string e = UnaryFloat(kind, arg(0));
         return e.empty() ? e : RoundTo(e, dt);
       }
-      const std::string e = UnaryInt(f.unary().kind(), arg(0), ct);
+      const std::string e = UnaryInt(kind, arg(0), ct);
       return e.empty() ? e : RoundTo(e, dt);
     }
     case v1::OP_BINARY: {
-      const std::string e = BinaryExpr(f.binary().kind(), arg(0), arg(1), ct);
+      const std::string e = BinaryExpr(static_cast<v1::BinaryKind>(in.kind), arg(0), arg(1), ct);
       return e.empty() ? e : RoundTo(e, dt);
     }
     case v1::OP_COMPARE: {
-      const char* op = CompareOp(f.compare().kind());
+      const char* op = CompareOp(static_cast<v1::CompareKind>(in.kind));
       if (*op == '\0') return "";
       return absl::StrCat("(", arg(0), " ", op, " ", arg(1), " ? 1 : 0)");
     }
     case v1::OP_WHERE:
       return absl::StrCat("(", arg(0), " != 0 ? ", arg(1), " : ", arg(2), ")");
     case v1::OP_CAST:
-      return Cast(arg(0), dtypes[f.args(0)], dt);
+      return Cast(arg(0), in.arg_dtype, dt);
     case v1::OP_CLAMP: {
-      const v1::ClampAttrs& c = f.clamp();
       const std::string x = arg(0);
       if (ct == CType::kFloat) {
         std::string e = x;
-        if (c.has_max()) {
-          const std::string hi = FloatLit(static_cast<float>(c.max()));
+        if (in.has_hi) {
+          const std::string hi = FloatLit(static_cast<float>(in.hi));
           e = absl::StrCat("(", x, " > ", hi, " ? ", hi, " : ", e, ")");
         }
-        if (c.has_min()) {
-          const std::string lo = FloatLit(static_cast<float>(c.min()));
+        if (in.has_lo) {
+          const std::string lo = FloatLit(static_cast<float>(in.lo));
           e = absl::StrCat("(", x, " < ", lo, " ? ", lo, " : ", e, ")");
         }
         return RoundTo(e, dt);
@@ -318,22 +319,22 @@ std::string InstrExpr(const v1::FusedInstr& f, const std::vector<std::string>& n
       // Integers: the nearest integers inside the bounds, within the type.
       const auto [tmin, tmax] = IntRange(dt);
       std::string e = x;
-      if (c.has_max()) {
+      if (in.has_hi) {
         const double hi =
-            std::clamp(std::floor(c.max()), static_cast<double>(tmin), static_cast<double>(tmax));
+            std::clamp(std::floor(in.hi), static_cast<double>(tmin), static_cast<double>(tmax));
         const std::string h = IntLit(static_cast<int64_t>(hi), ct);
         e = absl::StrCat("(", x, " > ", h, " ? ", h, " : ", e, ")");
       }
-      if (c.has_min()) {
+      if (in.has_lo) {
         const double lo =
-            std::clamp(std::ceil(c.min()), static_cast<double>(tmin), static_cast<double>(tmax));
+            std::clamp(std::ceil(in.lo), static_cast<double>(tmin), static_cast<double>(tmax));
         const std::string l = IntLit(static_cast<int64_t>(lo), ct);
         e = absl::StrCat("(", x, " < ", l, " ? ", l, " : ", e, ")");
       }
       return e;
     }
     case v1::OP_CONSTANT: {
-      const double v = f.scalar();
+      const double v = in.scalar;
       if (dt == v1::DTYPE_BOOL) return v != 0 ? "1" : "0";
       if (ct == CType::kFloat) {
         float r = static_cast<float>(v);
@@ -351,10 +352,9 @@ std::string InstrExpr(const v1::FusedInstr& f, const std::vector<std::string>& n
   }
 }
 
-std::vector<DType> ValueDTypes(const KernelSpec& spec, const ElementwiseRegion& r) {
-  std::vector<DType> d;
-  for (const auto& t : spec.inputs) d.push_back(t.dtype);
-  for (const auto& f : r.instrs) d.push_back(f.dtype());
+std::vector<DType> ValueDTypes(const ElementwiseRegion& r) {
+  std::vector<DType> d(r.inputs);
+  for (const RegionInstr& in : r.instrs) d.push_back(in.dtype);
   return d;
 }
 
@@ -407,84 +407,26 @@ std::string IndexExpr(const IndexPlan& plan, int input, int kind) {
 
 }  // namespace
 
-absl::StatusOr<ElementwiseRegion> RegionFor(const KernelSpec& spec) {
-  ElementwiseRegion r;
-  if (spec.op == v1::OP_FUSED_ELEMENTWISE) {
-    const auto& fe = spec.attrs.fused_elementwise();
-    r.instrs.assign(fe.instrs().begin(), fe.instrs().end());
-    r.results.assign(fe.results().begin(), fe.results().end());
-    return r;
-  }
-  if (spec.outputs.size() != 1) return absl::InvalidArgumentError("one output expected");
-  v1::FusedInstr f;
-  f.set_op(spec.op);
-  for (size_t i = 0; i < spec.inputs.size(); ++i) f.add_args(static_cast<int>(i));
-  f.set_dtype(spec.outputs[0].dtype);
-  switch (spec.op) {
-    case v1::OP_UNARY:
-      *f.mutable_unary() = spec.attrs.unary();
-      break;
-    case v1::OP_BINARY:
-      *f.mutable_binary() = spec.attrs.binary();
-      break;
-    case v1::OP_COMPARE:
-      *f.mutable_compare() = spec.attrs.compare();
-      break;
-    case v1::OP_CAST:
-      *f.mutable_cast() = spec.attrs.cast();
-      break;
-    case v1::OP_CLAMP:
-      *f.mutable_clamp() = spec.attrs.clamp();
-      break;
-    case v1::OP_WHERE:
-      break;
-    default:
-      return absl::InvalidArgumentError("not an elementwise op");
-  }
-  r.instrs.push_back(std::move(f));
-  r.results.push_back(0);
-  return r;
-}
-
 std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spec,
                                    const ElementwiseRegion& region) {
-  const int n = static_cast<int>(spec.inputs.size());
   if (spec.outputs.size() != region.results.size() || spec.outputs.empty()) {
     return "outputs do not match the region's results";
   }
   for (const auto& t : spec.outputs) {
     if (t.dims != spec.outputs[0].dims) return "outputs differ in shape";
   }
-  std::vector<DType> dtypes = ValueDTypes(spec, region);
-  for (DType d : dtypes) {
+  for (DType d : ValueDTypes(region)) {
     if (d == v1::DTYPE_F64) return "f64 arithmetic is not supported by vulkan kernels";
-    if (IsQuantized(d) || ElementSize(d) == 0) return absl::StrCat(DTypeName(d), " is not dense");
     if (!StorageOk(caps, d)) return StorageMissing(caps, d);
     if (d == v1::DTYPE_I64 && !caps.int64) return "i64 arithmetic needs shaderInt64";
   }
+  std::vector<std::string> names(region.num_values(), "x");
   for (size_t j = 0; j < region.instrs.size(); ++j) {
-    const v1::FusedInstr& f = region.instrs[j];
-    for (int a : f.args()) {
-      if (a < 0 || a >= n + static_cast<int>(j))
-        return absl::StrCat("instruction ", j, " reads ", a);
+    const RegionInstr& in = region.instrs[j];
+    if (InstrExpr(in, names).empty()) {
+      return absl::StrCat("no code for instruction ", j, " (", v1::OpKind_Name(in.op), " on ",
+                          DTypeName(in.dtype), ")");
     }
-    int arity = 1;
-    if (f.op() == v1::OP_CONSTANT) arity = 0;
-    if (f.op() == v1::OP_BINARY || f.op() == v1::OP_COMPARE) arity = 2;
-    if (f.op() == v1::OP_WHERE) arity = 3;
-    if (f.args_size() != arity) {
-      return absl::StrCat("instruction ", j, " has ", f.args_size(), " args, wants ", arity);
-    }
-    std::vector<std::string> names(n + j, "x");
-    if (InstrExpr(f, names, dtypes).empty()) {
-      return absl::StrCat("no code for instruction ", j, " (", v1::OpKind_Name(f.op()), " on ",
-                          DTypeName(f.dtype()), ")");
-    }
-  }
-  for (size_t k = 0; k < region.results.size(); ++k) {
-    const int r = region.results[k];
-    if (r < 0 || r >= static_cast<int>(region.instrs.size())) return "result out of range";
-    if (region.instrs[r].dtype() != spec.outputs[k].dtype) return "result dtype mismatch";
   }
   return "";
 }
@@ -492,7 +434,7 @@ std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spe
 std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
                                 const ElementwiseRegion& region, uint32_t workgroup) {
   const int n = static_cast<int>(spec.inputs.size());
-  const std::vector<DType> dtypes = ValueDTypes(spec, region);
+  const std::vector<DType> dtypes = ValueDTypes(region);
   bool s16 = false, s8 = false, i64 = false;
   for (DType d : dtypes) {
     s16 = s16 || d == v1::DTYPE_F16 || d == v1::DTYPE_BF16 || d == v1::DTYPE_I16;
@@ -525,9 +467,9 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
                   "u;\n  for (uint i = gl_GlobalInvocationID.x; i < ", total, "u; i += step) {\n");
   // Which inputs are read, and whether any needs coordinates.
   std::vector<bool> used(n, false);
-  for (const auto& f : region.instrs) {
-    for (int a : f.args()) {
-      if (a < n) used[a] = true;
+  for (const RegionInstr& in : region.instrs) {
+    for (int k = 0; k < in.num_args; ++k) {
+      if (in.args[k] < n) used[in.args[k]] = true;
     }
   }
   const std::vector<int64_t> out_strides = RowMajorStrides(plan.dims);
@@ -584,10 +526,10 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
                     " = ", load, ";\n");
   }
   for (size_t j = 0; j < region.instrs.size(); ++j) {
-    const v1::FusedInstr& f = region.instrs[j];
+    const RegionInstr& in = region.instrs[j];
     names[n + j] = absl::StrCat("v", n + j);
-    absl::StrAppend(&src, "    const ", GlslType(CTypeOf(f.dtype())), " ", names[n + j], " = ",
-                    InstrExpr(f, names, dtypes), ";\n");
+    absl::StrAppend(&src, "    const ", GlslType(CTypeOf(in.dtype)), " ", names[n + j], " = ",
+                    InstrExpr(in, names), ";\n");
   }
   for (size_t k = 0; k < region.results.size(); ++k) {
     const std::string v = names[n + region.results[k]];

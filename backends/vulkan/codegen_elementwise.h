@@ -11,30 +11,24 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
-#include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/common/elementwise_region.h"
 #include "backends/vulkan/vk_device.h"
 
 namespace kiln::vulkan {
 
-// A region: instructions over inputs 0..n-1, then instruction j is value n + j.
-struct ElementwiseRegion {
-  std::vector<v1::FusedInstr> instrs;
-  std::vector<int> results;  // instruction indices, one per spec output
-};
-
-// The region a spec computes (FusedElementwise as is; single ops wrapped).
-absl::StatusOr<ElementwiseRegion> RegionFor(const backend::KernelSpec& spec);
+// Regions are decoded and checked by backends/common/elementwise_region.h
+// (backend::DecodeSpec); what follows takes the decoded region of `spec`.
 
 // Empty when `caps` can run `region` for `spec`; otherwise what is missing.
 std::string ElementwiseUnsupported(const DeviceCaps& caps, const backend::KernelSpec& spec,
-                                   const ElementwiseRegion& region);
+                                   const backend::ElementwiseRegion& region);
 
 // The kernel's GLSL: bindings 0..n-1 are the inputs, n.. the outputs; no push
 // constants; `workgroup` invocations per group, grid-stride over the output.
+// REQUIRES: ElementwiseUnsupported(caps, spec, region) is empty.
 std::string GenerateElementwise(const DeviceCaps& caps, const backend::KernelSpec& spec,
-                                const ElementwiseRegion& region, uint32_t workgroup);
+                                const backend::ElementwiseRegion& region, uint32_t workgroup);
 
 }  // namespace kiln::vulkan

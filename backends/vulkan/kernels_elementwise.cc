@@ -1,6 +1,7 @@
 // Elementwise kernels: FusedElementwise and the single ops Unary, Binary,
-// Compare, Where, Cast and Clamp, all through codegen_elementwise (GLSL
-// generated at prepare time, SPIR-V cached through the KernelBinaryCache).
+// Compare, Where, Cast and Clamp, all decoded by backends/common and compiled
+// through codegen_elementwise (GLSL generated at prepare time, SPIR-V cached
+// through the KernelBinaryCache).
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/codegen_elementwise.h"
@@ -15,7 +16,7 @@ using backend::Claim;
 using backend::KernelSpec;
 
 Claim SupportsElementwise(const VulkanDevice& d, const KernelSpec& spec) {
-  absl::StatusOr<ElementwiseRegion> region = RegionFor(spec);
+  absl::StatusOr<backend::ElementwiseRegion> region = backend::DecodeSpec(spec);
   if (!region.ok()) return Claim::No(absl::StrCat("vulkan: ", region.status().message()));
   const std::string why = ElementwiseUnsupported(d.caps(), spec, *region);
   if (!why.empty()) return Claim::No(absl::StrCat("vulkan elementwise: ", why));
@@ -72,7 +73,7 @@ std::string KernelName(const KernelSpec& spec, const std::string& cache_key) {
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateElementwise(
     VulkanDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
-  KILN_ASSIGN_OR_RETURN(ElementwiseRegion region, RegionFor(spec));
+  KILN_ASSIGN_OR_RETURN(backend::ElementwiseRegion region, backend::DecodeSpec(spec));
   const uint32_t wg = Workgroup1D(d.caps());
   const std::string source = GenerateElementwise(d.caps(), spec, region, wg);
   const std::string name = KernelName(spec, d.shaders().CacheKey(source));

@@ -1,13 +1,16 @@
 // Fuse (DESIGN.md section 3, stage 5): matmul epilogues (bias, activation,
 // residual) into FusedMatMul, residual + norm into FusedResidualNorm, and
-// chains of elementwise ops into FusedElementwise regions. A fusion is made
-// only when the device claims the fused kernel and the cost model estimates it
-// cheaper than the separate kernels.
+// chains of elementwise ops into FusedElementwise regions (their instructions
+// built and checked by backends/common/elementwise_region.h, as every backend
+// reads them). A fusion is made only when the device claims the fused kernel
+// and the cost model estimates it cheaper than the separate kernels.
 #include <algorithm>
+#include <span>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "backends/common/elementwise_region.h"
 #include "base/status.h"
 #include "engine/ir/infer.h"
 #include "engine/passes/kernel_spec.h"
@@ -210,13 +213,7 @@ struct Fuser {
   }
 
   static bool IsElementwise(const Node& n) {
-    switch (n.op) {
-      case v1::OP_UNARY: case v1::OP_BINARY: case v1::OP_COMPARE: case v1::OP_WHERE:
-      case v1::OP_CAST: case v1::OP_CLAMP:
-        return n.outputs.size() == 1;
-      default:
-        return false;
-    }
+    return backend::IsStandaloneElementwise(n.op) && n.outputs.size() == 1;
   }
 
   bool IsScalarConstant(ValueRef v) {
@@ -285,21 +282,23 @@ struct Fuser {
       std::vector<int> args;
       for (const ValueRef& v : n->operands) args.push_back(arg_of(v));
       v1::FusedInstr* in = region->add_instrs();
-      in->set_op(n->op);
-      in->set_dtype(n->outputs[0].dtype);
+      *in = backend::InstrFor(n->op, n->attrs, args, n->outputs[0].dtype);
       in->set_origin_node(n->id);
-      for (int a : args) in->add_args(a);
-      switch (n->op) {
-        case v1::OP_UNARY: *in->mutable_unary() = n->attrs.unary(); break;
-        case v1::OP_BINARY: *in->mutable_binary() = n->attrs.binary(); break;
-        case v1::OP_COMPARE: *in->mutable_compare() = n->attrs.compare(); break;
-        case v1::OP_CAST: *in->mutable_cast() = n->attrs.cast(); break;
-        case v1::OP_CLAMP: *in->mutable_clamp() = n->attrs.clamp(); break;
-        default: break;
-      }
       slot[n->out()] = num_inputs + region->instrs_size() - 1;
     }
     region->add_results(slot[root.out()] - num_inputs);
+    // The region must read as every backend will read it (the shared
+    // decoder); one that does not stays unfused, with a note saying why.
+    std::vector<DType> input_dtypes;
+    for (const ValueRef& v : fused->operands) input_dtypes.push_back(g.TypeOf(v).dtype);
+    const DType out_dtype = root.outputs[0].dtype;
+    if (auto decoded =
+            backend::DecodeRegion(*region, input_dtypes, std::span<const DType>(&out_dtype, 1));
+        !decoded.ok()) {
+      ctx.notes.push_back(absl::StrCat("fusion of ", ir::NodeLabel(root), " skipped (",
+                                       decoded.status().message(), ")"));
+      return false;
+    }
     if (!Commit(std::move(fused), ordered, {{root.out(), 0}})) return false;
     for (int32_t id : members) claimed.insert(id);
     return true;

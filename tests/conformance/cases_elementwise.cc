@@ -17,7 +17,7 @@ using ref::Shape;
 std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
 
 // A standalone elementwise op as a case: the reference is the one-instruction
-// region of the same op.
+// region of the same op (backend::DecodeSpec's reading of the spec).
 Case OpCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs,
             std::vector<HostTensor> inputs, DType out_dtype, Tolerance tol) {
   std::vector<backend::TensorDesc> in_descs;
@@ -26,36 +26,11 @@ Case OpCase(const std::string& name, v1::OpKind op, const v1::Attrs& attrs,
     in_descs.push_back(Desc(t.dtype(), t.dims()));
     out = ref::Broadcast(out, t.dims());
   }
-  v1::FusedInstr f;
-  f.set_op(op);
-  for (size_t i = 0; i < inputs.size(); ++i) f.add_args(static_cast<int>(i));
-  f.set_dtype(out_dtype);
-  switch (op) {
-    case v1::OP_UNARY:
-      *f.mutable_unary() = attrs.unary();
-      break;
-    case v1::OP_BINARY:
-      *f.mutable_binary() = attrs.binary();
-      break;
-    case v1::OP_COMPARE:
-      *f.mutable_compare() = attrs.compare();
-      break;
-    case v1::OP_CAST:
-      *f.mutable_cast() = attrs.cast();
-      break;
-    case v1::OP_CLAMP:
-      *f.mutable_clamp() = attrs.clamp();
-      break;
-    default:
-      break;
-  }
   Case c;
   c.name = name;
   c.spec = ref::Spec(name, op, attrs, std::move(in_descs), {Desc(out_dtype, out)});
   c.inputs = std::move(inputs);
-  c.reference = [f](const backend::KernelSpec&, const std::vector<HostTensor>& in) {
-    return ref::RegionReference({f}, {0}, in);
-  };
+  c.reference = ref::ElementwiseReference;
   c.tol = tol;
   return c;
 }

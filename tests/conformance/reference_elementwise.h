@@ -2,13 +2,17 @@
 // interpreter for elementwise regions (FusedElementwise), shared by the
 // elementwise, fused and loss case files. Each instruction's result is rounded
 // to its dtype, as the IR defines: a region computes what its unfused nodes
-// would.
+// would. Regions are read by the decoder every backend uses
+// (backends/common/elementwise_region.h); only the arithmetic is written here.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "backends/common/elementwise_region.h"
 #include "tests/conformance/reference_util.h"
 
 namespace kiln::conformance::ref {
@@ -130,12 +134,12 @@ inline double CompareValue(int kind, double a, double b) {
 }
 
 // Clamp: NaN passes; integer results are the nearest integer inside the bounds.
-inline double ClampValue(const v1::ClampAttrs& c, double x, DType dtype) {
+inline double ClampValue(const backend::RegionInstr& c, double x) {
   if (std::isnan(x)) return x;
-  const bool is_int = !IsFloat(dtype);
-  if (c.has_min() && x < c.min()) x = is_int ? std::ceil(c.min()) : c.min();
-  if (c.has_max() && x > c.max()) x = is_int ? std::floor(c.max()) : c.max();
-  return is_int ? CastValue(x, v1::DTYPE_F64, dtype) : RoundTo(x, dtype);
+  const bool is_int = !IsFloat(c.dtype);
+  if (c.has_lo && x < c.lo) x = is_int ? std::ceil(c.lo) : c.lo;
+  if (c.has_hi && x > c.hi) x = is_int ? std::floor(c.hi) : c.hi;
+  return is_int ? CastValue(x, v1::DTYPE_F64, c.dtype) : RoundTo(x, c.dtype);
 }
 
 // Rounds an op's exact result to its dtype.
@@ -144,20 +148,19 @@ inline double Store(double v, DType dtype) {
 }
 
 // One instruction over scalar values (`vals` holds every value so far).
-inline double InstrValue(const v1::FusedInstr& f, const std::vector<double>& vals,
-                         const std::vector<DType>& dtypes) {
-  auto a = [&](int k) { return vals[f.args(k)]; };
-  switch (f.op()) {
+inline double InstrValue(const backend::RegionInstr& in, const std::vector<double>& vals) {
+  auto a = [&](int k) { return vals[in.args[k]]; };
+  switch (in.op) {
     case v1::OP_UNARY: {
       const double x = a(0);
-      if (IsFloat(f.dtype())) return RoundTo(UnaryValue(f.unary().kind(), x), f.dtype());
-      switch (f.unary().kind()) {  // signed integers
+      if (IsFloat(in.dtype)) return RoundTo(UnaryValue(in.kind, x), in.dtype);
+      switch (in.kind) {  // signed integers
         case v1::UNARY_RELU:
           return std::max(x, 0.0);
         case v1::UNARY_NEG:
-          return WrapInt(-static_cast<long double>(x), f.dtype());
+          return WrapInt(-static_cast<long double>(x), in.dtype);
         case v1::UNARY_ABS:
-          return WrapInt(std::fabs(static_cast<long double>(x)), f.dtype());
+          return WrapInt(std::fabs(static_cast<long double>(x)), in.dtype);
         case v1::UNARY_SIGN:
           return (x > 0) - (x < 0);
         default:
@@ -165,43 +168,57 @@ inline double InstrValue(const v1::FusedInstr& f, const std::vector<double>& val
       }
     }
     case v1::OP_BINARY:
-      return Store(BinaryValue(f.binary().kind(), a(0), a(1), f.dtype()), f.dtype());
+      return Store(BinaryValue(in.kind, a(0), a(1), in.dtype), in.dtype);
     case v1::OP_COMPARE:
-      return CompareValue(f.compare().kind(), a(0), a(1));
+      return CompareValue(in.kind, a(0), a(1));
     case v1::OP_WHERE:
       return a(0) != 0 ? a(1) : a(2);
     case v1::OP_CAST:
-      return CastValue(a(0), dtypes[f.args(0)], f.dtype());
+      return CastValue(a(0), in.arg_dtype, in.dtype);
     case v1::OP_CLAMP:
-      return ClampValue(f.clamp(), a(0), f.dtype());
+      return ClampValue(in, a(0));
     case v1::OP_CONSTANT:
-      return CastValue(f.scalar(), v1::DTYPE_F64, f.dtype());
+      return CastValue(in.scalar, v1::DTYPE_F64, in.dtype);
     default:
       return NAN;
   }
 }
 
-// Evaluates a region element by element over the broadcast of its inputs.
-inline std::vector<HostTensor> RegionReference(const std::vector<v1::FusedInstr>& instrs,
-                                               const std::vector<int>& results,
+// Evaluates a decoded region element by element over the broadcast of its
+// inputs.
+inline std::vector<HostTensor> RegionReference(const backend::ElementwiseRegion& region,
                                                const std::vector<HostTensor>& inputs) {
   Dims out;
   for (const HostTensor& t : inputs) out = Broadcast(out, t.dims());
   std::vector<HostTensor> outs;
-  for (size_t k = 0; k < results.size(); ++k) outs.push_back(F64(out));
+  for (size_t k = 0; k < region.results.size(); ++k) outs.push_back(F64(out));
   const size_t nin = inputs.size();
-  std::vector<double> vals(nin + instrs.size());
-  std::vector<DType> dtypes;
-  for (const HostTensor& t : inputs) dtypes.push_back(t.dtype());
-  for (const auto& f : instrs) dtypes.push_back(f.dtype());
+  std::vector<double> vals(region.num_values());
   const int64_t n = NumElements(out);
   for (int64_t e = 0; e < n; ++e) {
     for (size_t i = 0; i < nin; ++i)
       vals[i] = At(inputs[i], BroadcastIndex(out, inputs[i].dims(), e));
-    for (size_t j = 0; j < instrs.size(); ++j) vals[nin + j] = InstrValue(instrs[j], vals, dtypes);
-    for (size_t k = 0; k < results.size(); ++k) outs[k].SetFromDouble(e, vals[nin + results[k]]);
+    for (size_t j = 0; j < region.instrs.size(); ++j) {
+      vals[nin + j] = InstrValue(region.instrs[j], vals);
+    }
+    for (size_t k = 0; k < region.results.size(); ++k) {
+      outs[k].SetFromDouble(e, vals[nin + region.results[k]]);
+    }
   }
   return outs;
+}
+
+// The reference of any elementwise spec (a ReferenceFn): FusedElementwise, or
+// a standalone op as its one-instruction region. A spec the decoder rejects
+// is a broken case: it fails the test.
+inline std::vector<HostTensor> ElementwiseReference(const backend::KernelSpec& spec,
+                                                    const std::vector<HostTensor>& inputs) {
+  absl::StatusOr<backend::ElementwiseRegion> region = backend::DecodeSpec(spec);
+  if (!region.ok()) {
+    ADD_FAILURE() << spec.name << ": " << region.status();
+    return {};
+  }
+  return RegionReference(*region, inputs);
 }
 
 // Instruction builders.
