@@ -196,8 +196,16 @@ class Kernel {
 struct Claim {
   bool native = false;
   std::string reason;
-  static Claim Yes() { return {true, ""}; }
-  static Claim No(std::string why) { return {false, std::move(why)}; }
+  // Not OK when the device could not answer at all (a device fault: its
+  // worker died): the compile fails with this status, UNAVAILABLE, rather
+  // than calling the op unsupported.
+  absl::Status fault;
+  static Claim Yes() { return {true, "", absl::OkStatus()}; }
+  static Claim No(std::string why) { return {false, std::move(why), absl::OkStatus()}; }
+  static Claim Fault(absl::Status s) {
+    std::string why(s.message());
+    return {false, std::move(why), std::move(s)};
+  }
 };
 
 class Device {

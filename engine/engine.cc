@@ -250,12 +250,24 @@ absl::StatusOr<CompileResult> Engine::Compile(
   v1::CompileReport& report = result.report;
   KILN_ASSIGN_OR_RETURN(compile::HirGraph hir,
                         impl_->pipeline->Hir(graph, options, shapes, report));
-  KILN_ASSIGN_OR_RETURN(
-      result.executable,
-      impl_->executables->GetOrCompile(
-          hir.key, hir.key_components, report, [&](v1::CompileReport& r) {
-            return impl_->pipeline->Compile(std::move(hir.graph), options, hir.key, r);
-          }));
+  // A pinned device that is being restarted fails fast, as its runs do.
+  std::map<std::string, uint64_t> generations;  // of every device, as the compile begins
+  for (backend::Device* d : impl_->registry->devices()) generations[d->info().id] = d->generation();
+  if (options.device != "auto" && !options.device.empty()) {
+    KILN_RETURN_IF_ERROR(impl_->health->Check(options.device));
+  }
+  auto executable = impl_->executables->GetOrCompile(
+      hir.key, hir.key_components, report, [&](v1::CompileReport& r) {
+        return impl_->pipeline->Compile(std::move(hir.graph), options, hir.key, r);
+      });
+  if (auto faulted = backend::FaultedDevice(executable.status())) {
+    // A device that faulted while the compile asked it (claims, kernels):
+    // marked unhealthy and restarted like one that faults in a run.
+    auto g = generations.find(*faulted);
+    impl_->health->NoteFault(*faulted, executable.status(),
+                             g == generations.end() ? std::nullopt : std::optional<uint64_t>(g->second));
+  }
+  KILN_ASSIGN_OR_RETURN(result.executable, std::move(executable));
   report.set_total_micros(MicrosSince(t0));
   return result;
 }
@@ -287,19 +299,24 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
   job.priority = options.priority;
   job.deadline = options.deadline;
   job.cost_micros = estimate;
-  job.run = [this, &program, inputs, params, options, outcome](absl::Duration queued) -> double {
+  backend::Device* placed = registry->Find(device);
+  job.run = [this, &program, inputs, params, options, outcome, placed](absl::Duration queued) -> double {
     if (options.cancelled != nullptr && options.cancelled->load()) {
       *outcome = absl::CancelledError("the client went away before the run started");
       return 0;
     }
     const auto t0 = Clock::now();
+    const uint64_t generation = placed != nullptr ? placed->generation() : 0;
     *outcome = program.Run(inputs, params, options);
     const double used = MicrosSince(t0);
     if (outcome->ok() && options.report) {
       (*outcome)->report.set_queue_micros(absl::ToDoubleMicroseconds(queued));
     }
     if (auto faulted = backend::FaultedDevice(outcome->status())) {
-      health->NoteFault(*faulted, outcome->status());
+      health->NoteFault(*faulted, outcome->status(),
+                        placed != nullptr && *faulted == placed->info().id
+                            ? std::optional<uint64_t>(generation)
+                            : std::nullopt);
     }
     return used;
   };

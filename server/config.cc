@@ -111,6 +111,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.tls_cert) config.mutable_tls()->set_cert_file(*flags.tls_cert);
   if (flags.tls_key) config.mutable_tls()->set_key_file(*flags.tls_key);
   if (flags.tls_client_ca) config.mutable_tls()->set_client_ca_file(*flags.tls_client_ca);
+  if (flags.device_isolation) config.set_device_isolation(*flags.device_isolation);
   if (config.calibration().empty()) config.set_calibration("auto");
   if (config.calibration() != "auto" && config.calibration() != "always" &&
       config.calibration() != "never") {
@@ -186,6 +187,14 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "device_wait_floor_seconds is ", config.device_wait_floor_seconds(),
         " and device_wait_slack is ", config.device_wait_slack(), "; both must be >= 0 (0 = the default)"));
+  }
+  if (!config.device_isolation().empty() && config.device_isolation() != "auto" &&
+      config.device_isolation() != "process" && config.device_isolation() != "thread") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_isolation is \"", config.device_isolation(), "\"; must be auto, process or thread"));
+  }
+  if (config.device_worker_grace_seconds() < 0) {
+    return absl::InvalidArgumentError("device_worker_grace_seconds must be >= 0 (0 = 5)");
   }
   if (config.max_concurrent_runs() < 1) {
     return absl::InvalidArgumentError(

@@ -56,6 +56,7 @@ struct FlagOverrides {
   std::optional<std::string> tls_cert;       // tls.cert_file
   std::optional<std::string> tls_key;        // tls.key_file
   std::optional<std::string> tls_client_ca;  // tls.client_ca_file
+  std::optional<std::string> device_isolation;
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the

@@ -48,6 +48,9 @@ ABSL_FLAG(std::optional<std::string>, tls_key, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, tls_client_ca, std::nullopt,
           "PEM CA that client certificates must chain to: mTLS, certificates map to tenants "
           "(config tls.client_ca_file).");
+ABSL_FLAG(std::optional<std::string>, device_isolation, std::nullopt,
+          "Where devices other than the CPU run: auto (default: a device worker process per "
+          "device, when kiln-device-worker is installed), process, or thread (in kilnd).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
   flags.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   flags.tls_key = absl::GetFlag(FLAGS_tls_key);
   flags.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  flags.device_isolation = absl::GetFlag(FLAGS_device_isolation);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));

@@ -49,6 +49,8 @@ grpc::ServerUnaryReactor* KilnService::ListDevices(grpc::CallbackServerContext* 
         out->set_restarts(s.restarts);
         out->set_concurrent_runs(s.slots);
         out->set_queued_runs(s.queued);
+        out->set_isolated(s.isolated);
+        out->set_worker_pid(s.worker_pid);
       }
     }
     for (const std::string& u : engine.UnavailableBackends()) response.add_unavailable(u);

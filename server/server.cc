@@ -161,6 +161,13 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
     eo.device_wait_floor = absl::Seconds(config.device_wait_floor_seconds());
   }
   if (config.device_wait_slack() > 0) eo.device_wait_slack = config.device_wait_slack();
+  eo.device_isolation = config.device_isolation() == "process" ? EngineOptions::DeviceIsolation::kProcess
+                        : config.device_isolation() == "thread" ? EngineOptions::DeviceIsolation::kThread
+                                                                : EngineOptions::DeviceIsolation::kAuto;
+  eo.device_worker = config.device_worker();
+  if (config.device_worker_grace_seconds() > 0) {
+    eo.device_worker_grace = absl::Seconds(config.device_worker_grace_seconds());
+  }
   auto engine = Engine::Create(eo);
   if (!engine.ok()) return engine.status();
   s->engine_ = std::move(engine).value();

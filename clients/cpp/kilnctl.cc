@@ -150,12 +150,14 @@ absl::Status CmdDevices(const GlobalFlags& g) {
                     absl::StrCat(d.threads()),
                     peak > 0 ? absl::StrFormat("%.0f GFLOP/s", peak) : std::string("-"),
                     d.profile().calibrated() ? "yes" : "no", absl::StrCat(d.concurrent_runs()),
+                    d.isolated() ? absl::StrCat("process ", d.worker_pid()) : std::string("kilnd"),
                     d.healthy() ? "healthy"
                                 : absl::StrCat("UNHEALTHY (", d.faults(), " faults)")});
   }
   std::printf("%s", FormatTable({"id", "backend", "name", "arch", "memory", "threads", "peak f32",
-                                 "calibrated", "runs at once", "health"},
-                                {false, false, false, false, true, true, true, false, true, false},
+                                 "calibrated", "runs at once", "worker", "health"},
+                                {false, false, false, false, true, true, true, false, true, false,
+                                 false},
                                 rows)
                         .c_str());
   for (const v1::DeviceInfo& d : resp.devices()) {

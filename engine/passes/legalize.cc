@@ -120,6 +120,10 @@ class LegalizePass final : public Pass {
       const bool made = n->path == v1::PATH_COMMON_IR || n->path == v1::PATH_REWRITTEN;
       const backend::KernelSpec spec = SpecOf(g, *n);
       const backend::Claim on_target = target->Supports(spec);
+      // The device did not answer (its worker died): a device fault, not an
+      // unsupported op.
+      KILN_RETURN_IF_ERROR(on_target.fault) << "while asking " << target->info().id << " about "
+                                            << ir::NodeLabel(*n);
       if (HasDecomposition(*n) && (ctx.prefer_common_ir || !on_target.native)) {
         KILN_ASSIGN_OR_RETURN(std::vector<int32_t> fresh, Decompose(g, *n));
         work.insert(work.end(), fresh.begin(), fresh.end());

@@ -27,9 +27,17 @@ DeviceHealth::~DeviceHealth() {
   prober_.join();
 }
 
-void DeviceHealth::NoteFault(const std::string& device, const absl::Status& status) {
+void DeviceHealth::NoteFault(const std::string& device, const absl::Status& status,
+                             std::optional<uint64_t> generation) {
+  backend::Device* d = registry_.Find(device);
+  const bool stale = generation && d != nullptr && d->generation() != *generation;
   absl::MutexLock lock(&mu_);
   State& s = states_[device];
+  if (!s.healthy || stale) {
+    spdlog::debug("{}: fault of the same incident or an earlier worker: {}", device,
+                  std::string(status.message()));
+    return;
+  }
   s.healthy = false;
   s.fault = std::string(status.message());
   ++s.faults;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,7 +42,13 @@ class DeviceHealth {
   DeviceHealth& operator=(const DeviceHealth&) = delete;
 
   // `status` is the fault (its message is kept for reports and logs).
-  void NoteFault(const std::string& device, const absl::Status& status);
+  // `generation` is the device's (backend::Device::generation) when the
+  // faulting work began. One incident counts once: faults noted while the
+  // device is already unhealthy (other runs failing of the same worker
+  // death), or from work begun before the device last restarted, are not
+  // counted and mark nothing.
+  void NoteFault(const std::string& device, const absl::Status& status,
+                 std::optional<uint64_t> generation = std::nullopt);
   // OK, or the device fault that runs on the unhealthy device get.
   absl::Status Check(const std::string& device) const;
   State Get(const std::string& device) const;

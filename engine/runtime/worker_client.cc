@@ -728,7 +728,7 @@ backend::Claim IsolatedDevice::Supports(const backend::KernelSpec& spec) const {
     if (auto it = claims_.find(key); it != claims_.end()) return it->second;
   }
   absl::StatusOr<wp::Reply> reply = Current()->Call(std::move(r), options_.call_timeout);
-  if (!reply.ok()) return backend::Claim::No(std::string(reply.status().message()));
+  if (!reply.ok()) return backend::Claim::Fault(reply.status());
   if (reply->code() != 0) return backend::Claim::No(reply->message());
   backend::Claim claim{reply->native(), reply->reason()};
   absl::MutexLock lock(&claims_mu_);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -22,6 +23,13 @@
 
 namespace kiln {
 namespace {
+
+// The fault worker: this build's, or $KILN_FAULT_WORKER where the tests run
+// from a bundle (the GPU machine).
+std::string FaultWorker() {
+  const char* env = std::getenv("KILN_FAULT_WORKER");
+  return env != nullptr && *env != '\0' ? env : KILN_FAULT_WORKER_PATH;
+}
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
   o.calibration = EngineOptions::Calibration::kNever;
@@ -132,7 +140,7 @@ class WorkerFaults : public ::testing::TestWithParam<FaultCase> {};
 
 TEST_P(WorkerFaults, FailOnlyTheirDeviceAndTheWorkerRestarts) {
   EngineOptions o;
-  o.device_worker = KILN_FAULT_WORKER_PATH;
+  o.device_worker = FaultWorker();
   o.device_wait_floor = absl::Seconds(1);  // the hang is caught after 1 s + grace
   o.device_worker_grace = absl::Seconds(1);
   auto engine = MakeEngine(o);
@@ -183,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(
 // device stays healthy and keeps its worker.
 TEST(DeviceIsolation, KernelErrorIsNotAFault) {
   EngineOptions o;
-  o.device_worker = KILN_FAULT_WORKER_PATH;
+  o.device_worker = FaultWorker();
   auto engine = MakeEngine(o);
   ASSERT_NE(engine, nullptr);
   if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";

@@ -30,7 +30,12 @@ class FaultKernel final : public backend::Kernel {
   std::string implementation() const override { return "test:fault_" + mode_; }
   absl::Status Launch(backend::Stream& stream, std::span<const backend::BufferView> inputs,
                       std::span<const backend::BufferView> outputs) override {
-    if (mode_ == "crash") std::raise(SIGSEGV);
+    if (mode_ == "crash") {
+      // The default action, not a sanitizer's handler: the worker dies of
+      // the signal, as a driver crash kills it.
+      std::signal(SIGSEGV, SIG_DFL);
+      std::raise(SIGSEGV);
+    }
     if (mode_ == "exit") _exit(3);
     if (mode_ == "hang") {
       for (;;) absl::SleepFor(absl::Hours(1));
