@@ -6,19 +6,8 @@
 # (kiln_bench isolation: tiny graph and encoder, thread vs process,
 # interleaved). Prints the key results; logs under $OUT.
 set -u
-stage=/tmp/kiln-gpu
-mkdir -p "$stage" && tar -xJf .gpu/kiln-gpu.tar.xz -C "$stage"
-for f in .gpu/*.deb; do dpkg -x "$f" /; done
-ldconfig
-for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
-           /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
-           $(find / -xdev -name 'nvidia_icd*.json' 2>/dev/null | head -1); do
-  if [[ -f $icd ]]; then export VK_DRIVER_FILES=$icd; break; fi
-done
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$stage/lib
+source "$(dirname "$0")/unpack.sh"
 export KILN_FAULT_WORKER=$stage/bin/kiln_fault_worker
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for iso in thread process; do
   KILN_TEST_ISOLATION=$iso KILN_CTS_GPU_ONLY=1 timeout 200 "$stage/bin/kiln_cts_test" \
