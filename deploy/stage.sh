@@ -32,7 +32,9 @@ fi
 # kilnd runs devices other than the CPU in kiln-device-worker child processes,
 # which it looks for beside itself (engine/runtime/worker_client.h).
 targets=(kilnd kilnctl)
-if cmake --build "$build" --target help | grep -q '^kiln-device-worker:'; then
+# (grep reads all of cmake's output: with -q it would stop at the match, cmake
+# would die of SIGPIPE, and under pipefail the test would read as false.)
+if cmake --build "$build" --target help | grep '^kiln-device-worker:' >/dev/null; then
   targets+=(kiln-device-worker)
 fi
 cmake --build "$build" --target "${targets[@]}"
