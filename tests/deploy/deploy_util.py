@@ -47,6 +47,19 @@ def http_get(url, timeout=10.0):
         return r.read().decode()
 
 
+def stop_process(proc, log, directory):
+    """SIGTERM, 30 s to exit (then SIGKILL); closes its log, removes its directory."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 class Kilnd:
     """A kilnd child on 127.0.0.1 (gRPC and metrics on ephemeral ports)."""
 
@@ -91,15 +104,7 @@ class Kilnd:
             self.proc.wait()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self.log, self.dir)
 
 
 class Prometheus:
@@ -160,15 +165,7 @@ class Prometheus:
         return r["status"], r.get("error", ""), r.get("data", {}).get("result", [])
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self.log, self.dir)
 
 
 def unprivileged():
