@@ -189,8 +189,13 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
   const std::filesystem::path file = dir / (compile::Sha256Hex(id_key).substr(0, 32) + ".json");
   CalibrationResult result;
   if (!cache_dir.empty()) {
-    std::ifstream in(file);
-    if (in) {
+    // Only a regular file is read: a FIFO planted in its place would block
+    // this open, and the engine's start with it.
+    std::error_code ec;
+    const bool regular = std::filesystem::is_regular_file(std::filesystem::symlink_status(file, ec));
+    std::ifstream in;
+    if (regular) in.open(file);
+    if (regular && in) {
       auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
       if (!j.is_discarded() && j.value("key", "") == id_key) {
         backend::DeviceProfile& p = result.profile;

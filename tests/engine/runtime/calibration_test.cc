@@ -8,6 +8,9 @@
 #include <fstream>
 #include <future>
 #include <thread>
+#include <vector>
+
+#include <sys/stat.h>
 
 #include "engine/runtime/device_registry.h"
 
@@ -47,6 +50,18 @@ TEST(Calibration, MeasuresThenReusesTheCache) {
   auto third = CalibrateCached(cpu, dir.string(), kAnyLoad);
   ASSERT_TRUE(third.ok());
   EXPECT_FALSE(third->from_cache);
+  // A FIFO (or any non-regular file) in its place is not opened: reading one
+  // would block kilnd's start for good.
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir / "calibration")) entries.push_back(e.path());
+  ASSERT_FALSE(entries.empty());
+  for (const auto& path : entries) {
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  }
+  auto fourth = CalibrateCached(cpu, dir.string(), kAnyLoad);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_FALSE(fourth->from_cache);
   fs::remove_all(dir);
 }
 
