@@ -272,29 +272,16 @@ absl::StatusOr<bool> FoldGather(Importer& c) {
 absl::StatusOr<bool> FoldSlice(Importer& c) {
   const Known& x = K(c, 0);
   const int64_t rank = x.t->rank();
-  std::vector<int64_t> starts, ends, axes, steps;
-  if (c.opset() < 10) {
-    starts = c.AttrInts("starts").value_or(std::vector<int64_t>{});
-    ends = c.AttrInts("ends").value_or(std::vector<int64_t>{});
-    axes = c.AttrInts("axes").value_or(std::vector<int64_t>{});
-  } else {
+  if (c.opset() >= 10) {
     for (int i = 1; i < c.num_inputs(); ++i) {
       if (c.has(i) && !K(c, i).complete()) return false;
     }
-    KILN_ASSIGN_OR_RETURN(starts, c.RequiredInts(1));
-    KILN_ASSIGN_OR_RETURN(ends, c.RequiredInts(2));
-    KILN_ASSIGN_OR_RETURN(auto a, c.Ints(3));
-    KILN_ASSIGN_OR_RETURN(auto s, c.Ints(4));
-    if (a) axes = *a;
-    if (s) steps = *s;
   }
-  if (axes.empty()) {
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-  }
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
-    return c.Invalid("starts, ends, axes and steps differ in length");
-  }
+  KILN_ASSIGN_OR_RETURN(Importer::SliceArgs args, c.SliceOperands());
+  std::vector<int64_t>& starts = args.starts;
+  std::vector<int64_t>& ends = args.ends;
+  std::vector<int64_t>& axes = args.axes;
+  std::vector<int64_t>& steps = args.steps;
   const Dims& xd = x.t->dims();
   std::vector<std::vector<int64_t>> pick(rank);
   for (int64_t k = 0; k < rank; ++k) {

@@ -78,6 +78,31 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> Importer::Ints(int i) {
   return std::optional<std::vector<int64_t>>(std::move(out));
 }
 
+absl::StatusOr<Importer::SliceArgs> Importer::SliceOperands() {
+  SliceArgs s;
+  if (opset() < 10) {
+    s.starts = AttrInts("starts").value_or(std::vector<int64_t>{});
+    s.ends = AttrInts("ends").value_or(std::vector<int64_t>{});
+    s.axes = AttrInts("axes").value_or(std::vector<int64_t>{});
+  } else {
+    KILN_ASSIGN_OR_RETURN(s.starts, RequiredInts(1));
+    KILN_ASSIGN_OR_RETURN(s.ends, RequiredInts(2));
+    KILN_ASSIGN_OR_RETURN(auto a, Ints(3));
+    KILN_ASSIGN_OR_RETURN(auto st, Ints(4));
+    if (a) s.axes = *a;
+    if (st) s.steps = *st;
+  }
+  if (s.axes.empty()) {
+    for (size_t i = 0; i < s.starts.size(); ++i) s.axes.push_back(static_cast<int64_t>(i));
+  }
+  if (s.steps.empty()) s.steps.assign(s.starts.size(), 1);
+  if (s.ends.size() != s.starts.size() || s.axes.size() != s.starts.size() ||
+      s.steps.size() != s.starts.size()) {
+    return Invalid("starts, ends, axes and steps differ in length");
+  }
+  return s;
+}
+
 absl::StatusOr<std::vector<int64_t>> Importer::RequiredInts(int i) {
   KILN_RETURN_IF_ERROR(Need(i));
   auto v = Ints(i);

@@ -92,6 +92,12 @@ class Importer {
   // absent (when optional) -> nullopt.
   absl::StatusOr<std::optional<std::vector<int64_t>>> Ints(int i);
   absl::StatusOr<std::vector<int64_t>> RequiredInts(int i);
+  // Slice's starts, ends, axes and steps, from attributes (opset < 10) or
+  // inputs 1..4, defaulted (every axis, step 1) and checked for equal length.
+  struct SliceArgs {
+    std::vector<int64_t> starts, ends, axes, steps;
+  };
+  absl::StatusOr<SliceArgs> SliceOperands();
   absl::StatusOr<double> Scalar(int i);  // a known one-element input
   // A shape input whose elements may be symbolic: >= 0 / negative literal
   // values, with sym[i] != 0 where element i is a run-time dim.

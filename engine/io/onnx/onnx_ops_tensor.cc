@@ -262,26 +262,11 @@ absl::StatusOr<ValueRef> GatherAxis(Importer& c, ValueRef x, int64_t axis,
 
 absl::Status SliceOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
-  std::vector<int64_t> starts, ends, axes, steps;
-  if (c.opset() < 10) {
-    starts = c.AttrInts("starts").value_or(std::vector<int64_t>{});
-    ends = c.AttrInts("ends").value_or(std::vector<int64_t>{});
-    axes = c.AttrInts("axes").value_or(std::vector<int64_t>{});
-  } else {
-    KILN_ASSIGN_OR_RETURN(starts, c.RequiredInts(1));
-    KILN_ASSIGN_OR_RETURN(ends, c.RequiredInts(2));
-    KILN_ASSIGN_OR_RETURN(auto a, c.Ints(3));
-    KILN_ASSIGN_OR_RETURN(auto s, c.Ints(4));
-    if (a) axes = *a;
-    if (s) steps = *s;
-  }
-  if (axes.empty()) {
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-  }
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
-    return c.Invalid("starts, ends, axes and steps differ in length");
-  }
+  KILN_ASSIGN_OR_RETURN(Importer::SliceArgs args, c.SliceOperands());
+  std::vector<int64_t>& starts = args.starts;
+  std::vector<int64_t>& ends = args.ends;
+  std::vector<int64_t>& axes = args.axes;
+  std::vector<int64_t>& steps = args.steps;
   v1::Attrs pos;
   std::vector<size_t> negative;
   for (size_t i = 0; i < starts.size(); ++i) {
