@@ -1,7 +1,6 @@
 #include "engine/io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,10 +9,10 @@
 #include <cstring>
 #include <set>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/checked_int.h"
 #include "base/status.h"
+#include "engine/io/mapped_file.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln::io {
@@ -27,15 +26,6 @@ constexpr std::pair<std::string_view, DType> kDTypes[] = {
     {"I16", v1::DTYPE_I16}, {"I8", v1::DTYPE_I8},   {"U8", v1::DTYPE_U8},
     {"BOOL", v1::DTYPE_BOOL},
 };
-
-// A name from the file, safe to put in a message or a log line: escaped (no
-// newline can forge a line) and cut short.
-std::string Quoted(std::string_view name) {
-  constexpr size_t kMax = 120;
-  std::string out = absl::CHexEscape(std::string(name.substr(0, kMax)));
-  if (name.size() > kMax) absl::StrAppend(&out, "...");
-  return absl::StrCat("'", out, "'");
-}
 
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("safetensors: ", what));
@@ -83,19 +73,13 @@ absl::StatusOr<int64_t> NonNegativeInt(const json& v, const std::string& what) {
 
 absl::Status Errno(const char* what, const std::string& path) {
   return absl::InvalidArgumentError(
-      absl::StrCat("safetensors: ", what, " ", Quoted(path), ": ", std::strerror(errno)));
+      absl::StrCat("safetensors: ", what, " ", QuotedName(path), ": ", std::strerror(errno)));
 }
 
 }  // namespace
 
 struct SafetensorsFile::Mapping {
-  std::string owned;
-  void* map = nullptr;
-  size_t map_size = 0;
-  std::string_view bytes;
-  ~Mapping() {
-    if (map != nullptr) ::munmap(map, map_size);
-  }
+  MappedFile file;
 };
 
 SafetensorsFile::~SafetensorsFile() = default;
@@ -116,45 +100,11 @@ std::string_view SafetensorsDTypeName(DType dtype) {
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
                                                       const SafetensorsLimits& limits) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("safetensors: no file ", Quoted(path)));
-    }
-    return Errno("cannot open", path);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    absl::Status s = Errno("cannot stat", path);
-    ::close(fd);
-    return s;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Invalid(absl::StrCat(Quoted(path), " is not a regular file"));
-  }
-  if (st.st_size > limits.max_file_bytes) {
-    ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("safetensors: ", Quoted(path), " is ",
-                                                     st.st_size, " bytes, over the limit of ",
-                                                     limits.max_file_bytes));
-  }
+  KILN_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path, limits.max_file_bytes, "safetensors"));
   SafetensorsFile file;
-  file.mapping_ = std::make_unique<Mapping>();
-  if (st.st_size > 0) {
-    void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      absl::Status s = Errno("cannot map", path);
-      ::close(fd);
-      return s;
-    }
-    file.mapping_->map = map;
-    file.mapping_->map_size = static_cast<size_t>(st.st_size);
-    file.mapping_->bytes = {static_cast<const char*>(map), static_cast<size_t>(st.st_size)};
-  }
-  ::close(fd);
+  file.mapping_ = std::make_unique<Mapping>(Mapping{std::move(mapped)});
   if (absl::Status s = file.Parse(limits); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(s.message(), " (in ", Quoted(path), ")"));
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (in ", QuotedName(path), ")"));
   }
   return file;
 }
@@ -162,15 +112,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
 absl::StatusOr<SafetensorsFile> SafetensorsFile::FromBytes(std::string bytes,
                                                            const SafetensorsLimits& limits) {
   SafetensorsFile file;
-  file.mapping_ = std::make_unique<Mapping>();
-  file.mapping_->owned = std::move(bytes);
-  file.mapping_->bytes = file.mapping_->owned;
+  file.mapping_ = std::make_unique<Mapping>(Mapping{MappedFile::FromString(std::move(bytes))});
   KILN_RETURN_IF_ERROR(file.Parse(limits));
   return file;
 }
 
 absl::Status SafetensorsFile::Parse(const SafetensorsLimits& limits) {
-  const std::string_view all = mapping_->bytes;
+  const std::string_view all = mapping_->file.bytes();
   if (all.size() < 8) {
     return Invalid(absl::StrCat("file is ", all.size(), " bytes, shorter than the 8-byte header length"));
   }
@@ -205,7 +153,7 @@ absl::Status SafetensorsFile::Parse(const SafetensorsLimits& limits) {
   };
   json doc = json::parse(header.begin(), header.end(), cb, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return Invalid("header is not valid JSON");
-  if (!duplicate.empty()) return Invalid(absl::StrCat("tensor ", Quoted(duplicate), " is given twice"));
+  if (!duplicate.empty()) return Invalid(absl::StrCat("tensor ", QuotedName(duplicate), " is given twice"));
   if (!doc.is_object()) return Invalid("header is not a JSON object");
   if (static_cast<int64_t>(doc.size()) > limits.max_tensors + 1) {
     return absl::ResourceExhaustedError(absl::StrCat("safetensors: ", doc.size(),
@@ -220,13 +168,13 @@ absl::Status SafetensorsFile::Parse(const SafetensorsLimits& limits) {
       if (!v.is_object()) return Invalid("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) {
-          return Invalid(absl::StrCat("__metadata__ value of ", Quoted(m.key()), " is not a string"));
+          return Invalid(absl::StrCat("__metadata__ value of ", QuotedName(m.key()), " is not a string"));
         }
         metadata_.emplace(m.key(), m.value().get<std::string>());
       }
       continue;
     }
-    const std::string t = absl::StrCat("tensor ", Quoted(name));
+    const std::string t = absl::StrCat("tensor ", QuotedName(name));
     if (name.empty()) return Invalid("a tensor has an empty name");
     if (!v.is_object()) return Invalid(absl::StrCat(t, " is not an object"));
     SafetensorsEntry e;
@@ -236,7 +184,7 @@ absl::Status SafetensorsFile::Parse(const SafetensorsLimits& limits) {
     const std::string dtype_name = dt->get<std::string>();
     const std::optional<DType> dtype = SafetensorsDType(dtype_name);
     if (!dtype) {
-      return Invalid(absl::StrCat(t, ": dtype ", Quoted(dtype_name),
+      return Invalid(absl::StrCat(t, ": dtype ", QuotedName(dtype_name),
                                   " is unknown or has no Kiln type (F64 F32 F16 BF16 I64 I32 "
                                   "I16 I8 U8 BOOL)"));
     }
@@ -286,8 +234,8 @@ absl::Status SafetensorsFile::Parse(const SafetensorsLimits& limits) {
   const SafetensorsEntry* previous = nullptr;
   for (const SafetensorsEntry* e : by_offset) {
     if (e->offset < cursor) {
-      return Invalid(absl::StrCat("tensor ", Quoted(e->name), " (bytes ", e->offset, "..", e->offset + e->size,
-                                  ") overlaps tensor ", Quoted(previous->name)));
+      return Invalid(absl::StrCat("tensor ", QuotedName(e->name), " (bytes ", e->offset, "..", e->offset + e->size,
+                                  ") overlaps tensor ", QuotedName(previous->name)));
     }
     if (e->offset > cursor) {
       return Invalid(absl::StrCat("bytes ", cursor, "..", e->offset, " of the data buffer belong to no tensor"));
@@ -315,7 +263,7 @@ std::string_view SafetensorsFile::Bytes(const SafetensorsEntry& entry) const {
 
 absl::StatusOr<HostTensor> SafetensorsFile::Read(std::string_view name) const {
   const SafetensorsEntry* e = Find(name);
-  if (e == nullptr) return absl::NotFoundError(absl::StrCat("safetensors: no tensor ", Quoted(name)));
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("safetensors: no tensor ", QuotedName(name)));
   return HostTensor::FromBytes(e->dtype, e->dims, Bytes(*e));
 }
 
@@ -326,9 +274,9 @@ absl::StatusOr<std::string> SerializeSafetensors(std::span<const SafetensorsItem
   for (const SafetensorsItem& item : tensors) {
     if (item.first.empty()) return Invalid("a tensor to write has an empty name");
     if (item.first == "__metadata__") return Invalid("a tensor cannot be named __metadata__");
-    if (item.second == nullptr) return Invalid(absl::StrCat("tensor ", Quoted(item.first), " has no value"));
+    if (item.second == nullptr) return Invalid(absl::StrCat("tensor ", QuotedName(item.first), " has no value"));
     if (SafetensorsDTypeName(item.second->dtype()).empty()) {
-      return Invalid(absl::StrCat("tensor ", Quoted(item.first), ": dtype ",
+      return Invalid(absl::StrCat("tensor ", QuotedName(item.first), ": dtype ",
                                   DTypeName(item.second->dtype()), " has no safetensors type"));
     }
     sorted.push_back(&item);
@@ -337,7 +285,7 @@ absl::StatusOr<std::string> SerializeSafetensors(std::span<const SafetensorsItem
             [](const auto* a, const auto* b) { return a->first < b->first; });
   for (size_t i = 1; i < sorted.size(); ++i) {
     if (sorted[i]->first == sorted[i - 1]->first) {
-      return Invalid(absl::StrCat("tensor ", Quoted(sorted[i]->first), " is given twice"));
+      return Invalid(absl::StrCat("tensor ", QuotedName(sorted[i]->first), " is given twice"));
     }
   }
   // nlohmann's object keeps keys sorted, "__metadata__" first (underscore
