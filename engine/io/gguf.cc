@@ -175,6 +175,8 @@ struct GgufFile::Mapping {
 };
 
 GgufFile::~GgufFile() = default;
+GgufFile::GgufFile(GgufFile&&) noexcept = default;
+GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
 
 absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path, const GgufLimits& limits) {
   KILN_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(path, limits.max_file_bytes, "gguf"));
@@ -236,13 +238,15 @@ absl::Status GgufFile::Parse(const GgufLimits& limits) {
     KILN_ASSIGN_OR_RETURN(const uint32_t n_dims, r.Get<uint32_t>(absl::StrCat(what, " rank")));
     if (n_dims > 8) return Invalid(absl::StrCat(what, " has rank ", n_dims, " (at most 8)"));
     std::vector<int64_t> ne(n_dims);
-    CheckedInt elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       KILN_ASSIGN_OR_RETURN(const uint64_t v, r.Get<uint64_t>(absl::StrCat(what, " dim ", d)));
       if (v > static_cast<uint64_t>(kInt64Max)) return Invalid(absl::StrCat(what, " dim ", d, " overflows int64"));
       ne[d] = static_cast<int64_t>(v);
-      elements = elements * ne[d];
     }
+    // In Kiln's order (ne reversed), as HostTensor counts: a zero dim after
+    // two huge ones does not make their product fit.
+    CheckedInt elements = 1;
+    for (auto d = ne.rbegin(); d != ne.rend(); ++d) elements = elements * *d;
     KILN_ASSIGN_OR_RETURN(t.ggml_type, r.Get<uint32_t>(absl::StrCat(what, " type")));
     const GgmlType* type = FindType(t.ggml_type);
     if (type == nullptr) return Invalid(absl::StrCat(what, " has ggml type ", t.ggml_type, ", which Kiln does not know"));

@@ -157,6 +157,13 @@ TEST(Gguf, RefusesHostileFilesWithAClearError) {
     cases.push_back({"overflow", w.Bytes(), "overflows int64"});
   }
   {
+    // Zero elements in GGUF's order, an overflow in Kiln's (HostTensor's):
+    // found by the fuzzer (tests/fuzz/corpus/gguf/zero_dim_after_overflow.gguf).
+    GgufWriter w;
+    w.Tensor("a", {0, uint64_t{1} << 40, uint64_t{1} << 40}, 0, "");
+    cases.push_back({"zero_dim_after_overflow", w.Bytes(), "overflows int64"});
+  }
+  {
     GgufWriter w;
     w.Tensor("a\nERROR forged", {1}, 0, Floats({1}));
     w.Tensor("a\nERROR forged", {1}, 0, Floats({1}));
