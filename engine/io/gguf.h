@@ -77,8 +77,8 @@ class GgufFile {
   static absl::StatusOr<GgufFile> Open(const std::string& path, const GgufLimits& limits = {});
   static absl::StatusOr<GgufFile> FromBytes(std::string bytes, const GgufLimits& limits = {});
 
-  GgufFile(GgufFile&&) noexcept = default;
-  GgufFile& operator=(GgufFile&&) noexcept = default;
+  GgufFile(GgufFile&&) noexcept;
+  GgufFile& operator=(GgufFile&&) noexcept;
   ~GgufFile();
 
   uint32_t version() const { return version_; }

@@ -83,6 +83,8 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile::~SafetensorsFile() = default;
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
 
 std::optional<DType> SafetensorsDType(std::string_view name) {
   for (const auto& [n, d] : kDTypes) {

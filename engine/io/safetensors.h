@@ -64,8 +64,8 @@ class SafetensorsFile {
   static absl::StatusOr<SafetensorsFile> FromBytes(std::string bytes,
                                                    const SafetensorsLimits& limits = {});
 
-  SafetensorsFile(SafetensorsFile&&) noexcept = default;
-  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
   ~SafetensorsFile();
 
   // Every tensor, in name order.

@@ -260,7 +260,6 @@ class Client:
             return outputs, r
         return outputs
 
-    # -- server -----------------------------------------------------------
     # -- the model repository ---------------------------------------------
     def models(self, name: str = "") -> list:
         """Every model version of the server's repository (ModelVersionInfo:
@@ -277,6 +276,7 @@ class Client:
         return list(self._call("UnloadModel",
                                service_pb2.UnloadModelRequest(name=name, version=version)).unloaded)
 
+    # -- server -----------------------------------------------------------
     def devices(self):
         """The server's devices (kiln.v1.DeviceInfo), CPU first."""
         return list(self._call("ListDevices", service_pb2.ListDevicesRequest()).devices)
