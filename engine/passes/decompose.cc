@@ -114,6 +114,32 @@ ValueRef DecomposeNorm(Rewriter& r, ir::Graph& g, const ir::Node& n, bool rms) {
   return y;
 }
 
+// GroupNorm over x [N, C, spatial...]: each of the `groups` groups of C/groups
+// channels is normalized over its channels and spatial positions together
+// (reshape to [N, G, C/G * spatial], mean and variance over the last axis),
+// then the optional per-channel scale and bias. Needs concrete dims (compiles
+// have them); a symbolic one fails the reshape with its own error.
+ValueRef DecomposeGroupNorm(Rewriter& r, ir::Graph& g, const ir::Node& n) {
+  const ValueRef x = n.operands[0];
+  const ir::TensorType& t = g.TypeOf(x);
+  const auto& a = n.attrs.group_norm();
+  const double eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  const int64_t groups = a.groups();
+  int64_t per_group = t.dims[1] / groups;  // infer checked divisibility
+  for (int64_t k = 2; k < t.rank(); ++k) per_group *= t.dims[k];  // <= the element count
+  const ValueRef xs = r.Reshape(x, {t.dims[0], groups, per_group});
+  const ValueRef mean = r.Reduce(v1::REDUCE_MEAN, xs, {2}, true);
+  const ValueRef centered = r.Binary(v1::BINARY_SUB, xs, mean);
+  const ValueRef var = r.Reduce(v1::REDUCE_MEAN, r.Binary(v1::BINARY_MUL, centered, centered), {2}, true);
+  const ValueRef inv = r.Unary(v1::UNARY_RSQRT, r.Binary(v1::BINARY_ADD, var, r.Scalar(eps, t.dtype)));
+  ValueRef y = r.Reshape(r.Binary(v1::BINARY_MUL, centered, inv), t.dims);
+  IrDims per_channel(t.rank(), 1);
+  per_channel[1] = t.dims[1];
+  if (n.operands.size() > 1) y = r.Binary(v1::BINARY_MUL, y, r.Reshape(n.operands[1], per_channel));
+  if (n.operands.size() > 2) y = r.Binary(v1::BINARY_ADD, y, r.Reshape(n.operands[2], per_channel));
+  return y;
+}
+
 ValueRef DecomposeSoftmax(Rewriter& r, ir::Graph& g, const ir::Node& n, bool log) {
   const ValueRef x = n.operands[0];
   const auto& attrs = log ? n.attrs.log_softmax() : n.attrs.softmax();
@@ -210,7 +236,7 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
 bool HasDecomposition(const ir::Node& node) {
   switch (node.op) {
     case v1::OP_ATTENTION: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM: case v1::OP_SOFTMAX:
-    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL:
+    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL: case v1::OP_GROUP_NORM:
       return true;
     case v1::OP_UNARY: {
       const auto k = node.attrs.unary().kind();
@@ -233,6 +259,7 @@ absl::StatusOr<std::vector<int32_t>> Decompose(ir::Graph& graph, const ir::Node&
     case v1::OP_ATTENTION: out = DecomposeAttention(r, graph, node); break;
     case v1::OP_LAYER_NORM: out = DecomposeNorm(r, graph, node, false); break;
     case v1::OP_RMS_NORM: out = DecomposeNorm(r, graph, node, true); break;
+    case v1::OP_GROUP_NORM: out = DecomposeGroupNorm(r, graph, node); break;
     case v1::OP_SOFTMAX: out = DecomposeSoftmax(r, graph, node, false); break;
     case v1::OP_LOG_SOFTMAX: out = DecomposeSoftmax(r, graph, node, true); break;
     case v1::OP_UNARY: out = DecomposeUnary(r, graph, node); break;

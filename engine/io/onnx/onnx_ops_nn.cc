@@ -265,6 +265,53 @@ absl::Status InstanceNormOp(Importer& c) {
   return Out(c, 0, c.Binary(v1::BINARY_ADD, y, b));
 }
 
+// GroupNormalization (opset 18, 21): Kiln's GroupNorm normalizes; the affine
+// part is per group before opset 21 (scale and bias of [num_groups], each
+// value repeated over its group's channels) and per channel from 21 on.
+absl::Status GroupNormOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  KILN_RETURN_IF_ERROR(c.Need(1));
+  KILN_RETURN_IF_ERROR(c.Need(2));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const int64_t rank = c.rank(0);
+  if (rank < 2) return c.Invalid("X must be [N, C, ...]");
+  const int64_t groups = c.AttrInt("num_groups", 0);
+  if (groups <= 0) return c.Invalid(absl::StrCat("num_groups must be positive, got ", groups));
+  const int64_t ch = c.type(0).dims[1];
+  if (ch < 0) return c.Unsupported("GroupNormalization with a symbolic channel count");
+  if (ch % groups != 0) return c.Invalid(absl::StrCat(ch, " channels are not divisible by num_groups=", groups));
+  v1::Attrs a;
+  a.mutable_group_norm()->set_groups(groups);
+  a.mutable_group_norm()->set_epsilon(c.AttrFloat("epsilon", 1e-5f));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_GROUP_NORM, {x}, a));
+  const bool per_group = c.opset() < 21;
+  std::vector<ValueRef> affine;
+  for (int i : {1, 2}) {
+    KILN_ASSIGN_OR_RETURN(ValueRef v, c.Ref(i));
+    KILN_ASSIGN_OR_RETURN(v, c.Cast(v, c.dtype(0)));
+    const TensorType& t = c.TypeOf(v);
+    const int64_t want = per_group ? groups : ch;
+    if (t.rank() != 1 || t.dims[0] != want) {
+      return c.Invalid(absl::StrCat("input ", i, " must be [", want, "] (", per_group ? "per group before opset 21"
+                                                                                      : "per channel", ")"));
+    }
+    if (per_group) {  // [G] -> [G, 1] -> [G, C/G] -> [C]
+      KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, {groups, 1}));
+      v1::Attrs e;
+      e.mutable_expand()->add_shape(groups);
+      e.mutable_expand()->add_shape(ch / groups);
+      KILN_ASSIGN_OR_RETURN(v, c.Emit(v1::OP_EXPAND, {v}, e));
+      KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, {ch}));
+    }
+    IrDims dims(rank - 1, 1);
+    dims[0] = ch;
+    KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, dims));
+    affine.push_back(v);
+  }
+  KILN_ASSIGN_OR_RETURN(y, c.Binary(v1::BINARY_MUL, y, affine[0]));
+  return Out(c, 0, c.Binary(v1::BINARY_ADD, y, affine[1]));
+}
+
 absl::Status MeanVarianceNormOp(Importer& c) {
   KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
@@ -743,6 +790,7 @@ void RegisterNnOps(ConverterTable& t) {
   t["GlobalMaxPool"] = [](Importer& c) { return GlobalPoolOp(c, v1::REDUCE_MAX); };
   t["BatchNormalization"] = BatchNormOp;
   t["InstanceNormalization"] = InstanceNormOp;
+  t["GroupNormalization"] = GroupNormOp;
   t["MeanVarianceNormalization"] = MeanVarianceNormOp;
   t["LayerNormalization"] = LayerNormOp;
   t["Softmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_SOFTMAX); };
