@@ -1,0 +1,232 @@
+// AVX-512 decoding of the GGUF block types (layouts in
+// backends/common/quant_blocks.h). Compiled with -mavx512f/bw/dq/vl (see
+// CMakeLists.txt); nothing here runs unless dq::Best() found those on the CPU.
+//
+// Each decoder walks one block and hands out 16 decoded weights at a time with
+// their element offset in the block; DotRows multiplies them into register
+// accumulators (one per activation row, up to four independent chains for a
+// single row so the FMA latency is hidden), Decode stores them.
+// GCC 12 reports its own intrinsics' _mm512_undefined_* temporaries as
+// maybe-uninitialized once they are inlined here (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "backends/common/quant_blocks.h"
+#include "backends/cpu/dequant_dot.h"
+
+namespace kiln::cpu::dq {
+namespace {
+
+inline float Half(const uint8_t* p) {
+  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
+}
+inline __m512i Bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+struct Q8_0 {
+  static constexpr int kElems = 32, kBytes = 34;
+  template <typename F>
+  static inline void Block(const uint8_t* b, F&& f) {
+    const __m512 d = _mm512_set1_ps(Half(b));
+    const __m128i* q = reinterpret_cast<const __m128i*>(b + 2);
+    f.template operator()<0>(
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)))));
+    f.template operator()<16>(
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)))));
+  }
+};
+
+struct Q4_0 {
+  static constexpr int kElems = 32, kBytes = 18;
+  template <typename F>
+  static inline void Block(const uint8_t* b, F&& f) {
+    const __m512 d = _mm512_set1_ps(Half(b));
+    const __m512i v = Bytes16(b + 2), eight = _mm512_set1_epi32(8);
+    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), eight);
+    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight);
+    f.template operator()<0>(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
+    f.template operator()<16>(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
+  }
+};
+
+// q4_k (kHigh = false) and q5_k (kHigh = true).
+template <bool kHigh>
+struct K4Or5 {
+  static constexpr int kElems = 256, kBytes = kHigh ? 176 : 144;
+  template <int P, int H, typename F>
+  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const float* ds,
+                             const float* ms, F&& f) {
+    const __m512i v = Bytes16(qs + 32 * P + 16 * H), mask = _mm512_set1_epi32(15);
+    __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_srli_epi32(v, 4);
+    if constexpr (kHigh) {
+      const __m512i h = Bytes16(qh + 16 * H), one = _mm512_set1_epi32(1);
+      lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * P), one), 4));
+      hi = _mm512_or_si512(hi,
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * P + 1), one), 4));
+    }
+    f.template operator()<64 * P + 16 * H>(_mm512_fmsub_ps(
+        _mm512_set1_ps(ds[2 * P]), _mm512_cvtepi32_ps(lo), _mm512_set1_ps(ms[2 * P])));
+    f.template operator()<64 * P + 32 + 16 * H>(_mm512_fmsub_ps(
+        _mm512_set1_ps(ds[2 * P + 1]), _mm512_cvtepi32_ps(hi), _mm512_set1_ps(ms[2 * P + 1])));
+  }
+  template <typename F>
+  static inline void Block(const uint8_t* b, F&& f) {
+    const float d = Half(b), dmin = Half(b + 2);
+    float ds[8], ms[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      quant::ScaleMinK4(j, b + 4, &sc, &m);
+      ds[j] = d * sc;
+      ms[j] = dmin * m;
+    }
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + (kHigh ? 48 : 16);
+    Quarter<0, 0>(qs, qh, ds, ms, f);
+    Quarter<0, 1>(qs, qh, ds, ms, f);
+    Quarter<1, 0>(qs, qh, ds, ms, f);
+    Quarter<1, 1>(qs, qh, ds, ms, f);
+    Quarter<2, 0>(qs, qh, ds, ms, f);
+    Quarter<2, 1>(qs, qh, ds, ms, f);
+    Quarter<3, 0>(qs, qh, ds, ms, f);
+    Quarter<3, 1>(qs, qh, ds, ms, f);
+  }
+};
+
+struct Q6_K {
+  static constexpr int kElems = 256, kBytes = 210;
+  template <int E, typename F>
+  static inline void Emit(__m512i q, float d, const int8_t* sc, F&& f) {
+    const __m512 s = _mm512_set1_ps(d * static_cast<float>(sc[E / 16]));
+    f.template operator()<E>(
+        _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)))));
+  }
+  template <int Hf, int L0, typename F>
+  static inline void Sixteen(const uint8_t* b, float d, const int8_t* sc, F&& f) {
+    const __m512i a = Bytes16(b + 64 * Hf + L0), c = Bytes16(b + 64 * Hf + 32 + L0);
+    const __m512i h = Bytes16(b + 128 + 32 * Hf + L0);
+    const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, m4),
+                                       _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
+    const __m512i q2 = _mm512_or_si512(
+        _mm512_and_si512(c, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
+    const __m512i q3 = _mm512_or_si512(
+        _mm512_srli_epi32(a, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
+    const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4),
+                                       _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
+    Emit<128 * Hf + L0>(q1, d, sc, f);
+    Emit<128 * Hf + 32 + L0>(q2, d, sc, f);
+    Emit<128 * Hf + 64 + L0>(q3, d, sc, f);
+    Emit<128 * Hf + 96 + L0>(q4, d, sc, f);
+  }
+  template <typename F>
+  static inline void Block(const uint8_t* b, F&& f) {
+    const float d = Half(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    Sixteen<0, 0>(b, d, sc, f);
+    Sixteen<0, 16>(b, d, sc, f);
+    Sixteen<1, 0>(b, d, sc, f);
+    Sixteen<1, 16>(b, d, sc, f);
+  }
+};
+
+// Accumulates 16 decoded weights at block offset E into each row's
+// accumulator; a single row spreads over kChains independent sums.
+template <int kRows, int kChains>
+struct Fma {
+  __m512 (&acc)[kRows][kChains];
+  const float* xb;
+  int64_t ldx;
+  template <int E>
+  inline void operator()(__m512 w) {
+    constexpr int c = (E / 16) % kChains;
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xb + r * ldx + E), acc[r][c]);
+    }
+  }
+};
+
+template <typename B, int kRows>
+void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+              const float* x, int64_t ldx, float* y, int64_t ldy) {
+  constexpr int kChains = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
+  const int64_t blocks = k / B::kElems;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    __m512 acc[kRows][kChains];
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kChains; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      // The next rows' bytes are streamed by the hardware prefetcher; a
+      // software hint two blocks ahead helps it across row boundaries.
+      _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * B::kBytes), _MM_HINT_T0);
+      B::Block(row + b * B::kBytes, Fma<kRows, kChains>{acc, x + b * B::kElems, ldx});
+    }
+    for (int r = 0; r < kRows; ++r) {
+      __m512 s = acc[r][0];
+      for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[r][c]);
+      y[r * ldy + n] = _mm512_reduce_add_ps(s);
+    }
+  }
+}
+
+template <typename B>
+void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+                const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
+  switch (rows) {
+    case 1: return DotRowsT<B, 1>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 2: return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 3: return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 4: return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 5: return DotRowsT<B, 5>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 6: return DotRowsT<B, 6>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 7: return DotRowsT<B, 7>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    default: return DotRowsT<B, 8>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+  }
+}
+
+struct Store {
+  float* dst;
+  template <int E>
+  inline void operator()(__m512 w) {
+    _mm512_storeu_ps(dst + E, w);
+  }
+};
+
+template <typename B>
+void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
+  for (int64_t b = 0; b < blocks; ++b) B::Block(src + b * B::kBytes, Store{dst + b * B::kElems});
+}
+
+}  // namespace
+
+void DotRowsAvx512(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                   int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
+  switch (dtype) {
+    case v1::DTYPE_Q8_0: return DotRowsFor<Q8_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q4_0: return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q4_K:
+      return DotRowsFor<K4Or5<false>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q5_K:
+      return DotRowsFor<K4Or5<true>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q6_K: return DotRowsFor<Q6_K>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    default: return;  // REQUIRES: a block type
+  }
+}
+
+void DecodeAvx512(DType dtype, const uint8_t* src, int64_t blocks, float* dst) {
+  switch (dtype) {
+    case v1::DTYPE_Q8_0: return DecodeFor<Q8_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_0: return DecodeFor<Q4_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_K: return DecodeFor<K4Or5<false>>(src, blocks, dst);
+    case v1::DTYPE_Q5_K: return DecodeFor<K4Or5<true>>(src, blocks, dst);
+    case v1::DTYPE_Q6_K: return DecodeFor<Q6_K>(src, blocks, dst);
+    default: return;
+  }
+}
+
+}  // namespace kiln::cpu::dq
