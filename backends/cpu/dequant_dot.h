@@ -37,7 +37,8 @@ struct Kernels {
   DecodeFn decode;
 };
 
-// The fastest implementation this CPU runs; the same object every call.
+// The fastest implementation this CPU runs (the portable one when the
+// environment sets KILN_CPU_NO_AVX512=1); the same object every call.
 const Kernels& Best();
 // The portable implementation (tests compare the two).
 const Kernels& Generic();
