@@ -4,14 +4,16 @@
 //
 // Each decoder walks one block and hands out 16 decoded weights at a time with
 // their element offset in the block; DotRows multiplies them into register
-// accumulators (one per activation row, up to four independent chains for a
-// single row so the FMA latency is hidden), Decode stores them.
+// accumulators (one row: four independent chains, so the FMA latency is
+// hidden), or DotRows of several rows and Decode store them to L1 first.
 // GCC 12 reports its own intrinsics' _mm512_undefined_* temporaries as
-// maybe-uninitialized once they are inlined here (a known false positive).
+// (maybe-)uninitialized once they are inlined here (a known false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backends/common/quant_blocks.h"
@@ -133,6 +135,14 @@ struct Q6_K {
   }
 };
 
+struct Store {
+  float* dst;
+  template <int E>
+  inline void operator()(__m512 w) {
+    _mm512_storeu_ps(dst + E, w);
+  }
+};
+
 // Accumulates 16 decoded weights at block offset E into each row's
 // accumulator; a single row spreads over kChains independent sums.
 template <int kRows, int kChains>
@@ -149,27 +159,69 @@ struct Fma {
   }
 };
 
-template <typename B, int kRows>
-void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
-              const float* x, int64_t ldx, float* y, int64_t ldy) {
-  constexpr int kChains = kRows == 1 ? 4 : kRows == 2 ? 2 : 1;
+// One activation row: each block is decoded in registers and multiplied
+// straight into four independent accumulator chains.
+template <typename B>
+void DotRow1(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+             const float* x, float* y) {
   const int64_t blocks = k / B::kElems;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    __m512 acc[kRows][kChains];
-    for (int r = 0; r < kRows; ++r) {
-      for (int c = 0; c < kChains; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
+    __m512 acc[1][4] = {{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()}};
     for (int64_t b = 0; b < blocks; ++b) {
-      // The next rows' bytes are streamed by the hardware prefetcher; a
-      // software hint two blocks ahead helps it across row boundaries.
+      // The hardware prefetcher streams the row; a hint two blocks ahead
+      // helps it across row boundaries.
       _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * B::kBytes), _MM_HINT_T0);
-      B::Block(row + b * B::kBytes, Fma<kRows, kChains>{acc, x + b * B::kElems, ldx});
+      B::Block(row + b * B::kBytes, Fma<1, 4>{acc, x + b * B::kElems, 0});
     }
-    for (int r = 0; r < kRows; ++r) {
-      __m512 s = acc[r][0];
-      for (int c = 1; c < kChains; ++c) s = _mm512_add_ps(s, acc[r][c]);
-      y[r * ldy + n] = _mm512_reduce_add_ps(s);
+    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]),
+                                              _mm512_add_ps(acc[0][2], acc[0][3])));
+  }
+}
+
+// Several rows: each block is decoded once into an L1 buffer and then
+// multiplied into every row's accumulator (decoding straight into kRows
+// accumulators ran out of registers). K is walked in tiles of kKTile so the
+// activation rows' slice stays in L1 while a tile of weight rows passes it
+// (untiled, 8 rows x 16 KiB of x streamed from L2 and bounded the loop);
+// partial sums wait in memory between tiles.
+constexpr int64_t kKTile = 1024;
+constexpr int64_t kNTile = 16;
+
+template <typename B, int kRows>
+void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
+              const float* x, int64_t ldx, float* y, int64_t ldy) {
+  constexpr int64_t kTileBlocks = kKTile / B::kElems;
+  const int64_t blocks = k / B::kElems;
+  alignas(64) float buf[B::kElems];
+  alignas(64) __m512 part[kNTile][kRows];
+  for (int64_t t0 = n0; t0 < n1; t0 += kNTile) {
+    const int64_t t1 = std::min(n1, t0 + kNTile);
+    for (int64_t i = 0; i < t1 - t0; ++i) {
+      for (int r = 0; r < kRows; ++r) part[i][r] = _mm512_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < blocks; kb += kTileBlocks) {
+      const int64_t kb1 = std::min(blocks, kb + kTileBlocks);
+      for (int64_t n = t0; n < t1; ++n) {
+        const uint8_t* row = w + n * row_bytes;
+        __m512 acc[kRows];
+        for (int r = 0; r < kRows; ++r) acc[r] = part[n - t0][r];
+        for (int64_t b = kb; b < kb1; ++b) {
+          B::Block(row + b * B::kBytes, Store{buf});
+          const float* xb = x + b * B::kElems;
+          for (int j = 0; j < B::kElems; j += 16) {
+            const __m512 wv = _mm512_load_ps(buf + j);
+            for (int r = 0; r < kRows; ++r) {
+              acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xb + r * ldx + j), acc[r]);
+            }
+          }
+        }
+        for (int r = 0; r < kRows; ++r) part[n - t0][r] = acc[r];
+      }
+    }
+    for (int64_t n = t0; n < t1; ++n) {
+      for (int r = 0; r < kRows; ++r) y[r * ldy + n] = _mm512_reduce_add_ps(part[n - t0][r]);
     }
   }
 }
@@ -178,7 +230,7 @@ template <typename B>
 void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
                 const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
   switch (rows) {
-    case 1: return DotRowsT<B, 1>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 1: return DotRow1<B>(w, row_bytes, n0, n1, k, x, y);
     case 2: return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
     case 3: return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
     case 4: return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
@@ -189,13 +241,6 @@ void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int
   }
 }
 
-struct Store {
-  float* dst;
-  template <int E>
-  inline void operator()(__m512 w) {
-    _mm512_storeu_ps(dst + E, w);
-  }
-};
 
 template <typename B>
 void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
