@@ -309,6 +309,6 @@ int main(int argc, char** argv) {
     load >> l1;
     out["machine"]["loadavg_1m_at_end"] = l1;
   }
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
