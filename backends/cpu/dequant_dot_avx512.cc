@@ -42,16 +42,26 @@ struct Q8_0 {
   }
 };
 
+inline __m512 Iota() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// The 4- and 5-bit types decode through a table: the 16 (or 32) values a
+// (sub-)block's quants can take are computed once with the same arithmetic as
+// decoding each quant (so the results are identical), and vpermps picks them by
+// the quant's bits. That replaces a convert and an FMA per 16 weights (port 0,
+// the bottleneck) with one permute (port 5); vpermps reads only the index's low
+// four bits, so a low nibble needs no mask.
 struct Q4_0 {
   static constexpr int kElems = 32, kBytes = 18;
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
-    const __m512 d = _mm512_set1_ps(Half(b));
-    const __m512i v = Bytes16(b + 2), eight = _mm512_set1_epi32(8);
-    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), eight);
-    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight);
-    f.template operator()<0>(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
-    f.template operator()<16>(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
+    // d * (i - 8) for i = 0..15
+    const __m512 table = _mm512_mul_ps(_mm512_set1_ps(Half(b)),
+                                       _mm512_sub_ps(Iota(), _mm512_set1_ps(8.0f)));
+    const __m512i v = Bytes16(b + 2);
+    f.template operator()<0>(_mm512_permutexvar_ps(v, table));
+    f.template operator()<16>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
   }
 };
 
@@ -59,21 +69,51 @@ struct Q4_0 {
 template <bool kHigh>
 struct K4Or5 {
   static constexpr int kElems = 256, kBytes = kHigh ? 176 : 144;
+  // d_j * i - m_j for i = 0..15 (lo) and 16..31 (hi, q5_k only).
+  struct Table {
+    __m512 lo, hi;
+  };
+  static inline Table TableOf(float d, float m) {
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), iota = Iota();
+    Table t;
+    t.lo = _mm512_fmsub_ps(dv, iota, mv);
+    if constexpr (kHigh) t.hi = _mm512_fmsub_ps(dv, _mm512_add_ps(iota, _mm512_set1_ps(16)), mv);
+    return t;
+  }
+  static inline __m512 Lookup(__m512i q, const Table& t) {
+    if constexpr (kHigh) return _mm512_permutex2var_ps(t.lo, q, t.hi);  // 5-bit index
+    return _mm512_permutexvar_ps(q, t.lo);
+  }
+  // Moves bit kBit of each lane to bit 4.
+  template <int kBit>
+  static inline __m512i BitTo4(__m512i h) {
+    if constexpr (kBit <= 4) return _mm512_slli_epi32(h, 4 - kBit);
+    return _mm512_srli_epi32(h, kBit - 4);
+  }
   template <int P, int H, typename F>
-  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const float* ds,
-                             const float* ms, F&& f) {
-    const __m512i v = Bytes16(qs + 32 * P + 16 * H), mask = _mm512_set1_epi32(15);
-    __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_srli_epi32(v, 4);
+  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const Table& t0,
+                             const Table& t1, F&& f) {
+    const __m512i v = Bytes16(qs + 32 * P + 16 * H);
+    __m512i lo = v, hi = _mm512_srli_epi32(v, 4);
     if constexpr (kHigh) {
-      const __m512i h = Bytes16(qh + 16 * H), one = _mm512_set1_epi32(1);
-      lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * P), one), 4));
-      hi = _mm512_or_si512(hi,
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2 * P + 1), one), 4));
+      // Bit 2P (low nibble) and 2P+1 (high) of qh become index bit 4; the
+      // permutes read five bits, so the nibbles need masking here.
+      const __m512i h = Bytes16(qh + 16 * H), sixteen = _mm512_set1_epi32(16);
+      const __m512i mask = _mm512_set1_epi32(15);
+      lo = _mm512_or_si512(_mm512_and_si512(lo, mask),
+                           _mm512_and_si512(BitTo4<2 * P>(h), sixteen));
+      hi = _mm512_or_si512(_mm512_and_si512(hi, mask),
+                           _mm512_and_si512(BitTo4<2 * P + 1>(h), sixteen));
     }
-    f.template operator()<64 * P + 16 * H>(_mm512_fmsub_ps(
-        _mm512_set1_ps(ds[2 * P]), _mm512_cvtepi32_ps(lo), _mm512_set1_ps(ms[2 * P])));
-    f.template operator()<64 * P + 32 + 16 * H>(_mm512_fmsub_ps(
-        _mm512_set1_ps(ds[2 * P + 1]), _mm512_cvtepi32_ps(hi), _mm512_set1_ps(ms[2 * P + 1])));
+    f.template operator()<64 * P + 16 * H>(Lookup(lo, t0));
+    f.template operator()<64 * P + 32 + 16 * H>(Lookup(hi, t1));
+  }
+  template <int P, typename F>
+  static inline void Pair(const uint8_t* qs, const uint8_t* qh, const float* ds, const float* ms,
+                          F&& f) {
+    const Table t0 = TableOf(ds[2 * P], ms[2 * P]), t1 = TableOf(ds[2 * P + 1], ms[2 * P + 1]);
+    Quarter<P, 0>(qs, qh, t0, t1, f);
+    Quarter<P, 1>(qs, qh, t0, t1, f);
   }
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
@@ -87,14 +127,10 @@ struct K4Or5 {
     }
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (kHigh ? 48 : 16);
-    Quarter<0, 0>(qs, qh, ds, ms, f);
-    Quarter<0, 1>(qs, qh, ds, ms, f);
-    Quarter<1, 0>(qs, qh, ds, ms, f);
-    Quarter<1, 1>(qs, qh, ds, ms, f);
-    Quarter<2, 0>(qs, qh, ds, ms, f);
-    Quarter<2, 1>(qs, qh, ds, ms, f);
-    Quarter<3, 0>(qs, qh, ds, ms, f);
-    Quarter<3, 1>(qs, qh, ds, ms, f);
+    Pair<0>(qs, qh, ds, ms, f);
+    Pair<1>(qs, qh, ds, ms, f);
+    Pair<2>(qs, qh, ds, ms, f);
+    Pair<3>(qs, qh, ds, ms, f);
   }
 };
 
