@@ -138,7 +138,8 @@ absl::StatusOr<CudaStream::Staging*> CudaStream::AcquireStaging(int64_t bytes) {
   }
   if (best != nullptr) return best;
   auto s = std::make_unique<Staging>();
-  s->bytes = std::max<int64_t>(kMinStaging, int64_t{1} << (64 - __builtin_clzll(bytes - 1)));
+  s->bytes = bytes <= kMinStaging ? kMinStaging
+                                  : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1)));
   KILN_RETURN_IF_ERROR(Note(device_.Check(
       api.cuMemHostAlloc(&s->host, static_cast<size_t>(s->bytes), 0), "cuMemHostAlloc")))
       << "(" << s->bytes << " bytes of pinned staging)";
