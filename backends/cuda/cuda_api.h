@@ -36,6 +36,7 @@ namespace kiln::cuda {
   X(cuMemPoolSetAttribute) X(cuMemPoolSetAccess) X(cuMemAllocFromPoolAsync)                 \
   X(cuMemFreeAsync) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)                 \
   X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyPeerAsync) X(cuMemsetD8Async)         \
+  X(cuMemHostGetDevicePointer)                                                              \
   X(cuMemGetInfo) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery)                     \
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                  \
   X(cuEventQuery) X(cuEventElapsedTime) X(cuModuleLoadData) X(cuModuleUnload)               \

@@ -61,6 +61,7 @@ CudaStream::~CudaStream() {
     if (s->done != nullptr) api.cuEventDestroy(s->done);
     api.cuMemFreeHost(s->host);
   }
+  for (const ErrorBlock& b : error_blocks_) api.cuMemFreeHost(b.host);
 }
 
 absl::Status CudaStream::Note(absl::Status s) {
@@ -84,6 +85,14 @@ absl::Status CudaStream::SynchronizeFor(absl::Duration timeout) {
     d.staging->busy = false;
   }
   downloads_.clear();
+  // Data-dependent failures of the kernels just retired: the first one wins.
+  absl::Status first;
+  for (size_t k = 0; k < decoders_.size(); ++k) {
+    uint64_t* w = error_blocks_[k / kSlotsPerBlock].host + 4 * (k % kSlotsPerBlock);
+    if (w[0] != 0 && first.ok()) first = decoders_[k](w[1], w[2]);
+    w[0] = w[1] = w[2] = 0;
+  }
+  decoders_.clear();
   // Every copy has finished; chunks kept only for one large read-back go.
   std::erase_if(staging_, [](const std::unique_ptr<Staging>& st) {
     if (st->bytes <= kMaxKeptStaging) {
@@ -94,7 +103,7 @@ absl::Status CudaStream::SynchronizeFor(absl::Duration timeout) {
     Driver().cuMemFreeHost(st->host);
     return true;
   });
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status CudaStream::Wait(const backend::Event& event) {
@@ -215,6 +224,34 @@ absl::StatusOr<CUdeviceptr> CudaStream::AllocateTemporary(int64_t bytes) {
 
 void CudaStream::FreeTemporary(CUdeviceptr ptr) {
   (void)Note(device_.Check(Driver().cuMemFreeAsync(ptr, stream_), "cuMemFreeAsync"));
+}
+
+}  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+absl::StatusOr<CUdeviceptr> CudaStream::ReserveErrorSlot(ErrorDecoder decoder) {
+  const size_t k = decoders_.size();
+  if (k / kSlotsPerBlock >= error_blocks_.size()) {
+    const DriverApi& api = Driver();
+    ErrorBlock b;
+    void* host = nullptr;
+    KILN_RETURN_IF_ERROR(Note(device_.Check(
+        api.cuMemHostAlloc(&host, kSlotsPerBlock * 4 * sizeof(uint64_t),
+                           CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+        "cuMemHostAlloc(error slots)")));
+    b.host = static_cast<uint64_t*>(host);
+    std::memset(b.host, 0, kSlotsPerBlock * 4 * sizeof(uint64_t));
+    const absl::Status s =
+        device_.Check(api.cuMemHostGetDevicePointer(&b.device, host, 0), "cuMemHostGetDevicePointer");
+    if (!s.ok()) {
+      api.cuMemFreeHost(host);
+      return Note(s);
+    }
+    error_blocks_.push_back(b);
+  }
+  decoders_.push_back(std::move(decoder));
+  return error_blocks_[k / kSlotsPerBlock].device + 4 * sizeof(uint64_t) * (k % kSlotsPerBlock);
 }
 
 }  // namespace kiln::cuda

@@ -9,10 +9,16 @@
 // (CudaDevice::PollUntilDone); one that times out is a device fault and the
 // stream stays failed.
 //
+// Data-dependent failures (an out-of-range gather index) are written by the
+// kernel into an error slot in mapped pinned memory; they surface as the
+// status of the SynchronizeFor that retires the kernel (not a device fault:
+// the stream stays usable).
+//
 // Thread safety: one thread at a time (backend.h). The device outlives the stream.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -68,6 +74,13 @@ class CudaStream final : public backend::Stream {
   absl::StatusOr<CUdeviceptr> AllocateTemporary(int64_t bytes);
   void FreeTemporary(CUdeviceptr ptr);
 
+  // An error slot for one kernel launch: 4 words in host memory the device
+  // writes (word 0 = code, 0 while fine; the first failing thread sets it with
+  // atomicCAS, then words 1 and 2). The next SynchronizeFor decodes a nonzero
+  // slot into its status with `decoder(word1, word2)` and frees the slot.
+  using ErrorDecoder = std::function<absl::Status(uint64_t, uint64_t)>;
+  absl::StatusOr<CUdeviceptr> ReserveErrorSlot(ErrorDecoder decoder);
+
  private:
   struct Staging {
     void* host = nullptr;
@@ -92,6 +105,15 @@ class CudaStream final : public backend::Stream {
   std::vector<PendingDownload> downloads_;
   CUdeviceptr workspace_ = 0;
   int64_t workspace_bytes_ = 0;
+  // Error slots: blocks of kSlotsPerBlock slots of 4 words; slot k is in
+  // block k / kSlotsPerBlock. `decoders_[k]` for the slots in use.
+  static constexpr int kSlotsPerBlock = 64;
+  struct ErrorBlock {
+    uint64_t* host = nullptr;
+    CUdeviceptr device = 0;
+  };
+  std::vector<ErrorBlock> error_blocks_;
+  std::vector<ErrorDecoder> decoders_;
 };
 
 }  // namespace kiln::cuda

@@ -1,5 +1,5 @@
-// Data movement: Transpose, Slice, Expand, Concat (kernels/strided_copy.cu)
-// and Reshape, Copy (device-to-device copies). They move bytes without
+// Data movement: Transpose, Slice, Expand, Concat (kernels/strided_copy.cu),
+// Reshape and Copy (device-to-device copies), Gather (kernels/gather.cu). They move bytes without
 // looking at them, so they serve every dense dtype of 1, 2, 4 or 8 bytes.
 #include <algorithm>
 
@@ -272,7 +272,76 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateByteCopy(CudaDevice& d, c
       std::make_unique<ByteCopyKernel>(d, spec, absl::StrCat("cuda:memcpy_", what)));
 }
 
+// ---- Gather ----
+
+Claim SupportsGather(const CudaDevice&, const KernelSpec& spec) {
+  if (spec.inputs.size() != 2 || spec.outputs.size() != 1) return Claim::No("malformed spec");
+  const DType it = spec.inputs[1].dtype;
+  if (it != v1::DTYPE_I32 && it != v1::DTYPE_I64 && it != v1::DTYPE_I16 && it != v1::DTYPE_I8 &&
+      it != v1::DTYPE_U8) {
+    return Claim::No(absl::StrCat("cuda gather reads integer indices, not ", DTypeName(it)));
+  }
+  const Dims& data = spec.inputs[0].dims;
+  int64_t axis = spec.attrs.gather().axis();
+  if (axis < 0) axis += static_cast<int64_t>(data.size());
+  if (axis < 0 || axis >= static_cast<int64_t>(data.size())) {
+    return Claim::No("cuda gather: axis out of range");
+  }
+  if (spec.outputs[0].dtype != spec.inputs[0].dtype) return Claim::No("cuda gather: dtypes differ");
+  KernelSpec moved = spec;
+  moved.inputs.resize(1);
+  return MovableDType(moved, "gather");
+}
+
+class GatherKernel final : public CudaKernel {
+ public:
+  GatherKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, int64_t outer,
+               int64_t nidx, int64_t axis_size, int64_t inner, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        fn_(std::move(fn)), outer_(outer), nidx_(nidx), axis_size_(axis_size), inner_(inner) {}
+
+ protected:
+  absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
+                       std::span<const CUdeviceptr> out) override {
+    const std::string label = spec_.label;
+    const int64_t n = axis_size_;
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr err, s.ReserveErrorSlot([label, n](uint64_t pos, uint64_t v) {
+      return absl::OutOfRangeError(absl::StrCat(label, ": gather index ", static_cast<int64_t>(v),
+                                                " (at position ", pos, ") is out of range [", -n,
+                                                ", ", n, ")"));
+    }));
+    CUdeviceptr data = in[0], idx = in[1], o = out[0];
+    int64_t outer = outer_, nidx = nidx_, axis_size = axis_size_, inner = inner_;
+    void* args[] = {&data, &idx, &o, &outer, &nidx, &axis_size, &inner, &err};
+    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), outer * nidx * inner, 256), 1, 1, 256,
+                        0, args);
+  }
+
+ private:
+  LoadedFunction fn_;
+  int64_t outer_, nidx_, axis_size_, inner_;
+};
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGather(CudaDevice& d, const KernelSpec& spec,
+                                                              backend::PrepareContext& context) {
+  const Dims& data = spec.inputs[0].dims;
+  int64_t axis = spec.attrs.gather().axis();
+  if (axis < 0) axis += static_cast<int64_t>(data.size());
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < axis; ++k) outer *= data[k];
+  for (size_t k = axis + 1; k < data.size(); ++k) inner *= data[k];
+  const DType dt = spec.outputs[0].dtype, it = spec.inputs[1].dtype;
+  KILN_ASSIGN_OR_RETURN(
+      LoadedFunction fn,
+      LoadFunction(d, "gather", KernelSource("gather.cu"),
+                   absl::StrCat("kiln_gather_e", ElementSize(dt), "_", DTypeName(it)), context));
+  return std::unique_ptr<backend::Kernel>(std::make_unique<GatherKernel>(
+      d, spec, std::move(fn), outer, spec.inputs[1].num_elements(), data[axis], inner,
+      absl::StrCat("nvrtc:gather_", DTypeSuffix(dt), "_", DTypeSuffix(it))));
+}
+
 const CudaOpRegistration kRegistration({
+    {v1::OP_GATHER, &SupportsGather, &CreateGather},
     {v1::OP_TRANSPOSE, &SupportsStrided, &CreateStrided},
     {v1::OP_SLICE, &SupportsStrided, &CreateStrided},
     {v1::OP_EXPAND, &SupportsStrided, &CreateStrided},
