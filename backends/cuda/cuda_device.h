@@ -90,8 +90,9 @@ class CudaDevice final : public backend::Device {
   absl::Status Health() const;
 
   // Polls `query` (cuStreamQuery / cuEventQuery) until it stops answering
-  // CUDA_ERROR_NOT_READY or `timeout` passes; a timeout marks the device
-  // faulted. `what` names the wait in messages.
+  // CUDA_ERROR_NOT_READY or `timeout` passes. A timeout is a device fault
+  // (the caller's stream stays failed) but does not mark the device: slow is
+  // not broken, and the engine decides what to restart. `what` names the wait.
   template <typename Query>
   absl::Status PollUntilDone(Query query, absl::Duration timeout, const std::string& what) const;
 
@@ -173,11 +174,9 @@ absl::Status CudaDevice::PollUntilDone(Query query, absl::Duration timeout,
     const CUresult r = query();
     if (r != CUDA_ERROR_NOT_READY) return Check(r, what.c_str());
     if (absl::Now() >= deadline) {
-      const absl::Status fault = backend::DeviceFault(
+      return backend::DeviceFault(
           info_.id, absl::StrCat(what, " did not finish within ", absl::FormatDuration(timeout),
                                  " (the device is hung or overloaded)"));
-      MarkFaulted(fault);
-      return fault;
     }
     PollBackoff(i);
   }

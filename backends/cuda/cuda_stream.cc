@@ -25,9 +25,9 @@ CudaEvent::~CudaEvent() {
 
 absl::StatusOr<double> CudaEvent::MicrosSince(const backend::Event& earlier) const {
   const auto* e = dynamic_cast<const CudaEvent*>(&earlier);
-  if (e == nullptr || &e->device_ != &device_) {
+  if (e == nullptr || &e->device_ != &device_ || e->stream_ != stream_) {
     return absl::InvalidArgumentError(
-        absl::StrCat(device_.info().id, ": the earlier event is not one of this device's"));
+        absl::StrCat(device_.info().id, ": the earlier event was not recorded on this stream"));
   }
   KILN_RETURN_IF_ERROR(device_.Enter());
   float ms = 0;
@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<backend::Event>> CudaStream::Record() {
   CUevent ev = nullptr;
   KILN_RETURN_IF_ERROR(Note(device_.Check(Driver().cuEventCreate(&ev, CU_EVENT_DEFAULT),
                                           "cuEventCreate")));
-  auto event = std::make_unique<CudaEvent>(device_, ev);
+  auto event = std::make_unique<CudaEvent>(device_, stream_, ev);
   KILN_RETURN_IF_ERROR(Note(device_.Check(Driver().cuEventRecord(ev, stream_), "cuEventRecord")));
   return std::unique_ptr<backend::Event>(std::move(event));
 }

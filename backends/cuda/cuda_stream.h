@@ -30,7 +30,8 @@ namespace kiln::cuda {
 
 class CudaEvent final : public backend::Event {
  public:
-  CudaEvent(const CudaDevice& device, CUevent event) : device_(device), event_(event) {}
+  CudaEvent(const CudaDevice& device, CUstream stream, CUevent event)
+      : device_(device), stream_(stream), event_(event) {}
   ~CudaEvent() override;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -40,6 +41,7 @@ class CudaEvent final : public backend::Event {
 
  private:
   const CudaDevice& device_;
+  CUstream stream_;  // the stream it was recorded on
   CUevent event_;
 };
 

@@ -107,15 +107,21 @@ absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
     p.calls.push_back({0, 0, 0});
     return p;
   }
-  p.count = dims.back();
-  p.a_stride = as.back();
-  p.b_stride = bs.back();
+  // The innermost run is one strided-batched call unless an operand
+  // broadcasts along it (stride 0, which cuBLASLt's batching is not relied
+  // on for): then every batch is its own call.
+  const bool strided = as.back() != 0 && bs.back() != 0;
+  if (strided) {
+    p.count = dims.back();
+    p.a_stride = as.back();
+    p.b_stride = bs.back();
+  }
   int64_t outer = 1;
-  for (size_t d = 0; d + 1 < dims.size(); ++d) outer *= dims[d];
+  for (size_t d = 0; d + (strided ? 1 : 0) < dims.size(); ++d) outer *= dims[d];
   if (outer > 4096) return absl::InvalidArgumentError("more than 4096 broadcast batch calls");
   for (int64_t o = 0; o < outer; ++o) {
     int64_t rem = o, a_off = 0, b_off = 0;
-    for (size_t d = dims.size() - 1; d-- > 0;) {
+    for (size_t d = dims.size() - (strided ? 1 : 0); d-- > 0;) {
       const int64_t c = rem % dims[d];
       rem /= dims[d];
       a_off += c * as[d];

@@ -172,7 +172,8 @@ TEST_F(CudaDeviceTest, EventsTimeAndOrderStreams) {
 }
 
 // A kernel that spins far past the wait's bound: the wait returns a device
-// fault naming cuda:0 and the stream (and device object) stay failed.
+// fault naming cuda:0 and the stream stays failed; the device itself is not
+// marked (slow is not broken: the engine decides what to restart).
 TEST_F(CudaDeviceTest, HungKernelIsADeviceFault) {
   auto* d = dynamic_cast<CudaDevice*>(dev_);
   ASSERT_NE(d, nullptr);
@@ -189,9 +190,11 @@ TEST_F(CudaDeviceTest, HungKernelIsADeviceFault) {
   const absl::Status st = stream_->SynchronizeFor(absl::Milliseconds(20));
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_EQ(backend::FaultedDevice(st), "cuda:0") << st;
-  EXPECT_FALSE(stream_->Synchronize().ok());
-  EXPECT_FALSE(dev_->Allocate(16).ok());
-  EXPECT_FALSE(dev_->Supports(KernelSpec{}).fault.ok());
+  EXPECT_EQ(stream_->Synchronize().code(), absl::StatusCode::kUnavailable) << "not sticky";
+  EXPECT_TRUE(dev_->Allocate(16).ok());
+  auto fresh = dev_->CreateStream();
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE((*fresh)->Synchronize().ok());
 }
 
 KernelSpec SoftmaxSpec(int64_t rows, int64_t n) {
