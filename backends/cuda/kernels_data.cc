@@ -232,10 +232,16 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateStrided(CudaDevice& d, co
     params.push_back(p);
   }
   const DType dt = spec.outputs[0].dtype;
+  // 32-bit indexing where every element offset of every tensor fits.
+  int64_t largest = spec.outputs[0].num_elements();
+  for (const auto& t : spec.inputs) largest = std::max(largest, t.num_elements());
+  const bool narrow = largest < (int64_t{1} << 32);
   KILN_ASSIGN_OR_RETURN(
       LoadedFunction fn,
       LoadFunction(d, "strided_copy", KernelSource("strided_copy.cu"),
-                   absl::StrCat("kiln_strided_copy_e", ElementSize(dt)), context));
+                   absl::StrCat(narrow ? "kiln_strided_copy32_e" : "kiln_strided_copy_e",
+                                ElementSize(dt)),
+                   context));
   return std::unique_ptr<backend::Kernel>(std::make_unique<StridedCopyKernel>(
       d, spec, std::move(fn), std::move(params),
       absl::StrCat("nvrtc:", OpName(spec), "_", DTypeSuffix(dt))));
