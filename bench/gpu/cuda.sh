@@ -50,11 +50,16 @@ cuda = p50(lambda r: r.get("impl") == "kiln" and r.get("device") == "cuda:0")
 vk = p50(lambda r: r.get("impl") == "kiln" and r.get("device") == "vulkan:0")
 busy = [r.get("device_busy_ms") for r in rows if r.get("device") == "cuda:0"]
 torch = [r for r in rows if r.get("impl") != "kiln"]
+ratio = f"{vk / cuda:.3f}" if cuda and vk else "n/a"
 print(f"encoder B8 S128 fp32: kiln cuda:0 p50 {cuda} ms (device busy {busy[-1] if busy else None} ms), "
-      f"kiln vulkan:0 p50 {vk} ms, vulkan/cuda = {vk / cuda if cuda and vk else None:.3f}")
+      f"kiln vulkan:0 p50 {vk} ms, vulkan/cuda = {ratio}")
 for t in torch:
     print("  torch:", json.dumps(t))
-m = json.load(open(sys.argv[2]))
+try:
+    m = json.load(open(sys.argv[2]))
+except Exception as e:
+    print("no matmul results:", e)
+    sys.exit(0)
 for r in m["results"]:
     for dt in ("f32", "bf16"):
         e = r.get(dt)
