@@ -26,7 +26,11 @@ for iso in thread process; do
   echo "conformance GPU devices ($iso) exit $?: $(summary "$out/conformance_$iso.log")"
   grep -E '^\[ cuda:0 \]' "$out/conformance_$iso.log" | awk '{r+=$4; n+=$7} END {print "  cuda:0: " r " cases ran, " n " not claimed"}'
 done
-grep -E '^\[  FAILED  \]|Failure|error' "$out/cts_cuda_thread.log" "$out/conformance_thread.log" | head -20
+# The first failures of each suite, with context.
+for f in cuda_test cts_cuda_thread cts_cuda_process conformance_thread conformance_process; do
+  grep -E -A6 'Failure$|^\[  FAILED  \].*ms\)$|Segmentation|terminate|Aborted' "$out/$f.log" | head -40 | cut -c1-400
+  tail -3 "$out/$f.log" | cut -c1-300
+done
 timeout 200 "$stage/bin/matmul_vs_cublas" --device cuda:0 --dtypes f32,bf16 --sizes 1024,4096 \
   > "$out/cuda_matmul.json" 2> "$out/cuda_matmul.log"
 echo "matmul_vs_cublas exit $?"
