@@ -7,8 +7,8 @@
 # cuda:0 vs vulkan:0 (alternating runs) with PyTorch eager as the reference.
 # Prints the key results and ratios; logs and JSON under $OUT.
 set -u
-root=$(pwd)
-source "$(dirname "$0")/unpack.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/unpack.sh"
 export KILN_FAULT_WORKER=$stage/bin/kiln_fault_worker
 export XDG_CACHE_HOME=/tmp/kiln-cache  # the kernel cache: a second start is warm
 summary() { grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]' "$1" | tr '\n' ' '; }
@@ -42,7 +42,7 @@ for i in 1 2 3; do
       >> "$out/encoder.json" 2>> "$out/encoder.log"
   done
 done
-LD_LIBRARY_PATH= timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc_cuda \
+LD_LIBRARY_PATH= timeout 120 python3 "$here/torch_encoder.py" /tmp/enc_cuda \
   >> "$out/encoder.json" 2>> "$out/encoder.log"
 python3 - "$out/encoder.json" "$out/cuda_matmul.json" <<'PY'
 import json, statistics, sys
