@@ -15,7 +15,10 @@ bool LooksLikeCubin(const std::string& bytes) {
   return bytes.size() > 64 && bytes.compare(0, 4, "\x7f" "ELF") == 0;
 }
 
+// "13.0"; "none" without NVRTC (cached cubins still load; a miss then fails
+// in CompileCubin with the reason).
 std::string NvrtcVersion() {
+  if (!LoadNvrtc().ok()) return "none";
   int major = 0, minor = 0;
   Nvrtc().nvrtcVersion(&major, &minor);
   return absl::StrCat(major, ".", minor);

@@ -30,8 +30,8 @@ inline constexpr int kCodegenVersion = 1;
 // roots, denormals kept: results follow the f32 references).
 inline constexpr char kNvrtcFlags[] = "-std=c++17;-default-device;--extra-device-vectorization";
 
-// The kernel-cache key of `source` for `arch` ("sm_90"): "cuda-cubin-" + hex SHA-256.
-// REQUIRES: LoadNvrtc() OK (the key includes NVRTC's version).
+// The kernel-cache key of `source` for `arch` ("sm_90"): "cuda-cubin-" + hex
+// SHA-256. The key includes NVRTC's version (loading NVRTC if need be).
 std::string CubinCacheKey(const std::string& source, const std::string& arch);
 
 // Compiles `source` to a cubin for `arch` without any caching (used by the

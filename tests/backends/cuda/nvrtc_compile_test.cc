@@ -23,6 +23,14 @@ using backend::KernelSpec;
 
 constexpr char kArch[] = "sm_90";
 
+// The cache key is the first NVRTC call a prepare makes (ModuleCache::Get):
+// it must load NVRTC itself (it called through a null pointer on the GPU
+// machine, where no compile had run before). Runs before the other cases.
+TEST(NvrtcCacheKey, LoadsNvrtcItself) {
+  const std::string key = CubinCacheKey("extern \"C\" __global__ void f() {}", "sm_90");
+  EXPECT_EQ(key.rfind("cuda-cubin-", 0), 0u);
+}
+
 class NvrtcCompileTest : public ::testing::Test {
  protected:
   void SetUp() override {
