@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # Builds what the GPU machine runs (GPU.md): a release build with the Vulkan
-# backend and the cuBLAS peer, packed with the Debian libraries it loads into
+# and CUDA backends and the cuBLAS peer, packed with the Debian libraries it loads into
 # .gpu/kiln-gpu.tar.xz (glibc, the CUDA libraries and libcuda stay behind: the
 # machine has its own), plus Debian's libvulkan1 .deb (the loader; the NVIDIA
-# ICD is there). bench/gpu/run.sh unpacks and runs it.
+# ICD is there). bench/gpu/run.sh (Vulkan) and bench/gpu/cuda.sh (CUDA)
+# unpack and run it. The CUDA backend opens libcuda, libnvrtc and
+# libcublasLt at run time: none of them travels.
 #   scripts/gpu_bundle.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+# .git is a file in a worktree: ask git where the exclude file is.
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_TESTS=ON \
-  -DKILN_BUILD_BENCH=ON >/dev/null
-targets=(kiln_conformance_test kiln_cts_test kiln_vulkan_test kiln_bench vk_matmul_vs_cublas
-         kiln_engine_test kiln-device-worker kiln_fault_worker)
+  -DKILN_BUILD_BENCH=ON -DKILN_WITH_CUDA=ON >/dev/null
+targets=(kiln_conformance_test kiln_cts_test kiln_vulkan_test kiln_cuda_test kiln_bench
+         matmul_vs_cublas kiln_engine_test kiln-device-worker kiln_fault_worker)
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
 rm -rf .gpu/stage && mkdir -p .gpu/stage/bin .gpu/stage/lib
 # The device worker sits beside the binaries that start it (DefaultWorkerBinary).
 cp "$build/tests/kiln_conformance_test" "$build/tests/kiln_cts_test" \
-   "$build/tests/kiln_vulkan_test" "$build/bench/engine/kiln_bench" \
-   "$build/bench/gpu/vk_matmul_vs_cublas" "$build/tests/kiln_engine_test" \
+   "$build/tests/kiln_vulkan_test" "$build/tests/kiln_cuda_test" "$build/bench/engine/kiln_bench" \
+   "$build/bench/gpu/matmul_vs_cublas" "$build/tests/kiln_engine_test" \
    "$build/backends/kiln-device-worker" "$build/tests/kiln_fault_worker" .gpu/stage/bin/
 strip .gpu/stage/bin/*
 # glibc, the C++ runtime and zlib are newer there (and Python's torch needs
 # theirs); CUDA and the Vulkan loader come from the machine or the .deb.
-skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|libz|libcuda|libcublas.*|libcudart|libvulkan)\.so'
+skip='^(libc|libm|libpthread|libdl|librt|ld-linux.*|libstdc\+\+|libgcc_s|libz|libcuda|libcublas.*|libcudart|libnvrtc.*|libvulkan)\.so'
 for b in .gpu/stage/bin/*; do
   ldd "$b" | awk '/=> \//{print $3}' | while read -r lib; do
     name=$(basename "$lib")

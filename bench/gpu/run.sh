@@ -22,7 +22,7 @@ echo "cts exit $?" >> "$out/env.txt"
 timeout 300 "$stage/bin/kiln_vulkan_test" --gtest_output=json:"$out/vulkan_test.json" \
   > "$out/vulkan_test.log" 2>&1
 echo "vulkan_test exit $?" >> "$out/env.txt"
-timeout 200 "$stage/bin/vk_matmul_vs_cublas" > "$out/matmul.json" 2>> "$out/env.txt"
+timeout 200 "$stage/bin/matmul_vs_cublas" --device vulkan:0 > "$out/matmul.json" 2>> "$out/env.txt"
 timeout 120 "$stage/bin/kiln_bench" encoder --device vulkan:0 --batch 8 --iters 50 \
   --threads 16 --export /tmp/enc --report_out "$out/encoder_report.txt" > "$out/encoder.json" 2>> "$out/env.txt"
 LD_LIBRARY_PATH= timeout 120 python3 "$root/bench/gpu/torch_encoder.py" /tmp/enc >> "$out/encoder.json" 2>> "$out/env.txt"

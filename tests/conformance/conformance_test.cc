@@ -55,7 +55,7 @@ TEST_P(ConformanceTest, MatchesReferenceOnEveryDevice) {
   std::vector<backend::Device*> devices;
   const bool gpu_only = std::getenv("KILN_CONFORMANCE_GPU_ONLY") != nullptr;
   for (backend::Device* d : Devices().devices) {
-    if (!gpu_only || d->info().arch.find("gpu") != std::string::npos) devices.push_back(d);
+    if (!gpu_only || d->info().kind == backend::DeviceKind::kGpu) devices.push_back(d);
   }
   if (devices.empty()) GTEST_SKIP() << "no GPU device";
   for (backend::Device* device : devices) {

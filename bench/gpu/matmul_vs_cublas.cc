@@ -1,18 +1,18 @@
-// Vulkan MatMul (our kernels, through the backend interface) vs cuBLAS on the
-// same GPU in the same process: f32 vs cuBLAS SGEMM (no TF32), and f16 (the
-// cooperative-matrix path where the device has it) vs cuBLAS HGEMM with f32
-// accumulation. Both sides multiply the same random operands in [-1, 1); the
-// Kiln result is checked against cuBLAS (f16: a GemmEx with an f32 result,
-// so the reference is not rounded twice): max_abs_err, and max_rel_err =
-// max_abs_err / max |reference|. Medians of timed batches after warm-up;
-// prints JSON.
+// Kiln's MatMul on one device (our kernels, through the backend interface:
+// vulkan:0's shaders, or cuda:0's cuBLASLt path) vs cuBLAS on the same GPU in
+// the same process: f32 vs cuBLAS SGEMM (no TF32 on either side), f16 and
+// bf16 vs cuBLAS GemmEx with f32 accumulation. Both sides multiply the same
+// random operands in [-1, 1); the Kiln result is checked against cuBLAS
+// (16-bit types: a GemmEx with an f32 result, so the reference is not
+// rounded twice): max_abs_err, and max_rel_err = max_abs_err / max
+// |reference|. Medians of timed batches after warm-up (device events on
+// both sides); prints JSON with ratio = cuBLAS time / Kiln time.
 //
-//   vk_matmul_vs_cublas [--sizes 1024,2048,4096,8192] [--reps 10]
-//                       [--coop_tiles 128x128x32x2x4x8,...]
-// --coop_tiles also times the f16 product once per KILN_VULKAN_COOP_TILE
-// (BMxBNxBKxSG_MxSG_NxGROUP_M) given, for tuning.
+//   matmul_vs_cublas [--device vulkan:0] [--dtypes f32,f16] [--sizes 1024,2048,4096,8192]
+//                    [--reps 10] [--coop_tiles 128x128x32x2x4x8,...]
+// --coop_tiles (vulkan) also times the f16 product once per
+// KILN_VULKAN_COOP_TILE (BMxBNxBKxSG_MxSG_NxGROUP_M) given, for tuning.
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,32 +58,34 @@ std::vector<std::string> Split(const std::string& s) {
 }
 
 // Random n x n operands in [-1, 1), as the dtype stores them.
-std::vector<char> RandomMatrix(bool half, int64_t n, uint64_t seed) {
+std::vector<char> RandomMatrix(kiln::DType dt, int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<char> bytes(n * n * (half ? 2 : 4));
+  const bool wide = dt == kiln::v1::DTYPE_F32;
+  std::vector<char> bytes(n * n * (wide ? 4 : 2));
   for (int64_t i = 0; i < n * n; ++i) {
     const float v = dist(rng);
-    if (half) {
-      const uint16_t h = kiln::FloatToHalf(v);
-      std::memcpy(bytes.data() + 2 * i, &h, 2);
-    } else {
+    if (wide) {
       std::memcpy(bytes.data() + 4 * i, &v, 4);
+      continue;
     }
+    const uint16_t h = dt == kiln::v1::DTYPE_F16 ? kiln::FloatToHalf(v) : kiln::FloatToBf16(v);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
   }
   return bytes;
 }
 
-std::vector<float> ToFloats(bool half, const std::vector<char>& bytes) {
-  std::vector<float> out(bytes.size() / (half ? 2 : 4));
+std::vector<float> ToFloats(kiln::DType dt, const std::vector<char>& bytes) {
+  const bool wide = dt == kiln::v1::DTYPE_F32;
+  std::vector<float> out(bytes.size() / (wide ? 4 : 2));
   for (size_t i = 0; i < out.size(); ++i) {
-    if (half) {
-      uint16_t h;
-      std::memcpy(&h, bytes.data() + 2 * i, 2);
-      out[i] = kiln::HalfToFloat(h);
-    } else {
+    if (wide) {
       std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+      continue;
     }
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    out[i] = dt == kiln::v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
   }
   return out;
 }
@@ -103,10 +105,10 @@ Errors Compare(const std::vector<float>& got, const std::vector<float>& want) {
   return {max_abs, ref_max > 0 ? max_abs / ref_max : max_abs};
 }
 
-// One n x n product's operands on the Vulkan device, reused across kernels.
-class VulkanOperands {
+// One n x n product's operands on the Kiln device, reused across kernels.
+class Operands {
  public:
-  VulkanOperands(kiln::backend::Device& dev, kiln::DType dtype, int64_t n,
+  Operands(kiln::backend::Device& dev, kiln::DType dtype, int64_t n,
                  const std::vector<char>& a, const std::vector<char>& b)
       : dev_(dev), dtype_(dtype), n_(n) {
     const int64_t bytes = static_cast<int64_t>(a.size());
@@ -159,7 +161,7 @@ class VulkanOperands {
     if (!dev_.CopyToHost(*stream_, views_[2], host.data()).ok() || !stream_->Synchronize().ok()) {
       return -1;
     }
-    *result = ToFloats(dtype_ == kiln::v1::DTYPE_F16, host);
+    *result = ToFloats(dtype_, host);
     return Median(ms);
   }
 
@@ -173,11 +175,13 @@ class VulkanOperands {
   std::vector<kiln::backend::BufferView> views_;
 };
 
-// Row-major C = A @ B with cuBLAS (column-major): C^T = B^T A^T. f16: the
-// timed GEMM has an f16 result; `reference` gets an f32-result GEMM.
-double TimeCublas(cublasHandle_t h, bool half, int64_t n, const std::vector<char>& ha,
+// Row-major C = A @ B with cuBLAS (column-major): C^T = B^T A^T. f16/bf16:
+// the timed GEMM has a 16-bit result; `reference` gets an f32-result GEMM.
+double TimeCublas(cublasHandle_t h, kiln::DType dt, int64_t n, const std::vector<char>& ha,
                   const std::vector<char>& hb, int reps, int rounds,
                   std::vector<float>* reference) {
+  const bool half = dt != kiln::v1::DTYPE_F32;
+  const cudaDataType in_type = dt == kiln::v1::DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
   const size_t elem = half ? 2 : 4;
   void *a, *b, *c, *ref;
   CHECK_CUDA(cudaMalloc(&a, n * n * elem));
@@ -189,15 +193,15 @@ double TimeCublas(cublasHandle_t h, bool half, int64_t n, const std::vector<char
   const float one = 1.f, zero = 0.f;
   auto gemm = [&](void* out, cudaDataType out_type) {
     if (half) {
-      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, CUDA_R_16F, n, a,
-                              CUDA_R_16F, n, &zero, out, out_type, n, CUBLAS_COMPUTE_32F,
+      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, in_type, n, a,
+                              in_type, n, &zero, out, out_type, n, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
     } else {
       CHECK_CUDA(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, static_cast<float*>(b), n,
                              static_cast<float*>(a), n, &zero, static_cast<float*>(out), n));
     }
   };
-  const cudaDataType out_type = half ? CUDA_R_16F : CUDA_R_32F;
+  const cudaDataType out_type = half ? in_type : CUDA_R_32F;
   for (int i = 0; i < 3; ++i) gemm(c, out_type);
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -228,29 +232,34 @@ double TimeCublas(cublasHandle_t h, bool half, int64_t n, const std::vector<char
 
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1024, 2048, 4096, 8192};
-  std::vector<std::string> coop_tiles;
+  std::vector<std::string> coop_tiles, dtypes = {"f32", "f16"};
+  std::string device_id = "vulkan:0";
   int reps = 10;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--coop_tiles") == 0) coop_tiles = Split(argv[i + 1]);
+    if (std::strcmp(argv[i], "--dtypes") == 0) dtypes = Split(argv[i + 1]);
+    if (std::strcmp(argv[i], "--device") == 0) device_id = argv[i + 1];
     if (std::strcmp(argv[i], "--sizes") == 0) {
       sizes.clear();
       for (const std::string& s : Split(argv[i + 1])) sizes.push_back(std::stoll(s));
     }
   }
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
-  kiln::backend::Device* vk = nullptr;
+  kiln::backend::Device* dev = nullptr;
   for (const auto& reg : kiln::backend::RegisteredBackends()) {
-    if (reg.name != "vulkan") continue;
+    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
     auto b = reg.factory({});
-    if (!b.ok() || (*b)->devices().empty()) {
-      std::fprintf(stderr, "no Vulkan device\n");
-      return 1;
+    if (!b.ok()) continue;
+    for (kiln::backend::Device* d : (*b)->devices()) {
+      if (d->info().id == device_id) dev = d;
     }
-    vk = (*b)->devices()[0];
     backends.push_back(std::move(b).value());
   }
-  if (vk == nullptr) return 1;
+  if (dev == nullptr) {
+    std::fprintf(stderr, "no device %s\n", device_id.c_str());
+    return 1;
+  }
   cublasHandle_t h;
   CHECK_CUDA(cublasCreate(&h));
   json results = json::array();
@@ -259,20 +268,23 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * n * n * n;
     auto tflops = [&](double ms) { return ms > 0 ? flop / ms / 1e9 : 0.0; };
     json row = {{"n", n}};
-    for (const bool half : {false, true}) {
-      const kiln::DType dtype = half ? kiln::v1::DTYPE_F16 : kiln::v1::DTYPE_F32;
-      const std::vector<char> a = RandomMatrix(half, n, 2 * n + half);
-      const std::vector<char> b = RandomMatrix(half, n, 2 * n + half + 7);
-      // SGEMM without TF32; HGEMM on tensor cores.
+    for (const std::string& name : dtypes) {
+      const kiln::DType dtype = name == "f16"    ? kiln::v1::DTYPE_F16
+                                : name == "bf16" ? kiln::v1::DTYPE_BF16
+                                                 : kiln::v1::DTYPE_F32;
+      const bool half = dtype != kiln::v1::DTYPE_F32;
+      const std::vector<char> a = RandomMatrix(dtype, n, 2 * n + half);
+      const std::vector<char> b = RandomMatrix(dtype, n, 2 * n + half + 7);
+      // SGEMM without TF32; 16-bit GEMMs on tensor cores.
       CHECK_CUDA(cublasSetMathMode(h, half ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
       std::vector<float> want, got;
-      const double cb = TimeCublas(h, half, n, a, b, r, 5, &want);
-      VulkanOperands operands(*vk, dtype, n, a, b);
+      const double cb = TimeCublas(h, dtype, n, a, b, r, 5, &want);
+      Operands operands(*dev, dtype, n, a, b);
       auto measure = [&](json entry) {
         std::string impl;
         const double ms = operands.Time(r, 5, &impl, &got);
         const Errors err = ms > 0 ? Compare(got, want) : Errors{};
-        entry.update({{"kiln_vulkan_ms", ms},
+        entry.update({{"kiln_ms", ms},
                       {"kiln_tflops", tflops(ms)},
                       {"ratio", ms > 0 ? cb / ms : 0.0},
                       {"impl", impl},
@@ -280,9 +292,8 @@ int main(int argc, char** argv) {
                       {"max_rel_err", err.max_rel}});
         return entry;
       };
-      json entry = measure(
-          {{half ? "cublas_hgemm_ms" : "cublas_sgemm_ms", cb}, {"cublas_tflops", tflops(cb)}});
-      if (half && !coop_tiles.empty()) {
+      json entry = measure({{"cublas_ms", cb}, {"cublas_tflops", tflops(cb)}});
+      if (dtype == kiln::v1::DTYPE_F16 && !coop_tiles.empty()) {
         json sweep = json::array();
         for (const std::string& tile : coop_tiles) {
           setenv("KILN_VULKAN_COOP_TILE", tile.c_str(), 1);
@@ -291,16 +302,19 @@ int main(int argc, char** argv) {
         unsetenv("KILN_VULKAN_COOP_TILE");
         entry["coop_tiles"] = sweep;
       }
-      row[half ? "f16" : "f32"] = entry;
+      row[name] = entry;
+      std::fprintf(stderr, "%s n=%lld %s: kiln %.3f ms, cublas %.3f ms, ratio %.3f\n",
+                   device_id.c_str(), static_cast<long long>(n), name.c_str(),
+                   entry["kiln_ms"].get<double>(), cb, entry["ratio"].get<double>());
     }
     results.push_back(row);
-    std::fprintf(stderr, "n=%lld done\n", static_cast<long long>(n));
   }
   cublasDestroy(h);
-  std::printf("%s\n", json({{"bench", "vulkan_matmul_vs_cublas"},
-                            {"device", vk->info().name},
-                            {"driver", vk->info().driver_version},
-                            {"features", vk->info().features},
+  std::printf("%s\n", json({{"bench", "matmul_vs_cublas"},
+                            {"device", dev->info().id},
+                            {"name", dev->info().name},
+                            {"driver", dev->info().driver_version},
+                            {"features", dev->info().features},
                             {"results", results}})
                           .dump()
                           .c_str());

@@ -1,0 +1,559 @@
+#include "backends/cuda/codegen_elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "backends/cuda/cuda_kernel.h"
+#include "base/half.h"
+
+namespace kiln::cuda {
+namespace {
+
+using backend::ElementwiseRegion;
+using backend::KernelSpec;
+using backend::RegionInstr;
+
+// How a value lives in registers.
+enum class CType { kFloat, kInt, kInt64 };
+
+CType CTypeOf(DType d) {
+  if (d == v1::DTYPE_I64) return CType::kInt64;
+  if (d == v1::DTYPE_F32 || d == v1::DTYPE_F16 || d == v1::DTYPE_BF16) return CType::kFloat;
+  return CType::kInt;  // i8, u8, i16, i32, bool (0/1)
+}
+
+const char* CudaType(CType t) {
+  switch (t) {
+    case CType::kFloat:
+      return "float";
+    case CType::kInt:
+      return "int";
+    case CType::kInt64:
+      return "long long";
+  }
+  return "?";
+}
+const char* UnsignedType(CType t) { return t == CType::kInt64 ? "unsigned long long" : "unsigned"; }
+
+// The element type of a tensor of `d` in memory; "" for types not served.
+const char* BufferType(DType d) {
+  switch (d) {
+    case v1::DTYPE_F32:
+      return "float";
+    case v1::DTYPE_F16:
+    case v1::DTYPE_BF16:
+      return "unsigned short";
+    case v1::DTYPE_I16:
+      return "short";
+    case v1::DTYPE_I8:
+      return "signed char";
+    case v1::DTYPE_U8:
+    case v1::DTYPE_BOOL:
+      return "unsigned char";
+    case v1::DTYPE_I32:
+      return "int";
+    case v1::DTYPE_I64:
+      return "long long";
+    default:
+      return "";
+  }
+}
+
+std::string FloatLit(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (std::isfinite(f) && static_cast<float>(static_cast<int>(f)) == f && std::fabs(f) < 1e6f &&
+      !(f == 0.0f && std::signbit(f))) {
+    return absl::StrCat(static_cast<int>(f), ".0f");
+  }
+  return absl::StrFormat("__int_as_float(0x%08x)", bits);
+}
+
+std::string IntLit(int64_t v, CType t) {
+  if (t == CType::kInt64) {
+    if (v == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1LL)";
+    return absl::StrCat(v, "LL");
+  }
+  if (v == std::numeric_limits<int32_t>::min()) return "(-2147483647 - 1)";
+  return absl::StrCat(v);
+}
+
+// The value `x` (already in its ctype) rounded to what `d` can store.
+std::string RoundTo(const std::string& x, DType d) {
+  switch (d) {
+    case v1::DTYPE_F16:
+      return absl::StrCat("k_round_f16(", x, ")");
+    case v1::DTYPE_BF16:
+      return absl::StrCat("k_round_bf16(", x, ")");
+    case v1::DTYPE_I8:
+      return absl::StrCat("static_cast<int>(static_cast<signed char>(", x, "))");
+    case v1::DTYPE_I16:
+      return absl::StrCat("static_cast<int>(static_cast<short>(", x, "))");
+    case v1::DTYPE_U8:
+      return absl::StrCat("((", x, ") & 0xff)");
+    case v1::DTYPE_BOOL:
+      return absl::StrCat("((", x, ") != 0 ? 1 : 0)");
+    default:
+      return x;
+  }
+}
+
+std::pair<int64_t, int64_t> IntRange(DType d) {
+  switch (d) {
+    case v1::DTYPE_I8:
+      return {-128, 127};
+    case v1::DTYPE_U8:
+      return {0, 255};
+    case v1::DTYPE_I16:
+      return {-32768, 32767};
+    case v1::DTYPE_I32:
+      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    case v1::DTYPE_BOOL:
+      return {0, 1};
+    default:
+      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  }
+}
+
+// Two's-complement wrapping a OP b (signed overflow is undefined in C++).
+std::string Wrap(const std::string& a, const char* op, const std::string& b, CType t) {
+  return absl::StrCat("static_cast<", CudaType(t), ">(static_cast<", UnsignedType(t), ">(", a,
+                      ") ", op, " static_cast<", UnsignedType(t), ">(", b, "))");
+}
+
+// The IR's cast of `x` (a value of dtype `from`) to `to`.
+std::string Cast(const std::string& x, DType from, DType to) {
+  const CType cf = CTypeOf(from), ct = CTypeOf(to);
+  if (to == v1::DTYPE_BOOL) {
+    if (cf == CType::kFloat) return absl::StrCat("(k_nonzero(", x, ") ? 1 : 0)");
+    return absl::StrCat("((", x, ") != 0 ? 1 : 0)");
+  }
+  if (ct == CType::kFloat) {
+    const std::string f = cf == CType::kFloat ? x : absl::StrCat("static_cast<float>(", x, ")");
+    return RoundTo(f, to);
+  }
+  if (cf == CType::kFloat) {  // truncate toward zero, saturate, NaN -> 0
+    const auto [lo, hi] = IntRange(to);
+    const std::string type = CudaType(ct);
+    return absl::StrCat("(isnan(", x, ") ? ", IntLit(0, ct), " : (", x,
+                        " <= ", FloatLit(static_cast<float>(lo)), " ? ", IntLit(lo, ct), " : (", x,
+                        " >= ", FloatLit(static_cast<float>(hi)), " ? ", IntLit(hi, ct),
+                        " : static_cast<", type, ">(", x, "))))");
+  }
+  if (ct == CType::kInt64) {
+    return cf == CType::kInt64 ? x : absl::StrCat("static_cast<long long>(", x, ")");
+  }
+  const std::string narrowed =
+      cf == CType::kInt64 ? absl::StrCat("static_cast<int>(", x, ")") : x;
+  return RoundTo(narrowed, to);
+}
+
+std::string UnaryFloat(v1::UnaryKind k, const std::string& x) {
+  auto call = [&](const char* f) { return absl::StrCat(f, "(", x, ")"); };
+  switch (k) {
+    case v1::UNARY_IDENTITY:
+      return x;
+    case v1::UNARY_RELU:
+      return absl::StrCat("(", x, " < 0.0f ? 0.0f : ", x, ")");
+    case v1::UNARY_GELU:
+      return call("k_gelu");
+    case v1::UNARY_GELU_TANH:
+      return call("k_gelu_tanh");
+    case v1::UNARY_SILU:
+      return call("k_silu");
+    case v1::UNARY_SIGMOID:
+      return call("k_sigmoid");
+    case v1::UNARY_TANH:
+      return call("tanhf");
+    case v1::UNARY_EXP:
+      return call("expf");
+    case v1::UNARY_LOG:
+      return call("logf");
+    case v1::UNARY_SQRT:
+      return call("sqrtf");
+    case v1::UNARY_RSQRT:
+      return call("k_rsqrt");
+    case v1::UNARY_NEG:
+      return absl::StrCat("(-", x, ")");
+    case v1::UNARY_ABS:
+      return call("fabsf");
+    case v1::UNARY_SIN:
+      return call("sinf");
+    case v1::UNARY_COS:
+      return call("cosf");
+    case v1::UNARY_ERF:
+      return call("erff");
+    case v1::UNARY_FLOOR:
+      return call("floorf");
+    case v1::UNARY_CEIL:
+      return call("ceilf");
+    case v1::UNARY_ROUND:
+      return call("rintf");
+    case v1::UNARY_SIGN:
+      return call("k_sign");
+    case v1::UNARY_RECIPROCAL:
+      return absl::StrCat("(1.0f / ", x, ")");
+    case v1::UNARY_SOFTPLUS:
+      return call("k_softplus");
+    default:
+      return "";
+  }
+}
+
+std::string UnaryInt(v1::UnaryKind k, const std::string& x, CType t) {
+  const std::string zero = IntLit(0, t), one = IntLit(1, t);
+  switch (k) {
+    case v1::UNARY_IDENTITY:
+      return x;
+    case v1::UNARY_RELU:
+      return absl::StrCat("(", x, " < ", zero, " ? ", zero, " : ", x, ")");
+    case v1::UNARY_NEG:
+      return Wrap(zero, "-", x, t);
+    case v1::UNARY_ABS:
+      return absl::StrCat("(", x, " < ", zero, " ? ", Wrap(zero, "-", x, t), " : ", x, ")");
+    case v1::UNARY_SIGN:
+      return absl::StrCat("((", x, " > ", zero, " ? ", one, " : ", zero, ") - (", x, " < ", zero,
+                          " ? ", one, " : ", zero, "))");
+    default:
+      return "";
+  }
+}
+
+std::string BinaryExpr(v1::BinaryKind k, const std::string& a, const std::string& b, CType t) {
+  if (t == CType::kFloat) {
+    switch (k) {
+      case v1::BINARY_ADD:
+        return absl::StrCat("(", a, " + ", b, ")");
+      case v1::BINARY_SUB:
+        return absl::StrCat("(", a, " - ", b, ")");
+      case v1::BINARY_MUL:
+        return absl::StrCat("(", a, " * ", b, ")");
+      case v1::BINARY_DIV:
+        return absl::StrCat("(", a, " / ", b, ")");
+      case v1::BINARY_MAX:
+        return absl::StrCat("k_max(", a, ", ", b, ")");
+      case v1::BINARY_MIN:
+        return absl::StrCat("k_min(", a, ", ", b, ")");
+      case v1::BINARY_POW:
+        return absl::StrCat("powf(", a, ", ", b, ")");
+      default:
+        return "";
+    }
+  }
+  const std::string zero = IntLit(0, t), minus1 = IntLit(-1, t);
+  switch (k) {
+    case v1::BINARY_ADD:
+      return Wrap(a, "+", b, t);
+    case v1::BINARY_SUB:
+      return Wrap(a, "-", b, t);
+    case v1::BINARY_MUL:
+      return Wrap(a, "*", b, t);
+    case v1::BINARY_DIV:  // x / 0 = 0; x / -1 negates (INT_MIN wraps), never a trapping divide
+      return absl::StrCat("(", b, " == ", zero, " ? ", zero, " : (", b, " == ", minus1, " ? ",
+                          Wrap(zero, "-", a, t), " : ", a, " / ", b, "))");
+    case v1::BINARY_MAX:
+      return absl::StrCat("(", a, " > ", b, " ? ", a, " : ", b, ")");
+    case v1::BINARY_MIN:
+      return absl::StrCat("(", a, " < ", b, " ? ", a, " : ", b, ")");
+    default:
+      return "";
+  }
+}
+
+const char* CompareOp(v1::CompareKind k) {
+  switch (k) {
+    case v1::COMPARE_EQ:
+      return "==";
+    case v1::COMPARE_NE:
+      return "!=";
+    case v1::COMPARE_LT:
+      return "<";
+    case v1::COMPARE_LE:
+      return "<=";
+    case v1::COMPARE_GT:
+      return ">";
+    case v1::COMPARE_GE:
+      return ">=";
+    default:
+      return "";
+  }
+}
+
+// One instruction's expression, already rounded to its dtype; "" if unsupported.
+std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& names) {
+  const DType dt = in.dtype;
+  const CType ct = CTypeOf(dt);
+  auto arg = [&](int k) { return names[in.args[k]]; };
+  switch (in.op) {
+    case v1::OP_UNARY: {
+      const auto kind = static_cast<v1::UnaryKind>(in.kind);
+      const std::string e = ct == CType::kFloat ? UnaryFloat(kind, arg(0)) : UnaryInt(kind, arg(0), ct);
+      return e.empty() ? e : RoundTo(e, dt);
+    }
+    case v1::OP_BINARY: {
+      const std::string e = BinaryExpr(static_cast<v1::BinaryKind>(in.kind), arg(0), arg(1), ct);
+      return e.empty() ? e : RoundTo(e, dt);
+    }
+    case v1::OP_COMPARE: {
+      const char* op = CompareOp(static_cast<v1::CompareKind>(in.kind));
+      if (*op == '\0') return "";
+      return absl::StrCat("(", arg(0), " ", op, " ", arg(1), " ? 1 : 0)");
+    }
+    case v1::OP_WHERE:
+      return absl::StrCat("(", arg(0), " != 0 ? ", arg(1), " : ", arg(2), ")");
+    case v1::OP_CAST:
+      return Cast(arg(0), in.arg_dtype, dt);
+    case v1::OP_CLAMP: {
+      const std::string x = arg(0);
+      if (ct == CType::kFloat) {
+        std::string e = x;
+        if (in.has_hi) {
+          const std::string hi = FloatLit(static_cast<float>(in.hi));
+          e = absl::StrCat("(", x, " > ", hi, " ? ", hi, " : ", e, ")");
+        }
+        if (in.has_lo) {
+          const std::string lo = FloatLit(static_cast<float>(in.lo));
+          e = absl::StrCat("(", x, " < ", lo, " ? ", lo, " : ", e, ")");
+        }
+        return RoundTo(e, dt);
+      }
+      // Integers: the nearest integers inside the bounds, within the type.
+      const auto [tmin, tmax] = IntRange(dt);
+      std::string e = x;
+      if (in.has_hi) {
+        const double hi =
+            std::clamp(std::floor(in.hi), static_cast<double>(tmin), static_cast<double>(tmax));
+        const std::string h = IntLit(static_cast<int64_t>(hi), ct);
+        e = absl::StrCat("(", x, " > ", h, " ? ", h, " : ", e, ")");
+      }
+      if (in.has_lo) {
+        const double lo =
+            std::clamp(std::ceil(in.lo), static_cast<double>(tmin), static_cast<double>(tmax));
+        const std::string l = IntLit(static_cast<int64_t>(lo), ct);
+        e = absl::StrCat("(", x, " < ", l, " ? ", l, " : ", e, ")");
+      }
+      return e;
+    }
+    case v1::OP_CONSTANT: {
+      const double v = in.scalar;
+      if (dt == v1::DTYPE_BOOL) return v != 0 ? "1" : "0";
+      if (ct == CType::kFloat) {
+        float r = static_cast<float>(v);
+        if (dt == v1::DTYPE_F16) r = HalfToFloat(FloatToHalf(r));
+        if (dt == v1::DTYPE_BF16) r = Bf16ToFloat(FloatToBf16(r));
+        return FloatLit(r);
+      }
+      if (std::isnan(v)) return IntLit(0, ct);
+      const auto [lo, hi] = IntRange(dt);
+      const double t = std::trunc(std::clamp(v, static_cast<double>(lo), static_cast<double>(hi)));
+      return IntLit(static_cast<int64_t>(t), ct);
+    }
+    default:
+      return "";
+  }
+}
+
+std::vector<DType> ValueDTypes(const ElementwiseRegion& r) {
+  std::vector<DType> d(r.inputs);
+  for (const RegionInstr& in : r.instrs) d.push_back(in.dtype);
+  return d;
+}
+
+// Output dims collapsed with every input's broadcast strides.
+struct IndexPlan {
+  std::vector<int64_t> dims;                  // collapsed output dims
+  std::vector<std::vector<int64_t>> strides;  // per input, per collapsed dim (0 = broadcast)
+};
+
+IndexPlan PlanIndexing(const KernelSpec& spec) {
+  const Dims& out = spec.outputs[0].dims;
+  const size_t rank = out.size();
+  std::vector<std::vector<int64_t>> full(spec.inputs.size(), std::vector<int64_t>(rank, 0));
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const Dims& in = spec.inputs[i].dims;
+    const std::vector<int64_t> s = RowMajorStrides(in);
+    const size_t off = rank - in.size();
+    for (size_t k = 0; k < in.size(); ++k) full[i][off + k] = in[k] == 1 ? 0 : s[k];
+  }
+  IndexPlan p;
+  p.strides.resize(spec.inputs.size());
+  for (size_t k = 0; k < rank; ++k) {
+    if (out[k] == 1) continue;
+    bool merge = !p.dims.empty();
+    for (size_t i = 0; merge && i < full.size(); ++i) {
+      merge = p.strides[i].back() == full[i][k] * out[k];
+    }
+    if (merge) {
+      p.dims.back() *= out[k];
+      for (size_t i = 0; i < full.size(); ++i) p.strides[i].back() = full[i][k];
+      continue;
+    }
+    p.dims.push_back(out[k]);
+    for (size_t i = 0; i < full.size(); ++i) p.strides[i].push_back(full[i][k]);
+  }
+  return p;
+}
+
+// The flat index of input `input` at output element `i` (coordinates c0..).
+std::string IndexExpr(const IndexPlan& plan, int input, int kind, const char* suffix) {
+  if (kind == 0) return "i";
+  std::vector<std::string> terms;
+  for (size_t k = 0; kind == 2 && k < plan.dims.size(); ++k) {
+    const int64_t s = plan.strides[input][k];
+    if (s == 0) continue;
+    terms.push_back(s == 1 ? absl::StrCat("c", k) : absl::StrCat("c", k, " * ", s, suffix));
+  }
+  return terms.empty() ? "0" : absl::StrJoin(terms, " + ");
+}
+
+}  // namespace
+
+std::string ElementwiseUnsupported(const KernelSpec& spec, const ElementwiseRegion& region) {
+  if (spec.outputs.size() != region.results.size() || spec.outputs.empty()) {
+    return "outputs do not match the region's results";
+  }
+  for (const auto& t : spec.outputs) {
+    if (t.dims != spec.outputs[0].dims) return "outputs differ in shape";
+  }
+  for (const auto& t : spec.inputs) {
+    if (t.dims.size() > spec.outputs[0].dims.size()) return "an input outranks the output";
+  }
+  for (DType d : ValueDTypes(region)) {
+    if (d == v1::DTYPE_F64) return "f64 arithmetic is not supported by cuda kernels";
+    if (*BufferType(d) == '\0') return absl::StrCat(DTypeName(d), " is not a dense type served");
+  }
+  std::vector<std::string> names(region.num_values(), "x");
+  for (size_t j = 0; j < region.instrs.size(); ++j) {
+    const RegionInstr& in = region.instrs[j];
+    if (InstrExpr(in, names).empty()) {
+      return absl::StrCat("no code for instruction ", j, " (", v1::OpKind_Name(in.op), " on ",
+                          DTypeName(in.dtype), ")");
+    }
+  }
+  return "";
+}
+
+std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion& region) {
+  const int n = static_cast<int>(spec.inputs.size());
+  const int64_t total = spec.outputs[0].num_elements();
+  // 32-bit indices where every offset fits (most tensors): cheaper division.
+  const bool narrow = total < (int64_t{1} << 31);
+  const char* index_type = narrow ? "unsigned" : "unsigned long long";
+  const char* suffix = narrow ? "u" : "ULL";
+  std::string src = KernelSource("");
+  std::vector<std::string> params;
+  for (int i = 0; i < n; ++i) {
+    params.push_back(absl::StrCat("const ", BufferType(spec.inputs[i].dtype), "* in", i));
+  }
+  for (size_t k = 0; k < spec.outputs.size(); ++k) {
+    params.push_back(absl::StrCat(BufferType(spec.outputs[k].dtype), "* out", k));
+  }
+  absl::StrAppend(&src, "extern \"C\" __global__ void ", kElementwiseEntry, "(",
+                  absl::StrJoin(params, ", "), ") {\n");
+  absl::StrAppend(&src, "  const ", index_type, " step = static_cast<", index_type,
+                  ">(gridDim.x) * blockDim.x;\n  for (", index_type, " i = static_cast<",
+                  index_type, ">(blockIdx.x) * blockDim.x + threadIdx.x; i < ", total, suffix,
+                  "; i += step) {\n");
+  const IndexPlan plan = PlanIndexing(spec);
+  std::vector<bool> used(n, false);
+  for (const RegionInstr& in : region.instrs) {
+    for (int k = 0; k < in.num_args; ++k) {
+      if (in.args[k] < n) used[in.args[k]] = true;
+    }
+  }
+  const std::vector<int64_t> out_strides = RowMajorStrides(plan.dims);
+  bool coords = false;
+  std::vector<int> kind(n, 0);  // 0 = same index, 1 = scalar, 2 = general
+  for (int i = 0; i < n; ++i) {
+    bool same = true, scalar = true;
+    for (size_t k = 0; k < plan.dims.size(); ++k) {
+      same = same && plan.strides[i][k] == out_strides[k];
+      scalar = scalar && plan.strides[i][k] == 0;
+    }
+    kind[i] = same ? 0 : scalar ? 1 : 2;
+    coords = coords || (used[i] && kind[i] == 2);
+  }
+  if (coords) {
+    absl::StrAppend(&src, "    ", index_type, " rem = i;\n");
+    for (size_t k = plan.dims.size(); k-- > 0;) {
+      if (k == 0) {
+        absl::StrAppend(&src, "    const ", index_type, " c0 = rem;\n");
+      } else {
+        absl::StrAppend(&src, "    const ", index_type, " c", k, " = rem % ", plan.dims[k],
+                        suffix, ";\n    rem /= ", plan.dims[k], suffix, ";\n");
+      }
+    }
+  }
+  std::vector<std::string> names(n + region.instrs.size());
+  for (int i = 0; i < n; ++i) {
+    names[i] = absl::StrCat("v", i);
+    if (!used[i]) continue;
+    const std::string raw = absl::StrCat("in", i, "[", IndexExpr(plan, i, kind[i], suffix), "]");
+    std::string load;
+    switch (spec.inputs[i].dtype) {
+      case v1::DTYPE_F16:
+        load = absl::StrCat("k_f16_to_f32(", raw, ")");
+        break;
+      case v1::DTYPE_BF16:
+        load = absl::StrCat("k_bf16_to_f32(", raw, ")");
+        break;
+      case v1::DTYPE_I8:
+      case v1::DTYPE_I16:
+      case v1::DTYPE_U8:
+        load = absl::StrCat("static_cast<int>(", raw, ")");
+        break;
+      case v1::DTYPE_BOOL:
+        load = absl::StrCat("(", raw, " != 0 ? 1 : 0)");
+        break;
+      default:
+        load = raw;
+        break;
+    }
+    absl::StrAppend(&src, "    const ", CudaType(CTypeOf(spec.inputs[i].dtype)), " ", names[i],
+                    " = ", load, ";\n");
+  }
+  for (size_t j = 0; j < region.instrs.size(); ++j) {
+    const RegionInstr& in = region.instrs[j];
+    names[n + j] = absl::StrCat("v", n + j);
+    absl::StrAppend(&src, "    const ", CudaType(CTypeOf(in.dtype)), " ", names[n + j], " = ",
+                    InstrExpr(in, names), ";\n");
+  }
+  // Every load happens before any store: an output may alias an input.
+  for (size_t k = 0; k < region.results.size(); ++k) {
+    const std::string v = names[n + region.results[k]];
+    std::string store;
+    switch (spec.outputs[k].dtype) {
+      case v1::DTYPE_F16:
+        store = absl::StrCat("k_f32_to_f16(", v, ")");
+        break;
+      case v1::DTYPE_BF16:
+        store = absl::StrCat("k_f32_to_bf16(", v, ")");
+        break;
+      case v1::DTYPE_I8:
+        store = absl::StrCat("static_cast<signed char>(", v, ")");
+        break;
+      case v1::DTYPE_I16:
+        store = absl::StrCat("static_cast<short>(", v, ")");
+        break;
+      case v1::DTYPE_U8:
+        store = absl::StrCat("static_cast<unsigned char>(", v, ")");
+        break;
+      case v1::DTYPE_BOOL:
+        store = absl::StrCat("static_cast<unsigned char>(", v, " != 0 ? 1 : 0)");
+        break;
+      default:
+        store = v;
+        break;
+    }
+    absl::StrAppend(&src, "    out", k, "[i] = ", store, ";\n");
+  }
+  absl::StrAppend(&src, "  }\n}\n");
+  return src;
+}
+
+}  // namespace kiln::cuda

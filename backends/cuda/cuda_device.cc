@@ -1,0 +1,363 @@
+#include "backends/cuda/cuda_device.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/cuda_stream.h"
+#include "backends/cuda/nvrtc_compiler.h"
+#include "base/status.h"
+
+namespace kiln::cuda {
+namespace {
+
+// How long the allocation stream may take to order an allocation or free.
+constexpr absl::Duration kAllocWait = absl::Seconds(30);
+
+int Attribute(CUdevice d, CUdevice_attribute a) {
+  int v = 0;
+  Driver().cuDeviceGetAttribute(&v, a, d);
+  return v;
+}
+
+}  // namespace
+
+void PollBackoff(int iteration) {
+  if (iteration < 64) {
+    std::this_thread::yield();
+    return;
+  }
+  const int us = std::min(1000, 10 << std::min(7, (iteration - 64) / 16));
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
+    int ordinal, const backend::BackendOptions& options) {
+  auto d = std::unique_ptr<CudaDevice>(new CudaDevice());
+  KILN_RETURN_IF_ERROR(d->Init(ordinal, options));
+  return d;
+}
+
+absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& options) {
+  const DriverApi& api = Driver();
+  info_.id = absl::StrCat("cuda:", ordinal);
+  KILN_RETURN_IF_ERROR(Check(api.cuDeviceGet(&device_, ordinal), "cuDeviceGet"));
+  char name[256] = {};
+  KILN_RETURN_IF_ERROR(Check(api.cuDeviceGetName(name, sizeof(name), device_), "cuDeviceGetName"));
+  DeviceCaps& c = caps_;
+  c.cc_major = Attribute(device_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  c.cc_minor = Attribute(device_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  if (c.cc_major < 7 || (c.cc_major == 7 && c.cc_minor < 5)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda: ", name, " is compute capability ", c.cc_major, ".", c.cc_minor,
+                     "; the backend needs 7.5 or newer (NVRTC 13)"));
+  }
+  if (!Attribute(device_, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda: ", name, " lacks stream-ordered memory pools"));
+  }
+  c.sm_count = Attribute(device_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  c.max_threads_per_block = Attribute(device_, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  c.max_grid_x = Attribute(device_, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+  c.max_shared_per_block_optin =
+      Attribute(device_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  c.memory_clock_khz = Attribute(device_, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+  c.bus_width_bits = Attribute(device_, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+  c.clock_khz = Attribute(device_, CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+  size_t total = 0;
+  KILN_RETURN_IF_ERROR(Check(api.cuDeviceTotalMem(&total, device_), "cuDeviceTotalMem"));
+  c.memory_bytes = static_cast<int64_t>(total);
+  c.arch = absl::StrCat("sm_", c.cc_major, c.cc_minor);
+  CUuuid uuid;
+  KILN_RETURN_IF_ERROR(Check(api.cuDeviceGetUuid(&uuid, device_), "cuDeviceGetUuid"));
+  int driver = 0;
+  api.cuDriverGetVersion(&driver);
+
+  KILN_RETURN_IF_ERROR(Check(api.cuDevicePrimaryCtxRetain(&context_, device_),
+                             "cuDevicePrimaryCtxRetain"));
+  KILN_RETURN_IF_ERROR(Enter());
+  KILN_RETURN_IF_ERROR(Check(api.cuDeviceGetDefaultMemPool(&pool_, device_),
+                             "cuDeviceGetDefaultMemPool"));
+  // Freed blocks stay in the pool (an arena the runtime reuses run to run).
+  cuuint64_t keep = ~cuuint64_t{0};
+  KILN_RETURN_IF_ERROR(Check(api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                       &keep),
+                             "cuMemPoolSetAttribute(RELEASE_THRESHOLD)"));
+  {
+    absl::MutexLock lock(&alloc_mu_);
+    KILN_RETURN_IF_ERROR(Check(api.cuStreamCreate(&alloc_stream_, CU_STREAM_NON_BLOCKING),
+                               "cuStreamCreate"));
+  }
+  modules_ = std::make_unique<ModuleCache>(*this);
+
+  backend::DeviceInfo& info = info_;
+  info.kind = backend::DeviceKind::kGpu;
+  info.max_concurrent_runs = 4;  // one run's host work overlaps another's kernels
+  info.buffer_alignment = 256;   // cuBLASLt's fastest kernels want 256-byte operands
+  // What the kernels reach of the roofline (docs/benchmarks.md): cuBLASLt
+  // matmuls near peak, the NVRTC kernels near bandwidth; attention decomposes.
+  info.roofline_efficiency = {{"matmul", 0.7}, {"attention", 0.3}, {"elementwise", 0.7},
+                              {"norm", 0.6},   {"reduce", 0.5},    {"shape", 0.6}};
+  info.backend = "cuda";
+  info.name = name;
+  info.arch = c.arch;
+  info.driver_version = absl::StrCat("CUDA driver API ", driver / 1000, ".", (driver % 1000) / 10);
+  info.identity = absl::StrFormat(
+      "cuda|uuid=%s|%s|driver=%d",
+      absl::BytesToHexString(std::string(reinterpret_cast<const char*>(uuid.bytes), 16)), c.arch,
+      driver);
+  info.memory_bytes = c.memory_bytes;
+  info.host_memory = false;
+  info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16"};
+  if (c.cc_major >= 7) info.features.push_back("tensor_cores");
+  // Nominal until the engine calibrates: FP32 lanes x clock, HBM bus x clock.
+  const double lanes = c.cc_major >= 8 && !(c.cc_major == 8 && c.cc_minor == 0) ? 128 : 64;
+  backend::DeviceProfile& p = info.profile;
+  p.peak_gflops_f32 = c.sm_count * lanes * 2.0 * c.clock_khz / 1e6;
+  p.peak_gflops_f16 = p.peak_gflops_f32 * 8;  // tensor cores
+  p.bandwidth_gbps = std::max(100.0, 2.0 * c.memory_clock_khz * (c.bus_width_bits / 8.0) / 1e6);
+  p.launch_overhead_us = 4;
+  p.host_to_device_gbps = 25;
+  p.device_to_host_gbps = 25;
+  p.sync_overhead_us = 15;
+  p.calibrated = false;
+  (void)options;
+  return absl::OkStatus();
+}
+
+CudaDevice::~CudaDevice() {
+  if (context_ == nullptr) return;
+  const DriverApi& api = Driver();
+  if (Enter().ok()) {
+    absl::MutexLock lock(&alloc_mu_);
+    if (alloc_stream_ != nullptr) {
+      (void)WaitInternal(alloc_stream_, "the allocation stream");
+      api.cuStreamDestroy(alloc_stream_);
+    }
+  }
+  modules_.reset();
+  {
+    absl::MutexLock lock(&lt_mu_);
+    if (lt_ != nullptr) CublasLt().cublasLtDestroy(lt_);
+  }
+  api.cuDevicePrimaryCtxRelease(device_);
+}
+
+absl::Status CudaDevice::Enter() const {
+  if (faulted_.load(std::memory_order_acquire)) return Health();
+  if (context_ == nullptr) return absl::OkStatus();  // during Init, before the context
+  return Check(Driver().cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+}
+
+absl::Status CudaDevice::Check(CUresult r, const char* call) const {
+  absl::Status s = CuCheck(r, call, info_.id);
+  if (!s.ok() && backend::FaultedDevice(s)) MarkFaulted(s);
+  return s;
+}
+
+absl::Status CudaDevice::CheckCublas(cublasStatus_t r, const char* call) const {
+  absl::Status s = CublasCheck(r, call, info_.id);
+  if (!s.ok() && backend::FaultedDevice(s)) MarkFaulted(s);
+  return s;
+}
+
+void CudaDevice::MarkFaulted(const absl::Status& fault) const {
+  absl::MutexLock lock(&fault_mu_);
+  if (fault_.ok()) fault_ = fault;
+  faulted_.store(true, std::memory_order_release);
+}
+
+absl::Status CudaDevice::Health() const {
+  if (!faulted_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&fault_mu_);
+  return fault_;
+}
+
+absl::Status CudaDevice::WaitInternal(CUstream stream, const char* what) const {
+  return PollUntilDone([&] { return Driver().cuStreamQuery(stream); }, kAllocWait, what);
+}
+
+absl::StatusOr<std::unique_ptr<backend::Buffer>> CudaDevice::Allocate(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat(info_.id, ": negative allocation"));
+  if (bytes == 0) return std::unique_ptr<backend::Buffer>(std::make_unique<CudaBuffer>(this, 0, 0));
+  KILN_RETURN_IF_ERROR(Enter());
+  CUdeviceptr ptr = 0;
+  {
+    absl::MutexLock lock(&alloc_mu_);
+    const absl::Status s = Check(Driver().cuMemAllocFromPoolAsync(
+                                     &ptr, static_cast<size_t>(bytes), pool_, alloc_stream_),
+                                 "cuMemAllocFromPoolAsync");
+    if (!s.ok()) return StatusBuilder(s) << info_.id << ": cannot allocate " << bytes << " bytes";
+    // Ready for every stream once the allocation stream passed it.
+    KILN_RETURN_IF_ERROR(WaitInternal(alloc_stream_, "an allocation"));
+  }
+  memory_in_use_ += bytes;
+  return std::unique_ptr<backend::Buffer>(std::make_unique<CudaBuffer>(this, ptr, bytes));
+}
+
+void CudaDevice::FreeBuffer(CUdeviceptr ptr, int64_t bytes) {
+  memory_in_use_ -= bytes;
+  if (!Enter().ok()) return;  // a faulted context is torn down with the worker
+  absl::MutexLock lock(&alloc_mu_);
+  (void)Check(Driver().cuMemFreeAsync(ptr, alloc_stream_), "cuMemFreeAsync");
+}
+
+absl::StatusOr<std::unique_ptr<backend::Stream>> CudaDevice::CreateStream() {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> s, CudaStream::Create(*this));
+  return std::unique_ptr<backend::Stream>(std::move(s));
+}
+
+absl::StatusOr<CudaStream*> AsCudaStream(backend::Stream& stream, const CudaDevice& device) {
+  auto* s = dynamic_cast<CudaStream*>(&stream);
+  if (s == nullptr || &s->device() != &device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(device.info().id, ": the stream belongs to another device"));
+  }
+  return s;
+}
+
+absl::StatusOr<CUdeviceptr> CudaDevice::Resolve(const backend::BufferView& view, int64_t need,
+                                                const std::string& what) const {
+  const auto* buf = dynamic_cast<const CudaBuffer*>(view.buffer);
+  if (buf == nullptr || buf->owner() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(info_.id, ": ", what, " is not a buffer of this device"));
+  }
+  if (view.offset < 0 || need < 0 || view.bytes < need || view.offset + need > buf->size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(info_.id, ": ", what, " needs ", need, " bytes at offset ", view.offset,
+                     " of a ", view.bytes, "-byte view into a ", buf->size(), "-byte buffer"));
+  }
+  if (need == 0) return CUdeviceptr{0};
+  return buf->ptr() + static_cast<CUdeviceptr>(view.offset);
+}
+
+absl::Status CudaDevice::CopyToDevice(backend::Stream& stream, const void* src,
+                                      backend::BufferView dst) {
+  KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, *this));
+  KILN_RETURN_IF_ERROR(s->failed());
+  if (dst.bytes == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr d, Resolve(dst, dst.bytes, "copy destination"));
+  return s->Upload(src, d, dst.bytes);
+}
+
+absl::Status CudaDevice::CopyToHost(backend::Stream& stream, backend::BufferView src, void* dst) {
+  KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, *this));
+  KILN_RETURN_IF_ERROR(s->failed());
+  if (src.bytes == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr from, Resolve(src, src.bytes, "copy source"));
+  return s->Download(from, dst, src.bytes);
+}
+
+absl::Status CudaDevice::CopyOnDevice(backend::Stream& stream, backend::BufferView src,
+                                      backend::BufferView dst) {
+  KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, *this));
+  KILN_RETURN_IF_ERROR(s->failed());
+  if (src.bytes == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr from, Resolve(src, src.bytes, "copy source"));
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr to, Resolve(dst, src.bytes, "copy destination"));
+  if (from == to) return absl::OkStatus();
+  KILN_RETURN_IF_ERROR(Enter());
+  const size_t n = static_cast<size_t>(src.bytes);
+  const bool overlap = from < to + n && to < from + n;
+  if (!overlap) {
+    return s->Note(Check(Driver().cuMemcpyDtoDAsync(to, from, n, s->stream()), "cuMemcpyDtoDAsync"));
+  }
+  // Overlapping ranges: through stream-ordered temporary memory.
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr tmp, s->AllocateTemporary(src.bytes));
+  absl::Status st = Check(Driver().cuMemcpyDtoDAsync(tmp, from, n, s->stream()),
+                          "cuMemcpyDtoDAsync");
+  if (st.ok()) st = Check(Driver().cuMemcpyDtoDAsync(to, tmp, n, s->stream()), "cuMemcpyDtoDAsync");
+  s->FreeTemporary(tmp);
+  return s->Note(st);
+}
+
+absl::Status CudaDevice::CopyFromPeer(backend::Stream& stream, backend::Device& peer,
+                                      backend::Stream& peer_stream, backend::BufferView src,
+                                      backend::BufferView dst) {
+  auto* other = dynamic_cast<CudaDevice*>(&peer);
+  if (other == nullptr || other == this) return Device::CopyFromPeer(stream, peer, peer_stream, src, dst);
+  KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, *this));
+  KILN_ASSIGN_OR_RETURN(CudaStream * ps, AsCudaStream(peer_stream, *other));
+  KILN_RETURN_IF_ERROR(s->failed());
+  KILN_RETURN_IF_ERROR(ps->failed());
+  if (src.bytes == 0) return absl::OkStatus();
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr from, other->Resolve(src, src.bytes, "peer copy source"));
+  KILN_ASSIGN_OR_RETURN(CUdeviceptr to, Resolve(dst, src.bytes, "peer copy destination"));
+  KILN_RETURN_IF_ERROR(Enter());
+  const DriverApi& api = Driver();
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peer_access_.find(other);
+    if (it == peer_access_.end()) {
+      int can = 0;
+      KILN_RETURN_IF_ERROR(Check(api.cuDeviceCanAccessPeer(&can, device_, other->device_),
+                                 "cuDeviceCanAccessPeer"));
+      bool granted = false;
+      if (can) {
+        // Pool memory is not covered by context peer access: grant this
+        // device access to the peer's pool.
+        CUmemAccessDesc access{};
+        access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        access.location.id = static_cast<int>(device_);
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        granted = Check(api.cuMemPoolSetAccess(other->pool_, &access, 1), "cuMemPoolSetAccess").ok();
+      }
+      it = peer_access_.emplace(other, granted).first;
+    }
+    if (!it->second) return Device::CopyFromPeer(stream, peer, peer_stream, src, dst);
+  }
+  // Order after the peer stream's work so far, then copy over NVLink/PCIe.
+  KILN_RETURN_IF_ERROR(other->Enter());
+  CUevent ready = nullptr;
+  KILN_RETURN_IF_ERROR(other->Check(api.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING),
+                                    "cuEventCreate"));
+  absl::Status st = other->Check(api.cuEventRecord(ready, ps->stream()), "cuEventRecord");
+  KILN_RETURN_IF_ERROR(Enter());
+  if (st.ok()) st = Check(api.cuStreamWaitEvent(s->stream(), ready, 0), "cuStreamWaitEvent");
+  api.cuEventDestroy(ready);  // released once the wait no longer needs it
+  if (st.ok()) {
+    st = Check(api.cuMemcpyDtoDAsync(to, from, static_cast<size_t>(src.bytes), s->stream()),
+               "cuMemcpyDtoDAsync(peer)");
+  }
+  return s->Note(st);
+}
+
+absl::StatusOr<cublasLtHandle_t> CudaDevice::LtHandle() {
+  KILN_RETURN_IF_ERROR(LoadCublasLt());
+  absl::MutexLock lock(&lt_mu_);
+  if (lt_ == nullptr) {
+    KILN_RETURN_IF_ERROR(Enter());
+    KILN_RETURN_IF_ERROR(CheckCublas(CublasLt().cublasLtCreate(&lt_), "cublasLtCreate"));
+  }
+  return lt_;
+}
+
+backend::Claim CudaDevice::Supports(const backend::KernelSpec& spec) const {
+  if (absl::Status h = Health(); !h.ok()) return backend::Claim::Fault(h);
+  const CudaOpEntry* entry = FindCudaOp(spec.op);
+  if (entry == nullptr) {
+    return backend::Claim::No(absl::StrCat("cuda has no kernel for ", v1::OpKind_Name(spec.op)));
+  }
+  return entry->supports(*this, spec);
+}
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CudaDevice::PrepareKernel(
+    const backend::KernelSpec& spec, backend::PrepareContext& context) {
+  const backend::Claim claim = Supports(spec);
+  if (!claim.fault.ok()) return claim.fault;
+  if (!claim.native) {
+    return absl::UnimplementedError(absl::StrCat(spec.label, ": ", claim.reason));
+  }
+  KILN_RETURN_IF_ERROR(Enter());
+  absl::StatusOr<std::unique_ptr<backend::Kernel>> kernel =
+      FindCudaOp(spec.op)->create(*this, spec, context);
+  if (!kernel.ok()) return StatusBuilder(kernel.status()) << "while preparing " << spec.label;
+  return kernel;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,185 @@
+// One NVIDIA GPU as a backend::Device ("cuda:N", in driver enumeration order).
+//
+// Owns a retained primary context (shared with the CUDA runtime, so cuBLASLt
+// and any runtime-API code in the process see the same memory), the device's
+// default memory pool (stream-ordered allocation; freed blocks stay cached
+// in the pool, whose release threshold is raised to "never"), an internal
+// stream that orders Allocate and buffer frees, the NVRTC module cache and
+// the cuBLASLt handle with its per-shape algorithm cache.
+//
+// Faults: a sticky driver error (an illegal address, a failed launch) or a
+// wait that timed out marks the device faulted; every later call fails with
+// that device fault (UNAVAILABLE, backend::FaultedDevice names the device),
+// so the engine restarts the worker process the device lives in.
+//
+// Lifetimes: the device outlives every Buffer, Stream, Event and Kernel it
+// created. Thread safety: every public method is thread-safe (backend.h).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "backends/cuda/cuda_api.h"
+
+namespace kiln::cuda {
+
+class ModuleCache;
+class CudaStream;
+
+// What the device is, queried once at creation; immutable.
+struct DeviceCaps {
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  int max_threads_per_block = 1024;
+  int max_grid_x = 65535;
+  int max_shared_per_block_optin = 48 << 10;
+  int64_t memory_bytes = 0;
+  int memory_clock_khz = 0, bus_width_bits = 0, clock_khz = 0;
+  std::string arch;  // "sm_90"
+};
+
+class CudaDevice final : public backend::Device {
+ public:
+  // Creates the device for driver ordinal `ordinal`. REQUIRES: LoadDriver() OK.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal,
+                                                            const backend::BackendOptions& options);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  // backend::Device
+  const backend::DeviceInfo& info() const override { return info_; }
+  absl::StatusOr<std::unique_ptr<backend::Buffer>> Allocate(int64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
+  absl::Status CopyToDevice(backend::Stream& stream, const void* src,
+                            backend::BufferView dst) override;
+  absl::Status CopyToHost(backend::Stream& stream, backend::BufferView src, void* dst) override;
+  absl::Status CopyOnDevice(backend::Stream& stream, backend::BufferView src,
+                            backend::BufferView dst) override;
+  absl::Status CopyFromPeer(backend::Stream& stream, backend::Device& peer,
+                            backend::Stream& peer_stream, backend::BufferView src,
+                            backend::BufferView dst) override;
+  backend::Claim Supports(const backend::KernelSpec& spec) const override;
+  absl::StatusOr<std::unique_ptr<backend::Kernel>> PrepareKernel(
+      const backend::KernelSpec& spec, backend::PrepareContext& context) override;
+  int64_t memory_in_use() const override { return memory_in_use_.load(); }
+
+  // ---- For the backend's own streams and kernels ----
+  const DeviceCaps& caps() const { return caps_; }
+  CUcontext context() const { return context_; }
+  CUmemoryPool pool() const { return pool_; }
+  ModuleCache& modules() { return *modules_; }
+
+  // Makes the device's context current on the calling thread (cheap when it
+  // already is) and returns the device's fault, if it has one.
+  absl::Status Enter() const;
+  // CuCheck for this device; a device fault it returns also marks the device.
+  absl::Status Check(CUresult r, const char* call) const;
+  absl::Status CheckCublas(cublasStatus_t r, const char* call) const;
+  // Marks the device faulted with `fault` (a backend::DeviceFault); the first wins.
+  void MarkFaulted(const absl::Status& fault) const;
+  // OK, or the fault the device was marked with.
+  absl::Status Health() const;
+
+  // Polls `query` (cuStreamQuery / cuEventQuery) until it stops answering
+  // CUDA_ERROR_NOT_READY or `timeout` passes. A timeout is a device fault
+  // (the caller's stream stays failed) but does not mark the device: slow is
+  // not broken, and the engine decides what to restart. `what` names the wait.
+  template <typename Query>
+  absl::Status PollUntilDone(Query query, absl::Duration timeout, const std::string& what) const;
+
+  // The device address of `view` for `need` bytes: the buffer must be this
+  // device's and the range inside it. `what` names the operand.
+  absl::StatusOr<CUdeviceptr> Resolve(const backend::BufferView& view, int64_t need,
+                                      const std::string& what) const;
+
+  // cuBLASLt handle (created at first use; cuBLASLt handles are thread-safe).
+  absl::StatusOr<cublasLtHandle_t> LtHandle();
+
+  // Frees a buffer's memory, ordered on the allocation stream.
+  void FreeBuffer(CUdeviceptr ptr, int64_t bytes);
+
+ private:
+  CudaDevice() = default;
+  absl::Status Init(int ordinal, const backend::BackendOptions& options);
+  absl::Status WaitInternal(CUstream stream, const char* what) const;
+
+  backend::DeviceInfo info_;
+  DeviceCaps caps_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  CUmemoryPool pool_ = nullptr;
+  std::unique_ptr<ModuleCache> modules_;
+  std::atomic<int64_t> memory_in_use_{0};
+
+  // Allocate and buffer frees are ordered on this stream.
+  absl::Mutex alloc_mu_;
+  CUstream alloc_stream_ ABSL_GUARDED_BY(alloc_mu_) = nullptr;
+
+  absl::Mutex lt_mu_;
+  cublasLtHandle_t lt_ ABSL_GUARDED_BY(lt_mu_) = nullptr;
+
+  // Devices whose pools this device's copies may read (CopyFromPeer).
+  absl::Mutex peers_mu_;
+  absl::flat_hash_map<const CudaDevice*, bool> peer_access_ ABSL_GUARDED_BY(peers_mu_);
+
+  mutable std::atomic<bool> faulted_{false};
+  mutable absl::Mutex fault_mu_;
+  mutable absl::Status fault_ ABSL_GUARDED_BY(fault_mu_);
+};
+
+// Device memory from the device's pool; freed (stream-ordered) when destroyed.
+class CudaBuffer final : public backend::Buffer {
+ public:
+  CudaBuffer(CudaDevice* owner, CUdeviceptr ptr, int64_t size)
+      : owner_(owner), ptr_(ptr), size_(size) {}
+  ~CudaBuffer() override {
+    if (ptr_ != 0) owner_->FreeBuffer(ptr_, size_);
+  }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  int64_t size() const override { return size_; }
+  const CudaDevice* owner() const { return owner_; }
+  CUdeviceptr ptr() const { return ptr_; }
+
+ private:
+  CudaDevice* owner_;
+  CUdeviceptr ptr_;
+  int64_t size_;
+};
+
+// The CudaStream behind `stream`, or INVALID_ARGUMENT when it belongs to
+// another device or backend.
+absl::StatusOr<CudaStream*> AsCudaStream(backend::Stream& stream, const CudaDevice& device);
+
+// ---- implementation of the template ----
+
+// Spins briefly (a launch-bound run finishes in microseconds), then sleeps
+// in growing steps up to 1 ms; never waits past `timeout`.
+void PollBackoff(int iteration);
+
+template <typename Query>
+absl::Status CudaDevice::PollUntilDone(Query query, absl::Duration timeout,
+                                       const std::string& what) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int i = 0;; ++i) {
+    const CUresult r = query();
+    if (r != CUDA_ERROR_NOT_READY) return Check(r, what.c_str());
+    if (absl::Now() >= deadline) {
+      return backend::DeviceFault(
+          info_.id, absl::StrCat(what, " did not finish within ", absl::FormatDuration(timeout),
+                                 " (the device is hung or overloaded)"));
+    }
+    PollBackoff(i);
+  }
+}
+
+}  // namespace kiln::cuda

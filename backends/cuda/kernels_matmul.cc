@@ -1,0 +1,416 @@
+// MatMul and FusedMatMul through cuBLASLt, for f32 (no TF32: results match
+// the f32 references), f16 and bf16 (f32 accumulation). Row-major products
+// are column-major ones transposed: C^T = op(B)^T op(A)^T, so cuBLASLt's A
+// is our B. Batch dims broadcast NumPy-style: collapsed into runs, the
+// innermost run is one strided-batched call (stride 0 where an operand
+// broadcasts), outer runs are separate calls; x @ W with an unbatched W is a
+// single [batch * M, K] @ [K, N] product.
+//
+// Epilogues: cuBLASLt's own where they are exact (bias; ReLU; GELU, which
+// cuBLASLt computes in its tanh form, for GeluTanh; a residual without an
+// activation as C with beta = 1). Other activations (GELU with erf, SiLU,
+// ...) and an activation followed by a residual run as an NVRTC elementwise
+// kernel in place on the result, generated from the same region codegen.
+//
+// Algorithms: the heuristic's first choice, queried once per shape and
+// operand alignment and cached for the process.
+#include <algorithm>
+#include <array>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/cuda/codegen_elementwise.h"
+#include "backends/cuda/cuda_kernel.h"
+#include "base/status.h"
+
+namespace kiln::cuda {
+namespace {
+
+using backend::Claim;
+using backend::KernelSpec;
+
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
+struct MatMulPlan {
+  int64_t M = 0, N = 0, K = 0;
+  bool ta = false, tb = false, has_bias = false, has_residual = false;
+  v1::UnaryKind act = v1::UNARY_KIND_UNSPECIFIED;  // none
+  // One strided-batched call per entry: element offsets of A, B and C.
+  int64_t count = 1, a_stride = 0, b_stride = 0;
+  std::vector<std::array<int64_t, 3>> calls;
+};
+
+absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
+  MatMulPlan p;
+  if (spec.op == v1::OP_MATMUL) {
+    p.ta = spec.attrs.matmul().transpose_a();
+    p.tb = spec.attrs.matmul().transpose_b();
+  } else {
+    const auto& f = spec.attrs.fused_matmul();
+    p.ta = f.transpose_a(), p.tb = f.transpose_b();
+    p.has_bias = f.has_bias(), p.has_residual = f.has_residual();
+    p.act = f.activation() == v1::UNARY_IDENTITY ? v1::UNARY_KIND_UNSPECIFIED : f.activation();
+  }
+  if (spec.inputs.size() != 2u + p.has_bias + p.has_residual || spec.outputs.size() != 1) {
+    return absl::InvalidArgumentError("operand count");
+  }
+  Dims a = spec.inputs[0].dims, b = spec.inputs[1].dims;
+  if (a.empty() || b.empty()) return absl::InvalidArgumentError("scalar operand");
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  const size_t ra = a.size(), rb = b.size();
+  p.M = p.ta ? a[ra - 1] : a[ra - 2];
+  p.K = p.ta ? a[ra - 2] : a[ra - 1];
+  const int64_t kb = p.tb ? b[rb - 1] : b[rb - 2];
+  p.N = p.tb ? b[rb - 2] : b[rb - 1];
+  if (p.K != kb) return absl::InvalidArgumentError("contracting dims differ");
+  // Right-aligned batch dims with broadcast strides, collapsed into runs.
+  const size_t r = std::max(ra, rb) - 2;
+  std::vector<int64_t> ad(r, 1), bd(r, 1);
+  std::copy(a.begin(), a.end() - 2, ad.begin() + (r - (ra - 2)));
+  std::copy(b.begin(), b.end() - 2, bd.begin() + (r - (rb - 2)));
+  std::vector<int64_t> full_dims(r), full_as(r), full_bs(r);
+  int64_t a_stride = p.M * p.K, b_stride = p.K * p.N;
+  for (size_t d = r; d-- > 0;) {
+    if (ad[d] != bd[d] && ad[d] != 1 && bd[d] != 1) return absl::InvalidArgumentError("batch");
+    full_dims[d] = (ad[d] == 0 || bd[d] == 0) ? 0 : std::max(ad[d], bd[d]);
+    full_as[d] = ad[d] == 1 ? 0 : a_stride;
+    full_bs[d] = bd[d] == 1 ? 0 : b_stride;
+    a_stride *= ad[d];
+    b_stride *= bd[d];
+  }
+  std::vector<int64_t> dims, as, bs;
+  int64_t batch = 1;
+  for (size_t d = 0; d < r; ++d) {
+    batch *= full_dims[d];
+    if (full_dims[d] == 1) continue;
+    if (!dims.empty() && as.back() == full_as[d] * full_dims[d] &&
+        bs.back() == full_bs[d] * full_dims[d]) {
+      dims.back() *= full_dims[d];
+      as.back() = full_as[d];
+      bs.back() = full_bs[d];
+      continue;
+    }
+    dims.push_back(full_dims[d]);
+    as.push_back(full_as[d]);
+    bs.push_back(full_bs[d]);
+  }
+  // An unbatched B under a plain A: one taller product.
+  const bool b_shared = std::all_of(bs.begin(), bs.end(), [](int64_t s) { return s == 0; });
+  if (b_shared && !p.ta && batch > 1) {
+    p.M *= batch;
+    dims.clear();
+  }
+  if (dims.empty()) {
+    p.calls.push_back({0, 0, 0});
+    return p;
+  }
+  // The innermost run is one strided-batched call unless an operand
+  // broadcasts along it (stride 0, which cuBLASLt's batching is not relied
+  // on for): then every batch is its own call.
+  const bool strided = as.back() != 0 && bs.back() != 0;
+  if (strided) {
+    p.count = dims.back();
+    p.a_stride = as.back();
+    p.b_stride = bs.back();
+  }
+  int64_t outer = 1;
+  for (size_t d = 0; d + (strided ? 1 : 0) < dims.size(); ++d) outer *= dims[d];
+  if (outer > 4096) return absl::InvalidArgumentError("more than 4096 broadcast batch calls");
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rem = o, a_off = 0, b_off = 0;
+    for (size_t d = dims.size() - (strided ? 1 : 0); d-- > 0;) {
+      const int64_t c = rem % dims[d];
+      rem /= dims[d];
+      a_off += c * as[d];
+      b_off += c * bs[d];
+    }
+    p.calls.push_back({a_off, b_off, o * p.count * p.M * p.N});
+  }
+  return p;
+}
+
+// Whether cuBLASLt's epilogue computes `act` exactly as the IR does.
+bool LtActivation(v1::UnaryKind act) {
+  return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH;
+}
+// Whether an elementwise kernel finishes the result (act, then residual).
+bool NeedsPostKernel(const MatMulPlan& p) {
+  if (p.act == v1::UNARY_KIND_UNSPECIFIED) return false;
+  return !LtActivation(p.act) || p.has_residual;
+}
+
+Claim SupportsMatMul(const CudaDevice&, const KernelSpec& spec) {
+  absl::StatusOr<MatMulPlan> p = Plan(spec);
+  if (!p.ok()) return Claim::No(absl::StrCat("cuda matmul: ", p.status().message()));
+  const DType dt = spec.outputs[0].dtype;
+  for (const auto& t : spec.inputs) {
+    if (t.dtype != dt) return Claim::No("cuda matmul: operands differ in dtype");
+  }
+  if (Claim c = FloatDType(dt, "matmul"); !c.native) return c;
+  if (p->K == 0) return Claim::No("cuda matmul: an empty contraction (K = 0)");
+  if (p->has_residual && spec.inputs.back().dims != spec.outputs[0].dims) {
+    return Claim::No("cuda matmul: the residual must match the result");
+  }
+  if (p->has_bias && spec.inputs[2].num_elements() != p->N) {
+    return Claim::No("cuda matmul: the bias must be [N]");
+  }
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+  if (p->M > kMaxDim || p->N > kMaxDim || p->K > kMaxDim || p->count > kMaxDim) {
+    return Claim::No("cuda matmul: a dimension exceeds cuBLASLt's 32-bit sizes");
+  }
+  return Claim::Yes();
+}
+
+cudaDataType_t LtType(DType d) {
+  switch (d) {
+    case v1::DTYPE_F16:
+      return CUDA_R_16F;
+    case v1::DTYPE_BF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// Algorithms chosen, per device and shape key, for the process.
+absl::Mutex g_algos_mu;
+absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
+  static auto* m = new absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>();
+  return *m;
+}
+
+class MatMulKernel final : public CudaKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(CudaDevice& d, const KernelSpec& spec,
+                                                              MatMulPlan plan, std::string impl) {
+    auto k = std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
+    KILN_RETURN_IF_ERROR(k->Init());
+    return k;
+  }
+
+  ~MatMulKernel() override {
+    const CublasLtApi& lt = CublasLt();
+    if (desc_ != nullptr) lt.cublasLtMatmulDescDestroy(desc_);
+    for (cublasLtMatrixLayout_t l : {a_, b_, c_}) {
+      if (l != nullptr) lt.cublasLtMatrixLayoutDestroy(l);
+    }
+  }
+
+  void SetPost(LoadedFunction post) { post_ = std::move(post); }
+
+ protected:
+  absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
+                       std::span<const CUdeviceptr> out) override {
+    const CublasLtApi& lt = CublasLt();
+    const int64_t elem = ElementSize(spec_.outputs[0].dtype);
+    const CUdeviceptr a = in[0], b = in[1];
+    const CUdeviceptr bias = plan_.has_bias ? in[2] : 0;
+    const CUdeviceptr residual = plan_.has_residual ? in.back() : 0;
+    const CUdeviceptr d = out[0];
+    // The alignment every call's operands share (cuBLASLt picks kernels by it).
+    uint64_t bits = 256 | a | b | d | (lt_residual_ ? residual : 0) | bias;
+    for (const auto& c : plan_.calls) bits |= (c[0] | c[1] | c[2]) * elem;
+    const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
+    KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, Algorithm(align));
+    if (plan_.has_bias) {
+      void* bp = reinterpret_cast<void*>(bias);
+      KILN_RETURN_IF_ERROR(device_.CheckCublas(
+          lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
+          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
+    }
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr ws, s.Workspace(kWorkspaceBytes));
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
+    const float alpha = 1.0f, beta = lt_residual_ ? 1.0f : 0.0f;
+    for (const auto& c : plan_.calls) {
+      // cuBLASLt's A is our B, its B our A (C^T = B^T A^T).
+      const auto* lt_a = reinterpret_cast<const void*>(b + c[1] * elem);
+      const auto* lt_b = reinterpret_cast<const void*>(a + c[0] * elem);
+      void* dp = reinterpret_cast<void*>(d + c[2] * elem);
+      const void* cp = lt_residual_ ? reinterpret_cast<const void*>(residual + c[2] * elem) : dp;
+      KILN_RETURN_IF_ERROR(device_.CheckCublas(
+          lt.cublasLtMatmul(handle, desc_, &alpha, lt_a, a_, lt_b, b_, &beta, cp, c_, dp, c_, &algo,
+                            reinterpret_cast<void*>(ws), kWorkspaceBytes, s.stream()),
+          "cublasLtMatmul"));
+    }
+    if (post_.fn == nullptr) return absl::OkStatus();
+    CUdeviceptr ptrs[3] = {d, residual, d};
+    void* args[3] = {&ptrs[0], &ptrs[1], &ptrs[2]};
+    if (!plan_.has_residual) args[1] = &ptrs[2];
+    const int64_t total = spec_.outputs[0].num_elements();
+    return LaunchKernel(s, post_.fn, GridFor(device_.caps(), total, 256), 1, 1, 256, 0, args);
+  }
+
+ private:
+  MatMulKernel(CudaDevice& d, const KernelSpec& spec, MatMulPlan plan, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)), plan_(std::move(plan)) {}
+
+  absl::Status Layout(cublasLtMatrixLayout_t* l, uint64_t rows, uint64_t cols, int64_t ld,
+                      int64_t stride) {
+    const CublasLtApi& lt = CublasLt();
+    const DType dt = spec_.outputs[0].dtype;
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(l, LtType(dt), rows, cols, ld),
+                                             "cublasLtMatrixLayoutCreate"));
+    if (plan_.count > 1) {
+      const int32_t count = static_cast<int32_t>(plan_.count);
+      KILN_RETURN_IF_ERROR(device_.CheckCublas(
+          lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                              sizeof(count)),
+          "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)"));
+      KILN_RETURN_IF_ERROR(device_.CheckCublas(
+          lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                              &stride, sizeof(stride)),
+          "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Init() {
+    KILN_RETURN_IF_ERROR(LoadCublasLt());
+    const CublasLtApi& lt = CublasLt();
+    const MatMulPlan& p = plan_;
+    // TF32 stays off: CUBLAS_COMPUTE_32F computes f32 products in f32.
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(
+        lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+        "cublasLtMatmulDescCreate"));
+    const cublasOperation_t op_a = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(
+        lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+        "cublasLtMatmulDescSetAttribute(TRANSA)"));
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(
+        lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+        "cublasLtMatmulDescSetAttribute(TRANSB)"));
+    const bool post = NeedsPostKernel(p);
+    const bool relu = !post && p.act == v1::UNARY_RELU;
+    const bool gelu = !post && p.act == v1::UNARY_GELU_TANH;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (p.has_bias) epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                    : CUBLASLT_EPILOGUE_BIAS;
+    else if (relu) epi = CUBLASLT_EPILOGUE_RELU;
+    else if (gelu) epi = CUBLASLT_EPILOGUE_GELU;
+    epilogue_ = epi;
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(
+        lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+        "cublasLtMatmulDescSetAttribute(EPILOGUE)"));
+    lt_residual_ = p.has_residual && !post;
+    const int64_t M = p.M, N = p.N, K = p.K;
+    // cuBLASLt's A = our B as stored; its B = our A as stored; C/D = [M, N] row-major.
+    KILN_RETURN_IF_ERROR(p.tb ? Layout(&a_, K, N, K, p.b_stride) : Layout(&a_, N, K, N, p.b_stride));
+    KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride) : Layout(&b_, K, M, K, p.a_stride));
+    KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
+    key_ = absl::StrCat(device_.info().id, "|", DTypeName(spec_.outputs[0].dtype), "|", M, "x", N,
+                        "x", K, "|", p.ta, p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
+                        "|epi=", static_cast<int>(epi), "|c=", lt_residual_);
+    // Fail at prepare, not at the first run, when no algorithm serves the shape.
+    return Algorithm(256).status();
+  }
+
+  absl::StatusOr<cublasLtMatmulAlgo_t> Algorithm(uint32_t align) {
+    if (auto it = algos_.find(align); it != algos_.end()) return it->second;
+    const std::string key = absl::StrCat(key_, "|align=", align);
+    {
+      absl::MutexLock lock(&g_algos_mu);
+      if (auto it = Algos().find(key); it != Algos().end()) return algos_[align] = it->second;
+    }
+    const CublasLtApi& lt = CublasLt();
+    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatmulPreferenceCreate(&pref),
+                                             "cublasLtMatmulPreferenceCreate"));
+    const uint64_t ws = kWorkspaceBytes;
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof(ws));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const absl::Status s = device_.CheckCublas(
+        lt.cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, c_, c_, pref, 1, &result, &found),
+        "cublasLtMatmulAlgoGetHeuristic");
+    lt.cublasLtMatmulPreferenceDestroy(pref);
+    KILN_RETURN_IF_ERROR(s) << "for " << key;
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+      return absl::UnimplementedError(
+          absl::StrCat(device_.info().id, ": cuBLASLt has no algorithm for ", key));
+    }
+    {
+      absl::MutexLock lock(&g_algos_mu);
+      Algos()[key] = result.algo;
+    }
+    return algos_[align] = result.algo;
+  }
+
+  MatMulPlan plan_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+  cublasLtEpilogue_t epilogue_ = CUBLASLT_EPILOGUE_DEFAULT;
+  bool lt_residual_ = false;
+  std::string key_;
+  absl::flat_hash_map<uint32_t, cublasLtMatmulAlgo_t> algos_;  // by operand alignment
+  LoadedFunction post_;
+};
+
+// The in-place finish of a result: y = act(y) [+ residual], as a region.
+absl::StatusOr<LoadedFunction> PostKernel(CudaDevice& d, const KernelSpec& spec,
+                                          const MatMulPlan& p, backend::PrepareContext& context) {
+  const backend::TensorDesc& out = spec.outputs[0];
+  KernelSpec ew;
+  ew.name = ew.label = spec.label;
+  ew.op = v1::OP_FUSED_ELEMENTWISE;
+  ew.inputs = {out, out};
+  ew.outputs = {out};
+  auto* region = ew.attrs.mutable_fused_elementwise();
+  v1::Attrs act;
+  act.mutable_unary()->set_kind(p.act);
+  const int x = 0, r = 1;
+  *region->add_instrs() = backend::InstrFor(v1::OP_UNARY, act, std::span<const int>(&x, 1), out.dtype);
+  if (p.has_residual) {
+    v1::Attrs add;
+    add.mutable_binary()->set_kind(v1::BINARY_ADD);
+    const int args[2] = {2, r};
+    *region->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, args, out.dtype);
+  }
+  region->add_results(region->instrs_size() - 1);
+  KILN_ASSIGN_OR_RETURN(backend::ElementwiseRegion decoded, backend::DecodeSpec(ew));
+  if (std::string why = ElementwiseUnsupported(ew, decoded); !why.empty()) {
+    return absl::InternalError(absl::StrCat("cuda matmul epilogue: ", why));
+  }
+  return LoadFunction(d, "matmul_epilogue", GenerateElementwise(ew, decoded), kElementwiseEntry,
+                      context);
+}
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(CudaDevice& d, const KernelSpec& spec,
+                                                              backend::PrepareContext& context) {
+  KILN_ASSIGN_OR_RETURN(MatMulPlan plan, Plan(spec));
+  const DType dt = spec.outputs[0].dtype;
+  std::string epilogue;
+  if (plan.has_bias) epilogue += "+bias";
+  if (plan.act != v1::UNARY_KIND_UNSPECIFIED) {
+    epilogue += absl::StrCat("+", absl::AsciiStrToLower(v1::UnaryKind_Name(plan.act).substr(6)));
+  }
+  if (plan.has_residual) epilogue += "+residual";
+  const bool post = NeedsPostKernel(plan);
+  const std::string impl =
+      absl::StrCat("cublasLt:gemm_", DTypeSuffix(dt), epilogue, post ? " (nvrtc epilogue)" : "");
+  LoadedFunction fn;
+  if (post) {
+    KILN_ASSIGN_OR_RETURN(fn, PostKernel(d, spec, plan, context));
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<MatMulKernel> k,
+                        MatMulKernel::Create(d, spec, std::move(plan), impl));
+  k->SetPost(std::move(fn));
+  return std::unique_ptr<backend::Kernel>(std::move(k));
+}
+
+const CudaOpRegistration kRegistration({
+    {v1::OP_MATMUL, &SupportsMatMul, &CreateMatMul},
+    {v1::OP_FUSED_MATMUL, &SupportsMatMul, &CreateMatMul},
+});
+
+}  // namespace
+}  // namespace kiln::cuda

@@ -1,0 +1,400 @@
+// The CUDA backend on a real GPU (the GPU machine): device discovery, copies
+// through pinned staging, events, bounded waits that turn a hung kernel into
+// a device fault, the kernel cache (a warm start compiles nothing), and
+// cuBLASLt matmuls with every epilogue path against a double reference.
+// Every test skips cleanly where no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+#include "backends/cuda/cuda_kernel.h"
+#include "base/half.h"
+
+namespace kiln::cuda {
+namespace {
+
+using backend::BufferView;
+using backend::KernelSpec;
+
+// A fresh backend instance: its devices have their own module caches.
+std::unique_ptr<backend::Backend> MakeBackend() {
+  for (const auto& reg : backend::RegisteredBackends()) {
+    if (reg.name != "cuda") continue;
+    auto b = reg.factory({});
+    if (b.ok() && !(*b)->devices().empty()) return std::move(b).value();
+  }
+  return nullptr;
+}
+
+class MemoryBinaryCache final : public backend::KernelBinaryCache {
+ public:
+  std::optional<std::string> Lookup(const std::string& key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Store(const std::string& key, std::string_view binary) override {
+    absl::MutexLock lock(&mu_);
+    entries_[key] = std::string(binary);
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu_);
+    return entries_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = MakeBackend();
+    if (backend_ == nullptr) GTEST_SKIP() << "no CUDA device";
+    dev_ = backend_->devices()[0];
+    auto s = dev_->CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream_ = std::move(s).value();
+  }
+
+  std::unique_ptr<backend::Buffer> Upload(const void* data, int64_t bytes) {
+    auto b = dev_->Allocate(bytes);
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(dev_->CopyToDevice(*stream_, data, {b->get(), 0, bytes}).ok());
+    return std::move(b).value();
+  }
+  std::vector<char> Download(backend::Buffer& b, int64_t bytes, int64_t offset = 0) {
+    std::vector<char> out(bytes);
+    EXPECT_TRUE(dev_->CopyToHost(*stream_, {&b, offset, bytes}, out.data()).ok());
+    EXPECT_TRUE(stream_->Synchronize().ok());
+    return out;
+  }
+
+  std::unique_ptr<backend::Backend> backend_;
+  backend::Device* dev_ = nullptr;
+  std::unique_ptr<backend::Stream> stream_;
+};
+
+TEST_F(CudaDeviceTest, DiscoveryAndProfile) {
+  const backend::DeviceInfo& info = dev_->info();
+  EXPECT_EQ(info.id, "cuda:0");
+  EXPECT_EQ(info.backend, "cuda");
+  EXPECT_EQ(info.kind, backend::DeviceKind::kGpu);
+  EXPECT_EQ(info.arch.rfind("sm_", 0), 0u) << info.arch;
+  EXPECT_GT(info.memory_bytes, int64_t{1} << 30);
+  EXPECT_GT(info.profile.peak_gflops_f32, 0);
+  EXPECT_GT(info.profile.bandwidth_gbps, 0);
+  EXPECT_NE(info.identity.find("uuid="), std::string::npos);
+  std::printf("%s: %s %s, %s, %.0f GiB, nominal %.0f GFLOP/s f32, %.0f GB/s\n", info.id.c_str(),
+              info.name.c_str(), info.arch.c_str(), info.driver_version.c_str(),
+              info.memory_bytes / double(1 << 30), info.profile.peak_gflops_f32,
+              info.profile.bandwidth_gbps);
+}
+
+TEST_F(CudaDeviceTest, CopiesRoundTripThroughStaging) {
+  for (int64_t bytes : {int64_t{1}, int64_t{4096} + 3, int64_t{3} << 20, int64_t{80} << 20}) {
+    std::vector<char> data(bytes);
+    for (int64_t i = 0; i < bytes; ++i) data[i] = static_cast<char>(i * 7 + bytes);
+    auto buf = Upload(data.data(), bytes);
+    // The caller may reuse its memory at once.
+    std::fill(data.begin(), data.end(), 0);
+    std::vector<char> got = Download(*buf, bytes);
+    for (int64_t i = 0; i < bytes; i += std::max<int64_t>(1, bytes / 4099)) {
+      ASSERT_EQ(got[i], static_cast<char>(i * 7 + bytes)) << bytes << " bytes, at " << i;
+    }
+  }
+}
+
+TEST_F(CudaDeviceTest, OverlappingDeviceCopy) {
+  std::vector<int32_t> v(1000);
+  for (int i = 0; i < 1000; ++i) v[i] = i;
+  auto buf = Upload(v.data(), 4000);
+  ASSERT_TRUE(dev_->CopyOnDevice(*stream_, {buf.get(), 0, 3600}, {buf.get(), 400, 3600}).ok());
+  std::vector<char> got = Download(*buf, 4000);
+  const auto* g = reinterpret_cast<const int32_t*>(got.data());
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(g[i], i);
+  for (int i = 100; i < 1000; ++i) ASSERT_EQ(g[i], i - 100) << i;
+}
+
+TEST_F(CudaDeviceTest, BadViewsAndForeignObjectsAreErrors) {
+  auto buf = dev_->Allocate(64);
+  ASSERT_TRUE(buf.ok());
+  char host[128] = {};
+  EXPECT_EQ(dev_->CopyToDevice(*stream_, host, {buf->get(), 32, 64}).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(dev_->Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::unique_ptr<backend::Backend> other = MakeBackend();
+  auto foreign = other->devices()[0]->CreateStream();
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_EQ(dev_->CopyToDevice(**foreign, host, {buf->get(), 0, 8}).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto ev = (*foreign)->Record();
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(stream_->Wait(**ev).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status huge = dev_->Allocate(int64_t{1} << 52).status();
+  EXPECT_TRUE(huge.code() == absl::StatusCode::kResourceExhausted ||
+              huge.code() == absl::StatusCode::kInvalidArgument)
+      << huge;
+  EXPECT_NE(huge.message().find("cuda:0"), absl::string_view::npos) << huge;
+}
+
+TEST_F(CudaDeviceTest, EventsTimeAndOrderStreams) {
+  auto second = dev_->CreateStream();
+  ASSERT_TRUE(second.ok());
+  std::vector<float> v(1 << 20, 2.0f);
+  auto buf = Upload(v.data(), 4 << 20);
+  auto e0 = stream_->Record();
+  ASSERT_TRUE(e0.ok());
+  auto other = dev_->Allocate(4 << 20);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(dev_->CopyOnDevice(*stream_, {buf.get(), 0, 4 << 20}, {other->get(), 0, 4 << 20}).ok());
+  auto e1 = stream_->Record();
+  ASSERT_TRUE(e1.ok());
+  ASSERT_TRUE((*second)->Wait(**e1).ok());
+  std::vector<float> got(1 << 20);
+  ASSERT_TRUE(dev_->CopyToHost(**second, {other->get(), 0, 4 << 20}, got.data()).ok());
+  ASSERT_TRUE((*second)->Synchronize().ok());
+  EXPECT_EQ(got[12345], 2.0f);
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  auto us = (*e1)->MicrosSince(**e0);
+  ASSERT_TRUE(us.ok()) << us.status();
+  EXPECT_GE(*us, 0.0);
+}
+
+// A kernel that spins far past the wait's bound: the wait returns a device
+// fault naming cuda:0 and the stream stays failed; the device itself is not
+// marked (slow is not broken: the engine decides what to restart).
+TEST_F(CudaDeviceTest, HungKernelIsADeviceFault) {
+  auto* d = dynamic_cast<CudaDevice*>(dev_);
+  ASSERT_NE(d, nullptr);
+  backend::PrepareContext ctx;
+  const std::string src =
+      "extern \"C\" __global__ void spin(long long cycles) {\n"
+      "  const long long t0 = clock64();\n  while (clock64() - t0 < cycles) {}\n}\n";
+  auto fn = LoadFunction(*d, "spin", src, "spin", ctx);
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  auto* s = dynamic_cast<CudaStream*>(stream_.get());
+  long long cycles = 2'000'000'000;  // ~1 s at 2 GHz
+  void* args[] = {&cycles};
+  ASSERT_TRUE(LaunchKernel(*s, fn->fn, 1, 1, 1, 32, 0, args).ok());
+  const absl::Status st = stream_->SynchronizeFor(absl::Milliseconds(20));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(backend::FaultedDevice(st), "cuda:0") << st;
+  EXPECT_EQ(stream_->Synchronize().code(), absl::StatusCode::kUnavailable) << "not sticky";
+  EXPECT_TRUE(dev_->Allocate(16).ok());
+  auto fresh = dev_->CreateStream();
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE((*fresh)->Synchronize().ok());
+}
+
+KernelSpec SoftmaxSpec(int64_t rows, int64_t n) {
+  KernelSpec s;
+  s.name = s.label = "softmax";
+  s.op = v1::OP_SOFTMAX;
+  s.attrs.mutable_softmax();
+  s.inputs = {{v1::DTYPE_F32, {rows, n}}};
+  s.outputs = {{v1::DTYPE_F32, {rows, n}}};
+  return s;
+}
+
+TEST_F(CudaDeviceTest, WarmStartCompilesNothing) {
+  MemoryBinaryCache cache;
+  backend::PrepareContext cold;
+  cold.binaries = &cache;
+  ASSERT_TRUE(dev_->PrepareKernel(SoftmaxSpec(3, 50), cold).ok());
+  EXPECT_GE(cold.kernel_cache_misses, 1);
+  EXPECT_GE(cache.size(), 1u);
+  // A new backend (as a restarted worker or kilnd would make) with the same cache.
+  std::unique_ptr<backend::Backend> warm_backend = MakeBackend();
+  backend::PrepareContext warm;
+  warm.binaries = &cache;
+  auto k = warm_backend->devices()[0]->PrepareKernel(SoftmaxSpec(3, 50), warm);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(warm.kernel_cache_misses, 0);
+  EXPECT_GE(warm.kernel_cache_hits, 1);
+  // A corrupt entry is recompiled, not trusted.
+  for (int i = 0; i < 1; ++i) {
+    MemoryBinaryCache bad;
+    backend::PrepareContext c;
+    c.binaries = &bad;
+    const std::string key = CubinCacheKey(KernelSource("softmax.cu"), dynamic_cast<CudaDevice*>(dev_)->caps().arch);
+    bad.Store(key, std::string(200, 'x'));
+    std::unique_ptr<backend::Backend> fresh = MakeBackend();
+    ASSERT_TRUE(fresh->devices()[0]->PrepareKernel(SoftmaxSpec(3, 50), c).ok());
+    EXPECT_EQ(c.kernel_cache_misses, 1);
+  }
+}
+
+// ---- matmuls against a double reference ----
+
+struct MatMulCase {
+  std::string name;
+  DType dtype;
+  Dims a, b;
+  bool ta = false, tb = false, bias = false, residual = false;
+  v1::UnaryKind act = v1::UNARY_KIND_UNSPECIFIED;
+};
+
+double Act(v1::UnaryKind k, double x) {
+  switch (k) {
+    case v1::UNARY_RELU: return x > 0 ? x : 0;
+    case v1::UNARY_GELU: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    case v1::UNARY_GELU_TANH: return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case v1::UNARY_SILU: return x / (1 + std::exp(-x));
+    default: return x;
+  }
+}
+
+std::vector<char> Encode(DType dt, const std::vector<double>& v) {
+  const int64_t es = ElementSize(dt);
+  std::vector<char> out(v.size() * es);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == v1::DTYPE_F32) {
+      const float f = static_cast<float>(v[i]);
+      std::memcpy(&out[i * 4], &f, 4);
+    } else {
+      const uint16_t h = dt == v1::DTYPE_F16 ? FloatToHalf(static_cast<float>(v[i]))
+                                             : FloatToBf16(static_cast<float>(v[i]));
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+double Decode(DType dt, const char* p) {
+  if (dt == v1::DTYPE_F32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return dt == v1::DTYPE_F16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+
+// Rounds `v` as the dtype stores it (so the reference sees the operands the device sees).
+std::vector<double> Random(DType dt, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> v(n);
+  for (auto& x : v) x = u(rng);
+  const std::vector<char> enc = Encode(dt, v);
+  for (int64_t i = 0; i < n; ++i) v[i] = Decode(dt, &enc[i * ElementSize(dt)]);
+  return v;
+}
+
+int64_t Count(const Dims& d) {
+  int64_t n = 1;
+  for (int64_t x : d) n *= x;
+  return n;
+}
+
+TEST_F(CudaDeviceTest, MatMulEpiloguesAndBroadcastBatches) {
+  const MatMulCase cases[] = {
+      {"plain_f32", v1::DTYPE_F32, {64, 96}, {96, 80}},
+      {"ta_tb_f32", v1::DTYPE_F32, {96, 64}, {80, 96}, true, true},
+      {"batched_shared_w", v1::DTYPE_F32, {3, 5, 33, 40}, {40, 24}},
+      {"broadcast_two_runs", v1::DTYPE_F32, {2, 1, 17, 12}, {1, 3, 12, 9}},
+      {"bias_gelu_erf", v1::DTYPE_F32, {20, 48}, {48, 64}, false, false, true, false, v1::UNARY_GELU},
+      {"bias_gelu_tanh_lt", v1::DTYPE_F32, {20, 48}, {48, 64}, false, false, true, false, v1::UNARY_GELU_TANH},
+      {"bias_relu_residual", v1::DTYPE_F32, {4, 20, 48}, {48, 64}, false, false, true, true, v1::UNARY_RELU},
+      {"bias_residual_lt", v1::DTYPE_F32, {20, 48}, {48, 64}, false, true, true, true},
+      {"silu_bf16", v1::DTYPE_BF16, {2, 30, 64}, {2, 64, 40}, false, false, false, false, v1::UNARY_SILU},
+      {"bias_f16", v1::DTYPE_F16, {128, 256}, {256, 128}, false, false, true},
+      {"matvec_f32", v1::DTYPE_F32, {1, 300}, {300, 7}},
+  };
+  for (const MatMulCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    KernelSpec spec;
+    spec.name = spec.label = c.name;
+    const bool fused = c.bias || c.residual || c.act != v1::UNARY_KIND_UNSPECIFIED;
+    spec.op = fused ? v1::OP_FUSED_MATMUL : v1::OP_MATMUL;
+    if (fused) {
+      auto* f = spec.attrs.mutable_fused_matmul();
+      f->set_transpose_a(c.ta), f->set_transpose_b(c.tb), f->set_has_bias(c.bias);
+      f->set_has_residual(c.residual), f->set_activation(c.act);
+    } else {
+      spec.attrs.mutable_matmul()->set_transpose_a(c.ta);
+      spec.attrs.mutable_matmul()->set_transpose_b(c.tb);
+    }
+    const size_t ra = c.a.size(), rb = c.b.size();
+    const int64_t M = c.ta ? c.a[ra - 1] : c.a[ra - 2], K = c.ta ? c.a[ra - 2] : c.a[ra - 1];
+    const int64_t N = c.tb ? c.b[rb - 2] : c.b[rb - 1];
+    const size_t r = std::max(ra, rb) - 2;
+    Dims batch(r, 1), ad(r, 1), bd(r, 1);
+    std::copy(c.a.begin(), c.a.end() - 2, ad.begin() + (r - (ra - 2)));
+    std::copy(c.b.begin(), c.b.end() - 2, bd.begin() + (r - (rb - 2)));
+    for (size_t i = 0; i < r; ++i) batch[i] = std::max(ad[i], bd[i]);
+    Dims out = batch;
+    out.push_back(M);
+    out.push_back(N);
+    spec.inputs = {{c.dtype, c.a}, {c.dtype, c.b}};
+    if (c.bias) spec.inputs.push_back({c.dtype, {N}});
+    if (c.residual) spec.inputs.push_back({c.dtype, out});
+    spec.outputs = {{c.dtype, out}};
+    ASSERT_TRUE(dev_->Supports(spec).native) << dev_->Supports(spec).reason;
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(spec, ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    std::vector<std::vector<double>> values;
+    std::vector<std::unique_ptr<backend::Buffer>> bufs;
+    std::vector<BufferView> ins;
+    for (size_t i = 0; i < spec.inputs.size(); ++i) {
+      values.push_back(Random(c.dtype, spec.inputs[i].num_elements(), 17 * i + 3));
+      const std::vector<char> enc = Encode(c.dtype, values.back());
+      bufs.push_back(Upload(enc.data(), static_cast<int64_t>(enc.size())));
+      ins.push_back({bufs.back().get(), 0, static_cast<int64_t>(enc.size())});
+    }
+    auto obuf = dev_->Allocate(spec.outputs[0].num_bytes());
+    ASSERT_TRUE(obuf.ok());
+    const BufferView ov{obuf->get(), 0, spec.outputs[0].num_bytes()};
+    ASSERT_TRUE((*kernel)->Launch(*stream_, ins, {&ov, 1}).ok());
+    std::vector<char> got = Download(**obuf, ov.bytes);
+    // Reference.
+    const int64_t nb = Count(batch);
+    double max_err = 0, max_ref = 0;
+    for (int64_t bi = 0; bi < nb; ++bi) {
+      int64_t rem = bi, aoff = 0, boff = 0, as = M * K, bs = K * N;
+      for (size_t d = r; d-- > 0;) {
+        const int64_t ci = rem % batch[d];
+        rem /= batch[d];
+        aoff += (ad[d] == 1 ? 0 : ci) * as;
+        boff += (bd[d] == 1 ? 0 : ci) * bs;
+        as *= ad[d];
+        bs *= bd[d];
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double av = values[0][aoff + (c.ta ? k * M + m : m * K + k)];
+            const double bv = values[1][boff + (c.tb ? n * K + k : k * N + n)];
+            acc += av * bv;
+          }
+          if (c.bias) acc += values[2][n];
+          acc = Act(c.act, acc);
+          const int64_t o = (bi * M + m) * N + n;
+          if (c.residual) acc += values.back()[o];
+          const double g = Decode(c.dtype, &got[o * ElementSize(c.dtype)]);
+          max_err = std::max(max_err, std::fabs(g - acc));
+          max_ref = std::max(max_ref, std::fabs(acc));
+        }
+      }
+    }
+    const double tol = c.dtype == v1::DTYPE_F32 ? 1e-5 : 2e-2;
+    EXPECT_LE(max_err, tol * std::max(1.0, max_ref)) << (*kernel)->implementation();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda

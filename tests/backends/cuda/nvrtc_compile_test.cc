@@ -1,0 +1,196 @@
+// Compiles every CUDA kernel source the backend can produce with NVRTC for
+// sm_90 (the H200), with no GPU: the embedded hand-written families and the
+// generated elementwise kernels over every op kind and dtype they serve.
+// NVRTC runs without a driver, so this catches kernel bugs on any machine
+// with the toolkit; skipped only where libnvrtc itself is missing.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/backend.h"
+#include "backends/common/elementwise_region.h"
+#include "backends/cuda/codegen_elementwise.h"
+#include "backends/cuda/cuda_api.h"
+#include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/nvrtc_compiler.h"
+
+namespace kiln::cuda {
+namespace {
+
+using backend::KernelSpec;
+
+constexpr char kArch[] = "sm_90";
+
+// The cache key is the first NVRTC call a prepare makes (ModuleCache::Get):
+// it must load NVRTC itself (it called through a null pointer on the GPU
+// machine, where no compile had run before). Runs before the other cases.
+TEST(NvrtcCacheKey, LoadsNvrtcItself) {
+  const std::string key = CubinCacheKey("extern \"C\" __global__ void f() {}", "sm_90");
+  EXPECT_EQ(key.rfind("cuda-cubin-", 0), 0u);
+}
+
+class NvrtcCompileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (absl::Status s = LoadNvrtc(); !s.ok()) GTEST_SKIP() << s;
+  }
+
+  // Generates and compiles the kernel of `spec`; checks it is claimed.
+  void CompileElementwise(const KernelSpec& spec) {
+    SCOPED_TRACE(spec.name);
+    absl::StatusOr<backend::ElementwiseRegion> region = backend::DecodeSpec(spec);
+    ASSERT_TRUE(region.ok()) << region.status();
+    ASSERT_EQ(ElementwiseUnsupported(spec, *region), "");
+    const std::string source = GenerateElementwise(spec, *region);
+    absl::StatusOr<std::string> cubin = CompileCubin(spec.name, source, kArch);
+    ASSERT_TRUE(cubin.ok()) << cubin.status() << "\n" << source;
+    EXPECT_EQ(cubin->compare(0, 4, "\x7f" "ELF"), 0);
+  }
+};
+
+KernelSpec Elementwise(v1::OpKind op, std::vector<backend::TensorDesc> in, backend::TensorDesc out,
+                       std::string name) {
+  KernelSpec s;
+  s.name = s.label = std::move(name);
+  s.op = op;
+  s.inputs = std::move(in);
+  s.outputs = {std::move(out)};
+  return s;
+}
+
+const DType kFloats[] = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16};
+const DType kInts[] = {v1::DTYPE_I32, v1::DTYPE_I64, v1::DTYPE_I8};
+const DType kAll[] = {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_I8,  v1::DTYPE_U8,
+                      v1::DTYPE_I16, v1::DTYPE_I32, v1::DTYPE_I64,  v1::DTYPE_BOOL};
+
+TEST_F(NvrtcCompileTest, EmbeddedFamilies) {
+  const std::vector<std::string> names = EmbeddedSourceNames();
+  ASSERT_FALSE(names.empty());
+  int compiled = 0;
+  for (const std::string& name : names) {
+    if (name.ends_with(".cuh")) continue;  // headers: compiled as part of every family
+    absl::StatusOr<std::string> cubin = CompileCubin(name, KernelSource(name), kArch);
+    EXPECT_TRUE(cubin.ok()) << name << ": " << cubin.status();
+    ++compiled;
+  }
+  EXPECT_GE(compiled, 4);
+}
+
+TEST_F(NvrtcCompileTest, UnaryEveryKind) {
+  for (int k = v1::UNARY_IDENTITY; k <= v1::UNARY_SOFTPLUS; ++k) {
+    if (!v1::UnaryKind_IsValid(k)) continue;
+    for (DType dt : kFloats) {
+      if (dt != v1::DTYPE_F32 && k != v1::UNARY_GELU && k != v1::UNARY_EXP) continue;
+      KernelSpec s = Elementwise(v1::OP_UNARY, {{dt, {4, 33}}}, {dt, {4, 33}},
+                                 absl::StrCat("unary_", v1::UnaryKind_Name(k), "_", DTypeName(dt)));
+      s.attrs.mutable_unary()->set_kind(static_cast<v1::UnaryKind>(k));
+      CompileElementwise(s);
+    }
+  }
+  for (DType dt : kInts) {
+    for (auto k : {v1::UNARY_RELU, v1::UNARY_NEG, v1::UNARY_ABS, v1::UNARY_SIGN}) {
+      KernelSpec s = Elementwise(v1::OP_UNARY, {{dt, {7}}}, {dt, {7}},
+                                 absl::StrCat("unary_", v1::UnaryKind_Name(k), "_", DTypeName(dt)));
+      s.attrs.mutable_unary()->set_kind(k);
+      CompileElementwise(s);
+    }
+  }
+}
+
+TEST_F(NvrtcCompileTest, BinaryCompareWhereClamp) {
+  for (int k = v1::BINARY_ADD; k <= v1::BINARY_POW; ++k) {
+    if (!v1::BinaryKind_IsValid(k)) continue;
+    for (DType dt : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_I64}) {
+      if (k == v1::BINARY_POW && dt != v1::DTYPE_F32 && dt != v1::DTYPE_BF16) continue;
+      // Broadcast [3, 1, 5] with [4, 1]: general indexing on both sides.
+      KernelSpec s = Elementwise(v1::OP_BINARY, {{dt, {3, 1, 5}}, {dt, {4, 1}}}, {dt, {3, 4, 5}},
+                                 absl::StrCat("binary_", v1::BinaryKind_Name(k), "_", DTypeName(dt)));
+      s.attrs.mutable_binary()->set_kind(static_cast<v1::BinaryKind>(k));
+      CompileElementwise(s);
+    }
+  }
+  for (int k = v1::COMPARE_EQ; k <= v1::COMPARE_GE; ++k) {
+    for (DType dt : {v1::DTYPE_F32, v1::DTYPE_I64}) {
+      KernelSpec s = Elementwise(v1::OP_COMPARE, {{dt, {6}}, {dt, {}}}, {v1::DTYPE_BOOL, {6}},
+                                 absl::StrCat("compare_", k, "_", DTypeName(dt)));
+      s.attrs.mutable_compare()->set_kind(static_cast<v1::CompareKind>(k));
+      CompileElementwise(s);
+    }
+  }
+  for (DType dt : {v1::DTYPE_F16, v1::DTYPE_I8}) {
+    CompileElementwise(Elementwise(v1::OP_WHERE,
+                                   {{v1::DTYPE_BOOL, {2, 3}}, {dt, {2, 3}}, {dt, {3}}}, {dt, {2, 3}},
+                                   absl::StrCat("where_", DTypeName(dt))));
+  }
+  for (DType dt : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U8}) {
+    KernelSpec s = Elementwise(v1::OP_CLAMP, {{dt, {9}}}, {dt, {9}}, absl::StrCat("clamp_", DTypeName(dt)));
+    s.attrs.mutable_clamp()->set_min(-1.5);
+    s.attrs.mutable_clamp()->set_max(200.25);
+    CompileElementwise(s);
+  }
+}
+
+TEST_F(NvrtcCompileTest, CastsToAndFromEveryType) {
+  for (DType from : kAll) {
+    for (DType to : kAll) {
+      if (from == to || (from != v1::DTYPE_F32 && to != v1::DTYPE_F32 && from != v1::DTYPE_I64 &&
+                         to != v1::DTYPE_I64)) {
+        continue;
+      }
+      KernelSpec s = Elementwise(v1::OP_CAST, {{from, {5, 2}}}, {to, {5, 2}},
+                                 absl::StrCat("cast_", DTypeName(from), "_to_", DTypeName(to)));
+      s.attrs.mutable_cast()->set_to(to);
+      CompileElementwise(s);
+    }
+  }
+}
+
+// A fused region (gelu(x * y + b) and x + 1 as two results, b broadcast,
+// an f32 constant), and one whose output needs 64-bit indices.
+TEST_F(NvrtcCompileTest, FusedRegionsAndWideIndices) {
+  for (int64_t rows : {int64_t{8}, int64_t{1} << 22}) {
+    const DType dt = v1::DTYPE_BF16;
+    KernelSpec s = Elementwise(v1::OP_FUSED_ELEMENTWISE,
+                               {{dt, {rows, 1024}}, {dt, {rows, 1024}}, {dt, {1024}}},
+                               {dt, {rows, 1024}}, absl::StrCat("fused_", rows));
+    s.outputs.push_back({dt, {rows, 1024}});
+    auto* r = s.attrs.mutable_fused_elementwise();
+    v1::Attrs mul, add, gelu;
+    mul.mutable_binary()->set_kind(v1::BINARY_MUL);
+    add.mutable_binary()->set_kind(v1::BINARY_ADD);
+    gelu.mutable_unary()->set_kind(v1::UNARY_GELU);
+    const int a01[] = {0, 1}, a32[] = {3, 2}, a4[] = {4}, a05[] = {0, 6};
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, mul, a01, dt);   // value 3
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a32, dt);   // 4
+    *r->add_instrs() = backend::InstrFor(v1::OP_UNARY, gelu, a4, dt);    // 5
+    v1::FusedInstr one;
+    one.set_op(v1::OP_CONSTANT);
+    one.set_dtype(dt);
+    one.set_scalar(1.0);
+    *r->add_instrs() = one;                                              // 6
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a05, dt);   // 7
+    r->add_results(2);
+    r->add_results(4);
+    CompileElementwise(s);
+  }
+}
+
+TEST_F(NvrtcCompileTest, CacheKeyCoversSourceAndArch) {
+  const std::string a = CubinCacheKey("x", "sm_90"), b = CubinCacheKey("y", "sm_90");
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, CubinCacheKey("x", "sm_80"));
+  EXPECT_EQ(a, CubinCacheKey("x", "sm_90"));
+  EXPECT_EQ(a.rfind("cuda-cubin-", 0), 0u);
+}
+
+TEST_F(NvrtcCompileTest, CompileErrorsNameTheKernelAndCarryTheLog) {
+  absl::StatusOr<std::string> bad = CompileCubin("broken", "extern \"C\" __global__ void f() { nope; }", kArch);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("broken"), absl::string_view::npos);
+  EXPECT_NE(bad.status().message().find("nope"), absl::string_view::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace kiln::cuda
