@@ -312,6 +312,34 @@ absl::Status GroupNormOp(Importer& c) {
   return Out(c, 0, c.Binary(v1::BINARY_ADD, y, affine[1]));
 }
 
+// TopK (K an attribute before opset 10, then input 1, known at import):
+// Kiln's topk, always sorted (ONNX allows any order when sorted = 0), ties by
+// the lower index, indices i64.
+absl::Status TopKOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  int64_t k = 0;
+  if (c.opset() < 10) {
+    k = c.AttrInt("k", -1);
+  } else {
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> kv, c.RequiredInts(1));
+    if (kv.size() != 1) return c.Invalid("K must hold one value");
+    k = kv[0];
+  }
+  const int64_t rank = c.rank(0);
+  if (rank == 0) return c.Invalid("X must have rank >= 1");
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", -1), rank));
+  const int64_t n = c.type(0).dims[axis];
+  if (k < 0 || (n >= 0 && k > n)) return c.Invalid(absl::StrCat("K=", k, " is outside [0, ", n, "]"));
+  v1::Attrs a;
+  a.mutable_topk()->set_k(k);
+  a.mutable_topk()->set_axis(axis);
+  a.mutable_topk()->set_smallest(c.AttrInt("largest", 1) == 0);
+  KILN_ASSIGN_OR_RETURN(ValueRef values, c.Emit(v1::OP_TOPK, {x}, a));
+  c.SetOutput(0, values);
+  c.SetOutput(1, ValueRef{values.node, 1});
+  return absl::OkStatus();
+}
+
 absl::Status MeanVarianceNormOp(Importer& c) {
   KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
@@ -791,6 +819,7 @@ void RegisterNnOps(ConverterTable& t) {
   t["BatchNormalization"] = BatchNormOp;
   t["InstanceNormalization"] = InstanceNormOp;
   t["GroupNormalization"] = GroupNormOp;
+  t["TopK"] = TopKOp;
   t["MeanVarianceNormalization"] = MeanVarianceNormOp;
   t["LayerNormalization"] = LayerNormOp;
   t["Softmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_SOFTMAX); };
