@@ -117,6 +117,9 @@ absl::Status InferConvTranspose(Ctx& c) {
   if (!DimsCompatible(x.dims[1], w.dims[0])) {
     return c.Error("w must have ", x.dims[1], " input channels, got ", c.T(1));
   }
+  if (x.dims[1] >= 0 && x.dims[1] % groups != 0) {
+    return c.Error(x.dims[1], " input channels are not divisible by groups=", groups);
+  }
   int64_t o = kDynamic;
   if (w.dims[1] >= 0) {
     const CheckedInt channels = CheckedInt(w.dims[1]) * groups;

@@ -151,6 +151,64 @@ absl::Status ConvOp(Importer& c) {
   return Out(c, 0, c.Emit(v1::OP_CONV, ops, a));
 }
 
+// ConvTranspose (2-D): W is [C, M/group, kH, kW], as Kiln's conv_transpose2d.
+// Pads come from `pads`, or from output_shape / SAME_* auto_pad by ONNX's
+// total_padding rule (SAME_UPPER puts the smaller half first, the others the
+// larger half).
+absl::Status ConvTransposeOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(c.Need(1));
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  if (c.rank(0) != 4) return c.Unsupported(absl::StrCat(c.rank(0) - 2, "-D ConvTranspose (Kiln has 2-D)"));
+  const IrDims& xd = c.type(0).dims;
+  const IrDims& wd = c.type(1).dims;
+  if (xd[2] < 0 || xd[3] < 0 || wd[2] < 0 || wd[3] < 0) return c.Unsupported("ConvTranspose with symbolic spatial dims");
+  auto two = [&](const char* name, int64_t def) -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> v = c.AttrInts(name).value_or(std::vector<int64_t>{def, def});
+    if (v.size() != 2) return c.Invalid(absl::StrCat(name, " must have 2 entries"));
+    return v;
+  };
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> stride, two("strides", 1));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dil, two("dilations", 1));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out_pad, two("output_padding", 0));
+  std::vector<int64_t> pads = c.AttrInts("pads").value_or(std::vector<int64_t>{0, 0, 0, 0});
+  if (pads.size() != 4) return c.Invalid("pads must have 4 entries");
+  const std::string auto_pad = c.AttrString("auto_pad", "NOTSET");
+  std::optional<std::vector<int64_t>> out_shape = c.AttrInts("output_shape");
+  if (out_shape && out_shape->size() == 4) out_shape = std::vector<int64_t>(out_shape->begin() + 2, out_shape->end());
+  if (out_shape && out_shape->size() != 2) return c.Invalid("output_shape must have 2 (or 4) entries");
+  if (!out_shape && (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER")) {
+    out_shape = std::vector<int64_t>{xd[2] * stride[0], xd[3] * stride[1]};
+  }
+  if (auto_pad == "VALID") pads = {0, 0, 0, 0};
+  if (out_shape) {
+    for (int i = 0; i < 2; ++i) {
+      const int64_t total = stride[i] * (xd[2 + i] - 1) + out_pad[i] + ((wd[2 + i] - 1) * dil[i] + 1) - (*out_shape)[i];
+      if (total < 0) return c.Unsupported("ConvTranspose whose output_shape needs negative padding");
+      const int64_t small = total / 2, large = total - total / 2;
+      pads[i] = auto_pad == "SAME_UPPER" ? small : large;
+      pads[2 + i] = auto_pad == "SAME_UPPER" ? large : small;
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(ValueRef wt, c.Ref(1));
+  std::vector<ValueRef> ops = {x, wt};
+  if (c.has(2)) {
+    KILN_ASSIGN_OR_RETURN(ValueRef b, c.Ref(2));
+    ops.push_back(b);
+  }
+  v1::Attrs a;
+  auto* t = a.mutable_conv_transpose2d();
+  for (int i = 0; i < 2; ++i) {
+    t->add_stride(stride[i]);
+    t->add_dilation(dil[i]);
+    t->add_pad_low(pads[i]);
+    t->add_pad_high(pads[2 + i]);
+    t->add_output_padding(out_pad[i]);
+  }
+  t->set_groups(c.AttrInt("group", 1));
+  return Out(c, 0, c.Emit(v1::OP_CONV_TRANSPOSE2D, ops, a));
+}
+
 absl::Status PoolOp(Importer& c, v1::PoolKind kind) {
   KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
   if (c.wants(1)) return c.Unsupported("MaxPool's Indices output");
@@ -820,6 +878,7 @@ void RegisterNnOps(ConverterTable& t) {
   t["InstanceNormalization"] = InstanceNormOp;
   t["GroupNormalization"] = GroupNormOp;
   t["TopK"] = TopKOp;
+  t["ConvTranspose"] = ConvTransposeOp;
   t["MeanVarianceNormalization"] = MeanVarianceNormOp;
   t["LayerNormalization"] = LayerNormOp;
   t["Softmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_SOFTMAX); };
