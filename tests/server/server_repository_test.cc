@@ -92,9 +92,10 @@ model_repository { root: ")", repo_->path(), R"(" poll_seconds: 0.2 }
     }
     return nullptr;
   }
-  // Waits until `name`:`v` is in `state` (hot reload runs every 0.2 s).
+  // Waits until `name`:`v` is in `state` (hot reload runs every 0.2 s; the
+  // bound is generous for a loaded CI host).
   bool WaitState(const std::string& name, int64_t v, v1::ModelState state) {
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 600; ++i) {
       v1::ListModelsResponse r = List();
       if (const auto* m = Find(r, name, v); m && m->state() == state) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
