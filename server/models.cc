@@ -17,6 +17,7 @@
 #include "base/checked_int.h"
 #include "base/status.h"
 #include "engine/io/gguf.h"
+#include "engine/io/npz.h"
 #include "engine/io/safetensors.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
@@ -79,6 +80,7 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
 struct Weights {
   std::vector<io::SafetensorsFile> safetensors;
   std::vector<io::GgufFile> gguf;
+  std::vector<std::vector<std::pair<std::string, HostTensor>>> npz;  // read whole (zip)
   struct Source {
     std::string file;
     DType dtype;
@@ -275,7 +277,7 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
   const int64_t max_bytes = config_.max_model_bytes() > 0 ? config_.max_model_bytes() : int64_t{64} << 30;
 
   // The files: one graph, any weights.
-  std::vector<std::string> graphs, safetensors, gguf;
+  std::vector<std::string> graphs, safetensors, gguf, npz;
   CheckedInt total = 0;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -284,9 +286,10 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
     const bool graph = std::find(std::begin(kGraphFiles), std::end(kGraphFiles), file) != std::end(kGraphFiles);
     const bool st = absl::EndsWith(file, ".safetensors");
     const bool gg = absl::EndsWith(file, ".gguf");
-    if (!graph && !st && !gg) continue;
+    const bool nz = absl::EndsWith(file, ".npz");
+    if (!graph && !st && !gg && !nz) continue;
     total = total + static_cast<int64_t>(it->file_size(ec));
-    (graph ? graphs : st ? safetensors : gguf).push_back(file);
+    (graph ? graphs : st ? safetensors : gg ? gguf : npz).push_back(file);
   }
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   if (graphs.empty()) {
@@ -303,6 +306,7 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
   }
   std::sort(safetensors.begin(), safetensors.end());
   std::sort(gguf.begin(), gguf.end());
+  std::sort(npz.begin(), npz.end());
   model->graph_file = graphs[0];
   const std::string graph_path = (fs::path(dir) / graphs[0]).string();
 
@@ -350,6 +354,18 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
     w.gguf.push_back(std::move(f));
     model->weight_files.push_back(file);
   }
+  for (const std::string& file : npz) {
+    io::NpzLimits limits;
+    limits.max_total_bytes = max_bytes;
+    KILN_ASSIGN_OR_RETURN(auto tensors, io::ReadNpz((fs::path(dir) / file).string(), limits));
+    w.npz.push_back(std::move(tensors));
+    model->weight_files.push_back(file);
+  }
+  for (size_t i = 0; i < w.npz.size(); ++i) {
+    for (const auto& [tname, t] : w.npz[i]) {
+      KILN_RETURN_IF_ERROR(AddWeight(w, npz[i], tname, {npz[i], t.dtype(), t.dims(), t.bytes(), ""}));
+    }
+  }
   for (size_t i = 0; i < w.safetensors.size(); ++i) {
     for (const io::SafetensorsEntry& e : w.safetensors[i].tensors()) {
       KILN_RETURN_IF_ERROR(AddWeight(w, safetensors[i], e.name,
@@ -388,7 +404,7 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "param(s) ", absl::StrJoin(missing, ", "), " of ", graphs[0], " have no tensor in the weight files",
-        model->weight_files.empty() ? " (there are none: add a .safetensors or .gguf file)"
+        model->weight_files.empty() ? " (there are none: add a .safetensors, .gguf or .npz file)"
                                     : absl::StrCat(" (", absl::StrJoin(model->weight_files, ", "), ")")));
   }
   model->param_bytes = param_bytes.value().value_or(0);

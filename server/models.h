@@ -1,7 +1,7 @@
 // The model repository (kilnd --model_repository=DIR; docs/models.md):
 //
 //   DIR/<model>/<version>/model.kiln | model.pb | model.onnx   one graph file
-//   DIR/<model>/<version>/*.safetensors, *.gguf                 its params, by name
+//   DIR/<model>/<version>/*.safetensors, *.gguf, *.npz          its params, by name
 //
 // Model names are [A-Za-z0-9._-]{1,128} (not starting with '.'); versions are
 // positive decimal integers. A version directory is immutable once written:

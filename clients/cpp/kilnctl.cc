@@ -29,11 +29,12 @@
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/kilnctl_import.h"
 #include "clients/cpp/kilnctl_models.h"
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
 #include "base/status.h"
 #include "engine/io/gguf.h"
+#include "engine/io/npz.h"
 #include "engine/io/safetensors.h"
 
 namespace kiln {
@@ -128,7 +129,7 @@ absl::Status LoadParamsDir(const std::string& dir, TensorMap& out) {
   return absl::OkStatus();
 }
 
-// Params by tensor name from .safetensors and .gguf files (GGUF's quantized
+// Params by tensor name from .safetensors, .gguf and .npz files (GGUF's quantized
 // blocks stay quantized); a name in two places is an error.
 absl::Status LoadWeightFiles(const std::vector<std::string>& files, TensorMap& out) {
   for (const std::string& file : files) {
@@ -139,6 +140,8 @@ absl::Status LoadWeightFiles(const std::vector<std::string>& files, TensorMap& o
         KILN_ASSIGN_OR_RETURN(HostTensor v, f.Read(t.name));
         tensors.emplace_back(t.name, std::move(v));
       }
+    } else if (absl::EndsWith(file, ".npz")) {
+      KILN_ASSIGN_OR_RETURN(tensors, io::ReadNpz(file));
     } else if (absl::EndsWith(file, ".safetensors")) {
       KILN_ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::Open(file));
       for (const io::SafetensorsEntry& e : f.tensors()) {
@@ -146,7 +149,7 @@ absl::Status LoadWeightFiles(const std::vector<std::string>& files, TensorMap& o
         tensors.emplace_back(e.name, std::move(v));
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--weights ", file, ": not a .safetensors or .gguf file"));
+      return absl::InvalidArgumentError(absl::StrCat("--weights ", file, ": not a .safetensors, .gguf or .npz file"));
     }
     for (auto& [name, t] : tensors) {
       if (!out.emplace(name, std::move(t)).second) {
@@ -440,7 +443,7 @@ int Main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run a graph on .npy inputs");
   run->add_option("graph", rf.graph, ".kiln text, binary .pb, .pbtxt or .onnx graph");
   run->add_option("--model,-m", rf.model, "a model of the server's repository: NAME or NAME:VERSION");
-  run->add_option("--weights,-w", rf.weights, "params from a .safetensors or .gguf file (by tensor name)");
+  run->add_option("--weights,-w", rf.weights, "params from a .safetensors, .gguf or .npz file (by tensor name)");
   run->add_option("--input,-i", rf.inputs, "input: name=path.npy");
   run->add_option("--param,-p", rf.params, "param: name=path.npy (uploads through a session)");
   run->add_option("--params-dir", rf.params_dir, "directory of <param>.npy files");

@@ -434,6 +434,11 @@ class ModelRepositoryTest(unittest.TestCase):
             "graph \"tiny\"\ninput x: f32[batch, 6]\nparam w: f32[6, 4]\nparam b: f32[4]\n"
             "let y = tanh(x @ w + b)\nout y\n")
         write_safetensors(version / "weights.safetensors", {"w": cls.w, "b": cls.b})
+        # The same model with its weights in a NumPy archive.
+        npz_version = pathlib.Path(cls.repo, "tiny_npz", "1")
+        npz_version.mkdir(parents=True)
+        (npz_version / "model.kiln").write_text((version / "model.kiln").read_text())
+        np.savez(npz_version / "weights.npz", w=cls.w, b=cls.b)
         cls.cache = tempfile.mkdtemp(prefix="kiln_py_cache.")
         cls.kilnd = Kilnd(cls.cache, extra=[f"--model_repository={cls.repo}"])
         cls.client = kiln.Client(cls.kilnd.addr)
@@ -447,18 +452,19 @@ class ModelRepositoryTest(unittest.TestCase):
 
     def test_lists_and_runs_a_model_by_name(self):
         models = self.client.models()
-        self.assertEqual([(m.name, m.version) for m in models], [("tiny", 1)])
+        self.assertEqual([(m.name, m.version) for m in models], [("tiny", 1), ("tiny_npz", 1)])
         self.assertEqual(models[0].state, kiln.service_pb2.MODEL_STATE_READY)
         self.assertEqual(models[0].param_bytes, self.w.nbytes + self.b.nbytes)
         x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
         want = np.tanh(x.astype(np.float64) @ self.w + self.b)
-        s = self.client.create_session(kiln.model("tiny"))
-        got = s.run({"x": x})["y"]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        s.close()
+        for name in ("tiny", "tiny_npz"):
+            s = self.client.create_session(kiln.model(name))
+            got = s.run({"x": x})["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            s.close()
         with self.assertRaises(kiln.KilnError) as e:
             self.client.create_session(kiln.model("nope"))
-        self.assertIn("its models: tiny", str(e.exception))
+        self.assertIn("its models: tiny, tiny_npz", str(e.exception))
         with self.assertRaises(ValueError):
             kiln.model("tiny", -1)
 
@@ -468,6 +474,7 @@ class ModelRepositoryTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"tiny\s+1\s+ready\s+model.kiln\s+weights.safetensors")
+        self.assertRegex(r.stdout, r"tiny_npz\s+1\s+ready\s+model.kiln\s+weights.npz")
         with tempfile.TemporaryDirectory() as d:
             x = np.ones((1, 6), np.float32)
             np.save(os.path.join(d, "x.npy"), x)
