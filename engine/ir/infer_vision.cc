@@ -117,9 +117,6 @@ absl::Status InferConvTranspose(Ctx& c) {
   if (!DimsCompatible(x.dims[1], w.dims[0])) {
     return c.Error("w must have ", x.dims[1], " input channels, got ", c.T(1));
   }
-  if (x.dims[1] >= 0 && x.dims[1] % groups != 0) {
-    return c.Error(x.dims[1], " input channels are not divisible by groups=", groups);
-  }
   int64_t o = kDynamic;
   if (w.dims[1] >= 0) {
     const CheckedInt channels = CheckedInt(w.dims[1]) * groups;
@@ -127,6 +124,9 @@ absl::Status InferConvTranspose(Ctx& c) {
       return c.Overflow("output channels ", w.dims[1], " per group * groups=", groups);
     }
     o = channels.get();
+  }
+  if (x.dims[1] >= 0 && x.dims[1] % groups != 0) {
+    return c.Error(x.dims[1], " input channels are not divisible by groups=", groups);
   }
   IrDims out = {x.dims[0], o};
   for (int i = 0; i < 2; ++i) {
