@@ -57,8 +57,8 @@ struct Q4_0 {
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
     // d * (i - 8) for i = 0..15
-    const __m512 table = _mm512_mul_ps(_mm512_set1_ps(Half(b)),
-                                       _mm512_sub_ps(Iota(), _mm512_set1_ps(8.0f)));
+    const __m512 table =
+        _mm512_mul_ps(_mm512_set1_ps(Half(b)), _mm512_sub_ps(Iota(), _mm512_set1_ps(8.0f)));
     const __m512i v = Bytes16(b + 2);
     f.template operator()<0>(_mm512_permutexvar_ps(v, table));
     f.template operator()<16>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
@@ -91,8 +91,8 @@ struct K4Or5 {
     return _mm512_srli_epi32(h, kBit - 4);
   }
   template <int P, int H, typename F>
-  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const Table& t0,
-                             const Table& t1, F&& f) {
+  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const Table& t0, const Table& t1,
+                             F&& f) {
     const __m512i v = Bytes16(qs + 32 * P + 16 * H);
     __m512i lo = v, hi = _mm512_srli_epi32(v, 4);
     if constexpr (kHigh) {
@@ -100,8 +100,7 @@ struct K4Or5 {
       // permutes read five bits, so the nibbles need masking here.
       const __m512i h = Bytes16(qh + 16 * H), sixteen = _mm512_set1_epi32(16);
       const __m512i mask = _mm512_set1_epi32(15);
-      lo = _mm512_or_si512(_mm512_and_si512(lo, mask),
-                           _mm512_and_si512(BitTo4<2 * P>(h), sixteen));
+      lo = _mm512_or_si512(_mm512_and_si512(lo, mask), _mm512_and_si512(BitTo4<2 * P>(h), sixteen));
       hi = _mm512_or_si512(_mm512_and_si512(hi, mask),
                            _mm512_and_si512(BitTo4<2 * P + 1>(h), sixteen));
     }
@@ -147,14 +146,16 @@ struct Q6_K {
     const __m512i a = Bytes16(b + 64 * Hf + L0), c = Bytes16(b + 64 * Hf + 32 + L0);
     const __m512i h = Bytes16(b + 128 + 32 * Hf + L0);
     const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-    const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, m4),
-                                       _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
-    const __m512i q2 = _mm512_or_si512(
-        _mm512_and_si512(c, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
-    const __m512i q3 = _mm512_or_si512(
-        _mm512_srli_epi32(a, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
-    const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4),
-                                       _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
+    const __m512i q1 =
+        _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
+    const __m512i q2 =
+        _mm512_or_si512(_mm512_and_si512(c, m4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
+    const __m512i q3 =
+        _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
+    const __m512i q4 =
+        _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
     Emit<128 * Hf + L0>(q1, d, sc, f);
     Emit<128 * Hf + 32 + L0>(q2, d, sc, f);
     Emit<128 * Hf + 64 + L0>(q3, d, sc, f);
@@ -198,21 +199,21 @@ struct Fma {
 // One activation row: each block is decoded in registers and multiplied
 // straight into four independent accumulator chains.
 template <typename B>
-void DotRow1(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
-             const float* x, float* y) {
+void DotRow1(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k, const float* x,
+             float* y) {
   const int64_t blocks = k / B::kElems;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    __m512 acc[1][4] = {{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()}};
+    __m512 acc[1][4] = {
+        {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int64_t b = 0; b < blocks; ++b) {
       // The hardware prefetcher streams the row; a hint two blocks ahead
       // helps it across row boundaries.
       _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * B::kBytes), _MM_HINT_T0);
       B::Block(row + b * B::kBytes, Fma<1, 4>{acc, x + b * B::kElems, 0});
     }
-    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]),
-                                              _mm512_add_ps(acc[0][2], acc[0][3])));
+    y[n] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]), _mm512_add_ps(acc[0][2], acc[0][3])));
   }
 }
 
@@ -266,17 +267,24 @@ template <typename B>
 void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
                 const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
   switch (rows) {
-    case 1: return DotRow1<B>(w, row_bytes, n0, n1, k, x, y);
-    case 2: return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 3: return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 4: return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 5: return DotRowsT<B, 5>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 6: return DotRowsT<B, 6>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 7: return DotRowsT<B, 7>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    default: return DotRowsT<B, 8>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 1:
+      return DotRow1<B>(w, row_bytes, n0, n1, k, x, y);
+    case 2:
+      return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 3:
+      return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 4:
+      return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 5:
+      return DotRowsT<B, 5>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 6:
+      return DotRowsT<B, 6>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 7:
+      return DotRowsT<B, 7>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    default:
+      return DotRowsT<B, 8>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
   }
 }
-
 
 template <typename B>
 void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
@@ -288,25 +296,35 @@ void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
 void DotRowsAvx512(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                    int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
   switch (dtype) {
-    case v1::DTYPE_Q8_0: return DotRowsFor<Q8_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    case v1::DTYPE_Q4_0: return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q8_0:
+      return DotRowsFor<Q8_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q4_0:
+      return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q4_K:
       return DotRowsFor<K4Or5<false>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q5_K:
       return DotRowsFor<K4Or5<true>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    case v1::DTYPE_Q6_K: return DotRowsFor<Q6_K>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    default: return;  // REQUIRES: a block type
+    case v1::DTYPE_Q6_K:
+      return DotRowsFor<Q6_K>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    default:
+      return;  // REQUIRES: a block type
   }
 }
 
 void DecodeAvx512(DType dtype, const uint8_t* src, int64_t blocks, float* dst) {
   switch (dtype) {
-    case v1::DTYPE_Q8_0: return DecodeFor<Q8_0>(src, blocks, dst);
-    case v1::DTYPE_Q4_0: return DecodeFor<Q4_0>(src, blocks, dst);
-    case v1::DTYPE_Q4_K: return DecodeFor<K4Or5<false>>(src, blocks, dst);
-    case v1::DTYPE_Q5_K: return DecodeFor<K4Or5<true>>(src, blocks, dst);
-    case v1::DTYPE_Q6_K: return DecodeFor<Q6_K>(src, blocks, dst);
-    default: return;
+    case v1::DTYPE_Q8_0:
+      return DecodeFor<Q8_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_0:
+      return DecodeFor<Q4_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_K:
+      return DecodeFor<K4Or5<false>>(src, blocks, dst);
+    case v1::DTYPE_Q5_K:
+      return DecodeFor<K4Or5<true>>(src, blocks, dst);
+    case v1::DTYPE_Q6_K:
+      return DecodeFor<Q6_K>(src, blocks, dst);
+    default:
+      return;
   }
 }
 

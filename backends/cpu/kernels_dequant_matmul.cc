@@ -42,10 +42,10 @@ using backend::Claim;
 using backend::KernelSpec;
 using backend::TensorDesc;
 
-constexpr int64_t kDotBatch = 16;        // largest M on the streaming dot path
-constexpr int64_t kRowTile = 16;         // weight rows kept hot across row groups
-constexpr int64_t kPanelBytes = 1 << 20; // f32 weights decoded per sgemm panel
-constexpr int64_t kColumnChunk = 256;    // [K, N]: columns per work item
+constexpr int64_t kDotBatch = 16;         // largest M on the streaming dot path
+constexpr int64_t kRowTile = 16;          // weight rows kept hot across row groups
+constexpr int64_t kPanelBytes = 1 << 20;  // f32 weights decoded per sgemm panel
+constexpr int64_t kColumnChunk = 256;     // [K, N]: columns per work item
 
 // A claim's reason (legalize and PrepareKernel prefix the node's label).
 template <typename... Args>
@@ -76,8 +76,8 @@ struct Plan {
   bool transpose_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t block_elems = 0, block_bytes = 0;
-  int64_t row_bytes = 0;  // bytes of one stored weight row (K of them for [K, N])
-  int64_t panel_rows = 0; // [N, K]: weight rows per panel; [K, N]: K rows per panel
+  int64_t row_bytes = 0;   // bytes of one stored weight row (K of them for [K, N])
+  int64_t panel_rows = 0;  // [N, K]: weight rows per panel; [K, N]: K rows per panel
 };
 
 absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
@@ -93,11 +93,11 @@ absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
   }
   if (!IsQuantized(w.dtype)) {
     return Bad("weights must be block-quantized (q8_0, q4_0, q4_k, q5_k, q6_k), got ",
-                     TypeString(w));
+               TypeString(w));
   }
   if (x.rank() < 1 || w.rank() != 2) {
-    return Bad("expects activations [..., K] and a weight [N, K] or [K, N], got ",
-                     TypeString(x), " and ", TypeString(w));
+    return Bad("expects activations [..., K] and a weight [N, K] or [K, N], got ", TypeString(x),
+               " and ", TypeString(w));
   }
   const DTypeLayout layout = LayoutOf(w.dtype);
   p.block_elems = layout.block_elems;
@@ -107,13 +107,12 @@ absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
   const int64_t wk = p.transpose_b ? w.dims[1] : w.dims[0];
   if (wk != p.k) {
     return Bad("K differs: activations ", TypeString(x), ", weight ", TypeString(w),
-                     p.transpose_b ? " (transpose_b: [N, K])" : " ([K, N])");
+               p.transpose_b ? " (transpose_b: [N, K])" : " ([K, N])");
   }
   const int64_t row = w.dims[1];
   if (row % p.block_elems != 0) {
-    return Bad("weight ", TypeString(w), ": its rows of ", row,
-                     " elements are not whole ", p.block_elems, "-element ", DTypeName(w.dtype),
-                     " blocks");
+    return Bad("weight ", TypeString(w), ": its rows of ", row, " elements are not whole ",
+               p.block_elems, "-element ", DTypeName(w.dtype), " blocks");
   }
   CheckedInt m = 1;
   for (size_t i = 0; i + 1 < x.dims.size(); ++i) m = m * x.dims[i];
@@ -158,8 +157,8 @@ class DequantMatMulKernel final : public CpuKernel {
   }
 
   std::string implementation() const override {
-    const char* path = !plan_.transpose_b ? (plan_.m <= kDotBatch ? "kn_axpy" : "kn_sgemm")
-                       : plan_.m == 1      ? "matvec"
+    const char* path = !plan_.transpose_b     ? (plan_.m <= kDotBatch ? "kn_axpy" : "kn_sgemm")
+                       : plan_.m == 1         ? "matvec"
                        : plan_.m <= kDotBatch ? "small_batch"
                                               : "panel_sgemm";
     return absl::StrCat("kiln:dequant_matmul_", DTypeName(plan_.wtype), "_", path, "_",

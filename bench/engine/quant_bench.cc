@@ -122,8 +122,8 @@ std::unique_ptr<backend::Buffer> Alloc(backend::Device& d, int64_t bytes) {
 }
 
 // op is DequantMatMul on `qtype` blocks, or MatMul on their f32 decoding.
-Prepared Prepare(backend::Device& dev, v1::OpKind op, DType qtype, int64_t m, int64_t n,
-                 int64_t k, const std::vector<uint8_t>& wq, int64_t set_bytes) {
+Prepared Prepare(backend::Device& dev, v1::OpKind op, DType qtype, int64_t m, int64_t n, int64_t k,
+                 const std::vector<uint8_t>& wq, int64_t set_bytes) {
   Prepared p;
   backend::KernelSpec spec;
   spec.name = spec.label = op == v1::OP_MATMUL ? "f32_matmul" : "dequant_matmul";
@@ -158,8 +158,9 @@ Prepared Prepare(backend::Device& dev, v1::OpKind op, DType qtype, int64_t m, in
   const int64_t copies = std::max<int64_t>(2, set_bytes / p.weight_bytes + 1);
   for (int64_t c = 0; c < copies; ++c) {
     auto b = Alloc(dev, p.weight_bytes);
-    std::memcpy(b->host_ptr(), op == v1::OP_MATMUL ? static_cast<const void*>(wf.data())
-                                                   : static_cast<const void*>(wq.data()),
+    std::memcpy(b->host_ptr(),
+                op == v1::OP_MATMUL ? static_cast<const void*>(wf.data())
+                                    : static_cast<const void*>(wq.data()),
                 p.weight_bytes);
     p.weights.push_back(std::move(b));
   }
@@ -205,10 +206,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
-    if (a == "--n") n = v;
-    else if (a == "--k") k = v;
-    else if (a == "--samples") samples = v;
-    else if (a == "--set_mib") set_mib = v;
+    if (a == "--n")
+      n = v;
+    else if (a == "--k")
+      k = v;
+    else if (a == "--samples")
+      samples = v;
+    else if (a == "--set_mib")
+      set_mib = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -231,8 +236,11 @@ int main(int argc, char** argv) {
     load >> l1;
     out["machine"]["loadavg_1m_at_start"] = l1;
   }
-  out["shape"] = {{"n", n}, {"k", k}, {"weights_layout", "[N, K] (transpose_b, as GGUF)"},
-                  {"weight_set_mib", set_mib}, {"samples", samples}};
+  out["shape"] = {{"n", n},
+                  {"k", k},
+                  {"weights_layout", "[N, K] (transpose_b, as GGUF)"},
+                  {"weight_set_mib", set_mib},
+                  {"samples", samples}};
   std::vector<uint64_t> bw_a(int64_t{1} << 27, 1), bw_b(int64_t{1} << 27, 0);  // 1 GiB each
   const int max_threads = omp_get_max_threads();
   for (int threads = 1; threads <= max_threads; threads *= 2) {
@@ -278,10 +286,11 @@ int main(int argc, char** argv) {
         r["m"] = m;
         r["kiln"] = figures(q, tq);
         r["onednn_f32_dequantized"] = figures(f, tf);
-        r["read_sweep_of_the_same_bytes"] = nlohmann::json({
-            {"median_ms", Quantile(tr, 0.5) * 1e3}, {"best_ms", Quantile(tr, 0) * 1e3},
-            {"gbps_median", q.weight_bytes / Quantile(tr, 0.5) / 1e9},
-            {"gbps_best", q.weight_bytes / Quantile(tr, 0) / 1e9}});
+        r["read_sweep_of_the_same_bytes"] =
+            nlohmann::json({{"median_ms", Quantile(tr, 0.5) * 1e3},
+                            {"best_ms", Quantile(tr, 0) * 1e3},
+                            {"gbps_median", q.weight_bytes / Quantile(tr, 0.5) / 1e9},
+                            {"gbps_best", q.weight_bytes / Quantile(tr, 0) / 1e9}});
         r["speedup_vs_onednn_f32_median"] = Quantile(tf, 0.5) / Quantile(tq, 0.5);
         r["speedup_vs_onednn_f32_best"] = Quantile(tf, 0) / Quantile(tq, 0);
         std::fprintf(stderr,

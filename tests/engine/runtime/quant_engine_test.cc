@@ -42,7 +42,8 @@ TEST(QuantEngineTest, Q8_0ParamThroughDequantMatMulAndDequantize) {
       uint8_t* blk = p + (n * 2 + b) * 34;
       blk[0] = half_pow[n] & 0xff;
       blk[1] = half_pow[n] >> 8;
-      for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>((i + b) % 7 - 3));
+      for (int i = 0; i < 32; ++i)
+        blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>((i + b) % 7 - 3));
     }
   }
   std::vector<float> xv(2 * 64);
@@ -89,7 +90,8 @@ TEST(QuantEngineTest, Q8_0ParamThroughDequantMatMulAndDequantize) {
 
   bool saw = false;
   for (const auto& step : r->report.steps()) {
-    if (step.implementation().find("dequant_matmul_q8_0_small_batch") != std::string::npos) saw = true;
+    if (step.implementation().find("dequant_matmul_q8_0_small_batch") != std::string::npos)
+      saw = true;
   }
   EXPECT_TRUE(saw) << r->report.DebugString();
 }
