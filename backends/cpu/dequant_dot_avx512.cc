@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "backends/common/quant_blocks.h"
 #include "backends/cpu/dequant_dot.h"
@@ -116,14 +117,26 @@ struct K4Or5 {
   }
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
-    const float d = Half(b), dmin = Half(b + 2);
-    float ds[8], ms[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      quant::ScaleMinK4(j, b + 4, &sc, &m);
-      ds[j] = d * sc;
-      ms[j] = dmin * m;
-    }
+    // The eight 6-bit scales and mins (quant::ScaleMinK4) unpacked four at a
+    // time from the 12 bytes as three little-endian words w0 w1 w2:
+    // sc[0..3] = w0 & 63, m[0..3] = w1 & 63 (per byte), sc[4..7] = low nibbles
+    // of w2 with the top two bits of w0 above them, m[4..7] = high nibbles of w2
+    // with the top two bits of w1.
+    uint32_t w[3];
+    std::memcpy(w, b + 4, 12);
+    const uint32_t six = 0x3f3f3f3f, nib = 0x0f0f0f0f, two = 0x03030303;
+    const uint64_t sc =
+        (w[0] & six) | static_cast<uint64_t>((w[2] & nib) | (((w[0] >> 6) & two) << 4)) << 32;
+    const uint64_t mn =
+        (w[1] & six) | static_cast<uint64_t>(((w[2] >> 4) & nib) | (((w[1] >> 6) & two) << 4))
+                           << 32;
+    alignas(32) float ds[8], ms[8];
+    const __m256 scf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    const __m256 mnf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
+    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(Half(b)), scf));
+    _mm256_store_ps(ms, _mm256_mul_ps(_mm256_set1_ps(Half(b + 2)), mnf));
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (kHigh ? 48 : 16);
     Pair<0>(qs, qh, ds, ms, f);
