@@ -12,6 +12,7 @@
 // 1 thread and at every power of two up to OMP's limit.
 //
 //   kiln_quant_bench [--n 4096] [--k 4096] [--samples 40] [--set_mib 700]
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -45,6 +46,36 @@ double Quantile(std::vector<double> v, double q) {
   return v.empty() ? 0 : v[static_cast<size_t>(q * (v.size() - 1))];
 }
 
+// Sum of a[begin, end) (u64 lanes; end - begin a multiple of 16) with four
+// independent AVX2 accumulators: as fast as one core can read, so the sweeps
+// below measure the memory, not the loop.
+uint64_t SumRange(const uint64_t* a, int64_t begin, int64_t end) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  for (int64_t i = begin; i < end; i += 16) {
+    const __m256i* p = reinterpret_cast<const __m256i*>(a + i);
+    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(p));
+    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(p + 1));
+    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(p + 2));
+    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(p + 3));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+// Threads split [0, n) (a multiple of 16 per thread's share) and sum their parts.
+uint64_t ParallelSum(const uint64_t* a, int64_t n) {
+  uint64_t total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t blocks = n / 16;
+    total += SumRange(a, blocks * t / nt * 16, blocks * (t + 1) / nt * 16);
+  }
+  return total;
+}
+
 // The machine's read bandwidth: both cores summing disjoint halves of a buffer
 // far larger than the cache (best of a few sweeps), and memcpy's (bytes read +
 // written).
@@ -56,14 +87,8 @@ Bandwidth MeasureBandwidth(std::vector<uint64_t>& a, std::vector<uint64_t>& b) {
   const int64_t n = static_cast<int64_t>(a.size()), bytes = n * 8;
   Bandwidth bw;
   for (int rep = 0; rep < 5; ++rep) {
-    uint64_t total = 0;
     const auto t0 = Clock::now();
-#pragma omp parallel for reduction(+ : total) schedule(static)
-    for (int64_t i = 0; i < n; i += 8) {
-      uint64_t s = 0;
-      for (int j = 0; j < 8; ++j) s += a[i + j];
-      total += s;
-    }
+    const uint64_t total = ParallelSum(a.data(), n);
     const auto t1 = Clock::now();
     if (total != static_cast<uint64_t>(n)) std::abort();
     bw.read_gbps = std::max(bw.read_gbps, bytes / Seconds(t0, t1) / 1e9);
@@ -188,10 +213,8 @@ double TimeSweep(Prepared& p, size_t& next) {
   const backend::Buffer* w = p.weights[next++ % p.weights.size()].get();
   const uint64_t* a = static_cast<const uint64_t*>(w->host_ptr());
   const int64_t n = p.weight_bytes / 8;
-  uint64_t total = 0;
   const auto t0 = Clock::now();
-#pragma omp parallel for reduction(+ : total) schedule(static)
-  for (int64_t i = 0; i < n; ++i) total += a[i];
+  const uint64_t total = ParallelSum(a, n);
   const auto t1 = Clock::now();
   if (total == 0x5eed) std::fprintf(stderr, " ");  // keeps the sum alive
   return Seconds(t0, t1);
