@@ -137,6 +137,11 @@ struct K4Or5 {
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
     _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(Half(b)), scf));
     _mm256_store_ps(ms, _mm256_mul_ps(_mm256_set1_ps(Half(b + 2)), mnf));
+    // Keep ds/ms in memory: the tables then broadcast them with plain loads
+    // (vbroadcastss from memory runs on the load ports), where the compiler
+    // would otherwise shuffle them out of a register on port 5, which the
+    // table lookups already saturate.
+    asm volatile("" : : "r"(ds), "r"(ms) : "memory");
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (kHigh ? 48 : 16);
     Pair<0>(qs, qh, ds, ms, f);
