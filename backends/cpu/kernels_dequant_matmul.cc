@@ -173,6 +173,7 @@ class DequantMatMulKernel final : public CpuKernel {
     const float* x = static_cast<const float*>(HostPtr(inputs[0]));
     const uint8_t* w = static_cast<const uint8_t*>(HostPtr(inputs[1]));
     float* y = static_cast<float*>(outputs[0].host());
+    nested_ = omp_in_parallel();
     if (p.act != v1::DTYPE_F32) {
       if (p.k > 0) ParallelConvertToF32(p.act, x, x32_.data(), p.m * p.k);
       x = x32_.data();
@@ -193,12 +194,17 @@ class DequantMatMulKernel final : public CpuKernel {
   DequantMatMulKernel(const KernelSpec& spec, const Plan& p)
       : spec_(spec), plan_(p), kernels_(dq::Best()) {}
 
-  // Per-thread scratch of `floats` each, indexed by omp_get_thread_num().
+  // Per-thread scratch of `floats` each, indexed by Slot().
   float* Scratch(int64_t floats) {
     const int64_t threads = omp_get_max_threads();
     if (static_cast<int64_t>(scratch_.size()) < threads * floats) scratch_.resize(threads * floats);
     return scratch_.data();
   }
+
+  // This thread's scratch slot inside ParallelFor. Launched from within an
+  // enclosing parallel region, ParallelFor runs inline on the one calling
+  // thread (Launch is not reentrant), whose team number may exceed the slots.
+  int64_t Slot() const { return nested_ ? 0 : omp_get_thread_num(); }
 
   void RunNK(const uint8_t* w, const float* x, float* y) {
     const Plan& p = plan_;
@@ -219,7 +225,7 @@ class DequantMatMulKernel final : public CpuKernel {
     float* scratch = Scratch(per_thread);
     const int64_t blocks_per_row = p.k / p.block_elems;
     ParallelFor(p.n, kRowTile, [&](int64_t n0, int64_t n1) {
-      float* panel = scratch + omp_get_thread_num() * per_thread;
+      float* panel = scratch + Slot() * per_thread;
       for (int64_t t = n0; t < n1; t += p.panel_rows) {
         const int64_t nb = std::min(n1 - t, p.panel_rows);
         // Rows are contiguous, so a panel is one run of blocks.
@@ -236,7 +242,7 @@ class DequantMatMulKernel final : public CpuKernel {
     const int64_t per_thread = small ? (p.m + 1) * kColumnChunk : p.panel_rows * kColumnChunk;
     float* scratch = Scratch(per_thread);
     ParallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
-      float* mine = scratch + omp_get_thread_num() * per_thread;
+      float* mine = scratch + Slot() * per_thread;
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t col = c * kColumnChunk;
         const int64_t width = std::min(kColumnChunk, p.n - col);  // whole blocks
@@ -277,6 +283,7 @@ class DequantMatMulKernel final : public CpuKernel {
   const dq::Kernels& kernels_;
   // Scratch reused by every launch (Launch is not reentrant).
   std::vector<float> x32_, y32_, scratch_;
+  bool nested_ = false;  // this launch runs inside an enclosing parallel region
 };
 
 const CpuOpRegistration kRegistration({
