@@ -253,7 +253,7 @@ void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64
               const float* x, int64_t ldx, float* y, int64_t ldy) {
   constexpr int64_t kTileBlocks = kKTile / B::kElems;
   const int64_t blocks = k / B::kElems;
-  alignas(64) float buf[B::kElems];
+  alignas(64) float buf[B::kElems], buf1[B::kElems];
   alignas(64) __m512 part[kNTile][kRows];
   for (int64_t t0 = n0; t0 < n1; t0 += kNTile) {
     const int64_t t1 = std::min(n1, t0 + kNTile);
@@ -262,7 +262,36 @@ void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64
     }
     for (int64_t kb = 0; kb < blocks; kb += kTileBlocks) {
       const int64_t kb1 = std::min(blocks, kb + kTileBlocks);
-      for (int64_t n = t0; n < t1; ++n) {
+      int64_t n = t0;
+      // Two weight rows at a time: each activation load feeds two FMAs. (The
+      // empty asm pins the loaded x in a register; without it the compiler
+      // folds the load into both FMAs and reads x twice.)
+      for (; n + 1 < t1; n += 2) {
+        const uint8_t* row0 = w + n * row_bytes;
+        const uint8_t* row1 = row0 + row_bytes;
+        __m512 acc0[kRows], acc1[kRows];
+        for (int r = 0; r < kRows; ++r) acc0[r] = part[n - t0][r], acc1[r] = part[n + 1 - t0][r];
+        for (int64_t b = kb; b < kb1; ++b) {
+          _mm_prefetch(reinterpret_cast<const char*>(row0 + b * B::kBytes + kPrefetchBytes),
+                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row1 + b * B::kBytes + kPrefetchBytes),
+                       _MM_HINT_T0);
+          B::Block(row0 + b * B::kBytes, Store{buf});
+          B::Block(row1 + b * B::kBytes, Store{buf1});
+          const float* xb = x + b * B::kElems;
+          for (int j = 0; j < B::kElems; j += 16) {
+            const __m512 w0 = _mm512_load_ps(buf + j), w1 = _mm512_load_ps(buf1 + j);
+            for (int r = 0; r < kRows; ++r) {
+              __m512 xv = _mm512_loadu_ps(xb + r * ldx + j);
+              asm("" : "+v"(xv));
+              acc0[r] = _mm512_fmadd_ps(w0, xv, acc0[r]);
+              acc1[r] = _mm512_fmadd_ps(w1, xv, acc1[r]);
+            }
+          }
+        }
+        for (int r = 0; r < kRows; ++r) part[n - t0][r] = acc0[r], part[n + 1 - t0][r] = acc1[r];
+      }
+      for (; n < t1; ++n) {
         const uint8_t* row = w + n * row_bytes;
         __m512 acc[kRows];
         for (int r = 0; r < kRows; ++r) acc[r] = part[n - t0][r];
