@@ -68,9 +68,7 @@ void Q6_K(const uint8_t* b, T* y) {
 
 }  // namespace
 
-float LoadHalf(const uint8_t* p) {
-  return HalfToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-}
+float LoadHalf(const uint8_t* p) { return HalfToFloat(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
 
 template <typename T>
 void Decode(DType dtype, const uint8_t* src, int64_t blocks, T* dst) {
@@ -79,12 +77,23 @@ void Decode(DType dtype, const uint8_t* src, int64_t blocks, T* dst) {
     const uint8_t* b = src + i * layout.block_bytes;
     T* y = dst + i * layout.block_elems;
     switch (dtype) {
-      case v1::DTYPE_Q8_0: Q8_0(b, y); break;
-      case v1::DTYPE_Q4_0: Q4_0(b, y); break;
-      case v1::DTYPE_Q4_K: K4Or5(b, nullptr, b + 16, y); break;
-      case v1::DTYPE_Q5_K: K4Or5(b, b + 16, b + 48, y); break;
-      case v1::DTYPE_Q6_K: Q6_K(b, y); break;
-      default: return;  // REQUIRES: a block type (callers check)
+      case v1::DTYPE_Q8_0:
+        Q8_0(b, y);
+        break;
+      case v1::DTYPE_Q4_0:
+        Q4_0(b, y);
+        break;
+      case v1::DTYPE_Q4_K:
+        K4Or5(b, nullptr, b + 16, y);
+        break;
+      case v1::DTYPE_Q5_K:
+        K4Or5(b, b + 16, b + 48, y);
+        break;
+      case v1::DTYPE_Q6_K:
+        Q6_K(b, y);
+        break;
+      default:
+        return;  // REQUIRES: a block type (callers check)
     }
   }
 }

@@ -58,8 +58,8 @@ const Kernels& Generic() {
 }
 
 const Kernels& Best() {
-  static const Kernels k = HasAvx512() ? Kernels{"avx512", &DotRowsAvx512, &DecodeAvx512}
-                                       : Generic();
+  static const Kernels k =
+      HasAvx512() ? Kernels{"avx512", &DotRowsAvx512, &DecodeAvx512} : Generic();
   return k;
 }
 

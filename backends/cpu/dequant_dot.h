@@ -24,9 +24,8 @@ inline constexpr int kMaxDotRows = 8;
 //   y[r * ldy + n] = sum_j x[r * ldx + j] * W[n, j].
 // REQUIRES: IsQuantized(dtype); k a whole number of blocks; 1 <= rows <=
 // kMaxDotRows; x rows hold k floats.
-using DotRowsFn = void (*)(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0,
-                           int64_t n1, int64_t k, const float* x, int64_t ldx, int rows,
-                           float* y, int64_t ldy);
+using DotRowsFn = void (*)(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                           int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy);
 
 // Decodes `blocks` consecutive blocks at `src` into blocks * block_elems floats.
 using DecodeFn = void (*)(DType dtype, const uint8_t* src, int64_t blocks, float* dst);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "backends/common/quant_blocks.h"
 #include "backends/cpu/dequant_dot.h"
@@ -57,8 +58,8 @@ struct Q4_0 {
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
     // d * (i - 8) for i = 0..15
-    const __m512 table = _mm512_mul_ps(_mm512_set1_ps(Half(b)),
-                                       _mm512_sub_ps(Iota(), _mm512_set1_ps(8.0f)));
+    const __m512 table =
+        _mm512_mul_ps(_mm512_set1_ps(Half(b)), _mm512_sub_ps(Iota(), _mm512_set1_ps(8.0f)));
     const __m512i v = Bytes16(b + 2);
     f.template operator()<0>(_mm512_permutexvar_ps(v, table));
     f.template operator()<16>(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
@@ -91,8 +92,8 @@ struct K4Or5 {
     return _mm512_srli_epi32(h, kBit - 4);
   }
   template <int P, int H, typename F>
-  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const Table& t0,
-                             const Table& t1, F&& f) {
+  static inline void Quarter(const uint8_t* qs, const uint8_t* qh, const Table& t0, const Table& t1,
+                             F&& f) {
     const __m512i v = Bytes16(qs + 32 * P + 16 * H);
     __m512i lo = v, hi = _mm512_srli_epi32(v, 4);
     if constexpr (kHigh) {
@@ -100,8 +101,7 @@ struct K4Or5 {
       // permutes read five bits, so the nibbles need masking here.
       const __m512i h = Bytes16(qh + 16 * H), sixteen = _mm512_set1_epi32(16);
       const __m512i mask = _mm512_set1_epi32(15);
-      lo = _mm512_or_si512(_mm512_and_si512(lo, mask),
-                           _mm512_and_si512(BitTo4<2 * P>(h), sixteen));
+      lo = _mm512_or_si512(_mm512_and_si512(lo, mask), _mm512_and_si512(BitTo4<2 * P>(h), sixteen));
       hi = _mm512_or_si512(_mm512_and_si512(hi, mask),
                            _mm512_and_si512(BitTo4<2 * P + 1>(h), sixteen));
     }
@@ -117,14 +117,31 @@ struct K4Or5 {
   }
   template <typename F>
   static inline void Block(const uint8_t* b, F&& f) {
-    const float d = Half(b), dmin = Half(b + 2);
-    float ds[8], ms[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      quant::ScaleMinK4(j, b + 4, &sc, &m);
-      ds[j] = d * sc;
-      ms[j] = dmin * m;
-    }
+    // The eight 6-bit scales and mins (quant::ScaleMinK4) unpacked four at a
+    // time from the 12 bytes as three little-endian words w0 w1 w2:
+    // sc[0..3] = w0 & 63, m[0..3] = w1 & 63 (per byte), sc[4..7] = low nibbles
+    // of w2 with the top two bits of w0 above them, m[4..7] = high nibbles of w2
+    // with the top two bits of w1.
+    uint32_t w[3];
+    std::memcpy(w, b + 4, 12);
+    const uint32_t six = 0x3f3f3f3f, nib = 0x0f0f0f0f, two = 0x03030303;
+    const uint64_t sc =
+        (w[0] & six) | static_cast<uint64_t>((w[2] & nib) | (((w[0] >> 6) & two) << 4)) << 32;
+    const uint64_t mn =
+        (w[1] & six) | static_cast<uint64_t>(((w[2] >> 4) & nib) | (((w[1] >> 6) & two) << 4))
+                           << 32;
+    alignas(32) float ds[8], ms[8];
+    const __m256 scf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    const __m256 mnf =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn))));
+    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(Half(b)), scf));
+    _mm256_store_ps(ms, _mm256_mul_ps(_mm256_set1_ps(Half(b + 2)), mnf));
+    // Keep ds/ms in memory: the tables then broadcast them with plain loads
+    // (vbroadcastss from memory runs on the load ports), where the compiler
+    // would otherwise shuffle them out of a register on port 5, which the
+    // table lookups already saturate.
+    asm volatile("" : : "r"(ds), "r"(ms) : "memory");
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (kHigh ? 48 : 16);
     Pair<0>(qs, qh, ds, ms, f);
@@ -147,14 +164,16 @@ struct Q6_K {
     const __m512i a = Bytes16(b + 64 * Hf + L0), c = Bytes16(b + 64 * Hf + 32 + L0);
     const __m512i h = Bytes16(b + 128 + 32 * Hf + L0);
     const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-    const __m512i q1 = _mm512_or_si512(_mm512_and_si512(a, m4),
-                                       _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
-    const __m512i q2 = _mm512_or_si512(
-        _mm512_and_si512(c, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
-    const __m512i q3 = _mm512_or_si512(
-        _mm512_srli_epi32(a, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
-    const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(c, 4),
-                                       _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
+    const __m512i q1 =
+        _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi32(_mm512_and_si512(h, m2), 4));
+    const __m512i q2 =
+        _mm512_or_si512(_mm512_and_si512(c, m4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), m2), 4));
+    const __m512i q3 =
+        _mm512_or_si512(_mm512_srli_epi32(a, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), m2), 4));
+    const __m512i q4 =
+        _mm512_or_si512(_mm512_srli_epi32(c, 4), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
     Emit<128 * Hf + L0>(q1, d, sc, f);
     Emit<128 * Hf + 32 + L0>(q2, d, sc, f);
     Emit<128 * Hf + 64 + L0>(q3, d, sc, f);
@@ -195,24 +214,28 @@ struct Fma {
   }
 };
 
+constexpr int64_t kPrefetchBytes = 2048;
+
 // One activation row: each block is decoded in registers and multiplied
 // straight into four independent accumulator chains.
 template <typename B>
-void DotRow1(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
-             const float* x, float* y) {
+void DotRow1(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k, const float* x,
+             float* y) {
   const int64_t blocks = k / B::kElems;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    __m512 acc[1][4] = {{_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()}};
+    __m512 acc[1][4] = {
+        {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int64_t b = 0; b < blocks; ++b) {
-      // The hardware prefetcher streams the row; a hint two blocks ahead
-      // helps it across row boundaries.
-      _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * B::kBytes), _MM_HINT_T0);
+      // Rows are contiguous: a hint kPrefetchBytes ahead keeps more lines in
+      // flight than the hardware prefetcher alone (it reads past the last row
+      // harmlessly: prefetches do not fault).
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * B::kBytes + kPrefetchBytes),
+                   _MM_HINT_T0);
       B::Block(row + b * B::kBytes, Fma<1, 4>{acc, x + b * B::kElems, 0});
     }
-    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]),
-                                              _mm512_add_ps(acc[0][2], acc[0][3])));
+    y[n] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]), _mm512_add_ps(acc[0][2], acc[0][3])));
   }
 }
 
@@ -230,7 +253,7 @@ void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64
               const float* x, int64_t ldx, float* y, int64_t ldy) {
   constexpr int64_t kTileBlocks = kKTile / B::kElems;
   const int64_t blocks = k / B::kElems;
-  alignas(64) float buf[B::kElems];
+  alignas(64) float buf[B::kElems], buf1[B::kElems];
   alignas(64) __m512 part[kNTile][kRows];
   for (int64_t t0 = n0; t0 < n1; t0 += kNTile) {
     const int64_t t1 = std::min(n1, t0 + kNTile);
@@ -239,11 +262,42 @@ void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64
     }
     for (int64_t kb = 0; kb < blocks; kb += kTileBlocks) {
       const int64_t kb1 = std::min(blocks, kb + kTileBlocks);
-      for (int64_t n = t0; n < t1; ++n) {
+      int64_t n = t0;
+      // Two weight rows at a time: each activation load feeds two FMAs. (The
+      // empty asm pins the loaded x in a register; without it the compiler
+      // folds the load into both FMAs and reads x twice.)
+      for (; n + 1 < t1; n += 2) {
+        const uint8_t* row0 = w + n * row_bytes;
+        const uint8_t* row1 = row0 + row_bytes;
+        __m512 acc0[kRows], acc1[kRows];
+        for (int r = 0; r < kRows; ++r) acc0[r] = part[n - t0][r], acc1[r] = part[n + 1 - t0][r];
+        for (int64_t b = kb; b < kb1; ++b) {
+          _mm_prefetch(reinterpret_cast<const char*>(row0 + b * B::kBytes + kPrefetchBytes),
+                       _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(row1 + b * B::kBytes + kPrefetchBytes),
+                       _MM_HINT_T0);
+          B::Block(row0 + b * B::kBytes, Store{buf});
+          B::Block(row1 + b * B::kBytes, Store{buf1});
+          const float* xb = x + b * B::kElems;
+          for (int j = 0; j < B::kElems; j += 16) {
+            const __m512 w0 = _mm512_load_ps(buf + j), w1 = _mm512_load_ps(buf1 + j);
+            for (int r = 0; r < kRows; ++r) {
+              __m512 xv = _mm512_loadu_ps(xb + r * ldx + j);
+              asm("" : "+v"(xv));
+              acc0[r] = _mm512_fmadd_ps(w0, xv, acc0[r]);
+              acc1[r] = _mm512_fmadd_ps(w1, xv, acc1[r]);
+            }
+          }
+        }
+        for (int r = 0; r < kRows; ++r) part[n - t0][r] = acc0[r], part[n + 1 - t0][r] = acc1[r];
+      }
+      for (; n < t1; ++n) {
         const uint8_t* row = w + n * row_bytes;
         __m512 acc[kRows];
         for (int r = 0; r < kRows; ++r) acc[r] = part[n - t0][r];
         for (int64_t b = kb; b < kb1; ++b) {
+          _mm_prefetch(reinterpret_cast<const char*>(row + b * B::kBytes + kPrefetchBytes),
+                       _MM_HINT_T0);
           B::Block(row + b * B::kBytes, Store{buf});
           const float* xb = x + b * B::kElems;
           for (int j = 0; j < B::kElems; j += 16) {
@@ -266,17 +320,24 @@ template <typename B>
 void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
                 const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
   switch (rows) {
-    case 1: return DotRow1<B>(w, row_bytes, n0, n1, k, x, y);
-    case 2: return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 3: return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 4: return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 5: return DotRowsT<B, 5>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 6: return DotRowsT<B, 6>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    case 7: return DotRowsT<B, 7>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
-    default: return DotRowsT<B, 8>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 1:
+      return DotRow1<B>(w, row_bytes, n0, n1, k, x, y);
+    case 2:
+      return DotRowsT<B, 2>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 3:
+      return DotRowsT<B, 3>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 4:
+      return DotRowsT<B, 4>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 5:
+      return DotRowsT<B, 5>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 6:
+      return DotRowsT<B, 6>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    case 7:
+      return DotRowsT<B, 7>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
+    default:
+      return DotRowsT<B, 8>(w, row_bytes, n0, n1, k, x, ldx, y, ldy);
   }
 }
-
 
 template <typename B>
 void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
@@ -288,25 +349,35 @@ void DecodeFor(const uint8_t* src, int64_t blocks, float* dst) {
 void DotRowsAvx512(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                    int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
   switch (dtype) {
-    case v1::DTYPE_Q8_0: return DotRowsFor<Q8_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    case v1::DTYPE_Q4_0: return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q8_0:
+      return DotRowsFor<Q8_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    case v1::DTYPE_Q4_0:
+      return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q4_K:
       return DotRowsFor<K4Or5<false>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q5_K:
       return DotRowsFor<K4Or5<true>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    case v1::DTYPE_Q6_K: return DotRowsFor<Q6_K>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
-    default: return;  // REQUIRES: a block type
+    case v1::DTYPE_Q6_K:
+      return DotRowsFor<Q6_K>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
+    default:
+      return;  // REQUIRES: a block type
   }
 }
 
 void DecodeAvx512(DType dtype, const uint8_t* src, int64_t blocks, float* dst) {
   switch (dtype) {
-    case v1::DTYPE_Q8_0: return DecodeFor<Q8_0>(src, blocks, dst);
-    case v1::DTYPE_Q4_0: return DecodeFor<Q4_0>(src, blocks, dst);
-    case v1::DTYPE_Q4_K: return DecodeFor<K4Or5<false>>(src, blocks, dst);
-    case v1::DTYPE_Q5_K: return DecodeFor<K4Or5<true>>(src, blocks, dst);
-    case v1::DTYPE_Q6_K: return DecodeFor<Q6_K>(src, blocks, dst);
-    default: return;
+    case v1::DTYPE_Q8_0:
+      return DecodeFor<Q8_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_0:
+      return DecodeFor<Q4_0>(src, blocks, dst);
+    case v1::DTYPE_Q4_K:
+      return DecodeFor<K4Or5<false>>(src, blocks, dst);
+    case v1::DTYPE_Q5_K:
+      return DecodeFor<K4Or5<true>>(src, blocks, dst);
+    case v1::DTYPE_Q6_K:
+      return DecodeFor<Q6_K>(src, blocks, dst);
+    default:
+      return;
   }
 }
 

@@ -42,10 +42,10 @@ using backend::Claim;
 using backend::KernelSpec;
 using backend::TensorDesc;
 
-constexpr int64_t kDotBatch = 16;        // largest M on the streaming dot path
-constexpr int64_t kRowTile = 16;         // weight rows kept hot across row groups
-constexpr int64_t kPanelBytes = 1 << 20; // f32 weights decoded per sgemm panel
-constexpr int64_t kColumnChunk = 256;    // [K, N]: columns per work item
+constexpr int64_t kDotBatch = 16;         // largest M on the streaming dot path
+constexpr int64_t kRowTile = 16;          // weight rows kept hot across row groups
+constexpr int64_t kPanelBytes = 1 << 20;  // f32 weights decoded per sgemm panel
+constexpr int64_t kColumnChunk = 256;     // [K, N]: columns per work item
 
 // A claim's reason (legalize and PrepareKernel prefix the node's label).
 template <typename... Args>
@@ -76,8 +76,8 @@ struct Plan {
   bool transpose_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t block_elems = 0, block_bytes = 0;
-  int64_t row_bytes = 0;  // bytes of one stored weight row (K of them for [K, N])
-  int64_t panel_rows = 0; // [N, K]: weight rows per panel; [K, N]: K rows per panel
+  int64_t row_bytes = 0;   // bytes of one stored weight row (K of them for [K, N])
+  int64_t panel_rows = 0;  // [N, K]: weight rows per panel; [K, N]: K rows per panel
 };
 
 absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
@@ -93,11 +93,11 @@ absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
   }
   if (!IsQuantized(w.dtype)) {
     return Bad("weights must be block-quantized (q8_0, q4_0, q4_k, q5_k, q6_k), got ",
-                     TypeString(w));
+               TypeString(w));
   }
   if (x.rank() < 1 || w.rank() != 2) {
-    return Bad("expects activations [..., K] and a weight [N, K] or [K, N], got ",
-                     TypeString(x), " and ", TypeString(w));
+    return Bad("expects activations [..., K] and a weight [N, K] or [K, N], got ", TypeString(x),
+               " and ", TypeString(w));
   }
   const DTypeLayout layout = LayoutOf(w.dtype);
   p.block_elems = layout.block_elems;
@@ -107,13 +107,12 @@ absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
   const int64_t wk = p.transpose_b ? w.dims[1] : w.dims[0];
   if (wk != p.k) {
     return Bad("K differs: activations ", TypeString(x), ", weight ", TypeString(w),
-                     p.transpose_b ? " (transpose_b: [N, K])" : " ([K, N])");
+               p.transpose_b ? " (transpose_b: [N, K])" : " ([K, N])");
   }
   const int64_t row = w.dims[1];
   if (row % p.block_elems != 0) {
-    return Bad("weight ", TypeString(w), ": its rows of ", row,
-                     " elements are not whole ", p.block_elems, "-element ", DTypeName(w.dtype),
-                     " blocks");
+    return Bad("weight ", TypeString(w), ": its rows of ", row, " elements are not whole ",
+               p.block_elems, "-element ", DTypeName(w.dtype), " blocks");
   }
   CheckedInt m = 1;
   for (size_t i = 0; i + 1 < x.dims.size(); ++i) m = m * x.dims[i];
@@ -158,8 +157,8 @@ class DequantMatMulKernel final : public CpuKernel {
   }
 
   std::string implementation() const override {
-    const char* path = !plan_.transpose_b ? (plan_.m <= kDotBatch ? "kn_axpy" : "kn_sgemm")
-                       : plan_.m == 1      ? "matvec"
+    const char* path = !plan_.transpose_b     ? (plan_.m <= kDotBatch ? "kn_axpy" : "kn_sgemm")
+                       : plan_.m == 1         ? "matvec"
                        : plan_.m <= kDotBatch ? "small_batch"
                                               : "panel_sgemm";
     return absl::StrCat("kiln:dequant_matmul_", DTypeName(plan_.wtype), "_", path, "_",
@@ -174,6 +173,7 @@ class DequantMatMulKernel final : public CpuKernel {
     const float* x = static_cast<const float*>(HostPtr(inputs[0]));
     const uint8_t* w = static_cast<const uint8_t*>(HostPtr(inputs[1]));
     float* y = static_cast<float*>(outputs[0].host());
+    nested_ = omp_in_parallel();
     if (p.act != v1::DTYPE_F32) {
       if (p.k > 0) ParallelConvertToF32(p.act, x, x32_.data(), p.m * p.k);
       x = x32_.data();
@@ -194,12 +194,17 @@ class DequantMatMulKernel final : public CpuKernel {
   DequantMatMulKernel(const KernelSpec& spec, const Plan& p)
       : spec_(spec), plan_(p), kernels_(dq::Best()) {}
 
-  // Per-thread scratch of `floats` each, indexed by omp_get_thread_num().
+  // Per-thread scratch of `floats` each, indexed by Slot().
   float* Scratch(int64_t floats) {
     const int64_t threads = omp_get_max_threads();
     if (static_cast<int64_t>(scratch_.size()) < threads * floats) scratch_.resize(threads * floats);
     return scratch_.data();
   }
+
+  // This thread's scratch slot inside ParallelFor. Launched from within an
+  // enclosing parallel region, ParallelFor runs inline on the one calling
+  // thread (Launch is not reentrant), whose team number may exceed the slots.
+  int64_t Slot() const { return nested_ ? 0 : omp_get_thread_num(); }
 
   void RunNK(const uint8_t* w, const float* x, float* y) {
     const Plan& p = plan_;
@@ -220,7 +225,7 @@ class DequantMatMulKernel final : public CpuKernel {
     float* scratch = Scratch(per_thread);
     const int64_t blocks_per_row = p.k / p.block_elems;
     ParallelFor(p.n, kRowTile, [&](int64_t n0, int64_t n1) {
-      float* panel = scratch + omp_get_thread_num() * per_thread;
+      float* panel = scratch + Slot() * per_thread;
       for (int64_t t = n0; t < n1; t += p.panel_rows) {
         const int64_t nb = std::min(n1 - t, p.panel_rows);
         // Rows are contiguous, so a panel is one run of blocks.
@@ -237,7 +242,7 @@ class DequantMatMulKernel final : public CpuKernel {
     const int64_t per_thread = small ? (p.m + 1) * kColumnChunk : p.panel_rows * kColumnChunk;
     float* scratch = Scratch(per_thread);
     ParallelFor(chunks, 1, [&](int64_t c0, int64_t c1) {
-      float* mine = scratch + omp_get_thread_num() * per_thread;
+      float* mine = scratch + Slot() * per_thread;
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t col = c * kColumnChunk;
         const int64_t width = std::min(kColumnChunk, p.n - col);  // whole blocks
@@ -278,6 +283,7 @@ class DequantMatMulKernel final : public CpuKernel {
   const dq::Kernels& kernels_;
   // Scratch reused by every launch (Launch is not reentrant).
   std::vector<float> x32_, y32_, scratch_;
+  bool nested_ = false;  // this launch runs inside an enclosing parallel region
 };
 
 const CpuOpRegistration kRegistration({

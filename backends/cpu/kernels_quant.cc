@@ -27,6 +27,7 @@
 #include "backends/cpu/dequant_dot.h"
 #include "backends/cpu/kernel_util.h"
 #include "backends/cpu/parallel.h"
+#include "base/checked_int.h"
 #include "base/status.h"
 
 namespace kiln::cpu {
@@ -67,9 +68,9 @@ struct QuantPlan {
   bool has_zp = false;
   int64_t qmin = 0, qmax = 0;
   int64_t channels = 1, inner = 1, total = 0;  // x viewed as [outer, channels, inner]
-  bool blocks = false;                          // Dequantize of a block type
-  bool to_int = false;                          // Quantize
-  bool round_trip = false;                      // FakeQuantize(LSQ)
+  bool blocks = false;                         // Dequantize of a block type
+  bool to_int = false;                         // Quantize
+  bool round_trip = false;                     // FakeQuantize(LSQ)
 };
 
 struct QuantAttrs {
@@ -122,8 +123,8 @@ absl::Status CheckScaleShape(const KernelSpec& spec, const TensorDesc& x, const 
     return Bad("axis ", a.axis, " is out of range for ", TypeString(x));
   }
   if (s.rank() != 1 || s.dims[0] != x.dims[axis]) {
-    return Bad("per-channel ", what, " must be [", x.dims[axis], "] (axis ", axis,
-                     " of ", TypeString(x), "), got ", TypeString(s));
+    return Bad("per-channel ", what, " must be [", x.dims[axis], "] (axis ", axis, " of ",
+               TypeString(x), "), got ", TypeString(s));
   }
   p.channels = x.dims[axis];
   p.inner = Product(x.dims, axis + 1, x.dims.size());
@@ -140,22 +141,28 @@ absl::StatusOr<QuantPlan> Validate(const KernelSpec& spec) {
     if (a.has_axis) return Bad("block-quantized ", TypeString(w), " takes no axis");
     const int64_t be = LayoutOf(w.dtype).block_elems;
     if (w.rank() == 0 || w.dims.back() % be != 0) {
-      return Bad(TypeString(w), ": rows are not whole ", be, "-element ",
-                       DTypeName(w.dtype), " blocks");
+      return Bad(TypeString(w), ": rows are not whole ", be, "-element ", DTypeName(w.dtype),
+                 " blocks");
     }
     if (!IsFloat(a.to)) return Bad("attribute to must be a float type");
+    CheckedInt total = 1;
+    for (int64_t d : w.dims) total = total * d;
+    if (!total.ok() || !(total * 8).ok()) return Bad("sizes overflow int64: ", TypeString(w));
     if (auto s = Output(spec, a.to, w.dims); !s.ok()) return s;
     p.in = w.dtype;
     p.out = a.to;
     p.blocks = true;
-    p.total = w.num_elements();
+    p.total = total.get();
     return p;
   }
   if (auto s = Arity(spec, 2, lsq ? 2 : 3); !s.ok()) return s;
   const TensorDesc& x = spec.inputs[0];
   const TensorDesc& s = spec.inputs[1];
+  CheckedInt total = 1;
+  for (int64_t d : x.dims) total = total * d;
+  if (!total.ok() || !(total * 8).ok()) return Bad("sizes overflow int64: ", TypeString(x));
   p.in = x.dtype;
-  p.total = x.num_elements();
+  p.total = total.get();
   p.inner = p.total;
   p.has_zp = spec.inputs.size() == 3;
   if (!IsFloat(s.dtype)) return Bad("scale must be a float type, got ", TypeString(s));
@@ -163,12 +170,10 @@ absl::StatusOr<QuantPlan> Validate(const KernelSpec& spec) {
   if (p.has_zp) {
     const TensorDesc& z = spec.inputs[2];
     if (a.symmetric) {
-      return Bad("symmetric quantization takes no zero point (it is 0), got ",
-                       TypeString(z));
+      return Bad("symmetric quantization takes no zero point (it is 0), got ", TypeString(z));
     }
     if (z.dims != s.dims) {
-      return Bad("zero point ", TypeString(z), " must have the scale's shape ",
-                       TypeString(s));
+      return Bad("zero point ", TypeString(z), " must have the scale's shape ", TypeString(s));
     }
   }
   if (spec.op != v1::OP_DEQUANTIZE && a.bits != 8 && a.bits != 4) {
@@ -186,7 +191,7 @@ absl::StatusOr<QuantPlan> Validate(const KernelSpec& spec) {
       }
       if (p.has_zp && spec.inputs[2].dtype != a.to) {
         return Bad("zero point must be ", DTypeName(a.to), " like the result, got ",
-                         TypeString(spec.inputs[2]));
+                   TypeString(spec.inputs[2]));
       }
       p.out = a.to;
       p.to_int = true;
@@ -199,7 +204,7 @@ absl::StatusOr<QuantPlan> Validate(const KernelSpec& spec) {
       if (!IsFloat(a.to)) return Bad("attribute to must be a float type");
       if (p.has_zp && spec.inputs[2].dtype != x.dtype) {
         return Bad("zero point must be ", DTypeName(x.dtype), " like the input, got ",
-                         TypeString(spec.inputs[2]));
+                   TypeString(spec.inputs[2]));
       }
       p.out = a.to;
       const bool sign = x.dtype == v1::DTYPE_I8;
@@ -241,8 +246,12 @@ std::vector<double> ReadDoubles(const void* src, DType dtype, int64_t n) {
   if (n > 0) ew::Load(src, dtype, 1, n, reg.data());
   for (int64_t i = 0; i < n; ++i) {
     switch (cls) {
-      case ew::RegClass::kF32: out[i] = reinterpret_cast<const float*>(reg.data())[i]; break;
-      case ew::RegClass::kF64: out[i] = reinterpret_cast<const double*>(reg.data())[i]; break;
+      case ew::RegClass::kF32:
+        out[i] = reinterpret_cast<const float*>(reg.data())[i];
+        break;
+      case ew::RegClass::kF64:
+        out[i] = reinterpret_cast<const double*>(reg.data())[i];
+        break;
       case ew::RegClass::kI64:
         out[i] = static_cast<double>(reinterpret_cast<const int64_t*>(reg.data())[i]);
         break;
@@ -271,9 +280,10 @@ class QuantKernel final : public CpuKernel {
     if (plan_.blocks) {
       return absl::StrCat("kiln:dequantize_", DTypeName(plan_.in), "_", dq::Best().isa);
     }
-    return absl::StrCat("kiln:", spec_.op == v1::OP_QUANTIZE     ? "quantize"
-                                 : spec_.op == v1::OP_DEQUANTIZE ? "dequantize"
-                                                                 : "fake_quantize",
+    return absl::StrCat("kiln:",
+                        spec_.op == v1::OP_QUANTIZE     ? "quantize"
+                        : spec_.op == v1::OP_DEQUANTIZE ? "dequantize"
+                                                        : "fake_quantize",
                         plan_.channels > 1 || plan_.inner != plan_.total ? "_per_channel" : "");
   }
 
@@ -352,9 +362,15 @@ class QuantKernel final : public CpuKernel {
     ew::Load(src, dtype, 1, n, reg);
     for (int64_t j = 0; j < n; ++j) {
       switch (cls) {
-        case ew::RegClass::kF32: dst[j] = static_cast<T>(reinterpret_cast<float*>(reg)[j]); break;
-        case ew::RegClass::kF64: dst[j] = static_cast<T>(reinterpret_cast<double*>(reg)[j]); break;
-        case ew::RegClass::kI64: dst[j] = static_cast<T>(reinterpret_cast<int64_t*>(reg)[j]); break;
+        case ew::RegClass::kF32:
+          dst[j] = static_cast<T>(reinterpret_cast<float*>(reg)[j]);
+          break;
+        case ew::RegClass::kF64:
+          dst[j] = static_cast<T>(reinterpret_cast<double*>(reg)[j]);
+          break;
+        case ew::RegClass::kI64:
+          dst[j] = static_cast<T>(reinterpret_cast<int64_t*>(reg)[j]);
+          break;
       }
     }
   }
@@ -363,8 +379,12 @@ class QuantKernel final : public CpuKernel {
   static void Narrow(const T* src, ew::RegClass cls, DType dtype, int64_t n, char* reg, void* dst) {
     for (int64_t j = 0; j < n; ++j) {
       switch (cls) {
-        case ew::RegClass::kF32: reinterpret_cast<float*>(reg)[j] = static_cast<float>(src[j]); break;
-        case ew::RegClass::kF64: reinterpret_cast<double*>(reg)[j] = static_cast<double>(src[j]); break;
+        case ew::RegClass::kF32:
+          reinterpret_cast<float*>(reg)[j] = static_cast<float>(src[j]);
+          break;
+        case ew::RegClass::kF64:
+          reinterpret_cast<double*>(reg)[j] = static_cast<double>(src[j]);
+          break;
         case ew::RegClass::kI64:
           reinterpret_cast<int64_t*>(reg)[j] = static_cast<int64_t>(src[j]);
           break;

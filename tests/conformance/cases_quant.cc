@@ -51,8 +51,12 @@ HostTensor RandomBlocks(std::mt19937_64& rng, DType dtype, const Dims& dims) {
     uint8_t* blk = p + b * l.block_bytes;
     const double sign = neg(rng) ? -1 : 1;
     switch (dtype) {
-      case v1::DTYPE_Q8_0: PutHalf(blk, sign * u(rng) / 128); break;
-      case v1::DTYPE_Q4_0: PutHalf(blk, sign * u(rng) / 8); break;
+      case v1::DTYPE_Q8_0:
+        PutHalf(blk, sign * u(rng) / 128);
+        break;
+      case v1::DTYPE_Q4_0:
+        PutHalf(blk, sign * u(rng) / 8);
+        break;
       case v1::DTYPE_Q4_K:
         PutHalf(blk, u(rng) / (63 * 15));
         PutHalf(blk + 2, u(rng) / 126);
@@ -61,8 +65,11 @@ HostTensor RandomBlocks(std::mt19937_64& rng, DType dtype, const Dims& dims) {
         PutHalf(blk, u(rng) / (63 * 31));
         PutHalf(blk + 2, u(rng) / 126);
         break;
-      case v1::DTYPE_Q6_K: PutHalf(blk + 208, sign * u(rng) / (128 * 32)); break;
-      default: break;
+      case v1::DTYPE_Q6_K:
+        PutHalf(blk + 208, sign * u(rng) / (128 * 32));
+        break;
+      default:
+        break;
     }
   }
   return t;
@@ -110,8 +117,8 @@ Case DequantMatMulCase(DType act, DType wt, const Dims& lead, int64_t n, int64_t
   attrs.mutable_dequant_matmul()->set_transpose_b(tb);
   Case c;
   c.name = name;
-  c.spec = ref::Spec(name, v1::OP_DEQUANT_MATMUL, attrs, {Desc(act, xd), Desc(wt, wd)},
-                     {Desc(act, yd)});
+  c.spec =
+      ref::Spec(name, v1::OP_DEQUANT_MATMUL, attrs, {Desc(act, xd), Desc(wt, wd)}, {Desc(act, yd)});
   c.inputs = ref::Tensors{RandomTensor(rng, act, xd, -1, 1), RandomBlocks(rng, wt, wd)};
   c.reference = DequantMatMulReference;
   c.tol = DefaultTolerance(act, k);
@@ -123,8 +130,8 @@ std::vector<Case> DequantMatMulCases() {
   for (DType wt : kBlockTypes) {
     const int64_t be = LayoutOf(wt).block_elems;
     // K: one block, several, and (for the 32-element blocks) not a multiple of 256.
-    const std::vector<int64_t> ks = be == 32 ? std::vector<int64_t>{32, 160, 4128}
-                                             : std::vector<int64_t>{256, 768, 4096};
+    const std::vector<int64_t> ks =
+        be == 32 ? std::vector<int64_t>{32, 160, 4128} : std::vector<int64_t>{256, 768, 4096};
     for (int64_t k : ks) {
       const bool big = k > 1000;
       // [N, K] (GGUF's linear layer): decode, small batches, past the streaming path.
@@ -214,9 +221,9 @@ ChannelMap ChannelsOf(const Dims& x, const HostTensor& scale, bool per_channel, 
 // round_half_even(x / s) + zp, clamped; x / s in the input's precision.
 double QuantizeRef(double x, double s, double zp, DType in, Grid g) {
   if (std::isnan(x)) return zp;
-  const double v = in == v1::DTYPE_F64 ? x / s
-                                       : static_cast<double>(static_cast<float>(x) /
-                                                             static_cast<float>(s));
+  const double v = in == v1::DTYPE_F64
+                       ? x / s
+                       : static_cast<double>(static_cast<float>(x) / static_cast<float>(s));
   const double q = std::nearbyint(v) + zp;
   return std::min(std::max(q, g.qmin), g.qmax);
 }
@@ -309,22 +316,21 @@ v1::Attrs AttrsFor(const QSpec& q) {
 HostTensor QuantInput(std::mt19937_64& rng, DType dt, const Dims& dims, double s, Grid g) {
   HostTensor x = RandomTensor(rng, dt, dims, (g.qmin - 20) * s, (g.qmax + 20) * s);
   const double inf = std::numeric_limits<double>::infinity();
-  const double specials[] = {0.5 * s, 1.5 * s, 2.5 * s, -0.5 * s, -1.5 * s, -2.5 * s,
-                             std::nan(""), inf, -inf, 0.0, -0.0, 3 * s};
+  const double specials[] = {0.5 * s,      1.5 * s, 2.5 * s, -0.5 * s, -1.5 * s, -2.5 * s,
+                             std::nan(""), inf,     -inf,    0.0,      -0.0,     3 * s};
   for (int64_t i = 0; i < x.num_elements() && i < 12; ++i) x.SetFromDouble(i, specials[i]);
   return x;
 }
 
 std::string QName(const QSpec& q, DType in, const Dims& dims, const char* extra) {
-  const char* op = q.op == v1::OP_QUANTIZE       ? "quantize"
-                   : q.op == v1::OP_DEQUANTIZE   ? "dequantize"
+  const char* op = q.op == v1::OP_QUANTIZE        ? "quantize"
+                   : q.op == v1::OP_DEQUANTIZE    ? "dequantize"
                    : q.op == v1::OP_FAKE_QUANTIZE ? "fake_quantize"
                                                   : "fake_quantize_lsq";
-  return absl::StrCat(op, "/", DTypeName(in), "_", ref::Shape(dims), "_b", q.bits,
-                      q.symmetric ? "_sym" : "_asym",
-                      q.axis == -100 ? std::string("_tensor") : absl::StrCat("_axis", q.axis),
-                      q.to != v1::DTYPE_UNSPECIFIED ? absl::StrCat("_", DTypeName(q.to)) : "",
-                      extra);
+  return absl::StrCat(
+      op, "/", DTypeName(in), "_", ref::Shape(dims), "_b", q.bits, q.symmetric ? "_sym" : "_asym",
+      q.axis == -100 ? std::string("_tensor") : absl::StrCat("_axis", q.axis),
+      q.to != v1::DTYPE_UNSPECIFIED ? absl::StrCat("_", DTypeName(q.to)) : "", extra);
 }
 
 // Scale (and zero point, if `zp`) for x of `dims`: scalar or [C] along axis.
@@ -336,10 +342,9 @@ Dims ScaleDims(const QSpec& q, const Dims& dims) {
 
 // One Quantize / FakeQuantize(LSQ) case. zp_dtype UNSPECIFIED = no zero point.
 Case QuantCase(const QSpec& q, DType in, const Dims& dims, DType zp_dtype) {
-  const std::string name =
-      QName(q, in, dims, zp_dtype == v1::DTYPE_UNSPECIFIED
-                             ? ""
-                             : absl::StrCat("_zp", DTypeName(zp_dtype)).c_str());
+  const std::string name = QName(
+      q, in, dims,
+      zp_dtype == v1::DTYPE_UNSPECIFIED ? "" : absl::StrCat("_zp", DTypeName(zp_dtype)).c_str());
   auto rng = RngFor(name);
   const Dims sd = ScaleDims(q, dims);
   Case c;
@@ -373,17 +378,17 @@ std::vector<Case> QuantizeCases() {
       for (const Dims& d : shapes) {
         cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, true, -100, v1::DTYPE_I8}, in, d,
                                   v1::DTYPE_UNSPECIFIED));
-        cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, false, -100, v1::DTYPE_U8}, in, d,
-                                  v1::DTYPE_U8));
+        cases.push_back(
+            QuantCase({v1::OP_QUANTIZE, bits, false, -100, v1::DTYPE_U8}, in, d, v1::DTYPE_U8));
       }
       cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, false, -100, v1::DTYPE_U8}, in, {33},
                                 v1::DTYPE_UNSPECIFIED));
-      cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, false, 1, v1::DTYPE_I8}, in, {4, 5, 3},
-                                v1::DTYPE_I8));
+      cases.push_back(
+          QuantCase({v1::OP_QUANTIZE, bits, false, 1, v1::DTYPE_I8}, in, {4, 5, 3}, v1::DTYPE_I8));
       cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, true, -1, v1::DTYPE_I8}, in, {7, 130},
                                 v1::DTYPE_UNSPECIFIED));
-      cases.push_back(QuantCase({v1::OP_QUANTIZE, bits, false, 0, v1::DTYPE_U8}, in, {9, 2000},
-                                v1::DTYPE_U8));
+      cases.push_back(
+          QuantCase({v1::OP_QUANTIZE, bits, false, 0, v1::DTYPE_U8}, in, {9, 2000}, v1::DTYPE_U8));
     }
   }
   // Launch errors: a zero or negative scale; a zero point off the 4-bit grid.
@@ -493,8 +498,8 @@ std::vector<Case> FakeQuantizeCases() {
       }
     }
   }
-  Case c = QuantCase({v1::OP_FAKE_QUANTIZE, 8, false, 0}, v1::DTYPE_F32, {3, 4},
-                     v1::DTYPE_UNSPECIFIED);
+  Case c =
+      QuantCase({v1::OP_FAKE_QUANTIZE, 8, false, 0}, v1::DTYPE_F32, {3, 4}, v1::DTYPE_UNSPECIFIED);
   c.name += "_inf_scale";
   c.inputs[1].SetFromDouble(1, std::numeric_limits<double>::infinity());
   c.expect_error = absl::StrCat(c.spec.label, ": scale of channel 1 is inf");

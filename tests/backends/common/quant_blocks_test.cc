@@ -59,9 +59,9 @@ TEST(QuantBlocksTest, Q8_0IsScaleTimesSignedByte) {
 TEST(QuantBlocksTest, Q4_0LowNibblesFirstHalfHighNibblesSecond) {
   std::vector<uint8_t> b(18, 0);
   PutHalf(b, 0, kHalf2);
-  b[2 + 0] = 0x0F;  // element 0: (15 - 8) * 2 = 14; element 16: (0 - 8) * 2 = -16
-  b[2 + 1] = 0x88;  // elements 1 and 17: (8 - 8) * 2 = 0
-  b[2 + 15] = 0xF3; // element 15: (3 - 8) * 2 = -10; element 31: (15 - 8) * 2 = 14
+  b[2 + 0] = 0x0F;   // element 0: (15 - 8) * 2 = 14; element 16: (0 - 8) * 2 = -16
+  b[2 + 1] = 0x88;   // elements 1 and 17: (8 - 8) * 2 = 0
+  b[2 + 15] = 0xF3;  // element 15: (3 - 8) * 2 = -10; element 31: (15 - 8) * 2 = 14
   const std::vector<float> y = Decode(v1::DTYPE_Q4_0, b);
   EXPECT_EQ(y[0], 14.0f);
   EXPECT_EQ(y[16], -16.0f);
@@ -108,7 +108,7 @@ TEST(QuantBlocksTest, Q5_KAddsTheHighBitPlane) {
   b[48 + 0] = 0x2A;   // element 0: low nibble 10
   b[48 + 64] = 0x07;  // element 128: low nibble 7
   const std::vector<float> y = Decode(v1::DTYPE_Q5_K, b);
-  EXPECT_EQ(y[0], 75.5f);     // 1 * 3 * (10 + 16) - 2.5
+  EXPECT_EQ(y[0], 75.5f);  // 1 * 3 * (10 + 16) - 2.5
   EXPECT_EQ(y[1], -2.5f);
   EXPECT_EQ(y[33], 0.0f);
   EXPECT_EQ(y[128], 374.0f);  // 1 * 17 * (7 + 16) - 17
@@ -117,10 +117,10 @@ TEST(QuantBlocksTest, Q5_KAddsTheHighBitPlane) {
 
 TEST(QuantBlocksTest, Q6_KLowNibblesTwoHighBitsSignedScales) {
   std::vector<uint8_t> b(210, 0);
-  b[0] = 0x5A;         // ql[0]: element 0 low nibble 10, element 64 high nibble 5
-  b[32] = 0x0F;        // ql[32]: element 32 low nibble 15, element 96 high nibble 0
-  b[64] = 0x01;        // ql[64]: element 128 (second half) low nibble 1
-  b[128 + 0] = 0xE4;   // qh[0] = 11 10 01 00: pairs 0, 1, 2, 3 for elements 0, 32, 64, 96
+  b[0] = 0x5A;        // ql[0]: element 0 low nibble 10, element 64 high nibble 5
+  b[32] = 0x0F;       // ql[32]: element 32 low nibble 15, element 96 high nibble 0
+  b[64] = 0x01;       // ql[64]: element 128 (second half) low nibble 1
+  b[128 + 0] = 0xE4;  // qh[0] = 11 10 01 00: pairs 0, 1, 2, 3 for elements 0, 32, 64, 96
   const int8_t scales[16] = {2, 0, -3, 0, 1, 0, -1, 0, 4, 0, 0, 0, 0, 0, 0, 0};
   for (int i = 0; i < 16; ++i) b[192 + i] = static_cast<uint8_t>(scales[i]);
   PutHalf(b, 208, kHalf0_25);

@@ -409,7 +409,8 @@ TEST(VerifierTest, QuantizedRowsMustBeWholeBlocks) {
     EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(g.status().message()), AllOf(HasSubstr(label), HasSubstr(reason)));
   };
-  fails("input x: f32[1, 48]\nparam w: q8_0[2, 48]\nlet y = dequant_matmul(x, w, transpose_b=true)\nout y",
+  fails("input x: f32[1, 48]\nparam w: q8_0[2, 48]\n"
+        "let y = dequant_matmul(x, w, transpose_b=true)\nout y",
         "node 2 (dequant_matmul)",
         "operand 1 q8_0[2, 48]: rows of 48 elements are not whole 32-element q8_0 blocks");
   fails("input x: f32[1, 3]\nparam w: q4_k[2, 256]\nlet y = dequant_matmul(x, w)\nout y",

@@ -4,13 +4,22 @@
 // kernels' arithmetic is the conformance suite's business; this checks that
 // block-quantized params travel through compile and run intact.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "backends/common/quant_blocks.h"
+#include "base/half.h"
 #include "engine/engine.h"
+#include "engine/io/gguf.h"
 #include "engine/ir/text.h"
+#include "tests/engine/io/gguf_writer.h"
 
 namespace kiln {
 namespace {
@@ -42,7 +51,8 @@ TEST(QuantEngineTest, Q8_0ParamThroughDequantMatMulAndDequantize) {
       uint8_t* blk = p + (n * 2 + b) * 34;
       blk[0] = half_pow[n] & 0xff;
       blk[1] = half_pow[n] >> 8;
-      for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>((i + b) % 7 - 3));
+      for (int i = 0; i < 32; ++i)
+        blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>((i + b) % 7 - 3));
     }
   }
   std::vector<float> xv(2 * 64);
@@ -89,9 +99,84 @@ TEST(QuantEngineTest, Q8_0ParamThroughDequantMatMulAndDequantize) {
 
   bool saw = false;
   for (const auto& step : r->report.steps()) {
-    if (step.implementation().find("dequant_matmul_q8_0_small_batch") != std::string::npos) saw = true;
+    if (step.implementation().find("dequant_matmul_q8_0_small_batch") != std::string::npos)
+      saw = true;
   }
   EXPECT_TRUE(saw) << r->report.DebugString();
+}
+
+// A linear layer's weight as GGUF stores it (ne = {K, N}, K fastest, ggml type
+// Q4_K = 12 / Q6_K = 14), read by engine/io/gguf.h into [N, K] and consumed by
+// dequant_matmul(transpose_b=true) without a copy or a transpose: the result
+// equals x @ dequantize(w)^T decoded from the file's bytes.
+TEST(QuantEngineTest, GgufWeightFeedsDequantMatMul) {
+  constexpr int64_t kK = 512, kN = 5;
+  struct Type {
+    uint32_t ggml;
+    DType dtype;
+  };
+  for (const Type t : {Type{12, v1::DTYPE_Q4_K}, Type{14, v1::DTYPE_Q6_K}}) {
+    const DTypeLayout l = LayoutOf(t.dtype);
+    std::string bytes(kN * kK / l.block_elems * l.block_bytes, '\0');
+    std::mt19937 rng(3);
+    for (char& c : bytes) c = static_cast<char>(rng());
+    for (size_t b = 0; b < bytes.size(); b += l.block_bytes) {  // sane f16 scales
+      const uint16_t h = FloatToHalf(1.0f / 1024);
+      const size_t at = t.dtype == v1::DTYPE_Q6_K ? b + 208 : b;
+      bytes[at] = static_cast<char>(h & 0xff);
+      bytes[at + 1] = static_cast<char>(h >> 8);
+      if (t.dtype == v1::DTYPE_Q4_K) bytes[b + 2] = bytes[at], bytes[b + 3] = bytes[at + 1];
+    }
+    kiln::testing::GgufWriter writer;
+    writer.Str("general.architecture", "llama");
+    writer.Tensor("blk.0.ffn_up.weight", {kK, kN}, t.ggml, bytes);
+    const std::string path = ::testing::TempDir() + "/quant_engine_" + std::to_string(::getpid()) +
+                             "_" + DTypeName(t.dtype) + ".gguf";
+    {
+      std::ofstream out(path, std::ios::binary);
+      const std::string file = writer.Bytes();
+      out.write(file.data(), static_cast<std::streamsize>(file.size()));
+    }
+    auto file = io::GgufFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto w = file->Read("blk.0.ffn_up.weight");
+    ::unlink(path.c_str());
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_EQ(w->dtype(), t.dtype);
+    ASSERT_EQ(w->dims(), (Dims{kN, kK}));
+
+    const std::string text =
+        absl::StrCat("input x: f32[2, ", kK, "]\nparam w: ", DTypeName(t.dtype), "[", kN, ", ", kK,
+                     "]\n", "let y = dequant_matmul(x, w, transpose_b=true)\nout y");
+    auto graph = ir::ParseGraphProto(text);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    std::vector<float> xv(2 * kK);
+    for (int64_t i = 0; i < 2 * kK; ++i) xv[i] = static_cast<float>((i * 37) % 11 - 5) / 8;
+    HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {2, kK}, xv);
+    auto engine = Engine::Create(EngineOptions{});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const TensorRef param_refs[] = {TensorRef::Of("w", *w)};
+    auto params = (*engine)->CreateParams(param_refs);
+    ASSERT_TRUE(params.ok()) << params.status();
+    const TensorRef inputs[] = {TensorRef::Of("x", x)};
+    auto r = (*engine)->RunGraph(*graph, inputs, params->get(), {}, RunOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::vector<double> wd(kN * kK);
+    quant::DequantizeBlocks(t.dtype, reinterpret_cast<const uint8_t*>(bytes.data()),
+                            kN * kK / l.block_elems, wd.data());
+    const HostTensor& y = r->outputs[0].second;
+    for (int64_t m = 0; m < 2; ++m) {
+      for (int64_t n = 0; n < kN; ++n) {
+        double want = 0, scale = 0;
+        for (int64_t k = 0; k < kK; ++k) {
+          want += xv[m * kK + k] * wd[n * kK + k];
+          scale += std::abs(xv[m * kK + k] * wd[n * kK + k]);
+        }
+        EXPECT_NEAR(y.data_as<float>()[m * kN + n], want, 1e-5 * scale + 1e-6)
+            << DTypeName(t.dtype) << " " << m << "," << n;
+      }
+    }
+  }
 }
 
 }  // namespace
