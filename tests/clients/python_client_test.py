@@ -494,5 +494,43 @@ class ModelRepositoryTest(unittest.TestCase):
                                        np.tanh(x.astype(np.float64) @ self.w + self.b), rtol=1e-5)
 
 
+class OnnxCnnExampleTest(unittest.TestCase):
+    """examples/onnx_cnn as its README says: exported from PyTorch, run directly
+    with kilnctl and from a model repository through kilnd and the client."""
+
+    def test_export_run_and_serve(self):
+        repo = tempfile.mkdtemp(prefix="kiln_py_cnn.")
+        cache = tempfile.mkdtemp(prefix="kiln_py_cache.")
+        try:
+            version = os.path.join(repo, "cnn", "1")
+            r = subprocess.run(["/usr/bin/python3", str(SOURCE / "examples/onnx_cnn/export_cnn.py"),
+                                "--out", version], capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            x = np.load(os.path.join(version, "x.npy"))
+            expected = np.load(os.path.join(version, "expected.npy"))
+            kilnd = Kilnd(cache, extra=[f"--model_repository={repo}"])
+            try:
+                with kiln.Client(kilnd.addr) as c:
+                    [m] = c.models()
+                    self.assertEqual((m.name, m.version, m.graph_file), ("cnn", 1, "model.onnx"))
+                    s = c.create_session(kiln.model("cnn"))
+                    np.testing.assert_allclose(s.run({"x": x})["logits"], expected, rtol=1e-4, atol=1e-5)
+                    s.close()
+                if KILNCTL:
+                    with tempfile.TemporaryDirectory() as out:
+                        r = subprocess.run([KILNCTL, f"--addr={kilnd.addr}", "run",
+                                            os.path.join(version, "model.onnx"), "-i",
+                                            f"x={version}/x.npy", "-o", out],
+                                           capture_output=True, text=True, timeout=120)
+                        self.assertEqual(r.returncode, 0, r.stderr)
+                        np.testing.assert_allclose(np.load(os.path.join(out, "logits.npy")), expected,
+                                                   rtol=1e-4, atol=1e-5)
+            finally:
+                kilnd.stop()
+        finally:
+            shutil.rmtree(repo, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()
