@@ -172,6 +172,111 @@ TEST(EngineE2E, GroupNormDecomposesOnEveryDevice) {
   }
 }
 
+// An input node of a hand-built proto graph.
+v1::Node* ProtoInput(v1::Graph& g, int id, const std::string& name, DType dt, Dims dims) {
+  v1::Node* n = g.add_nodes();
+  n->set_id(id);
+  n->set_name(name);
+  n->set_op(v1::OP_INPUT);
+  v1::TensorType* t = n->add_outputs();
+  t->set_dtype(dt);
+  for (int64_t d : dims) t->add_dims()->set_size(d);
+  return n;
+}
+
+v1::Graph Body(const std::string& text) {
+  auto g = ir::ParseGraphProto(text);
+  EXPECT_TRUE(g.ok()) << g.status() << "\n" << text;
+  return g.ok() ? *g : v1::Graph();
+}
+
+// If and Scan lower by inlining (If: both branches and a Where; Scan with a
+// known length: unrolled), so they compile and run on every device.
+TEST(EngineE2E, IfAndScanLowerOnEveryDevice) {
+  auto engine = MakeEngine();
+  // If: y = p ? x * 2 : x + 1, and a second result from the branches.
+  v1::Graph ifg;
+  ifg.set_name("if");
+  ProtoInput(ifg, 0, "p", v1::DTYPE_BOOL, {});
+  ProtoInput(ifg, 1, "x", v1::DTYPE_F32, {4});
+  v1::Node* n = ifg.add_nodes();
+  n->set_id(2);
+  n->set_name("branch");
+  n->set_op(v1::OP_IF);
+  for (int i : {0, 1}) n->add_operands()->set_node(i);
+  *n->mutable_attrs()->mutable_if_()->mutable_then_branch() =
+      Body("graph \"t\"\ninput x: f32[4]\nlet y = x * 2\nlet z = reduce_sum(x, axes=[0])\nout y\nout z\n");
+  *n->mutable_attrs()->mutable_if_()->mutable_else_branch() =
+      Body("graph \"e\"\ninput x: f32[4]\nlet y = x + 1\nlet z = reduce_max(x, axes=[0])\nout y\nout z\n");
+  for (int k : {0, 1}) {
+    v1::GraphOutput* o = ifg.add_outputs();
+    o->set_name(k == 0 ? "y" : "z");
+    o->mutable_value()->set_node(2);
+    o->mutable_value()->set_output(k);
+  }
+  // Scan: running sum over xs [5, 3] with the carry, ys the partial sums
+  // (reversed: from the last row).
+  v1::Graph sg;
+  sg.set_name("scan");
+  ProtoInput(sg, 0, "c", v1::DTYPE_F32, {3});
+  ProtoInput(sg, 1, "xs", v1::DTYPE_F32, {5, 3});
+  v1::Node* s = sg.add_nodes();
+  s->set_id(2);
+  s->set_name("loop");
+  s->set_op(v1::OP_SCAN);
+  for (int i : {0, 1}) s->add_operands()->set_node(i);
+  auto* sa = s->mutable_attrs()->mutable_scan();
+  sa->set_num_carries(1);
+  sa->set_length(5);
+  sa->set_reverse(true);
+  *sa->mutable_body() = Body("graph \"b\"\ninput c: f32[3]\ninput x: f32[3]\nlet n = c + x\nlet m = n * 1\nout n\nout m\n");
+  for (int k : {0, 1}) {
+    v1::GraphOutput* o = sg.add_outputs();
+    o->set_name(k == 0 ? "total" : "partial");
+    o->mutable_value()->set_node(2);
+    o->mutable_value()->set_output(k);
+  }
+  for (const backend::DeviceInfo* dev : engine->Devices()) {
+    SCOPED_TRACE(dev->id);
+    CompileOptions co;
+    co.device = dev->id;
+    HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {4}, {1, -2, 3, 0.5f});
+    for (bool pred : {true, false}) {
+      HostTensor p = HostTensor::FromVector<uint8_t>(v1::DTYPE_BOOL, {}, {static_cast<uint8_t>(pred)});
+      std::vector<TensorRef> in = {TensorRef::Of("p", p), TensorRef::Of("x", x)};
+      auto r = engine->RunGraph(ifg, in, nullptr, co, {});
+      ASSERT_TRUE(r.ok()) << r.status();
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(r->outputs[0].second.GetAsDouble(i), pred ? 2 * x.GetAsDouble(i) : x.GetAsDouble(i) + 1);
+      }
+      EXPECT_EQ(r->outputs[1].second.GetAsDouble(0), pred ? 2.5 : 3.0);
+    }
+    HostTensor c = HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {10, 20, 30});
+    HostTensor xs = *HostTensor::Create(v1::DTYPE_F32, {5, 3});
+    for (int64_t i = 0; i < 15; ++i) xs.SetFromDouble(i, i);
+    std::vector<TensorRef> in = {TensorRef::Of("c", c), TensorRef::Of("xs", xs)};
+    auto r = engine->RunGraph(sg, in, nullptr, co, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Reverse: step t = 4, 3, ..., 0; partial[t] = c + sum of rows t..4.
+    for (int j = 0; j < 3; ++j) {
+      double acc = c.GetAsDouble(j);
+      for (int t = 4; t >= 0; --t) {
+        acc += xs.GetAsDouble(t * 3 + j);
+        EXPECT_EQ(r->outputs[1].second.GetAsDouble(t * 3 + j), acc) << "t=" << t << " j=" << j;
+      }
+      EXPECT_EQ(r->outputs[0].second.GetAsDouble(j), acc);
+    }
+  }
+  // A scan too long to unroll is refused with the limit, not unrolled.
+  sa->set_length(100000);
+  sg.mutable_nodes(1)->mutable_outputs(0)->mutable_dims(0)->set_size(100000);
+  auto huge = engine->Compile(sg, {}, {});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(std::string(huge.status().message()).find("would inline more than 65536 nodes"), std::string::npos)
+      << huge.status();
+}
+
 TEST(EngineE2E, ExamplesCompileAndRun) {
   const char* src = std::getenv("KILN_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
