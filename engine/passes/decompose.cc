@@ -242,8 +242,11 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
 // so they compile on every device. While (a data-dependent trip count) is not
 // lowered.
 
-// Unrolled Scan bodies may add at most this many nodes.
+// One lowering may inline at most this many nodes, and the graph may not grow
+// past kMaxLoweredGraphNodes through lowerings (a Scan nested in a Scan's body
+// lowers again once inlined: this bounds the product, not only each factor).
 constexpr int64_t kMaxInlinedNodes = int64_t{1} << 16;
+constexpr int64_t kMaxLoweredGraphNodes = int64_t{1} << 18;
 
 // Inlines `body` with its inputs (in node order) bound to `args`; returns its
 // outputs. `budget` counts the nodes inlined so far.
@@ -269,6 +272,10 @@ absl::StatusOr<std::vector<ValueRef>> Inline(Rewriter& r, const ir::Node& n, con
   if (*budget > kMaxInlinedNodes) {
     return absl::ResourceExhaustedError(absl::StrCat(ir::NodeLabel(n), ": lowering it would inline more than ",
                                                      kMaxInlinedNodes, " nodes"));
+  }
+  if (static_cast<int64_t>(r.graph().nodes().size() + sub->nodes().size()) > kMaxLoweredGraphNodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(ir::NodeLabel(n), ": lowering control flow would grow the graph past ",
+                                                     kMaxLoweredGraphNodes, " nodes"));
   }
   absl::flat_hash_map<int32_t, int32_t> ids;  // sub node id -> parent node id
   absl::flat_hash_map<int32_t, ValueRef> bound;  // sub input id -> parent value

@@ -275,6 +275,24 @@ TEST(EngineE2E, IfAndScanLowerOnEveryDevice) {
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
   EXPECT_NE(std::string(huge.status().message()).find("would inline more than 65536 nodes"), std::string::npos)
       << huge.status();
+  // Nested scans each within the per-lowering bound still cannot multiply the
+  // graph past the total bound.
+  v1::Graph inner = sg;  // c [3], xs [2000, 3]
+  inner.mutable_nodes(2)->mutable_attrs()->mutable_scan()->set_length(2000);
+  inner.mutable_nodes(1)->mutable_outputs(0)->mutable_dims(0)->set_size(2000);
+  inner.mutable_nodes(2)->mutable_attrs()->mutable_scan()->set_reverse(false);
+  v1::Graph outer = sg;  // its body runs the inner scan on (c, a constant-free xs input)
+  v1::Graph& body = *outer.mutable_nodes(2)->mutable_attrs()->mutable_scan()->mutable_body();
+  body = inner;
+  body.mutable_nodes(1)->mutable_outputs(0)->clear_dims();
+  for (int64_t d : {2000, 3}) body.mutable_nodes(1)->mutable_outputs(0)->add_dims()->set_size(d);
+  outer.mutable_nodes(2)->mutable_attrs()->mutable_scan()->set_length(200);
+  outer.mutable_nodes(1)->mutable_outputs(0)->clear_dims();
+  for (int64_t d : {200, 2000, 3}) outer.mutable_nodes(1)->mutable_outputs(0)->add_dims()->set_size(d);
+  auto nested = engine->Compile(outer, {}, {});
+  ASSERT_FALSE(nested.ok());
+  EXPECT_EQ(nested.status().code(), absl::StatusCode::kResourceExhausted) << nested.status();
+  EXPECT_NE(std::string(nested.status().message()).find("past 262144 nodes"), std::string::npos) << nested.status();
 }
 
 TEST(EngineE2E, ExamplesCompileAndRun) {
