@@ -61,8 +61,10 @@ ValueRef AddParam(ir::Graph& g, const std::string& name, const ir::TensorType& t
   return g.AddNode(std::move(node))->out();
 }
 
-// The learning-rate factor of step t (1-based, f32 scalar).
-ValueRef ScheduleFactor(Builder& b, const v1::LrSchedule& s, ValueRef t, double lr) {
+// The learning-rate factor of step t (1-based, f32 scalar): the schedule's
+// lr over `base_lr` (cosine decays to min_lr / base_lr).
+ValueRef ScheduleFactor(Builder& b, const v1::LrSchedule& s, ValueRef t, double base_lr) {
+  const double lr = 1.0, min_lr = s.min_lr() / base_lr;
   const DType f = v1::DTYPE_F32;
   auto c = [&](double v) { return b.Sc(v, f); };
   auto min1 = [&](ValueRef v) { return b.r().Binary(v1::BINARY_MIN, v, c(1)); };
@@ -77,7 +79,7 @@ ValueRef ScheduleFactor(Builder& b, const v1::LrSchedule& s, ValueRef t, double 
       progress = min1(progress);
       ValueRef cosine = b.Scale(b.Add(c(1), b.Un(v1::UNARY_COS, b.Scale(progress, std::numbers::pi))),
                                 0.5);
-      ValueRef decayed = b.Add(c(s.min_lr()), b.Scale(cosine, lr - s.min_lr()));
+      ValueRef decayed = b.Add(c(min_lr), b.Scale(cosine, lr - min_lr));
       if (s.warmup_steps() == 0) return decayed;
       ValueRef warm = b.Scale(b.Scale(t, 1.0 / w), lr);
       return b.r().Where(b.r().Compare(v1::COMPARE_LE, t, c(w)), warm, decayed);
@@ -321,7 +323,7 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
   Builder b(g, *g.FindNode(step.node));
   ValueRef next_step = b.Add(step, b.Sc(1, v1::DTYPE_I64));
   ValueRef t = b.r().Cast(next_step, v1::DTYPE_F32);
-  ValueRef factor = ScheduleFactor(b, spec.optimizer().schedule(), t, 1.0);
+  ValueRef factor = ScheduleFactor(b, spec.optimizer().schedule(), t, h.lr);
   ValueRef lr = b.Scale(factor, h.lr);
   updates.push_back({kStepParam, next_step});
   if (spec.optimizer().max_grad_norm() > 0) {
