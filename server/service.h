@@ -4,6 +4,7 @@
 //   rpc_params.cc  SetParams (client stream), GetParams (server stream)
 //   rpc_run.cc     Run (through its device's scheduler in the engine)
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
+//   rpc_train.cc   TrainStep (training sessions)
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
@@ -58,8 +59,8 @@ using RawKilnService = v1::Kiln::WithRawCallbackMethod_Compile<
     v1::Kiln::WithRawCallbackMethod_CreateSession<v1::Kiln::WithRawCallbackMethod_SetParams<
         v1::Kiln::WithRawCallbackMethod_GetParams<v1::Kiln::WithRawCallbackMethod_Run<
             v1::Kiln::WithRawCallbackMethod_CloseSession<v1::Kiln::WithRawCallbackMethod_ListDevices<
-                v1::Kiln::WithRawCallbackMethod_GetReport<
-                    v1::Kiln::WithRawCallbackMethod_ServerInfo<v1::Kiln::Service>>>>>>>>>;
+                v1::Kiln::WithRawCallbackMethod_GetReport<v1::Kiln::WithRawCallbackMethod_ServerInfo<
+                    v1::Kiln::WithRawCallbackMethod_TrainStep<v1::Kiln::Service>>>>>>>>>>;
 
 class KilnService final : public RawKilnService {
  public:
@@ -98,6 +99,9 @@ class KilnService final : public RawKilnService {
   grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
   // --- Shared by the handler files (not part of the RPC surface). ---
 

@@ -329,6 +329,18 @@ absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, cons
   return DoRun(req);
 }
 
+absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& session_id,
+                                                        const TensorMap& batch) const {
+  if (session_id.empty()) return absl::InvalidArgumentError("TrainStep: empty session id");
+  v1::TrainStepRequest req;
+  req.set_session_id(session_id);
+  ToNamedTensors(batch, req.mutable_inputs());
+  v1::TrainStepResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp)));
+  return resp;
+}
+
 absl::Status Client::CloseSession(const std::string& session_id) const {
   v1::CloseSessionRequest req;
   req.set_session_id(session_id);

@@ -146,6 +146,13 @@ class Client {
   absl::StatusOr<RunResult> Run(const v1::GraphSource& graph, const TensorMap& inputs,
                                 const TensorMap& params = {}, const RunOptions& options = {}) const;
 
+  // One training step of a training session (one made with
+  // options.transforms.training): `batch` holds every input of the graph.
+  // Answers the loss (before the step's update), the step count and the
+  // learning rate; the trained params stay on the server (GetParams).
+  absl::StatusOr<v1::TrainStepResponse> TrainStep(const std::string& session_id,
+                                                  const TensorMap& batch) const;
+
   absl::Status CloseSession(const std::string& session_id) const;
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;
   // The caller's last `last` dispatch reports (0 = all the server keeps), oldest first.

@@ -27,6 +27,7 @@
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/kilnctl_import.h"
+#include "clients/cpp/kilnctl_train.h"
 #include "clients/cpp/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
@@ -411,6 +412,8 @@ int Main(int argc, char** argv) {
   report->add_option("--trace", pf.trace, "also write them as Chrome trace JSON");
 
   AddImportCommand(app);  // kilnctl import: ONNX -> graph file, offline
+  TrainFlags tf;
+  AddTrainCommand(app, tf);
 
   CLI::App* cache = app.add_subcommand("cache", "compile cache");
   cache->require_subcommand(1);
@@ -428,6 +431,11 @@ int Main(int argc, char** argv) {
   if (app.got_subcommand("run")) return Report(CmdRun(g, rf));
   if (app.got_subcommand("report")) return Report(CmdReport(g, pf));
   if (app.got_subcommand("cache")) return Report(CmdCacheStats(g));
+  if (app.got_subcommand("train")) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(g);
+    if (!client.ok()) return Report(client.status());
+    return Report(CmdTrain(**client, tf, ProgressWanted(g.progress)));
+  }
   return 2;
 }
 

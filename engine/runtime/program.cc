@@ -428,6 +428,11 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
     }
     step_lock.emplace(&params->step_mu());
   }
+  // A run that only reads a training set sees whole steps.
+  std::optional<absl::ReaderMutexLock> read_lock;
+  if (lir_.param_updates_size() == 0 && params != nullptr && params->training()) {
+    read_lock.emplace(&params->step_mu());
+  }
   KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Constants> constants, CurrentConstants());
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
