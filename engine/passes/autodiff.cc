@@ -23,7 +23,9 @@ using ir::ValueRef;
 // primitives carry the rules (no backward kernels yet).
 bool DecomposedForAutodiff(const ir::Node& n) {
   switch (n.op) {
-    case v1::OP_ATTENTION: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM:
+    case v1::OP_ATTENTION:
+    case v1::OP_LAYER_NORM:
+    case v1::OP_RMS_NORM:
     case v1::OP_DOT_GENERAL:
       return HasDecomposition(n);
     default:
@@ -31,9 +33,7 @@ bool DecomposedForAutodiff(const ir::Node& n) {
   }
 }
 
-bool FloatResult(const ir::Node& n) {
-  return n.outputs.size() >= 1 && IsFloat(n.type().dtype);
-}
+bool FloatResult(const ir::Node& n) { return n.outputs.size() >= 1 && IsFloat(n.type().dtype); }
 
 // Nodes whose (float) result depends on one of `from`.
 absl::flat_hash_set<int32_t> DependsOn(const ir::Graph& g, std::span<const ValueRef> from) {
@@ -93,8 +93,8 @@ absl::Status DecomposeOnPath(ir::Graph& g, std::span<const ValueRef> from, size_
 // the decompositions (Decompose rewires graph uses, so `to` rides along as
 // temporary graph outputs).
 absl::StatusOr<absl::flat_hash_set<int32_t>> PathBetween(ir::Graph& g,
-                                                          std::span<const ValueRef> from,
-                                                          std::vector<ValueRef>& to) {
+                                                         std::span<const ValueRef> from,
+                                                         std::vector<ValueRef>& to) {
   const size_t base = g.outputs().size();
   for (ValueRef v : to) g.outputs().push_back({"__autodiff_target", v});
   absl::Status decomposed = DecomposeOnPath(g, from, base);
@@ -149,8 +149,8 @@ absl::StatusOr<std::vector<ValueRef>> FindDifferentiable(const ir::Graph& graph,
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("no param or input named \"", name, "\" to differentiate; the graph has: ",
-                       absl::StrJoin(candidates, ", ")));
+          absl::StrCat("no param or input named \"", name,
+                       "\" to differentiate; the graph has: ", absl::StrJoin(candidates, ", ")));
     }
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is named twice"));

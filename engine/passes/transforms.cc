@@ -30,14 +30,15 @@ class TransformsPass final : public Pass {
       }
       KILN_RETURN_IF_ERROR(train::AppendTrainStep(graph, spec.training(), &ctx.param_updates));
       ctx.notes.push_back(absl::StrCat("transforms: training step on loss \"",
-                                       spec.training().loss(), "\" with ",
-                                       ctx.param_updates.size(), " param updates"));
+                                       spec.training().loss(), "\" with ", ctx.param_updates.size(),
+                                       " param updates"));
       return absl::OkStatus();
     }
     KILN_ASSIGN_OR_RETURN(bool changed, ApplyAutodiff(graph, spec.autodiff()));
     if (changed) {
-      ctx.notes.push_back(absl::StrCat("transforms: ", v1::AutodiffMode_Name(spec.autodiff().mode()),
-                                       " of \"", spec.autodiff().output(), "\""));
+      ctx.notes.push_back(
+          absl::StrCat("transforms: ", v1::AutodiffMode_Name(spec.autodiff().mode()), " of \"",
+                       spec.autodiff().output(), "\""));
     }
     return absl::OkStatus();
   }

@@ -12,9 +12,9 @@
 namespace kiln::train {
 namespace {
 
+using ir::ValueRef;
 using passes::ad::Builder;
 using passes::ad::Valid;
-using ir::ValueRef;
 
 // Hyper-parameters with PyTorch's defaults filled in.
 struct Hyper {
@@ -29,10 +29,17 @@ Hyper Resolve(const v1::OptimizerSpec& s) {
   Hyper h;
   h.lr = s.lr();
   switch (s.kind()) {
-    case v1::OPTIMIZER_ADAMW: h.wd = 0.01; break;
-    case v1::OPTIMIZER_LION: h.beta2 = 0.99; break;
-    case v1::OPTIMIZER_MUON: h.momentum = 0.95, h.nesterov = true; break;
-    default: break;
+    case v1::OPTIMIZER_ADAMW:
+      h.wd = 0.01;
+      break;
+    case v1::OPTIMIZER_LION:
+      h.beta2 = 0.99;
+      break;
+    case v1::OPTIMIZER_MUON:
+      h.momentum = 0.95, h.nesterov = true;
+      break;
+    default:
+      break;
   }
   if (s.has_weight_decay()) h.wd = s.weight_decay();
   if (s.has_beta1()) h.beta1 = s.beta1();
@@ -77,8 +84,8 @@ ValueRef ScheduleFactor(Builder& b, const v1::LrSchedule& s, ValueRef t, double 
       const double span = static_cast<double>(s.total_steps()) - w;
       ValueRef progress = b.r().Binary(v1::BINARY_MAX, b.Scale(b.Sub(t, c(w)), 1.0 / span), c(0));
       progress = min1(progress);
-      ValueRef cosine = b.Scale(b.Add(c(1), b.Un(v1::UNARY_COS, b.Scale(progress, std::numbers::pi))),
-                                0.5);
+      ValueRef cosine =
+          b.Scale(b.Add(c(1), b.Un(v1::UNARY_COS, b.Scale(progress, std::numbers::pi))), 0.5);
       ValueRef decayed = b.Add(c(min_lr), b.Scale(cosine, lr - min_lr));
       if (s.warmup_steps() == 0) return decayed;
       ValueRef warm = b.Scale(b.Scale(t, 1.0 / w), lr);
@@ -119,7 +126,8 @@ class Updater {
           ValueRef buf = state("momentum");
           ValueRef next = b.Add(b.Scale(buf, h_.momentum), b.Scale(d, 1 - h_.dampening));
           // torch.optim.SGD starts the buffer at the first gradient (no dampening).
-          if (h_.dampening != 0) next = b.r().Where(b.r().Compare(v1::COMPARE_EQ, t, c(1)), d, next);
+          if (h_.dampening != 0)
+            next = b.r().Where(b.r().Compare(v1::COMPARE_EQ, t, c(1)), d, next);
           out.push_back({g_.FindNode(buf.node)->name, next});
           d = h_.nesterov ? b.Add(d, b.Scale(next, h_.momentum)) : next;
         }
@@ -135,8 +143,8 @@ class Updater {
         ValueRef q = wd > 0 ? b.Mul(p, b.Sub(c(1), b.Scale(lr, wd))) : p;
         ValueRef mix = b.Add(b.Scale(m, h_.beta1), b.Scale(grad, 1 - h_.beta1));
         out.push_back({name, b.Sub(q, b.Mul(lr, b.Un(v1::UNARY_SIGN, mix)))});
-        out.push_back({g_.FindNode(m.node)->name,
-                       b.Add(b.Scale(m, h_.beta2), b.Scale(grad, 1 - h_.beta2))});
+        out.push_back(
+            {g_.FindNode(m.node)->name, b.Add(b.Scale(m, h_.beta2), b.Scale(grad, 1 - h_.beta2))});
         break;
       }
       case v1::OPTIMIZER_MUON: {
@@ -148,11 +156,11 @@ class Updater {
         ValueRef buf = state("momentum");
         ValueRef next = b.Add(b.Scale(buf, h_.momentum), b.Scale(grad, 1 - h_.momentum));
         out.push_back({g_.FindNode(buf.node)->name, next});
-        ValueRef u = h_.nesterov ? b.Add(b.Scale(grad, 1 - h_.momentum), b.Scale(next, h_.momentum))
-                                 : next;
+        ValueRef u =
+            h_.nesterov ? b.Add(b.Scale(grad, 1 - h_.momentum), b.Scale(next, h_.momentum)) : next;
         ValueRef o = NewtonSchulz(b, u, type.dims[0], type.dims[1]);
-        const double scale = std::sqrt(std::max(1.0, static_cast<double>(type.dims[0]) /
-                                                         static_cast<double>(type.dims[1])));
+        const double scale = std::sqrt(
+            std::max(1.0, static_cast<double>(type.dims[0]) / static_cast<double>(type.dims[1])));
         ValueRef q = wd > 0 ? b.Mul(p, b.Sub(c(1), b.Scale(mlr, wd))) : p;
         out.push_back({name, b.Sub(q, b.Mul(b.Scale(mlr, scale), o))});
         break;
@@ -185,7 +193,8 @@ class Updater {
     // p -= lr / (1 - b1^t) * m / denom.
     ValueRef bc1 = b.Sub(c(1), b.r().Binary(v1::BINARY_POW, c(h_.beta1), t));
     ValueRef bc2 = b.Sub(c(1), b.r().Binary(v1::BINARY_POW, c(h_.beta2), t));
-    ValueRef denom = b.Add(b.Div(b.Un(v1::UNARY_SQRT, v_next), b.Un(v1::UNARY_SQRT, bc2)), c(h_.eps));
+    ValueRef denom =
+        b.Add(b.Div(b.Un(v1::UNARY_SQRT, v_next), b.Un(v1::UNARY_SQRT, bc2)), c(h_.eps));
     ValueRef step = b.Div(lr, bc1);
     out.push_back({name, b.Sub(q, b.Mul(step, b.Div(m_next, denom)))});
     out.push_back({g_.FindNode(m.node)->name, m_next});
@@ -197,7 +206,8 @@ class Updater {
   ValueRef NewtonSchulz(Builder& b, ValueRef grad, int64_t rows, int64_t cols) {
     const DType dt = g_.TypeOf(grad).dtype;
     const double ka = 3.4445, kb = -4.7750, kc = 2.0315;
-    ValueRef norm = b.Un(v1::UNARY_SQRT, b.r().Reduce(v1::REDUCE_SUM, b.Mul(grad, grad), {}, false));
+    ValueRef norm =
+        b.Un(v1::UNARY_SQRT, b.r().Reduce(v1::REDUCE_SUM, b.Mul(grad, grad), {}, false));
     ValueRef x = b.Div(grad, b.Add(norm, b.Sc(1e-7, dt)));
     const bool tall = rows > cols;
     if (tall) x = b.r().Transpose(x, {1, 0});
@@ -220,9 +230,9 @@ class Updater {
 
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& s) {
   if (s.kind() == v1::OPTIMIZER_UNSPECIFIED || !v1::OptimizerKind_IsValid(s.kind())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown optimizer kind ", static_cast<int>(s.kind()),
-        "; use sgd, adam, adamw, lion or muon"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown optimizer kind ",
+                                                   static_cast<int>(s.kind()),
+                                                   "; use sgd, adam, adamw, lion or muon"));
   }
   const Hyper h = Resolve(s);
   auto finite = [](double v) { return std::isfinite(v); };
@@ -255,7 +265,8 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& s) {
       return Bad("schedule.total_steps", static_cast<double>(sc.total_steps()),
                  "> schedule.warmup_steps and <= 2^40");
     }
-    if (!(sc.min_lr() >= 0 && sc.min_lr() <= h.lr)) return Bad("schedule.min_lr", sc.min_lr(), "in [0, lr]");
+    if (!(sc.min_lr() >= 0 && sc.min_lr() <= h.lr))
+      return Bad("schedule.min_lr", sc.min_lr(), "in [0, lr]");
   }
   return absl::OkStatus();
 }
@@ -297,8 +308,8 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
   absl::flat_hash_set<std::string> no_decay;
   for (const std::string& n : spec.optimizer().no_weight_decay()) {
     if (std::find(names.begin(), names.end(), n) == names.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "no_weight_decay names \"", n, "\", which is not a trained param"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("no_weight_decay names \"", n, "\", which is not a trained param"));
     }
     no_decay.insert(n);
   }
@@ -335,10 +346,10 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
       sq = Valid(sq) ? b.Add(sq, s) : s;
     }
     ValueRef norm = b.Un(v1::UNARY_SQRT, sq);
-    ValueRef coef = b.r().Binary(
-        v1::BINARY_MIN,
-        b.Div(b.Sc(spec.optimizer().max_grad_norm(), v1::DTYPE_F32), b.Add(norm, b.Sc(1e-6, v1::DTYPE_F32))),
-        b.Sc(1, v1::DTYPE_F32));
+    ValueRef coef = b.r().Binary(v1::BINARY_MIN,
+                                 b.Div(b.Sc(spec.optimizer().max_grad_norm(), v1::DTYPE_F32),
+                                       b.Add(norm, b.Sc(1e-6, v1::DTYPE_F32))),
+                                 b.Sc(1, v1::DTYPE_F32));
     for (ValueRef& gr : grads) {
       const DType dt = b.T(gr).dtype;
       gr = b.Mul(gr, dt == v1::DTYPE_F32 ? coef : b.r().Cast(coef, dt));
@@ -349,7 +360,8 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
   up.set_muon_lr(b.Scale(factor, h.muon_lr));
   KILN_RETURN_IF_ERROR(b.status());
   for (size_t i = 0; i < wrt.size(); ++i) {
-    KILN_RETURN_IF_ERROR(up.Apply(names[i], wrt[i], grads[i], !no_decay.contains(names[i]), updates))
+    KILN_RETURN_IF_ERROR(
+        up.Apply(names[i], wrt[i], grads[i], !no_decay.contains(names[i]), updates))
         << "while adding the update of \"" << names[i] << "\"";
   }
   std::vector<ir::GraphOutput> outputs;

@@ -51,8 +51,6 @@ absl::Status AppendTrainStep(ir::Graph& graph, const v1::TrainingSpec& spec,
                              std::vector<std::pair<std::string, std::string>>* param_updates);
 
 // Whether a param of the step's graph is optimizer state (zero at the start).
-inline bool IsOptimizerState(const std::string& name) {
-  return name.rfind(kStatePrefix, 0) == 0;
-}
+inline bool IsOptimizerState(const std::string& name) { return name.rfind(kStatePrefix, 0) == 0; }
 
 }  // namespace kiln::train

@@ -22,7 +22,7 @@ namespace {
 
 struct Case {
   std::string name;
-  std::string text;               // "T" stands for the float dtype
+  std::string text;  // "T" stands for the float dtype
   std::vector<std::string> wrt;
   std::map<std::string, std::pair<double, double>> ranges = {};  // default: |v| in [0.1, 1]
 };
@@ -234,9 +234,9 @@ std::string Unary(const std::string& op) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  for (const char* op : {"identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp",
-                         "neg", "abs", "sin", "cos", "erf", "floor", "ceil", "round", "sign",
-                         "reciprocal", "softplus"}) {
+  for (const char* op :
+       {"identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "neg", "abs",
+        "sin", "cos", "erf", "floor", "ceil", "round", "sign", "reciprocal", "softplus"}) {
     cases.push_back({std::string("unary_") + op, Unary(op), {"x"}});
   }
   for (const char* op : {"log", "sqrt", "rsqrt"}) {
@@ -245,21 +245,24 @@ std::vector<Case> Cases() {
   // Binary ops with broadcasting (a [2, 1, 3] against b [4, 1]) and size-1 dims.
   for (const char* op : {"add", "sub", "mul", "div", "max", "min"}) {
     cases.push_back({std::string("binary_") + op,
-                     std::string("graph \"b\"\ninput a: T[2, 1, 3]\ninput b: T[4, 1]\nlet y = ") + op +
-                         "(a, b)\nout y\n",
+                     std::string("graph \"b\"\ninput a: T[2, 1, 3]\ninput b: T[4, 1]\nlet y = ") +
+                         op + "(a, b)\nout y\n",
                      {"a", "b"}});
   }
   cases.push_back({"binary_pow",
                    "graph \"p\"\ninput a: T[2, 3]\ninput b: T[3]\nlet y = pow(a, b)\nout y\n",
-                   {"a", "b"}, {{"a", {0.3, 2.0}}, {"b", {-1.5, 2.0}}}});
+                   {"a", "b"},
+                   {{"a", {0.3, 2.0}}, {"b", {-1.5, 2.0}}}});
   cases.push_back({"where_compare",
                    "graph \"w\"\ninput a: T[2, 3]\ninput b: T[3]\nlet c = gt(a, b)\n"
                    "let y = where(c, a * a, b)\nout y\n",
                    {"a", "b"}});
-  cases.push_back({"cast_clamp",
-                   "graph \"c\"\ninput x: T[2, 4]\nlet y = clamp(x, min=-0.5, max=0.6) * 3.0\nout y\n",
-                   {"x"}});
-  cases.push_back({"matmul", "graph \"m\"\ninput a: T[3, 4]\ninput b: T[4, 2]\nlet y = a @ b\nout y\n",
+  cases.push_back(
+      {"cast_clamp",
+       "graph \"c\"\ninput x: T[2, 4]\nlet y = clamp(x, min=-0.5, max=0.6) * 3.0\nout y\n",
+       {"x"}});
+  cases.push_back({"matmul",
+                   "graph \"m\"\ninput a: T[3, 4]\ninput b: T[4, 2]\nlet y = a @ b\nout y\n",
                    {"a", "b"}});
   cases.push_back({"matmul_batch_broadcast",
                    "graph \"m\"\ninput a: T[2, 1, 3, 4]\ninput b: T[3, 2, 4]\n"
@@ -282,32 +285,40 @@ std::vector<Case> Cases() {
                    "graph \"s\"\ninput x: T[5, 7]\n"
                    "let y = slice(x, start=[1, -6], stop=[5, 7], step=[2, 3])\nout y\n",
                    {"x"}});
-  cases.push_back({"concat", "graph \"c\"\ninput a: T[2, 3]\ninput b: T[2, 1]\n"
-                             "let y = concat(a, b * b, axis=1)\nout y\n",
+  cases.push_back({"concat",
+                   "graph \"c\"\ninput a: T[2, 3]\ninput b: T[2, 1]\n"
+                   "let y = concat(a, b * b, axis=1)\nout y\n",
                    {"a", "b"}});
-  cases.push_back({"expand", "graph \"e\"\ninput x: T[3, 1]\n"
-                             "let y = expand(x, shape=[2, 3, 4])\nout y\n",
+  cases.push_back({"expand",
+                   "graph \"e\"\ninput x: T[3, 1]\n"
+                   "let y = expand(x, shape=[2, 3, 4])\nout y\n",
                    {"x"}});
-  cases.push_back({"pad", "graph \"p\"\ninput x: T[2, 3]\n"
-                          "let y = pad(x, low=[1, 0], high=[0, 2], value=0.5)\nout y\n",
+  cases.push_back({"pad",
+                   "graph \"p\"\ninput x: T[2, 3]\n"
+                   "let y = pad(x, low=[1, 0], high=[0, 2], value=0.5)\nout y\n",
                    {"x"}});
-  cases.push_back({"gather", "graph \"g\"\ninput x: T[4, 3]\ninput i: i64[2, 2]\n"
-                             "let y = gather(x, i, axis=0)\nout y\n",
-                   {"x"}, {{"i", {-4, 4}}}});
-  cases.push_back({"gather_axis1", "graph \"g\"\ninput x: T[2, 5, 2]\ninput i: i32[3]\n"
-                                   "let y = gather(x, i, axis=1)\nout y\n",
-                   {"x"}, {{"i", {0, 5}}}});
+  cases.push_back({"gather",
+                   "graph \"g\"\ninput x: T[4, 3]\ninput i: i64[2, 2]\n"
+                   "let y = gather(x, i, axis=0)\nout y\n",
+                   {"x"},
+                   {{"i", {-4, 4}}}});
+  cases.push_back({"gather_axis1",
+                   "graph \"g\"\ninput x: T[2, 5, 2]\ninput i: i32[3]\n"
+                   "let y = gather(x, i, axis=1)\nout y\n",
+                   {"x"},
+                   {{"i", {0, 5}}}});
   for (const char* kind : {"sum", "mean", "max", "min"}) {
     cases.push_back({std::string("reduce_") + kind,
                      std::string("graph \"r\"\ninput x: T[2, 3, 4]\nlet y = reduce_") + kind +
                          "(x, axes=[0, 2], keepdims=false)\nout y\n",
                      {"x"}});
   }
-  cases.push_back({"reduce_all_keepdims", "graph \"r\"\ninput x: T[3, 4]\n"
-                                          "let y = reduce_sum(x * x, keepdims=true)\nout y\n",
+  cases.push_back({"reduce_all_keepdims",
+                   "graph \"r\"\ninput x: T[3, 4]\n"
+                   "let y = reduce_sum(x * x, keepdims=true)\nout y\n",
                    {"x"}});
-  cases.push_back({"softmax", "graph \"s\"\ninput x: T[3, 4]\nlet y = softmax(x, axis=0)\nout y\n",
-                   {"x"}});
+  cases.push_back(
+      {"softmax", "graph \"s\"\ninput x: T[3, 4]\nlet y = softmax(x, axis=0)\nout y\n", {"x"}});
   cases.push_back({"log_softmax",
                    "graph \"s\"\ninput x: T[3, 4]\nlet y = log_softmax(x, axis=-1)\nout y\n",
                    {"x"}});
@@ -315,17 +326,20 @@ std::vector<Case> Cases() {
                    "graph \"l\"\ninput x: T[3, 4]\ninput s: T[4]\ninput b: T[4]\n"
                    "let y = layer_norm(x, s, b)\nout y\n",
                    {"x", "s", "b"}});
-  cases.push_back({"rms_norm", "graph \"l\"\ninput x: T[2, 1, 5]\ninput s: T[5]\n"
-                               "let y = rms_norm(x, s)\nout y\n",
+  cases.push_back({"rms_norm",
+                   "graph \"l\"\ninput x: T[2, 1, 5]\ninput s: T[5]\n"
+                   "let y = rms_norm(x, s)\nout y\n",
                    {"x", "s"}});
   cases.push_back({"softmax_cross_entropy",
                    "graph \"x\"\ninput z: T[4, 3]\ninput l: i64[4]\n"
                    "let y = softmax_cross_entropy(z, l, label_smoothing=0.1)\nout y\n",
-                   {"z"}, {{"l", {0, 3}}}});
+                   {"z"},
+                   {{"l", {0, 3}}}});
   cases.push_back({"softmax_cross_entropy_ignore_none",
                    "graph \"x\"\ninput z: T[2, 2, 3]\ninput l: i32[2, 2]\n"
                    "let y = softmax_cross_entropy(z, l, reduction=none, ignore_index=1)\nout y\n",
-                   {"z"}, {{"l", {0, 3}}}});
+                   {"z"},
+                   {{"l", {0, 3}}}});
   cases.push_back({"softmax_cross_entropy_probs",
                    "graph \"x\"\ninput z: T[3, 4]\ninput q: T[3, 4]\n"
                    "let y = softmax_cross_entropy(z, softmax(q), reduction=sum)\nout y\n",
@@ -338,20 +352,24 @@ std::vector<Case> Cases() {
                    "graph \"m\"\ninput p: T[2, 3]\ninput t: T[2, 3]\n"
                    "let y = mean_squared_error(p, t, reduction=none)\nout y\n",
                    {"p", "t"}});
-  cases.push_back({"cumsum", "graph \"c\"\ninput x: T[3, 4]\n"
-                             "let y = cumsum(x, axis=1, exclusive=true) + cumsum(x, axis=0, reverse=true)\nout y\n",
-                   {"x"}});
+  cases.push_back(
+      {"cumsum",
+       "graph \"c\"\ninput x: T[3, 4]\n"
+       "let y = cumsum(x, axis=1, exclusive=true) + cumsum(x, axis=0, reverse=true)\nout y\n",
+       {"x"}});
   for (const char* mask : {"none", "causal", "sliding_window, window=2", "prefix, prefix=2"}) {
-    cases.push_back({std::string("attention_") + std::string(mask).substr(0, std::string(mask).find(',')),
-                     std::string("graph \"a\"\ninput q: T[1, 2, 3, 4]\ninput k: T[1, 1, 3, 4]\n"
-                                 "input v: T[1, 1, 3, 4]\nlet y = attention(q, k, v, mask=") +
-                         mask + ")\nout y\n",
-                     {"q", "k", "v"}});
+    cases.push_back(
+        {std::string("attention_") + std::string(mask).substr(0, std::string(mask).find(',')),
+         std::string("graph \"a\"\ninput q: T[1, 2, 3, 4]\ninput k: T[1, 1, 3, 4]\n"
+                     "input v: T[1, 1, 3, 4]\nlet y = attention(q, k, v, mask=") +
+             mask + ")\nout y\n",
+         {"q", "k", "v"}});
   }
-  cases.push_back({"mlp_fan_out",
-                   "graph \"mlp\"\ninput x: T[3, 4]\ninput w1: T[4, 5]\ninput b1: T[5]\n"
-                   "input w2: T[5, 2]\nlet h = tanh(x @ w1 + b1)\nlet y = (h @ w2) * reduce_mean(h)\nout y\n",
-                   {"w1", "b1", "w2", "x"}});
+  cases.push_back(
+      {"mlp_fan_out",
+       "graph \"mlp\"\ninput x: T[3, 4]\ninput w1: T[4, 5]\ninput b1: T[5]\n"
+       "input w2: T[5, 2]\nlet h = tanh(x @ w1 + b1)\nlet y = (h @ w2) * reduce_mean(h)\nout y\n",
+       {"w1", "b1", "w2", "x"}});
   return cases;
 }
 
@@ -439,7 +457,7 @@ TEST(Autodiff, GradWithLossAndTheKeyDiffers) {
   EXPECT_EQ(r->outputs[0].first, "y");
   EXPECT_FLOAT_EQ(r->outputs[0].second.GetAsDouble(0), 0.25 + 2 + 12);
   EXPECT_EQ(r->outputs[1].first, "grad/w");
-  EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(0), 1.0);   // 2 x w
+  EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(0), 1.0);  // 2 x w
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(1), -4.0);
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(2), 12.0);
 }
@@ -450,7 +468,8 @@ TEST(Autodiff, HvpMatchesFiniteDifferencesOfTheGradient) {
       "graph \"h\"\ninput x: f64[3, 2]\ninput w: f64[2]\n"
       "let y = reduce_sum(tanh(x * w) * exp(w))\nout y\n";
   auto g = ir::ParseGraphProto(text).value();
-  HostTensor x = HostTensor::FromVector<double>(v1::DTYPE_F64, {3, 2}, {0.3, -0.7, 1.1, 0.2, -0.4, 0.9});
+  HostTensor x =
+      HostTensor::FromVector<double>(v1::DTYPE_F64, {3, 2}, {0.3, -0.7, 1.1, 0.2, -0.4, 0.9});
   HostTensor w = HostTensor::FromVector<double>(v1::DTYPE_F64, {2}, {0.5, -0.8});
   HostTensor v = HostTensor::FromVector<double>(v1::DTYPE_F64, {2}, {0.6, 1.3});
   CompileOptions co;
@@ -466,7 +485,8 @@ TEST(Autodiff, HvpMatchesFiniteDifferencesOfTheGradient) {
   const double eps = 1e-6;
   auto grad_at = [&](double sign) {
     HostTensor ws = w.Clone();
-    for (int i = 0; i < 2; ++i) ws.SetFromDouble(i, w.GetAsDouble(i) + sign * eps * v.GetAsDouble(i));
+    for (int i = 0; i < 2; ++i)
+      ws.SetFromDouble(i, w.GetAsDouble(i) + sign * eps * v.GetAsDouble(i));
     CompileOptions gco = co;
     gco.transforms = Grad("y", {"w"});
     std::vector<TensorRef> gin = {TensorRef::Of("x", x), TensorRef::Of("w", ws)};

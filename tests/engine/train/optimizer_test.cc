@@ -87,7 +87,7 @@ v1::OptimizerSpec SpecOf(const json& r) {
     const json& sc = r["schedule"];
     const std::string k = sc["kind"];
     s.mutable_schedule()->set_kind(k == "linear_warmup" ? v1::SCHEDULE_LINEAR_WARMUP
-                                                         : v1::SCHEDULE_COSINE);
+                                                        : v1::SCHEDULE_COSINE);
     s.mutable_schedule()->set_warmup_steps(sc.value("warmup_steps", 0));
     s.mutable_schedule()->set_total_steps(sc.value("total_steps", 0));
     s.mutable_schedule()->set_min_lr(sc.value("min_lr", 0.0));
@@ -114,18 +114,32 @@ std::vector<OptCase> OptCases() {
   return {
       {"sgd", req({{"kind", "sgd"}, {"lr", 0.1}}, shapes), 1e-6},
       {"sgd_momentum_dampening_decay",
-       req({{"kind", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}, {"dampening", 0.1},
-            {"weight_decay", 0.01}}, shapes), 1e-5},
-      {"sgd_nesterov", req({{"kind", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}},
-                           shapes), 1e-5},
+       req({{"kind", "sgd"},
+            {"lr", 0.05},
+            {"momentum", 0.9},
+            {"dampening", 0.1},
+            {"weight_decay", 0.01}},
+           shapes),
+       1e-5},
+      {"sgd_nesterov",
+       req({{"kind", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}}, shapes), 1e-5},
       {"adam_l2_warmup",
-       req({{"kind", "adam"}, {"lr", 0.01}, {"weight_decay", 0.05},
-            {"schedule", {{"kind", "linear_warmup"}, {"warmup_steps", 5}}}}, shapes), 1e-5},
+       req({{"kind", "adam"},
+            {"lr", 0.01},
+            {"weight_decay", 0.05},
+            {"schedule", {{"kind", "linear_warmup"}, {"warmup_steps", 5}}}},
+           shapes),
+       1e-5},
       {"adamw_mask_cosine",
-       req({{"kind", "adamw"}, {"lr", 0.01}, {"weight_decay", 0.1}, {"beta2", 0.99},
+       req({{"kind", "adamw"},
+            {"lr", 0.01},
+            {"weight_decay", 0.1},
+            {"beta2", 0.99},
             {"no_weight_decay", {"b"}},
-            {"schedule", {{"kind", "cosine"}, {"warmup_steps", 3}, {"total_steps", 15},
-                          {"min_lr", 0.001}}}}, shapes), 1e-5},
+            {"schedule",
+             {{"kind", "cosine"}, {"warmup_steps", 3}, {"total_steps", 15}, {"min_lr", 0.001}}}},
+           shapes),
+       1e-5},
       {"adamw_clipped", req({{"kind", "adamw"}, {"lr", 0.01}, {"max_grad_norm", 1.0}}, shapes),
        1e-5},
       {"lion", req({{"kind", "lion"}, {"lr", 0.001}, {"weight_decay", 0.1}}, shapes), 1e-5},
@@ -216,8 +230,13 @@ out logits
 
 // The loss curve of 100 Adam steps equals PyTorch's within 1e-4 relative.
 TEST(TrainStep, MlpLossCurveMatchesPyTorch) {
-  const json ref = Reference({{"mode", "mlp"}, {"kind", "adam"}, {"lr", 0.01}, {"steps", 100},
-                              {"batch", 16}, {"sizes", {8, 32, 4}}, {"seed", 3}});
+  const json ref = Reference({{"mode", "mlp"},
+                              {"kind", "adam"},
+                              {"lr", 0.01},
+                              {"steps", 100},
+                              {"batch", 16},
+                              {"sizes", {8, 32, 4}},
+                              {"seed", 3}});
   ASSERT_FALSE(ref.is_null());
   auto graph = ir::ParseGraphProto(kMlp);
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -228,7 +247,8 @@ TEST(TrainStep, MlpLossCurveMatchesPyTorch) {
   co.transforms.mutable_training()->mutable_optimizer()->set_lr(0.01);
   auto exe = SharedEngine().Compile(*graph, co, {});
   ASSERT_TRUE(exe.ok()) << exe.status();
-  const std::map<std::string, Dims> dims = {{"w1", {8, 32}}, {"b1", {32}}, {"w2", {32, 4}}, {"b2", {4}}};
+  const std::map<std::string, Dims> dims = {
+      {"w1", {8, 32}}, {"b1", {32}}, {"w2", {32, 4}}, {"b2", {4}}};
   std::vector<HostTensor> init;
   std::vector<TensorRef> refs;
   for (const auto& [name, d] : dims) init.push_back(F32(d, ref["init"][name]));
@@ -252,7 +272,8 @@ TEST(TrainStep, MlpLossCurveMatchesPyTorch) {
     ASSERT_TRUE(got.ok());
     for (int64_t k = 0; k < got->num_elements(); ++k) {
       const double w = ref["final"][name][k].get<double>();
-      ASSERT_NEAR(got->GetAsDouble(k), w, 1e-4 * std::max(1.0, std::abs(w))) << name << "[" << k << "]";
+      ASSERT_NEAR(got->GetAsDouble(k), w, 1e-4 * std::max(1.0, std::abs(w)))
+          << name << "[" << k << "]";
     }
   }
 }
@@ -278,9 +299,13 @@ TEST(TrainStep, BadRequestsAreNamed) {
   };
   const std::vector<Bad> bad = {
       {[](auto& s) { s.mutable_optimizer()->set_lr(-1); }, "optimizer lr = -1"},
-      {[](auto& s) { s.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM), s.mutable_optimizer()->set_beta1(1.0); },
+      {[](auto& s) {
+         s.mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM), s.mutable_optimizer()->set_beta1(1.0);
+       },
        "optimizer beta1 = 1"},
-      {[](auto& s) { s.mutable_optimizer()->set_momentum(0), s.mutable_optimizer()->set_nesterov(true); },
+      {[](auto& s) {
+         s.mutable_optimizer()->set_momentum(0), s.mutable_optimizer()->set_nesterov(true);
+       },
        "nesterov needs momentum"},
       {[](auto& s) { s.mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(99)); },
        "unknown optimizer kind 99"},
@@ -293,7 +318,8 @@ TEST(TrainStep, BadRequestsAreNamed) {
       {[](auto& s) { s.add_params("x"); }, "\"x\" is an input"},
       {[](auto& s) { s.set_loss("logits"); }, "must be a float scalar"},
       {[](auto& s) { s.set_loss("nope"); }, "no output named \"nope\""},
-      {[](auto& s) { s.mutable_optimizer()->add_no_weight_decay("zz"); }, "no_weight_decay names \"zz\""},
+      {[](auto& s) { s.mutable_optimizer()->add_no_weight_decay("zz"); },
+       "no_weight_decay names \"zz\""},
   };
   for (const Bad& b : bad) {
     v1::TrainingSpec s = ok;
