@@ -321,6 +321,29 @@ ValueRef XentRowScale(Builder& b, const ir::Node& n, const XentParts& p, ValueRe
   return b.Reshape(w, {p.rows, 1});
 }
 
+// Rope rotates pairs by angles position x frequency: the rotation's
+// transpose is the rotation by the negated positions (dims past rotary_dim
+// pass through either way).
+ValueRef RopeTranspose(Builder& b, const ir::Node& n, ValueRef g) {
+  ValueRef negated;
+  if (n.operands.size() == 2) {
+    ValueRef p = n.operands[1];
+    if (b.T(p).dtype != v1::DTYPE_I64) p = b.r().Cast(p, v1::DTYPE_I64);
+    negated = b.Neg(p);
+  } else {
+    const int64_t seq = b.T(n.operands[0]).dims[2];
+    auto t = HostTensor::Create(v1::DTYPE_I64, {seq});
+    if (!t.ok()) return b.r().Scalar(0, v1::DTYPE_UNSPECIFIED);  // sticks the error
+    for (int64_t i = 0; i < seq; ++i) {
+      t->data_as<int64_t>()[i] = -(n.attrs.rope().position_offset() + i);
+    }
+    negated = b.r().Constant(std::move(t).value());
+  }
+  v1::Attrs a = n.attrs;
+  a.mutable_rope()->set_position_offset(0);
+  return b.r().Add(v1::OP_ROPE, {g, negated}, std::move(a));
+}
+
 }  // namespace
 
 ValueRef Builder::Scale(ValueRef x, double v) {
@@ -389,7 +412,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_UNARY: case v1::OP_BINARY: case v1::OP_WHERE: case v1::OP_CAST:
     case v1::OP_CLAMP: case v1::OP_MATMUL: case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX:
     case v1::OP_RESHAPE: case v1::OP_TRANSPOSE: case v1::OP_SLICE: case v1::OP_CONCAT:
-    case v1::OP_EXPAND: case v1::OP_GATHER: case v1::OP_CUMSUM:
+    case v1::OP_EXPAND: case v1::OP_GATHER: case v1::OP_CUMSUM: case v1::OP_ROPE:
     case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
       return true;
     case v1::OP_PAD:
@@ -497,6 +520,9 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
     case v1::OP_GATHER:
       if (need[1]) return NoRule(n, "indices are integers");
       grads[0] = GatherVjp(b, n, g);
+      break;
+    case v1::OP_ROPE:
+      grads[0] = RopeTranspose(b, n, g);
       break;
     case v1::OP_CUMSUM: {
       v1::Attrs a = n.attrs;
@@ -643,6 +669,12 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       if (!Valid(t[0])) return ValueRef{};
       out = b.Same(n, {t[0], n.operands[1]});
       break;
+    case v1::OP_ROPE: {
+      std::vector<ValueRef> operands = {t[0]};
+      if (n.operands.size() == 2) operands.push_back(n.operands[1]);
+      out = b.Same(n, std::move(operands));
+      break;
+    }
     case v1::OP_REDUCE: {
       const auto& a = n.attrs.reduce();
       if (a.kind() == v1::REDUCE_SUM || a.kind() == v1::REDUCE_MEAN) {

@@ -25,6 +25,7 @@ struct Case {
   std::string text;  // "T" stands for the float dtype
   std::vector<std::string> wrt;
   std::map<std::string, std::pair<double, double>> ranges = {};  // default: |v| in [0.1, 1]
+  bool f32_only = false;  // the op computes in f32 whatever the dtype (rope's tables)
 };
 
 std::unique_ptr<Engine> MakeEngine() {
@@ -61,6 +62,7 @@ class Harness {
   // graph does not run at all.
   bool SetUp() {
     for (DType dt : {v1::DTYPE_F64, v1::DTYPE_F32}) {
+      if (c_.f32_only && dt == v1::DTYPE_F64) continue;
       dt_ = dt;
       graph_ = Parse(c_.text, dt);
       auto sig = SharedEngine().Inspect(graph_);
@@ -365,6 +367,19 @@ std::vector<Case> Cases() {
              mask + ")\nout y\n",
          {"q", "k", "v"}});
   }
+  Case rope{"rope",
+            "graph \"r\"\ninput x: T[1, 2, 3, 6]\nlet y = rope(x, rotary_dim=4, position_offset=2)\n"
+            "out y\n",
+            {"x"}};
+  rope.f32_only = true;
+  cases.push_back(rope);
+  Case rope_positions{"rope_positions_interleaved",
+                      "graph \"r\"\ninput x: T[2, 1, 3, 4]\ninput p: i32[2, 3]\n"
+                      "let y = rope(x, p, interleaved=true, theta=100)\nout y\n",
+                      {"x"},
+                      {{"p", {-3, 9}}}};
+  rope_positions.f32_only = true;
+  cases.push_back(rope_positions);
   cases.push_back(
       {"mlp_fan_out",
        "graph \"mlp\"\ninput x: T[3, 4]\ninput w1: T[4, 5]\ninput b1: T[5]\n"
