@@ -344,6 +344,151 @@ ValueRef RopeTranspose(Builder& b, const ir::Node& n, ValueRef g) {
   return b.r().Add(v1::OP_ROPE, {g, negated}, std::move(a));
 }
 
+// `x` with step-1 zeros between its elements along `axis`: length
+// (n - 1) * step + 1 (the adjoint of taking every step-th element).
+ValueRef Interleave(Builder& b, ValueRef x, int64_t axis, int64_t step) {
+  const IrDims d = b.T(x).dims;
+  const int64_t n = d[axis];
+  if (step == 1 || n == 0) return x;
+  IrDims split = d;
+  split.insert(split.begin() + axis + 1, 1);
+  std::vector<int64_t> lo(split.size(), 0), hi(split.size(), 0);
+  hi[axis + 1] = step - 1;
+  ValueRef s = b.Pad(b.Reshape(x, split), lo, hi);
+  IrDims merged = d;
+  merged[axis] = n * step;
+  return b.Slice(b.Reshape(s, merged), axis, 0, (n - 1) * step + 1);
+}
+
+// `x` reversed along `axis` (a Gather of the reversed indices).
+ValueRef Reverse(Builder& b, ValueRef x, int64_t axis) {
+  const int64_t n = b.T(x).dims[axis];
+  auto t = HostTensor::Create(v1::DTYPE_I64, {n});
+  if (!t.ok()) return b.r().Scalar(0, v1::DTYPE_UNSPECIFIED);  // sticks the error
+  for (int64_t i = 0; i < n; ++i) t->data_as<int64_t>()[i] = n - 1 - i;
+  v1::Attrs a;
+  a.mutable_gather()->set_axis(axis);
+  return b.r().Add(v1::OP_GATHER, {x, b.r().Constant(std::move(t).value())}, std::move(a));
+}
+
+struct ConvShape {
+  int sp = 0;
+  std::vector<int64_t> stride, dilation, lo, hi;
+  int64_t groups = 1;
+};
+
+ConvShape ConvShapeOf(const ir::Node& n, int sp) {
+  const auto& a = n.attrs.conv();
+  auto get = [&](const google::protobuf::RepeatedField<int64_t>& f, int64_t dflt) {
+    std::vector<int64_t> v(sp, dflt);  // the verifier checked: empty or one per dim
+    for (int i = 0; i < sp && i < f.size(); ++i) v[i] = f[i];
+    return v;
+  };
+  ConvShape c;
+  c.sp = sp;
+  c.stride = get(a.stride(), 1);
+  c.dilation = get(a.dilation(), 1);
+  c.lo = get(a.pad_low(), 0);
+  c.hi = get(a.pad_high(), 0);
+  c.groups = a.groups() == 0 ? 1 : a.groups();
+  return c;
+}
+
+ValueRef ConvNode(Builder& b, ValueRef x, ValueRef w, const std::vector<int64_t>& stride,
+                  const std::vector<int64_t>& dilation, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi) {
+  v1::Attrs a;
+  for (int64_t v : stride) a.mutable_conv()->add_stride(v);
+  for (int64_t v : dilation) a.mutable_conv()->add_dilation(v);
+  for (int64_t v : lo) a.mutable_conv()->add_pad_low(v);
+  for (int64_t v : hi) a.mutable_conv()->add_pad_high(v);
+  return b.r().Add(v1::OP_CONV, {x, w}, std::move(a));
+}
+
+// The cotangents of one group's conv (groups = 1): x [N, C, S..], w [O, C, K..],
+// g [N, O, S_out..]. dx is the correlation of the stride-interleaved g with
+// the flipped, channel-transposed kernel; dw the correlation of x (channels
+// as the batch) with g (the batch as channels), stride and dilation swapped.
+void ConvGroupVjp(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueRef g, bool need_x,
+                  bool need_w, ValueRef* dx, ValueRef* dw) {
+  const IrDims xd = b.T(x).dims, wd = b.T(w).dims;
+  std::vector<int64_t> perm = {1, 0};
+  for (int i = 0; i < c.sp; ++i) perm.push_back(2 + i);
+  if (need_x) {
+    ValueRef gi = g;
+    for (int i = 0; i < c.sp; ++i) gi = Interleave(b, gi, 2 + i, c.stride[i]);
+    ValueRef wf = b.r().Transpose(w, perm);
+    for (int i = 0; i < c.sp; ++i) wf = Reverse(b, wf, 2 + i);
+    std::vector<int64_t> lo(c.sp), hi(c.sp), ones(c.sp, 1);
+    for (int i = 0; i < c.sp; ++i) {
+      const int64_t span = c.dilation[i] * (wd[2 + i] - 1);
+      const int64_t padded = xd[2 + i] + c.lo[i] + c.hi[i];
+      lo[i] = span;
+      hi[i] = padded - b.T(gi).dims[2 + i];
+    }
+    ValueRef full = ConvNode(b, gi, wf, ones, c.dilation, lo, hi);  // [N, C, padded..]
+    v1::Attrs a;
+    for (int i = 0; i < c.sp; ++i) {
+      a.mutable_slice()->add_axes(2 + i);
+      a.mutable_slice()->add_start(c.lo[i]);
+      a.mutable_slice()->add_stop(c.lo[i] + xd[2 + i]);
+    }
+    *dx = b.r().Add(v1::OP_SLICE, {full}, std::move(a));
+  }
+  if (need_w) {
+    ValueRef xt = b.r().Transpose(x, perm);  // [C, N, S..]
+    ValueRef gt = b.r().Transpose(g, perm);  // [O, N, S_out..]
+    ValueRef corr = ConvNode(b, xt, gt, c.dilation, c.stride, c.lo, c.hi);  // [C, O, >= K..]
+    v1::Attrs a;
+    for (int i = 0; i < c.sp; ++i) {
+      a.mutable_slice()->add_axes(2 + i);
+      a.mutable_slice()->add_start(0);
+      a.mutable_slice()->add_stop(wd[2 + i]);
+    }
+    *dw = b.r().Transpose(b.r().Add(v1::OP_SLICE, {corr}, std::move(a)), perm);
+  }
+}
+
+constexpr int64_t kMaxConvGradGroups = 64;
+
+absl::Status ConvVjp(Builder& b, const ir::Node& n, ValueRef g, const std::vector<bool>& need,
+                     std::vector<ValueRef>& grads) {
+  const ValueRef x = n.operands[0], w = n.operands[1];
+  const int sp = static_cast<int>(b.T(x).rank()) - 2;
+  const ConvShape c = ConvShapeOf(n, sp);
+  if (c.groups > kMaxConvGradGroups) {
+    return NoRule(n, absl::StrCat("conv with ", c.groups, " groups (over ", kMaxConvGradGroups,
+                                  ") has no gradient rule"));
+  }
+  if (n.operands.size() == 3 && need[2]) {
+    std::vector<int64_t> axes = {0};
+    for (int i = 0; i < sp; ++i) axes.push_back(2 + i);
+    grads[2] = b.r().Reduce(v1::REDUCE_SUM, g, axes, false);
+  }
+  if (!need[0] && !need[1]) return b.status();
+  if (c.groups == 1) {
+    ConvGroupVjp(b, c, x, w, g, need[0], need[1], &grads[0], &grads[1]);
+    return b.status();
+  }
+  const int64_t cg = b.T(x).dims[1] / c.groups, og = b.T(w).dims[0] / c.groups;
+  std::vector<ValueRef> dxs, dws;
+  for (int64_t k = 0; k < c.groups; ++k) {
+    ValueRef dx, dw;
+    ConvGroupVjp(b, c, b.Slice(x, 1, k * cg, (k + 1) * cg), b.Slice(w, 0, k * og, (k + 1) * og),
+                 b.Slice(g, 1, k * og, (k + 1) * og), need[0], need[1], &dx, &dw);
+    dxs.push_back(dx);
+    dws.push_back(dw);
+  }
+  auto concat = [&](std::vector<ValueRef> parts, int64_t axis) {
+    v1::Attrs a;
+    a.mutable_concat()->set_axis(axis);
+    return b.r().Add(v1::OP_CONCAT, std::move(parts), std::move(a));
+  };
+  if (need[0]) grads[0] = concat(dxs, 1);
+  if (need[1]) grads[1] = concat(dws, 0);
+  return b.status();
+}
+
 }  // namespace
 
 ValueRef Builder::Scale(ValueRef x, double v) {
@@ -413,6 +558,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_CLAMP: case v1::OP_MATMUL: case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX:
     case v1::OP_RESHAPE: case v1::OP_TRANSPOSE: case v1::OP_SLICE: case v1::OP_CONCAT:
     case v1::OP_EXPAND: case v1::OP_GATHER: case v1::OP_CUMSUM: case v1::OP_ROPE:
+    case v1::OP_CONV:
     case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
       return true;
     case v1::OP_PAD:
@@ -524,6 +670,8 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
     case v1::OP_ROPE:
       grads[0] = RopeTranspose(b, n, g);
       break;
+    case v1::OP_CONV:
+      return ConvVjp(b, n, g, need, grads);
     case v1::OP_CUMSUM: {
       v1::Attrs a = n.attrs;
       a.mutable_cumsum()->set_reverse(!n.attrs.cumsum().reverse());
@@ -669,6 +817,19 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       if (!Valid(t[0])) return ValueRef{};
       out = b.Same(n, {t[0], n.operands[1]});
       break;
+    case v1::OP_CONV: {
+      // Bilinear in (x, w), plus the bias.
+      ValueRef l = Valid(t[0]) ? b.Same(n, {t[0], n.operands[1]}) : ValueRef{};
+      ValueRef r = Valid(t[1]) ? b.Same(n, {n.operands[0], t[1]}) : ValueRef{};
+      out = Valid(l) && Valid(r) ? b.Add(l, r) : (Valid(l) ? l : r);
+      if (n.operands.size() == 3 && Valid(t[2])) {
+        IrDims bd(y.rank(), 1);
+        bd[1] = y.dims[1];
+        ValueRef tb = b.BroadcastTo(b.Reshape(t[2], bd), y.dims);
+        out = Valid(out) ? b.Add(out, tb) : tb;
+      }
+      break;
+    }
     case v1::OP_ROPE: {
       std::vector<ValueRef> operands = {t[0]};
       if (n.operands.size() == 2) operands.push_back(n.operands[1]);
