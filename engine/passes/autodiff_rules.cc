@@ -489,6 +489,127 @@ absl::Status ConvVjp(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
   return b.status();
 }
 
+struct PoolShape {
+  int sp = 0;
+  std::vector<int64_t> window, stride, lo, hi;
+};
+
+PoolShape PoolShapeOf(const ir::Node& n, int sp) {
+  const auto& a = n.attrs.pool();
+  PoolShape p;
+  p.sp = sp;
+  p.window.assign(a.window().begin(), a.window().end());
+  p.stride = a.stride().empty() ? p.window : std::vector<int64_t>(a.stride().begin(), a.stride().end());
+  p.lo.assign(sp, 0);
+  p.hi.assign(sp, 0);
+  for (int i = 0; i < sp && i < a.pad_low_size(); ++i) p.lo[i] = a.pad_low(i);
+  for (int i = 0; i < sp && i < a.pad_high_size(); ++i) p.hi[i] = a.pad_high(i);
+  return p;
+}
+
+bool NonOverlapping(const PoolShape& p) {
+  for (int i = 0; i < p.sp; ++i) {
+    if (p.stride[i] != p.window[i] || p.lo[i] != 0 || p.hi[i] != 0) return false;
+  }
+  return true;
+}
+
+// Max pool with windows that tile the input (stride = window, no padding):
+// x cropped to whole windows and split to [N, C, o1, k1, (o2, k2)]; each
+// window's maxima share its cotangent evenly (torch gives it to one of them;
+// ties are rare in floats). Returns the weights hit / count over the split
+// shape, and the split dims.
+ValueRef MaxPoolWeights(Builder& b, const ir::Node& n, const PoolShape& p, IrDims* split) {
+  const IrDims xd = b.T(n.operands[0]).dims;
+  const IrDims yd = n.type().dims;
+  v1::Attrs crop;
+  *split = {xd[0], xd[1]};
+  IrDims ykeep = {xd[0], xd[1]};
+  std::vector<int64_t> win_axes;
+  for (int i = 0; i < p.sp; ++i) {
+    crop.mutable_slice()->add_axes(2 + i);
+    crop.mutable_slice()->add_start(0);
+    crop.mutable_slice()->add_stop(yd[2 + i] * p.window[i]);
+    split->push_back(yd[2 + i]);
+    split->push_back(p.window[i]);
+    ykeep.push_back(yd[2 + i]);
+    ykeep.push_back(1);
+    win_axes.push_back(3 + 2 * i);
+  }
+  ValueRef xs = b.Reshape(b.r().Add(v1::OP_SLICE, {n.operands[0]}, std::move(crop)), *split);
+  ValueRef ye = b.BroadcastTo(b.Reshape(n.out(), ykeep), *split);
+  ValueRef hit = b.Mask(v1::COMPARE_EQ, xs, ye, b.T(xs).dtype);
+  return b.Div(hit, b.SumKeep(hit, win_axes));
+}
+
+// Avg pool as a one-channel conv of [N * C, 1, S..] with a kernel of ones;
+// the divisor is the window size, or with count_include_pad off and padding,
+// the count of real elements under each window (a conv of ones).
+ValueRef AvgPoolVjp(Builder& b, const ir::Node& n, const PoolShape& p, ValueRef g) {
+  const IrDims xd = b.T(n.operands[0]).dims;
+  const IrDims yd = n.type().dims;
+  const DType dt = n.type().dtype;
+  IrDims x1 = {xd[0] * xd[1], 1}, y1 = {yd[0] * yd[1], 1}, k1 = {1, 1}, ones1 = {1, 1};
+  bool padded = false;
+  for (int i = 0; i < p.sp; ++i) {
+    x1.push_back(xd[2 + i]);
+    y1.push_back(yd[2 + i]);
+    k1.push_back(p.window[i]);
+    ones1.push_back(xd[2 + i]);
+    padded = padded || p.lo[i] > 0 || p.hi[i] > 0;
+  }
+  ValueRef kernel = b.Zeros(TensorType(dt, k1));
+  kernel = b.Add(kernel, b.Sc(1, dt));
+  ValueRef g1 = b.Reshape(g, y1);
+  ConvShape c;
+  c.sp = p.sp;
+  c.stride = p.stride;
+  c.dilation.assign(p.sp, 1);
+  c.lo = p.lo;
+  c.hi = p.hi;
+  if (padded && !n.attrs.pool().count_include_pad()) {
+    ValueRef ones = b.Add(b.Zeros(TensorType(dt, ones1)), b.Sc(1, dt));
+    g1 = b.Div(g1, ConvNode(b, ones, kernel, c.stride, c.dilation, c.lo, c.hi));
+  } else {
+    int64_t size = 1;
+    for (int64_t k : p.window) size *= k;
+    g1 = b.Scale(g1, 1.0 / static_cast<double>(size));
+  }
+  ValueRef dx, dw;
+  ConvGroupVjp(b, c, b.Reshape(n.operands[0], x1), kernel, g1, true, false, &dx, &dw);
+  return b.Reshape(dx, xd);
+}
+
+absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<ValueRef>& grads) {
+  const int sp = static_cast<int>(n.type().rank()) - 2;
+  const PoolShape p = PoolShapeOf(n, sp);
+  if (n.attrs.pool().kind() == v1::POOL_AVG) {
+    grads[0] = AvgPoolVjp(b, n, p, g);
+    return b.status();
+  }
+  if (!NonOverlapping(p)) {
+    return NoRule(n, "max pool has a gradient rule only for windows that tile the input "
+                     "(stride = window, no padding)");
+  }
+  IrDims split;
+  ValueRef w = MaxPoolWeights(b, n, p, &split);
+  IrDims gkeep = {split[0], split[1]};
+  for (int i = 0; i < sp; ++i) gkeep.push_back(split[2 + 2 * i]), gkeep.push_back(1);
+  ValueRef ds = b.Mul(w, b.BroadcastTo(b.Reshape(g, gkeep), split));
+  const IrDims xd = b.T(n.operands[0]).dims;
+  IrDims cropped = {xd[0], xd[1]};
+  std::vector<int64_t> lo(xd.size(), 0), hi(xd.size(), 0);
+  for (int i = 0; i < sp; ++i) {
+    cropped.push_back(split[2 + 2 * i] * split[3 + 2 * i]);
+    hi[2 + i] = xd[2 + i] - cropped.back();
+  }
+  ValueRef dx = b.Reshape(ds, cropped);
+  bool pad = false;
+  for (int64_t h : hi) pad = pad || h > 0;
+  grads[0] = pad ? b.Pad(dx, lo, hi) : dx;
+  return b.status();
+}
+
 }  // namespace
 
 ValueRef Builder::Scale(ValueRef x, double v) {
@@ -563,6 +684,9 @@ bool HasRule(const ir::Node& n) {
       return true;
     case v1::OP_PAD:
       return n.attrs.pad().mode() == v1::PAD_CONSTANT;
+    case v1::OP_POOL:
+      return n.attrs.pool().kind() == v1::POOL_AVG ||
+             NonOverlapping(PoolShapeOf(n, static_cast<int>(n.type().rank()) - 2));
     case v1::OP_REDUCE:
       return n.attrs.reduce().kind() != v1::REDUCE_PROD;
     default:
@@ -672,6 +796,8 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       break;
     case v1::OP_CONV:
       return ConvVjp(b, n, g, need, grads);
+    case v1::OP_POOL:
+      return PoolVjp(b, n, g, grads);
     case v1::OP_CUMSUM: {
       v1::Attrs a = n.attrs;
       a.mutable_cumsum()->set_reverse(!n.attrs.cumsum().reverse());
@@ -817,6 +943,30 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       if (!Valid(t[0])) return ValueRef{};
       out = b.Same(n, {t[0], n.operands[1]});
       break;
+    case v1::OP_POOL: {
+      if (n.attrs.pool().kind() == v1::POOL_AVG) {
+        out = b.Same(n, {t[0]});  // linear
+        break;
+      }
+      const int sp = static_cast<int>(y.rank()) - 2;
+      const PoolShape p = PoolShapeOf(n, sp);
+      if (!NonOverlapping(p)) {
+        return NoRule(n, "max pool has a derivative rule only for windows that tile the input");
+      }
+      IrDims split;
+      ValueRef w = MaxPoolWeights(b, n, p, &split);
+      v1::Attrs crop;
+      std::vector<int64_t> win_axes;
+      for (int i = 0; i < sp; ++i) {
+        crop.mutable_slice()->add_axes(2 + i);
+        crop.mutable_slice()->add_start(0);
+        crop.mutable_slice()->add_stop(split[2 + 2 * i] * split[3 + 2 * i]);
+        win_axes.push_back(3 + 2 * i);
+      }
+      ValueRef ts = b.Reshape(b.r().Add(v1::OP_SLICE, {t[0]}, std::move(crop)), split);
+      out = b.Reshape(b.r().Reduce(v1::REDUCE_SUM, b.Mul(ts, w), win_axes, false), y.dims);
+      break;
+    }
     case v1::OP_CONV: {
       // Bilinear in (x, w), plus the bias.
       ValueRef l = Valid(t[0]) ? b.Same(n, {t[0], n.operands[1]}) : ValueRef{};

@@ -161,7 +161,7 @@ TEST(TrainClientTest, BadTrainingRequestsAreNamed) {
   o = Training(v1::OPTIMIZER_SGD, 0.1);
   expect(o, absl::StatusCode::kUnimplemented, "pool) is not differentiable",
          "graph \"p\"\ninput x: f32[1, 1, 4, 4]\nparam w: f32[1, 1, 4, 4]\n"
-         "let loss = reduce_sum(max_pool(x * w, window=[2, 2]))\nout loss\n");
+         "let loss = reduce_sum(max_pool(x * w, window=[3, 3], stride=[1, 1]))\nout loss\n");
 
   // TrainStep on an inference session, and on a session that does not exist.
   auto plain = (*client)->CreateSession(Source(kMlp), {});

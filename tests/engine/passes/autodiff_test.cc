@@ -367,10 +367,11 @@ std::vector<Case> Cases() {
              mask + ")\nout y\n",
          {"q", "k", "v"}});
   }
-  cases.push_back({"conv1d_stride_dilation_padding",
-                   "graph \"c\"\ninput x: T[2, 2, 9]\ninput w: T[3, 2, 3]\n"
-                   "let y = conv(x, w, stride=[2], dilation=[2], pad_low=[1], pad_high=[2])\nout y\n",
-                   {"x", "w"}});
+  cases.push_back(
+      {"conv1d_stride_dilation_padding",
+       "graph \"c\"\ninput x: T[2, 2, 9]\ninput w: T[3, 2, 3]\n"
+       "let y = conv(x, w, stride=[2], dilation=[2], pad_low=[1], pad_high=[2])\nout y\n",
+       {"x", "w"}});
   cases.push_back({"conv2d_bias_strides",
                    "graph \"c\"\ninput x: T[1, 2, 5, 4]\ninput w: T[3, 2, 2, 3]\ninput b: T[3]\n"
                    "let y = conv(x, w, b, stride=[2, 1], pad_low=[1, 0], pad_high=[0, 1])\nout y\n",
@@ -379,10 +380,29 @@ std::vector<Case> Cases() {
                    "graph \"c\"\ninput x: T[2, 4, 4, 4]\ninput w: T[6, 2, 3, 3]\n"
                    "let y = conv(x, w, groups=2, pad_low=[1, 1], pad_high=[1, 1])\nout y\n",
                    {"x", "w"}});
-  Case rope{"rope",
-            "graph \"r\"\ninput x: T[1, 2, 3, 6]\nlet y = rope(x, rotary_dim=4, position_offset=2)\n"
-            "out y\n",
-            {"x"}};
+  cases.push_back(
+      {"max_pool_tiles_crop",
+       "graph \"p\"\ninput x: T[2, 2, 5, 4]\nlet y = max_pool(x, window=[2, 2])\nout y\n",
+       {"x"}});
+  cases.push_back({"max_pool_1d",
+                   "graph \"p\"\ninput x: T[1, 3, 6]\nlet y = max_pool(x, window=[3])\nout y\n",
+                   {"x"}});
+  cases.push_back(
+      {"avg_pool_overlapping_padding",
+       "graph \"p\"\ninput x: T[1, 2, 5, 5]\n"
+       "let y = avg_pool(x, window=[3, 2], stride=[2, 1], pad_low=[1, 0], pad_high=[1, 1])\n"
+       "out y\n",
+       {"x"}});
+  cases.push_back({"avg_pool_exclude_pad",
+                   "graph \"p\"\ninput x: T[2, 1, 6]\n"
+                   "let y = avg_pool(x, window=[3], stride=[2], pad_low=[1], pad_high=[1], "
+                   "count_include_pad=false)\nout y\n",
+                   {"x"}});
+  Case rope{
+      "rope",
+      "graph \"r\"\ninput x: T[1, 2, 3, 6]\nlet y = rope(x, rotary_dim=4, position_offset=2)\n"
+      "out y\n",
+      {"x"}};
   rope.f32_only = true;
   cases.push_back(rope);
   Case rope_positions{"rope_positions_interleaved",
@@ -434,7 +454,7 @@ v1::TransformSpec Grad(const std::string& output, std::vector<std::string> wrt) 
 TEST(Autodiff, NonDifferentiableNodeIsNamed) {
   const std::string text =
       "graph \"nd\"\ninput x: f32[1, 1, 4, 4]\nparam w: f32[1, 1, 4, 4]\n"
-      "let c = max_pool(x * w, window=[2, 2])\nlet y = reduce_sum(c)\nout y\n";
+      "let c = max_pool(x * w, window=[3, 3], stride=[1, 1])\nlet y = reduce_sum(c)\nout y\n";
   absl::Status s = CompileWith(text, Grad("y", {"w"}));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_NE(s.message().find("(pool)"), std::string::npos) << s;

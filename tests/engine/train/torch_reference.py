@@ -12,6 +12,7 @@ Reads one JSON request from argv[1] and prints one JSON answer on stdout.
   {"mode": "mlp", ...}: an MLP (tanh hidden layers, softmax cross-entropy) with
     seeded initial weights and batches trained in PyTorch; answers the initial
     weights, the batches and the loss of each step.
+  {"mode": "cnn", ...}: the same for a small CNN (conv, relu, max pool, linear).
 
 Runs with Debian's /usr/bin/python3 (torch 1.13, NumPy), one thread.
 """
@@ -172,9 +173,44 @@ def mlp(req):
             "final": {n: t.detach().numpy().ravel().tolist() for n, t in tensors.items()}}
 
 
+def cnn(req):
+    """conv 3x3 (pad 1) -> relu -> 2x2 max pool -> linear -> cross-entropy, on
+    [batch, 1, 8, 8] images with `classes` classes."""
+    rng = np.random.default_rng(req.get("seed", 0))
+    ch, classes, batch = req["channels"], req["classes"], req["batch"]
+    params = {
+        "cw": rng.uniform(-1 / 3, 1 / 3, size=(ch, 1, 3, 3)).astype(np.float32),
+        "cb": rng.uniform(-1 / 3, 1 / 3, size=(ch,)).astype(np.float32),
+        "fw": rng.uniform(-0.2, 0.2, size=(ch * 16, classes)).astype(np.float32),
+        "fb": rng.uniform(-0.2, 0.2, size=(classes,)).astype(np.float32),
+    }
+    batches = []
+    for _ in range(req["steps"]):
+        x = rng.normal(0, 1, size=(batch, 1, 8, 8)).astype(np.float32)
+        y = rng.integers(0, classes, size=(batch,)).astype(np.int64)
+        batches.append((x, y))
+    tensors = {n: torch.tensor(v, requires_grad=True) for n, v in params.items()}
+    opt = torch_optimizer(req, tensors)
+    losses = []
+    for x, y in batches:
+        h = torch.nn.functional.conv2d(torch.tensor(x), tensors["cw"], tensors["cb"], padding=1)
+        h = torch.nn.functional.max_pool2d(torch.relu(h), 2)
+        logits = h.reshape(batch, -1) @ tensors["fw"] + tensors["fb"]
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return {"init": {n: v.ravel().tolist() for n, v in params.items()},
+            "batches": [{"x": x.ravel().tolist(), "y": y.tolist()} for x, y in batches],
+            "losses": losses,
+            "final": {n: t.detach().numpy().ravel().tolist() for n, t in tensors.items()}}
+
+
 def main():
     req = json.loads(sys.argv[1])
-    answer = optimizer(req) if req["mode"] == "optimizer" else mlp(req)
+    modes = {"optimizer": optimizer, "mlp": mlp, "cnn": cnn}
+    answer = modes[req["mode"]](req)
     json.dump(answer, sys.stdout)
 
 
