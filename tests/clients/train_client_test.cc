@@ -254,5 +254,62 @@ TEST(TrainClientTest, KilnctlTrainsOnNpyData) {
   EXPECT_THAT(r.err, HasSubstr("--optimizer 'adagrad' is unknown"));
 }
 
+// The same training session on the Vulkan device (lavapipe in CI, in its
+// device worker process) and on the CPU: the param updates stay on each
+// device, and the loss curves agree within 1e-4 relative over 20 steps.
+TEST(TrainClientTest, VulkanTrainsLikeTheCpu) {
+  auto client = Client::Create(SharedKilnd().addr());
+  ASSERT_TRUE(client.ok());
+  auto devices = (*client)->ListDevices();
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  bool vulkan = false;
+  for (const auto& d : devices->devices()) vulkan = vulkan || d.id() == "vulkan:0";
+  if (!vulkan) GTEST_SKIP() << "kilnd lists no vulkan:0 device";
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  auto random = [&](const Dims& d, float scale) {
+    HostTensor t = HostTensor::Create(v1::DTYPE_F32, d).value();
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, scale * normal(rng));
+    return t;
+  };
+  TensorMap init;
+  init.emplace("w1", random({10, 24}, 0.3f));
+  init.emplace("b1", random({24}, 0.1f));
+  init.emplace("w2", random({24, 3}, 0.3f));
+  init.emplace("b2", random({3}, 0.1f));
+  // One batch, 20 times: the loss must fall as the MLP fits it.
+  TensorMap batch;
+  batch.emplace("x", random({32, 10}, 1.0f));
+  HostTensor labels = HostTensor::Create(v1::DTYPE_I64, {32}).value();
+  for (int64_t i = 0; i < 32; ++i) labels.SetFromDouble(i, static_cast<double>(rng() % 3));
+  batch.emplace("y", std::move(labels));
+  const std::vector<const TensorMap*> batches(20, &batch);
+  auto train = [&](const std::string& device) {
+    v1::CompileOptions o = Training(v1::OPTIMIZER_ADAM, 0.02);
+    o.set_device(device);
+    TensorMap params;
+    for (const auto& [n, t] : init) params.emplace(n, t.Clone());
+    auto s = (*client)->CreateSession(Source(kMlp), o, params);
+    EXPECT_TRUE(s.ok()) << s.status();
+    std::vector<double> losses;
+    if (!s.ok()) return losses;
+    for (const TensorMap* b : batches) {
+      auto r = (*client)->TrainStep(s->session_id(), *b);
+      EXPECT_TRUE(r.ok()) << device << ": " << r.status();
+      if (!r.ok()) break;
+      losses.push_back(r->loss());
+    }
+    EXPECT_TRUE((*client)->CloseSession(s->session_id()).ok());
+    return losses;
+  };
+  const std::vector<double> cpu = train("cpu:0"), vk = train("vulkan:0");
+  ASSERT_EQ(cpu.size(), batches.size());
+  ASSERT_EQ(vk.size(), batches.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(vk[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i + 1;
+  }
+  EXPECT_LT(cpu.back(), 0.8 * cpu.front());
+}
+
 }  // namespace
 }  // namespace kiln
