@@ -16,6 +16,7 @@
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/npy.h"
 #include "clients/cpp/progress.h"
+#include "zlib.h"
 
 namespace kiln {
 namespace {
@@ -104,14 +105,105 @@ absl::StatusOr<HostTensor> Rows(const HostTensor& t, const std::vector<int64_t>&
   return out;
 }
 
+// One gzip-compressed IDX file of (Fashion-)MNIST: images u8 [N, R, C] ->
+// f32 [N, R * C] scaled to [0, 1], labels u8 [N] -> i64 [N].
+absl::StatusOr<HostTensor> ReadIdx(const std::string& path, bool images) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot open ", path,
+                                            " (install Debian's dataset-fashion-mnist, or pass "
+                                            "--dataset-dir)"));
+  }
+  std::string bytes;
+  constexpr size_t kMaxBytes = size_t{256} << 20;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0 && bytes.size() <= kMaxBytes) bytes.append(buf, n);
+  const bool failed = n < 0;
+  gzclose(f);
+  if (failed || bytes.size() > kMaxBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": not a readable gzip file under 256 MiB"));
+  }
+  auto be32 = [&](size_t at) {
+    const auto* u = reinterpret_cast<const unsigned char*>(bytes.data() + at);
+    return (uint32_t{u[0]} << 24) | (uint32_t{u[1]} << 16) | (uint32_t{u[2]} << 8) | u[3];
+  };
+  const size_t header = images ? 16 : 8;
+  if (bytes.size() < header || be32(0) != (images ? 0x803u : 0x801u)) {
+    return absl::DataLossError(absl::StrCat(path, ": not an IDX ", images ? "image" : "label",
+                                            " file (bad magic number)"));
+  }
+  const int64_t count = be32(4);
+  const int64_t rows = images ? be32(8) : 1, cols = images ? be32(12) : 1;
+  if (rows > 4096 || cols > 4096 ||
+      static_cast<uint64_t>(count) * rows * cols != bytes.size() - header) {
+    return absl::DataLossError(absl::StrCat(path, ": the header's sizes do not match the ",
+                                            bytes.size() - header, " data bytes"));
+  }
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data() + header);
+  if (images) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(v1::DTYPE_F32, {count, rows * cols}));
+    float* out = t.data_as<float>();
+    for (int64_t i = 0; i < count * rows * cols; ++i) out[i] = static_cast<float>(data[i]) / 255.0f;
+    return t;
+  }
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(v1::DTYPE_I64, {count}));
+  for (int64_t i = 0; i < count; ++i) t.data_as<int64_t>()[i] = data[i];
+  return t;
+}
+
+// Accuracy of the session's forward graph on (images, labels), by argmax of
+// the output `logits`, in batches of `batch` (and one of the rest).
+absl::StatusOr<int64_t> CountCorrect(const Client& client, const std::string& id,
+                                     const TrainFlags& f, const HostTensor& images,
+                                     const HostTensor& labels, int64_t batch) {
+  const int64_t n = images.dims()[0];
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  int64_t correct = 0;
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t count = std::min(batch, n - first);
+    TensorMap inputs;
+    KILN_ASSIGN_OR_RETURN(HostTensor x, Rows(images, order, first, count));
+    KILN_ASSIGN_OR_RETURN(HostTensor y, Rows(labels, order, first, count));
+    inputs.emplace(f.image_input, std::move(x));
+    inputs.emplace(f.label_input, std::move(y));
+    KILN_ASSIGN_OR_RETURN(Client::RunResult r, client.Run(id, inputs));
+    const HostTensor* logits = r.output(f.logits);
+    if (logits == nullptr || logits->rank() != 2 || logits->dims()[0] != count) {
+      return absl::InvalidArgumentError(absl::StrCat("evaluation needs an output '", f.logits,
+                                                     "' of shape [batch, classes] (--logits)"));
+    }
+    const int64_t classes = logits->dims()[1];
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < classes; ++c) {
+        if (logits->GetAsDouble(i * classes + c) > logits->GetAsDouble(i * classes + best))
+          best = c;
+      }
+      correct += best == labels.data_as<int64_t>()[first + i];
+    }
+  }
+  return correct;
+}
+
 }  // namespace
 
 void AddTrainCommand(CLI::App& app, TrainFlags& f) {
   CLI::App* cmd =
       app.add_subcommand("train", "train a graph on .npy data through a training session");
   cmd->add_option("graph", f.graph, ".kiln text, binary .pb or .pbtxt graph")->required();
-  cmd->add_option("--data,-d", f.data, "training data: input=path.npy, one row per example")
+  cmd->add_option("--data,-d", f.data,
+                  "training data: input=path.npy (one row per example), or fashion-mnist")
       ->required();
+  cmd->add_option("--dataset-dir", f.dataset_dir, "where the fashion-mnist files are")
+      ->capture_default_str();
+  cmd->add_option("--image-input", f.image_input, "fashion-mnist: the images' input")
+      ->capture_default_str();
+  cmd->add_option("--label-input", f.label_input, "fashion-mnist: the labels' input")
+      ->capture_default_str();
+  cmd->add_option("--logits", f.logits, "fashion-mnist: the output evaluated on the test set")
+      ->capture_default_str();
   cmd->add_option("--param,-p", f.params, "initial param: name=path.npy");
   cmd->add_option("--params-dir", f.params_dir, "directory of initial <param>.npy files");
   cmd->add_option("--init-seed", f.init_seed, "seed for the params not given")
@@ -143,7 +235,19 @@ void AddTrainCommand(CLI::App& app, TrainFlags& f) {
 absl::Status CmdTrain(const Client& client, const TrainFlags& f, bool progress) {
   KILN_ASSIGN_OR_RETURN(v1::GraphSource graph, LoadGraphFile(f.graph));
   TensorMap data, params;
-  KILN_RETURN_IF_ERROR(LoadAssignments(f.data, "--data", data));
+  const bool fashion = f.data.size() == 1 && f.data[0] == "fashion-mnist";
+  HostTensor test_images, test_labels;
+  if (fashion) {
+    const std::string dir = f.dataset_dir + "/";
+    KILN_ASSIGN_OR_RETURN(HostTensor images, ReadIdx(dir + "train-images-idx3-ubyte.gz", true));
+    KILN_ASSIGN_OR_RETURN(HostTensor labels, ReadIdx(dir + "train-labels-idx1-ubyte.gz", false));
+    KILN_ASSIGN_OR_RETURN(test_images, ReadIdx(dir + "t10k-images-idx3-ubyte.gz", true));
+    KILN_ASSIGN_OR_RETURN(test_labels, ReadIdx(dir + "t10k-labels-idx1-ubyte.gz", false));
+    data.emplace(f.image_input, std::move(images));
+    data.emplace(f.label_input, std::move(labels));
+  } else {
+    KILN_RETURN_IF_ERROR(LoadAssignments(f.data, "--data", data));
+  }
   KILN_RETURN_IF_ERROR(LoadAssignments(f.params, "--param", params));
   if (!f.params_dir.empty()) KILN_RETURN_IF_ERROR(LoadDir(f.params_dir, params));
   int64_t rows = -1;
@@ -255,6 +359,15 @@ absl::Status CmdTrain(const Client& client, const TrainFlags& f, bool progress) 
     }
     std::printf("trained %lld steps: first loss %.6f, last loss %.6f\n",
                 static_cast<long long>(step), first_loss, last_loss);
+    if (fashion) {
+      Spinner spin("evaluating on the test set", progress);
+      KILN_ASSIGN_OR_RETURN(int64_t correct,
+                            CountCorrect(client, id, f, test_images, test_labels, f.batch));
+      const int64_t n = test_images.dims()[0];
+      std::printf("test accuracy %.2f%% (%lld / %lld)\n",
+                  100.0 * static_cast<double>(correct) / static_cast<double>(n),
+                  static_cast<long long>(correct), static_cast<long long>(n));
+    }
     if (f.out_dir.empty()) return absl::OkStatus();
     KILN_ASSIGN_OR_RETURN(TensorMap trained, client.GetParams(id));
     for (const auto& [name, t] : trained) {

@@ -2,6 +2,11 @@
 // kilnd training session (docs/training.md) on .npy data: every --data array
 // holds one row per example (same first dim); batches are consecutive rows
 // (shuffled per epoch with --shuffle-seed), the last partial batch is dropped.
+// `--data fashion-mnist` takes Debian's dataset-fashion-mnist files instead
+// (--dataset-dir): train images as f32 [N, 784] in [0, 1] for the input
+// --image-input, labels as i64 for --label-input; after training the test set
+// runs through the session's forward graph and the accuracy of the output
+// --logits is printed.
 // Params come from --params-dir / --param, the others are initialized from
 // --init-seed (rank >= 2: uniform +-1/sqrt(fan_in) with fan_in = the first
 // dim, as torch.nn.Linear; rank < 2: zero). Progress (step, epoch, loss,
@@ -45,6 +50,10 @@ struct TrainFlags {
   uint64_t init_seed = 1;
   int64_t log_every = 0;  // 0 = a line per epoch (and a live line on a terminal)
   std::string device = "auto";
+  std::string dataset_dir = "/usr/share/datasets/fashion-mnist";
+  std::string image_input = "x";
+  std::string label_input = "y";
+  std::string logits = "logits";
 };
 
 void AddTrainCommand(CLI::App& app, TrainFlags& flags);

@@ -311,5 +311,31 @@ TEST(TrainClientTest, VulkanTrainsLikeTheCpu) {
   EXPECT_LT(cpu.back(), 0.8 * cpu.front());
 }
 
+// The acceptance run: examples/fashion_mlp.kiln trained through kilnd
+// on Debian's dataset-fashion-mnist for 3 epochs reaches >= 88% test accuracy.
+TEST(TrainClientTest, FashionMnistMlpReaches88Percent) {
+  const std::string dir = "/usr/share/datasets/fashion-mnist";
+  ASSERT_TRUE(std::ifstream(dir + "/train-images-idx3-ubyte.gz").good())
+      << "this test needs Debian's dataset-fashion-mnist (scripts/install-deps.sh)";
+  testing::ProcessResult r = testing::RunProcess(
+      {KILNCTL_PATH,     "--addr=" + SharedKilnd().addr(),
+       "train",          std::string(KILN_SOURCE_DIR) + "/examples/fashion_mlp.kiln",
+       "--data",         "fashion-mnist",
+       "--optimizer",    "adamw",
+       "--lr",           "2e-3",
+       "--schedule",     "cosine",
+       "--warmup",       "100",
+       "--batch",        "128",
+       "--epochs",       "3",
+       "--shuffle-seed", "1"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  double accuracy = 0;
+  const size_t at = r.out.find("test accuracy ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "test accuracy %lf%%", &accuracy), 1) << r.out;
+  EXPECT_GE(accuracy, 88.0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("trained 1404 steps"));
+}
+
 }  // namespace
 }  // namespace kiln
