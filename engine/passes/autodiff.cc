@@ -27,6 +27,7 @@ bool DecomposedForAutodiff(const ir::Node& n) {
     case v1::OP_LAYER_NORM:
     case v1::OP_RMS_NORM:
     case v1::OP_DOT_GENERAL:
+    case v1::OP_GROUP_NORM:
       return HasDecomposition(n);
     default:
       return false;

@@ -114,6 +114,34 @@ ValueRef DecomposeNorm(Rewriter& r, ir::Graph& g, const ir::Node& n, bool rms) {
   return y;
 }
 
+// x [N, C, ...] normalized over each group of C / groups channels (and every
+// spatial position), then scaled and shifted per channel.
+ValueRef DecomposeGroupNorm(Rewriter& r, ir::Graph& g, const ir::Node& n) {
+  const ValueRef x = n.operands[0];
+  const ir::TensorType& t = g.TypeOf(x);
+  const auto& a = n.attrs.group_norm();
+  const double eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  int64_t rest = t.dims[1] / a.groups();
+  for (int64_t i = 2; i < t.rank(); ++i) rest *= t.dims[i];
+  const ValueRef grouped = r.Reshape(x, {t.dims[0], a.groups(), rest});
+  const ValueRef mean = r.Reduce(v1::REDUCE_MEAN, grouped, {2}, true);
+  const ValueRef centered = r.Binary(v1::BINARY_SUB, grouped, mean);
+  const ValueRef var =
+      r.Reduce(v1::REDUCE_MEAN, r.Binary(v1::BINARY_MUL, centered, centered), {2}, true);
+  const ValueRef inv =
+      r.Unary(v1::UNARY_RSQRT, r.Binary(v1::BINARY_ADD, var, r.Scalar(eps, t.dtype)));
+  ValueRef y = r.Reshape(r.Binary(v1::BINARY_MUL, centered, inv), t.dims);
+  ir::IrDims per_channel(t.rank(), 1);
+  per_channel[1] = t.dims[1];
+  if (n.operands.size() > 1) {
+    y = r.Binary(v1::BINARY_MUL, y, r.Reshape(n.operands[1], per_channel));
+  }
+  if (n.operands.size() > 2) {
+    y = r.Binary(v1::BINARY_ADD, y, r.Reshape(n.operands[2], per_channel));
+  }
+  return y;
+}
+
 ValueRef DecomposeSoftmax(Rewriter& r, ir::Graph& g, const ir::Node& n, bool log) {
   const ValueRef x = n.operands[0];
   const auto& attrs = log ? n.attrs.log_softmax() : n.attrs.softmax();
@@ -210,7 +238,7 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
 bool HasDecomposition(const ir::Node& node) {
   switch (node.op) {
     case v1::OP_ATTENTION: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM: case v1::OP_SOFTMAX:
-    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL:
+    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL: case v1::OP_GROUP_NORM:
       return true;
     case v1::OP_UNARY: {
       const auto k = node.attrs.unary().kind();
@@ -233,6 +261,7 @@ absl::StatusOr<std::vector<int32_t>> Decompose(ir::Graph& graph, const ir::Node&
     case v1::OP_ATTENTION: out = DecomposeAttention(r, graph, node); break;
     case v1::OP_LAYER_NORM: out = DecomposeNorm(r, graph, node, false); break;
     case v1::OP_RMS_NORM: out = DecomposeNorm(r, graph, node, true); break;
+    case v1::OP_GROUP_NORM: out = DecomposeGroupNorm(r, graph, node); break;
     case v1::OP_SOFTMAX: out = DecomposeSoftmax(r, graph, node, false); break;
     case v1::OP_LOG_SOFTMAX: out = DecomposeSoftmax(r, graph, node, true); break;
     case v1::OP_UNARY: out = DecomposeUnary(r, graph, node); break;

@@ -398,6 +398,10 @@ std::vector<Case> Cases() {
                    "let y = avg_pool(x, window=[3], stride=[2], pad_low=[1], pad_high=[1], "
                    "count_include_pad=false)\nout y\n",
                    {"x"}});
+  cases.push_back({"group_norm",
+                   "graph \"g\"\ninput x: T[2, 4, 3]\ninput s: T[4]\ninput b: T[4]\n"
+                   "let y = group_norm(x, s, b, groups=2, epsilon=0.01)\nout y\n",
+                   {"x", "s", "b"}});
   Case rope{
       "rope",
       "graph \"r\"\ninput x: T[1, 2, 3, 6]\nlet y = rope(x, rotary_dim=4, position_offset=2)\n"
@@ -507,6 +511,31 @@ TEST(Autodiff, GradWithLossAndTheKeyDiffers) {
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(0), 1.0);  // 2 x w
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(1), -4.0);
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(2), 12.0);
+}
+
+// GroupNorm runs through its decomposition (no backend has a kernel): the
+// values of a hand-computed case.
+TEST(Autodiff, GroupNormDecompositionComputesGroupNorm) {
+  auto g = ir::ParseGraphProto(
+               "graph \"gn\"\ninput x: f64[1, 4, 2]\ninput s: f64[4]\ninput b: f64[4]\n"
+               "let y = group_norm(x, s, b, groups=2, epsilon=1e-12)\nout y\n")
+               .value();
+  HostTensor x =
+      HostTensor::FromVector<double>(v1::DTYPE_F64, {1, 4, 2}, {1, 2, 3, 4, 10, 10, 20, 20});
+  HostTensor s = HostTensor::FromVector<double>(v1::DTYPE_F64, {4}, {1, 2, 1, -1});
+  HostTensor b = HostTensor::FromVector<double>(v1::DTYPE_F64, {4}, {0, 0, 5, 5});
+  std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("s", s),
+                               TensorRef::Of("b", b)};
+  CompileOptions co;
+  co.device = "cpu:0";
+  auto r = SharedEngine().RunGraph(g, in, nullptr, co, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Group 0 holds 1, 2, 3, 4 (mean 2.5, variance 1.25); group 1 holds 10, 10,
+  // 20, 20 (mean 15, variance 25): channel 2 is -1 + 5, channel 3 is -(1) + 5.
+  const double a = 1 / std::sqrt(1.25);
+  const std::vector<double> want = {-1.5 * a, -0.5 * a, 2 * 0.5 * a, 2 * 1.5 * a, 4, 4, 4, 4};
+  const HostTensor& y = r->outputs[0].second;
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(y.GetAsDouble(i), want[i], 1e-9) << i;
 }
 
 // hvp (forward over reverse) against central differences of the gradient.
