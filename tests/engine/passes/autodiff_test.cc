@@ -108,7 +108,7 @@ class Harness {
       double v;
       if (r != c_.ranges.end()) {
         v = std::uniform_real_distribution<double>(r->second.first, r->second.second)(rng_);
-        if (IsInteger(t.dtype())) v = std::floor(v);
+        if (IsInteger(t.dtype()) || t.dtype() == v1::DTYPE_BOOL) v = std::floor(v);
       } else {
         v = std::uniform_real_distribution<double>(0.1, 1.0)(rng_);
         if (rng_() % 2) v = -v;
@@ -398,6 +398,17 @@ std::vector<Case> Cases() {
                    "let y = avg_pool(x, window=[3], stride=[2], pad_low=[1], pad_high=[1], "
                    "count_include_pad=false)\nout y\n",
                    {"x"}});
+  cases.push_back({"attention_custom_mask_softcap",
+                   "graph \"a\"\ninput q: T[1, 2, 3, 4]\ninput k: T[1, 2, 4, 4]\n"
+                   "input v: T[1, 2, 4, 4]\ninput m: bool[1, 3, 4]\n"
+                   "let y = attention(q, k, v, m, mask=custom, softcap=2.5, scale=0.7)\nout y\n",
+                   {"q", "k", "v"},
+                   {{"m", {0.0, 1.999}}}});
+  cases.push_back({"attention_bias",
+                   "graph \"a\"\ninput q: T[1, 2, 3, 4]\ninput k: T[1, 1, 3, 4]\n"
+                   "input v: T[1, 1, 3, 4]\ninput bias: T[1, 2, 3, 3]\n"
+                   "let y = attention(q, k, v, bias, mask=bias)\nout y\n",
+                   {"q", "k", "v", "bias"}});
   cases.push_back({"group_norm",
                    "graph \"g\"\ninput x: T[2, 4, 3]\ninput s: T[4]\ninput b: T[4]\n"
                    "let y = group_norm(x, s, b, groups=2, epsilon=0.01)\nout y\n",
