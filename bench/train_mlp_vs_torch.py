@@ -5,7 +5,11 @@ alternating A B A B so drift hits both alike (docs/benchmarks.md, "Training").
 Prints one JSON object with the medians.
 
   PYTHONPATH=build/clients/python OPENBLAS_CORETYPE=Cooperlake OMP_WAIT_POLICY=PASSIVE \\
-      /usr/bin/python3 bench/train_mlp_vs_torch.py --kilnd build/server/kilnd [--rounds 6] [--steps 40]
+      /usr/bin/python3 bench/train_mlp_vs_torch.py --kilnd build/server/kilnd \
+      [--inproc build/bench/engine/kiln_train_bench] [--rounds 6] [--steps 40]
+
+With --inproc, each round also runs the same step in process (the engine alone,
+no gRPC; kiln_train_bench's median over its steps), for "kilnd vs in-process".
 """
 
 import argparse
@@ -79,6 +83,7 @@ class Kilnd:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kilnd", required=True)
+    ap.add_argument("--inproc", default="")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
@@ -113,16 +118,23 @@ def main():
         kiln_step(i)
         torch_step(i)
     times = {"kiln_kilnd": [], "torch": []}
+    inproc = []
     for _ in range(args.rounds):
         for name, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step)):
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 fn(i)
                 times[name].append((time.perf_counter() - t0) * 1e3)
+        if args.inproc:
+            out = subprocess.run([args.inproc, "--steps", str(args.steps), "--threads", "2"],
+                                 check=True, capture_output=True, text=True).stdout
+            inproc.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
     session.close()
     client.close()
     server.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
+    if inproc:
+        med["kiln_inproc"] = statistics.median(inproc)
     print(json.dumps({
         "bench": "train_step_mlp_784_512_512_10_b128_adamw",
         "cpu": platform.processor() or platform.machine(),
@@ -131,6 +143,7 @@ def main():
         "steps_per_series": args.steps, "rounds": args.rounds,
         "median_ms": med,
         "kiln_over_torch": med["kiln_kilnd"] / med["torch"],
+        "kilnd_over_inproc": med["kiln_kilnd"] / med["kiln_inproc"] if inproc else None,
     }))
 
 
