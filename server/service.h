@@ -4,7 +4,7 @@
 //   rpc_params.cc  SetParams (client stream), GetParams (server stream)
 //   rpc_run.cc     Run (through its device's scheduler in the engine)
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
-//   rpc_train.cc   TrainStep (training sessions)
+//   rpc_train.cc   TrainStep, TrainSteps (bidi stream): training sessions
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
@@ -60,7 +60,8 @@ using RawKilnService = v1::Kiln::WithRawCallbackMethod_Compile<
         v1::Kiln::WithRawCallbackMethod_GetParams<v1::Kiln::WithRawCallbackMethod_Run<
             v1::Kiln::WithRawCallbackMethod_CloseSession<v1::Kiln::WithRawCallbackMethod_ListDevices<
                 v1::Kiln::WithRawCallbackMethod_GetReport<v1::Kiln::WithRawCallbackMethod_ServerInfo<
-                    v1::Kiln::WithRawCallbackMethod_TrainStep<v1::Kiln::Service>>>>>>>>>>;
+                    v1::Kiln::WithRawCallbackMethod_TrainStep<
+                        v1::Kiln::WithRawCallbackMethod_TrainSteps<v1::Kiln::Service>>>>>>>>>>>;
 
 class KilnService final : public RawKilnService {
  public:
@@ -102,6 +103,8 @@ class KilnService final : public RawKilnService {
   grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* ctx,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TrainSteps(
+      grpc::CallbackServerContext* ctx) override;
 
   // --- Shared by the handler files (not part of the RPC surface). ---
 

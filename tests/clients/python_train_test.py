@@ -82,6 +82,25 @@ class TrainTest(unittest.TestCase):
         self.assertIn("opt/w1/momentum", params)
         s.close()
 
+    def test_streamed_steps_equal_single_steps(self):
+        rng = np.random.default_rng(2)
+        init = {"w1": rng.normal(0, 0.3, (6, 12)).astype(np.float32),
+                "b1": np.zeros(12, np.float32),
+                "w2": rng.normal(0, 0.3, (12, 3)).astype(np.float32),
+                "b2": np.zeros(3, np.float32)}
+        batches = [{"x": rng.normal(0, 1, (16, 6)).astype(np.float32),
+                    "y": rng.integers(0, 3, 16).astype(np.int64)} for _ in range(6)]
+        one = CLIENT.train_session(kiln.parse(MLP), loss="loss", params=init,
+                                   optimizer=kiln.Lion(lr=1e-3), device="cpu:0")
+        many = CLIENT.train_session(kiln.parse(MLP), loss="loss", params=init,
+                                    optimizer=kiln.Lion(lr=1e-3), device="cpu:0")
+        want = [one.step(b) for b in batches]
+        got = list(many.steps(batches))
+        self.assertEqual(got, want)
+        self.assertEqual(many.last.step, 6)
+        one.close()
+        many.close()
+
     def test_grad_and_hvp_one_shot(self):
         g = kiln.parse("graph \"q\"\ninput x: f32[3]\nparam w: f32[3]\n"
                        "let loss = reduce_sum(x * w * w * w)\nout loss\n")

@@ -337,5 +337,74 @@ TEST(TrainClientTest, FashionMnistMlpReaches88Percent) {
   EXPECT_THAT(r.out, HasSubstr("trained 1404 steps"));
 }
 
+// TrainSteps (one stream of batches) trains exactly as TrainStep calls do;
+// a bad batch ends the stream naming its step, the steps before it applied.
+TEST(TrainClientTest, StreamedStepsEqualSingleSteps) {
+  auto client = Client::Create(SharedKilnd().addr());
+  ASSERT_TRUE(client.ok());
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  auto random = [&](const Dims& d) {
+    HostTensor t = HostTensor::Create(v1::DTYPE_F32, d).value();
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, 0.3 * normal(rng));
+    return t;
+  };
+  TensorMap init;
+  for (const auto& [n, d] :
+       std::map<std::string, Dims>{{"w1", {10, 24}}, {"b1", {24}}, {"w2", {24, 3}}, {"b2", {3}}}) {
+    init.emplace(n, random(d));
+  }
+  std::vector<TensorMap> batches(8);
+  for (TensorMap& b : batches) {
+    b.emplace("x", random({32, 10}));
+    HostTensor y = HostTensor::Create(v1::DTYPE_I64, {32}).value();
+    for (int64_t i = 0; i < 32; ++i) y.SetFromDouble(i, static_cast<double>(rng() % 3));
+    b.emplace("y", std::move(y));
+  }
+  auto session = [&] {
+    TensorMap p;
+    for (const auto& [n, t] : init) p.emplace(n, t.Clone());
+    auto s = (*client)->CreateSession(Source(kMlp), Training(v1::OPTIMIZER_ADAMW, 0.01), p);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->session_id() : std::string();
+  };
+  const std::string single = session(), streamed = session();
+  std::vector<double> want;
+  for (const TensorMap& b : batches) {
+    auto r = (*client)->TrainStep(single, b);
+    ASSERT_TRUE(r.ok()) << r.status();
+    want.push_back(r->loss());
+  }
+  int seen = 0;
+  auto answers =
+      (*client)->TrainSteps(streamed, batches, [&](const v1::TrainStepResponse&) { ++seen; });
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  ASSERT_EQ(answers->size(), batches.size());
+  EXPECT_EQ(seen, 8);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*answers)[i].loss(), want[i]) << "step " << i + 1;
+    EXPECT_EQ((*answers)[i].step(), static_cast<int64_t>(i + 1));
+  }
+  auto a = (*client)->GetParams(single, {"w1"});
+  auto b = (*client)->GetParams(streamed, {"w1"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->at("w1").bytes(), b->at("w1").bytes());
+
+  // The third batch misses an input: two steps applied, the call fails there.
+  std::vector<TensorMap> bad;
+  for (int i = 0; i < 4; ++i) {
+    TensorMap m;
+    for (const auto& [n, t] : batches[i]) m.emplace(n, t.Clone());
+    bad.push_back(std::move(m));
+  }
+  bad[2].erase("y");
+  auto failed = (*client)->TrainSteps(streamed, bad);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("at step 3 of the stream"));
+  auto step = (*client)->GetParams(streamed, {"opt/step"});
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step->at("opt/step").GetAsDouble(0), 10.0);
+}
+
 }  // namespace
 }  // namespace kiln
