@@ -580,6 +580,50 @@ ValueRef AvgPoolVjp(Builder& b, const ir::Node& n, const PoolShape& p, ValueRef 
   return b.Reshape(dx, xd);
 }
 
+// Max pool in general (overlapping windows, padding): the input padded with
+// the dtype's lowest value (what a max pool pads with), then one strided
+// slice per window offset; each offset's elements equal to the window's max
+// share its derivative evenly. `fn(slice node, weight)` gets each offset's
+// slice of the padded input and its weight (hit / count over the result's
+// shape); returns the padded input.
+template <typename Fn>
+ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, Fn fn) {
+  const ValueRef x = n.operands[0];
+  const DType dt = n.type().dtype;
+  const IrDims yd = n.type().dims;
+  std::vector<int64_t> lo(yd.size(), 0), hi(yd.size(), 0);
+  for (int i = 0; i < p.sp; ++i) lo[2 + i] = p.lo[i], hi[2 + i] = p.hi[i];
+  v1::Attrs pad;
+  for (int64_t v : lo) pad.mutable_pad()->add_low(v);
+  for (int64_t v : hi) pad.mutable_pad()->add_high(v);
+  pad.mutable_pad()->set_value(dt == v1::DTYPE_F64 ? -1.7976931348623157e308 : -3.4028234663852886e38);
+  const ValueRef xp = b.r().Add(v1::OP_PAD, {x}, std::move(pad));
+  int64_t offsets = 1;
+  for (int64_t k : p.window) offsets *= k;
+  std::vector<const ir::Node*> slices;
+  std::vector<ValueRef> hits;
+  ValueRef count;
+  for (int64_t o = 0; o < offsets; ++o) {
+    v1::Attrs a;
+    int64_t rest = o;
+    for (int i = p.sp - 1; i >= 0; --i) {
+      const int64_t j = rest % p.window[i];
+      rest /= p.window[i];
+      a.mutable_slice()->add_axes(2 + i);
+      a.mutable_slice()->add_start(j);
+      a.mutable_slice()->add_stop(j + (yd[2 + i] - 1) * p.stride[i] + 1);
+      a.mutable_slice()->add_step(p.stride[i]);
+    }
+    const ValueRef xs = b.r().Add(v1::OP_SLICE, {xp}, std::move(a));
+    if (!b.status().ok()) return ValueRef{};
+    slices.push_back(b.graph().FindNode(xs.node));
+    hits.push_back(b.Mask(v1::COMPARE_EQ, xs, n.out(), dt));
+    count = Valid(count) ? b.Add(count, hits.back()) : hits.back();
+  }
+  for (size_t o = 0; o < slices.size(); ++o) fn(*slices[o], b.Div(hits[o], count));
+  return xp;
+}
+
 absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<ValueRef>& grads) {
   const int sp = static_cast<int>(n.type().rank()) - 2;
   const PoolShape p = PoolShapeOf(n, sp);
@@ -588,8 +632,22 @@ absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<Valu
     return b.status();
   }
   if (!NonOverlapping(p)) {
-    return NoRule(n, "max pool has a gradient rule only for windows that tile the input "
-                     "(stride = window, no padding)");
+    ValueRef sum;
+    const ValueRef xp = ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
+      ValueRef back = SliceVjp(b, slice, b.Mul(g, w));
+      sum = Valid(sum) ? b.Add(sum, back) : back;
+    });
+    if (!b.status().ok()) return b.status();
+    v1::Attrs crop;
+    const IrDims xd = b.T(n.operands[0]).dims;
+    for (int i = 0; i < sp; ++i) {
+      crop.mutable_slice()->add_axes(2 + i);
+      crop.mutable_slice()->add_start(p.lo[i]);
+      crop.mutable_slice()->add_stop(p.lo[i] + xd[2 + i]);
+    }
+    grads[0] = b.r().Add(v1::OP_SLICE, {sum}, std::move(crop));
+    (void)xp;
+    return b.status();
   }
   IrDims split;
   ValueRef w = MaxPoolWeights(b, n, p, &split);
@@ -685,8 +743,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_PAD:
       return n.attrs.pad().mode() == v1::PAD_CONSTANT;
     case v1::OP_POOL:
-      return n.attrs.pool().kind() == v1::POOL_AVG ||
-             NonOverlapping(PoolShapeOf(n, static_cast<int>(n.type().rank()) - 2));
+      return true;
     case v1::OP_REDUCE:
       return n.attrs.reduce().kind() != v1::REDUCE_PROD;
     default:
@@ -951,7 +1008,18 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       const int sp = static_cast<int>(y.rank()) - 2;
       const PoolShape p = PoolShapeOf(n, sp);
       if (!NonOverlapping(p)) {
-        return NoRule(n, "max pool has a derivative rule only for windows that tile the input");
+        v1::Attrs pad;
+        for (int64_t i = 0; i < y.rank(); ++i) {
+          pad.mutable_pad()->add_low(i < 2 ? 0 : p.lo[i - 2]);
+          pad.mutable_pad()->add_high(i < 2 ? 0 : p.hi[i - 2]);
+        }
+        const ValueRef tp = b.r().Add(v1::OP_PAD, {t[0]}, std::move(pad));
+        ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
+          ValueRef ts = b.r().Add(v1::OP_SLICE, {tp}, slice.attrs);
+          ValueRef part = b.Mul(ts, w);
+          out = Valid(out) ? b.Add(out, part) : part;
+        });
+        break;
       }
       IrDims split;
       ValueRef w = MaxPoolWeights(b, n, p, &split);
