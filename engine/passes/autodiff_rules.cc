@@ -668,6 +668,21 @@ absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<Valu
   return b.status();
 }
 
+// d prod(x over axes) / d x_i = the product of the other elements, exactly,
+// zeros included: with no zero in the group y / x_i; with one, the product of
+// the nonzero elements at the zero and 0 elsewhere; with more, 0.
+ValueRef ProdOthers(Builder& b, ValueRef x, const std::vector<int64_t>& axes) {
+  const DType dt = b.T(x).dtype;
+  ValueRef is_zero = b.r().Compare(v1::COMPARE_EQ, x, b.Sc(0, dt));
+  ValueRef zeros = b.SumKeep(b.r().Cast(is_zero, dt), axes);
+  ValueRef nonzero = b.r().Where(is_zero, b.Sc(1, dt), x);
+  ValueRef prod = b.r().Reduce(v1::REDUCE_PROD, nonzero, axes, true);
+  ValueRef one_zero = b.r().Where(is_zero, prod, b.Sc(0, dt));
+  return b.r().Where(
+      b.r().Compare(v1::COMPARE_EQ, zeros, b.Sc(0, dt)), b.Div(prod, nonzero),
+      b.r().Where(b.r().Compare(v1::COMPARE_EQ, zeros, b.Sc(1, dt)), one_zero, b.Sc(0, dt)));
+}
+
 }  // namespace
 
 ValueRef Builder::Scale(ValueRef x, double v) {
@@ -745,7 +760,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_POOL:
       return true;
     case v1::OP_REDUCE:
-      return n.attrs.reduce().kind() != v1::REDUCE_PROD;
+      return true;
     default:
       return false;
   }
@@ -885,8 +900,11 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
           grads[0] = b.Mul(gk, b.Div(hit, b.SumKeep(hit, axes)));
           break;
         }
+        case v1::REDUCE_PROD:
+          grads[0] = b.Mul(gk, ProdOthers(b, n.operands[0], axes));
+          break;
         default:
-          return NoRule(n, "reduce_prod has no gradient rule");
+          return NoRule(n, "unknown reduce kind");
       }
       break;
     }
@@ -1060,9 +1078,13 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
         out = b.Same(n, {t[0]});
         break;
       }
-      if (a.kind() == v1::REDUCE_PROD) return NoRule(n, "reduce_prod has no derivative rule");
       const TensorType& x = b.T(n.operands[0]);
       const std::vector<int64_t> axes = NormalizedAxes(a.axes(), x.rank());
+      if (a.kind() == v1::REDUCE_PROD) {
+        out = b.r().Reduce(v1::REDUCE_SUM, b.Mul(t[0], ProdOthers(b, n.operands[0], axes)), axes,
+                           a.keepdims());
+        break;
+      }
       ValueRef hit = b.Mask(v1::COMPARE_EQ, n.operands[0],
                             b.BroadcastTo(b.Reshape(n.out(), KeepDims(x.dims, axes)), x.dims),
                             x.dtype);

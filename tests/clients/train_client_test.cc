@@ -159,9 +159,10 @@ TEST(TrainClientTest, BadTrainingRequestsAreNamed) {
   o.mutable_transforms()->mutable_training()->set_loss("nope");
   expect(o, absl::StatusCode::kInvalidArgument, "\"nope\" is no output");
   o = Training(v1::OPTIMIZER_SGD, 0.1);
-  expect(o, absl::StatusCode::kUnimplemented, "(reduce) is not differentiable",
+  expect(o, absl::StatusCode::kUnimplemented, "(pad) is not differentiable",
          "graph \"p\"\ninput x: f32[1, 1, 4, 4]\nparam w: f32[1, 1, 4, 4]\n"
-         "let loss = reduce_sum(reduce_prod(x * w, axes=[3]))\nout loss\n");
+         "let loss = reduce_sum(pad(x * w, low=[0, 0, 1, 1], high=[0, 0, 1, 1], mode=reflect))\n"
+         "out loss\n");
 
   // TrainStep on an inference session, and on a session that does not exist.
   auto plain = (*client)->CreateSession(Source(kMlp), {});
