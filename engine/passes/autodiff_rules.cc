@@ -624,6 +624,37 @@ ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, 
   return xp;
 }
 
+// The cotangent of edge or reflect padding: per padded axis, the middle of
+// the cotangent, plus each padded border folded back onto the elements it
+// copied (edge: summed onto the first / last element; reflect: reversed onto
+// the elements after the first / before the last).
+ValueRef PadFoldVjp(Builder& b, const ir::Node& n, ValueRef g) {
+  const auto& a = n.attrs.pad();
+  const IrDims xd = b.T(n.operands[0]).dims;
+  const bool edge = a.mode() == v1::PAD_EDGE;
+  ValueRef out = g;
+  for (int64_t axis = 0; axis < static_cast<int64_t>(xd.size()); ++axis) {
+    const int64_t lo = a.low(axis), hi = a.high(axis), len = xd[axis];
+    if (lo == 0 && hi == 0) continue;
+    ValueRef mid = b.Slice(out, axis, lo, lo + len);
+    auto fold = [&](int64_t start, int64_t stop, int64_t before, int64_t after) {
+      std::vector<int64_t> l(xd.size(), 0), h(xd.size(), 0);
+      ValueRef part = b.Slice(out, axis, start, stop);
+      part = edge ? b.SumKeep(part, {axis}) : Reverse(b, part, axis);
+      l[axis] = before;
+      h[axis] = after;
+      mid = b.Add(mid, b.Pad(part, l, h));
+    };
+    if (lo > 0) edge ? fold(0, lo, 0, len - 1) : fold(0, lo, 1, len - 1 - lo);
+    if (hi > 0) {
+      edge ? fold(lo + len, lo + len + hi, len - 1, 0)
+           : fold(lo + len, lo + len + hi, len - 1 - hi, 1);
+    }
+    out = mid;
+  }
+  return out;
+}
+
 absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<ValueRef>& grads) {
   const int sp = static_cast<int>(n.type().rank()) - 2;
   const PoolShape p = PoolShapeOf(n, sp);
@@ -756,7 +787,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
       return true;
     case v1::OP_PAD:
-      return n.attrs.pad().mode() == v1::PAD_CONSTANT;
+      return true;
     case v1::OP_POOL:
       return true;
     case v1::OP_REDUCE:
@@ -849,7 +880,8 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       break;
     case v1::OP_PAD: {
       if (n.attrs.pad().mode() != v1::PAD_CONSTANT) {
-        return NoRule(n, "only constant padding has a gradient rule (reflect and edge do not)");
+        grads[0] = PadFoldVjp(b, n, g);
+        break;
       }
       v1::Attrs a;
       for (int64_t i = 0; i < y.rank(); ++i) {
@@ -998,10 +1030,7 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       out = b.Same(n, {t[0]});
       break;
     case v1::OP_PAD: {
-      if (n.attrs.pad().mode() != v1::PAD_CONSTANT) {
-        return NoRule(n, "only constant padding has a derivative rule (reflect and edge do not)");
-      }
-      v1::Attrs a = n.attrs;
+      v1::Attrs a = n.attrs;  // linear in x: the same padding of the tangent
       a.mutable_pad()->set_value(0);
       out = b.r().Add(v1::OP_PAD, {t[0]}, std::move(a));
       break;

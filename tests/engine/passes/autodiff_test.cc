@@ -299,6 +299,14 @@ std::vector<Case> Cases() {
                    "graph \"p\"\ninput x: T[2, 3]\n"
                    "let y = pad(x, low=[1, 0], high=[0, 2], value=0.5)\nout y\n",
                    {"x"}});
+  cases.push_back({"pad_edge",
+                   "graph \"p\"\ninput x: T[3, 4]\n"
+                   "let y = pad(x, low=[2, 0], high=[1, 3], mode=edge)\nout y\n",
+                   {"x"}});
+  cases.push_back({"pad_reflect",
+                   "graph \"p\"\ninput x: T[4, 5]\n"
+                   "let y = pad(x, low=[1, 3], high=[2, 1], mode=reflect)\nout y\n",
+                   {"x"}});
   cases.push_back({"gather",
                    "graph \"g\"\ninput x: T[4, 3]\ninput i: i64[2, 2]\n"
                    "let y = gather(x, i, axis=0)\nout y\n",
