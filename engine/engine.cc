@@ -16,6 +16,7 @@
 #include "engine/runtime/fair_scheduler.h"
 #include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
+#include "engine/train/train_step.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -274,6 +275,62 @@ absl::StatusOr<CompileResult> Engine::Compile(
 
 absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateParams(std::span<const TensorRef> values) {
   KILN_ASSIGN_OR_RETURN(auto set, runtime::ParamSetImpl::Create(impl_->registry, *impl_->registry->cpu(), values));
+  return std::shared_ptr<ParamSet>(std::move(set));
+}
+
+absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
+    const Executable& step, std::span<const TensorRef> values) {
+  const v1::Executable& lir = step.lir();
+  if (lir.param_updates_size() == 0) {
+    return absl::InvalidArgumentError(
+        "the executable is not a training step (compile it with a training spec)");
+  }
+  backend::Device* device = impl_->registry->Find(lir.placement().chosen());
+  if (device == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the training step's device \"", lir.placement().chosen(), "\" is gone"));
+  }
+  std::map<std::string, const TensorRef*> given;
+  for (const TensorRef& v : values) {
+    if (!given.emplace(v.name, &v).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
+    }
+  }
+  std::vector<TensorRef> all;
+  std::vector<HostTensor> zeros;
+  zeros.reserve(lir.params_size());
+  for (int i = 0; i < lir.params_size(); ++i) {
+    const std::string& name = lir.params(i).name();
+    const v1::TensorType& want = lir.slots(lir.params(i).slot()).type();
+    Dims dims;
+    for (const auto& d : want.dims()) dims.push_back(d.size());
+    auto it = given.find(name);
+    if (it == given.end()) {
+      if (!train::IsOptimizerState(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param \"", name, "\" (", DTypeName(want.dtype()), DimsToString(dims),
+            ") of the training step is not given"));
+      }
+      KILN_ASSIGN_OR_RETURN(HostTensor z, HostTensor::Create(want.dtype(), dims));
+      zeros.push_back(std::move(z));
+      all.push_back(TensorRef::Of(name, zeros.back()));
+      continue;
+    }
+    const TensorRef& v = *it->second;
+    if (v.dtype != want.dtype() || v.dims != dims) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param \"", name, "\" must be ", DTypeName(want.dtype()), DimsToString(dims), ", is ",
+          DTypeName(v.dtype), DimsToString(v.dims)));
+    }
+    all.push_back(v);
+    given.erase(it);
+  }
+  if (!given.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training step has no param named \"", given.begin()->first, "\""));
+  }
+  KILN_ASSIGN_OR_RETURN(auto set,
+                        runtime::ParamSetImpl::Create(impl_->registry, *device, all, true));
   return std::shared_ptr<ParamSet>(std::move(set));
 }
 

@@ -27,6 +27,7 @@
 #include "kiln/v1/executable.pb.h"
 #include "kiln/v1/graph.pb.h"
 #include "kiln/v1/report.pb.h"
+#include "kiln/v1/train.pb.h"
 
 namespace kiln {
 
@@ -128,6 +129,9 @@ struct CompileOptions {
   // Writes the text IR after every stage into this directory (also set by
   // the KILN_DUMP environment variable).
   std::string dump_dir;
+  // Autodiff and training-step transforms (kiln/v1/train.proto; the
+  // transforms stage, engine/passes/transforms.cc). Part of the executable key.
+  v1::TransformSpec transforms;
 };
 
 // A tensor the caller owns, read during the call. Data is dense row-major,
@@ -176,6 +180,9 @@ class ParamSet {
   virtual std::vector<std::string> names() const = 0;
   // Copies a parameter back to the host (GetParams).
   virtual absl::StatusOr<HostTensor> Read(const std::string& name) const = 0;
+  // A training set (Engine::CreateTrainingParams): training steps update its
+  // values in place on its device.
+  virtual bool training() const { return false; }
 };
 
 struct RunOptions {
@@ -239,6 +246,15 @@ class Engine {
   // Uploads parameters (names unique, byte sizes matching their types). Runs
   // check that every param an executable reads is present with its type.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateParams(std::span<const TensorRef> values);
+
+  // The param set of a training step (an executable compiled with
+  // CompileOptions::transforms.training): resident on the executable's device
+  // and updated there in place by each run (no host round trip). `values`
+  // holds every param of the graph; optimizer state (names under "opt/",
+  // engine/train/optimizer.h) may be given (a resumed run) and is otherwise
+  // zero. Runs of a step on one set are serialized; Read sees whole steps.
+  absl::StatusOr<std::shared_ptr<ParamSet>> CreateTrainingParams(
+      const Executable& step, std::span<const TensorRef> values);
 
   // Runs an executable through the scheduler of the device it was placed on
   // (queue, fairness, deadline: RunOptions), on a free run context, and blocks

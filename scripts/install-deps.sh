@@ -28,6 +28,8 @@ packages=(
   python3-torch python3-onnx libopenblas0-pthread
   # ONNX import: the schema (onnx/onnx-ml.pb.h, libonnx_proto) and the backend node tests
   libonnx-dev libonnx-testdata
+  # training: kilnctl train --data fashion-mnist (and its test) reads the gzip IDX files
+  dataset-fashion-mnist zlib1g-dev
   # metrics scrape test
   curl
   # deploy tests (tests/deploy): compose files validated by docker-compose 1.29,

@@ -140,6 +140,14 @@ Metrics::Metrics()
                       .Name("kiln_run_seconds")
                       .Help("Time runs executed on their device, by tenant and device")
                       .Register(*registry_);
+  train_steps_ = &prometheus::BuildCounter()
+                      .Name("kiln_train_steps_total")
+                      .Help("Training steps taken by training sessions, by tenant")
+                      .Register(*registry_);
+  train_step_seconds_ = &prometheus::BuildHistogram()
+                             .Name("kiln_train_step_seconds")
+                             .Help("Time of a training step (queue and run), by tenant")
+                             .Register(*registry_);
 }
 
 Metrics::~Metrics() = default;
@@ -197,6 +205,12 @@ void Metrics::ObserveRun(const std::string& tenant, const v1::DispatchReport& re
   queue_seconds_->Add(labels, LatencyBuckets()).Observe(report.queue_micros() * 1e-6);
   run_seconds_->Add(labels, LatencyBuckets()).Observe(report.run_micros() * 1e-6);
   CountKernelSteps(report);
+}
+
+void Metrics::ObserveTrainStep(const std::string& tenant, absl::Duration took) {
+  const prometheus::Labels labels{{"tenant", tenant}};
+  train_steps_->Add(labels).Increment();
+  train_step_seconds_->Add(labels, LatencyBuckets()).Observe(absl::ToDoubleSeconds(took));
 }
 
 void Metrics::CountKernelSteps(const v1::DispatchReport& report) {

@@ -67,6 +67,8 @@ class Metrics {
   // tenant and device (the placement's chosen device), kernels and kernel
   // time by backend (the device id's prefix) and path.
   void ObserveRun(const std::string& tenant, const v1::DispatchReport& report);
+  // A training step of a training session (its run is also ObserveRun's).
+  void ObserveTrainStep(const std::string& tenant, absl::Duration took);
 
   // A gauge or counter family for the collector: one sample per label set.
   static prometheus::MetricFamily Family(const std::string& name, const std::string& help,
@@ -94,6 +96,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* queue_seconds_;
   prometheus::Family<prometheus::Histogram>* compile_seconds_;
   prometheus::Family<prometheus::Histogram>* run_seconds_;
+  prometheus::Family<prometheus::Counter>* train_steps_;
+  prometheus::Family<prometheus::Histogram>* train_step_seconds_;
 };
 
 }  // namespace kiln::server

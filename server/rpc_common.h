@@ -52,10 +52,21 @@ absl::Status BindParams(Engine& engine, Session& session, std::span<const Tensor
 
 // The session's executable for these inputs' shapes: remembered, or
 // compiled (its arena charged to the tenant's device memory). `reused` is
-// set to whether it was remembered. (rpc_run.cc)
+// set to whether it was remembered. `training`: the training step of a
+// training session instead of its forward graph. (rpc_run.cc)
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
-                                                    bool* reused);
+                                                    bool* reused, bool training = false);
+
+// A training session's params as a training set for `step` (rpc_train.cc):
+// the bound set converted on the first step (optimizer state zero unless
+// bound), its state bytes charged to the tenant; the same set afterwards.
+absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session& session,
+                                                         const Executable& step);
+
+// Checks a training session's spec against its graph's signature and the
+// optimizer's ranges (rpc_train.cc); INVALID_ARGUMENT naming what is wrong.
+absl::Status CheckTrainingSpec(const GraphSignature& signature, const v1::TrainingSpec& spec);
 
 // Parses a raw request or stream message; INVALID_ARGUMENT naming `what`
 // (and the message type) when the bytes are not that message.

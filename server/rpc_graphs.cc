@@ -90,6 +90,13 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     const CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, model ? model->signature : d.engine->Inspect(graph));
+    if (options.transforms.has_training()) {
+      if (options.transforms.autodiff().mode() != v1::AUTODIFF_NONE) {
+        return absl::InvalidArgumentError(
+            "a training session takes a training spec, not an autodiff transform");
+      }
+      KILN_RETURN_IF_ERROR(CheckTrainingSpec(sig, options.transforms.training()));
+    }
     KILN_ASSIGN_OR_RETURN(std::vector<TensorRef> params,
                           CheckNamedTensors(request.params(), d.config->limits(), "param"));
     for (const TensorRef& p : params) {
@@ -112,6 +119,9 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
       // A graph without symbolic inputs compiles now: its errors surface here.
       if (!session->symbolic()) {
         KILN_RETURN_IF_ERROR(SessionExecutable(*this, *session, {}, nullptr).status());
+        if (session->training()) {
+          KILN_RETURN_IF_ERROR(SessionExecutable(*this, *session, {}, nullptr, true).status());
+        }
       }
       return absl::OkStatus();
     }();

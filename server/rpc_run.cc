@@ -153,10 +153,15 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       return absl::OkStatus();
     }
     KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_.graph(), d.config->limits()));
-    if (std::optional<GraphSignature> declared = DeclaredInputs(graph)) {
+    const CompileOptions options = ToEngineOptions(request_.options());
+    // vjp, jvp and hvp add inputs (cotangent/..., tangent/...): the compiled
+    // executable checks those runs' inputs instead.
+    const v1::AutodiffMode mode = options.transforms.autodiff().mode();
+    const bool adds_inputs = mode == v1::AUTODIFF_VJP || mode == v1::AUTODIFF_JVP ||
+                             mode == v1::AUTODIFF_HVP;
+    if (std::optional<GraphSignature> declared = DeclaredInputs(graph); declared && !adds_inputs) {
       KILN_RETURN_IF_ERROR(CheckInputsAgainst(*declared, inputs_));
     }
-    const CompileOptions options = ToEngineOptions(request_.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     std::vector<std::pair<std::string, Dims>> shapes;
     for (const TensorRef& t : inputs_) shapes.emplace_back(t.name, t.dims);
@@ -286,9 +291,10 @@ class RunReactor final : public grpc::ServerUnaryReactor {
 
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
-                                                    bool* reused) {
+                                                    bool* reused, bool training) {
   const ServiceDeps& d = service.deps();
-  const std::string key = session.symbolic() ? ShapeKey(inputs) : "";
+  const std::string key =
+      absl::StrCat(training ? "train|" : "", session.symbolic() ? ShapeKey(inputs) : "");
   if (std::optional<Session::Compiled> c = session.FindExecutable(key)) {
     if (reused) *reused = true;
     return *c;
@@ -299,7 +305,10 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
     for (const TensorRef& t : inputs) shapes.emplace_back(t.name, t.dims);
   }
   const absl::Time t0 = absl::Now();
-  KILN_ASSIGN_OR_RETURN(CompileResult r, d.engine->Compile(session.graph(), session.options(), shapes));
+  KILN_ASSIGN_OR_RETURN(CompileResult r,
+                        d.engine->Compile(session.graph(),
+                                          training ? session.training_options() : session.options(),
+                                          shapes));
   d.metrics->ObserveCompile(session.owner().name(), r.executable->lir().placement().chosen(),
                             r.report.executable_cache(), absl::Now() - t0);
   ScopeCacheReport(*d.tenants, session.owner(), r.report);

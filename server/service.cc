@@ -155,6 +155,7 @@ CompileOptions ToEngineOptions(const v1::CompileOptions& options) {
   o.device = options.device().empty() ? "auto" : options.device();
   o.prefer_common_ir = options.prefer_common_ir();
   o.enable_fusion = !options.disable_fusion();
+  o.transforms = options.transforms();
   return o;
 }
 

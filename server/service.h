@@ -5,6 +5,7 @@
 //   rpc_run.cc     Run (through its device's scheduler in the engine)
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
 //   rpc_models.cc  ListModels, LoadModel, UnloadModel (the model repository)
+//   rpc_train.cc   TrainStep, TrainSteps (bidi stream): training sessions
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
@@ -63,7 +64,8 @@ using RawKilnService = v1::Kiln::WithRawCallbackMethod_Compile<
             v1::Kiln::WithRawCallbackMethod_CloseSession<v1::Kiln::WithRawCallbackMethod_ListDevices<
                 v1::Kiln::WithRawCallbackMethod_GetReport<v1::Kiln::WithRawCallbackMethod_ServerInfo<
                     v1::Kiln::WithRawCallbackMethod_ListModels<v1::Kiln::WithRawCallbackMethod_LoadModel<
-                        v1::Kiln::WithRawCallbackMethod_UnloadModel<v1::Kiln::Service>>>>>>>>>>>>;
+                        v1::Kiln::WithRawCallbackMethod_UnloadModel<v1::Kiln::WithRawCallbackMethod_TrainStep<
+                            v1::Kiln::WithRawCallbackMethod_TrainSteps<v1::Kiln::Service>>>>>>>>>>>>>>;
 
 class KilnService final : public RawKilnService {
  public:
@@ -112,6 +114,12 @@ class KilnService final : public RawKilnService {
   grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* request,
                                         grpc::ByteBuffer* response) override;
+  // rpc_train.cc
+  grpc::ServerUnaryReactor* TrainStep(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TrainSteps(
+      grpc::CallbackServerContext* ctx) override;
 
   // --- Shared by the handler files (not part of the RPC surface). ---
 

@@ -13,7 +13,14 @@ Session::Session(std::string id, Tenant& owner, v1::Graph graph, GraphSignature 
       owner_(owner),
       graph_(std::move(graph)),
       signature_(std::move(signature)),
-      options_(std::move(options)),
+      training_(options.transforms.has_training()
+                    ? std::optional<v1::TrainingSpec>(options.transforms.training())
+                    : std::nullopt),
+      options_([&] {
+        CompileOptions o = std::move(options);
+        o.transforms.clear_training();
+        return o;
+      }()),
       symbolic_([this] {
         for (const auto& in : signature_.inputs) {
           for (const v1::Dim& d : in.type.dims()) {
@@ -22,6 +29,12 @@ Session::Session(std::string id, Tenant& owner, v1::Graph graph, GraphSignature 
         }
         return false;
       }()) {}
+
+CompileOptions Session::training_options() const {
+  CompileOptions o = options_;
+  if (training_) *o.transforms.mutable_training() = *training_;
+  return o;
+}
 
 std::optional<Session::Compiled> Session::FindExecutable(const std::string& shape_key) const {
   absl::MutexLock lock(&state_mu_);

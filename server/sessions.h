@@ -39,7 +39,12 @@ class Session {
   Tenant& owner() const { return owner_; }
   const v1::Graph& graph() const { return graph_; }
   const GraphSignature& signature() const { return signature_; }
+  // Without the training spec: what Run compiles (the forward graph).
   const CompileOptions& options() const { return options_; }
+  // A training session's spec (CreateSession with options.transforms.training);
+  // TrainStep compiles options() plus it.
+  const std::optional<v1::TrainingSpec>& training() const { return training_; }
+  CompileOptions training_options() const;
   // True when some input has a symbolic dim: executables are per shape.
   bool symbolic() const { return symbolic_; }
 
@@ -96,6 +101,7 @@ class Session {
   Tenant& owner_;
   const v1::Graph graph_;
   const GraphSignature signature_;
+  const std::optional<v1::TrainingSpec> training_;
   const CompileOptions options_;
   const bool symbolic_;
 

@@ -329,6 +329,44 @@ absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, cons
   return DoRun(req);
 }
 
+absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& session_id,
+                                                        const TensorMap& batch) const {
+  if (session_id.empty()) return absl::InvalidArgumentError("TrainStep: empty session id");
+  v1::TrainStepRequest req;
+  req.set_session_id(session_id);
+  ToNamedTensors(batch, req.mutable_inputs());
+  v1::TrainStepResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::TrainStepResponse>> Client::TrainSteps(
+    const std::string& session_id, std::span<const TensorMap> batches,
+    const std::function<void(const v1::TrainStepResponse&)>& on_step) const {
+  if (session_id.empty()) return absl::InvalidArgumentError("TrainSteps: empty session id");
+  auto ctx = NewContext();
+  auto stream = stub_->TrainSteps(ctx.get());
+  std::vector<v1::TrainStepResponse> answers;
+  bool broken = false;
+  for (size_t i = 0; i < batches.size() && !broken; ++i) {
+    v1::TrainStepRequest req;
+    if (i == 0) req.set_session_id(session_id);
+    ToNamedTensors(batches[i], req.mutable_inputs());
+    v1::TrainStepResponse resp;
+    if (!stream->Write(req) || !stream->Read(&resp)) {
+      broken = true;  // the server ended the call: its status says why
+      break;
+    }
+    if (on_step) on_step(resp);
+    answers.push_back(std::move(resp));
+  }
+  stream->WritesDone();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stream->Finish()))
+      << "after " << answers.size() << " of " << batches.size() << " steps";
+  return answers;
+}
+
 absl::Status Client::CloseSession(const std::string& session_id) const {
   v1::CloseSessionRequest req;
   req.set_session_id(session_id);

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <map>
 #include <memory>
 #include <string>
@@ -145,6 +146,20 @@ class Client {
   // One-shot: compiles `graph` (cached by content on the server) and runs it.
   absl::StatusOr<RunResult> Run(const v1::GraphSource& graph, const TensorMap& inputs,
                                 const TensorMap& params = {}, const RunOptions& options = {}) const;
+
+  // One training step of a training session (one made with
+  // options.transforms.training): `batch` holds every input of the graph.
+  // Answers the loss (before the step's update), the step count and the
+  // learning rate; the trained params stay on the server (GetParams).
+  absl::StatusOr<v1::TrainStepResponse> TrainStep(const std::string& session_id,
+                                                  const TensorMap& batch) const;
+  // Many steps in one call (TrainSteps, a bidirectional stream): batches are
+  // sent one at a time, each after the previous step's answer, and
+  // `on_step` (may be empty) sees each answer. Returns the answers; the first
+  // failed step ends the call with its status (earlier steps stay applied).
+  absl::StatusOr<std::vector<v1::TrainStepResponse>> TrainSteps(
+      const std::string& session_id, std::span<const TensorMap> batches,
+      const std::function<void(const v1::TrainStepResponse&)>& on_step = {}) const;
 
   absl::Status CloseSession(const std::string& session_id) const;
   absl::StatusOr<v1::ListDevicesResponse> ListDevices() const;

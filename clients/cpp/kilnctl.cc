@@ -29,6 +29,7 @@
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/kilnctl_import.h"
 #include "clients/cpp/kilnctl_models.h"
+#include "clients/cpp/kilnctl_train.h"
 #include "engine/io/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
@@ -463,6 +464,8 @@ int Main(int argc, char** argv) {
   AddImportCommand(app);  // kilnctl import: ONNX -> graph file, offline
   ModelsFlags mf;
   CLI::App* models = AddModelsCommand(app, mf);
+  TrainFlags tf;
+  AddTrainCommand(app, tf);
 
   CLI::App* cache = app.add_subcommand("cache", "compile cache");
   cache->require_subcommand(1);
@@ -488,6 +491,11 @@ int Main(int argc, char** argv) {
   if (app.got_subcommand("report")) return Report(CmdReport(g, pf));
   if (app.got_subcommand("cache")) return Report(CmdCacheStats(g));
   if (app.got_subcommand("models")) return Report(RunModelsCommand(*models, mf, [&g] { return Connect(g); }));
+  if (app.got_subcommand("train")) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Connect(g);
+    if (!client.ok()) return Report(client.status());
+    return Report(CmdTrain(**client, tf, ProgressWanted(g.progress)));
+  }
   return 2;
 }
 

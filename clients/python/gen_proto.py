@@ -20,6 +20,7 @@ PROTOS = [
     "kiln/v1/tensor.proto",
     "kiln/v1/graph.proto",
     "kiln/v1/report.proto",
+    "kiln/v1/train.proto",
     "kiln/v1/service.proto",
     "kiln/v1/config.proto",
     "grpc/health/v1/health.proto",

@@ -42,6 +42,11 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   key.Add("graph", Deterministic(canonical));
   key.Add("options", absl::StrCat("device=", options.device, ";common_ir=",
                                   options.prefer_common_ir, ";fusion=", options.enable_fusion));
+  // Only a graph that asks for transforms gets the component, so the keys of
+  // every other graph stay what they were.
+  if (options.transforms.ByteSizeLong() > 0) {
+    key.Add("transforms", Deterministic(options.transforms));
+  }
   key.Add("devices", devices_signature);
   std::string shape_sig;
   for (const ir::Node* in : graph.Inputs()) {

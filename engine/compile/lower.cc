@@ -114,9 +114,12 @@ absl::StatusOr<v1::Executable> Lower(const ir::Graph& g, const passes::PassConte
     k->set_flops(work.flops);
     k->set_bytes(work.bytes);
   }
+  absl::flat_hash_map<std::string, std::string> updates(ctx.param_updates.begin(),
+                                                        ctx.param_updates.end());
   for (const ir::GraphOutput& o : g.outputs()) {
-    v1::LirNamedSlot* out = exe.add_outputs();
-    out->set_name(o.name);
+    auto u = updates.find(o.name);
+    v1::LirNamedSlot* out = u == updates.end() ? exe.add_outputs() : exe.add_param_updates();
+    out->set_name(u == updates.end() ? o.name : u->second);
     out->set_slot(slot_of.at(o.value));
   }
   for (const auto& [device, bytes] : plan.arena_bytes) {

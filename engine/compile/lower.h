@@ -16,7 +16,7 @@
 namespace kiln::compile {
 
 // The LIR format this compiler writes; readers reject any other.
-inline constexpr uint32_t kLirFormatVersion = 1;
+inline constexpr uint32_t kLirFormatVersion = 2;
 
 // What the user's graph called each node, so reports can name the user's
 // nodes a kernel covers even after passes replaced them.

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
   ctx.prefer_common_ir = options.prefer_common_ir;
   ctx.enable_fusion = options.enable_fusion;
   ctx.cost_model = options_.cost_model;
+  ctx.transforms = options.transforms;
   int index = 1;
   for (const std::string& stage : passes::PipelineStages()) {
     const auto t = Clock::now();

@@ -16,6 +16,7 @@
 #include "backends/backend.h"
 #include "engine/ir/graph.h"
 #include "kiln/v1/report.pb.h"
+#include "kiln/v1/train.pb.h"
 
 namespace kiln::runtime {
 class CostModel;
@@ -51,6 +52,13 @@ struct PassContext {
   bool prefer_common_ir = false;
   bool enable_fusion = true;
   const runtime::CostModel* cost_model = nullptr;  // may be null: fixed heuristics
+  // What the transforms stage applies (autodiff, training step).
+  v1::TransformSpec transforms;
+
+  // Set by transforms for a training step: graph outputs that are the new
+  // values of params (output name -> param name). Lowering makes them the
+  // executable's param updates instead of outputs.
+  std::vector<std::pair<std::string, std::string>> param_updates;
 
   // Filled by passes for the compile report.
   std::vector<std::string> notes;

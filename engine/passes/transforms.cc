@@ -1,11 +1,14 @@
 // Transforms (DESIGN.md section 3, stage 2): the graph-to-graph transforms a
-// compile asks for (grad, jvp, vmap, AMP, QAT, optimizer updates). None is
-// requestable yet (they arrive with the training work), so this stage checks
-// that the graph carries nothing it would have to transform and passes it on;
-// it keeps its place and timing in the pipeline.
+// compile asks for through CompileOptions::transforms (kiln/v1/train.proto):
+// autodiff (grad, grad_with_loss, vjp, jvp, hvp: passes/autodiff.h) or a
+// training step (the backward graph plus the optimizer's updates:
+// train/train_step.h). A graph that asks for neither passes through.
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "engine/passes/autodiff.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"
+#include "engine/train/train_step.h"
 
 namespace kiln::passes {
 namespace {
@@ -13,7 +16,32 @@ namespace {
 class TransformsPass final : public Pass {
  public:
   std::string name() const override { return "transforms"; }
-  absl::Status Run(ir::Graph&, PassContext&) const override { return absl::OkStatus(); }
+  absl::Status Run(ir::Graph& graph, PassContext& ctx) const override {
+    const v1::TransformSpec& spec = ctx.transforms;
+    const bool training = spec.has_training();
+    if (training && spec.autodiff().mode() != v1::AUTODIFF_NONE) {
+      return absl::InvalidArgumentError(
+          "the compile options ask for both a training step and an autodiff transform; a "
+          "training step takes its gradients itself");
+    }
+    if (training) {
+      if (spec.training().loss().empty()) {
+        return absl::InvalidArgumentError("the training spec names no loss output");
+      }
+      KILN_RETURN_IF_ERROR(train::AppendTrainStep(graph, spec.training(), &ctx.param_updates));
+      ctx.notes.push_back(absl::StrCat("transforms: training step on loss \"",
+                                       spec.training().loss(), "\" with ", ctx.param_updates.size(),
+                                       " param updates"));
+      return absl::OkStatus();
+    }
+    KILN_ASSIGN_OR_RETURN(bool changed, ApplyAutodiff(graph, spec.autodiff()));
+    if (changed) {
+      ctx.notes.push_back(
+          absl::StrCat("transforms: ", v1::AutodiffMode_Name(spec.autodiff().mode()), " of \"",
+                       spec.autodiff().output(), "\""));
+    }
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace

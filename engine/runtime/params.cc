@@ -6,8 +6,10 @@
 namespace kiln::runtime {
 
 absl::StatusOr<std::shared_ptr<ParamSetImpl>> ParamSetImpl::Create(
-    std::shared_ptr<const void> keep_alive, backend::Device& home, std::span<const TensorRef> values) {
+    std::shared_ptr<const void> keep_alive, backend::Device& home, std::span<const TensorRef> values,
+    bool training) {
   auto set = std::shared_ptr<ParamSetImpl>(new ParamSetImpl(std::move(keep_alive), home));
+  set->training_ = training;
   KILN_ASSIGN_OR_RETURN(auto stream, home.CreateStream());
   for (const TensorRef& v : values) {
     if (v.name.empty()) return absl::InvalidArgumentError("a param has an empty name");
@@ -51,6 +53,7 @@ const ParamSetImpl::Entry* ParamSetImpl::Find(const std::string& name) const {
 absl::StatusOr<HostTensor> ParamSetImpl::Read(const std::string& name) const {
   const Entry* e = Find(name);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
+  absl::ReaderMutexLock step(&step_mu_);
   KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(e->dtype, e->dims));
   KILN_ASSIGN_OR_RETURN(auto stream, home_.CreateStream());
   if (e->bytes > 0) {
@@ -66,6 +69,11 @@ absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
   const Entry* e = Find(name);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
   if (&device == &home_) return backend::BufferView{home_buffers_.at(name).get(), 0, e->bytes};
+  if (training_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param \"", name, "\" belongs to a training set on ", home_.info().id,
+        "; it cannot be read on ", device.info().id));
+  }
   absl::MutexLock lock(&mirrors_mu_);
   auto key = std::make_pair(name, device.info().id);
   auto it = mirrors_.find(key);

@@ -25,13 +25,21 @@ class ParamSetImpl final : public ParamSet {
 
   // `keep_alive` owns `home` and every device a mirror may land on (the
   // device registry), so a parameter set may outlive the Engine.
+  // A `training` set lives on `home` only (no mirrors): training steps
+  // there write their new values into it (Program::Run, LIR param_updates).
   static absl::StatusOr<std::shared_ptr<ParamSetImpl>> Create(std::shared_ptr<const void> keep_alive,
                                                               backend::Device& home,
-                                                              std::span<const TensorRef> values);
+                                                              std::span<const TensorRef> values,
+                                                              bool training = false);
 
   int64_t total_bytes() const override { return total_bytes_; }
   std::vector<std::string> names() const override;
   absl::StatusOr<HostTensor> Read(const std::string& name) const override;
+  bool training() const override { return training_; }
+  backend::Device& home() const { return home_; }
+  // Held exclusively by a training step's run for its whole length (steps on
+  // one set are serialized), shared by Read (which sees whole steps).
+  absl::Mutex& step_mu() const { return step_mu_; }
 
   const Entry* Find(const std::string& name) const;
   // The parameter's bytes on `device`, copying it there on first use.
@@ -43,6 +51,8 @@ class ParamSetImpl final : public ParamSet {
 
   std::shared_ptr<const void> keep_alive_;  // first: destroyed after every buffer
   backend::Device& home_;
+  bool training_ = false;
+  mutable absl::Mutex step_mu_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<backend::Buffer>> home_buffers_;
   int64_t total_bytes_ = 0;

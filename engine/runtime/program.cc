@@ -409,6 +409,30 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   std::vector<const TensorRef*> by_index;
   KILN_RETURN_IF_ERROR(CheckInputs(inputs, &by_index));
   KILN_RETURN_IF_ERROR(CheckParams(params));
+  // A training step writes its param set: one step at a time per set, and
+  // only into a training set on the step's own device.
+  std::optional<absl::MutexLock> step_lock;
+  if (lir_.param_updates_size() > 0) {
+    if (params == nullptr || !params->training()) {
+      return absl::FailedPreconditionError(
+          "this executable is a training step: its params must be a training set "
+          "(Engine::CreateTrainingParams, or a training session)");
+    }
+    for (const v1::LirNamedSlot& u : lir_.param_updates()) {
+      const std::string& device = lir_.slots(u.slot()).device();
+      if (device != params->home().info().id) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the training step updates param \"", u.name(), "\" on ", device,
+            " but its training set lives on ", params->home().info().id));
+      }
+    }
+    step_lock.emplace(&params->step_mu());
+  }
+  // A run that only reads a training set sees whole steps.
+  std::optional<absl::ReaderMutexLock> read_lock;
+  if (lir_.param_updates_size() == 0 && params != nullptr && params->training()) {
+    read_lock.emplace(&params->step_mu());
+  }
   KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Constants> constants, CurrentConstants());
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> context, AcquireContext());
@@ -542,6 +566,21 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
     if (options.report) {
       KILN_ASSIGN_OR_RETURN(timings[i].after, s.stream->Record());
     }
+  }
+  // A training step's new params and optimizer state go into its param set
+  // on the device, in stream order after the kernels (never to the host).
+  for (const v1::LirNamedSlot& u : lir_.param_updates()) {
+    const v1::Slot& slot = lir_.slots(u.slot());
+    RunContext::DeviceState& s = devices_.at(slot.device());
+    KILN_ASSIGN_OR_RETURN(backend::BufferView dst, params->On(u.name(), *s.device));
+    const backend::BufferView& src = views[u.slot()];
+    if (slot.bytes() == 0 || (src.buffer == dst.buffer && src.offset == dst.offset)) continue;
+    if (src.bytes != dst.bytes) {
+      return absl::InternalError(absl::StrCat("param update of \"", u.name(), "\" has ",
+                                              src.bytes, " bytes for ", dst.bytes));
+    }
+    KILN_RETURN_IF_ERROR(s.device->CopyOnDevice(*s.stream, src, dst))
+        << "while writing param \"" << u.name() << "\"";
   }
   // Outputs in host memory are read once their device finished; the others
   // are copied out in stream order after the kernels, so one wait per device

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _dtypes
 from .graph import graph_source
+from .train import Transformed
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
 from ._proto.kiln.v1 import report_pb2, service_pb2, service_pb2_grpc
 
@@ -56,6 +57,30 @@ class Session:
 
     def __repr__(self):
         return f"kiln.Session({self.id!r})"
+
+
+class TrainSession(Session):
+    """A training session (Client.train_session): step() trains on one batch
+    on the server; get_params() returns the trained params and the
+    optimizer state ("opt/<param>/m", ..., "opt/step")."""
+
+    last = None  # the last step's kiln.v1.TrainStepResponse
+
+    def step(self, batch) -> float:
+        """One step on `batch` ({input name: array}); returns the batch's loss
+        (before the step's update)."""
+        self.last = self.client.train_step(self, batch)
+        return self.last.loss
+
+    def steps(self, batches):
+        """Trains on every batch of the iterable `batches` through one stream
+        (fewer round trips than step()); yields each batch's loss."""
+        for resp in self.client.train_steps(self, batches):
+            self.last = resp
+            yield resp.loss
+
+    def __repr__(self):
+        return f"kiln.TrainSession({self.id!r})"
 
 
 def _named(tensors, field) -> None:
@@ -156,9 +181,11 @@ class Client:
         fixes its symbolic dims. Returns the signature, executable key and
         compile report."""
         req = service_pb2.CompileRequest(
-            graph=graph_source(graph),
+            graph=graph.source if isinstance(graph, Transformed) else graph_source(graph),
             options=service_pb2.CompileOptions(device=device, prefer_common_ir=prefer_common_ir,
                                                disable_fusion=disable_fusion))
+        if isinstance(graph, Transformed):
+            graph.apply(req.options)
         for name, dims in (input_shapes or {}).items():
             req.input_shapes.add(name=name, dims=[int(d) for d in dims])
         return self._call("Compile", req)
@@ -171,6 +198,50 @@ class Client:
         _named(params, req.params)
         resp = self._call("CreateSession", req)
         return Session(self, resp.session_id, resp.signature)
+
+    def train_session(self, graph, loss, params, optimizer, trainable=None,
+                      device="auto") -> "TrainSession":
+        """A training session: `graph` with scalar output `loss`, initial
+        `params` ({name: array}, every param of the graph), an optimizer
+        (kiln.SGD, Adam, AdamW, Lion, Muon) and the params to train
+        (`trainable`, default every param not frozen)."""
+        opts = service_pb2.CompileOptions(device=device)
+        spec = opts.transforms.training
+        spec.loss = loss
+        spec.params.extend(trainable or [])
+        spec.optimizer.CopyFrom(optimizer.to_proto())
+        req = service_pb2.CreateSessionRequest(graph=graph_source(graph), options=opts)
+        big = {n: v for n, v in (params or {}).items() if np.asarray(v).nbytes > self._chunk_bytes}
+        _named({n: v for n, v in (params or {}).items() if n not in big}, req.params)
+        resp = self._call("CreateSession", req)
+        session = TrainSession(self, resp.session_id, resp.signature)
+        if big:
+            self.set_params(session, big)
+        return session
+
+    def train_steps(self, session, batches):
+        """Steps of a training session over the iterable `batches` in one
+        TrainSteps stream; yields each step's TrainStepResponse in order."""
+        sid = _session_id(session)
+
+        def requests():
+            for i, batch in enumerate(batches):
+                req = service_pb2.TrainStepRequest(session_id=sid if i == 0 else "")
+                _named(batch, req.inputs)
+                yield req
+
+        try:
+            for resp in self._stub.TrainSteps(requests(), metadata=self._metadata,
+                                              timeout=self._timeout):
+                yield resp
+        except grpc.RpcError as e:
+            raise KilnError(e.code(), e.details() or "", "TrainSteps") from None
+
+    def train_step(self, session, batch) -> service_pb2.TrainStepResponse:
+        """One training step of a training session: loss, step and lr."""
+        req = service_pb2.TrainStepRequest(session_id=_session_id(session))
+        _named(batch, req.inputs)
+        return self._call("TrainStep", req)
 
     def set_params(self, session, params, progress=None) -> service_pb2.SetParamsResponse:
         """Streams `params` ({name: array}) in chunks; applied atomically at
@@ -245,6 +316,11 @@ class Client:
             if params:
                 raise ValueError("a session's params are set with set_params, not run(params=)")
             req.session_id = _session_id(graph)
+        elif isinstance(graph, Transformed):
+            req.graph.CopyFrom(graph.source)
+            graph.apply(req.options)
+            req.options.device = device
+            _named(params, req.params)
         else:
             req.graph.CopyFrom(graph_source(graph))
             req.options.device = device

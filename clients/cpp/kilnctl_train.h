@@ -1,0 +1,62 @@
+// `kilnctl train` (clients/cpp/kilnctl_train.cc): trains a graph through a
+// kilnd training session (docs/training.md) on .npy data: every --data array
+// holds one row per example (same first dim); batches are consecutive rows
+// (shuffled per epoch with --shuffle-seed), the last partial batch is dropped.
+// `--data fashion-mnist` takes Debian's dataset-fashion-mnist files instead
+// (--dataset-dir): train images as f32 [N, 784] in [0, 1] for the input
+// --image-input, labels as i64 for --label-input; after training the test set
+// runs through the session's forward graph and the accuracy of the output
+// --logits is printed.
+// Params come from --params-dir / --param, the others are initialized from
+// --init-seed (rank >= 2: uniform +-1/sqrt(fan_in) with fan_in = the first
+// dim, as torch.nn.Linear; rank < 2: zero). Progress (step, epoch, loss,
+// steps/s) goes to stderr; the trained params (and, with --save-state, the
+// optimizer state) are written to --out as <name>.npy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "clients/cpp/client.h"
+
+namespace kiln {
+
+struct TrainFlags {
+  std::string graph;
+  std::vector<std::string> data;    // name=path.npy
+  std::vector<std::string> params;  // name=path.npy
+  std::string params_dir;
+  std::string out_dir;
+  bool save_state = false;
+  std::string loss = "loss";
+  std::vector<std::string> trainable;
+  std::string optimizer = "adamw";
+  double lr = 1e-3;
+  double weight_decay = -1;  // < 0: the optimizer's default
+  double momentum = -1;
+  double beta1 = -1, beta2 = -1;
+  bool nesterov = false;
+  double max_grad_norm = 0;
+  std::string schedule = "constant";  // constant, warmup, cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0;
+  int64_t batch = 128;
+  int64_t epochs = 1;
+  int64_t max_steps = 0;      // 0 = every batch of every epoch
+  uint64_t shuffle_seed = 0;  // 0 = in order
+  uint64_t init_seed = 1;
+  int64_t log_every = 0;  // 0 = a line per epoch (and a live line on a terminal)
+  std::string device = "auto";
+  std::string dataset_dir = "/usr/share/datasets/fashion-mnist";
+  std::string image_input = "x";
+  std::string label_input = "y";
+  std::string logits = "logits";
+};
+
+void AddTrainCommand(CLI::App& app, TrainFlags& flags);
+absl::Status CmdTrain(const Client& client, const TrainFlags& flags, bool progress);
+
+}  // namespace kiln

@@ -1,0 +1,130 @@
+"""Training and autodiff through kilnd (docs/training.md).
+
+    s = client.train_session(g, loss="loss", params=init,
+                             optimizer=kiln.AdamW(lr=1e-3, weight_decay=0.01))
+    for xb, yb in batches:
+        loss = s.step({"x": xb, "y": yb})
+    weights = s.get_params()          # trained params and optimizer state ("opt/...")
+
+    gw = client.run(kiln.grad(g, wrt=["w1"], output="loss"), inputs, params=init)
+
+Optimizers take PyTorch's defaults for what they leave unset (Muon: the
+published ones); the server checks every hyper-parameter.
+"""
+
+from ._proto.kiln.v1 import service_pb2, train_pb2
+from .graph import graph_source
+
+
+class Optimizer:
+    """An optimizer spec (kiln.v1.OptimizerSpec). Subclasses set `kind`."""
+
+    kind = train_pb2.OPTIMIZER_UNSPECIFIED
+    _fields = ()
+
+    def __init__(self, lr, weight_decay=None, no_weight_decay=(), max_grad_norm=0.0,
+                 schedule=None, **hyper):
+        unknown = set(hyper) - set(self._fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no {', '.join(sorted(unknown))}")
+        self.lr, self.weight_decay = lr, weight_decay
+        self.no_weight_decay, self.max_grad_norm = list(no_weight_decay), max_grad_norm
+        self.schedule, self.hyper = schedule, hyper
+
+    def to_proto(self) -> train_pb2.OptimizerSpec:
+        spec = train_pb2.OptimizerSpec(kind=self.kind, lr=float(self.lr),
+                                       max_grad_norm=float(self.max_grad_norm),
+                                       no_weight_decay=self.no_weight_decay)
+        if self.weight_decay is not None:
+            spec.weight_decay = float(self.weight_decay)
+        for name, value in self.hyper.items():
+            if value is None:
+                continue
+            if name == "betas":
+                spec.beta1, spec.beta2 = (float(b) for b in value)
+            elif name in ("nesterov", "muon_nesterov"):
+                setattr(spec, name, bool(value))
+            elif name == "ns_steps":
+                spec.ns_steps = int(value)
+            else:
+                setattr(spec, name, float(value))
+        if self.schedule is not None:
+            spec.schedule.CopyFrom(self.schedule)
+        return spec
+
+    def __repr__(self):
+        return f"kiln.{type(self).__name__}(lr={self.lr!r})"
+
+
+class SGD(Optimizer):
+    kind = train_pb2.OPTIMIZER_SGD
+    _fields = ("momentum", "dampening", "nesterov")
+
+
+class Adam(Optimizer):
+    kind = train_pb2.OPTIMIZER_ADAM
+    _fields = ("betas", "epsilon")
+
+
+class AdamW(Optimizer):
+    kind = train_pb2.OPTIMIZER_ADAMW
+    _fields = ("betas", "epsilon")
+
+
+class Lion(Optimizer):
+    kind = train_pb2.OPTIMIZER_LION
+    _fields = ("betas",)
+
+
+class Muon(Optimizer):
+    """Muon for the 2-D params (momentum, Newton-Schulz), AdamW for the rest."""
+
+    kind = train_pb2.OPTIMIZER_MUON
+    _fields = ("momentum", "muon_nesterov", "ns_steps", "muon_lr", "betas", "epsilon")
+
+
+def constant():
+    return train_pb2.LrSchedule(kind=train_pb2.SCHEDULE_CONSTANT)
+
+
+def linear_warmup(warmup_steps):
+    return train_pb2.LrSchedule(kind=train_pb2.SCHEDULE_LINEAR_WARMUP, warmup_steps=int(warmup_steps))
+
+
+def cosine(total_steps, warmup_steps=0, min_lr=0.0):
+    return train_pb2.LrSchedule(kind=train_pb2.SCHEDULE_COSINE, total_steps=int(total_steps),
+                                warmup_steps=int(warmup_steps), min_lr=float(min_lr))
+
+
+class Transformed:
+    """A graph with an autodiff transform, for Client.run and Client.compile."""
+
+    def __init__(self, graph, mode, output, wrt):
+        if isinstance(wrt, str):
+            wrt = [wrt]
+        self.source = graph_source(graph)
+        self.spec = train_pb2.AutodiffSpec(mode=mode, output=output, wrt=list(wrt))
+
+    def apply(self, options: service_pb2.CompileOptions) -> None:
+        options.transforms.autodiff.CopyFrom(self.spec)
+
+
+def grad(graph, wrt, output="loss", with_loss=False) -> Transformed:
+    """Outputs grad/<x> for each x of `wrt` (and `output` first when with_loss)."""
+    mode = train_pb2.AUTODIFF_GRAD_WITH_LOSS if with_loss else train_pb2.AUTODIFF_GRAD
+    return Transformed(graph, mode, output, wrt)
+
+
+def vjp(graph, wrt, output) -> Transformed:
+    """Takes an input cotangent/<output>; outputs the graph's outputs and grad/<x>."""
+    return Transformed(graph, train_pb2.AUTODIFF_VJP, output, wrt)
+
+
+def jvp(graph, wrt, output) -> Transformed:
+    """Takes inputs tangent/<x>; outputs the graph's outputs and tangent/<output>."""
+    return Transformed(graph, train_pb2.AUTODIFF_JVP, output, wrt)
+
+
+def hvp(graph, wrt, output="loss") -> Transformed:
+    """Takes inputs tangent/<x> (the v); outputs `output`, grad/<x> and hvp/<x>."""
+    return Transformed(graph, train_pb2.AUTODIFF_HVP, output, wrt)

@@ -1,0 +1,392 @@
+// TrainStep: one step of a training session (DESIGN.md section 9). A
+// training session is CreateSession with options.transforms.training: its
+// training step is one executable (engine/train/train_step.h) whose params
+// and optimizer state live in a training param set on the step's device and
+// are updated there by each step, with no host round trip; only the loss and
+// the learning rate come back. Steps of one session run one at a time (the
+// set's step lock); Run on the session runs the forward graph over the same
+// params; GetParams reads the params and the optimizer state ("opt/...").
+//
+// TrainSteps streams many steps of one session through one call.
+//
+// Like Run, a step is admitted on arrival (the tenant's in-flight quota),
+// prepared on the work pool's compile account (the executable, and the
+// training set on the first step, whose optimizer-state bytes are charged to
+// the tenant's param and device quotas), then queued on its device's
+// scheduler and answered from there.
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status.h"
+#include "engine/train/train_step.h"
+#include "server/limits.h"
+#include "server/rpc_common.h"
+
+namespace kiln::server {
+namespace {
+
+// One training step of a session: admitted (inputs checked, the tenant's
+// in-flight quota taken), prepared on the work pool (the executable, the
+// training set), run on its device's scheduler, answered. Shared by TrainStep
+// (one step a call) and TrainSteps (a stream of them). Not thread-safe: one
+// step at a time, its phases in order.
+class StepWork {
+ public:
+  StepWork(KilnService& service, KilnService::Call& call) : service_(service), call_(call) {}
+  ~StepWork() { ReleaseRun(); }
+  StepWork(const StepWork&) = delete;
+  StepWork& operator=(const StepWork&) = delete;
+
+  // Parses `bytes` as a TrainStepRequest for `session` (found from the
+  // request's session_id when null) and admits the step.
+  absl::Status Admit(const grpc::ByteBuffer& bytes, std::shared_ptr<Session> session) {
+    const ServiceDeps& d = service_.deps();
+    KILN_RETURN_IF_ERROR(ParseMessage(bytes, request_, "the request"));
+    KILN_ASSIGN_OR_RETURN(inputs_,
+                          CheckNamedTensors(request_.inputs(), d.config->limits(), "input"));
+    if (!session) {
+      KILN_ASSIGN_OR_RETURN(session, d.sessions->Find(*call_.tenant, request_.session_id()));
+    } else if (!request_.session_id().empty() && request_.session_id() != session->id()) {
+      return absl::InvalidArgumentError(absl::StrCat("a TrainSteps stream trains one session (\"",
+                                                     session->id(), "\"); a message names ",
+                                                     QuoteClientString(request_.session_id())));
+    }
+    session_ = std::move(session);
+    if (!session_->training()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", session_->id(),
+                       " is not a training session: create it with options.transforms.training"));
+    }
+    KILN_RETURN_IF_ERROR(CheckInputsAgainst(session_->signature(), inputs_));
+    KILN_RETURN_IF_ERROR(call_.tenant->AcquireRun());
+    holds_run_ = true;
+    start_ = absl::Now();
+    return absl::OkStatus();
+  }
+
+  // On the work pool.
+  absl::Status Prepare() {
+    KILN_ASSIGN_OR_RETURN(Session::Compiled c,
+                          SessionExecutable(service_, *session_, inputs_, nullptr, true));
+    exe_ = c.executable;
+    compile_ = std::move(c.report);
+    KILN_ASSIGN_OR_RETURN(params_, TrainingParams(*service_.deps().engine, *session_, *exe_));
+    return absl::OkStatus();
+  }
+
+  // Queues the step; `done` gets its outcome (the response filled) exactly
+  // once, maybe before this returns, unless this returns an error.
+  absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled,
+                     std::function<void(absl::Status)> done) {
+    RunOptions options;
+    options.report = true;
+    options.request_id = call_.request_id;
+    options.tenant = call_.tenant->name();
+    options.tenant_weight = call_.tenant->weight();
+    options.tenant_max_queue = call_.tenant->quota().max_queue();
+    options.deadline = deadline;
+    options.cancelled = cancelled;
+    return service_.deps()
+        .engine
+        ->RunAsync(exe_, inputs_, params_, options,
+                   [this, done = std::move(done)](absl::StatusOr<RunResult> r) {
+                     absl::Status s = Finish(std::move(r));
+                     ReleaseRun();
+                     done(s);
+                   })
+        .status();
+  }
+
+  const std::shared_ptr<Session>& session() const { return session_; }
+  const v1::TrainStepResponse& response() const { return response_; }
+  void ReleaseRun() {
+    if (!holds_run_) return;
+    holds_run_ = false;
+    call_.tenant->ReleaseRun();
+  }
+
+ private:
+  absl::Status Finish(absl::StatusOr<RunResult> result) {
+    const ServiceDeps& d = service_.deps();
+    KILN_RETURN_IF_ERROR(result.status());
+    v1::DispatchReport& report = result->report;
+    d.metrics->ObserveRun(call_.tenant->name(), report);
+    d.metrics->ObserveTrainStep(call_.tenant->name(), absl::Now() - start_);
+    *report.mutable_compile() = std::move(compile_);
+    response_.Clear();
+    for (const auto& [name, tensor] : result->outputs) {
+      if (name == session_->training()->loss()) response_.set_loss(tensor.GetAsDouble(0));
+      if (name == train::kLrOutput) response_.set_lr(tensor.GetAsDouble(0));
+    }
+    KILN_ASSIGN_OR_RETURN(HostTensor step, params_->Read(train::kStepParam));
+    response_.set_step(static_cast<int64_t>(step.GetAsDouble(0)));
+    if (request_.report()) *response_.mutable_report() = report;
+    d.reports->Add(call_.tenant->name(), std::move(report));
+    response_.set_request_id(call_.request_id);
+    return absl::OkStatus();
+  }
+
+  KilnService& service_;
+  KilnService::Call& call_;
+  v1::TrainStepRequest request_;
+  v1::TrainStepResponse response_;
+  std::vector<TensorRef> inputs_;  // views into request_
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<Executable> exe_;
+  std::shared_ptr<ParamSet> params_;
+  v1::CompileReport compile_;
+  bool holds_run_ = false;  // counted in the tenant's runs in flight
+  absl::Time start_;
+};
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+absl::Status NotStarted(const grpc::CallbackServerContext* ctx) {
+  return absl::Now() >= DeadlineOf(ctx)
+             ? absl::DeadlineExceededError("the step's deadline passed before it started")
+             : absl::CancelledError("the client went away before the step started");
+}
+
+class TrainStepReactor final : public grpc::ServerUnaryReactor {
+ public:
+  TrainStepReactor(KilnService& service, grpc::CallbackServerContext* ctx,
+                   const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
+      : service_(service), ctx_(ctx), response_bytes_(*response_bytes), step_(service, call_) {
+    absl::Status s =
+        service_.Begin(ctx, "TrainStep", static_cast<int64_t>(request_bytes->Length()), call_);
+    if (s.ok()) {
+      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "TrainStep",
+                                                   static_cast<int64_t>(request_bytes->Length()));
+      s = step_.Admit(*request_bytes, nullptr);
+    }
+    if (step_.session()) call_.detail = absl::StrCat("session=", step_.session()->id());
+    if (!s.ok()) {
+      Complete(s);
+      return;
+    }
+    Tenant& t = *call_.tenant;
+    service_.deps().pool->Post(
+        CompileAccount(t), static_cast<double>(request_bytes->Length()),
+        t.quota().max_concurrent_compiles(), [this] {
+          absl::Status s = cancelled_.load() ? NotStarted(ctx_) : step_.Prepare();
+          // On success the step's outcome answers the
+          // call, maybe already: `this` may be gone.
+          if (s.ok()) {
+            s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+          }
+          if (!s.ok()) Complete(s);
+        });
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+  void OnDone() override { delete this; }
+
+ private:
+  // Last use of `this` before OnDone may delete it.
+  void Complete(absl::Status s) {
+    if (s.ok()) {
+      s = SerializeMessage(step_.response(), &response_bytes_);
+      absl::StrAppend(&call_.detail, " step=", step_.response().step(),
+                      " loss=", step_.response().loss());
+    }
+    service_.End(call_, s);
+    step_.ReleaseRun();
+    Finish(ToGrpc(s));
+  }
+
+  KilnService& service_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer& response_bytes_;
+  KilnService::Call call_;
+  StepWork step_;
+  std::atomic<bool> cancelled_ = false;
+};
+
+// TrainSteps: a stream of steps of one session, one at a time: a message is
+// read only after the previous step's answer was written, so steps keep their
+// order and the tenant's quotas apply per step. The first failed step ends
+// the call with its status (the steps before it stay applied).
+class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  TrainStepsReactor(KilnService& service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {
+    if (absl::Status s = service_.Begin(ctx, "TrainSteps", 0, call_); !s.ok()) {
+      End(s);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side: every step it sent was answered
+      End(ctx_->IsCancelled() ? absl::CancelledError("the client went away") : absl::OkStatus());
+      return;
+    }
+    const int64_t bytes = static_cast<int64_t>(in_.Length());
+    step_ = std::make_unique<StepWork>(service_, call_);
+    absl::Status s = call_.tenant->CheckRequestBytes(bytes, "TrainSteps message");
+    if (s.ok()) {
+      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "TrainSteps", bytes);
+      s = step_->Admit(in_, session_);
+    }
+    if (!s.ok()) {
+      End(StatusBuilder(s) << "at step " << steps_ + 1 << " of the stream");
+      return;
+    }
+    if (!session_) {
+      session_ = step_->session();
+      call_.detail = absl::StrCat("session=", session_->id());
+    }
+    Tenant& t = *call_.tenant;
+    service_.deps().pool->Post(
+        CompileAccount(t), static_cast<double>(bytes), t.quota().max_concurrent_compiles(), [this] {
+          absl::Status s = cancelled_.load() ? NotStarted(ctx_) : step_->Prepare();
+          if (s.ok()) {
+            s = step_->Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Answer(r); });
+          }
+          if (!s.ok()) Answer(s);
+        });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::CancelledError("the client stopped reading the answers"));
+      return;
+    }
+    in_.Clear();
+    StartRead(&in_);
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+  void OnDone() override { delete this; }
+
+ private:
+  void Answer(absl::Status s) {
+    out_.Clear();  // the previous answer's bytes (gRPC serializes into an empty buffer only)
+    if (s.ok()) s = SerializeMessage(step_->response(), &out_);
+    if (!s.ok()) {
+      End(StatusBuilder(s) << "at step " << steps_ + 1 << " of the stream");
+      return;
+    }
+    ++steps_;
+    StartWrite(&out_);
+  }
+
+  // Ends the call once; later calls do nothing.
+  void End(const absl::Status& s) {
+    if (ended_) return;
+    ended_ = true;
+    absl::StrAppend(&call_.detail, " steps=", steps_);
+    service_.End(call_, s);
+    if (step_) step_->ReleaseRun();
+    Finish(ToGrpc(s));
+  }
+
+  KilnService& service_;
+  grpc::CallbackServerContext* const ctx_;
+  KilnService::Call call_;
+  grpc::ByteBuffer in_, out_;
+  std::shared_ptr<Session> session_;
+  std::unique_ptr<StepWork> step_;
+  int64_t steps_ = 0;
+  bool ended_ = false;
+  std::atomic<bool> cancelled_ = false;
+};
+
+}  // namespace
+
+absl::Status CheckTrainingSpec(const GraphSignature& signature, const v1::TrainingSpec& spec) {
+  KILN_RETURN_IF_ERROR(train::ValidateOptimizer(spec.optimizer()));
+  const GraphSignature::Entry* loss = nullptr;
+  std::string outputs;
+  for (const auto& o : signature.outputs) {
+    if (o.name == spec.loss()) loss = &o;
+    absl::StrAppend(&outputs, outputs.empty() ? "" : ", ", o.name);
+  }
+  if (loss == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training spec's loss ", QuoteClientString(spec.loss()),
+        " is no output of the graph; its outputs: ", outputs.empty() ? "none" : outputs));
+  }
+  if (!IsFloat(loss->type.dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the loss \"", spec.loss(), "\" is not a float tensor"));
+  }
+  for (const v1::Dim& d : loss->type.dims()) {
+    if (d.has_size() && d.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the loss \"", spec.loss(), "\" must be a scalar, but it has a dim of ", d.size()));
+    }
+  }
+  for (const std::string& p : spec.params()) {
+    bool found = false;
+    for (const auto& e : signature.params) found = found || e.name == p;
+    if (found) continue;
+    bool input = false;
+    for (const auto& e : signature.inputs) input = input || e.name == p;
+    return absl::InvalidArgumentError(
+        input ? absl::StrCat("\"", p, "\" is an input; only params can be trained")
+              : absl::StrCat("the training spec names param ", QuoteClientString(p),
+                             ", which the graph does not have"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session& session,
+                                                         const Executable& step) {
+  absl::MutexLock lock(&session.update_mu());
+  std::shared_ptr<ParamSet> current = session.params();
+  if (current && current->training()) return current;
+  std::vector<HostTensor> values;
+  std::vector<TensorRef> refs;
+  const std::vector<std::string> names = current ? current->names() : std::vector<std::string>();
+  values.reserve(names.size());
+  for (const std::string& name : names) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, current->Read(name));
+    values.push_back(std::move(t));
+    refs.push_back(TensorRef::Of(name, values.back()));
+  }
+  absl::StatusOr<std::shared_ptr<ParamSet>> set = engine.CreateTrainingParams(step, refs);
+  if (!set.ok()) {
+    return StatusBuilder(set.status())
+           << "bind the session's params with CreateSession or SetParams";
+  }
+  // The optimizer state is the session's from now on: charged like params.
+  std::map<std::string, int64_t> bytes = session.param_bytes();
+  int64_t added = 0;
+  for (const auto& e : step.signature().params) {
+    if (bytes.contains(e.name)) continue;
+    Dims dims;
+    for (const v1::Dim& d : e.type.dims()) dims.push_back(d.size());
+    KILN_ASSIGN_OR_RETURN(int64_t n, CheckedNumElements(dims));
+    const std::optional<int64_t> b = BytesFor(e.type.dtype(), n);
+    if (!b) return absl::InternalError(absl::StrCat("param \"", e.name, "\" has no byte size"));
+    bytes[e.name] = *b;
+    added += *b;
+  }
+  KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(added, added))
+      << "for the " << added << " bytes of optimizer state of session " << session.id();
+  if (absl::Status s = session.SetParams(*set, std::move(bytes)); !s.ok()) {
+    session.owner().ReleaseBytes(added, added);
+    return s;
+  }
+  return *set;
+}
+
+grpc::ServerUnaryReactor* KilnService::TrainStep(grpc::CallbackServerContext* ctx,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return new TrainStepReactor(*this, ctx, request, response);
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KilnService::TrainSteps(
+    grpc::CallbackServerContext* ctx) {
+  return new TrainStepsReactor(*this, ctx);
+}
+
+}  // namespace kiln::server
