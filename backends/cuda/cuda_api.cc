@@ -39,23 +39,23 @@ absl::Status DoLoadDriver() {
   if (lib == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cuda: no driver library (", tried, ")"));
   }
-  using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t,
-                               CUdriverProcAddressQueryResult*);
+  using GetProc =
+      CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
   auto get = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
   if (get == nullptr) {
     return absl::FailedPreconditionError(
         "cuda: the driver predates cuGetProcAddress_v2 (CUDA 12); update the NVIDIA driver");
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  {                                                                                          \
-    void* fn = nullptr;                                                                      \
-    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;             \
+#define KILN_CUDA_RESOLVE(name)                                                               \
+  {                                                                                           \
+    void* fn = nullptr;                                                                       \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;              \
     if (get(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
-        fn == nullptr) {                                                                     \
-      return absl::FailedPreconditionError(                                                  \
-          absl::StrCat("cuda: the driver lacks " #name " (for CUDA ", CUDA_VERSION, ")"));   \
-    }                                                                                        \
-    g_driver.name = reinterpret_cast<decltype(g_driver.name)>(fn);                           \
+        fn == nullptr) {                                                                      \
+      return absl::FailedPreconditionError(                                                   \
+          absl::StrCat("cuda: the driver lacks " #name " (for CUDA ", CUDA_VERSION, ")"));    \
+    }                                                                                         \
+    g_driver.name = reinterpret_cast<decltype(g_driver.name)>(fn);                            \
   }
   KILN_CUDA_DRIVER_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -72,10 +72,10 @@ absl::Status DoLoadNvrtc() {
   if (lib == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cuda: no NVRTC library (", tried, ")"));
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  g_nvrtc.name = reinterpret_cast<decltype(g_nvrtc.name)>(dlsym(lib, #name));               \
-  if (g_nvrtc.name == nullptr) {                                                             \
-    return absl::FailedPreconditionError("cuda: libnvrtc lacks " #name);                     \
+#define KILN_CUDA_RESOLVE(name)                                               \
+  g_nvrtc.name = reinterpret_cast<decltype(g_nvrtc.name)>(dlsym(lib, #name)); \
+  if (g_nvrtc.name == nullptr) {                                              \
+    return absl::FailedPreconditionError("cuda: libnvrtc lacks " #name);      \
   }
   KILN_NVRTC_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -88,10 +88,10 @@ absl::Status DoLoadCublasLt() {
   if (lib == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cuda: no cuBLASLt library (", tried, ")"));
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  g_cublaslt.name = reinterpret_cast<decltype(g_cublaslt.name)>(dlsym(lib, #name));         \
-  if (g_cublaslt.name == nullptr) {                                                          \
-    return absl::FailedPreconditionError("cuda: libcublasLt lacks " #name);                  \
+#define KILN_CUDA_RESOLVE(name)                                                     \
+  g_cublaslt.name = reinterpret_cast<decltype(g_cublaslt.name)>(dlsym(lib, #name)); \
+  if (g_cublaslt.name == nullptr) {                                                 \
+    return absl::FailedPreconditionError("cuda: libcublasLt lacks " #name);         \
   }
   KILN_CUBLASLT_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -171,8 +171,8 @@ absl::Status CuCheck(CUresult r, const char* call, const std::string& device) {
 absl::Status NvrtcCheck(nvrtcResult r, const char* call) {
   if (r == NVRTC_SUCCESS) return absl::OkStatus();
   const char* text = g_nvrtc.nvrtcGetErrorString != nullptr ? g_nvrtc.nvrtcGetErrorString(r) : "";
-  const std::string msg = absl::StrCat("cuda: ", call, " failed: ", text, " (nvrtcResult ",
-                                       static_cast<int>(r), ")");
+  const std::string msg =
+      absl::StrCat("cuda: ", call, " failed: ", text, " (nvrtcResult ", static_cast<int>(r), ")");
   if (r == NVRTC_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -181,16 +181,35 @@ absl::Status CublasCheck(cublasStatus_t r, const char* call, const std::string& 
   if (r == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   const char* name = "CUBLAS_STATUS_UNKNOWN";
   switch (r) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: name = "CUBLAS_STATUS_NOT_INITIALIZED"; break;
-    case CUBLAS_STATUS_ALLOC_FAILED: name = "CUBLAS_STATUS_ALLOC_FAILED"; break;
-    case CUBLAS_STATUS_INVALID_VALUE: name = "CUBLAS_STATUS_INVALID_VALUE"; break;
-    case CUBLAS_STATUS_ARCH_MISMATCH: name = "CUBLAS_STATUS_ARCH_MISMATCH"; break;
-    case CUBLAS_STATUS_MAPPING_ERROR: name = "CUBLAS_STATUS_MAPPING_ERROR"; break;
-    case CUBLAS_STATUS_EXECUTION_FAILED: name = "CUBLAS_STATUS_EXECUTION_FAILED"; break;
-    case CUBLAS_STATUS_INTERNAL_ERROR: name = "CUBLAS_STATUS_INTERNAL_ERROR"; break;
-    case CUBLAS_STATUS_NOT_SUPPORTED: name = "CUBLAS_STATUS_NOT_SUPPORTED"; break;
-    case CUBLAS_STATUS_LICENSE_ERROR: name = "CUBLAS_STATUS_LICENSE_ERROR"; break;
-    default: break;
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      name = "CUBLAS_STATUS_NOT_INITIALIZED";
+      break;
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      name = "CUBLAS_STATUS_ALLOC_FAILED";
+      break;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      name = "CUBLAS_STATUS_INVALID_VALUE";
+      break;
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      name = "CUBLAS_STATUS_ARCH_MISMATCH";
+      break;
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      name = "CUBLAS_STATUS_MAPPING_ERROR";
+      break;
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      name = "CUBLAS_STATUS_EXECUTION_FAILED";
+      break;
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      name = "CUBLAS_STATUS_INTERNAL_ERROR";
+      break;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      name = "CUBLAS_STATUS_NOT_SUPPORTED";
+      break;
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      name = "CUBLAS_STATUS_LICENSE_ERROR";
+      break;
+    default:
+      break;
   }
   const std::string what = absl::StrCat(call, " failed: ", name);
   // A kernel that failed on the device leaves the context as a failed launch does.

@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateElementwise(
   const std::string name = KernelName(spec, CubinCacheKey(source, d.caps().arch));
   KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
                         LoadFunction(d, name, source, kElementwiseEntry, context));
-  return std::unique_ptr<backend::Kernel>(std::make_unique<ElementwiseKernel>(
-      d, spec, std::move(fn), absl::StrCat("nvrtc:", name)));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<ElementwiseKernel>(d, spec, std::move(fn), absl::StrCat("nvrtc:", name)));
 }
 
 const CudaOpRegistration kRegistration({

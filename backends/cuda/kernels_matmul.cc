@@ -133,9 +133,7 @@ absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
 }
 
 // Whether cuBLASLt's epilogue computes `act` exactly as the IR does.
-bool LtActivation(v1::UnaryKind act) {
-  return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH;
-}
+bool LtActivation(v1::UnaryKind act) { return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH; }
 // Whether an elementwise kernel finishes the result (act, then residual).
 bool NeedsPostKernel(const MatMulPlan& p) {
   if (p.act == v1::UNARY_KIND_UNSPECIFIED) return false;
@@ -177,7 +175,8 @@ cudaDataType_t LtType(DType d) {
 
 // Algorithms chosen, per device and shape key, for the process.
 absl::Mutex g_algos_mu;
-absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
+absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
   static auto* m = new absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>();
   return *m;
 }
@@ -186,7 +185,8 @@ class MatMulKernel final : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(CudaDevice& d, const KernelSpec& spec,
                                                               MatMulPlan plan, std::string impl) {
-    auto k = std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
+    auto k =
+        std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
     KILN_RETURN_IF_ERROR(k->Init());
     return k;
   }
@@ -217,9 +217,10 @@ class MatMulKernel final : public CudaKernel {
     KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, Algorithm(align));
     if (plan_.has_bias) {
       void* bp = reinterpret_cast<void*>(bias);
-      KILN_RETURN_IF_ERROR(device_.CheckCublas(
-          lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
-          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
+      KILN_RETURN_IF_ERROR(
+          device_.CheckCublas(lt.cublasLtMatmulDescSetAttribute(
+                                  desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
+                              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
     }
     KILN_ASSIGN_OR_RETURN(CUdeviceptr ws, s.Workspace(kWorkspaceBytes));
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
@@ -251,14 +252,15 @@ class MatMulKernel final : public CudaKernel {
                       int64_t stride) {
     const CublasLtApi& lt = CublasLt();
     const DType dt = spec_.outputs[0].dtype;
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(l, LtType(dt), rows, cols, ld),
-                                             "cublasLtMatrixLayoutCreate"));
+    KILN_RETURN_IF_ERROR(
+        device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(l, LtType(dt), rows, cols, ld),
+                            "cublasLtMatrixLayoutCreate"));
     if (plan_.count > 1) {
       const int32_t count = static_cast<int32_t>(plan_.count);
-      KILN_RETURN_IF_ERROR(device_.CheckCublas(
-          lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                              sizeof(count)),
-          "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)"));
+      KILN_RETURN_IF_ERROR(
+          device_.CheckCublas(lt.cublasLtMatrixLayoutSetAttribute(
+                                  *l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                              "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)"));
       KILN_RETURN_IF_ERROR(device_.CheckCublas(
           lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                               &stride, sizeof(stride)),
@@ -274,9 +276,9 @@ class MatMulKernel final : public CudaKernel {
     const CublasLtApi& lt = CublasLt();
     const MatMulPlan& p = plan_;
     // TF32 stays off: CUBLAS_COMPUTE_32F computes f32 products in f32.
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(
-        lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-        "cublasLtMatmulDescCreate"));
+    KILN_RETURN_IF_ERROR(
+        device_.CheckCublas(lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                            "cublasLtMatmulDescCreate"));
     const cublasOperation_t op_a = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(
@@ -289,10 +291,14 @@ class MatMulKernel final : public CudaKernel {
     const bool relu = !post && p.act == v1::UNARY_RELU;
     const bool gelu = !post && p.act == v1::UNARY_GELU_TANH;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (p.has_bias) epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                                                    : CUBLASLT_EPILOGUE_BIAS;
-    else if (relu) epi = CUBLASLT_EPILOGUE_RELU;
-    else if (gelu) epi = CUBLASLT_EPILOGUE_GELU;
+    if (p.has_bias)
+      epi = relu   ? CUBLASLT_EPILOGUE_RELU_BIAS
+            : gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                   : CUBLASLT_EPILOGUE_BIAS;
+    else if (relu)
+      epi = CUBLASLT_EPILOGUE_RELU;
+    else if (gelu)
+      epi = CUBLASLT_EPILOGUE_GELU;
     epilogue_ = epi;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(
         lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
@@ -300,8 +306,10 @@ class MatMulKernel final : public CudaKernel {
     lt_residual_ = p.has_residual && !post;
     const int64_t M = p.M, N = p.N, K = p.K;
     // cuBLASLt's A = our B as stored; its B = our A as stored; C/D = [M, N] row-major.
-    KILN_RETURN_IF_ERROR(p.tb ? Layout(&a_, K, N, K, p.b_stride) : Layout(&a_, N, K, N, p.b_stride));
-    KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride) : Layout(&b_, K, M, K, p.a_stride));
+    KILN_RETURN_IF_ERROR(p.tb ? Layout(&a_, K, N, K, p.b_stride)
+                              : Layout(&a_, N, K, N, p.b_stride));
+    KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride)
+                              : Layout(&b_, K, M, K, p.a_stride));
     KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
     key_ = absl::StrCat(device_.info().id, "|", DTypeName(spec_.outputs[0].dtype), "|", M, "x", N,
                         "x", K, "|", p.ta, p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
@@ -325,8 +333,9 @@ class MatMulKernel final : public CudaKernel {
     const uint64_t ws = kWorkspaceBytes;
     lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                             sizeof(ws));
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     }
     cublasLtMatmulHeuristicResult_t result{};
@@ -370,7 +379,8 @@ absl::StatusOr<LoadedFunction> PostKernel(CudaDevice& d, const KernelSpec& spec,
   v1::Attrs act;
   act.mutable_unary()->set_kind(p.act);
   const int x = 0, r = 1;
-  *region->add_instrs() = backend::InstrFor(v1::OP_UNARY, act, std::span<const int>(&x, 1), out.dtype);
+  *region->add_instrs() =
+      backend::InstrFor(v1::OP_UNARY, act, std::span<const int>(&x, 1), out.dtype);
   if (p.has_residual) {
     v1::Attrs add;
     add.mutable_binary()->set_kind(v1::BINARY_ADD);
