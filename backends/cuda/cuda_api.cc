@@ -12,12 +12,13 @@ namespace {
 
 // dlopen of the first name that loads; the toolkit's lib64 as a last resort
 // (the GPU machine's libraries live there, not always on the loader's path).
-void* OpenFirst(std::initializer_list<const char*> names, std::string* tried) {
+// `error` gets the loader's message for the first (canonical) name.
+void* OpenFirst(std::initializer_list<const char*> names, std::string* error) {
   for (const char* n : names) {
     for (const std::string& path : {std::string(n), absl::StrCat("/usr/local/cuda/lib64/", n)}) {
       if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
       const char* err = dlerror();
-      absl::StrAppend(tried, tried->empty() ? "" : "; ", err != nullptr ? err : path);
+      if (error->empty()) *error = err != nullptr ? err : path;
     }
   }
   return nullptr;
@@ -34,10 +35,11 @@ CublasLtApi g_cublaslt;
 Loaded g_driver_loaded, g_nvrtc_loaded, g_cublaslt_loaded;
 
 absl::Status DoLoadDriver() {
-  std::string tried;
-  void* lib = OpenFirst({"libcuda.so.1", "libcuda.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libcuda.so.1", "libcuda.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no driver library (", tried, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda: no NVIDIA driver library (", error, ")"));
   }
   using GetProc =
       CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
@@ -67,10 +69,10 @@ absl::Status DoLoadDriver() {
 }
 
 absl::Status DoLoadNvrtc() {
-  std::string tried;
-  void* lib = OpenFirst({"libnvrtc.so.13", "libnvrtc.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libnvrtc.so.13", "libnvrtc.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no NVRTC library (", tried, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda: no NVRTC library (", error, ")"));
   }
 #define KILN_CUDA_RESOLVE(name)                                               \
   g_nvrtc.name = reinterpret_cast<decltype(g_nvrtc.name)>(dlsym(lib, #name)); \
@@ -83,10 +85,10 @@ absl::Status DoLoadNvrtc() {
 }
 
 absl::Status DoLoadCublasLt() {
-  std::string tried;
-  void* lib = OpenFirst({"libcublasLt.so.13", "libcublasLt.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libcublasLt.so.13", "libcublasLt.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no cuBLASLt library (", tried, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda: no cuBLASLt library (", error, ")"));
   }
 #define KILN_CUDA_RESOLVE(name)                                                     \
   g_cublaslt.name = reinterpret_cast<decltype(g_cublaslt.name)>(dlsym(lib, #name)); \

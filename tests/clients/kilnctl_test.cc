@@ -174,6 +174,9 @@ std::vector<std::string> DeviceIds() {
   std::vector<std::string> ids;
   const std::vector<std::string> lines = absl::StrSplit(devices.out, '\n', absl::SkipEmpty());
   for (size_t i = 1; i < lines.size(); ++i) {
+    // "unavailable: cuda: ..." lines name backends without devices (a host
+    // with the CUDA toolkit but no driver), not devices.
+    if (lines[i].rfind("unavailable: ", 0) == 0) continue;
     ids.push_back(std::string(lines[i].substr(0, lines[i].find(' '))));
   }
   return ids;
