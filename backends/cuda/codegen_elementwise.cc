@@ -447,6 +447,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
   const char* suffix = narrow ? "u" : "ULL";
   std::string src = KernelSource("");
   std::vector<std::string> params;
+  params.reserve(spec.inputs.size() + spec.outputs.size());
   for (int i = 0; i < n; ++i) {
     params.push_back(absl::StrCat("const ", BufferType(spec.inputs[i].dtype), "* in", i));
   }

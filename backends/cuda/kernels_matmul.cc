@@ -34,6 +34,11 @@ using backend::KernelSpec;
 
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 
+// A device address as the pointer cuBLASLt takes.
+void* Ptr(CUdeviceptr p) {
+  return reinterpret_cast<void*>(p);  // NOLINT(performance-no-int-to-ptr): device addresses
+}
+
 // Whether cuBLASLt's epilogue computes `act` exactly as the IR does.
 bool LtActivation(v1::UnaryKind act) { return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH; }
 // Whether an elementwise kernel finishes the result (act, then residual).
@@ -118,7 +123,7 @@ class MatMulKernel final : public CudaKernel {
     const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
     KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, Algorithm(align));
     if (plan_.has_bias) {
-      void* bp = reinterpret_cast<void*>(bias);
+      void* bp = Ptr(bias);
       KILN_RETURN_IF_ERROR(
           device_.CheckCublas(lt.cublasLtMatmulDescSetAttribute(
                                   desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
@@ -129,13 +134,13 @@ class MatMulKernel final : public CudaKernel {
     const float alpha = 1.0f, beta = lt_residual_ ? 1.0f : 0.0f;
     for (const auto& c : plan_.calls) {
       // cuBLASLt's A is our B, its B our A (C^T = B^T A^T).
-      const auto* lt_a = reinterpret_cast<const void*>(b + c[1] * elem);
-      const auto* lt_b = reinterpret_cast<const void*>(a + c[0] * elem);
-      void* dp = reinterpret_cast<void*>(d + c[2] * elem);
-      const void* cp = lt_residual_ ? reinterpret_cast<const void*>(residual + c[2] * elem) : dp;
+      const void* lt_a = Ptr(b + c[1] * elem);
+      const void* lt_b = Ptr(a + c[0] * elem);
+      void* dp = Ptr(d + c[2] * elem);
+      const void* cp = lt_residual_ ? Ptr(residual + c[2] * elem) : dp;
       KILN_RETURN_IF_ERROR(device_.CheckCublas(
           lt.cublasLtMatmul(handle, desc_, &alpha, lt_a, a_, lt_b, b_, &beta, cp, c_, dp, c_, &algo,
-                            reinterpret_cast<void*>(ws), kWorkspaceBytes, s.stream()),
+                            Ptr(ws), kWorkspaceBytes, s.stream()),
           "cublasLtMatmul"));
     }
     if (post_.fn == nullptr) return absl::OkStatus();

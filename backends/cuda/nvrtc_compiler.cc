@@ -54,6 +54,7 @@ absl::StatusOr<std::string> CompileCubin(const std::string& name, const std::str
   std::vector<std::string> opts = absl::StrSplit(kNvrtcFlags, ';');
   opts.push_back(absl::StrCat("--gpu-architecture=", arch));
   std::vector<const char*> argv;
+  argv.reserve(opts.size());
   for (const std::string& o : opts) argv.push_back(o.c_str());
   const nvrtcResult compiled =
       api.nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
