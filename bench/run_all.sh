@@ -9,6 +9,7 @@ bench="$build/bench/engine/kiln_bench"
 "$bench" matmul --threads 2
 "$bench" compile
 "$bench" memory
+"$build/bench/engine/kiln_quant_bench"
 /usr/bin/python3 bench/encoder_vs_ort.py "$build"
 if [[ -x "$build/bench/kiln_load" ]]; then
   "$build/bench/kiln_load"

@@ -11,6 +11,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev prometheus-cpp-dev libssl-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev
+  # weight files: .npz archives (engine/io/npz.h)
+  libzip-dev
   # CPU backend
   libdnnl-dev
   # Vulkan backend (lavapipe runs it on the CPU)

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -112,6 +113,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.tls_key) config.mutable_tls()->set_key_file(*flags.tls_key);
   if (flags.tls_client_ca) config.mutable_tls()->set_client_ca_file(*flags.tls_client_ca);
   if (flags.device_isolation) config.set_device_isolation(*flags.device_isolation);
+  if (flags.model_repository) config.mutable_model_repository()->set_root(*flags.model_repository);
   if (config.calibration().empty()) config.set_calibration("auto");
   if (config.calibration() != "auto" && config.calibration() != "always" &&
       config.calibration() != "never") {
@@ -192,6 +194,12 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
       config.device_isolation() != "process" && config.device_isolation() != "thread") {
     return absl::InvalidArgumentError(absl::StrCat(
         "device_isolation is \"", config.device_isolation(), "\"; must be auto, process or thread"));
+  }
+  if (config.model_repository().max_model_bytes() < 0) {
+    return absl::InvalidArgumentError("model_repository.max_model_bytes must be >= 0 (0 = 64 GiB)");
+  }
+  if (!std::isfinite(config.model_repository().poll_seconds())) {
+    return absl::InvalidArgumentError("model_repository.poll_seconds must be a number (0 = 5 s, < 0 = never)");
   }
   if (config.device_worker_grace_seconds() < 0) {
     return absl::InvalidArgumentError("device_worker_grace_seconds must be >= 0 (0 = 5)");

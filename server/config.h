@@ -57,6 +57,7 @@ struct FlagOverrides {
   std::optional<std::string> tls_key;        // tls.key_file
   std::optional<std::string> tls_client_ca;  // tls.client_ca_file
   std::optional<std::string> device_isolation;
+  std::optional<std::string> model_repository;  // model_repository.root
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the

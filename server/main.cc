@@ -51,6 +51,9 @@ ABSL_FLAG(std::optional<std::string>, tls_client_ca, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, device_isolation, std::nullopt,
           "Where devices other than the CPU run: auto (default: a device worker process per "
           "device, when kiln-device-worker is installed), process, or thread (in kilnd).");
+ABSL_FLAG(std::optional<std::string>, model_repository, std::nullopt,
+          "Directory of models: <model>/<version>/model.{kiln,pb,onnx} plus *.safetensors / *.gguf "
+          "weights (config model_repository.root; docs/models.md).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
   flags.tls_key = absl::GetFlag(FLAGS_tls_key);
   flags.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   flags.device_isolation = absl::GetFlag(FLAGS_device_isolation);
+  flags.model_repository = absl::GetFlag(FLAGS_model_repository);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));

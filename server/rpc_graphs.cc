@@ -5,6 +5,23 @@
 #include "server/rpc_common.h"
 
 namespace kiln::server {
+namespace {
+
+// The graph a request names: sent (ResolveGraph), or a repository model's,
+// whose version is returned in `model`.
+absl::StatusOr<v1::Graph> GraphOf(const ServiceDeps& d, const v1::GraphSource& source,
+                                  std::shared_ptr<const ModelVersion>* model) {
+  if (!source.has_model()) return ResolveGraph(source, d.config->limits());
+  if (d.models == nullptr) {
+    return absl::FailedPreconditionError(
+        "graph.model names a repository model, but this kilnd has no model repository "
+        "(start it with --model_repository=DIR)");
+  }
+  KILN_ASSIGN_OR_RETURN(*model, d.models->Acquire(source.model().name(), source.model().version()));
+  return (*model)->graph;
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
                                                const grpc::ByteBuffer* request_bytes,
@@ -14,7 +31,8 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
       [this](Call& call, const v1::CompileRequest& request,
              v1::CompileResponse& response) -> absl::Status {
     const ServiceDeps& d = deps();
-    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request.graph(), d.config->limits()));
+    std::shared_ptr<const ModelVersion> model;
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, GraphOf(d, request.graph(), &model));
     const CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
@@ -67,10 +85,11 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
       [this](Call& call, const v1::CreateSessionRequest& request,
              v1::CreateSessionResponse& response) -> absl::Status {
     const ServiceDeps& d = deps();
-    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request.graph(), d.config->limits()));
+    std::shared_ptr<const ModelVersion> model;
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, GraphOf(d, request.graph(), &model));
     const CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
-    KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
+    KILN_ASSIGN_OR_RETURN(GraphSignature sig, model ? model->signature : d.engine->Inspect(graph));
     KILN_ASSIGN_OR_RETURN(std::vector<TensorRef> params,
                           CheckNamedTensors(request.params(), d.config->limits(), "param"));
     for (const TensorRef& p : params) {
@@ -79,6 +98,7 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     KILN_RETURN_IF_ERROR(call.tenant->AcquireSession());
     auto session = std::make_shared<Session>(SessionStore::NewId(), *call.tenant, std::move(graph),
                                              sig, options);
+    if (model) session->AttachModel(std::make_unique<ModelLease>(model));
     absl::Status bound = [&]() -> absl::Status {
       if (!params.empty()) {
         int64_t bytes = 0;
@@ -104,7 +124,7 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     d.sessions->Add(session);
     response.set_session_id(session->id());
     SignatureToProto(sig, response.mutable_signature());
-    call.detail = absl::StrCat("session=", session->id());
+    call.detail = absl::StrCat("session=", session->id(), model ? " model=" : "", session->model());
     return absl::OkStatus();
   });
 }

@@ -335,13 +335,29 @@ absl::Status BindParams(Engine& engine, Session& session, std::span<const Tensor
   }
   std::vector<TensorRef> all(updates.begin(), updates.end());
   for (size_t i = 0; i < kept.size(); ++i) all.push_back(TensorRef::Of(kept_names[i], kept[i]));
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<ParamSet> set, engine.CreateParams(all));
+  // Copy on write: a session on a repository model shares the model's params
+  // uncharged; the private copy it makes now is the tenant's.
+  int64_t copied = 0;
+  if (session.params_shared()) {
+    for (const HostTensor& t : kept) copied += t.num_bytes();
+    for (size_t i = 0; i < kept.size(); ++i) bytes[kept_names[i]] = kept[i].num_bytes();
+    KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(copied, copied))
+        << "copying the model's params for this session's change";
+  }
+  absl::StatusOr<std::shared_ptr<ParamSet>> set = engine.CreateParams(all);
+  if (!set.ok()) {
+    session.owner().ReleaseBytes(copied, copied);
+    return set.status();
+  }
   int64_t replaced = 0;
   for (const TensorRef& t : updates) {
-    if (auto it = bytes.find(t.name); it != bytes.end()) replaced += it->second;
+    if (auto it = bytes.find(t.name); it != bytes.end() && !session.params_shared()) replaced += it->second;
     bytes[t.name] = t.bytes;
   }
-  KILN_RETURN_IF_ERROR(session.SetParams(std::move(set), std::move(bytes)));
+  if (absl::Status s = session.SetParams(*std::move(set), std::move(bytes)); !s.ok()) {
+    session.owner().ReleaseBytes(copied, copied);
+    return s;
+  }
   session.owner().ReleaseBytes(replaced, replaced);
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
 #include "server/tls.h"
@@ -19,11 +20,40 @@ namespace {
 using Samples = std::vector<std::pair<Metrics::Labels, double>>;
 
 // State read at scrape time.
+// The model repository's versions, weights and loads.
+void ScrapeModels(const ModelRepository& models, std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  Samples state, bytes, sessions, loads;
+  for (const v1::ModelVersionInfo& m : models.List()) {
+    std::string st = v1::ModelState_Name(m.state()).substr(sizeof("MODEL_STATE_") - 1);
+    absl::AsciiStrToLower(&st);
+    const Metrics::Labels labels{{"model", m.name()}, {"version", std::to_string(m.version())}};
+    Metrics::Labels with_state = labels;
+    with_state.emplace_back("state", st);
+    state.push_back({with_state, 1});
+    bytes.push_back({labels, static_cast<double>(m.param_bytes())});
+    sessions.push_back({labels, static_cast<double>(m.sessions())});
+  }
+  for (const auto& [key, n] : models.LoadCounts()) {
+    loads.push_back({{{"model", key.first}, {"outcome", key.second}}, static_cast<double>(n)});
+  }
+  out.push_back(Metrics::Family("kiln_model_versions", "Model versions of the repository, by state",
+                                MetricType::Gauge, state));
+  out.push_back(Metrics::Family("kiln_model_param_bytes", "Bytes of each loaded model version's shared weights",
+                                MetricType::Gauge, bytes));
+  out.push_back(Metrics::Family("kiln_model_sessions", "Sessions open on each model version",
+                                MetricType::Gauge, sessions));
+  out.push_back(Metrics::Family("kiln_model_loads_total", "Model version loads, by outcome",
+                                MetricType::Counter, loads));
+}
+
 std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantRegistry& tenants,
-                                             const SessionStore& sessions, absl::Time started) {
+                                             const SessionStore& sessions, const ModelRepository* models,
+                                             absl::Time started) {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
   auto one = [](double v) { return Samples{{{}, v}}; };
+  if (models != nullptr) ScrapeModels(*models, out);
   const CacheStats c = engine.cache_stats();
   out.push_back(Metrics::Family("kiln_compile_cache_hits_total",
                                 "Executables found in the compile cache, by level",
@@ -190,11 +220,16 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   deps.metrics = s->metrics_.get();
   deps.pool = s->pool_.get();
   deps.started = started;
+  if (!config.model_repository().root().empty()) {
+    s->models_ = std::make_unique<ModelRepository>(config.model_repository(), config.limits(), *s->engine_);
+    if (absl::Status st = s->models_->Start(); !st.ok()) return st;
+    deps.models = s->models_.get();
+  }
   s->service_ = std::make_unique<KilnService>(deps);
 
   s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),
-                             sessions = s->sessions_.get(), started] {
-    return Scrape(*engine, *tenants, *sessions, started);
+                             sessions = s->sessions_.get(), models = s->models_.get(), started] {
+    return Scrape(*engine, *tenants, *sessions, models, started);
   });
 
   grpc::EnableDefaultHealthCheckService(true);

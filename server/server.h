@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
 #include "server/metrics.h"
+#include "server/models.h"
 #include "server/reports.h"
 #include "server/service.h"
 #include "server/sessions.h"
@@ -73,6 +74,7 @@ class KilnServer {
   std::unique_ptr<ReportStore> reports_;
   std::unique_ptr<KilnService> service_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ModelRepository> models_;  // its poll thread stops before the engine goes
   std::unique_ptr<WorkPool> pool_;
   std::unique_ptr<grpc::Server> server_;
   absl::Notification stop_health_;

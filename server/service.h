@@ -4,6 +4,7 @@
 //   rpc_params.cc  SetParams (client stream), GetParams (server stream)
 //   rpc_run.cc     Run (through its device's scheduler in the engine)
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
+//   rpc_models.cc  ListModels, LoadModel, UnloadModel (the model repository)
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
@@ -29,6 +30,7 @@
 #include "kiln/v1/config.pb.h"
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/metrics.h"
+#include "server/models.h"
 #include "server/reports.h"
 #include "server/sessions.h"
 #include "server/tenants.h"
@@ -44,6 +46,7 @@ struct ServiceDeps {
   ReportStore* reports = nullptr;
   Metrics* metrics = nullptr;
   WorkPool* pool = nullptr;
+  ModelRepository* models = nullptr;  // null without --model_repository
   absl::Time started = absl::Now();
 };
 
@@ -58,8 +61,9 @@ using RawKilnService = v1::Kiln::WithRawCallbackMethod_Compile<
     v1::Kiln::WithRawCallbackMethod_CreateSession<v1::Kiln::WithRawCallbackMethod_SetParams<
         v1::Kiln::WithRawCallbackMethod_GetParams<v1::Kiln::WithRawCallbackMethod_Run<
             v1::Kiln::WithRawCallbackMethod_CloseSession<v1::Kiln::WithRawCallbackMethod_ListDevices<
-                v1::Kiln::WithRawCallbackMethod_GetReport<
-                    v1::Kiln::WithRawCallbackMethod_ServerInfo<v1::Kiln::Service>>>>>>>>>;
+                v1::Kiln::WithRawCallbackMethod_GetReport<v1::Kiln::WithRawCallbackMethod_ServerInfo<
+                    v1::Kiln::WithRawCallbackMethod_ListModels<v1::Kiln::WithRawCallbackMethod_LoadModel<
+                        v1::Kiln::WithRawCallbackMethod_UnloadModel<v1::Kiln::Service>>>>>>>>>>>>;
 
 class KilnService final : public RawKilnService {
  public:
@@ -98,6 +102,16 @@ class KilnService final : public RawKilnService {
   grpc::ServerUnaryReactor* ServerInfo(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  // rpc_models.cc
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* ctx,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
   // --- Shared by the handler files (not part of the RPC surface). ---
 

@@ -69,7 +69,27 @@ absl::Status Session::SetParams(std::shared_ptr<ParamSet> params,
   if (closed_) return absl::NotFoundError(absl::StrCat("session \"", id_, "\" was closed"));
   params_ = std::move(params);
   param_bytes_ = std::move(bytes);
+  params_shared_ = false;
   return absl::OkStatus();
+}
+
+void Session::AttachModel(std::unique_ptr<ModelLease> lease) {
+  absl::MutexLock lock(&state_mu_);
+  params_ = lease->model().params;
+  param_bytes_.clear();
+  params_shared_ = true;
+  model_ = std::move(lease);
+}
+
+bool Session::params_shared() const {
+  absl::MutexLock lock(&state_mu_);
+  return params_shared_;
+}
+
+std::string Session::model() const {
+  absl::MutexLock lock(&state_mu_);
+  if (!model_) return "";
+  return absl::StrCat(model_->model().name, ":", model_->model().version);
 }
 
 Session::Charge Session::ChargeLocked() const {
@@ -90,9 +110,11 @@ Session::Charge Session::Close() {
   absl::MutexLock lock(&state_mu_);
   const Charge c = ChargeLocked();
   closed_ = true;
-  // Runs in flight keep their executable and params; the session lets go.
+  // Runs in flight keep their executable and params; the session lets go
+  // (of the model too: it no longer counts among the model's sessions).
   executables_.clear();
   lru_.clear();
+  model_.reset();
   return c;
 }
 

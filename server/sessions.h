@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
+#include "server/models.h"
 #include "server/tenants.h"
 
 namespace kiln::server {
@@ -58,6 +59,15 @@ class Session {
   int64_t AddExecutable(const std::string& shape_key, Compiled compiled);
 
   std::shared_ptr<ParamSet> params() const;
+  // A session opened on a repository model: binds the model's shared params
+  // (charged to no tenant) and holds the lease until Close. REQUIRES: before
+  // the session is shared.
+  void AttachModel(std::unique_ptr<ModelLease> lease);
+  // Whether the bound params are a model's shared set (a change copies them,
+  // and the copy is charged to the tenant: BindParams).
+  bool params_shared() const;
+  // "name:version" of the model, or "" for a session on a client graph.
+  std::string model() const;
   // Bytes of each bound param, by name.
   std::map<std::string, int64_t> param_bytes() const;
 
@@ -97,6 +107,8 @@ class Session {
   std::shared_ptr<ParamSet> params_ ABSL_GUARDED_BY(state_mu_);
   std::map<std::string, int64_t> param_bytes_ ABSL_GUARDED_BY(state_mu_);
   bool closed_ ABSL_GUARDED_BY(state_mu_) = false;
+  std::unique_ptr<ModelLease> model_ ABSL_GUARDED_BY(state_mu_);
+  bool params_shared_ ABSL_GUARDED_BY(state_mu_) = false;
 };
 
 class SessionStore {

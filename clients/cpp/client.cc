@@ -337,6 +337,35 @@ absl::Status Client::CloseSession(const std::string& session_id) const {
   return FromGrpcStatus(stub_->CloseSession(ctx.get(), req, &resp));
 }
 
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels(const std::string& name) const {
+  v1::ListModelsRequest req;
+  req.set_name(name);
+  v1::ListModelsResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->ListModels(ctx.get(), req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<v1::ModelVersionInfo> Client::LoadModel(const std::string& name, int64_t version) const {
+  v1::LoadModelRequest req;
+  req.set_name(name);
+  req.set_version(version);
+  v1::LoadModelResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->LoadModel(ctx.get(), req, &resp)));
+  return resp.model();
+}
+
+absl::StatusOr<v1::UnloadModelResponse> Client::UnloadModel(const std::string& name, int64_t version) const {
+  v1::UnloadModelRequest req;
+  req.set_name(name);
+  req.set_version(version);
+  v1::UnloadModelResponse resp;
+  auto ctx = NewContext();
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->UnloadModel(ctx.get(), req, &resp)));
+  return resp;
+}
+
 absl::StatusOr<v1::ListDevicesResponse> Client::ListDevices() const {
   v1::ListDevicesResponse resp;
   auto ctx = NewContext();

@@ -153,6 +153,11 @@ class Client {
   // One request's report, by the request id a RunResult carries.
   absl::StatusOr<v1::DispatchReport> GetReport(const std::string& request_id) const;
   absl::StatusOr<v1::ServerInfoResponse> ServerInfo() const;
+  // The model repository: every version (`name` "" = every model); load and
+  // unload (admin tenants; `version` 0 = newest on disk / every loaded one).
+  absl::StatusOr<v1::ListModelsResponse> ListModels(const std::string& name = "") const;
+  absl::StatusOr<v1::ModelVersionInfo> LoadModel(const std::string& name, int64_t version = 0) const;
+  absl::StatusOr<v1::UnloadModelResponse> UnloadModel(const std::string& name, int64_t version = 0) const;
   // grpc.health.v1 Check; `service` empty = the server as a whole.
   absl::StatusOr<ServingStatus> Health(const std::string& service = "") const;
 

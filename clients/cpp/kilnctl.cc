@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,10 +28,14 @@
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/kilnctl_import.h"
-#include "clients/cpp/npy.h"
+#include "clients/cpp/kilnctl_models.h"
+#include "engine/io/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
 #include "base/status.h"
+#include "engine/io/gguf.h"
+#include "engine/io/npz.h"
+#include "engine/io/safetensors.h"
 
 namespace kiln {
 namespace {
@@ -46,6 +51,8 @@ struct GlobalFlags {
 
 struct RunFlags {
   std::string graph;
+  std::string model;                 // NAME[:VERSION] of the server's repository
+  std::vector<std::string> weights;  // .safetensors / .gguf files of params
   std::vector<std::string> inputs;  // name=path.npy
   std::vector<std::string> params;  // name=path.npy
   std::string params_dir;
@@ -117,6 +124,38 @@ absl::Status LoadParamsDir(const std::string& dir, TensorMap& out) {
     if (!out.emplace(path.stem().string(), std::move(t)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("param '", path.stem().string(), "' given by --param and --params-dir"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Params by tensor name from .safetensors, .gguf and .npz files (GGUF's quantized
+// blocks stay quantized); a name in two places is an error.
+absl::Status LoadWeightFiles(const std::vector<std::string>& files, TensorMap& out) {
+  for (const std::string& file : files) {
+    std::vector<std::pair<std::string, HostTensor>> tensors;
+    if (absl::EndsWith(file, ".gguf")) {
+      KILN_ASSIGN_OR_RETURN(io::GgufFile f, io::GgufFile::Open(file));
+      for (const io::GgufTensorInfo& t : f.tensors()) {
+        KILN_ASSIGN_OR_RETURN(HostTensor v, f.Read(t.name));
+        tensors.emplace_back(t.name, std::move(v));
+      }
+    } else if (absl::EndsWith(file, ".npz")) {
+      KILN_ASSIGN_OR_RETURN(tensors, io::ReadNpz(file));
+    } else if (absl::EndsWith(file, ".safetensors")) {
+      KILN_ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::Open(file));
+      for (const io::SafetensorsEntry& e : f.tensors()) {
+        KILN_ASSIGN_OR_RETURN(HostTensor v, f.Read(e.name));
+        tensors.emplace_back(e.name, std::move(v));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--weights ", file, ": not a .safetensors, .gguf or .npz file"));
+    }
+    for (auto& [name, t] : tensors) {
+      if (!out.emplace(name, std::move(t)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("param '", name, "' given twice (", file, " and an earlier --param/--weights)"));
+      }
     }
   }
   return absl::OkStatus();
@@ -250,11 +289,20 @@ absl::Status CmdCompile(const GlobalFlags& g, const CompileFlags& f) {
 }
 
 absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
-  KILN_ASSIGN_OR_RETURN(v1::GraphSource graph, LoadGraphFile(f.graph));
+  if (f.graph.empty() == f.model.empty()) {
+    return absl::InvalidArgumentError("kilnctl run needs a graph file or --model NAME[:VERSION], not both");
+  }
+  v1::GraphSource graph;
+  if (!f.model.empty()) {
+    KILN_ASSIGN_OR_RETURN(*graph.mutable_model(), ParseModelRef(f.model));
+  } else {
+    KILN_ASSIGN_OR_RETURN(graph, LoadGraphFile(f.graph));
+  }
   TensorMap inputs, params;
   KILN_RETURN_IF_ERROR(LoadTensors(f.inputs, "--input", inputs));
   KILN_RETURN_IF_ERROR(LoadTensors(f.params, "--param", params));
   if (!f.params_dir.empty()) KILN_RETURN_IF_ERROR(LoadParamsDir(f.params_dir, params));
+  KILN_RETURN_IF_ERROR(LoadWeightFiles(f.weights, params));
   if (!f.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(f.out_dir, ec);
@@ -270,7 +318,7 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   options.compile.set_device(f.device);
 
   absl::StatusOr<Client::RunResult> result;
-  if (params.empty()) {
+  if (params.empty() && !graph.has_model()) {
     Spinner spin("compiling and running", progress);
     result = client->Run(graph, inputs, {}, options);
   } else {
@@ -393,7 +441,9 @@ int Main(int argc, char** argv) {
 
   RunFlags rf;
   CLI::App* run = app.add_subcommand("run", "run a graph on .npy inputs");
-  run->add_option("graph", rf.graph, ".kiln text, binary .pb or .pbtxt graph")->required();
+  run->add_option("graph", rf.graph, ".kiln text, binary .pb, .pbtxt or .onnx graph");
+  run->add_option("--model,-m", rf.model, "a model of the server's repository: NAME or NAME:VERSION");
+  run->add_option("--weights,-w", rf.weights, "params from a .safetensors, .gguf or .npz file (by tensor name)");
   run->add_option("--input,-i", rf.inputs, "input: name=path.npy");
   run->add_option("--param,-p", rf.params, "param: name=path.npy (uploads through a session)");
   run->add_option("--params-dir", rf.params_dir, "directory of <param>.npy files");
@@ -411,6 +461,8 @@ int Main(int argc, char** argv) {
   report->add_option("--trace", pf.trace, "also write them as Chrome trace JSON");
 
   AddImportCommand(app);  // kilnctl import: ONNX -> graph file, offline
+  ModelsFlags mf;
+  CLI::App* models = AddModelsCommand(app, mf);
 
   CLI::App* cache = app.add_subcommand("cache", "compile cache");
   cache->require_subcommand(1);
@@ -425,9 +477,17 @@ int Main(int argc, char** argv) {
   if (app.got_subcommand("health")) return CmdHealth(g, health_service);
   if (app.got_subcommand("devices")) return Report(CmdDevices(g));
   if (app.got_subcommand("compile")) return Report(CmdCompile(g, cf));
-  if (app.got_subcommand("run")) return Report(CmdRun(g, rf));
+  if (app.got_subcommand("run")) {
+    if (rf.graph.empty() == rf.model.empty()) {  // a usage error, as CLI11's own
+      std::fprintf(stderr, "kilnctl run: give a graph file or --model NAME[:VERSION], not both\n%s",
+                   app.get_subcommand("run")->help().c_str());
+      return 2;
+    }
+    return Report(CmdRun(g, rf));
+  }
   if (app.got_subcommand("report")) return Report(CmdReport(g, pf));
   if (app.got_subcommand("cache")) return Report(CmdCacheStats(g));
+  if (app.got_subcommand("models")) return Report(RunModelsCommand(*models, mf, [&g] { return Connect(g); }));
   return 2;
 }
 

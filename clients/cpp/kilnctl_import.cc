@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 #include "engine/io/onnx/onnx_import.h"
 #include "engine/ir/text.h"
 #include "engine/ir/verifier.h"

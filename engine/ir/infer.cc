@@ -268,6 +268,12 @@ absl::Status InferLinalg(Ctx& c) {
       }
       const int64_t bn = vec ? b[b.size() - 1] : b[b.size() - 2];
       if (!DimsCompatible(bn, n)) return c.Error("b has ", bn, " rows, A has ", n);
+      // One system per batch element: the batch dims agree (no broadcasting).
+      for (size_t k = 0; k + 2 < a.size(); ++k) {
+        if (!DimsCompatible(a[k], b[k])) {
+          return c.Error("batch dims of A ", c.T(0), " and b ", c.T(1), " differ at dim ", k);
+        }
+      }
       return c.Set(c.in(1));
     }
     default:

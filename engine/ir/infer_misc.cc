@@ -57,6 +57,21 @@ absl::Status CheckBits(Ctx& c, int32_t bits) {
   return absl::OkStatus();
 }
 
+// A block-quantized tensor's rows (its last dim) must be whole blocks: the
+// kernels decode row by row, as GGUF lays them out. The total alone being whole
+// blocks (what InferSource checks for params) is not enough.
+absl::Status CheckWholeBlockRows(Ctx& c, int operand) {
+  const TensorType& t = c.in(operand);
+  const int64_t block = LayoutOf(t.dtype).block_elems;
+  if (t.rank() == 0) return c.Error("block-quantized operand ", operand, " cannot be a scalar");
+  const int64_t last = t.dims.back();  // < 0: symbolic, checked once bound
+  if (last >= 0 && last % block != 0) {
+    return c.Error("operand ", operand, " ", c.T(operand), ": rows of ", last,
+                   " elements are not whole ", block, "-element ", DTypeName(t.dtype), " blocks");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status InferQuant(Ctx& c) {
   switch (c.node.op) {
     case v1::OP_QUANTIZE: {
@@ -75,6 +90,7 @@ absl::Status InferQuant(Ctx& c) {
       if (!IsFloat(to)) return c.Error("attribute to must be a float type");
       if (IsQuantized(c.in(0).dtype)) {
         if (auto s = c.Arity(1, 1); !s.ok()) return s;
+        if (auto s = CheckWholeBlockRows(c, 0); !s.ok()) return s;
         return c.Set(TensorType(to, c.in(0).dims));
       }
       if (auto s = c.Arity(2, 3); !s.ok()) return s;
@@ -106,6 +122,7 @@ absl::Status InferQuant(Ctx& c) {
       const TensorType& w = c.in(1);
       if (!IsQuantized(w.dtype)) return c.Error("weights must be block-quantized, got ", c.T(1));
       if (a.rank() < 1 || w.rank() != 2) return c.Error("expects a [..., K] @ w [K, N] or [N, K]");
+      if (auto s = CheckWholeBlockRows(c, 1); !s.ok()) return s;
       const bool tb = c.node.attrs.dequant_matmul().transpose_b();
       const int64_t k = tb ? w.dims[1] : w.dims[0];
       const int64_t n = tb ? w.dims[0] : w.dims[1];

@@ -125,6 +125,9 @@ absl::Status InferConvTranspose(Ctx& c) {
     }
     o = channels.get();
   }
+  if (x.dims[1] >= 0 && x.dims[1] % groups != 0) {
+    return c.Error(x.dims[1], " input channels are not divisible by groups=", groups);
+  }
   IrDims out = {x.dims[0], o};
   for (int i = 0; i < 2; ++i) {
     const int64_t in = x.dims[2 + i], k = w.dims[2 + i];

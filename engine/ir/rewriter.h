@@ -26,6 +26,7 @@ class Rewriter {
   const absl::Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
   const TensorType& TypeOf(ValueRef v) const { return graph_.TypeOf(v); }
+  const Graph& graph() const { return graph_; }
 
   // Generic node; attrs must be the op's own attribute message.
   ValueRef Add(OpKind op, std::vector<ValueRef> operands, v1::Attrs attrs);

@@ -4,9 +4,12 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/ir/infer.h"
 #include "engine/ir/rewriter.h"
+#include "engine/ir/verifier.h"
 
 namespace kiln::passes {
 namespace {
@@ -114,6 +117,32 @@ ValueRef DecomposeNorm(Rewriter& r, ir::Graph& g, const ir::Node& n, bool rms) {
   return y;
 }
 
+// GroupNorm over x [N, C, spatial...]: each of the `groups` groups of C/groups
+// channels is normalized over its channels and spatial positions together
+// (reshape to [N, G, C/G * spatial], mean and variance over the last axis),
+// then the optional per-channel scale and bias. Needs concrete dims (compiles
+// have them); a symbolic one fails the reshape with its own error.
+ValueRef DecomposeGroupNorm(Rewriter& r, ir::Graph& g, const ir::Node& n) {
+  const ValueRef x = n.operands[0];
+  const ir::TensorType& t = g.TypeOf(x);
+  const auto& a = n.attrs.group_norm();
+  const double eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  const int64_t groups = a.groups();
+  int64_t per_group = t.dims[1] / groups;  // infer checked divisibility
+  for (int64_t k = 2; k < t.rank(); ++k) per_group *= t.dims[k];  // <= the element count
+  const ValueRef xs = r.Reshape(x, {t.dims[0], groups, per_group});
+  const ValueRef mean = r.Reduce(v1::REDUCE_MEAN, xs, {2}, true);
+  const ValueRef centered = r.Binary(v1::BINARY_SUB, xs, mean);
+  const ValueRef var = r.Reduce(v1::REDUCE_MEAN, r.Binary(v1::BINARY_MUL, centered, centered), {2}, true);
+  const ValueRef inv = r.Unary(v1::UNARY_RSQRT, r.Binary(v1::BINARY_ADD, var, r.Scalar(eps, t.dtype)));
+  ValueRef y = r.Reshape(r.Binary(v1::BINARY_MUL, centered, inv), t.dims);
+  IrDims per_channel(t.rank(), 1);
+  per_channel[1] = t.dims[1];
+  if (n.operands.size() > 1) y = r.Binary(v1::BINARY_MUL, y, r.Reshape(n.operands[1], per_channel));
+  if (n.operands.size() > 2) y = r.Binary(v1::BINARY_ADD, y, r.Reshape(n.operands[2], per_channel));
+  return y;
+}
+
 ValueRef DecomposeSoftmax(Rewriter& r, ir::Graph& g, const ir::Node& n, bool log) {
   const ValueRef x = n.operands[0];
   const auto& attrs = log ? n.attrs.log_softmax() : n.attrs.softmax();
@@ -205,13 +234,147 @@ ValueRef DecomposeDotGeneral(Rewriter& r, ir::Graph& g, const ir::Node& n) {
   return r.Reshape(out, final_dims);
 }
 
+// ---- control flow, lowered by inlining ------------------------------------
+// Kiln graphs are pure, so an If computes both branches and selects each
+// result with Where on the predicate, and a Scan whose length is known is
+// unrolled: the body inlined once per step, xs sliced, ys stacked. Both cost
+// what they compute (an If's untaken branch too) and need no runtime support,
+// so they compile on every device. While (a data-dependent trip count) is not
+// lowered.
+
+// One lowering may inline at most this many nodes, and the graph may not grow
+// past kMaxLoweredGraphNodes through lowerings (a Scan nested in a Scan's body
+// lowers again once inlined: this bounds the product, not only each factor).
+constexpr int64_t kMaxInlinedNodes = int64_t{1} << 16;
+constexpr int64_t kMaxLoweredGraphNodes = int64_t{1} << 18;
+
+// Inlines `body` with its inputs (in node order) bound to `args`; returns its
+// outputs. `budget` counts the nodes inlined so far.
+absl::StatusOr<std::vector<ValueRef>> Inline(Rewriter& r, const ir::Node& n, const v1::Graph& body,
+                                             const std::vector<ValueRef>& args, int64_t* budget) {
+  std::vector<ir::TensorType> types;
+  for (ValueRef a : args) types.push_back(r.TypeOf(a));
+  ir::VerifyOptions opts;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ir::Graph> sub, ir::ImportGraph(body, opts, 1));
+  // Rebind the inputs to the values they receive, as InferSubgraph does, and
+  // re-infer so every inner type is concrete.
+  std::vector<ir::Node*> inputs;
+  for (const auto& m : sub->nodes()) {
+    if (m->op == v1::OP_INPUT) inputs.push_back(m.get());
+  }
+  if (inputs.size() != args.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(n), ": a subgraph has ", inputs.size(),
+                                                   " inputs but receives ", args.size(), " values"));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) inputs[i]->outputs[0] = types[i];
+  KILN_RETURN_IF_ERROR(ir::VerifyGraph(*sub, opts, 1));
+  *budget += static_cast<int64_t>(sub->nodes().size());
+  if (*budget > kMaxInlinedNodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(ir::NodeLabel(n), ": lowering it would inline more than ",
+                                                     kMaxInlinedNodes, " nodes"));
+  }
+  if (static_cast<int64_t>(r.graph().nodes().size() + sub->nodes().size()) > kMaxLoweredGraphNodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(ir::NodeLabel(n), ": lowering control flow would grow the graph past ",
+                                                     kMaxLoweredGraphNodes, " nodes"));
+  }
+  absl::flat_hash_map<int32_t, int32_t> ids;  // sub node id -> parent node id
+  absl::flat_hash_map<int32_t, ValueRef> bound;  // sub input id -> parent value
+  for (size_t i = 0; i < inputs.size(); ++i) bound[inputs[i]->id] = args[i];
+  auto map = [&](ValueRef v) -> ValueRef {
+    if (auto b = bound.find(v.node); b != bound.end()) return b->second;
+    return ValueRef{ids.at(v.node), v.output};
+  };
+  for (const auto& m : sub->nodes()) {
+    if (m->op == v1::OP_INPUT) continue;
+    if (m->op == v1::OP_PARAM) {
+      return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(n), ": a subgraph declares param \"", m->name,
+                                                     "\"; pass it in as an operand"));
+    }
+    ValueRef made;
+    if (m->op == v1::OP_CONSTANT) {
+      made = r.Constant(m->value->Clone());
+    } else {
+      std::vector<ValueRef> ops;
+      for (ValueRef o : m->operands) ops.push_back(map(o));
+      made = r.Add(m->op, std::move(ops), m->attrs);
+    }
+    if (!r.ok()) return r.status();
+    ids[m->id] = made.node;
+  }
+  std::vector<ValueRef> outs;
+  for (const ir::GraphOutput& o : sub->outputs()) outs.push_back(map(o.value));
+  return outs;
+}
+
+absl::StatusOr<std::vector<ValueRef>> LowerIf(Rewriter& r, const ir::Node& n) {
+  const std::vector<ValueRef> args(n.operands.begin() + 1, n.operands.end());
+  int64_t budget = 0;
+  KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> then_outs, Inline(r, n, n.attrs.if_().then_branch(), args, &budget));
+  KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> else_outs, Inline(r, n, n.attrs.if_().else_branch(), args, &budget));
+  std::vector<ValueRef> outs;
+  for (size_t i = 0; i < then_outs.size() && i < else_outs.size(); ++i) {
+    outs.push_back(r.Where(n.operands[0], then_outs[i], else_outs[i]));
+  }
+  return outs;
+}
+
+absl::StatusOr<std::vector<ValueRef>> LowerScan(Rewriter& r, ir::Graph& g, const ir::Node& n) {
+  const auto& a = n.attrs.scan();
+  const int nc = a.num_carries();
+  const int64_t len = a.length();
+  std::vector<ValueRef> carries(n.operands.begin(), n.operands.begin() + nc);
+  std::vector<std::vector<ValueRef>> ys(n.outputs.size() - nc, std::vector<ValueRef>(static_cast<size_t>(len)));
+  int64_t budget = 0;
+  for (int64_t k = 0; k < len; ++k) {
+    const int64_t t = a.reverse() ? len - 1 - k : k;
+    std::vector<ValueRef> args = carries;
+    for (size_t i = nc; i < n.operands.size(); ++i) {
+      const ir::TensorType& xt = g.TypeOf(n.operands[i]);
+      v1::Attrs sa;
+      sa.mutable_slice()->add_start(t);
+      sa.mutable_slice()->add_stop(t + 1);
+      sa.mutable_slice()->add_axes(0);
+      const ValueRef row = r.Add(v1::OP_SLICE, {n.operands[i]}, sa);
+      args.push_back(r.Reshape(row, IrDims(xt.dims.begin() + 1, xt.dims.end())));
+    }
+    if (!r.ok()) return r.status();
+    KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> outs, Inline(r, n, a.body(), args, &budget));
+    for (int i = 0; i < nc; ++i) carries[i] = outs[i];
+    for (size_t j = 0; j < ys.size(); ++j) {
+      IrDims d = r.TypeOf(outs[nc + j]).dims;
+      d.insert(d.begin(), 1);
+      ys[j][t] = r.Reshape(outs[nc + j], d);
+    }
+  }
+  std::vector<ValueRef> result = carries;
+  for (size_t j = 0; j < ys.size(); ++j) {
+    if (len == 0) {  // an empty stack: a [0, ...] constant
+      absl::StatusOr<HostTensor> empty = HostTensor::Create(n.outputs[nc + j].dtype,
+                                                            Dims(n.outputs[nc + j].dims.begin(), n.outputs[nc + j].dims.end()));
+      if (!empty.ok()) return empty.status();
+      result.push_back(r.Constant(*std::move(empty)));
+      continue;
+    }
+    if (len == 1) {
+      result.push_back(ys[j][0]);
+      continue;
+    }
+    v1::Attrs ca;
+    ca.mutable_concat()->set_axis(0);
+    result.push_back(r.Add(v1::OP_CONCAT, std::vector<ValueRef>(ys[j].begin(), ys[j].end()), ca));
+  }
+  return result;
+}
+
 }  // namespace
 
 bool HasDecomposition(const ir::Node& node) {
   switch (node.op) {
     case v1::OP_ATTENTION: case v1::OP_LAYER_NORM: case v1::OP_RMS_NORM: case v1::OP_SOFTMAX:
-    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL:
+    case v1::OP_LOG_SOFTMAX: case v1::OP_DOT_GENERAL: case v1::OP_GROUP_NORM: case v1::OP_IF:
       return true;
+    case v1::OP_SCAN:  // unrolled: the length must be known
+      return node.attrs.scan().length() >= 0;
     case v1::OP_UNARY: {
       const auto k = node.attrs.unary().kind();
       return k == v1::UNARY_GELU || k == v1::UNARY_GELU_TANH || k == v1::UNARY_SILU;
@@ -228,11 +391,34 @@ v1::Path DecompositionPath(const ir::Node& node) {
 absl::StatusOr<std::vector<int32_t>> Decompose(ir::Graph& graph, const ir::Node& node) {
   const int32_t first_new = graph.NextId();
   Rewriter r(graph, node, DecompositionPath(node));
+  if (node.op == v1::OP_IF || node.op == v1::OP_SCAN) {  // several results
+    KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> outs,
+                          node.op == v1::OP_IF ? LowerIf(r, node) : LowerScan(r, graph, node));
+    if (!r.ok()) return r.status();
+    if (outs.size() != node.outputs.size()) {
+      return absl::InternalError(absl::StrCat(ir::NodeLabel(node), ": lowered to ", outs.size(), " results, want ",
+                                              node.outputs.size()));
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!(graph.TypeOf(outs[i]) == node.outputs[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(node), ": result ", i, " is ",
+                                                       ir::TypeToString(node.outputs[i]), " but its lowering yields ",
+                                                       ir::TypeToString(graph.TypeOf(outs[i]))));
+      }
+    }
+    for (size_t i = 0; i < outs.size(); ++i) graph.ReplaceAllUses(node.out(static_cast<int>(i)), outs[i]);
+    std::vector<int32_t> made;
+    for (const auto& n : graph.nodes()) {
+      if (n->id >= first_new) made.push_back(n->id);
+    }
+    return made;
+  }
   ValueRef out;
   switch (node.op) {
     case v1::OP_ATTENTION: out = DecomposeAttention(r, graph, node); break;
     case v1::OP_LAYER_NORM: out = DecomposeNorm(r, graph, node, false); break;
     case v1::OP_RMS_NORM: out = DecomposeNorm(r, graph, node, true); break;
+    case v1::OP_GROUP_NORM: out = DecomposeGroupNorm(r, graph, node); break;
     case v1::OP_SOFTMAX: out = DecomposeSoftmax(r, graph, node, false); break;
     case v1::OP_LOG_SOFTMAX: out = DecomposeSoftmax(r, graph, node, true); break;
     case v1::OP_UNARY: out = DecomposeUnary(r, graph, node); break;

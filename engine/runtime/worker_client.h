@@ -34,8 +34,10 @@ struct WorkerOptions {
   std::string backend;  // the backend the worker creates: "vulkan", "cuda"
   backend::BackendOptions backend_options;
   int64_t cache_max_bytes = int64_t{4} << 30;
-  // The shared staging region per worker; copies that do not fit go inline.
-  int64_t staging_bytes = int64_t{256} << 20;
+  // The shared staging region per worker, address space only until touched;
+  // copies that do not fit go inline (much slower: through the socket). Freed
+  // pages above the first 256 MiB return to the kernel (ShmRegion::Create).
+  int64_t staging_bytes = int64_t{4} << 30;
   // Starting the worker and its backend (driver initialisation).
   absl::Duration start_timeout = absl::Seconds(60);
   // Beyond a synchronize's own bound before the worker counts as hung.

@@ -1,11 +1,13 @@
 #include "engine/runtime/worker_protocol.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -81,7 +83,8 @@ absl::Status Channel::Receive(google::protobuf::MessageLite* message) {
 
 void Channel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
-ShmRegion::ShmRegion(int fd, char* base, int64_t size) : fd_(fd), base_(base), size_(size) {
+ShmRegion::ShmRegion(int fd, char* base, int64_t size, int64_t resident)
+    : fd_(fd), base_(base), size_(size), resident_(resident) {
   absl::MutexLock lock(&mu_);
   if (size > 0) free_[0] = size;
 }
@@ -91,7 +94,7 @@ ShmRegion::~ShmRegion() {
   ::close(fd_);
 }
 
-absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(int64_t bytes) {
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(int64_t bytes, int64_t resident_bytes) {
   const int fd = ::memfd_create("kiln-device-worker", MFD_CLOEXEC);
   if (fd < 0) return Errno("memfd_create");
   if (::ftruncate(fd, bytes) != 0) {
@@ -105,7 +108,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(int64_t bytes) {
     ::close(fd);
     return s;
   }
-  return std::unique_ptr<ShmRegion>(new ShmRegion(fd, static_cast<char*>(p), bytes));
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(fd, static_cast<char*>(p), bytes, std::max<int64_t>(resident_bytes, 0)));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd) {
@@ -115,7 +119,9 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd) {
                             : ::mmap(nullptr, static_cast<size_t>(st.st_size),
                                      PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Errno("mmap of the staging region");
-  return std::unique_ptr<ShmRegion>(new ShmRegion(fd, static_cast<char*>(p), st.st_size));
+  // The worker never allocates, so it never releases: resident is moot.
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(fd, static_cast<char*>(p), st.st_size, st.st_size));
 }
 
 std::optional<int64_t> ShmRegion::Allocate(int64_t bytes) {
@@ -149,10 +155,23 @@ void ShmRegion::Free(int64_t offset) {
     auto prev = std::prev(next);
     if (prev->first + prev->second == at) {
       prev->second += len;
+      Release(prev->first, prev->second);
       return;
     }
   }
   free_[at] = len;
+  Release(at, len);
+}
+
+void ShmRegion::Release(int64_t at, int64_t len) {
+  if (at + len <= resident_) return;
+  const int64_t page = 4096;
+  // Whole pages only: a page shared with a block in use keeps its bytes.
+  const int64_t begin = (std::max(at, resident_) + page - 1) / page * page;
+  const int64_t end = (at + len) / page * page;
+  if (end <= begin) return;
+  // Best effort: on a kernel without hole punching the pages just stay.
+  (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, begin, end - begin);
 }
 
 bool ShmRegion::Contains(int64_t offset, int64_t bytes) const {

@@ -51,7 +51,11 @@ class Channel {
 class ShmRegion {
  public:
   // kilnd's side: a fresh anonymous region of `bytes` (pages come on touch).
-  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(int64_t bytes);
+  // Freed pages above `resident_bytes` go back to the kernel (a hole punched
+  // in the memfd), so a burst of large copies does not stay resident; below
+  // it they stay mapped, so steady traffic pays no page faults.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(int64_t bytes,
+                                                           int64_t resident_bytes = int64_t{256} << 20);
   // The worker's side: maps an inherited descriptor.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Map(int fd);
   ~ShmRegion();
@@ -68,10 +72,13 @@ class ShmRegion {
   bool Contains(int64_t offset, int64_t bytes) const;
 
  private:
-  ShmRegion(int fd, char* base, int64_t size);
+  ShmRegion(int fd, char* base, int64_t size, int64_t resident);
+  // Returns the pages of the free range [at, at + len) above resident_ to the kernel.
+  void Release(int64_t at, int64_t len) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const int fd_;
   char* const base_;
   const int64_t size_;
+  const int64_t resident_;
   absl::Mutex mu_;
   std::map<int64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   std::map<int64_t, int64_t> used_ ABSL_GUARDED_BY(mu_);

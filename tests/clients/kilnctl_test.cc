@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -173,10 +173,10 @@ std::vector<std::string> DeviceIds() {
   EXPECT_EQ(devices.status, 0) << devices.err;
   std::vector<std::string> ids;
   const std::vector<std::string> lines = absl::StrSplit(devices.out, '\n', absl::SkipEmpty());
+  // The table's rows; after it come notes ("unavailable: cuda: no driver",
+  // "<id>: last fault: ..."), which name no device row.
   for (size_t i = 1; i < lines.size(); ++i) {
-    // "unavailable: cuda: ..." lines name backends without devices (a host
-    // with the CUDA toolkit but no driver), not devices.
-    if (lines[i].rfind("unavailable: ", 0) == 0) continue;
+    if (lines[i].rfind("unavailable: ", 0) == 0 || lines[i].find(": last fault: ") != std::string::npos) continue;
     ids.push_back(std::string(lines[i].substr(0, lines[i].find(' '))));
   }
   return ids;

@@ -1,7 +1,7 @@
 // .npy read/write: every dtype round-trips; headers NumPy writes (v1, v2,
 // 0-d, empty, 1-tuple shapes) parse; Fortran order, big-endian, truncated and
 // malformed files are refused with a message that says what to do.
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 
 #include <cstring>
 

@@ -26,13 +26,14 @@ KILNCTL = os.environ.get("KILNCTL", "")
 class Kilnd:
     """kilnd on 127.0.0.1 with ephemeral ports and the given cache dir."""
 
-    def __init__(self, cache_dir):
+    def __init__(self, cache_dir, extra=()):
         self.dir = tempfile.mkdtemp(prefix="kiln_py_kilnd.")
         port_file = os.path.join(self.dir, "port")
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.proc = subprocess.Popen(
             [KILND, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-             "--metrics_listen=127.0.0.1:0", f"--cache_dir={cache_dir}", "--log_level=warn"],
+             "--metrics_listen=127.0.0.1:0", f"--cache_dir={cache_dir}", "--log_level=warn",
+             *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -398,6 +399,137 @@ class TensorDslTest(unittest.TestCase):
             a + kiln.tensor(np.ones((2, 3), np.int32))
         with self.assertRaises(ValueError):
             a.reshape(4, -1)
+
+
+def write_safetensors(path, tensors):
+    """The format by hand (Debian has no safetensors package): header length,
+    JSON header, then the tensors' bytes back to back."""
+    names = {"float32": "F32", "float64": "F64", "int64": "I64"}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        blob = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": names[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+class ModelRepositoryTest(unittest.TestCase):
+    """A kilnd with --model_repository: models listed, sessions by name."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = tempfile.mkdtemp(prefix="kiln_py_repo.")
+        rng = np.random.default_rng(3)
+        cls.w = rng.standard_normal((6, 4)).astype(np.float32)
+        cls.b = rng.standard_normal(4).astype(np.float32)
+        version = pathlib.Path(cls.repo, "tiny", "1")
+        version.mkdir(parents=True)
+        (version / "model.kiln").write_text(
+            "graph \"tiny\"\ninput x: f32[batch, 6]\nparam w: f32[6, 4]\nparam b: f32[4]\n"
+            "let y = tanh(x @ w + b)\nout y\n")
+        write_safetensors(version / "weights.safetensors", {"w": cls.w, "b": cls.b})
+        # The same model with its weights in a NumPy archive.
+        npz_version = pathlib.Path(cls.repo, "tiny_npz", "1")
+        npz_version.mkdir(parents=True)
+        (npz_version / "model.kiln").write_text((version / "model.kiln").read_text())
+        np.savez(npz_version / "weights.npz", w=cls.w, b=cls.b)
+        cls.cache = tempfile.mkdtemp(prefix="kiln_py_cache.")
+        cls.kilnd = Kilnd(cls.cache, extra=[f"--model_repository={cls.repo}"])
+        cls.client = kiln.Client(cls.kilnd.addr)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.kilnd.stop()
+        shutil.rmtree(cls.repo, ignore_errors=True)
+        shutil.rmtree(cls.cache, ignore_errors=True)
+
+    def test_lists_and_runs_a_model_by_name(self):
+        models = self.client.models()
+        self.assertEqual([(m.name, m.version) for m in models], [("tiny", 1), ("tiny_npz", 1)])
+        self.assertEqual(models[0].state, kiln.service_pb2.MODEL_STATE_READY)
+        self.assertEqual(models[0].param_bytes, self.w.nbytes + self.b.nbytes)
+        x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+        want = np.tanh(x.astype(np.float64) @ self.w + self.b)
+        for name in ("tiny", "tiny_npz"):
+            s = self.client.create_session(kiln.model(name))
+            got = s.run({"x": x})["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            s.close()
+        with self.assertRaises(kiln.KilnError) as e:
+            self.client.create_session(kiln.model("nope"))
+        self.assertIn("its models: tiny, tiny_npz", str(e.exception))
+        with self.assertRaises(ValueError):
+            kiln.model("tiny", -1)
+
+    @unittest.skipUnless(KILNCTL, "KILNCTL not set")
+    def test_kilnctl_models_and_run_by_name(self):
+        r = subprocess.run([KILNCTL, f"--addr={self.kilnd.addr}", "models"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"tiny\s+1\s+ready\s+model.kiln\s+weights.safetensors")
+        self.assertRegex(r.stdout, r"tiny_npz\s+1\s+ready\s+model.kiln\s+weights.npz")
+        with tempfile.TemporaryDirectory() as d:
+            x = np.ones((1, 6), np.float32)
+            np.save(os.path.join(d, "x.npy"), x)
+            r = subprocess.run([KILNCTL, f"--addr={self.kilnd.addr}", "run", "--model", "tiny:1",
+                                "-i", f"x={d}/x.npy", "-o", d], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            np.testing.assert_allclose(np.load(os.path.join(d, "y.npy")),
+                                       np.tanh(x.astype(np.float64) @ self.w + self.b), rtol=1e-5)
+            # The same graph from a local file with the weights from the
+            # safetensors file (--weights), through a session.
+            version = os.path.join(self.repo, "tiny", "1")
+            r = subprocess.run([KILNCTL, f"--addr={self.kilnd.addr}", "run", f"{version}/model.kiln",
+                                "--weights", f"{version}/weights.safetensors", "-i", f"x={d}/x.npy",
+                                "-o", d], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            np.testing.assert_allclose(np.load(os.path.join(d, "y.npy")),
+                                       np.tanh(x.astype(np.float64) @ self.w + self.b), rtol=1e-5)
+
+
+class OnnxCnnExampleTest(unittest.TestCase):
+    """examples/onnx_cnn as its README says: exported from PyTorch, run directly
+    with kilnctl and from a model repository through kilnd and the client."""
+
+    def test_export_run_and_serve(self):
+        repo = tempfile.mkdtemp(prefix="kiln_py_cnn.")
+        cache = tempfile.mkdtemp(prefix="kiln_py_cache.")
+        try:
+            version = os.path.join(repo, "cnn", "1")
+            r = subprocess.run(["/usr/bin/python3", str(SOURCE / "examples/onnx_cnn/export_cnn.py"),
+                                "--out", version], capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            x = np.load(os.path.join(version, "x.npy"))
+            expected = np.load(os.path.join(version, "expected.npy"))
+            kilnd = Kilnd(cache, extra=[f"--model_repository={repo}"])
+            try:
+                with kiln.Client(kilnd.addr) as c:
+                    [m] = c.models()
+                    self.assertEqual((m.name, m.version, m.graph_file), ("cnn", 1, "model.onnx"))
+                    s = c.create_session(kiln.model("cnn"))
+                    np.testing.assert_allclose(s.run({"x": x})["logits"], expected, rtol=1e-4, atol=1e-5)
+                    s.close()
+                if KILNCTL:
+                    with tempfile.TemporaryDirectory() as out:
+                        r = subprocess.run([KILNCTL, f"--addr={kilnd.addr}", "run",
+                                            os.path.join(version, "model.onnx"), "-i",
+                                            f"x={version}/x.npy", "-o", out],
+                                           capture_output=True, text=True, timeout=120)
+                        self.assertEqual(r.returncode, 0, r.stderr)
+                        np.testing.assert_allclose(np.load(os.path.join(out, "logits.npy")), expected,
+                                                   rtol=1e-4, atol=1e-5)
+            finally:
+                kilnd.stop()
+        finally:
+            shutil.rmtree(repo, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -298,7 +298,11 @@ class StageTest(unittest.TestCase):
         # The staged kilnd with that config, off loopback as in the container
         # (kilnd starts there only with TLS and tenants) but on an ephemeral
         # port, then the image's HEALTHCHECK command.
-        kilnd = du.Kilnd(os.path.join(self.tmp, "cache"), before, flags=["--listen=0.0.0.0:0"],
+        # The container's model volume is /var/lib/kiln/models; here a temp dir.
+        models = os.path.join(self.tmp, "models")
+        os.makedirs(models, exist_ok=True)
+        kilnd = du.Kilnd(os.path.join(self.tmp, "cache"), before,
+                         flags=["--listen=0.0.0.0:0", f"--model_repository={models}"],
                          binary=os.path.join(self.stage, "bin", "kilnd"))
         try:
             kilnctl = os.path.join(self.stage, "bin", "kilnctl")

@@ -1,4 +1,4 @@
-// The .npy reader (clients/cpp/npy.h) on arbitrary bytes: an error or a tensor,
+// The .npy reader (engine/io/npy.h) on arbitrary bytes: an error or a tensor,
 // never a crash, and a tensor it accepts survives SerializeNpy -> ParseNpy intact.
 #include <cstddef>
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string_view>
 
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

@@ -73,6 +73,8 @@ TEST(ServerConfig, RejectsWhatCannotWork) {
   check("tenants { name: \"a\" client_cert_san: \"a.example\" }", "needs mTLS");
   check("tls { cert_file: \"c.pem\" }", "tls.cert_file and tls.key_file go together");
   check("tls { client_ca_file: \"ca.pem\" }", "need TLS");
+  check("model_repository { root: \"/srv\" max_model_bytes: -1 }", "max_model_bytes must be >= 0");
+  check("model_repository { root: \"/srv\" poll_seconds: nan }", "poll_seconds must be a number");
   check("tls { cert_file: \"c.pem\" key_file: \"k.pem\" crl_dir: \"crl\" }",
         "set tls.client_ca_file");
   check(R"(tls { cert_file: "c" key_file: "k" client_ca_file: "ca" }

@@ -95,6 +95,17 @@ TEST(ServerStartup, RefusesNonLoopbackWithoutAuth) {
       << out;
 }
 
+TEST(ServerStartup, ModelRepositoryThatIsNotADirectoryIsRefused) {
+  TempDir cache;
+  std::string out;
+  const int code = testing::RunKilndToExit({"--listen=127.0.0.1:0", "--metrics_listen=off",
+                                            absl::StrCat("--cache_dir=", cache.path()),
+                                            absl::StrCat("--model_repository=", cache.path(), "/absent")},
+                                           &out);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("/absent\" is not a directory"), std::string::npos) << out;
+}
+
 // API keys must not cross the network in plaintext: tenants alone are not
 // enough off loopback (ServerTls.NonLoopbackNeedsTlsAndTenants starts one with both).
 TEST(ServerStartup, NonLoopbackWithTenantsButNoTlsIsRefused) {

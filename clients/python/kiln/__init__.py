@@ -16,7 +16,7 @@ See docs/clients.md.
 from ._dtypes import bf16_to_f32, dtype, dtype_name, f32_to_bf16, numpy_dtype
 from ._proto.kiln.v1 import graph_pb2, report_pb2, service_pb2, tensor_pb2
 from .client import Client, KilnError, Session, connect, default_client
-from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, parse
+from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, parse
 from .report import chrome_trace, format_report, write_chrome_trace
 from .tensor import Tensor, evaluate, input, tensor  # noqa: A004 (kiln.input is the DSL's)
 
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "KilnError", "Session", "connect", "default_client",
-    "Graph", "ParsedGraph", "Value", "parse", "graph_source", "IR_VERSION",
+    "Graph", "ParsedGraph", "Value", "parse", "graph_source", "model", "IR_VERSION",
     "Tensor", "tensor", "input", "evaluate",
     "format_report", "chrome_trace", "write_chrome_trace",
     "dtype", "dtype_name", "numpy_dtype", "f32_to_bf16", "bf16_to_f32",

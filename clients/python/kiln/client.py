@@ -164,8 +164,8 @@ class Client:
         return self._call("Compile", req)
 
     def create_session(self, graph, params=None, device="auto") -> Session:
-        """A session for `graph`; small `params` go inline, large ones with
-        set_params."""
+        """A session for `graph` (or a repository model: kiln.model("name"));
+        small `params` go inline, large ones with set_params."""
         req = service_pb2.CreateSessionRequest(graph=graph_source(graph),
                                                options=service_pb2.CompileOptions(device=device))
         _named(params, req.params)
@@ -259,6 +259,22 @@ class Client:
                 r.request_id = resp.request_id
             return outputs, r
         return outputs
+
+    # -- the model repository ---------------------------------------------
+    def models(self, name: str = "") -> list:
+        """Every model version of the server's repository (ModelVersionInfo:
+        name, version, state, error, param_bytes, sessions, signature)."""
+        return list(self._call("ListModels", service_pb2.ListModelsRequest(name=name)).models)
+
+    def load_model(self, name: str, version: int = 0) -> service_pb2.ModelVersionInfo:
+        """Loads a model version (0 = the newest on disk); admin tenants only."""
+        return self._call("LoadModel", service_pb2.LoadModelRequest(name=name, version=version)).model
+
+    def unload_model(self, name: str, version: int = 0) -> list:
+        """Unloads a model's versions (0 = every loaded one); admin tenants only.
+        Sessions open on it keep it until they close."""
+        return list(self._call("UnloadModel",
+                               service_pb2.UnloadModelRequest(name=name, version=version)).unloaded)
 
     # -- server -----------------------------------------------------------
     def devices(self):

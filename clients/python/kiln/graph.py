@@ -441,6 +441,17 @@ def parse(text: str) -> ParsedGraph:
     return ParsedGraph(text)
 
 
+def model(name: str, version: int = 0) -> service_pb2.GraphSource:
+    """A model of the server's repository (kilnd --model_repository), as a
+    graph for create_session: its weights are the server's, shared by every
+    session on it. `version` 0 is the newest ready one."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a model name is a non-empty string, got {name!r}")
+    if int(version) < 0:
+        raise ValueError(f"a model version is >= 0 (0 = the newest), got {version}")
+    return service_pb2.GraphSource(model=service_pb2.ModelRef(name=name, version=int(version)))
+
+
 def graph_source(graph) -> service_pb2.GraphSource:
     """A GraphSource from a kiln.Graph, ParsedGraph, kiln.v1.Graph or GraphSource."""
     if isinstance(graph, Graph):

@@ -151,6 +151,64 @@ absl::Status ConvOp(Importer& c) {
   return Out(c, 0, c.Emit(v1::OP_CONV, ops, a));
 }
 
+// ConvTranspose (2-D): W is [C, M/group, kH, kW], as Kiln's conv_transpose2d.
+// Pads come from `pads`, or from output_shape / SAME_* auto_pad by ONNX's
+// total_padding rule (SAME_UPPER puts the smaller half first, the others the
+// larger half).
+absl::Status ConvTransposeOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(c.Need(1));
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  if (c.rank(0) != 4) return c.Unsupported(absl::StrCat(c.rank(0) - 2, "-D ConvTranspose (Kiln has 2-D)"));
+  const IrDims& xd = c.type(0).dims;
+  const IrDims& wd = c.type(1).dims;
+  if (xd[2] < 0 || xd[3] < 0 || wd[2] < 0 || wd[3] < 0) return c.Unsupported("ConvTranspose with symbolic spatial dims");
+  auto two = [&](const char* name, int64_t def) -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> v = c.AttrInts(name).value_or(std::vector<int64_t>{def, def});
+    if (v.size() != 2) return c.Invalid(absl::StrCat(name, " must have 2 entries"));
+    return v;
+  };
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> stride, two("strides", 1));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dil, two("dilations", 1));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out_pad, two("output_padding", 0));
+  std::vector<int64_t> pads = c.AttrInts("pads").value_or(std::vector<int64_t>{0, 0, 0, 0});
+  if (pads.size() != 4) return c.Invalid("pads must have 4 entries");
+  const std::string auto_pad = c.AttrString("auto_pad", "NOTSET");
+  std::optional<std::vector<int64_t>> out_shape = c.AttrInts("output_shape");
+  if (out_shape && out_shape->size() == 4) out_shape = std::vector<int64_t>(out_shape->begin() + 2, out_shape->end());
+  if (out_shape && out_shape->size() != 2) return c.Invalid("output_shape must have 2 (or 4) entries");
+  if (!out_shape && (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER")) {
+    out_shape = std::vector<int64_t>{xd[2] * stride[0], xd[3] * stride[1]};
+  }
+  if (auto_pad == "VALID") pads = {0, 0, 0, 0};
+  if (out_shape) {
+    for (int i = 0; i < 2; ++i) {
+      const int64_t total = stride[i] * (xd[2 + i] - 1) + out_pad[i] + ((wd[2 + i] - 1) * dil[i] + 1) - (*out_shape)[i];
+      if (total < 0) return c.Unsupported("ConvTranspose whose output_shape needs negative padding");
+      const int64_t small = total / 2, large = total - total / 2;
+      pads[i] = auto_pad == "SAME_UPPER" ? small : large;
+      pads[2 + i] = auto_pad == "SAME_UPPER" ? large : small;
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  KILN_ASSIGN_OR_RETURN(ValueRef wt, c.Ref(1));
+  std::vector<ValueRef> ops = {x, wt};
+  if (c.has(2)) {
+    KILN_ASSIGN_OR_RETURN(ValueRef b, c.Ref(2));
+    ops.push_back(b);
+  }
+  v1::Attrs a;
+  auto* t = a.mutable_conv_transpose2d();
+  for (int i = 0; i < 2; ++i) {
+    t->add_stride(stride[i]);
+    t->add_dilation(dil[i]);
+    t->add_pad_low(pads[i]);
+    t->add_pad_high(pads[2 + i]);
+    t->add_output_padding(out_pad[i]);
+  }
+  t->set_groups(c.AttrInt("group", 1));
+  return Out(c, 0, c.Emit(v1::OP_CONV_TRANSPOSE2D, ops, a));
+}
+
 absl::Status PoolOp(Importer& c, v1::PoolKind kind) {
   KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
   if (c.wants(1)) return c.Unsupported("MaxPool's Indices output");
@@ -263,6 +321,81 @@ absl::Status InstanceNormOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(ValueRef b, PerChannel(c, 2, c.rank(0)));
   KILN_ASSIGN_OR_RETURN(y, c.Binary(v1::BINARY_MUL, y, s));
   return Out(c, 0, c.Binary(v1::BINARY_ADD, y, b));
+}
+
+// GroupNormalization (opset 18, 21): Kiln's GroupNorm normalizes; the affine
+// part is per group before opset 21 (scale and bias of [num_groups], each
+// value repeated over its group's channels) and per channel from 21 on.
+absl::Status GroupNormOp(Importer& c) {
+  KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
+  KILN_RETURN_IF_ERROR(c.Need(1));
+  KILN_RETURN_IF_ERROR(c.Need(2));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  const int64_t rank = c.rank(0);
+  if (rank < 2) return c.Invalid("X must be [N, C, ...]");
+  const int64_t groups = c.AttrInt("num_groups", 0);
+  if (groups <= 0) return c.Invalid(absl::StrCat("num_groups must be positive, got ", groups));
+  const int64_t ch = c.type(0).dims[1];
+  if (ch < 0) return c.Unsupported("GroupNormalization with a symbolic channel count");
+  if (ch % groups != 0) return c.Invalid(absl::StrCat(ch, " channels are not divisible by num_groups=", groups));
+  v1::Attrs a;
+  a.mutable_group_norm()->set_groups(groups);
+  a.mutable_group_norm()->set_epsilon(c.AttrFloat("epsilon", 1e-5f));
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_GROUP_NORM, {x}, a));
+  const bool per_group = c.opset() < 21;
+  std::vector<ValueRef> affine;
+  for (int i : {1, 2}) {
+    KILN_ASSIGN_OR_RETURN(ValueRef v, c.Ref(i));
+    KILN_ASSIGN_OR_RETURN(v, c.Cast(v, c.dtype(0)));
+    const TensorType& t = c.TypeOf(v);
+    const int64_t want = per_group ? groups : ch;
+    if (t.rank() != 1 || t.dims[0] != want) {
+      return c.Invalid(absl::StrCat("input ", i, " must be [", want, "] (", per_group ? "per group before opset 21"
+                                                                                      : "per channel", ")"));
+    }
+    if (per_group) {  // [G] -> [G, 1] -> [G, C/G] -> [C]
+      KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, {groups, 1}));
+      v1::Attrs e;
+      e.mutable_expand()->add_shape(groups);
+      e.mutable_expand()->add_shape(ch / groups);
+      KILN_ASSIGN_OR_RETURN(v, c.Emit(v1::OP_EXPAND, {v}, e));
+      KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, {ch}));
+    }
+    IrDims dims(rank - 1, 1);
+    dims[0] = ch;
+    KILN_ASSIGN_OR_RETURN(v, c.Reshape(v, dims));
+    affine.push_back(v);
+  }
+  KILN_ASSIGN_OR_RETURN(y, c.Binary(v1::BINARY_MUL, y, affine[0]));
+  return Out(c, 0, c.Binary(v1::BINARY_ADD, y, affine[1]));
+}
+
+// TopK (K an attribute before opset 10, then input 1, known at import):
+// Kiln's topk, always sorted (ONNX allows any order when sorted = 0), ties by
+// the lower index, indices i64.
+absl::Status TopKOp(Importer& c) {
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  int64_t k = 0;
+  if (c.opset() < 10) {
+    k = c.AttrInt("k", -1);
+  } else {
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> kv, c.RequiredInts(1));
+    if (kv.size() != 1) return c.Invalid("K must hold one value");
+    k = kv[0];
+  }
+  const int64_t rank = c.rank(0);
+  if (rank == 0) return c.Invalid("X must have rank >= 1");
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, c.AttrInt("axis", -1), rank));
+  const int64_t n = c.type(0).dims[axis];
+  if (k < 0 || (n >= 0 && k > n)) return c.Invalid(absl::StrCat("K=", k, " is outside [0, ", n, "]"));
+  v1::Attrs a;
+  a.mutable_topk()->set_k(k);
+  a.mutable_topk()->set_axis(axis);
+  a.mutable_topk()->set_smallest(c.AttrInt("largest", 1) == 0);
+  KILN_ASSIGN_OR_RETURN(ValueRef values, c.Emit(v1::OP_TOPK, {x}, a));
+  c.SetOutput(0, values);
+  c.SetOutput(1, ValueRef{values.node, 1});
+  return absl::OkStatus();
 }
 
 absl::Status MeanVarianceNormOp(Importer& c) {
@@ -743,6 +876,9 @@ void RegisterNnOps(ConverterTable& t) {
   t["GlobalMaxPool"] = [](Importer& c) { return GlobalPoolOp(c, v1::REDUCE_MAX); };
   t["BatchNormalization"] = BatchNormOp;
   t["InstanceNormalization"] = InstanceNormOp;
+  t["GroupNormalization"] = GroupNormOp;
+  t["TopK"] = TopKOp;
+  t["ConvTranspose"] = ConvTransposeOp;
   t["MeanVarianceNormalization"] = MeanVarianceNormOp;
   t["LayerNormalization"] = LayerNormOp;
   t["Softmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_SOFTMAX); };

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/graph_file.h"
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 #include "engine/ir/text.h"
 #include "onnx/onnx_pb.h"
 

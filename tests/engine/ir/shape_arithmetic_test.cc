@@ -398,3 +398,19 @@ TEST(ShapeArithmeticTest, DimsNamingNoSymbolAreRejectedAndNeverReadOutOfRange) {
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln::ir {
+namespace {
+
+// DenseSolve solves one system per batch element: A's and b's batch dims must
+// agree (it used to take b's type whatever A's batch was).
+TEST(ShapeArithmeticTest, DenseSolveBatchDimsMustAgree) {
+  auto bad = ParseGraph("graph \"s\"\ninput a: f32[2, 3, 3]\ninput b: f32[5, 3]\nlet x = dense_solve(a, b)\nout x\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("batch dims of A f32[2, 3, 3] and b f32[5, 3] differ at dim 0"));
+  auto good = ParseGraph("graph \"s\"\ninput a: f32[2, 3, 3]\ninput b: f32[2, 3, 4]\nlet x = dense_solve(a, b)\nout x\n");
+  EXPECT_TRUE(good.ok()) << good.status();
+}
+
+}  // namespace
+}  // namespace kiln::ir

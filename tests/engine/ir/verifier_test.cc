@@ -395,3 +395,32 @@ TEST(SpecializeTest, RejectsMissingWrongRankAndWrongSizeInputs) {
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln::ir {
+namespace {
+
+// A block-quantized weight whose rows are not whole blocks is rejected at
+// inference, naming the node (its total, 96 = 3 q8_0 blocks, would pass the
+// param's own check): kernels and GGUF decode row by row.
+TEST(VerifierTest, QuantizedRowsMustBeWholeBlocks) {
+  auto fails = [](const std::string& text, const std::string& label, const std::string& reason) {
+    auto g = ParseGraph(text);
+    ASSERT_FALSE(g.ok()) << text;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(g.status().message()), AllOf(HasSubstr(label), HasSubstr(reason)));
+  };
+  fails("input x: f32[1, 48]\nparam w: q8_0[2, 48]\n"
+        "let y = dequant_matmul(x, w, transpose_b=true)\nout y",
+        "node 2 (dequant_matmul)",
+        "operand 1 q8_0[2, 48]: rows of 48 elements are not whole 32-element q8_0 blocks");
+  fails("input x: f32[1, 3]\nparam w: q4_k[2, 256]\nlet y = dequant_matmul(x, w)\nout y",
+        "node 2 (dequant_matmul)", "K differs");
+  fails("param w: q4_0[2, 48]\nlet y = dequantize(w)\nout y", "node 1 (dequantize)",
+        "rows of 48 elements are not whole 32-element q4_0 blocks");
+  EXPECT_TRUE(ParseGraph("input x: f32[3, 64]\nparam w: q4_0[5, 64]\n"
+                         "let y = dequant_matmul(x, w, transpose_b=true)\nout y")
+                  .ok());
+}
+
+}  // namespace
+}  // namespace kiln::ir

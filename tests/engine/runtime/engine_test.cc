@@ -215,17 +215,17 @@ TEST(Engine, CompileErrors) {
   auto missing_shape = engine->Compile(SmallGraph(), {}, {});
   ASSERT_FALSE(missing_shape.ok());
   EXPECT_NE(std::string(missing_shape.status().message()).find("input \"x\""), std::string::npos);
-  // An op outside the CPU's set fails as UNIMPLEMENTED naming the node.
-  GraphBuilder g("solve");
+  // An op no device claims (a collective: no multi-device job here) fails as
+  // UNIMPLEMENTED naming the node.
+  GraphBuilder g("reduce");
   auto a = g.input("a", v1::DTYPE_F32, {int64_t{3}, int64_t{3}});
-  auto bb = g.input("b", v1::DTYPE_F32, {int64_t{3}});
   v1::Attrs attrs;
-  attrs.mutable_dense_solve();
-  g.output("x", g.node(v1::OP_DENSE_SOLVE, {a, bb}, attrs, "solver"));
+  attrs.mutable_all_reduce()->set_kind(v1::REDUCE_SUM);
+  g.output("x", g.node(v1::OP_ALL_REDUCE, {a}, attrs, "allsum"));
   auto s = engine->Compile(g.Build(), {}, {});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(s.status().message()).find("\"solver\" (dense_solve)"), std::string::npos)
+  EXPECT_NE(std::string(s.status().message()).find("\"allsum\" (all_reduce)"), std::string::npos)
       << s.status();
 }
 

@@ -1,4 +1,4 @@
-#include "clients/cpp/npy.h"
+#include "engine/io/npy.h"
 
 #include <cctype>
 #include <cstring>
