@@ -122,8 +122,8 @@ std::pair<int64_t, int64_t> IntRange(DType d) {
 
 // Two's-complement wrapping a OP b (signed overflow is undefined in C++).
 std::string Wrap(const std::string& a, const char* op, const std::string& b, CType t) {
-  return absl::StrCat("static_cast<", CudaType(t), ">(static_cast<", UnsignedType(t), ">(", a,
-                      ") ", op, " static_cast<", UnsignedType(t), ">(", b, "))");
+  return absl::StrCat("static_cast<", CudaType(t), ">(static_cast<", UnsignedType(t), ">(", a, ") ",
+                      op, " static_cast<", UnsignedType(t), ">(", b, "))");
 }
 
 // The IR's cast of `x` (a value of dtype `from`) to `to`.
@@ -148,8 +148,7 @@ std::string Cast(const std::string& x, DType from, DType to) {
   if (ct == CType::kInt64) {
     return cf == CType::kInt64 ? x : absl::StrCat("static_cast<long long>(", x, ")");
   }
-  const std::string narrowed =
-      cf == CType::kInt64 ? absl::StrCat("static_cast<int>(", x, ")") : x;
+  const std::string narrowed = cf == CType::kInt64 ? absl::StrCat("static_cast<int>(", x, ")") : x;
   return RoundTo(narrowed, to);
 }
 
@@ -292,7 +291,8 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
   switch (in.op) {
     case v1::OP_UNARY: {
       const auto kind = static_cast<v1::UnaryKind>(in.kind);
-      const std::string e = ct == CType::kFloat ? UnaryFloat(kind, arg(0)) : UnaryInt(kind, arg(0), ct);
+      const std::string e =
+          ct == CType::kFloat ? UnaryFloat(kind, arg(0)) : UnaryInt(kind, arg(0), ct);
       return e.empty() ? e : RoundTo(e, dt);
     }
     case v1::OP_BINARY: {
@@ -447,6 +447,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
   const char* suffix = narrow ? "u" : "ULL";
   std::string src = KernelSource("");
   std::vector<std::string> params;
+  params.reserve(spec.inputs.size() + spec.outputs.size());
   for (int i = 0; i < n; ++i) {
     params.push_back(absl::StrCat("const ", BufferType(spec.inputs[i].dtype), "* in", i));
   }
@@ -484,8 +485,8 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
       if (k == 0) {
         absl::StrAppend(&src, "    const ", index_type, " c0 = rem;\n");
       } else {
-        absl::StrAppend(&src, "    const ", index_type, " c", k, " = rem % ", plan.dims[k],
-                        suffix, ";\n    rem /= ", plan.dims[k], suffix, ";\n");
+        absl::StrAppend(&src, "    const ", index_type, " c", k, " = rem % ", plan.dims[k], suffix,
+                        ";\n    rem /= ", plan.dims[k], suffix, ";\n");
       }
     }
   }

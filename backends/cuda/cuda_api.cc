@@ -12,12 +12,13 @@ namespace {
 
 // dlopen of the first name that loads; the toolkit's lib64 as a last resort
 // (the GPU machine's libraries live there, not always on the loader's path).
-void* OpenFirst(std::initializer_list<const char*> names, std::string* tried) {
+// `error` gets the loader's message for the first (canonical) name.
+void* OpenFirst(std::initializer_list<const char*> names, std::string* error) {
   for (const char* n : names) {
     for (const std::string& path : {std::string(n), absl::StrCat("/usr/local/cuda/lib64/", n)}) {
       if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
       const char* err = dlerror();
-      absl::StrAppend(tried, tried->empty() ? "" : "; ", err != nullptr ? err : path);
+      if (error->empty()) *error = err != nullptr ? err : path;
     }
   }
   return nullptr;
@@ -34,28 +35,29 @@ CublasLtApi g_cublaslt;
 Loaded g_driver_loaded, g_nvrtc_loaded, g_cublaslt_loaded;
 
 absl::Status DoLoadDriver() {
-  std::string tried;
-  void* lib = OpenFirst({"libcuda.so.1", "libcuda.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libcuda.so.1", "libcuda.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no driver library (", tried, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda: no NVIDIA driver library (", error, ")"));
   }
-  using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t,
-                               CUdriverProcAddressQueryResult*);
+  using GetProc =
+      CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
   auto get = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
   if (get == nullptr) {
     return absl::FailedPreconditionError(
         "cuda: the driver predates cuGetProcAddress_v2 (CUDA 12); update the NVIDIA driver");
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  {                                                                                          \
-    void* fn = nullptr;                                                                      \
-    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;             \
+#define KILN_CUDA_RESOLVE(name)                                                               \
+  {                                                                                           \
+    void* fn = nullptr;                                                                       \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;              \
     if (get(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
-        fn == nullptr) {                                                                     \
-      return absl::FailedPreconditionError(                                                  \
-          absl::StrCat("cuda: the driver lacks " #name " (for CUDA ", CUDA_VERSION, ")"));   \
-    }                                                                                        \
-    g_driver.name = reinterpret_cast<decltype(g_driver.name)>(fn);                           \
+        fn == nullptr) {                                                                      \
+      return absl::FailedPreconditionError(                                                   \
+          absl::StrCat("cuda: the driver lacks " #name " (for CUDA ", CUDA_VERSION, ")"));    \
+    }                                                                                         \
+    g_driver.name = reinterpret_cast<decltype(g_driver.name)>(fn);                            \
   }
   KILN_CUDA_DRIVER_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -67,15 +69,15 @@ absl::Status DoLoadDriver() {
 }
 
 absl::Status DoLoadNvrtc() {
-  std::string tried;
-  void* lib = OpenFirst({"libnvrtc.so.13", "libnvrtc.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libnvrtc.so.13", "libnvrtc.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no NVRTC library (", tried, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda: no NVRTC library (", error, ")"));
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  g_nvrtc.name = reinterpret_cast<decltype(g_nvrtc.name)>(dlsym(lib, #name));               \
-  if (g_nvrtc.name == nullptr) {                                                             \
-    return absl::FailedPreconditionError("cuda: libnvrtc lacks " #name);                     \
+#define KILN_CUDA_RESOLVE(name)                                               \
+  g_nvrtc.name = reinterpret_cast<decltype(g_nvrtc.name)>(dlsym(lib, #name)); \
+  if (g_nvrtc.name == nullptr) {                                              \
+    return absl::FailedPreconditionError("cuda: libnvrtc lacks " #name);      \
   }
   KILN_NVRTC_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -83,15 +85,15 @@ absl::Status DoLoadNvrtc() {
 }
 
 absl::Status DoLoadCublasLt() {
-  std::string tried;
-  void* lib = OpenFirst({"libcublasLt.so.13", "libcublasLt.so"}, &tried);
+  std::string error;
+  void* lib = OpenFirst({"libcublasLt.so.13", "libcublasLt.so"}, &error);
   if (lib == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cuda: no cuBLASLt library (", tried, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda: no cuBLASLt library (", error, ")"));
   }
-#define KILN_CUDA_RESOLVE(name)                                                              \
-  g_cublaslt.name = reinterpret_cast<decltype(g_cublaslt.name)>(dlsym(lib, #name));         \
-  if (g_cublaslt.name == nullptr) {                                                          \
-    return absl::FailedPreconditionError("cuda: libcublasLt lacks " #name);                  \
+#define KILN_CUDA_RESOLVE(name)                                                     \
+  g_cublaslt.name = reinterpret_cast<decltype(g_cublaslt.name)>(dlsym(lib, #name)); \
+  if (g_cublaslt.name == nullptr) {                                                 \
+    return absl::FailedPreconditionError("cuda: libcublasLt lacks " #name);         \
   }
   KILN_CUBLASLT_FUNCTIONS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
@@ -171,8 +173,8 @@ absl::Status CuCheck(CUresult r, const char* call, const std::string& device) {
 absl::Status NvrtcCheck(nvrtcResult r, const char* call) {
   if (r == NVRTC_SUCCESS) return absl::OkStatus();
   const char* text = g_nvrtc.nvrtcGetErrorString != nullptr ? g_nvrtc.nvrtcGetErrorString(r) : "";
-  const std::string msg = absl::StrCat("cuda: ", call, " failed: ", text, " (nvrtcResult ",
-                                       static_cast<int>(r), ")");
+  const std::string msg =
+      absl::StrCat("cuda: ", call, " failed: ", text, " (nvrtcResult ", static_cast<int>(r), ")");
   if (r == NVRTC_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -181,16 +183,35 @@ absl::Status CublasCheck(cublasStatus_t r, const char* call, const std::string& 
   if (r == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   const char* name = "CUBLAS_STATUS_UNKNOWN";
   switch (r) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: name = "CUBLAS_STATUS_NOT_INITIALIZED"; break;
-    case CUBLAS_STATUS_ALLOC_FAILED: name = "CUBLAS_STATUS_ALLOC_FAILED"; break;
-    case CUBLAS_STATUS_INVALID_VALUE: name = "CUBLAS_STATUS_INVALID_VALUE"; break;
-    case CUBLAS_STATUS_ARCH_MISMATCH: name = "CUBLAS_STATUS_ARCH_MISMATCH"; break;
-    case CUBLAS_STATUS_MAPPING_ERROR: name = "CUBLAS_STATUS_MAPPING_ERROR"; break;
-    case CUBLAS_STATUS_EXECUTION_FAILED: name = "CUBLAS_STATUS_EXECUTION_FAILED"; break;
-    case CUBLAS_STATUS_INTERNAL_ERROR: name = "CUBLAS_STATUS_INTERNAL_ERROR"; break;
-    case CUBLAS_STATUS_NOT_SUPPORTED: name = "CUBLAS_STATUS_NOT_SUPPORTED"; break;
-    case CUBLAS_STATUS_LICENSE_ERROR: name = "CUBLAS_STATUS_LICENSE_ERROR"; break;
-    default: break;
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      name = "CUBLAS_STATUS_NOT_INITIALIZED";
+      break;
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      name = "CUBLAS_STATUS_ALLOC_FAILED";
+      break;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      name = "CUBLAS_STATUS_INVALID_VALUE";
+      break;
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      name = "CUBLAS_STATUS_ARCH_MISMATCH";
+      break;
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      name = "CUBLAS_STATUS_MAPPING_ERROR";
+      break;
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      name = "CUBLAS_STATUS_EXECUTION_FAILED";
+      break;
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      name = "CUBLAS_STATUS_INTERNAL_ERROR";
+      break;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      name = "CUBLAS_STATUS_NOT_SUPPORTED";
+      break;
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      name = "CUBLAS_STATUS_LICENSE_ERROR";
+      break;
+    default:
+      break;
   }
   const std::string what = absl::StrCat(call, " failed: ", name);
   // A kernel that failed on the device leaves the context as a failed launch does.

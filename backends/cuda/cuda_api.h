@@ -28,32 +28,74 @@
 
 namespace kiln::cuda {
 
-#define KILN_CUDA_DRIVER_FUNCTIONS(X)                                                        \
-  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) \
-  X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem)             \
-  X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)               \
-  X(cuCtxSetCurrent) X(cuDeviceCanAccessPeer) X(cuDeviceGetDefaultMemPool)                 \
-  X(cuMemPoolSetAttribute) X(cuMemPoolSetAccess) X(cuMemAllocFromPoolAsync)                 \
-  X(cuMemFreeAsync) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)                 \
-  X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemcpyPeerAsync) X(cuMemsetD8Async)         \
-  X(cuMemHostGetDevicePointer)                                                              \
-  X(cuMemGetInfo) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery)                     \
-  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                  \
-  X(cuEventQuery) X(cuEventElapsedTime) X(cuModuleLoadData) X(cuModuleUnload)               \
-  X(cuModuleGetFunction) X(cuLaunchKernel) X(cuFuncSetAttribute)
+// The entry points each library table holds (one X per function).
+// clang-format off
+#define KILN_CUDA_DRIVER_FUNCTIONS(X) \
+  X(cuInit)                           \
+  X(cuDriverGetVersion)               \
+  X(cuGetErrorName)                   \
+  X(cuGetErrorString)                 \
+  X(cuDeviceGetCount)                 \
+  X(cuDeviceGet)                      \
+  X(cuDeviceGetName)                  \
+  X(cuDeviceGetAttribute)             \
+  X(cuDeviceTotalMem)                 \
+  X(cuDeviceGetUuid)                  \
+  X(cuDevicePrimaryCtxRetain)         \
+  X(cuDevicePrimaryCtxRelease)        \
+  X(cuCtxSetCurrent)                  \
+  X(cuDeviceCanAccessPeer)            \
+  X(cuDeviceGetDefaultMemPool)        \
+  X(cuMemPoolSetAttribute)            \
+  X(cuMemPoolSetAccess)               \
+  X(cuMemAllocFromPoolAsync)          \
+  X(cuMemFreeAsync)                   \
+  X(cuMemHostAlloc)                   \
+  X(cuMemFreeHost)                    \
+  X(cuMemHostGetDevicePointer)        \
+  X(cuMemcpyHtoDAsync)                \
+  X(cuMemcpyDtoHAsync)                \
+  X(cuMemcpyDtoDAsync)                \
+  X(cuStreamCreate)                   \
+  X(cuStreamDestroy)                  \
+  X(cuStreamQuery)                    \
+  X(cuStreamWaitEvent)                \
+  X(cuEventCreate)                    \
+  X(cuEventDestroy)                   \
+  X(cuEventRecord)                    \
+  X(cuEventQuery)                     \
+  X(cuEventElapsedTime)               \
+  X(cuModuleLoadData)                 \
+  X(cuModuleUnload)                   \
+  X(cuModuleGetFunction)              \
+  X(cuLaunchKernel)
 
-#define KILN_NVRTC_FUNCTIONS(X)                                                         \
-  X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)  \
-  X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog)               \
-  X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)
+#define KILN_NVRTC_FUNCTIONS(X) \
+  X(nvrtcVersion)               \
+  X(nvrtcGetErrorString)        \
+  X(nvrtcCreateProgram)         \
+  X(nvrtcDestroyProgram)        \
+  X(nvrtcCompileProgram)        \
+  X(nvrtcGetProgramLogSize)     \
+  X(nvrtcGetProgramLog)         \
+  X(nvrtcGetCUBINSize)          \
+  X(nvrtcGetCUBIN)
 
-#define KILN_CUBLASLT_FUNCTIONS(X)                                                        \
-  X(cublasLtGetVersion) X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) \
-  X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                         \
-  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                           \
-  X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmulPreferenceCreate)                  \
-  X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute)             \
-  X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+#define KILN_CUBLASLT_FUNCTIONS(X)        \
+  X(cublasLtCreate)                       \
+  X(cublasLtDestroy)                      \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)          \
+  X(cublasLtMatrixLayoutSetAttribute)     \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmul)
+// clang-format on
 
 #define KILN_CUDA_DECLARE_FN(name) decltype(&::name) name = nullptr;
 

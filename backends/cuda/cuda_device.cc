@@ -77,20 +77,20 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
   int driver = 0;
   api.cuDriverGetVersion(&driver);
 
-  KILN_RETURN_IF_ERROR(Check(api.cuDevicePrimaryCtxRetain(&context_, device_),
-                             "cuDevicePrimaryCtxRetain"));
+  KILN_RETURN_IF_ERROR(
+      Check(api.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain"));
   KILN_RETURN_IF_ERROR(Enter());
-  KILN_RETURN_IF_ERROR(Check(api.cuDeviceGetDefaultMemPool(&pool_, device_),
-                             "cuDeviceGetDefaultMemPool"));
+  KILN_RETURN_IF_ERROR(
+      Check(api.cuDeviceGetDefaultMemPool(&pool_, device_), "cuDeviceGetDefaultMemPool"));
   // Freed blocks stay in the pool (an arena the runtime reuses run to run).
   cuuint64_t keep = ~cuuint64_t{0};
-  KILN_RETURN_IF_ERROR(Check(api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                                       &keep),
-                             "cuMemPoolSetAttribute(RELEASE_THRESHOLD)"));
+  KILN_RETURN_IF_ERROR(
+      Check(api.cuMemPoolSetAttribute(pool_, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep),
+            "cuMemPoolSetAttribute(RELEASE_THRESHOLD)"));
   {
     absl::MutexLock lock(&alloc_mu_);
-    KILN_RETURN_IF_ERROR(Check(api.cuStreamCreate(&alloc_stream_, CU_STREAM_NON_BLOCKING),
-                               "cuStreamCreate"));
+    KILN_RETURN_IF_ERROR(
+        Check(api.cuStreamCreate(&alloc_stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
   }
   modules_ = std::make_unique<ModuleCache>(*this);
 
@@ -188,9 +188,9 @@ absl::StatusOr<std::unique_ptr<backend::Buffer>> CudaDevice::Allocate(int64_t by
   CUdeviceptr ptr = 0;
   {
     absl::MutexLock lock(&alloc_mu_);
-    const absl::Status s = Check(Driver().cuMemAllocFromPoolAsync(
-                                     &ptr, static_cast<size_t>(bytes), pool_, alloc_stream_),
-                                 "cuMemAllocFromPoolAsync");
+    const absl::Status s = Check(
+        Driver().cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool_, alloc_stream_),
+        "cuMemAllocFromPoolAsync");
     if (!s.ok()) return StatusBuilder(s) << info_.id << ": cannot allocate " << bytes << " bytes";
     // Ready for every stream once the allocation stream passed it.
     KILN_RETURN_IF_ERROR(WaitInternal(alloc_stream_, "an allocation"));
@@ -265,12 +265,13 @@ absl::Status CudaDevice::CopyOnDevice(backend::Stream& stream, backend::BufferVi
   const size_t n = static_cast<size_t>(src.bytes);
   const bool overlap = from < to + n && to < from + n;
   if (!overlap) {
-    return s->Note(Check(Driver().cuMemcpyDtoDAsync(to, from, n, s->stream()), "cuMemcpyDtoDAsync"));
+    return s->Note(
+        Check(Driver().cuMemcpyDtoDAsync(to, from, n, s->stream()), "cuMemcpyDtoDAsync"));
   }
   // Overlapping ranges: through stream-ordered temporary memory.
   KILN_ASSIGN_OR_RETURN(CUdeviceptr tmp, s->AllocateTemporary(src.bytes));
-  absl::Status st = Check(Driver().cuMemcpyDtoDAsync(tmp, from, n, s->stream()),
-                          "cuMemcpyDtoDAsync");
+  absl::Status st =
+      Check(Driver().cuMemcpyDtoDAsync(tmp, from, n, s->stream()), "cuMemcpyDtoDAsync");
   if (st.ok()) st = Check(Driver().cuMemcpyDtoDAsync(to, tmp, n, s->stream()), "cuMemcpyDtoDAsync");
   s->FreeTemporary(tmp);
   return s->Note(st);
@@ -280,7 +281,8 @@ absl::Status CudaDevice::CopyFromPeer(backend::Stream& stream, backend::Device& 
                                       backend::Stream& peer_stream, backend::BufferView src,
                                       backend::BufferView dst) {
   auto* other = dynamic_cast<CudaDevice*>(&peer);
-  if (other == nullptr || other == this) return Device::CopyFromPeer(stream, peer, peer_stream, src, dst);
+  if (other == nullptr || other == this)
+    return Device::CopyFromPeer(stream, peer, peer_stream, src, dst);
   KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, *this));
   KILN_ASSIGN_OR_RETURN(CudaStream * ps, AsCudaStream(peer_stream, *other));
   KILN_RETURN_IF_ERROR(s->failed());
@@ -295,8 +297,8 @@ absl::Status CudaDevice::CopyFromPeer(backend::Stream& stream, backend::Device& 
     auto it = peer_access_.find(other);
     if (it == peer_access_.end()) {
       int can = 0;
-      KILN_RETURN_IF_ERROR(Check(api.cuDeviceCanAccessPeer(&can, device_, other->device_),
-                                 "cuDeviceCanAccessPeer"));
+      KILN_RETURN_IF_ERROR(
+          Check(api.cuDeviceCanAccessPeer(&can, device_, other->device_), "cuDeviceCanAccessPeer"));
       bool granted = false;
       if (can) {
         // Pool memory is not covered by context peer access: grant this
@@ -305,7 +307,8 @@ absl::Status CudaDevice::CopyFromPeer(backend::Stream& stream, backend::Device& 
         access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         access.location.id = static_cast<int>(device_);
         access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        granted = Check(api.cuMemPoolSetAccess(other->pool_, &access, 1), "cuMemPoolSetAccess").ok();
+        granted =
+            Check(api.cuMemPoolSetAccess(other->pool_, &access, 1), "cuMemPoolSetAccess").ok();
       }
       it = peer_access_.emplace(other, granted).first;
     }
@@ -314,8 +317,8 @@ absl::Status CudaDevice::CopyFromPeer(backend::Stream& stream, backend::Device& 
   // Order after the peer stream's work so far, then copy over NVLink/PCIe.
   KILN_RETURN_IF_ERROR(other->Enter());
   CUevent ready = nullptr;
-  KILN_RETURN_IF_ERROR(other->Check(api.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING),
-                                    "cuEventCreate"));
+  KILN_RETURN_IF_ERROR(
+      other->Check(api.cuEventCreate(&ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
   absl::Status st = other->Check(api.cuEventRecord(ready, ps->stream()), "cuEventRecord");
   KILN_RETURN_IF_ERROR(Enter());
   if (st.ok()) st = Check(api.cuStreamWaitEvent(s->stream(), ready, 0), "cuStreamWaitEvent");

@@ -55,8 +55,7 @@ absl::Status CudaKernel::Launch(backend::Stream& stream,
 }
 
 absl::StatusOr<LoadedFunction> LoadFunction(CudaDevice& device, const std::string& name,
-                                            const std::string& source,
-                                            const std::string& function,
+                                            const std::string& source, const std::string& function,
                                             backend::PrepareContext& context) {
   LoadedFunction f;
   KILN_ASSIGN_OR_RETURN(f.module, device.modules().Get(name, source, context));
@@ -66,10 +65,10 @@ absl::StatusOr<LoadedFunction> LoadFunction(CudaDevice& device, const std::strin
 
 absl::Status LaunchKernel(CudaStream& stream, CUfunction fn, unsigned grid_x, unsigned grid_y,
                           unsigned grid_z, unsigned block_x, unsigned shared_bytes, void** args) {
-  return stream.device().Check(Driver().cuLaunchKernel(fn, grid_x, grid_y, grid_z, block_x, 1, 1,
-                                                       shared_bytes, stream.stream(), args,
-                                                       nullptr),
-                               "cuLaunchKernel");
+  return stream.device().Check(
+      Driver().cuLaunchKernel(fn, grid_x, grid_y, grid_z, block_x, 1, 1, shared_bytes,
+                              stream.stream(), args, nullptr),
+      "cuLaunchKernel");
 }
 
 unsigned GridFor(const DeviceCaps& caps, int64_t count, unsigned block) {
@@ -92,7 +91,8 @@ std::string DTypeSuffix(DType dtype) { return DTypeName(dtype); }
 
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {
   std::vector<int64_t> s(dims.size(), 1);
-  for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  for (int64_t i = static_cast<int64_t>(dims.size()) - 2; i >= 0; --i)
+    s[i] = s[i + 1] * dims[i + 1];
   return s;
 }
 

@@ -67,14 +67,12 @@ struct LoadedFunction {
 // `function` of the module compiled from `source` (the embedded prelude is
 // prepended by the caller where needed).
 absl::StatusOr<LoadedFunction> LoadFunction(CudaDevice& device, const std::string& name,
-                                            const std::string& source,
-                                            const std::string& function,
+                                            const std::string& source, const std::string& function,
                                             backend::PrepareContext& context);
 
 // Launches `fn` on `stream` with `args` (pointers to each argument).
 absl::Status LaunchKernel(CudaStream& stream, CUfunction fn, unsigned grid_x, unsigned grid_y,
-                          unsigned grid_z, unsigned block_x, unsigned shared_bytes,
-                          void** args);
+                          unsigned grid_z, unsigned block_x, unsigned shared_bytes, void** args);
 
 // Blocks for a grid-stride kernel over `count` items at `block` threads each:
 // enough to fill the device a few times over, capped by the grid limit.

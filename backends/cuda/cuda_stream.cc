@@ -114,16 +114,16 @@ absl::Status CudaStream::Wait(const backend::Event& event) {
         absl::StrCat(device_.info().id, ": Wait on an event of another device"));
   }
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
-  return Note(device_.Check(Driver().cuStreamWaitEvent(stream_, e->event(), 0),
-                            "cuStreamWaitEvent"));
+  return Note(
+      device_.Check(Driver().cuStreamWaitEvent(stream_, e->event(), 0), "cuStreamWaitEvent"));
 }
 
 absl::StatusOr<std::unique_ptr<backend::Event>> CudaStream::Record() {
   KILN_RETURN_IF_ERROR(failed_);
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
   CUevent ev = nullptr;
-  KILN_RETURN_IF_ERROR(Note(device_.Check(Driver().cuEventCreate(&ev, CU_EVENT_DEFAULT),
-                                          "cuEventCreate")));
+  KILN_RETURN_IF_ERROR(
+      Note(device_.Check(Driver().cuEventCreate(&ev, CU_EVENT_DEFAULT), "cuEventCreate")));
   auto event = std::make_unique<CudaEvent>(device_, stream_, ev);
   KILN_RETURN_IF_ERROR(Note(device_.Check(Driver().cuEventRecord(ev, stream_), "cuEventRecord")));
   return std::unique_ptr<backend::Event>(std::move(event));
@@ -138,8 +138,9 @@ absl::StatusOr<CudaStream::Staging*> CudaStream::AcquireStaging(int64_t bytes) {
       const CUresult q = api.cuEventQuery(s->done);
       if (q == CUDA_ERROR_NOT_READY) continue;
       KILN_RETURN_IF_ERROR(Note(device_.Check(q, "cuEventQuery")));
-      const bool pending = std::any_of(downloads_.begin(), downloads_.end(),
-                                       [&](const PendingDownload& d) { return d.staging == s.get(); });
+      const bool pending =
+          std::any_of(downloads_.begin(), downloads_.end(),
+                      [&](const PendingDownload& d) { return d.staging == s.get(); });
       if (pending) continue;  // its bytes still wait to be copied out
       s->busy = false;
     }
@@ -147,8 +148,9 @@ absl::StatusOr<CudaStream::Staging*> CudaStream::AcquireStaging(int64_t bytes) {
   }
   if (best != nullptr) return best;
   auto s = std::make_unique<Staging>();
-  s->bytes = bytes <= kMinStaging ? kMinStaging
-                                  : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1)));
+  s->bytes = bytes <= kMinStaging
+                 ? kMinStaging
+                 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1)));
   KILN_RETURN_IF_ERROR(Note(device_.Check(
       api.cuMemHostAlloc(&s->host, static_cast<size_t>(s->bytes), 0), "cuMemHostAlloc")))
       << "(" << s->bytes << " bytes of pinned staging)";
@@ -172,14 +174,14 @@ absl::Status CudaStream::Upload(const void* src, CUdeviceptr dst, int64_t bytes)
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
   const DriverApi& api = Driver();
   if (bytes > kMaxKeptStaging) {
-    return Note(device_.Check(
-        api.cuMemcpyHtoDAsync(dst, src, static_cast<size_t>(bytes), stream_), "cuMemcpyHtoDAsync"));
+    return Note(device_.Check(api.cuMemcpyHtoDAsync(dst, src, static_cast<size_t>(bytes), stream_),
+                              "cuMemcpyHtoDAsync"));
   }
   KILN_ASSIGN_OR_RETURN(Staging * s, AcquireStaging(bytes));
   std::memcpy(s->host, src, static_cast<size_t>(bytes));
-  KILN_RETURN_IF_ERROR(Note(device_.Check(
-      api.cuMemcpyHtoDAsync(dst, s->host, static_cast<size_t>(bytes), stream_),
-      "cuMemcpyHtoDAsync")));
+  KILN_RETURN_IF_ERROR(
+      Note(device_.Check(api.cuMemcpyHtoDAsync(dst, s->host, static_cast<size_t>(bytes), stream_),
+                         "cuMemcpyHtoDAsync")));
   return MarkStagingUsed(*s);
 }
 
@@ -189,9 +191,9 @@ absl::Status CudaStream::Download(CUdeviceptr src, void* dst, int64_t bytes) {
   // Large read-backs get a chunk of their own too: a pageable destination
   // would make the driver's copy synchronous (an unbounded wait).
   KILN_ASSIGN_OR_RETURN(Staging * s, AcquireStaging(bytes));
-  KILN_RETURN_IF_ERROR(Note(device_.Check(
-      Driver().cuMemcpyDtoHAsync(s->host, src, static_cast<size_t>(bytes), stream_),
-      "cuMemcpyDtoHAsync")));
+  KILN_RETURN_IF_ERROR(Note(
+      device_.Check(Driver().cuMemcpyDtoHAsync(s->host, src, static_cast<size_t>(bytes), stream_),
+                    "cuMemcpyDtoHAsync")));
   KILN_RETURN_IF_ERROR(MarkStagingUsed(*s));
   downloads_.push_back({s, dst, bytes});
   return absl::OkStatus();
@@ -201,8 +203,8 @@ absl::StatusOr<CUdeviceptr> CudaStream::Workspace(int64_t bytes) {
   if (bytes <= workspace_bytes_) return workspace_;
   const DriverApi& api = Driver();
   if (workspace_ != 0) {
-    KILN_RETURN_IF_ERROR(Note(device_.Check(api.cuMemFreeAsync(workspace_, stream_),
-                                            "cuMemFreeAsync")));
+    KILN_RETURN_IF_ERROR(
+        Note(device_.Check(api.cuMemFreeAsync(workspace_, stream_), "cuMemFreeAsync")));
     workspace_ = 0;
     workspace_bytes_ = 0;
   }
@@ -236,14 +238,14 @@ absl::StatusOr<CUdeviceptr> CudaStream::ReserveErrorSlot(ErrorDecoder decoder) {
     const DriverApi& api = Driver();
     ErrorBlock b;
     void* host = nullptr;
-    KILN_RETURN_IF_ERROR(Note(device_.Check(
-        api.cuMemHostAlloc(&host, kSlotsPerBlock * 4 * sizeof(uint64_t),
-                           CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-        "cuMemHostAlloc(error slots)")));
+    KILN_RETURN_IF_ERROR(
+        Note(device_.Check(api.cuMemHostAlloc(&host, kSlotsPerBlock * 4 * sizeof(uint64_t),
+                                              CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
+                           "cuMemHostAlloc(error slots)")));
     b.host = static_cast<uint64_t*>(host);
     std::memset(b.host, 0, kSlotsPerBlock * 4 * sizeof(uint64_t));
-    const absl::Status s =
-        device_.Check(api.cuMemHostGetDevicePointer(&b.device, host, 0), "cuMemHostGetDevicePointer");
+    const absl::Status s = device_.Check(api.cuMemHostGetDevicePointer(&b.device, host, 0),
+                                         "cuMemHostGetDevicePointer");
     if (!s.ok()) {
       api.cuMemFreeHost(host);
       return Note(s);

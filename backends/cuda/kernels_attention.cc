@@ -116,8 +116,8 @@ class AttentionKernel final : public CudaKernel {
     void* args[] = {&q, &k, &v, &extra, &o, &p};
     constexpr unsigned kWarps = 4;
     const int64_t rows = p.B * p.Hq * p.Sq;
-    const int64_t blocks = std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1,
-                                               device_.caps().max_grid_x);
+    const int64_t blocks =
+        std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
     return LaunchKernel(s, fn_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args);
   }
 

@@ -223,7 +223,8 @@ class StridedCopyKernel final : public CudaKernel {
   std::vector<StridedParams> params_;
 };
 
-absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateStrided(CudaDevice& d, const KernelSpec& spec,
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateStrided(CudaDevice& d,
+                                                               const KernelSpec& spec,
                                                                backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(std::vector<StridedCopy> copies, PlanCopies(spec));
   std::vector<StridedParams> params;
@@ -238,10 +239,10 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateStrided(CudaDevice& d, co
   const bool narrow = largest < (int64_t{1} << 32);
   KILN_ASSIGN_OR_RETURN(
       LoadedFunction fn,
-      LoadFunction(d, "strided_copy", KernelSource("strided_copy.cu"),
-                   absl::StrCat(narrow ? "kiln_strided_copy32_e" : "kiln_strided_copy_e",
-                                ElementSize(dt)),
-                   context));
+      LoadFunction(
+          d, "strided_copy", KernelSource("strided_copy.cu"),
+          absl::StrCat(narrow ? "kiln_strided_copy32_e" : "kiln_strided_copy_e", ElementSize(dt)),
+          context));
   return std::unique_ptr<backend::Kernel>(std::make_unique<StridedCopyKernel>(
       d, spec, std::move(fn), std::move(params),
       absl::StrCat("nvrtc:", OpName(spec), "_", DTypeSuffix(dt))));
@@ -256,10 +257,10 @@ class ByteCopyKernel final : public CudaKernel {
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
                        std::span<const CUdeviceptr> out) override {
     if (in[0] == out[0]) return absl::OkStatus();  // planned in place
-    return device_.Check(Driver().cuMemcpyDtoDAsync(out[0], in[0],
-                                                    static_cast<size_t>(spec_.outputs[0].num_bytes()),
-                                                    s.stream()),
-                         "cuMemcpyDtoDAsync");
+    return device_.Check(
+        Driver().cuMemcpyDtoDAsync(out[0], in[0], static_cast<size_t>(spec_.outputs[0].num_bytes()),
+                                   s.stream()),
+        "cuMemcpyDtoDAsync");
   }
 };
 
@@ -271,7 +272,8 @@ Claim SupportsByteCopy(const CudaDevice&, const KernelSpec& spec) {
   return MovableDType(spec, "copy");
 }
 
-absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateByteCopy(CudaDevice& d, const KernelSpec& spec,
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateByteCopy(CudaDevice& d,
+                                                                const KernelSpec& spec,
                                                                 backend::PrepareContext&) {
   const char* what = spec.op == v1::OP_RESHAPE ? "reshape" : "copy";
   return std::unique_ptr<backend::Kernel>(
@@ -304,7 +306,11 @@ class GatherKernel final : public CudaKernel {
   GatherKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, int64_t outer,
                int64_t nidx, int64_t axis_size, int64_t inner, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
-        fn_(std::move(fn)), outer_(outer), nidx_(nidx), axis_size_(axis_size), inner_(inner) {}
+        fn_(std::move(fn)),
+        outer_(outer),
+        nidx_(nidx),
+        axis_size_(axis_size),
+        inner_(inner) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -319,8 +325,8 @@ class GatherKernel final : public CudaKernel {
     CUdeviceptr data = in[0], idx = in[1], o = out[0];
     int64_t outer = outer_, nidx = nidx_, axis_size = axis_size_, inner = inner_;
     void* args[] = {&data, &idx, &o, &outer, &nidx, &axis_size, &inner, &err};
-    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), outer * nidx * inner, 256), 1, 1, 256,
-                        0, args);
+    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), outer * nidx * inner, 256), 1, 1, 256, 0,
+                        args);
   }
 
  private:

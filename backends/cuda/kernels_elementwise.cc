@@ -35,6 +35,7 @@ class ElementwiseKernel final : public CudaKernel {
     std::vector<CUdeviceptr> ptrs(in.begin(), in.end());
     ptrs.insert(ptrs.end(), out.begin(), out.end());
     std::vector<void*> args;
+    args.reserve(ptrs.size());
     for (CUdeviceptr& p : ptrs) args.push_back(&p);
     const int64_t total = spec_.outputs[0].num_elements();
     return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), total, kBlock), 1, 1, kBlock, 0,
@@ -79,8 +80,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateElementwise(
   const std::string name = KernelName(spec, CubinCacheKey(source, d.caps().arch));
   KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
                         LoadFunction(d, name, source, kElementwiseEntry, context));
-  return std::unique_ptr<backend::Kernel>(std::make_unique<ElementwiseKernel>(
-      d, spec, std::move(fn), absl::StrCat("nvrtc:", name)));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<ElementwiseKernel>(d, spec, std::move(fn), absl::StrCat("nvrtc:", name)));
 }
 
 const CudaOpRegistration kRegistration({

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/matmul_plan.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -33,109 +34,13 @@ using backend::KernelSpec;
 
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 
-struct MatMulPlan {
-  int64_t M = 0, N = 0, K = 0;
-  bool ta = false, tb = false, has_bias = false, has_residual = false;
-  v1::UnaryKind act = v1::UNARY_KIND_UNSPECIFIED;  // none
-  // One strided-batched call per entry: element offsets of A, B and C.
-  int64_t count = 1, a_stride = 0, b_stride = 0;
-  std::vector<std::array<int64_t, 3>> calls;
-};
-
-absl::StatusOr<MatMulPlan> Plan(const KernelSpec& spec) {
-  MatMulPlan p;
-  if (spec.op == v1::OP_MATMUL) {
-    p.ta = spec.attrs.matmul().transpose_a();
-    p.tb = spec.attrs.matmul().transpose_b();
-  } else {
-    const auto& f = spec.attrs.fused_matmul();
-    p.ta = f.transpose_a(), p.tb = f.transpose_b();
-    p.has_bias = f.has_bias(), p.has_residual = f.has_residual();
-    p.act = f.activation() == v1::UNARY_IDENTITY ? v1::UNARY_KIND_UNSPECIFIED : f.activation();
-  }
-  if (spec.inputs.size() != 2u + p.has_bias + p.has_residual || spec.outputs.size() != 1) {
-    return absl::InvalidArgumentError("operand count");
-  }
-  Dims a = spec.inputs[0].dims, b = spec.inputs[1].dims;
-  if (a.empty() || b.empty()) return absl::InvalidArgumentError("scalar operand");
-  if (a.size() == 1) a.insert(a.begin(), 1);
-  if (b.size() == 1) b.push_back(1);
-  const size_t ra = a.size(), rb = b.size();
-  p.M = p.ta ? a[ra - 1] : a[ra - 2];
-  p.K = p.ta ? a[ra - 2] : a[ra - 1];
-  const int64_t kb = p.tb ? b[rb - 1] : b[rb - 2];
-  p.N = p.tb ? b[rb - 2] : b[rb - 1];
-  if (p.K != kb) return absl::InvalidArgumentError("contracting dims differ");
-  // Right-aligned batch dims with broadcast strides, collapsed into runs.
-  const size_t r = std::max(ra, rb) - 2;
-  std::vector<int64_t> ad(r, 1), bd(r, 1);
-  std::copy(a.begin(), a.end() - 2, ad.begin() + (r - (ra - 2)));
-  std::copy(b.begin(), b.end() - 2, bd.begin() + (r - (rb - 2)));
-  std::vector<int64_t> full_dims(r), full_as(r), full_bs(r);
-  int64_t a_stride = p.M * p.K, b_stride = p.K * p.N;
-  for (size_t d = r; d-- > 0;) {
-    if (ad[d] != bd[d] && ad[d] != 1 && bd[d] != 1) return absl::InvalidArgumentError("batch");
-    full_dims[d] = (ad[d] == 0 || bd[d] == 0) ? 0 : std::max(ad[d], bd[d]);
-    full_as[d] = ad[d] == 1 ? 0 : a_stride;
-    full_bs[d] = bd[d] == 1 ? 0 : b_stride;
-    a_stride *= ad[d];
-    b_stride *= bd[d];
-  }
-  std::vector<int64_t> dims, as, bs;
-  int64_t batch = 1;
-  for (size_t d = 0; d < r; ++d) {
-    batch *= full_dims[d];
-    if (full_dims[d] == 1) continue;
-    if (!dims.empty() && as.back() == full_as[d] * full_dims[d] &&
-        bs.back() == full_bs[d] * full_dims[d]) {
-      dims.back() *= full_dims[d];
-      as.back() = full_as[d];
-      bs.back() = full_bs[d];
-      continue;
-    }
-    dims.push_back(full_dims[d]);
-    as.push_back(full_as[d]);
-    bs.push_back(full_bs[d]);
-  }
-  // An unbatched B under a plain A: one taller product.
-  const bool b_shared = std::all_of(bs.begin(), bs.end(), [](int64_t s) { return s == 0; });
-  if (b_shared && !p.ta && batch > 1) {
-    p.M *= batch;
-    dims.clear();
-  }
-  if (dims.empty()) {
-    p.calls.push_back({0, 0, 0});
-    return p;
-  }
-  // The innermost run is one strided-batched call unless an operand
-  // broadcasts along it (stride 0, which cuBLASLt's batching is not relied
-  // on for): then every batch is its own call.
-  const bool strided = as.back() != 0 && bs.back() != 0;
-  if (strided) {
-    p.count = dims.back();
-    p.a_stride = as.back();
-    p.b_stride = bs.back();
-  }
-  int64_t outer = 1;
-  for (size_t d = 0; d + (strided ? 1 : 0) < dims.size(); ++d) outer *= dims[d];
-  if (outer > 4096) return absl::InvalidArgumentError("more than 4096 broadcast batch calls");
-  for (int64_t o = 0; o < outer; ++o) {
-    int64_t rem = o, a_off = 0, b_off = 0;
-    for (size_t d = dims.size() - (strided ? 1 : 0); d-- > 0;) {
-      const int64_t c = rem % dims[d];
-      rem /= dims[d];
-      a_off += c * as[d];
-      b_off += c * bs[d];
-    }
-    p.calls.push_back({a_off, b_off, o * p.count * p.M * p.N});
-  }
-  return p;
+// A device address as the pointer cuBLASLt takes.
+void* Ptr(CUdeviceptr p) {
+  return reinterpret_cast<void*>(p);  // NOLINT(performance-no-int-to-ptr): device addresses
 }
 
 // Whether cuBLASLt's epilogue computes `act` exactly as the IR does.
-bool LtActivation(v1::UnaryKind act) {
-  return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH;
-}
+bool LtActivation(v1::UnaryKind act) { return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH; }
 // Whether an elementwise kernel finishes the result (act, then residual).
 bool NeedsPostKernel(const MatMulPlan& p) {
   if (p.act == v1::UNARY_KIND_UNSPECIFIED) return false;
@@ -143,7 +48,7 @@ bool NeedsPostKernel(const MatMulPlan& p) {
 }
 
 Claim SupportsMatMul(const CudaDevice&, const KernelSpec& spec) {
-  absl::StatusOr<MatMulPlan> p = Plan(spec);
+  absl::StatusOr<MatMulPlan> p = PlanMatMul(spec);
   if (!p.ok()) return Claim::No(absl::StrCat("cuda matmul: ", p.status().message()));
   const DType dt = spec.outputs[0].dtype;
   for (const auto& t : spec.inputs) {
@@ -177,7 +82,8 @@ cudaDataType_t LtType(DType d) {
 
 // Algorithms chosen, per device and shape key, for the process.
 absl::Mutex g_algos_mu;
-absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
+absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
   static auto* m = new absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>();
   return *m;
 }
@@ -186,7 +92,8 @@ class MatMulKernel final : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(CudaDevice& d, const KernelSpec& spec,
                                                               MatMulPlan plan, std::string impl) {
-    auto k = std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
+    auto k =
+        std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
     KILN_RETURN_IF_ERROR(k->Init());
     return k;
   }
@@ -216,23 +123,24 @@ class MatMulKernel final : public CudaKernel {
     const uint32_t align = static_cast<uint32_t>(bits & (~bits + 1));
     KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, Algorithm(align));
     if (plan_.has_bias) {
-      void* bp = reinterpret_cast<void*>(bias);
-      KILN_RETURN_IF_ERROR(device_.CheckCublas(
-          lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
-          "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
+      void* bp = Ptr(bias);
+      KILN_RETURN_IF_ERROR(
+          device_.CheckCublas(lt.cublasLtMatmulDescSetAttribute(
+                                  desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
+                              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
     }
     KILN_ASSIGN_OR_RETURN(CUdeviceptr ws, s.Workspace(kWorkspaceBytes));
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
     const float alpha = 1.0f, beta = lt_residual_ ? 1.0f : 0.0f;
     for (const auto& c : plan_.calls) {
       // cuBLASLt's A is our B, its B our A (C^T = B^T A^T).
-      const auto* lt_a = reinterpret_cast<const void*>(b + c[1] * elem);
-      const auto* lt_b = reinterpret_cast<const void*>(a + c[0] * elem);
-      void* dp = reinterpret_cast<void*>(d + c[2] * elem);
-      const void* cp = lt_residual_ ? reinterpret_cast<const void*>(residual + c[2] * elem) : dp;
+      const void* lt_a = Ptr(b + c[1] * elem);
+      const void* lt_b = Ptr(a + c[0] * elem);
+      void* dp = Ptr(d + c[2] * elem);
+      const void* cp = lt_residual_ ? Ptr(residual + c[2] * elem) : dp;
       KILN_RETURN_IF_ERROR(device_.CheckCublas(
           lt.cublasLtMatmul(handle, desc_, &alpha, lt_a, a_, lt_b, b_, &beta, cp, c_, dp, c_, &algo,
-                            reinterpret_cast<void*>(ws), kWorkspaceBytes, s.stream()),
+                            Ptr(ws), kWorkspaceBytes, s.stream()),
           "cublasLtMatmul"));
     }
     if (post_.fn == nullptr) return absl::OkStatus();
@@ -251,14 +159,15 @@ class MatMulKernel final : public CudaKernel {
                       int64_t stride) {
     const CublasLtApi& lt = CublasLt();
     const DType dt = spec_.outputs[0].dtype;
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(l, LtType(dt), rows, cols, ld),
-                                             "cublasLtMatrixLayoutCreate"));
+    KILN_RETURN_IF_ERROR(
+        device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(l, LtType(dt), rows, cols, ld),
+                            "cublasLtMatrixLayoutCreate"));
     if (plan_.count > 1) {
       const int32_t count = static_cast<int32_t>(plan_.count);
-      KILN_RETURN_IF_ERROR(device_.CheckCublas(
-          lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                              sizeof(count)),
-          "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)"));
+      KILN_RETURN_IF_ERROR(
+          device_.CheckCublas(lt.cublasLtMatrixLayoutSetAttribute(
+                                  *l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                              "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)"));
       KILN_RETURN_IF_ERROR(device_.CheckCublas(
           lt.cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                               &stride, sizeof(stride)),
@@ -268,13 +177,15 @@ class MatMulKernel final : public CudaKernel {
   }
 
   absl::Status Init() {
+    // An empty result launches nothing (CudaKernel::Launch): no descriptors.
+    if (spec_.outputs[0].num_elements() == 0) return absl::OkStatus();
     KILN_RETURN_IF_ERROR(LoadCublasLt());
     const CublasLtApi& lt = CublasLt();
     const MatMulPlan& p = plan_;
     // TF32 stays off: CUBLAS_COMPUTE_32F computes f32 products in f32.
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(
-        lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-        "cublasLtMatmulDescCreate"));
+    KILN_RETURN_IF_ERROR(
+        device_.CheckCublas(lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                            "cublasLtMatmulDescCreate"));
     const cublasOperation_t op_a = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(
@@ -287,10 +198,14 @@ class MatMulKernel final : public CudaKernel {
     const bool relu = !post && p.act == v1::UNARY_RELU;
     const bool gelu = !post && p.act == v1::UNARY_GELU_TANH;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (p.has_bias) epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                                                    : CUBLASLT_EPILOGUE_BIAS;
-    else if (relu) epi = CUBLASLT_EPILOGUE_RELU;
-    else if (gelu) epi = CUBLASLT_EPILOGUE_GELU;
+    if (p.has_bias)
+      epi = relu   ? CUBLASLT_EPILOGUE_RELU_BIAS
+            : gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                   : CUBLASLT_EPILOGUE_BIAS;
+    else if (relu)
+      epi = CUBLASLT_EPILOGUE_RELU;
+    else if (gelu)
+      epi = CUBLASLT_EPILOGUE_GELU;
     epilogue_ = epi;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(
         lt.cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
@@ -298,8 +213,10 @@ class MatMulKernel final : public CudaKernel {
     lt_residual_ = p.has_residual && !post;
     const int64_t M = p.M, N = p.N, K = p.K;
     // cuBLASLt's A = our B as stored; its B = our A as stored; C/D = [M, N] row-major.
-    KILN_RETURN_IF_ERROR(p.tb ? Layout(&a_, K, N, K, p.b_stride) : Layout(&a_, N, K, N, p.b_stride));
-    KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride) : Layout(&b_, K, M, K, p.a_stride));
+    KILN_RETURN_IF_ERROR(p.tb ? Layout(&a_, K, N, K, p.b_stride)
+                              : Layout(&a_, N, K, N, p.b_stride));
+    KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride)
+                              : Layout(&b_, K, M, K, p.a_stride));
     KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
     key_ = absl::StrCat(device_.info().id, "|", DTypeName(spec_.outputs[0].dtype), "|", M, "x", N,
                         "x", K, "|", p.ta, p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
@@ -323,8 +240,9 @@ class MatMulKernel final : public CudaKernel {
     const uint64_t ws = kWorkspaceBytes;
     lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                             sizeof(ws));
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     }
     cublasLtMatmulHeuristicResult_t result{};
@@ -368,7 +286,8 @@ absl::StatusOr<LoadedFunction> PostKernel(CudaDevice& d, const KernelSpec& spec,
   v1::Attrs act;
   act.mutable_unary()->set_kind(p.act);
   const int x = 0, r = 1;
-  *region->add_instrs() = backend::InstrFor(v1::OP_UNARY, act, std::span<const int>(&x, 1), out.dtype);
+  *region->add_instrs() =
+      backend::InstrFor(v1::OP_UNARY, act, std::span<const int>(&x, 1), out.dtype);
   if (p.has_residual) {
     v1::Attrs add;
     add.mutable_binary()->set_kind(v1::BINARY_ADD);
@@ -386,7 +305,7 @@ absl::StatusOr<LoadedFunction> PostKernel(CudaDevice& d, const KernelSpec& spec,
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(CudaDevice& d, const KernelSpec& spec,
                                                               backend::PrepareContext& context) {
-  KILN_ASSIGN_OR_RETURN(MatMulPlan plan, Plan(spec));
+  KILN_ASSIGN_OR_RETURN(MatMulPlan plan, PlanMatMul(spec));
   const DType dt = spec.outputs[0].dtype;
   std::string epilogue;
   if (plan.has_bias) epilogue += "+bias";

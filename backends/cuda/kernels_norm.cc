@@ -33,7 +33,8 @@ absl::StatusOr<NormPlan> PlanNorm(const KernelSpec& spec) {
       has_axis = a.has_axis(), p.axis = a.axis(), has_eps = a.has_epsilon(), p.eps = a.epsilon();
       p.scale = spec.inputs.size() > 1;
       p.bias = spec.inputs.size() > 2;
-      if (spec.inputs.size() > 3) return absl::InvalidArgumentError("layer_norm takes x, scale, bias");
+      if (spec.inputs.size() > 3)
+        return absl::InvalidArgumentError("layer_norm takes x, scale, bias");
       break;
     }
     case v1::OP_RMS_NORM: {
@@ -98,8 +99,8 @@ Claim SupportsNorm(const CudaDevice&, const KernelSpec& spec) {
 
 class NormKernel final : public CudaKernel {
  public:
-  NormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, NormPlan plan,
-             int64_t rows, int64_t n, std::string impl)
+  NormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, NormPlan plan, int64_t rows,
+             int64_t n, std::string impl)
       : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), plan_(plan), rows_(rows), n_(n) {}
 
  protected:
@@ -112,12 +113,13 @@ class NormKernel final : public CudaKernel {
     if (plan_.bias) bias = in[next++];
     if (plan_.emit_sum) sum = out[1];
     float eps = static_cast<float>(plan_.eps);
-    int rms = plan_.rms, has_res = plan_.residual, has_scale = plan_.scale,
-        has_bias = plan_.bias, emit = plan_.emit_sum;
+    int rms = plan_.rms, has_res = plan_.residual, has_scale = plan_.scale, has_bias = plan_.bias,
+        emit = plan_.emit_sum;
     int64_t rows = rows_, n = n_;
-    void* args[] = {&x, &res, &scale, &bias, &y, &sum, &rows, &n, &eps, &rms, &has_res,
-                    &has_scale, &has_bias, &emit};
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows_, device_.caps().max_grid_x));
+    void* args[] = {&x, &res, &scale, &bias,    &y,         &sum,      &rows,
+                    &n, &eps, &rms,   &has_res, &has_scale, &has_bias, &emit};
+    const unsigned grid =
+        static_cast<unsigned>(std::min<int64_t>(rows_, device_.caps().max_grid_x));
     return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, RowBlock(n_), 0, args);
   }
 
@@ -159,10 +161,14 @@ Claim SupportsSoftmax(const CudaDevice&, const KernelSpec& spec) {
 
 class SoftmaxKernel final : public CudaKernel {
  public:
-  SoftmaxKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, int64_t outer,
-                int64_t n, int64_t inner, bool log, std::string impl)
+  SoftmaxKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, int64_t outer, int64_t n,
+                int64_t inner, bool log, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
-        fn_(std::move(fn)), outer_(outer), n_(n), inner_(inner), log_(log) {}
+        fn_(std::move(fn)),
+        outer_(outer),
+        n_(n),
+        inner_(inner),
+        log_(log) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -172,11 +178,13 @@ class SoftmaxKernel final : public CudaKernel {
     int log = log_;
     if (inner_ == 1) {
       void* args[] = {&x, &y, &outer, &n, &log};
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(outer_, device_.caps().max_grid_x));
+      const unsigned grid =
+          static_cast<unsigned>(std::min<int64_t>(outer_, device_.caps().max_grid_x));
       return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, RowBlock(n_), 0, args);
     }
     void* args[] = {&x, &y, &outer, &n, &inner, &log};
-    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), outer_ * inner_, 256), 1, 1, 256, 0, args);
+    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), outer_ * inner_, 256), 1, 1, 256, 0,
+                        args);
   }
 
  private:

@@ -27,12 +27,23 @@ absl::StatusOr<ReducePlan> PlanReduce(const KernelSpec& spec) {
   const auto& a = spec.attrs.reduce();
   ReducePlan p;
   switch (a.kind()) {
-    case v1::REDUCE_SUM: p.kind = 0; break;
-    case v1::REDUCE_MEAN: p.kind = 1; break;
-    case v1::REDUCE_MAX: p.kind = 2; break;
-    case v1::REDUCE_MIN: p.kind = 3; break;
-    case v1::REDUCE_PROD: p.kind = 4; break;
-    default: return absl::InvalidArgumentError("unknown reduce kind");
+    case v1::REDUCE_SUM:
+      p.kind = 0;
+      break;
+    case v1::REDUCE_MEAN:
+      p.kind = 1;
+      break;
+    case v1::REDUCE_MAX:
+      p.kind = 2;
+      break;
+    case v1::REDUCE_MIN:
+      p.kind = 3;
+      break;
+    case v1::REDUCE_PROD:
+      p.kind = 4;
+      break;
+    default:
+      return absl::InvalidArgumentError("unknown reduce kind");
   }
   const Dims& dims = spec.inputs[0].dims;
   const int64_t rank = static_cast<int64_t>(dims.size());
@@ -87,9 +98,11 @@ class ReduceKernel final : public CudaKernel {
     int kind = plan_.kind;
     if (inner == 1) {
       void* args[] = {&x, &y, &outer, &r, &kind};
-      const unsigned block = static_cast<unsigned>(std::clamp<int64_t>((r + 31) / 32 * 32, 32, 256));
+      const unsigned block =
+          static_cast<unsigned>(std::clamp<int64_t>((r + 31) / 32 * 32, 32, 256));
       const unsigned block_pow2 = 1u << (31 - __builtin_clz(block));  // the tree needs 2^k
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(outer, device_.caps().max_grid_x));
+      const unsigned grid =
+          static_cast<unsigned>(std::min<int64_t>(outer, device_.caps().max_grid_x));
       return LaunchKernel(s, fn_.fn, grid, 1, 1, std::max(32u, block_pow2), 0, args);
     }
     void* args[] = {&x, &y, &outer, &r, &inner, &kind};

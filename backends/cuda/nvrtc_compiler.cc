@@ -12,7 +12,9 @@ namespace kiln::cuda {
 namespace {
 
 bool LooksLikeCubin(const std::string& bytes) {
-  return bytes.size() > 64 && bytes.compare(0, 4, "\x7f" "ELF") == 0;
+  return bytes.size() > 64 && bytes.compare(0, 4,
+                                            "\x7f"
+                                            "ELF") == 0;
 }
 
 // "13.0"; "none" without NVRTC (cached cubins still load; a miss then fails
@@ -29,9 +31,9 @@ std::string NvrtcVersion() {
 std::string CubinCacheKey(const std::string& source, const std::string& arch) {
   // Ordered, named, length-prefixed components: no two lists hash alike.
   const std::pair<std::string, std::string> components[] = {
-      {"kind", "cuda-cubin"},  {"codegen_version", absl::StrCat(kCodegenVersion)},
+      {"kind", "cuda-cubin"},    {"codegen_version", absl::StrCat(kCodegenVersion)},
       {"nvrtc", NvrtcVersion()}, {"arch", arch},
-      {"flags", kNvrtcFlags},  {"source", source},
+      {"flags", kNvrtcFlags},    {"source", source},
   };
   Sha256 sha;
   for (const auto& [name, value] : components) {
@@ -52,6 +54,7 @@ absl::StatusOr<std::string> CompileCubin(const std::string& name, const std::str
   std::vector<std::string> opts = absl::StrSplit(kNvrtcFlags, ';');
   opts.push_back(absl::StrCat("--gpu-architecture=", arch));
   std::vector<const char*> argv;
+  argv.reserve(opts.size());
   for (const std::string& o : opts) argv.push_back(o.c_str());
   const nvrtcResult compiled =
       api.nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
@@ -103,8 +106,8 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleCache::Get(const std::string
   KILN_RETURN_IF_ERROR(device_.Enter());
   auto load = [&](const std::string& cubin) -> absl::StatusOr<std::shared_ptr<const Module>> {
     CUmodule m = nullptr;
-    KILN_RETURN_IF_ERROR(device_.Check(Driver().cuModuleLoadData(&m, cubin.data()),
-                                       "cuModuleLoadData"))
+    KILN_RETURN_IF_ERROR(
+        device_.Check(Driver().cuModuleLoadData(&m, cubin.data()), "cuModuleLoadData"))
         << "(kernel " << name << ")";
     return std::make_shared<const Module>(device_, m);
   };

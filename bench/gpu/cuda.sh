@@ -5,45 +5,52 @@
 # benchmarks: Kiln's cuda:0 matmul vs cuBLAS in one process (f32, bf16 at
 # n = 1024 / 4096), and the BERT-base encoder layer (fp32, B8 S128) on
 # cuda:0 vs vulkan:0 (alternating runs) with PyTorch eager as the reference.
-# Prints the key results and ratios; logs and JSON under $OUT.
+# Prints the key results and ratios; the main logs and JSON under $OUT (at
+# most 8 files come back), the rest under /tmp/cuda-logs.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/unpack.sh"
 export KILN_FAULT_WORKER=$stage/bin/kiln_fault_worker
 export XDG_CACHE_HOME=/tmp/kiln-cache  # the kernel cache: a second start is warm
+logs=/tmp/cuda-logs
+mkdir -p "$logs"
 summary() { grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]' "$1" | tr '\n' ' '; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-timeout 240 "$stage/bin/kiln_cuda_test" --gtest_output=json:"$out/cuda_test.json" \
-  > "$out/cuda_test.log" 2>&1
+timeout 240 "$stage/bin/kiln_cuda_test" > "$out/cuda_test.log" 2>&1
 echo "kiln_cuda_test exit $?: $(summary "$out/cuda_test.log")"
 grep -E '^cuda:0: ' "$out/cuda_test.log"
 for iso in thread process; do
   KILN_TEST_ISOLATION=$iso KILN_CTS_DEVICE=cuda:0 timeout 200 "$stage/bin/kiln_cts_test" \
-    > "$out/cts_cuda_$iso.log" 2>&1
-  echo "cts cuda:0 ($iso) exit $?: $(summary "$out/cts_cuda_$iso.log")"
+    > "$logs/cts_cuda_$iso.log" 2>&1
+  echo "cts cuda:0 ($iso) exit $?: $(summary "$logs/cts_cuda_$iso.log")"
   KILN_TEST_ISOLATION=$iso KILN_CONFORMANCE_GPU_ONLY=1 timeout 300 \
     "$stage/bin/kiln_conformance_test" > "$out/conformance_$iso.log" 2>&1
   echo "conformance GPU devices ($iso) exit $?: $(summary "$out/conformance_$iso.log")"
-  grep -E '^\[ cuda:0 \]' "$out/conformance_$iso.log" | awk '{r+=$4; n+=$7} END {print "  cuda:0: " r " cases ran, " n " not claimed"}'
+  grep -E '^\[ cuda:0 \]' "$out/conformance_$iso.log" | awk '{r+=$5; n+=$8} END {print "  cuda:0: " r " cases ran, " n " not claimed"}'
 done
 # The first failures of each suite, with context.
-for f in cuda_test cts_cuda_thread cts_cuda_process conformance_thread conformance_process; do
-  grep -E -A6 'Failure$|^\[  FAILED  \].*ms\)$|Segmentation|terminate|Aborted' "$out/$f.log" | head -40 | cut -c1-400
-  tail -3 "$out/$f.log" | cut -c1-300
+for f in "$out/cuda_test.log" "$logs/cts_cuda_thread.log" "$logs/cts_cuda_process.log" \
+         "$out/conformance_thread.log" "$out/conformance_process.log"; do
+  grep -E -A6 'Failure$|Segmentation|terminate|Aborted' "$f" | head -30 | cut -c1-400
 done
 timeout 200 "$stage/bin/matmul_vs_cublas" --device cuda:0 --dtypes f32,bf16 --sizes 1024,4096 \
-  > "$out/cuda_matmul.json" 2> "$out/cuda_matmul.log"
+  > "$out/cuda_matmul.json" 2> "$logs/cuda_matmul.log"
 echo "matmul_vs_cublas exit $?"
-grep -E '^cuda:0 n=' "$out/cuda_matmul.log"
+grep -E '^cuda:0 n=' "$logs/cuda_matmul.log"
 for i in 1 2 3; do
   for dev in cuda:0 vulkan:0; do
     timeout 120 "$stage/bin/kiln_bench" encoder --device "$dev" --batch 8 --iters 50 --threads 16 \
-      --export "/tmp/enc_${dev%%:*}" --report_out "$out/encoder_report_${dev%%:*}.txt" \
-      >> "$out/encoder.json" 2>> "$out/encoder.log"
+      --export "/tmp/enc_${dev%%:*}" --report_out "$logs/encoder_report_${dev%%:*}.txt" \
+      >> "$out/encoder.json" 2>> "$logs/encoder.log"
   done
 done
+# The encoder with cuda:0 in this process vs in its device worker (interleaved).
+timeout 150 "$stage/bin/kiln_bench" isolation --device cuda:0 --iters 300 --batch 8 --threads 16 \
+  2> "$out/isolation_cuda.log" > "$logs/isolation_cuda.json"
+grep -E '^isolation' "$out/isolation_cuda.log"
 LD_LIBRARY_PATH= timeout 120 python3 "$here/torch_encoder.py" /tmp/enc_cuda \
-  >> "$out/encoder.json" 2>> "$out/encoder.log"
+  >> "$out/encoder.json" 2>> "$logs/encoder.log"
+cp "$logs/encoder_report_cuda.txt" "$out/" 2>/dev/null
 python3 - "$out/encoder.json" "$out/cuda_matmul.json" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
@@ -73,5 +80,8 @@ for r in m["results"]:
                   f"rel err {e['max_rel_err']:.2e}, {e['impl']}")
 PY
 # What ran where in the cuda:0 encoder (implementations and paths).
-grep -E 'implementation: |path: ' "$out/encoder_report_cuda.txt" | sort | uniq -c | sort -rn | head -24
+grep -E 'implementation: |path: ' "$logs/encoder_report_cuda.txt" | sort | uniq -c | sort -rn | head -24
+# Per-kernel device times of one cuda:0 encoder run (CUDA events).
+awk '/implementation:/{impl=$2} /duration_micros:/{printf "  %8.1f us  %s\n", $2, impl}' \
+  "$logs/encoder_report_cuda.txt" | head -40
 echo done

@@ -108,8 +108,8 @@ Errors Compare(const std::vector<float>& got, const std::vector<float>& want) {
 // One n x n product's operands on the Kiln device, reused across kernels.
 class Operands {
  public:
-  Operands(kiln::backend::Device& dev, kiln::DType dtype, int64_t n,
-                 const std::vector<char>& a, const std::vector<char>& b)
+  Operands(kiln::backend::Device& dev, kiln::DType dtype, int64_t n, const std::vector<char>& a,
+           const std::vector<char>& b)
       : dev_(dev), dtype_(dtype), n_(n) {
     const int64_t bytes = static_cast<int64_t>(a.size());
     auto stream = dev.CreateStream();
@@ -193,9 +193,8 @@ double TimeCublas(cublasHandle_t h, kiln::DType dt, int64_t n, const std::vector
   const float one = 1.f, zero = 0.f;
   auto gemm = [&](void* out, cudaDataType out_type) {
     if (half) {
-      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, in_type, n, a,
-                              in_type, n, &zero, out, out_type, n, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+      CHECK_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, in_type, n, a, in_type,
+                              n, &zero, out, out_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else {
       CHECK_CUDA(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, static_cast<float*>(b), n,
                              static_cast<float*>(a), n, &zero, static_cast<float*>(out), n));

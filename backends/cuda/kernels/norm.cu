@@ -1,8 +1,9 @@
 // LayerNorm, RmsNorm and FusedResidualNorm: one block per row of n elements
 // (the normalized dims [axis, rank) flattened), blocks striding over rows.
 // s = x (+ residual, rounded as the unfused add stores it); LayerNorm takes
-// the exact two-pass mean and variance, RmsNorm the mean square; scale and
-// bias are [n]. Math in f32.
+// a two-pass mean and variance of s - shift (shift = the row's first value),
+// so a large common offset costs no precision; RmsNorm the mean square;
+// scale and bias are [n]. Math in f32.
 template <typename T>
 __device__ __forceinline__ float norm_in(const T* x, const T* res, k_i64 i, int has_res) {
   float v = k_load(x, i);
@@ -17,22 +18,25 @@ __device__ void norm_rows(const T* x, const T* res, const T* scale, const T* bia
   __shared__ float scratch[32];
   for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const k_i64 base = row * n;
-    float mean = 0.0f;
+    float shift = 0.0f, delta = 0.0f;
     if (!rms) {
+      shift = norm_in(x, res, base, has_res);
       float part = 0.0f;
-      for (k_i64 j = threadIdx.x; j < n; j += blockDim.x) part += norm_in(x, res, base + j, has_res);
-      mean = k_block_sum(part, scratch) / static_cast<float>(n);
+      for (k_i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        part += norm_in(x, res, base + j, has_res) - shift;
+      }
+      delta = k_block_sum(part, scratch) / static_cast<float>(n);
     }
     float sq = 0.0f;
     for (k_i64 j = threadIdx.x; j < n; j += blockDim.x) {
-      const float v = norm_in(x, res, base + j, has_res) - mean;
+      const float v = (norm_in(x, res, base + j, has_res) - shift) - delta;
       sq += v * v;
     }
     const float rstd = 1.0f / sqrtf(k_block_sum(sq, scratch) / static_cast<float>(n) + eps);
     for (k_i64 j = threadIdx.x; j < n; j += blockDim.x) {
       const float s = norm_in(x, res, base + j, has_res);
       if (emit_sum) k_store(sum, base + j, s);
-      float v = (s - mean) * rstd;
+      float v = ((s - shift) - delta) * rstd;
       if (has_scale) v *= k_load(scale, j);
       if (has_bias) v += k_load(bias, j);
       k_store(y, base + j, v);

@@ -157,7 +157,8 @@ TEST_F(CudaDeviceTest, EventsTimeAndOrderStreams) {
   ASSERT_TRUE(e0.ok());
   auto other = dev_->Allocate(4 << 20);
   ASSERT_TRUE(other.ok());
-  ASSERT_TRUE(dev_->CopyOnDevice(*stream_, {buf.get(), 0, 4 << 20}, {other->get(), 0, 4 << 20}).ok());
+  ASSERT_TRUE(
+      dev_->CopyOnDevice(*stream_, {buf.get(), 0, 4 << 20}, {other->get(), 0, 4 << 20}).ok());
   auto e1 = stream_->Record();
   ASSERT_TRUE(e1.ok());
   ASSERT_TRUE((*second)->Wait(**e1).ok());
@@ -227,7 +228,8 @@ TEST_F(CudaDeviceTest, WarmStartCompilesNothing) {
     MemoryBinaryCache bad;
     backend::PrepareContext c;
     c.binaries = &bad;
-    const std::string key = CubinCacheKey(KernelSource("softmax.cu"), dynamic_cast<CudaDevice*>(dev_)->caps().arch);
+    const std::string key =
+        CubinCacheKey(KernelSource("softmax.cu"), dynamic_cast<CudaDevice*>(dev_)->caps().arch);
     bad.Store(key, std::string(200, 'x'));
     std::unique_ptr<backend::Backend> fresh = MakeBackend();
     ASSERT_TRUE(fresh->devices()[0]->PrepareKernel(SoftmaxSpec(3, 50), c).ok());
@@ -247,11 +249,16 @@ struct MatMulCase {
 
 double Act(v1::UnaryKind k, double x) {
   switch (k) {
-    case v1::UNARY_RELU: return x > 0 ? x : 0;
-    case v1::UNARY_GELU: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
-    case v1::UNARY_GELU_TANH: return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case v1::UNARY_SILU: return x / (1 + std::exp(-x));
-    default: return x;
+    case v1::UNARY_RELU:
+      return x > 0 ? x : 0;
+    case v1::UNARY_GELU:
+      return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    case v1::UNARY_GELU_TANH:
+      return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case v1::UNARY_SILU:
+      return x / (1 + std::exp(-x));
+    default:
+      return x;
   }
 }
 
@@ -305,11 +312,44 @@ TEST_F(CudaDeviceTest, MatMulEpiloguesAndBroadcastBatches) {
       {"ta_tb_f32", v1::DTYPE_F32, {96, 64}, {80, 96}, true, true},
       {"batched_shared_w", v1::DTYPE_F32, {3, 5, 33, 40}, {40, 24}},
       {"broadcast_two_runs", v1::DTYPE_F32, {2, 1, 17, 12}, {1, 3, 12, 9}},
-      {"bias_gelu_erf", v1::DTYPE_F32, {20, 48}, {48, 64}, false, false, true, false, v1::UNARY_GELU},
-      {"bias_gelu_tanh_lt", v1::DTYPE_F32, {20, 48}, {48, 64}, false, false, true, false, v1::UNARY_GELU_TANH},
-      {"bias_relu_residual", v1::DTYPE_F32, {4, 20, 48}, {48, 64}, false, false, true, true, v1::UNARY_RELU},
-      {"bias_residual_lt", v1::DTYPE_F32, {20, 48}, {48, 64}, false, true, true, true},
-      {"silu_bf16", v1::DTYPE_BF16, {2, 30, 64}, {2, 64, 40}, false, false, false, false, v1::UNARY_SILU},
+      {"bias_gelu_erf",
+       v1::DTYPE_F32,
+       {20, 48},
+       {48, 64},
+       false,
+       false,
+       true,
+       false,
+       v1::UNARY_GELU},
+      {"bias_gelu_tanh_lt",
+       v1::DTYPE_F32,
+       {20, 48},
+       {48, 64},
+       false,
+       false,
+       true,
+       false,
+       v1::UNARY_GELU_TANH},
+      {"bias_relu_residual",
+       v1::DTYPE_F32,
+       {4, 20, 48},
+       {48, 64},
+       false,
+       false,
+       true,
+       true,
+       v1::UNARY_RELU},
+      {"bias_residual_lt", v1::DTYPE_F32, {20, 48}, {64, 48}, false, true, true, true},
+      {"empty_result", v1::DTYPE_F32, {4, 5}, {5, 0}},
+      {"silu_bf16",
+       v1::DTYPE_BF16,
+       {2, 30, 64},
+       {2, 64, 40},
+       false,
+       false,
+       false,
+       false,
+       v1::UNARY_SILU},
       {"bias_f16", v1::DTYPE_F16, {128, 256}, {256, 128}, false, false, true},
       {"matvec_f32", v1::DTYPE_F32, {1, 300}, {300, 7}},
   };

@@ -49,7 +49,8 @@ TEST(CudaNoDriver, RegistryListsNoCudaDevice) {
 
 TEST(CudaNoDriver, EngineStarts) {
   if (HaveDriver()) GTEST_SKIP() << "a CUDA driver is present";
-  for (auto iso : {EngineOptions::DeviceIsolation::kThread, EngineOptions::DeviceIsolation::kAuto}) {
+  for (auto iso :
+       {EngineOptions::DeviceIsolation::kThread, EngineOptions::DeviceIsolation::kAuto}) {
     EngineOptions options;
     options.calibration = EngineOptions::Calibration::kNever;
     options.device_isolation = iso;

@@ -5,6 +5,7 @@
 // with the toolkit; skipped only where libnvrtc itself is missing.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,10 @@ class NvrtcCompileTest : public ::testing::Test {
     const std::string source = GenerateElementwise(spec, *region);
     absl::StatusOr<std::string> cubin = CompileCubin(spec.name, source, kArch);
     ASSERT_TRUE(cubin.ok()) << cubin.status() << "\n" << source;
-    EXPECT_EQ(cubin->compare(0, 4, "\x7f" "ELF"), 0);
+    EXPECT_EQ(cubin->compare(0, 4,
+                             "\x7f"
+                             "ELF"),
+              0);
   }
 };
 
@@ -78,6 +82,39 @@ TEST_F(NvrtcCompileTest, EmbeddedFamilies) {
   EXPECT_GE(compiled, 4);
 }
 
+// Every entry point the kernel families look up (cuModuleGetFunction by
+// name) is in its family's cubin: the names are built from dtype names in
+// the .cc files and from macros in the .cu files, and must agree.
+TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
+  const char* floats[] = {"f32", "f16", "bf16"};
+  std::vector<std::pair<std::string, std::string>> wanted;  // source, entry
+  for (const char* dt : floats) {
+    wanted.push_back({"norm.cu", absl::StrCat("kiln_norm_", dt)});
+    wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_", dt)});
+    for (const char* shape : {"rows_", "cols_"}) {
+      wanted.push_back({"softmax.cu", absl::StrCat("kiln_softmax_", shape, dt)});
+      wanted.push_back({"reduce.cu", absl::StrCat("kiln_reduce_", shape, dt)});
+    }
+  }
+  for (int e : {1, 2, 4, 8}) {
+    wanted.push_back({"strided_copy.cu", absl::StrCat("kiln_strided_copy_e", e)});
+    wanted.push_back({"strided_copy.cu", absl::StrCat("kiln_strided_copy32_e", e)});
+    for (DType it : {v1::DTYPE_I32, v1::DTYPE_I64, v1::DTYPE_I16, v1::DTYPE_I8, v1::DTYPE_U8}) {
+      wanted.push_back({"gather.cu", absl::StrCat("kiln_gather_e", e, "_", DTypeName(it))});
+    }
+  }
+  std::map<std::string, std::string> cubins;
+  for (const auto& [source, entry] : wanted) {
+    if (!cubins.contains(source)) {
+      absl::StatusOr<std::string> cubin = CompileCubin(source, KernelSource(source), kArch);
+      ASSERT_TRUE(cubin.ok()) << cubin.status();
+      cubins[source] = *std::move(cubin);
+    }
+    // Symbol names are NUL-terminated in the ELF string table.
+    EXPECT_NE(cubins[source].find(entry + '\0'), std::string::npos) << source << ": " << entry;
+  }
+}
+
 TEST_F(NvrtcCompileTest, UnaryEveryKind) {
   for (int k = v1::UNARY_IDENTITY; k <= v1::UNARY_SOFTPLUS; ++k) {
     if (!v1::UnaryKind_IsValid(k)) continue;
@@ -105,8 +142,9 @@ TEST_F(NvrtcCompileTest, BinaryCompareWhereClamp) {
     for (DType dt : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_I64}) {
       if (k == v1::BINARY_POW && dt != v1::DTYPE_F32 && dt != v1::DTYPE_BF16) continue;
       // Broadcast [3, 1, 5] with [4, 1]: general indexing on both sides.
-      KernelSpec s = Elementwise(v1::OP_BINARY, {{dt, {3, 1, 5}}, {dt, {4, 1}}}, {dt, {3, 4, 5}},
-                                 absl::StrCat("binary_", v1::BinaryKind_Name(k), "_", DTypeName(dt)));
+      KernelSpec s =
+          Elementwise(v1::OP_BINARY, {{dt, {3, 1, 5}}, {dt, {4, 1}}}, {dt, {3, 4, 5}},
+                      absl::StrCat("binary_", v1::BinaryKind_Name(k), "_", DTypeName(dt)));
       s.attrs.mutable_binary()->set_kind(static_cast<v1::BinaryKind>(k));
       CompileElementwise(s);
     }
@@ -121,11 +159,12 @@ TEST_F(NvrtcCompileTest, BinaryCompareWhereClamp) {
   }
   for (DType dt : {v1::DTYPE_F16, v1::DTYPE_I8}) {
     CompileElementwise(Elementwise(v1::OP_WHERE,
-                                   {{v1::DTYPE_BOOL, {2, 3}}, {dt, {2, 3}}, {dt, {3}}}, {dt, {2, 3}},
-                                   absl::StrCat("where_", DTypeName(dt))));
+                                   {{v1::DTYPE_BOOL, {2, 3}}, {dt, {2, 3}}, {dt, {3}}},
+                                   {dt, {2, 3}}, absl::StrCat("where_", DTypeName(dt))));
   }
   for (DType dt : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U8}) {
-    KernelSpec s = Elementwise(v1::OP_CLAMP, {{dt, {9}}}, {dt, {9}}, absl::StrCat("clamp_", DTypeName(dt)));
+    KernelSpec s =
+        Elementwise(v1::OP_CLAMP, {{dt, {9}}}, {dt, {9}}, absl::StrCat("clamp_", DTypeName(dt)));
     s.attrs.mutable_clamp()->set_min(-1.5);
     s.attrs.mutable_clamp()->set_max(200.25);
     CompileElementwise(s);
@@ -162,15 +201,15 @@ TEST_F(NvrtcCompileTest, FusedRegionsAndWideIndices) {
     add.mutable_binary()->set_kind(v1::BINARY_ADD);
     gelu.mutable_unary()->set_kind(v1::UNARY_GELU);
     const int a01[] = {0, 1}, a32[] = {3, 2}, a4[] = {4}, a05[] = {0, 6};
-    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, mul, a01, dt);   // value 3
-    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a32, dt);   // 4
-    *r->add_instrs() = backend::InstrFor(v1::OP_UNARY, gelu, a4, dt);    // 5
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, mul, a01, dt);  // value 3
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a32, dt);  // 4
+    *r->add_instrs() = backend::InstrFor(v1::OP_UNARY, gelu, a4, dt);   // 5
     v1::FusedInstr one;
     one.set_op(v1::OP_CONSTANT);
     one.set_dtype(dt);
     one.set_scalar(1.0);
-    *r->add_instrs() = one;                                              // 6
-    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a05, dt);   // 7
+    *r->add_instrs() = one;                                             // 6
+    *r->add_instrs() = backend::InstrFor(v1::OP_BINARY, add, a05, dt);  // 7
     r->add_results(2);
     r->add_results(4);
     CompileElementwise(s);
@@ -186,7 +225,8 @@ TEST_F(NvrtcCompileTest, CacheKeyCoversSourceAndArch) {
 }
 
 TEST_F(NvrtcCompileTest, CompileErrorsNameTheKernelAndCarryTheLog) {
-  absl::StatusOr<std::string> bad = CompileCubin("broken", "extern \"C\" __global__ void f() { nope; }", kArch);
+  absl::StatusOr<std::string> bad =
+      CompileCubin("broken", "extern \"C\" __global__ void f() { nope; }", kArch);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("broken"), absl::string_view::npos);
   EXPECT_NE(bad.status().message().find("nope"), absl::string_view::npos) << bad.status();
