@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status.h"
 
 namespace kiln::backend {
@@ -274,6 +275,55 @@ std::string InstrName(const RegionInstr& in) {
     default:
       return "?";
   }
+}
+
+std::vector<DType> RegionValueDTypes(const ElementwiseRegion& r) {
+  std::vector<DType> d(r.inputs);
+  for (const RegionInstr& in : r.instrs) d.push_back(in.dtype);
+  return d;
+}
+
+RegionIndexPlan PlanRegionIndexing(const KernelSpec& spec) {
+  const Dims& out = spec.outputs[0].dims;
+  const size_t rank = out.size();
+  std::vector<std::vector<int64_t>> full(spec.inputs.size(), std::vector<int64_t>(rank, 0));
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const Dims& in = spec.inputs[i].dims;
+    int64_t stride = 1;
+    const size_t off = rank - in.size();
+    for (size_t k = in.size(); k-- > 0;) {  // row-major strides; a size-1 dim broadcasts
+      full[i][off + k] = in[k] == 1 ? 0 : stride;
+      stride *= in[k];
+    }
+  }
+  RegionIndexPlan p;
+  p.strides.resize(spec.inputs.size());
+  for (size_t k = 0; k < rank; ++k) {
+    if (out[k] == 1) continue;
+    bool merge = !p.dims.empty();
+    for (size_t i = 0; merge && i < full.size(); ++i) {
+      merge = p.strides[i].back() == full[i][k] * out[k];
+    }
+    if (merge) {
+      p.dims.back() *= out[k];
+      for (size_t i = 0; i < full.size(); ++i) p.strides[i].back() = full[i][k];
+      continue;
+    }
+    p.dims.push_back(out[k]);
+    for (size_t i = 0; i < full.size(); ++i) p.strides[i].push_back(full[i][k]);
+  }
+  return p;
+}
+
+std::string RegionIndexExpr(const RegionIndexPlan& plan, int input, int kind, const char* suffix) {
+  if (kind == 0) return "i";
+  std::vector<std::string> terms;
+  for (size_t k = 0; kind == 2 && k < plan.dims.size(); ++k) {
+    const int64_t s = plan.strides[input][k];
+    if (s == 0) continue;
+    terms.push_back(s == 1 ? absl::StrCat("c", k) : absl::StrCat("c", k, " * ", s, suffix));
+  }
+  return terms.empty() ? absl::StrCat("0", suffix) : absl::StrJoin(terms, " + ");
 }
 
 }  // namespace kiln::backend

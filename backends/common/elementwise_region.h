@@ -81,4 +81,24 @@ absl::StatusOr<ElementwiseRegion> DecodeSpec(const KernelSpec& spec);
 // "gelu", "add", "gt", "where", "cast_f32_to", "clamp", "constant".
 std::string InstrName(const RegionInstr& instr);
 
+// What every backend's elementwise code generator needs besides its own
+// dialect (GLSL, CUDA C++): the language-neutral indexing.
+
+// The dtypes of a region's values: its inputs, then one per instruction.
+std::vector<DType> RegionValueDTypes(const ElementwiseRegion& region);
+
+// The output's dims with runs that every input strides alike merged, and each
+// input's stride per merged dim (0 where it broadcasts).
+struct RegionIndexPlan {
+  std::vector<int64_t> dims;
+  std::vector<std::vector<int64_t>> strides;  // per input, per merged dim
+};
+RegionIndexPlan PlanRegionIndexing(const KernelSpec& spec);
+
+// Input `input`'s flat index at the output coordinates c0, c1, ...: "i" for
+// kind 0 (same shape as the output), otherwise the sum "c0 * 12<suffix> + c2"
+// ("0<suffix>" when it broadcasts everywhere); `suffix` is the dialect's
+// integer literal suffix for the index type ("u" for GLSL's uint).
+std::string RegionIndexExpr(const RegionIndexPlan& plan, int input, int kind, const char* suffix);
+
 }  // namespace kiln::backend

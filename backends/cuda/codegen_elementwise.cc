@@ -16,7 +16,11 @@ namespace {
 
 using backend::ElementwiseRegion;
 using backend::KernelSpec;
+using backend::PlanRegionIndexing;
+using backend::RegionIndexExpr;
+using backend::RegionIndexPlan;
 using backend::RegionInstr;
+using backend::RegionValueDTypes;
 
 // How a value lives in registers.
 enum class CType { kFloat, kInt, kInt64 };
@@ -358,59 +362,6 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
   }
 }
 
-std::vector<DType> ValueDTypes(const ElementwiseRegion& r) {
-  std::vector<DType> d(r.inputs);
-  for (const RegionInstr& in : r.instrs) d.push_back(in.dtype);
-  return d;
-}
-
-// Output dims collapsed with every input's broadcast strides.
-struct IndexPlan {
-  std::vector<int64_t> dims;                  // collapsed output dims
-  std::vector<std::vector<int64_t>> strides;  // per input, per collapsed dim (0 = broadcast)
-};
-
-IndexPlan PlanIndexing(const KernelSpec& spec) {
-  const Dims& out = spec.outputs[0].dims;
-  const size_t rank = out.size();
-  std::vector<std::vector<int64_t>> full(spec.inputs.size(), std::vector<int64_t>(rank, 0));
-  for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    const Dims& in = spec.inputs[i].dims;
-    const std::vector<int64_t> s = RowMajorStrides(in);
-    const size_t off = rank - in.size();
-    for (size_t k = 0; k < in.size(); ++k) full[i][off + k] = in[k] == 1 ? 0 : s[k];
-  }
-  IndexPlan p;
-  p.strides.resize(spec.inputs.size());
-  for (size_t k = 0; k < rank; ++k) {
-    if (out[k] == 1) continue;
-    bool merge = !p.dims.empty();
-    for (size_t i = 0; merge && i < full.size(); ++i) {
-      merge = p.strides[i].back() == full[i][k] * out[k];
-    }
-    if (merge) {
-      p.dims.back() *= out[k];
-      for (size_t i = 0; i < full.size(); ++i) p.strides[i].back() = full[i][k];
-      continue;
-    }
-    p.dims.push_back(out[k]);
-    for (size_t i = 0; i < full.size(); ++i) p.strides[i].push_back(full[i][k]);
-  }
-  return p;
-}
-
-// The flat index of input `input` at output element `i` (coordinates c0..).
-std::string IndexExpr(const IndexPlan& plan, int input, int kind, const char* suffix) {
-  if (kind == 0) return "i";
-  std::vector<std::string> terms;
-  for (size_t k = 0; kind == 2 && k < plan.dims.size(); ++k) {
-    const int64_t s = plan.strides[input][k];
-    if (s == 0) continue;
-    terms.push_back(s == 1 ? absl::StrCat("c", k) : absl::StrCat("c", k, " * ", s, suffix));
-  }
-  return terms.empty() ? "0" : absl::StrJoin(terms, " + ");
-}
-
 }  // namespace
 
 std::string ElementwiseUnsupported(const KernelSpec& spec, const ElementwiseRegion& region) {
@@ -423,7 +374,7 @@ std::string ElementwiseUnsupported(const KernelSpec& spec, const ElementwiseRegi
   for (const auto& t : spec.inputs) {
     if (t.dims.size() > spec.outputs[0].dims.size()) return "an input outranks the output";
   }
-  for (DType d : ValueDTypes(region)) {
+  for (DType d : RegionValueDTypes(region)) {
     if (d == v1::DTYPE_F64) return "f64 arithmetic is not supported by cuda kernels";
     if (*BufferType(d) == '\0') return absl::StrCat(DTypeName(d), " is not a dense type served");
   }
@@ -460,7 +411,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
                   ">(gridDim.x) * blockDim.x;\n  for (", index_type, " i = static_cast<",
                   index_type, ">(blockIdx.x) * blockDim.x + threadIdx.x; i < ", total, suffix,
                   "; i += step) {\n");
-  const IndexPlan plan = PlanIndexing(spec);
+  const RegionIndexPlan plan = PlanRegionIndexing(spec);
   std::vector<bool> used(n, false);
   for (const RegionInstr& in : region.instrs) {
     for (int k = 0; k < in.num_args; ++k) {
@@ -494,7 +445,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
   for (int i = 0; i < n; ++i) {
     names[i] = absl::StrCat("v", i);
     if (!used[i]) continue;
-    const std::string raw = absl::StrCat("in", i, "[", IndexExpr(plan, i, kind[i], suffix), "]");
+    const std::string raw = absl::StrCat("in", i, "[", RegionIndexExpr(plan, i, kind[i], suffix), "]");
     std::string load;
     switch (spec.inputs[i].dtype) {
       case v1::DTYPE_F16:

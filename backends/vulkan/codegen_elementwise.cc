@@ -16,7 +16,11 @@ namespace {
 
 using backend::ElementwiseRegion;
 using backend::KernelSpec;
+using backend::PlanRegionIndexing;
+using backend::RegionIndexExpr;
+using backend::RegionIndexPlan;
 using backend::RegionInstr;
+using backend::RegionValueDTypes;
 
 // How a value lives in registers.
 enum class CType { kFloat, kInt, kInt64 };
@@ -352,59 +356,6 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
   }
 }
 
-std::vector<DType> ValueDTypes(const ElementwiseRegion& r) {
-  std::vector<DType> d(r.inputs);
-  for (const RegionInstr& in : r.instrs) d.push_back(in.dtype);
-  return d;
-}
-
-// Output dims collapsed with every input's broadcast strides.
-struct IndexPlan {
-  std::vector<int64_t> dims;                  // collapsed output dims
-  std::vector<std::vector<int64_t>> strides;  // per input, per collapsed dim (0 = broadcast)
-};
-
-IndexPlan PlanIndexing(const KernelSpec& spec) {
-  const Dims& out = spec.outputs[0].dims;
-  const size_t rank = out.size();
-  std::vector<std::vector<int64_t>> full(spec.inputs.size(), std::vector<int64_t>(rank, 0));
-  for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    const Dims& in = spec.inputs[i].dims;
-    const std::vector<int64_t> s = RowMajorStrides(in);
-    const size_t off = rank - in.size();
-    for (size_t k = 0; k < in.size(); ++k) full[i][off + k] = in[k] == 1 ? 0 : s[k];
-  }
-  IndexPlan p;
-  p.strides.resize(spec.inputs.size());
-  for (size_t k = 0; k < rank; ++k) {
-    if (out[k] == 1) continue;
-    bool merge = !p.dims.empty();
-    for (size_t i = 0; merge && i < full.size(); ++i) {
-      merge = p.strides[i].back() == full[i][k] * out[k];
-    }
-    if (merge) {
-      p.dims.back() *= out[k];
-      for (size_t i = 0; i < full.size(); ++i) p.strides[i].back() = full[i][k];
-      continue;
-    }
-    p.dims.push_back(out[k]);
-    for (size_t i = 0; i < full.size(); ++i) p.strides[i].push_back(full[i][k]);
-  }
-  return p;
-}
-
-// The flat index of input `i` at output element `i` (coordinates c0..).
-std::string IndexExpr(const IndexPlan& plan, int input, int kind) {
-  if (kind == 0) return "i";
-  std::vector<std::string> terms;
-  for (size_t k = 0; kind == 2 && k < plan.dims.size(); ++k) {
-    const int64_t s = plan.strides[input][k];
-    if (s == 0) continue;
-    terms.push_back(s == 1 ? absl::StrCat("c", k) : absl::StrCat("c", k, " * ", s, "u"));
-  }
-  return terms.empty() ? "0u" : absl::StrJoin(terms, " + ");
-}
-
 }  // namespace
 
 std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spec,
@@ -415,7 +366,7 @@ std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spe
   for (const auto& t : spec.outputs) {
     if (t.dims != spec.outputs[0].dims) return "outputs differ in shape";
   }
-  for (DType d : ValueDTypes(region)) {
+  for (DType d : RegionValueDTypes(region)) {
     if (d == v1::DTYPE_F64) return "f64 arithmetic is not supported by vulkan kernels";
     if (!StorageOk(caps, d)) return StorageMissing(caps, d);
     if (d == v1::DTYPE_I64 && !caps.int64) return "i64 arithmetic needs shaderInt64";
@@ -434,7 +385,7 @@ std::string ElementwiseUnsupported(const DeviceCaps& caps, const KernelSpec& spe
 std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
                                 const ElementwiseRegion& region, uint32_t workgroup) {
   const int n = static_cast<int>(spec.inputs.size());
-  const std::vector<DType> dtypes = ValueDTypes(region);
+  const std::vector<DType> dtypes = RegionValueDTypes(region);
   bool s16 = false, s8 = false, i64 = false;
   for (DType d : dtypes) {
     s16 = s16 || d == v1::DTYPE_F16 || d == v1::DTYPE_BF16 || d == v1::DTYPE_I16;
@@ -461,7 +412,7 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
     absl::StrAppend(&src, "layout(std430, binding = ", n + k, ") writeonly buffer Out", k, " { ",
                     BufferType(spec.outputs[k].dtype), " out", k, "[]; };\n");
   }
-  const IndexPlan plan = PlanIndexing(spec);
+  const RegionIndexPlan plan = PlanRegionIndexing(spec);
   const int64_t total = spec.outputs[0].num_elements();
   absl::StrAppend(&src, "void main() {\n  const uint step = gl_NumWorkGroups.x * ", workgroup,
                   "u;\n  for (uint i = gl_GlobalInvocationID.x; i < ", total, "u; i += step) {\n");
@@ -499,7 +450,7 @@ std::string GenerateElementwise(const DeviceCaps& caps, const KernelSpec& spec,
   for (int i = 0; i < n; ++i) {
     names[i] = absl::StrCat("v", i);
     if (!used[i]) continue;
-    const std::string raw = absl::StrCat("in", i, "[", IndexExpr(plan, i, kind[i]), "]");
+    const std::string raw = absl::StrCat("in", i, "[", RegionIndexExpr(plan, i, kind[i], "u"), "]");
     std::string load;
     switch (spec.inputs[i].dtype) {
       case v1::DTYPE_F16:
