@@ -18,6 +18,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/elementwise_ops.h"
+#include "base/half.h"
 
 namespace kiln::cpu {
 
@@ -110,6 +111,33 @@ inline absl::Status CheckViews(const backend::KernelSpec& spec,
 // Host pointer of a view, or nullptr for an empty tensor's missing buffer.
 inline void* HostPtr(const backend::BufferView& v) {
   return v.buffer == nullptr || v.buffer->host_ptr() == nullptr ? nullptr : v.host();
+}
+
+// Element `i` of a dense buffer of `dt` as double (f16 / bf16 widened exactly;
+// integers converted), and a double stored into a float buffer, rounded once.
+// For kernels that compute in f64 whatever the storage (DenseSolve, Fft,
+// ConvTranspose2d, TopK's ordering).
+inline double LoadAsDouble(DType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case v1::DTYPE_F32: return static_cast<const float*>(p)[i];
+    case v1::DTYPE_F64: return static_cast<const double*>(p)[i];
+    case v1::DTYPE_F16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case v1::DTYPE_BF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case v1::DTYPE_I8: return static_cast<const int8_t*>(p)[i];
+    case v1::DTYPE_U8: case v1::DTYPE_BOOL: return static_cast<const uint8_t*>(p)[i];
+    case v1::DTYPE_I16: return static_cast<const int16_t*>(p)[i];
+    case v1::DTYPE_I32: return static_cast<const int32_t*>(p)[i];
+    default: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+  }
+}
+// REQUIRES: IsFloat(dt).
+inline void StoreFloatFromDouble(DType dt, void* p, int64_t i, double v) {
+  switch (dt) {
+    case v1::DTYPE_F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); return;
+    case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); return;
+    default: static_cast<double*>(p)[i] = v; return;
+  }
 }
 
 // A tensor seen as [outer, n, inner] around the dims [begin, end).

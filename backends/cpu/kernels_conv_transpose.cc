@@ -23,24 +23,8 @@ using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 
 std::vector<double> Widen(DType dt, const void* p, int64_t n) {
   std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dt) {
-      case v1::DTYPE_F32: out[i] = static_cast<const float*>(p)[i]; break;
-      case v1::DTYPE_F16: out[i] = HalfToFloat(static_cast<const uint16_t*>(p)[i]); break;
-      case v1::DTYPE_BF16: out[i] = Bf16ToFloat(static_cast<const uint16_t*>(p)[i]); break;
-      default: out[i] = static_cast<const double*>(p)[i]; break;
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = LoadAsDouble(dt, p, i);
   return out;
-}
-
-void Store(DType dt, void* p, int64_t i, double v) {
-  switch (dt) {
-    case v1::DTYPE_F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); return;
-    case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); return;
-    default: static_cast<double*>(p)[i] = v; return;
-  }
 }
 
 int64_t At(const google::protobuf::RepeatedField<int64_t>& v, int i, int64_t def) {
@@ -119,7 +103,7 @@ KernelOr CreateConvTranspose(const KernelSpec& spec) {
                     }
                   }
                 }
-                Store(dt, out, ((ni * o + oc) * oh + y) * ow + xo, f64 ? acc64 : acc32);
+                StoreFloatFromDouble(dt, out, ((ni * o + oc) * oh + y) * ow + xo, f64 ? acc64 : acc32);
               }
             }
           }

@@ -30,24 +30,6 @@ using backend::KernelSpec;
 using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 using cd = std::complex<double>;
 
-double LoadF(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case v1::DTYPE_F32: return static_cast<const float*>(p)[i];
-    case v1::DTYPE_F16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case v1::DTYPE_BF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const double*>(p)[i];
-  }
-}
-
-void StoreF(DType dt, void* p, int64_t i, double v) {
-  switch (dt) {
-    case v1::DTYPE_F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); return;
-    case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); return;
-    default: static_cast<double*>(p)[i] = v; return;
-  }
-}
-
 // In place, a.size() a power of two; sign -1 forward, +1 inverse (unscaled).
 void Radix2(std::vector<cd>& a, int sign) {
   const size_t n = a.size();
@@ -144,25 +126,25 @@ KernelOr CreateFft(const KernelSpec& spec) {
               // its length), the rest their conjugates; bin 0 (and n/2 for
               // even n) contribute their real parts only, as numpy's irfft.
               for (int64_t k = 0; k <= n / 2 && k < len; ++k) {
-                v[k] = cd(LoadF(dt, xp, (r * len + k) * 2), LoadF(dt, xp, (r * len + k) * 2 + 1));
+                v[k] = cd(LoadAsDouble(dt, xp, (r * len + k) * 2), LoadAsDouble(dt, xp, (r * len + k) * 2 + 1));
               }
               v[0] = cd(v[0].real(), 0);
               if (n % 2 == 0 && n > 0) v[n / 2] = cd(v[n / 2].real(), 0);
               for (int64_t k = 1; k < (n + 1) / 2; ++k) v[n - k] = std::conj(v[k]);
             } else {
               for (int64_t t = 0; t < std::min(n, len); ++t) {
-                v[t] = complex_in ? cd(LoadF(dt, xp, (r * len + t) * 2), LoadF(dt, xp, (r * len + t) * 2 + 1))
-                                  : cd(LoadF(dt, xp, r * len + t), 0);
+                v[t] = complex_in ? cd(LoadAsDouble(dt, xp, (r * len + t) * 2), LoadAsDouble(dt, xp, (r * len + t) * 2 + 1))
+                                  : cd(LoadAsDouble(dt, xp, r * len + t), 0);
               }
             }
             const std::vector<cd> y = Dft(v, inverse ? +1 : -1);
             for (int64_t k = 0; k < out_len; ++k) {
               const cd z = y[k] * scale;
               if (complex_out) {
-                StoreF(dt, yp, (r * out_len + k) * 2, z.real());
-                StoreF(dt, yp, (r * out_len + k) * 2 + 1, z.imag());
+                StoreFloatFromDouble(dt, yp, (r * out_len + k) * 2, z.real());
+                StoreFloatFromDouble(dt, yp, (r * out_len + k) * 2 + 1, z.imag());
               } else {
-                StoreF(dt, yp, r * out_len + k, z.real());
+                StoreFloatFromDouble(dt, yp, r * out_len + k, z.real());
               }
             }
           }

@@ -21,24 +21,6 @@ using backend::Claim;
 using backend::KernelSpec;
 using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 
-double LoadF(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case v1::DTYPE_F32: return static_cast<const float*>(p)[i];
-    case v1::DTYPE_F16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case v1::DTYPE_BF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const double*>(p)[i];
-  }
-}
-
-void StoreF(DType dt, void* p, int64_t i, double v) {
-  switch (dt) {
-    case v1::DTYPE_F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case v1::DTYPE_F16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); return;
-    case v1::DTYPE_BF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(static_cast<float>(v)); return;
-    default: static_cast<double*>(p)[i] = v; return;
-  }
-}
-
 Claim SupportsDenseSolve(const KernelSpec& spec) {
   if (spec.inputs.size() != 2) return Claim::No("expects A and b");
   if (!IsFloat(spec.inputs[0].dtype)) return Claim::No("dense_solve takes floats");
@@ -75,8 +57,8 @@ KernelOr CreateDenseSolve(const KernelSpec& spec) {
           std::vector<double> m(static_cast<size_t>(n * n)), r(static_cast<size_t>(n * k));
           for (int64_t t = lo; t < hi; ++t) {
             bool finite = true;
-            for (int64_t i = 0; i < n * n; ++i) finite &= std::isfinite(m[i] = LoadF(dt, ap, t * n * n + i));
-            for (int64_t i = 0; i < n * k; ++i) finite &= std::isfinite(r[i] = LoadF(dt, bp, t * n * k + i));
+            for (int64_t i = 0; i < n * n; ++i) finite &= std::isfinite(m[i] = LoadAsDouble(dt, ap, t * n * n + i));
+            for (int64_t i = 0; i < n * k; ++i) finite &= std::isfinite(r[i] = LoadAsDouble(dt, bp, t * n * k + i));
             if (!finite) {
               failed[t] = -2;
               continue;
@@ -110,7 +92,7 @@ KernelOr CreateDenseSolve(const KernelSpec& spec) {
                 r[row * k + j] = s / m[row * n + row];
               }
             }
-            for (int64_t i = 0; i < n * k; ++i) StoreF(dt, xp, t * n * k + i, r[i]);
+            for (int64_t i = 0; i < n * k; ++i) StoreFloatFromDouble(dt, xp, t * n * k + i, r[i]);
           }
         });
         for (int64_t t = 0; t < batch; ++t) {

@@ -26,20 +26,6 @@ using backend::Claim;
 using backend::KernelSpec;
 using KernelOr = absl::StatusOr<std::unique_ptr<backend::Kernel>>;
 
-double Load(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case v1::DTYPE_F32: return static_cast<const float*>(p)[i];
-    case v1::DTYPE_F64: return static_cast<const double*>(p)[i];
-    case v1::DTYPE_F16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case v1::DTYPE_BF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case v1::DTYPE_I8: return static_cast<const int8_t*>(p)[i];
-    case v1::DTYPE_U8: return static_cast<const uint8_t*>(p)[i];
-    case v1::DTYPE_I16: return static_cast<const int16_t*>(p)[i];
-    case v1::DTYPE_I32: return static_cast<const int32_t*>(p)[i];
-    default: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-  }
-}
-
 int64_t LoadIndex(DType dt, const void* p, int64_t i) {
   switch (dt) {
     case v1::DTYPE_I8: return static_cast<const int8_t*>(p)[i];
@@ -90,7 +76,7 @@ KernelOr CreateTopK(const KernelSpec& spec) {
           for (int64_t row = b; row < e; ++row) {
             const int64_t o = row / inner, i = row % inner;
             const int64_t base = o * n * inner + i;
-            for (int64_t r = 0; r < n; ++r) key[r] = Load(dt, xp, base + r * inner);
+            for (int64_t r = 0; r < n; ++r) key[r] = LoadAsDouble(dt, xp, base + r * inner);
             std::iota(order.begin(), order.end(), 0);
             // "a before b": NaN is above every number; equal keys keep index order.
             auto before = [&](int64_t p, int64_t q) {
