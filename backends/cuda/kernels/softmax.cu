@@ -51,3 +51,63 @@ __device__ void softmax_cols(const T* x, T* y, k_i64 outer, k_i64 n, k_i64 inner
 KILN_SOFTMAX(f32, float)
 KILN_SOFTMAX(f16, k_f16)
 KILN_SOFTMAX(bf16, k_bf16)
+
+// The vectorized row form (n a multiple of K_VEC<T>::N, 16-byte aligned
+// pointers; the host checks): the row in registers (NV vectors per thread),
+// read once and written once with 16-byte accesses.
+template <typename T, int NV>
+__device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) {
+  constexpr int N = K_VEC<T>::N;
+  __shared__ float scratch[32];
+  const k_i64 nvec = n / N;
+  for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const k_i64 base = row * n;
+    float v[NV][N];
+    float m = -K_INF;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j < nvec) {
+        k_ldv(x, base + j * N, v[k]);
+#pragma unroll
+        for (int l = 0; l < N; ++l) m = k_max(m, v[k][l]);
+      }
+    }
+    m = k_block_max(m, scratch);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j < nvec) {
+#pragma unroll
+        for (int l = 0; l < N; ++l) {
+          v[k][l] -= m;
+          s += expf(v[k][l]);
+        }
+      }
+    }
+    s = k_block_sum(s, scratch);
+    const float inv = 1.0f / s, log_s = logf(s);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j >= nvec) continue;
+      float o[N];
+#pragma unroll
+      for (int l = 0; l < N; ++l) o[l] = log_out ? v[k][l] - log_s : expf(v[k][l]) * inv;
+      k_stv(y, base + j * N, o);
+    }
+  }
+}
+
+#define KILN_SOFTMAX_VEC(S, T, NV)                                                            \
+  extern "C" __global__ void kiln_softmax_v##NV##_##S(const T* x, T* y, k_i64 rows, k_i64 n,  \
+                                                      int log_out) {                          \
+    softmax_vec<T, NV>(x, y, rows, n, log_out);                                               \
+  }
+#define KILN_SOFTMAX_VECS(S, T)                                                  \
+  KILN_SOFTMAX_VEC(S, T, 1) KILN_SOFTMAX_VEC(S, T, 2) KILN_SOFTMAX_VEC(S, T, 4) \
+  KILN_SOFTMAX_VEC(S, T, 8)
+KILN_SOFTMAX_VECS(f32, float)
+KILN_SOFTMAX_VECS(f16, k_f16)
+KILN_SOFTMAX_VECS(bf16, k_bf16)
