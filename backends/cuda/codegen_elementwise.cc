@@ -296,8 +296,12 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
   switch (in.op) {
     case v1::OP_UNARY: {
       const auto kind = static_cast<v1::UnaryKind>(in.kind);
-      const std::string e =
-          ct == CType::kFloat ? UnaryFloat(kind, arg(0)) : UnaryInt(kind, arg(0), ct);
+      // f16/bf16 results take the cheaper GELU (k_gelu_lowp: exact to their precision).
+      const bool lowp = dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16;
+      const std::string e = ct != CType::kFloat ? UnaryInt(kind, arg(0), ct)
+                            : (kind == v1::UNARY_GELU && lowp)
+                                ? absl::StrCat("k_gelu_lowp(", arg(0), ")")
+                                : UnaryFloat(kind, arg(0));
       return e.empty() ? e : RoundTo(e, dt);
     }
     case v1::OP_BINARY: {

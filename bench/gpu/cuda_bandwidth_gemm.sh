@@ -10,7 +10,7 @@
 # Writes bandwidth.json, torch_bandwidth.json and gemm_bf16.json under $OUT
 # and prints one line per figure.
 set -u
-here=$(cd "$(dirname "$0")" && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -z ${stage:-} ]]; then source "$here/unpack.sh"; fi
 logs=${logs:-/tmp/cuda-logs}
 mkdir -p "$logs"
@@ -23,7 +23,7 @@ echo "torch_bandwidth exit $?"
 timeout 200 "$stage/bin/matmul_vs_cublas" --device cuda:0 --dtypes bf16 --sizes 4096,8192 \
   --epilogues none,bias_gelu --reps 20 > "$out/gemm_bf16.json" 2> "$logs/gemm_bf16.log"
 echo "matmul_vs_cublas (bf16, epilogues) exit $?"
-tail -5 "$logs/bandwidth.log" "$logs/gemm_bf16.log" | cut -c1-300
+tail -n 5 "$logs/bandwidth.log" "$logs/gemm_bf16.log" | cut -c1-300
 python3 - "$out/bandwidth.json" "$out/torch_bandwidth.json" "$out/gemm_bf16.json" <<'PY'
 import json, sys
 def load(p):

@@ -65,6 +65,14 @@ __device__ __forceinline__ float k_gelu(float x) {
   if (isinf(x)) return x > 0.0f ? x : 0.0f;
   return 0.5f * x * erfcf(-x * 0.70710678118654752f);
 }
+// GELU for f16/bf16 results: 0.5 x (1 + erf(x / sqrt 2)) where x >= -3,
+// whose cancellation error there (< 1e-4 relative) is below half an f16
+// ulp, at a third of erfc's cost; k_gelu's erfc form below -3, infinities
+// and NaN.
+__device__ __forceinline__ float k_gelu_lowp(float x) {
+  if (x >= -3.0f && x < K_INF) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  return k_gelu(x);
+}
 __device__ __forceinline__ float k_gelu_tanh(float x) {
   if (isinf(x)) return x > 0.0f ? x : 0.0f;
   const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
@@ -174,36 +182,52 @@ __device__ __forceinline__ float k_half_word(const k_f16*, unsigned short h) { r
 __device__ __forceinline__ float k_half_word(const k_bf16*, unsigned short h) { return k_bf16_to_f32(h); }
 __device__ __forceinline__ unsigned short k_word_half(const k_f16*, float v) { return k_f32_to_f16(v); }
 __device__ __forceinline__ unsigned short k_word_half(const k_bf16*, float v) { return k_f32_to_bf16(v); }
-__device__ __forceinline__ void k_ldv(const float* p, k_i64 i, float* v) {
-  const k_v16 u = *reinterpret_cast<const k_v16*>(p + i);
+// Unpacked to / packed from f32 registers: a row kept as packed vectors
+// needs half the registers of its f32 values for f16/bf16.
+__device__ __forceinline__ void k_unpack(const float*, const k_v16& u, float* v) {
   v[0] = __uint_as_float(u.x), v[1] = __uint_as_float(u.y);
   v[2] = __uint_as_float(u.z), v[3] = __uint_as_float(u.w);
 }
-__device__ __forceinline__ void k_stv(float* p, k_i64 i, const float* v) {
+__device__ __forceinline__ k_v16 k_pack(const float*, const float* v) {
   k_v16 u;
   u.x = __float_as_uint(v[0]), u.y = __float_as_uint(v[1]);
   u.z = __float_as_uint(v[2]), u.w = __float_as_uint(v[3]);
-  *reinterpret_cast<k_v16*>(p + i) = u;
+  return u;
 }
 template <typename H>
-__device__ __forceinline__ void k_ldv(const H* p, k_i64 i, float* v) {
-  const k_v16 u = *reinterpret_cast<const k_v16*>(p + i);
+__device__ __forceinline__ void k_unpack(const H* tag, const k_v16& u, float* v) {
   const unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    v[2 * k] = k_half_word(p, static_cast<unsigned short>(w[k] & 0xffffu));
-    v[2 * k + 1] = k_half_word(p, static_cast<unsigned short>(w[k] >> 16));
+    v[2 * k] = k_half_word(tag, static_cast<unsigned short>(w[k] & 0xffffu));
+    v[2 * k + 1] = k_half_word(tag, static_cast<unsigned short>(w[k] >> 16));
   }
 }
 template <typename H>
-__device__ __forceinline__ void k_stv(H* p, k_i64 i, const float* v) {
+__device__ __forceinline__ k_v16 k_pack(const H* tag, const float* v) {
   unsigned w[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    w[k] = static_cast<unsigned>(k_word_half(p, v[2 * k])) |
-           (static_cast<unsigned>(k_word_half(p, v[2 * k + 1])) << 16);
+    w[k] = static_cast<unsigned>(k_word_half(tag, v[2 * k])) |
+           (static_cast<unsigned>(k_word_half(tag, v[2 * k + 1])) << 16);
   }
   k_v16 u;
   u.x = w[0], u.y = w[1], u.z = w[2], u.w = w[3];
+  return u;
+}
+template <typename T>
+__device__ __forceinline__ k_v16 k_ldraw(const T* p, k_i64 i) {
+  return *reinterpret_cast<const k_v16*>(p + i);
+}
+template <typename T>
+__device__ __forceinline__ void k_straw(T* p, k_i64 i, const k_v16& u) {
   *reinterpret_cast<k_v16*>(p + i) = u;
+}
+template <typename T>
+__device__ __forceinline__ void k_ldv(const T* p, k_i64 i, float* v) {
+  k_unpack(p, k_ldraw(p, i), v);
+}
+template <typename T>
+__device__ __forceinline__ void k_stv(T* p, k_i64 i, const float* v) {
+  k_straw(p, i, k_pack(p, v));
 }

@@ -53,8 +53,8 @@ KILN_SOFTMAX(f16, k_f16)
 KILN_SOFTMAX(bf16, k_bf16)
 
 // The vectorized row form (n a multiple of K_VEC<T>::N, 16-byte aligned
-// pointers; the host checks): the row in registers (NV vectors per thread),
-// read once and written once with 16-byte accesses.
+// pointers; the host checks): the row in registers as packed 16-byte words
+// (NV per thread), read once and written once with 16-byte accesses.
 template <typename T, int NV>
 __device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) {
   constexpr int N = K_VEC<T>::N;
@@ -62,15 +62,17 @@ __device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) 
   const k_i64 nvec = n / N;
   for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const k_i64 base = row * n;
-    float v[NV][N];
+    k_v16 raw[NV];
     float m = -K_INF;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
       if (j < nvec) {
-        k_ldv(x, base + j * N, v[k]);
+        raw[k] = k_ldraw(x, base + j * N);
+        float v[N];
+        k_unpack(x, raw[k], v);
 #pragma unroll
-        for (int l = 0; l < N; ++l) m = k_max(m, v[k][l]);
+        for (int l = 0; l < N; ++l) m = k_max(m, v[l]);
       }
     }
     m = k_block_max(m, scratch);
@@ -79,11 +81,10 @@ __device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) 
     for (int k = 0; k < NV; ++k) {
       const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
       if (j < nvec) {
+        float v[N];
+        k_unpack(x, raw[k], v);
 #pragma unroll
-        for (int l = 0; l < N; ++l) {
-          v[k][l] -= m;
-          s += expf(v[k][l]);
-        }
+        for (int l = 0; l < N; ++l) s += expf(v[l] - m);
       }
     }
     s = k_block_sum(s, scratch);
@@ -92,16 +93,17 @@ __device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) 
     for (int k = 0; k < NV; ++k) {
       const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
       if (j >= nvec) continue;
-      float o[N];
+      float v[N];
+      k_unpack(x, raw[k], v);
 #pragma unroll
-      for (int l = 0; l < N; ++l) o[l] = log_out ? v[k][l] - log_s : expf(v[k][l]) * inv;
-      k_stv(y, base + j * N, o);
+      for (int l = 0; l < N; ++l) v[l] = log_out ? (v[l] - m) - log_s : expf(v[l] - m) * inv;
+      k_stv(y, base + j * N, v);
     }
   }
 }
 
 #define KILN_SOFTMAX_VEC(S, T, NV)                                                            \
-  extern "C" __global__ void kiln_softmax_v##NV##_##S(const T* x, T* y, k_i64 rows, k_i64 n,  \
+  extern "C" __global__ void __launch_bounds__(NV == 8 ? 1024 : 256, NV == 8 ? 1 : 4) kiln_softmax_v##NV##_##S(const T* x, T* y, k_i64 rows, k_i64 n,  \
                                                       int log_out) {                          \
     softmax_vec<T, NV>(x, y, rows, n, log_out);                                               \
   }

@@ -441,12 +441,16 @@ TEST_F(CudaDeviceTest, MatMulEpiloguesAndBroadcastBatches) {
 // LayerNorm (scale, bias), RmsNorm, Softmax and GELU on rows that vectorize,
 // launched once on aligned views and once on views 2 elements into their
 // buffers (not 16-byte aligned: the scalar kernels run); both must match
-// the f64 reference.
+// the f64 reference. Rows of 264 (1 or 2 vectors per thread) and of 16392
+// (8 vectors per thread, 288 / 544 threads: the 1024-thread launch bound).
 TEST_F(CudaDeviceTest, VectorizedKernelsMatchAlignedOrNot) {
-  const int64_t rows = 7, n = 264;  // 33 vectors of bf16 per row
-  for (DType dt : {v1::DTYPE_BF16, v1::DTYPE_F32}) {
+  const int64_t rows = 7;
+  for (const auto& [dt, n] : std::vector<std::pair<DType, int64_t>>{{v1::DTYPE_BF16, 264},
+                                                                    {v1::DTYPE_F32, 264},
+                                                                    {v1::DTYPE_BF16, 16392},
+                                                                    {v1::DTYPE_F32, 16392}}) {
     for (const char* op : {"layer_norm", "rms_norm", "softmax", "gelu"}) {
-      SCOPED_TRACE(absl::StrCat(op, " ", DTypeName(dt)));
+      SCOPED_TRACE(absl::StrCat(op, " ", DTypeName(dt), " n=", n));
       KernelSpec s;
       s.name = s.label = op;
       s.inputs = {{dt, {rows, n}}};
