@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -295,8 +296,12 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
   switch (in.op) {
     case v1::OP_UNARY: {
       const auto kind = static_cast<v1::UnaryKind>(in.kind);
-      const std::string e =
-          ct == CType::kFloat ? UnaryFloat(kind, arg(0)) : UnaryInt(kind, arg(0), ct);
+      // f16/bf16 results take the cheaper GELU (k_gelu_lowp: exact to their precision).
+      const bool lowp = dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16;
+      const std::string e = ct != CType::kFloat ? UnaryInt(kind, arg(0), ct)
+                            : (kind == v1::UNARY_GELU && lowp)
+                                ? absl::StrCat("k_gelu_lowp(", arg(0), ")")
+                                : UnaryFloat(kind, arg(0));
       return e.empty() ? e : RoundTo(e, dt);
     }
     case v1::OP_BINARY: {
@@ -405,12 +410,6 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
   for (size_t k = 0; k < spec.outputs.size(); ++k) {
     params.push_back(absl::StrCat(BufferType(spec.outputs[k].dtype), "* out", k));
   }
-  absl::StrAppend(&src, "extern \"C\" __global__ void ", kElementwiseEntry, "(",
-                  absl::StrJoin(params, ", "), ") {\n");
-  absl::StrAppend(&src, "  const ", index_type, " step = static_cast<", index_type,
-                  ">(gridDim.x) * blockDim.x;\n  for (", index_type, " i = static_cast<",
-                  index_type, ">(blockIdx.x) * blockDim.x + threadIdx.x; i < ", total, suffix,
-                  "; i += step) {\n");
   const RegionIndexPlan plan = PlanRegionIndexing(spec);
   std::vector<bool> used(n, false);
   for (const RegionInstr& in : region.instrs) {
@@ -430,6 +429,155 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
     kind[i] = same ? 0 : scalar ? 1 : 2;
     coords = coords || (used[i] && kind[i] == 2);
   }
+  // The vectorized path: no input read through a broadcast index, so each
+  // thread takes `width` consecutive elements with one access of at most 16
+  // bytes per operand (width = 16 / the widest operand element). It runs
+  // when every such operand's base pointer is 16-byte aligned (checked in
+  // the kernel: planned buffers may sit at any offset); the tail and
+  // unaligned launches take the scalar loop.
+  int64_t widest = 1;
+  for (int i = 0; i < n; ++i) {
+    if (used[i] && kind[i] == 0)
+      widest = std::max<int64_t>(widest, ElementSize(spec.inputs[i].dtype));
+  }
+  for (const auto& t : spec.outputs) widest = std::max<int64_t>(widest, ElementSize(t.dtype));
+  const int64_t width = 16 / widest;
+  const bool vectorize = !coords && width > 1 && total >= width;
+
+  // The per-element statements: loads (`raw(i)` is input i's element),
+  // the instructions, and `store(k, value)` per result.
+  auto body = [&](const std::function<std::string(int)>& raw,
+                  const std::function<std::string(size_t, const std::string&)>& store_to,
+                  const char* indent) {
+    std::string b;
+    std::vector<std::string> names(n + region.instrs.size());
+    for (int i = 0; i < n; ++i) {
+      names[i] = absl::StrCat("v", i);
+      if (!used[i]) continue;
+      const std::string r = raw(i);
+      std::string load;
+      switch (spec.inputs[i].dtype) {
+        case v1::DTYPE_F16:
+          load = absl::StrCat("k_f16_to_f32(", r, ")");
+          break;
+        case v1::DTYPE_BF16:
+          load = absl::StrCat("k_bf16_to_f32(", r, ")");
+          break;
+        case v1::DTYPE_I8:
+        case v1::DTYPE_I16:
+        case v1::DTYPE_U8:
+          load = absl::StrCat("static_cast<int>(", r, ")");
+          break;
+        case v1::DTYPE_BOOL:
+          load = absl::StrCat("(", r, " != 0 ? 1 : 0)");
+          break;
+        default:
+          load = r;
+          break;
+      }
+      absl::StrAppend(&b, indent, "const ", CudaType(CTypeOf(spec.inputs[i].dtype)), " ", names[i],
+                      " = ", load, ";\n");
+    }
+    for (size_t j = 0; j < region.instrs.size(); ++j) {
+      const RegionInstr& in = region.instrs[j];
+      names[n + j] = absl::StrCat("v", n + j);
+      absl::StrAppend(&b, indent, "const ", CudaType(CTypeOf(in.dtype)), " ", names[n + j], " = ",
+                      InstrExpr(in, names), ";\n");
+    }
+    // Every load happens before any store: an output may alias an input.
+    for (size_t k = 0; k < region.results.size(); ++k) {
+      const std::string v = names[n + region.results[k]];
+      std::string store;
+      switch (spec.outputs[k].dtype) {
+        case v1::DTYPE_F16:
+          store = absl::StrCat("k_f32_to_f16(", v, ")");
+          break;
+        case v1::DTYPE_BF16:
+          store = absl::StrCat("k_f32_to_bf16(", v, ")");
+          break;
+        case v1::DTYPE_I8:
+          store = absl::StrCat("static_cast<signed char>(", v, ")");
+          break;
+        case v1::DTYPE_I16:
+          store = absl::StrCat("static_cast<short>(", v, ")");
+          break;
+        case v1::DTYPE_U8:
+          store = absl::StrCat("static_cast<unsigned char>(", v, ")");
+          break;
+        case v1::DTYPE_BOOL:
+          store = absl::StrCat("static_cast<unsigned char>(", v, " != 0 ? 1 : 0)");
+          break;
+        default:
+          store = v;
+          break;
+      }
+      absl::StrAppend(&b, indent, store_to(k, store), ";\n");
+    }
+    return b;
+  };
+  auto scalar_raw = [&](int i) {
+    return absl::StrCat("in", i, "[", RegionIndexExpr(plan, i, kind[i], suffix), "]");
+  };
+  auto scalar_store = [](size_t k, const std::string& v) {
+    return absl::StrCat("out", k, "[i] = ", v);
+  };
+
+  if (vectorize) {
+    // One aligned struct per vectorized operand type.
+    for (int i = 0; i < n; ++i) {
+      if (!used[i] || kind[i] != 0) continue;
+      absl::StrAppend(&src, "struct alignas(", width * ElementSize(spec.inputs[i].dtype),
+                      ") kiln_vin", i, " { ", BufferType(spec.inputs[i].dtype), " a[", width,
+                      "]; };\n");
+    }
+    for (size_t k = 0; k < spec.outputs.size(); ++k) {
+      absl::StrAppend(&src, "struct alignas(", width * ElementSize(spec.outputs[k].dtype),
+                      ") kiln_vout", k, " { ", BufferType(spec.outputs[k].dtype), " a[", width,
+                      "]; };\n");
+    }
+  }
+  absl::StrAppend(&src, "extern \"C\" __global__ void ", kElementwiseEntry, "(",
+                  absl::StrJoin(params, ", "), ") {\n");
+  absl::StrAppend(&src, "  const ", index_type, " step = static_cast<", index_type,
+                  ">(gridDim.x) * blockDim.x;\n");
+  absl::StrAppend(&src, "  ", index_type, " first = static_cast<", index_type,
+                  ">(blockIdx.x) * blockDim.x + threadIdx.x;\n");
+  if (vectorize) {
+    std::vector<std::string> ptrs;
+    for (int i = 0; i < n; ++i) {
+      if (used[i] && kind[i] == 0)
+        ptrs.push_back(absl::StrCat("reinterpret_cast<k_u64>(in", i, ")"));
+    }
+    for (size_t k = 0; k < spec.outputs.size(); ++k) {
+      ptrs.push_back(absl::StrCat("reinterpret_cast<k_u64>(out", k, ")"));
+    }
+    const int64_t nvec = total / width;
+    absl::StrAppend(&src, "  if (((", absl::StrJoin(ptrs, " | "), ") & 15ull) == 0ull) {\n");
+    absl::StrAppend(&src, "    for (", index_type, " w = first; w < ", nvec, suffix,
+                    "; w += step) {\n      const ", index_type, " e = w * ", width, suffix, ";\n");
+    for (int i = 0; i < n; ++i) {
+      if (!used[i] || kind[i] != 0) continue;
+      absl::StrAppend(&src, "      const kiln_vin", i, " a", i,
+                      " = *reinterpret_cast<const kiln_vin", i, "*>(in", i, " + e);\n");
+    }
+    for (size_t k = 0; k < spec.outputs.size(); ++k) {
+      absl::StrAppend(&src, "      kiln_vout", k, " o", k, ";\n");
+    }
+    absl::StrAppend(&src, "#pragma unroll\n      for (int l = 0; l < ", width, "; ++l) {\n");
+    absl::StrAppend(
+        &src,
+        body([&](int i) { return kind[i] == 0 ? absl::StrCat("a", i, ".a[l]") : scalar_raw(i); },
+             [](size_t k, const std::string& v) { return absl::StrCat("o", k, ".a[l] = ", v); },
+             "        "));
+    absl::StrAppend(&src, "      }\n");
+    for (size_t k = 0; k < spec.outputs.size(); ++k) {
+      absl::StrAppend(&src, "      *reinterpret_cast<kiln_vout", k, "*>(out", k, " + e) = o", k,
+                      ";\n");
+    }
+    absl::StrAppend(&src, "    }\n    first += ", nvec * width, suffix, ";\n  }\n");
+  }
+  absl::StrAppend(&src, "  for (", index_type, " i = first; i < ", total, suffix,
+                  "; i += step) {\n");
   if (coords) {
     absl::StrAppend(&src, "    ", index_type, " rem = i;\n");
     for (size_t k = plan.dims.size(); k-- > 0;) {
@@ -441,69 +589,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
       }
     }
   }
-  std::vector<std::string> names(n + region.instrs.size());
-  for (int i = 0; i < n; ++i) {
-    names[i] = absl::StrCat("v", i);
-    if (!used[i]) continue;
-    const std::string raw = absl::StrCat("in", i, "[", RegionIndexExpr(plan, i, kind[i], suffix), "]");
-    std::string load;
-    switch (spec.inputs[i].dtype) {
-      case v1::DTYPE_F16:
-        load = absl::StrCat("k_f16_to_f32(", raw, ")");
-        break;
-      case v1::DTYPE_BF16:
-        load = absl::StrCat("k_bf16_to_f32(", raw, ")");
-        break;
-      case v1::DTYPE_I8:
-      case v1::DTYPE_I16:
-      case v1::DTYPE_U8:
-        load = absl::StrCat("static_cast<int>(", raw, ")");
-        break;
-      case v1::DTYPE_BOOL:
-        load = absl::StrCat("(", raw, " != 0 ? 1 : 0)");
-        break;
-      default:
-        load = raw;
-        break;
-    }
-    absl::StrAppend(&src, "    const ", CudaType(CTypeOf(spec.inputs[i].dtype)), " ", names[i],
-                    " = ", load, ";\n");
-  }
-  for (size_t j = 0; j < region.instrs.size(); ++j) {
-    const RegionInstr& in = region.instrs[j];
-    names[n + j] = absl::StrCat("v", n + j);
-    absl::StrAppend(&src, "    const ", CudaType(CTypeOf(in.dtype)), " ", names[n + j], " = ",
-                    InstrExpr(in, names), ";\n");
-  }
-  // Every load happens before any store: an output may alias an input.
-  for (size_t k = 0; k < region.results.size(); ++k) {
-    const std::string v = names[n + region.results[k]];
-    std::string store;
-    switch (spec.outputs[k].dtype) {
-      case v1::DTYPE_F16:
-        store = absl::StrCat("k_f32_to_f16(", v, ")");
-        break;
-      case v1::DTYPE_BF16:
-        store = absl::StrCat("k_f32_to_bf16(", v, ")");
-        break;
-      case v1::DTYPE_I8:
-        store = absl::StrCat("static_cast<signed char>(", v, ")");
-        break;
-      case v1::DTYPE_I16:
-        store = absl::StrCat("static_cast<short>(", v, ")");
-        break;
-      case v1::DTYPE_U8:
-        store = absl::StrCat("static_cast<unsigned char>(", v, ")");
-        break;
-      case v1::DTYPE_BOOL:
-        store = absl::StrCat("static_cast<unsigned char>(", v, " != 0 ? 1 : 0)");
-        break;
-      default:
-        store = v;
-        break;
-    }
-    absl::StrAppend(&src, "    out", k, "[i] = ", store, ";\n");
-  }
+  absl::StrAppend(&src, body(scalar_raw, scalar_store, "    "));
   absl::StrAppend(&src, "  }\n}\n");
   return src;
 }

@@ -1,11 +1,15 @@
 // Data movement: Transpose, Slice, Expand, Concat (kernels/strided_copy.cu),
-// Reshape and Copy (device-to-device copies), Gather (kernels/gather.cu). They move bytes without
-// looking at them, so they serve every dense dtype of 1, 2, 4 or 8 bytes.
+// Reshape and Copy (device-to-device copies), Gather (kernels/gather.cu), Pad (kernels/pad.cu).
+// They move bytes without looking at them, so they serve every dense dtype of 1, 2, 4 or 8 bytes.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "base/half.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -352,7 +356,151 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGather(CudaDevice& d, con
       absl::StrCat("nvrtc:gather_", DTypeSuffix(dt), "_", DTypeSuffix(it))));
 }
 
+// ---- Pad ----
+
+// pad.cu's PadParams (passed by value).
+struct PadParams {
+  int64_t rank = 0, count = 0, mode = 0;
+  int64_t out_dims[kMaxRank] = {}, in_dims[kMaxRank] = {}, lo[kMaxRank] = {};
+  int64_t in_str[kMaxRank] = {};
+};
+
+absl::StatusOr<PadParams> PlanPad(const KernelSpec& spec) {
+  if (spec.inputs.size() != 1 || spec.outputs.size() != 1) {
+    return absl::InvalidArgumentError("malformed spec");
+  }
+  const auto& a = spec.attrs.pad();
+  const Dims& in = spec.inputs[0].dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  if (a.low_size() != rank || a.high_size() != rank) {
+    return absl::InvalidArgumentError("low/high need one entry per dim");
+  }
+  if (rank > kMaxRank) return absl::InvalidArgumentError(absl::StrCat("rank above ", kMaxRank));
+  if (a.mode() != v1::PAD_CONSTANT && a.mode() != v1::PAD_REFLECT && a.mode() != v1::PAD_EDGE) {
+    return absl::InvalidArgumentError("unknown pad mode");
+  }
+  PadParams p;
+  p.rank = rank;
+  p.mode = a.mode() == v1::PAD_REFLECT ? 1 : a.mode() == v1::PAD_EDGE ? 2 : 0;
+  const std::vector<int64_t> strides = RowMajorStrides(in);
+  p.count = 1;
+  for (int64_t k = 0; k < rank; ++k) {
+    const int64_t lo = a.low(k), hi = a.high(k);
+    if (lo < 0 || hi < 0)
+      return absl::InvalidArgumentError(absl::StrCat("negative pad on dim ", k));
+    if (a.mode() == v1::PAD_REFLECT && lo + hi > 0 && (lo >= in[k] || hi >= in[k])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reflect padding on dim ", k, " must be below its size ", in[k]));
+    }
+    if (a.mode() == v1::PAD_EDGE && in[k] == 0 && lo + hi > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("edge padding of the empty dim ", k));
+    }
+    p.in_dims[k] = in[k];
+    p.lo[k] = lo;
+    p.in_str[k] = strides[k];
+    p.out_dims[k] = in[k] + lo + hi;
+    if (spec.outputs[0].dims.size() != in.size() || spec.outputs[0].dims[k] != p.out_dims[k]) {
+      return absl::InvalidArgumentError("the result shape is not the padded input's");
+    }
+    p.count *= p.out_dims[k];
+  }
+  return p;
+}
+
+// The pad value as one element of `dt`, converted as Cast converts
+// (integers saturate, NaN becomes 0; f16/bf16 round to nearest even).
+uint64_t PadValueBits(double v, DType dt) {
+  auto saturate = [v](int64_t lo, int64_t hi) -> int64_t {
+    if (std::isnan(v)) return 0;
+    if (v <= static_cast<double>(lo)) return lo;
+    if (v >= static_cast<double>(hi)) return hi;
+    return static_cast<int64_t>(std::trunc(v));
+  };
+  uint64_t bits = 0;
+  switch (dt) {
+    case v1::DTYPE_F32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(&bits, &f, 4);
+      break;
+    }
+    case v1::DTYPE_F64:
+      std::memcpy(&bits, &v, 8);
+      break;
+    case v1::DTYPE_F16:
+      bits = FloatToHalf(static_cast<float>(v));
+      break;
+    case v1::DTYPE_BF16:
+      bits = FloatToBf16(static_cast<float>(v));
+      break;
+    case v1::DTYPE_BOOL:
+      bits = v != 0.0 ? 1 : 0;
+      break;
+    case v1::DTYPE_I8:
+      bits = static_cast<uint8_t>(saturate(-128, 127));
+      break;
+    case v1::DTYPE_U8:
+      bits = static_cast<uint8_t>(saturate(0, 255));
+      break;
+    case v1::DTYPE_I16:
+      bits = static_cast<uint16_t>(saturate(-32768, 32767));
+      break;
+    case v1::DTYPE_I32:
+      bits = static_cast<uint32_t>(
+          saturate(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+      break;
+    default:
+      bits = static_cast<uint64_t>(
+          saturate(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+      break;
+  }
+  return bits;
+}
+
+Claim SupportsPad(const CudaDevice&, const KernelSpec& spec) {
+  absl::StatusOr<PadParams> p = PlanPad(spec);
+  if (!p.ok()) return Claim::No(absl::StrCat("cuda pad: ", p.status().message()));
+  return MovableDType(spec, "pad");
+}
+
+class PadKernel final : public CudaKernel {
+ public:
+  PadKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, PadParams params,
+            uint64_t value)
+      : CudaKernel(d, spec, absl::StrCat("nvrtc:pad_", DTypeSuffix(spec.outputs[0].dtype))),
+        fn_(std::move(fn)),
+        params_(params),
+        value_(value) {}
+
+ protected:
+  absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
+                       std::span<const CUdeviceptr> out) override {
+    CUdeviceptr x = in[0], y = out[0];
+    PadParams p = params_;
+    // The value argument has the element's size: its low bytes (little endian).
+    uint64_t value = value_;
+    void* args[] = {&x, &y, &p, &value};
+    return LaunchKernel(s, fn_.fn, GridFor(device_.caps(), p.count, 256), 1, 1, 256, 0, args);
+  }
+
+ private:
+  LoadedFunction fn_;
+  PadParams params_;
+  uint64_t value_;
+};
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreatePad(CudaDevice& d, const KernelSpec& spec,
+                                                           backend::PrepareContext& context) {
+  KILN_ASSIGN_OR_RETURN(PadParams p, PlanPad(spec));
+  const DType dt = spec.outputs[0].dtype;
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
+                        LoadFunction(d, "pad", KernelSource("pad.cu"),
+                                     absl::StrCat("kiln_pad_e", ElementSize(dt)), context));
+  return std::unique_ptr<backend::Kernel>(std::make_unique<PadKernel>(
+      d, spec, std::move(fn), p, PadValueBits(spec.attrs.pad().value(), dt)));
+}
+
 const CudaOpRegistration kRegistration({
+    {v1::OP_PAD, &SupportsPad, &CreatePad},
     {v1::OP_GATHER, &SupportsGather, &CreateGather},
     {v1::OP_TRANSPOSE, &SupportsStrided, &CreateStrided},
     {v1::OP_SLICE, &SupportsStrided, &CreateStrided},

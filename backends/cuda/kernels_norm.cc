@@ -1,6 +1,14 @@
 // Normalization and softmax: LayerNorm, RmsNorm, FusedResidualNorm
 // (kernels/norm.cu) and Softmax, LogSoftmax (kernels/softmax.cu), for f32,
 // f16 and bf16.
+//
+// Rows whose length is a multiple of a 16-byte vector (4 f32, 8 f16/bf16)
+// and at most 8192 vectors take the vectorized kernels when every pointer
+// of the launch is 16-byte aligned (checked per launch: planned buffers may
+// sit at any offset of an arena): one block per row, the row in registers
+// (NV in {1, 2, 4, 8} vectors per thread, at most 256 threads up to 2048
+// vectors, then up to 1024), 16-byte loads and stores, one read and one
+// write of each element. Other rows take the scalar kernels.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +24,33 @@ using backend::KernelSpec;
 // Threads per block for a row of `n`: a multiple of 32, up to 256.
 unsigned RowBlock(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 256));
+}
+
+// The vectorized layout of a row of `n` elements of `dtype`: vectors per
+// thread (0 = the row does not vectorize) and threads per block.
+struct VecLayout {
+  int nv = 0;
+  unsigned threads = 0;
+};
+
+VecLayout VecLayoutFor(DType dtype, int64_t n) {
+  const int64_t width = dtype == v1::DTYPE_F32 ? 4 : 8;
+  if (n <= 0 || n % width != 0) return {};
+  const int64_t nvec = n / width;
+  for (int nv : {1, 2, 4, 8}) {
+    if (nvec <= int64_t{256} * nv) {
+      return {nv, static_cast<unsigned>((((nvec + nv - 1) / nv) + 31) / 32 * 32)};
+    }
+  }
+  if (nvec > int64_t{1024} * 8) return {};
+  return {8, static_cast<unsigned>((((nvec + 7) / 8) + 31) / 32 * 32)};
+}
+
+bool Aligned16(std::initializer_list<CUdeviceptr> ptrs) {
+  for (CUdeviceptr p : ptrs) {
+    if (p % 16 != 0) return false;
+  }
+  return true;
 }
 
 struct NormPlan {
@@ -99,9 +134,15 @@ Claim SupportsNorm(const CudaDevice&, const KernelSpec& spec) {
 
 class NormKernel final : public CudaKernel {
  public:
-  NormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, NormPlan plan, int64_t rows,
-             int64_t n, std::string impl)
-      : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), plan_(plan), rows_(rows), n_(n) {}
+  NormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, LoadedFunction vec_fn,
+             VecLayout vec, NormPlan plan, int64_t rows, int64_t n, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        fn_(std::move(fn)),
+        vec_fn_(std::move(vec_fn)),
+        vec_(vec),
+        plan_(plan),
+        rows_(rows),
+        n_(n) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -120,11 +161,15 @@ class NormKernel final : public CudaKernel {
                     &n, &eps, &rms,   &has_res, &has_scale, &has_bias, &emit};
     const unsigned grid =
         static_cast<unsigned>(std::min<int64_t>(rows_, device_.caps().max_grid_x));
+    if (vec_.nv != 0 && Aligned16({x, res, scale, bias, y, sum})) {
+      return LaunchKernel(s, vec_fn_.fn, std::max(grid, 1u), 1, 1, vec_.threads, 0, args);
+    }
     return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, RowBlock(n_), 0, args);
   }
 
  private:
-  LoadedFunction fn_;
+  LoadedFunction fn_, vec_fn_;
+  VecLayout vec_;
   NormPlan plan_;
   int64_t rows_, n_;
 };
@@ -137,12 +182,21 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(CudaDevice& d, const
   for (int64_t k = 0; k < plan.axis; ++k) rows *= dims[k];
   for (size_t k = plan.axis; k < dims.size(); ++k) n *= dims[k];
   const std::string dt = DTypeSuffix(spec.inputs[0].dtype);
-  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "norm", KernelSource("norm.cu"),
-                                                        absl::StrCat("kiln_norm_", dt), context));
+  const std::string source = KernelSource("norm.cu");
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
+                        LoadFunction(d, "norm", source, absl::StrCat("kiln_norm_", dt), context));
+  const VecLayout vec = VecLayoutFor(spec.inputs[0].dtype, n);
+  LoadedFunction vec_fn;
+  if (vec.nv != 0) {
+    KILN_ASSIGN_OR_RETURN(
+        vec_fn,
+        LoadFunction(d, "norm", source, absl::StrCat("kiln_norm_v", vec.nv, "_", dt), context));
+  }
   const char* what = plan.residual ? (plan.rms ? "residual_rms_norm_" : "residual_layer_norm_")
                                    : (plan.rms ? "rms_norm_" : "layer_norm_");
-  return std::unique_ptr<backend::Kernel>(std::make_unique<NormKernel>(
-      d, spec, std::move(fn), plan, rows, n, absl::StrCat("nvrtc:", what, dt)));
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<NormKernel>(d, spec, std::move(fn), std::move(vec_fn), vec, plan, rows, n,
+                                   absl::StrCat("nvrtc:", what, dt, vec.nv != 0 ? "_vec" : "")));
 }
 
 // ---- Softmax / LogSoftmax ----
@@ -161,10 +215,12 @@ Claim SupportsSoftmax(const CudaDevice&, const KernelSpec& spec) {
 
 class SoftmaxKernel final : public CudaKernel {
  public:
-  SoftmaxKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, int64_t outer, int64_t n,
-                int64_t inner, bool log, std::string impl)
+  SoftmaxKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, LoadedFunction vec_fn,
+                VecLayout vec, int64_t outer, int64_t n, int64_t inner, bool log, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         fn_(std::move(fn)),
+        vec_fn_(std::move(vec_fn)),
+        vec_(vec),
         outer_(outer),
         n_(n),
         inner_(inner),
@@ -180,6 +236,9 @@ class SoftmaxKernel final : public CudaKernel {
       void* args[] = {&x, &y, &outer, &n, &log};
       const unsigned grid =
           static_cast<unsigned>(std::min<int64_t>(outer_, device_.caps().max_grid_x));
+      if (vec_.nv != 0 && Aligned16({x, y})) {
+        return LaunchKernel(s, vec_fn_.fn, std::max(grid, 1u), 1, 1, vec_.threads, 0, args);
+      }
       return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, RowBlock(n_), 0, args);
     }
     void* args[] = {&x, &y, &outer, &n, &inner, &log};
@@ -188,7 +247,8 @@ class SoftmaxKernel final : public CudaKernel {
   }
 
  private:
-  LoadedFunction fn_;
+  LoadedFunction fn_, vec_fn_;
+  VecLayout vec_;
   int64_t outer_, n_, inner_;
   bool log_;
 };
@@ -206,11 +266,18 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateSoftmax(CudaDevice& d,
   for (size_t k = axis + 1; k < dims.size(); ++k) inner *= dims[k];
   const std::string dt = DTypeSuffix(spec.inputs[0].dtype);
   const std::string fn_name = absl::StrCat("kiln_softmax_", inner == 1 ? "rows_" : "cols_", dt);
-  KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
-                        LoadFunction(d, "softmax", KernelSource("softmax.cu"), fn_name, context));
+  const std::string source = KernelSource("softmax.cu");
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "softmax", source, fn_name, context));
+  const VecLayout vec = inner == 1 ? VecLayoutFor(spec.inputs[0].dtype, dims[axis]) : VecLayout{};
+  LoadedFunction vec_fn;
+  if (vec.nv != 0) {
+    KILN_ASSIGN_OR_RETURN(
+        vec_fn, LoadFunction(d, "softmax", source, absl::StrCat("kiln_softmax_v", vec.nv, "_", dt),
+                             context));
+  }
   return std::unique_ptr<backend::Kernel>(std::make_unique<SoftmaxKernel>(
-      d, spec, std::move(fn), outer, dims[axis], inner, log,
-      absl::StrCat("nvrtc:", log ? "log_softmax_" : "softmax_", dt)));
+      d, spec, std::move(fn), std::move(vec_fn), vec, outer, dims[axis], inner, log,
+      absl::StrCat("nvrtc:", log ? "log_softmax_" : "softmax_", dt, vec.nv != 0 ? "_vec" : "")));
 }
 
 const CudaOpRegistration kRegistration({

@@ -4,7 +4,9 @@
 # the GPU devices, each in this process and in device workers; then the
 # benchmarks: Kiln's cuda:0 matmul vs cuBLAS in one process (f32, bf16 at
 # n = 1024 / 4096), and the BERT-base encoder layer (fp32, B8 S128) on
-# cuda:0 vs vulkan:0 (alternating runs) with PyTorch eager as the reference.
+# cuda:0 vs vulkan:0 (alternating runs) with PyTorch eager as the reference;
+# cuda_bandwidth_gemm.sh (norms and GELU vs copy bandwidth and PyTorch, bf16
+# GEMMs 4096/8192 plain and with bias + GELU vs cuBLAS(Lt)).
 # Prints the key results and ratios; the main logs and JSON under $OUT (at
 # most 8 files come back), the rest under /tmp/cuda-logs.
 set -u
@@ -84,4 +86,5 @@ grep -E 'implementation: |path: ' "$logs/encoder_report_cuda.txt" | sort | uniq 
 # Per-kernel device times of one cuda:0 encoder run (CUDA events).
 awk '/implementation:/{impl=$2} /duration_micros:/{printf "  %8.1f us  %s\n", $2, impl}' \
   "$logs/encoder_report_cuda.txt" | head -40
+source "$here/cuda_bandwidth_gemm.sh"
 echo done

@@ -65,6 +65,14 @@ __device__ __forceinline__ float k_gelu(float x) {
   if (isinf(x)) return x > 0.0f ? x : 0.0f;
   return 0.5f * x * erfcf(-x * 0.70710678118654752f);
 }
+// GELU for f16/bf16 results: 0.5 x (1 + erf(x / sqrt 2)) where x >= -3,
+// whose cancellation error there (< 1e-4 relative) is below half an f16
+// ulp, at a third of erfc's cost; k_gelu's erfc form below -3, infinities
+// and NaN.
+__device__ __forceinline__ float k_gelu_lowp(float x) {
+  if (x >= -3.0f && x < K_INF) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  return k_gelu(x);
+}
 __device__ __forceinline__ float k_gelu_tanh(float x) {
   if (isinf(x)) return x > 0.0f ? x : 0.0f;
   const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
@@ -105,4 +113,121 @@ __device__ __forceinline__ float k_block_max(float v, float* scratch) {
   const int warps = blockDim.x >> 5;
   v = lane < warps ? scratch[lane] : -K_INF;
   return k_warp_max(v);
+}
+
+// Integer storage types and double-precision block sums (the reductions
+// that accumulate in f64 or in wrapping 64-bit integers: Reduce's general
+// path, Cumsum, ArgMax, the losses).
+typedef signed char k_i8;
+typedef unsigned char k_u8;
+typedef short k_i16;
+typedef int k_i32;
+
+// A value as its accumulation type: f64 for the float types, i64 for the
+// integers (sums and products then wrap through u64, as the dtype does).
+__device__ __forceinline__ double k_acc(const float* p, k_i64 i) { return p[i]; }
+__device__ __forceinline__ double k_acc(const k_f16* p, k_i64 i) { return k_f16_to_f32(p[i].bits); }
+__device__ __forceinline__ double k_acc(const k_bf16* p, k_i64 i) { return k_bf16_to_f32(p[i].bits); }
+__device__ __forceinline__ k_i64 k_acc(const k_i8* p, k_i64 i) { return p[i]; }
+__device__ __forceinline__ k_i64 k_acc(const k_u8* p, k_i64 i) { return p[i]; }
+__device__ __forceinline__ k_i64 k_acc(const k_i16* p, k_i64 i) { return p[i]; }
+__device__ __forceinline__ k_i64 k_acc(const k_i32* p, k_i64 i) { return p[i]; }
+__device__ __forceinline__ k_i64 k_acc(const k_i64* p, k_i64 i) { return p[i]; }
+// Stores of an accumulated value: floats round (f64 -> f32 -> storage),
+// integers wrap to the dtype's width.
+__device__ __forceinline__ void k_put(float* p, k_i64 i, double v) { p[i] = static_cast<float>(v); }
+__device__ __forceinline__ void k_put(k_f16* p, k_i64 i, double v) { k_store(p, i, static_cast<float>(v)); }
+__device__ __forceinline__ void k_put(k_bf16* p, k_i64 i, double v) { k_store(p, i, static_cast<float>(v)); }
+__device__ __forceinline__ void k_put(k_i8* p, k_i64 i, k_i64 v) { p[i] = static_cast<k_i8>(v); }
+__device__ __forceinline__ void k_put(k_u8* p, k_i64 i, k_i64 v) { p[i] = static_cast<k_u8>(v); }
+__device__ __forceinline__ void k_put(k_i16* p, k_i64 i, k_i64 v) { p[i] = static_cast<k_i16>(v); }
+__device__ __forceinline__ void k_put(k_i32* p, k_i64 i, k_i64 v) { p[i] = static_cast<k_i32>(v); }
+__device__ __forceinline__ void k_put(k_i64* p, k_i64 i, k_i64 v) { p[i] = v; }
+__device__ __forceinline__ bool k_isnan(double v) { return isnan(v); }
+__device__ __forceinline__ bool k_isnan(k_i64) { return false; }
+__device__ __forceinline__ double k_add(double a, double b) { return a + b; }
+__device__ __forceinline__ k_i64 k_add(k_i64 a, k_i64 b) {
+  return static_cast<k_i64>(static_cast<k_u64>(a) + static_cast<k_u64>(b));
+}
+__device__ __forceinline__ double k_mul(double a, double b) { return a * b; }
+__device__ __forceinline__ k_i64 k_mul(k_i64 a, k_i64 b) {
+  return static_cast<k_i64>(static_cast<k_u64>(a) * static_cast<k_u64>(b));
+}
+
+__device__ __forceinline__ double k_warp_sum_f64(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// `scratch` holds 32 doubles; every thread gets the result.
+__device__ __forceinline__ double k_block_sum_f64(double v, double* scratch) {
+  v = k_warp_sum_f64(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  v = lane < warps ? scratch[lane] : 0.0;
+  return k_warp_sum_f64(v);
+}
+
+// 16-byte vector access: K_VEC<T>::N elements of T at p + i, where p + i is
+// 16-byte aligned (the caller checks the base pointers and keeps i a
+// multiple of N), converted to / from f32 registers.
+struct alignas(16) k_v16 { unsigned x, y, z, w; };
+template <typename T> struct K_VEC;
+template <> struct K_VEC<float> { enum { N = 4 }; };
+template <> struct K_VEC<k_f16> { enum { N = 8 }; };
+template <> struct K_VEC<k_bf16> { enum { N = 8 }; };
+__device__ __forceinline__ float k_half_word(const k_f16*, unsigned short h) { return k_f16_to_f32(h); }
+__device__ __forceinline__ float k_half_word(const k_bf16*, unsigned short h) { return k_bf16_to_f32(h); }
+__device__ __forceinline__ unsigned short k_word_half(const k_f16*, float v) { return k_f32_to_f16(v); }
+__device__ __forceinline__ unsigned short k_word_half(const k_bf16*, float v) { return k_f32_to_bf16(v); }
+// Unpacked to / packed from f32 registers: a row kept as packed vectors
+// needs half the registers of its f32 values for f16/bf16.
+__device__ __forceinline__ void k_unpack(const float*, const k_v16& u, float* v) {
+  v[0] = __uint_as_float(u.x), v[1] = __uint_as_float(u.y);
+  v[2] = __uint_as_float(u.z), v[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ k_v16 k_pack(const float*, const float* v) {
+  k_v16 u;
+  u.x = __float_as_uint(v[0]), u.y = __float_as_uint(v[1]);
+  u.z = __float_as_uint(v[2]), u.w = __float_as_uint(v[3]);
+  return u;
+}
+template <typename H>
+__device__ __forceinline__ void k_unpack(const H* tag, const k_v16& u, float* v) {
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = k_half_word(tag, static_cast<unsigned short>(w[k] & 0xffffu));
+    v[2 * k + 1] = k_half_word(tag, static_cast<unsigned short>(w[k] >> 16));
+  }
+}
+template <typename H>
+__device__ __forceinline__ k_v16 k_pack(const H* tag, const float* v) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    w[k] = static_cast<unsigned>(k_word_half(tag, v[2 * k])) |
+           (static_cast<unsigned>(k_word_half(tag, v[2 * k + 1])) << 16);
+  }
+  k_v16 u;
+  u.x = w[0], u.y = w[1], u.z = w[2], u.w = w[3];
+  return u;
+}
+template <typename T>
+__device__ __forceinline__ k_v16 k_ldraw(const T* p, k_i64 i) {
+  return *reinterpret_cast<const k_v16*>(p + i);
+}
+template <typename T>
+__device__ __forceinline__ void k_straw(T* p, k_i64 i, const k_v16& u) {
+  *reinterpret_cast<k_v16*>(p + i) = u;
+}
+template <typename T>
+__device__ __forceinline__ void k_ldv(const T* p, k_i64 i, float* v) {
+  k_unpack(p, k_ldraw(p, i), v);
+}
+template <typename T>
+__device__ __forceinline__ void k_stv(T* p, k_i64 i, const float* v) {
+  k_straw(p, i, k_pack(p, v));
 }

@@ -68,3 +68,91 @@ __device__ void reduce_cols(const T* x, T* y, k_i64 outer, k_i64 r, k_i64 inner,
 KILN_REDUCE(f32, float)
 KILN_REDUCE(f16, k_f16)
 KILN_REDUCE(bf16, k_bf16)
+
+// The general path: any axes, any float or integer dtype. Output element o
+// (row-major over the kept dims) folds the reduced dims' elements in
+// row-major order; one block per output (blocks striding), threads striding
+// over the reduced elements, then a fixed-order tree in shared memory.
+// Floats accumulate in f64 (max/min propagate NaN), integers in i64 with
+// sums and products wrapping as the dtype does. An empty reduction gives the
+// identity (mean: NaN). blockDim.x is a power of two, at most 256.
+#define K_RED_MAX_RANK 8
+struct ReduceGen {
+  k_i64 kept_rank, red_rank, n_out, n_red;
+  k_i64 kept_dims[K_RED_MAX_RANK], kept_str[K_RED_MAX_RANK];
+  k_i64 red_dims[K_RED_MAX_RANK], red_str[K_RED_MAX_RANK];
+};
+
+template <typename A>
+__device__ __forceinline__ A reduce_gen_init(int kind);
+template <>
+__device__ __forceinline__ double reduce_gen_init<double>(int kind) {
+  return kind == 2 ? -__longlong_as_double(0x7ff0000000000000ll)
+         : kind == 3 ? __longlong_as_double(0x7ff0000000000000ll)
+         : kind == 4 ? 1.0 : 0.0;
+}
+template <>
+__device__ __forceinline__ k_i64 reduce_gen_init<k_i64>(int kind) {
+  return kind == 2 ? static_cast<k_i64>(0x8000000000000000ull)
+         : kind == 3 ? 0x7fffffffffffffffll
+         : kind == 4 ? 1 : 0;
+}
+template <typename A>
+__device__ __forceinline__ A reduce_gen_step(int kind, A a, A x) {
+  switch (kind) {
+    case 2: return (k_isnan(a) || k_isnan(x)) ? (k_isnan(a) ? a : x) : (x > a ? x : a);
+    case 3: return (k_isnan(a) || k_isnan(x)) ? (k_isnan(a) ? a : x) : (x < a ? x : a);
+    case 4: return k_mul(a, x);
+    default: return k_add(a, x);
+  }
+}
+
+template <typename T>
+__device__ void reduce_gen(const T* x, T* y, const ReduceGen& p, int kind) {
+  typedef decltype(k_acc(x, 0)) A;
+  __shared__ A partial[256];
+  for (k_i64 o = blockIdx.x; o < p.n_out; o += gridDim.x) {
+    k_i64 base = 0, rem = o;
+    for (int k = static_cast<int>(p.kept_rank) - 1; k >= 0; --k) {
+      base += (rem % p.kept_dims[k]) * p.kept_str[k];
+      rem /= p.kept_dims[k];
+    }
+    A acc = reduce_gen_init<A>(kind);
+    for (k_i64 j = threadIdx.x; j < p.n_red; j += blockDim.x) {
+      k_i64 off = base;
+      rem = j;
+      for (int k = static_cast<int>(p.red_rank) - 1; k >= 0; --k) {
+        off += (rem % p.red_dims[k]) * p.red_str[k];
+        rem /= p.red_dims[k];
+      }
+      acc = reduce_gen_step(kind, acc, k_acc(x, off));
+    }
+    __syncthreads();
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        partial[threadIdx.x] = reduce_gen_step(kind, partial[threadIdx.x], partial[threadIdx.x + s]);
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      A v = partial[0];
+      if (kind == 1) v = v / static_cast<A>(p.n_red);
+      k_put(y, o, v);
+    }
+  }
+}
+
+#define KILN_REDUCE_GEN(S, T)                                                                  \
+  extern "C" __global__ void kiln_reduce_gen_##S(const T* x, T* y, ReduceGen p, int kind) {    \
+    reduce_gen<T>(x, y, p, kind);                                                              \
+  }
+KILN_REDUCE_GEN(f32, float)
+KILN_REDUCE_GEN(f16, k_f16)
+KILN_REDUCE_GEN(bf16, k_bf16)
+KILN_REDUCE_GEN(i8, k_i8)
+KILN_REDUCE_GEN(u8, k_u8)
+KILN_REDUCE_GEN(i16, k_i16)
+KILN_REDUCE_GEN(i32, k_i32)
+KILN_REDUCE_GEN(i64, k_i64)

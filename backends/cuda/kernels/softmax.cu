@@ -51,3 +51,65 @@ __device__ void softmax_cols(const T* x, T* y, k_i64 outer, k_i64 n, k_i64 inner
 KILN_SOFTMAX(f32, float)
 KILN_SOFTMAX(f16, k_f16)
 KILN_SOFTMAX(bf16, k_bf16)
+
+// The vectorized row form (n a multiple of K_VEC<T>::N, 16-byte aligned
+// pointers; the host checks): the row in registers as packed 16-byte words
+// (NV per thread), read once and written once with 16-byte accesses.
+template <typename T, int NV>
+__device__ void softmax_vec(const T* x, T* y, k_i64 rows, k_i64 n, int log_out) {
+  constexpr int N = K_VEC<T>::N;
+  __shared__ float scratch[32];
+  const k_i64 nvec = n / N;
+  for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const k_i64 base = row * n;
+    k_v16 raw[NV];
+    float m = -K_INF;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j < nvec) {
+        raw[k] = k_ldraw(x, base + j * N);
+        float v[N];
+        k_unpack(x, raw[k], v);
+#pragma unroll
+        for (int l = 0; l < N; ++l) m = k_max(m, v[l]);
+      }
+    }
+    m = k_block_max(m, scratch);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j < nvec) {
+        float v[N];
+        k_unpack(x, raw[k], v);
+#pragma unroll
+        for (int l = 0; l < N; ++l) s += expf(v[l] - m);
+      }
+    }
+    s = k_block_sum(s, scratch);
+    const float inv = 1.0f / s, log_s = logf(s);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+      if (j >= nvec) continue;
+      float v[N];
+      k_unpack(x, raw[k], v);
+#pragma unroll
+      for (int l = 0; l < N; ++l) v[l] = log_out ? (v[l] - m) - log_s : expf(v[l] - m) * inv;
+      k_stv(y, base + j * N, v);
+    }
+  }
+}
+
+#define KILN_SOFTMAX_VEC(S, T, NV)                                                            \
+  extern "C" __global__ void __launch_bounds__(NV == 8 ? 1024 : 256, NV == 8 ? 1 : 4) kiln_softmax_v##NV##_##S(const T* x, T* y, k_i64 rows, k_i64 n,  \
+                                                      int log_out) {                          \
+    softmax_vec<T, NV>(x, y, rows, n, log_out);                                               \
+  }
+#define KILN_SOFTMAX_VECS(S, T)                                                  \
+  KILN_SOFTMAX_VEC(S, T, 1) KILN_SOFTMAX_VEC(S, T, 2) KILN_SOFTMAX_VEC(S, T, 4) \
+  KILN_SOFTMAX_VEC(S, T, 8)
+KILN_SOFTMAX_VECS(f32, float)
+KILN_SOFTMAX_VECS(f16, k_f16)
+KILN_SOFTMAX_VECS(bf16, k_bf16)

@@ -436,5 +436,102 @@ TEST_F(CudaDeviceTest, MatMulEpiloguesAndBroadcastBatches) {
   }
 }
 
+// ---- vectorized kernels: 16-byte aligned launches and misaligned ones ----
+
+// LayerNorm (scale, bias), RmsNorm, Softmax and GELU on rows that vectorize,
+// launched once on aligned views and once on views 2 elements into their
+// buffers (not 16-byte aligned: the scalar kernels run); both must match
+// the f64 reference. Rows of 264 (1 or 2 vectors per thread) and of 16392
+// (8 vectors per thread, 288 / 544 threads: the 1024-thread launch bound).
+TEST_F(CudaDeviceTest, VectorizedKernelsMatchAlignedOrNot) {
+  const int64_t rows = 7;
+  for (const auto& [dt, n] : std::vector<std::pair<DType, int64_t>>{{v1::DTYPE_BF16, 264},
+                                                                    {v1::DTYPE_F32, 264},
+                                                                    {v1::DTYPE_BF16, 16392},
+                                                                    {v1::DTYPE_F32, 16392}}) {
+    for (const char* op : {"layer_norm", "rms_norm", "softmax", "gelu"}) {
+      SCOPED_TRACE(absl::StrCat(op, " ", DTypeName(dt), " n=", n));
+      KernelSpec s;
+      s.name = s.label = op;
+      s.inputs = {{dt, {rows, n}}};
+      s.outputs = {{dt, {rows, n}}};
+      if (std::string(op) == "layer_norm") {
+        s.op = v1::OP_LAYER_NORM;
+        s.attrs.mutable_layer_norm();
+        s.inputs.push_back({dt, {n}});
+        s.inputs.push_back({dt, {n}});
+      } else if (std::string(op) == "rms_norm") {
+        s.op = v1::OP_RMS_NORM;
+        s.attrs.mutable_rms_norm();
+        s.inputs.push_back({dt, {n}});
+      } else if (std::string(op) == "softmax") {
+        s.op = v1::OP_SOFTMAX;
+        s.attrs.mutable_softmax();
+      } else {
+        s.op = v1::OP_UNARY;
+        s.attrs.mutable_unary()->set_kind(v1::UNARY_GELU);
+      }
+      backend::PrepareContext ctx;
+      auto k = dev_->PrepareKernel(s, ctx);
+      ASSERT_TRUE(k.ok()) << k.status();
+      if (s.op != v1::OP_UNARY) {
+        EXPECT_NE((*k)->implementation().find("_vec"), std::string::npos) << (*k)->implementation();
+      }
+      const int64_t es = ElementSize(dt);
+      std::vector<std::vector<double>> vals;
+      for (size_t i = 0; i < s.inputs.size(); ++i) {
+        vals.push_back(Random(dt, Count(s.inputs[i].dims), 100 + i));
+        if (i > 0) {
+          for (double& v : vals.back()) v = Decode(dt, Encode(dt, {1 + 0.5 * v}).data());
+        } else {
+          for (double& v : vals.back()) v = Decode(dt, Encode(dt, {3 * v + 0.5}).data());
+        }
+      }
+      // The f64 reference.
+      std::vector<double> want(rows * n);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* x = vals[0].data() + r * n;
+        double mean = 0, sq = 0, mx = -INFINITY, se = 0;
+        for (int64_t j = 0; j < n; ++j) mean += x[j], mx = std::max(mx, x[j]);
+        mean /= n;
+        if (s.op == v1::OP_RMS_NORM) mean = 0;
+        for (int64_t j = 0; j < n; ++j)
+          sq += (x[j] - mean) * (x[j] - mean), se += std::exp(x[j] - mx);
+        const double rstd = 1 / std::sqrt(sq / n + (s.op == v1::OP_RMS_NORM ? 1e-6 : 1e-5));
+        for (int64_t j = 0; j < n; ++j) {
+          double& w = want[r * n + j];
+          if (s.op == v1::OP_LAYER_NORM) w = (x[j] - mean) * rstd * vals[1][j] + vals[2][j];
+          if (s.op == v1::OP_RMS_NORM) w = x[j] * rstd * vals[1][j];
+          if (s.op == v1::OP_SOFTMAX) w = std::exp(x[j] - mx) / se;
+          if (s.op == v1::OP_UNARY) w = Act(v1::UNARY_GELU, x[j]);
+        }
+      }
+      for (int64_t shift : {int64_t{0}, 2 * es}) {
+        SCOPED_TRACE(absl::StrCat("offset ", shift));
+        std::vector<std::unique_ptr<backend::Buffer>> bufs;
+        std::vector<backend::BufferView> ins;
+        for (size_t i = 0; i < s.inputs.size(); ++i) {
+          std::vector<char> bytes(shift, 0);
+          const std::vector<char> enc = Encode(dt, vals[i]);
+          bytes.insert(bytes.end(), enc.begin(), enc.end());
+          bufs.push_back(Upload(bytes.data(), static_cast<int64_t>(bytes.size())));
+          ins.push_back({bufs.back().get(), shift, static_cast<int64_t>(enc.size())});
+        }
+        const int64_t out_bytes = rows * n * es;
+        auto out = dev_->Allocate(out_bytes + shift);
+        ASSERT_TRUE(out.ok()) << out.status();
+        const std::vector<backend::BufferView> outs = {{out->get(), shift, out_bytes}};
+        ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+        const std::vector<char> got = Download(**out, out_bytes, shift);
+        const double tol = dt == v1::DTYPE_BF16 ? 1.0 / 128 : 1e-5;
+        for (int64_t e = 0; e < rows * n; ++e) {
+          const double g = Decode(dt, &got[e * es]);
+          ASSERT_NEAR(g, want[e], tol * (1 + std::fabs(want[e]))) << "element " << e;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cuda

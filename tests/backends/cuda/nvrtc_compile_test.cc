@@ -95,6 +95,18 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
       wanted.push_back({"softmax.cu", absl::StrCat("kiln_softmax_", shape, dt)});
       wanted.push_back({"reduce.cu", absl::StrCat("kiln_reduce_", shape, dt)});
     }
+    wanted.push_back({"rope.cu", absl::StrCat("kiln_rope_", dt)});
+    for (const char* loss : {"kiln_xent_", "kiln_mse_", "kiln_loss_sum_"}) {
+      wanted.push_back({"loss.cu", absl::StrCat(loss, dt)});
+    }
+  }
+  // Reduce's general path, Cumsum and ArgMax: the float and integer types.
+  for (const char* dt : {"f32", "f16", "bf16", "i8", "u8", "i16", "i32", "i64"}) {
+    wanted.push_back({"reduce.cu", absl::StrCat("kiln_reduce_gen_", dt)});
+    wanted.push_back({"scan.cu", absl::StrCat("kiln_cumsum_", dt)});
+    for (const char* it : {"i32", "i64"}) {
+      wanted.push_back({"scan.cu", absl::StrCat("kiln_argmax_", dt, "_", it)});
+    }
   }
   for (int e : {1, 2, 4, 8}) {
     wanted.push_back({"strided_copy.cu", absl::StrCat("kiln_strided_copy_e", e)});
@@ -102,6 +114,7 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     for (DType it : {v1::DTYPE_I32, v1::DTYPE_I64, v1::DTYPE_I16, v1::DTYPE_I8, v1::DTYPE_U8}) {
       wanted.push_back({"gather.cu", absl::StrCat("kiln_gather_e", e, "_", DTypeName(it))});
     }
+    wanted.push_back({"pad.cu", absl::StrCat("kiln_pad_e", e)});
   }
   std::map<std::string, std::string> cubins;
   for (const auto& [source, entry] : wanted) {
@@ -169,6 +182,43 @@ TEST_F(NvrtcCompileTest, BinaryCompareWhereClamp) {
     s.attrs.mutable_clamp()->set_max(200.25);
     CompileElementwise(s);
   }
+}
+
+// Inputs read at the output's own index get the 16-byte vectorized loop
+// (width = 16 bytes / the widest operand), beside the scalar loop for the
+// tail and unaligned launches; a broadcast input keeps the scalar loop only.
+TEST_F(NvrtcCompileTest, VectorizedLoopWhereNoInputBroadcasts) {
+  KernelSpec gelu = Elementwise(v1::OP_UNARY, {{v1::DTYPE_BF16, {8192, 8192}}},
+                                {v1::DTYPE_BF16, {8192, 8192}}, "unary_gelu_bf16_vec");
+  gelu.attrs.mutable_unary()->set_kind(v1::UNARY_GELU);
+  absl::StatusOr<backend::ElementwiseRegion> region = backend::DecodeSpec(gelu);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::string source = GenerateElementwise(gelu, *region);
+  EXPECT_NE(source.find("struct alignas(16) kiln_vin0 { unsigned short a[8]; };"),
+            std::string::npos)
+      << source;
+  EXPECT_NE(source.find("& 15ull) == 0ull"), std::string::npos) << source;
+  CompileElementwise(gelu);
+
+  // f32 with a scalar operand: 4 lanes; the scalar operand is read as before.
+  KernelSpec mixed = Elementwise(v1::OP_BINARY, {{v1::DTYPE_F32, {1001}}, {v1::DTYPE_F32, {}}},
+                                 {v1::DTYPE_F32, {1001}}, "binary_add_f32_scalar_vec");
+  mixed.attrs.mutable_binary()->set_kind(v1::BINARY_ADD);
+  region = backend::DecodeSpec(mixed);
+  ASSERT_TRUE(region.ok()) << region.status();
+  source = GenerateElementwise(mixed, *region);
+  EXPECT_NE(source.find("kiln_vin0 { float a[4]; }"), std::string::npos) << source;
+  EXPECT_EQ(source.find("kiln_vin1"), std::string::npos) << source;
+  CompileElementwise(mixed);
+
+  KernelSpec bcast = Elementwise(v1::OP_BINARY, {{v1::DTYPE_F16, {4, 64}}, {v1::DTYPE_F16, {64}}},
+                                 {v1::DTYPE_F16, {4, 64}}, "binary_add_f16_broadcast");
+  bcast.attrs.mutable_binary()->set_kind(v1::BINARY_ADD);
+  region = backend::DecodeSpec(bcast);
+  ASSERT_TRUE(region.ok()) << region.status();
+  source = GenerateElementwise(bcast, *region);
+  EXPECT_EQ(source.find("kiln_vin"), std::string::npos) << source;
+  CompileElementwise(bcast);
 }
 
 TEST_F(NvrtcCompileTest, CastsToAndFromEveryType) {
