@@ -296,6 +296,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
       return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
     }
   }
+  const bool resumed = given.contains(train::kStepParam);
   std::vector<TensorRef> all;
   std::vector<HostTensor> zeros;
   zeros.reserve(lir.params_size());
@@ -310,6 +311,14 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
         return absl::InvalidArgumentError(absl::StrCat(
             "param \"", name, "\" (", DTypeName(want.dtype()), DimsToString(dims),
             ") of the training step is not given"));
+      }
+      // Given steps taken means a continued run (a restored checkpoint): state
+      // that silently started at zero would not continue it.
+      if (resumed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state \"", name, "\" (", DTypeName(want.dtype()),
+                         DimsToString(dims), ") is not given, but \"", train::kStepParam,
+                         "\" is: a continued run needs all of its optimizer state"));
       }
       KILN_ASSIGN_OR_RETURN(HostTensor z, HostTensor::Create(want.dtype(), dims));
       zeros.push_back(std::move(z));
