@@ -729,6 +729,28 @@ TEST(TrainClientTest, CheckpointsRestoreExactlyAndRefuseWhatDoesNotFit) {
   refused(raw("empty", ""), "shorter than the 8-byte header length", info);
   refused(dir.path() + "/absent.safetensors", "absent.safetensors", info);
 
+  // kilnd's checks of optimizer state set directly: the step's type, the
+  // state's names; and an inference session takes no state at all.
+  {
+    const v1::CreateSessionResponse t = open(&init);
+    auto set = [&](const std::string& name, HostTensor v, const std::string& session) {
+      TensorMap m;
+      m.emplace(name, std::move(v));
+      return (*client)->SetParams(session, m).status();
+    };
+    absl::Status st =
+        set("opt/step", HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {1}), t.session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/step\" is i64[] (the steps taken)"));
+    st = set("opt/w1/zz", HostTensor::Create(v1::DTYPE_F32, {10, 24}).value(), t.session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/w1/zz\" is no optimizer state"));
+    auto plain = (*client)->CreateSession(Source(kMlp), {});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    st = set("opt/w1/m", HostTensor::Create(v1::DTYPE_F32, {10, 24}).value(), plain->session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/w1/m\" is not a param of the graph"));
+    EXPECT_TRUE((*client)->CloseSession(plain->session_id()).ok());
+    EXPECT_TRUE((*client)->CloseSession(t.session_id()).ok());
+  }
+
   // State missing from a continued run: SetParams takes the file, the next
   // step refuses to continue from zero moments.
   const std::string partial = variant("no_v", [](auto& t, auto&) { t.erase("opt/w1/v"); });
