@@ -235,6 +235,10 @@ class CheckpointTest(unittest.TestCase):
                 "opt/step holds 2 but the metadata's step is 5")
         refused(variant("newer", lambda t, m: m.update(format_version="2")),
                 "format_version 2 is newer than this client reads (1)")
+        refused(variant("long_step", lambda t, m: m.update(step="9" * 5000)),
+                "is not a non-negative integer")
+        refused(variant("odd_digits", lambda t, m: m.update(format_version="\u00b2")),
+                "is not a positive integer")
         refused(variant("not_kiln", lambda t, m: m.pop("graph_sha256")),
                 "the metadata has no 'graph_sha256'")
         with self.assertRaises(kiln.KilnError) as e:

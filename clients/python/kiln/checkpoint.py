@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -31,6 +32,7 @@ VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
 _OWN_KEYS = ("format", "format_version", "step", "training_spec", "graph_sha256")
 _STEP = "opt/step"
+_COUNT = re.compile(r"[0-9]{1,18}")  # fits int64; no signs, spaces or other scripts' digits
 
 # safetensors dtype names <-> numpy (bf16 as uint16 bit patterns, as _dtypes).
 _NUMPY = {
@@ -235,14 +237,14 @@ def check(path, spec, graph_sha256, signature):
     if get("format") != FORMAT:
         raise CheckpointError(f"{where}: format is {meta['format']!r}, not {FORMAT!r}")
     version = get("format_version")
-    if not version.isdigit() or int(version) < 1:
-        raise CheckpointError(f"{where}: format_version {version!r} is not a positive integer")
+    if not _COUNT.fullmatch(version) or int(version) < 1:
+        raise CheckpointError(f"{where}: format_version {version[:40]!r} is not a positive integer")
     if int(version) > VERSION:
         raise CheckpointError(f"{where}: format_version {version} is newer than this client "
                               f"reads ({VERSION}): upgrade the client")
     step_text = get("step")
-    if not step_text.isdigit():
-        raise CheckpointError(f"{where}: step {step_text!r} is not a non-negative integer")
+    if not _COUNT.fullmatch(step_text):
+        raise CheckpointError(f"{where}: step {step_text[:40]!r} is not a non-negative integer")
     step = int(step_text)
     saved = train_pb2.TrainingSpec()
     try:
