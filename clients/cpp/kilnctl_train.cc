@@ -227,7 +227,9 @@ void AddTrainCommand(CLI::App& app, TrainFlags& f) {
   cmd->add_option("--min-lr", f.min_lr, "cosine: the final learning rate");
   cmd->add_option("--batch", f.batch, "examples per step")->capture_default_str();
   cmd->add_option("--epochs", f.epochs, "passes over the data")->capture_default_str();
-  cmd->add_option("--steps", f.max_steps, "stop after this many steps (0 = all epochs)");
+  cmd->add_option(
+      "--steps", f.max_steps,
+      "stop at this step of the run, steps before a --resume included (0 = all epochs)");
   cmd->add_option("--shuffle-seed", f.shuffle_seed, "shuffle each epoch with this seed (0 = no)");
   cmd->add_option("--log-every", f.log_every,
                   "a plain progress line every N steps (default: about 20 over the run)");
