@@ -9,13 +9,14 @@
 #include "engine/compile/disk_cache.h"
 #include "engine/compile/executable_cache.h"
 #include "engine/compile/pipeline.h"
+#include "engine/passes/vmap.h"
 #include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
-#include "engine/runtime/device_registry.h"
 #include "engine/runtime/device_health.h"
+#include "engine/runtime/device_registry.h"
 #include "engine/runtime/fair_scheduler.h"
-#include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
+#include "engine/runtime/program.h"
 #include "engine/train/train_step.h"
 #include "spdlog/spdlog.h"
 
@@ -244,11 +245,18 @@ absl::StatusOr<GraphSignature> Engine::Inspect(const v1::Graph& graph) const {
 }
 
 absl::StatusOr<CompileResult> Engine::Compile(
-    const v1::Graph& graph, const CompileOptions& options,
-    const std::vector<std::pair<std::string, Dims>>& shapes) {
+    const v1::Graph& graph, const CompileOptions& given_options,
+    const std::vector<std::pair<std::string, Dims>>& given_shapes) {
   const auto t0 = Clock::now();
   CompileResult result;
   v1::CompileReport& report = result.report;
+  // A vmapped graph's run shapes carry the batch; the graph specializes per
+  // example (and the batch fixes VmapSpec.size when it is 0).
+  CompileOptions options = given_options;
+  std::vector<std::pair<std::string, Dims>> shapes = given_shapes;
+  if (options.transforms.has_vmap() && !shapes.empty()) {
+    KILN_RETURN_IF_ERROR(passes::UnbatchShapes(*options.transforms.mutable_vmap(), shapes));
+  }
   KILN_ASSIGN_OR_RETURN(compile::HirGraph hir,
                         impl_->pipeline->Hir(graph, options, shapes, report));
   // A pinned device that is being restarted fails fast, as its runs do.

@@ -1,7 +1,7 @@
 """Training and autodiff through kilnd with the Python package (ctest label
 `clients`): train_session(...).step(...) matches PyTorch over 100 steps (the
 reference of tests/engine/train/torch_reference.py), kiln.grad / kiln.hvp
-through one-shot runs, the server's errors for bad training requests, and
+and kiln.vmap (per-slice runs, per-example gradients) through one-shot runs, the server's errors for bad training requests, and
 checkpoints: TrainSession.save / train_session(resume=...) continue a run bit
 for bit, and bad or hostile files are refused with errors naming the fault.
 
@@ -114,6 +114,36 @@ class TrainTest(unittest.TestCase):
         v = np.array([1, 0.5, -1], np.float32)
         out = CLIENT.run(kiln.hvp(g, wrt="w"), {"x": x, "tangent/w": v}, params={"w": w})
         np.testing.assert_allclose(out["hvp/w"], 6 * x * w * v, rtol=1e-6)
+
+    def test_vmap_equals_per_slice_runs_and_gives_per_example_grads(self):
+        g = kiln.parse("graph \"v\"\ninput x: f32[4]\nparam w: f32[4, 3]\n"
+                       "let h = tanh(x @ w)\nlet loss = reduce_sum(h * h)\nout h\nout loss\n")
+        rng = np.random.default_rng(3)
+        w = rng.normal(0, 0.5, (4, 3)).astype(np.float32)
+        xs = rng.normal(0, 1, (5, 4)).astype(np.float32)
+        out = CLIENT.run(kiln.vmap(g), {"x": xs}, params={"w": w})  # size from the inputs
+        grads = CLIENT.run(kiln.vmap(kiln.grad(g, wrt=["w"], with_loss=True)), {"x": xs},
+                           params={"w": w})
+        self.assertEqual(out["h"].shape, (5, 3))
+        self.assertEqual(grads["grad/w"].shape, (5, 4, 3))
+        for i in range(5):
+            one = CLIENT.run(g, {"x": xs[i]}, params={"w": w})
+            np.testing.assert_allclose(out["h"][i], one["h"], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(out["loss"][i], one["loss"], rtol=1e-6)
+            gi = CLIENT.run(kiln.grad(g, wrt=["w"]), {"x": xs[i]}, params={"w": w})
+            np.testing.assert_allclose(grads["grad/w"][i], gi["grad/w"], rtol=1e-5, atol=1e-6)
+        # The batch at axis 1 of x and of h (loss, a scalar, has no axis 1).
+        g2 = kiln.parse("graph \"v2\"\ninput x: f32[4]\nparam w: f32[4, 3]\n"
+                        "let h = tanh(x @ w)\nout h\n")
+        out = CLIENT.run(kiln.vmap(g2, axis=1), {"x": xs.T.copy()}, params={"w": w})
+        self.assertEqual(out["h"].shape, (3, 5))
+        np.testing.assert_allclose(out["h"].T, np.tanh(xs @ w), rtol=1e-5, atol=1e-6)
+        with self.assertRaises(kiln.KilnError) as e:
+            CLIENT.run(kiln.vmap(g, axis=1), {"x": xs.T.copy()}, params={"w": w})
+        self.assertIn('vmap axis 1 is out of range for output "loss" of rank 0', e.exception.message)
+        with self.assertRaises(kiln.KilnError) as e:
+            CLIENT.run(kiln.vmap(g, size=7), {"x": xs}, params={"w": w})
+        self.assertIn('input "x" has 5 at the vmap axis, but the batch is 7', e.exception.message)
 
     def test_bad_requests_are_named(self):
         g = kiln.parse(MLP)

@@ -166,6 +166,9 @@ TEST(TrainClientTest, BadTrainingRequestsAreNamed) {
   o = Training(v1::OPTIMIZER_SGD, 0.1);
   o.mutable_transforms()->mutable_training()->set_loss("nope");
   expect(o, absl::StatusCode::kInvalidArgument, "\"nope\" is no output");
+  o = v1::CompileOptions();
+  o.mutable_transforms()->mutable_vmap()->set_size(4);
+  expect(o, absl::StatusCode::kInvalidArgument, "vmap is for one-shot runs and Compile");
   // A non-differentiable node on the path: CreateSession verifies only (the
   // batch dim is symbolic), the first step's compile names the node.
   o = Training(v1::OPTIMIZER_SGD, 0.1);

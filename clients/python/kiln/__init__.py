@@ -25,7 +25,7 @@ from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, p
 from .report import chrome_trace, format_report, write_chrome_trace
 from .tensor import Tensor, evaluate, input, tensor  # noqa: A004 (kiln.input is the DSL's)
 from .train import (SGD, Adam, AdamW, Lion, Muon, Optimizer, Transformed, constant, cosine, grad,
-                    hvp, jvp, linear_warmup, vjp)
+                    hvp, jvp, linear_warmup, vjp, vmap)
 from ._proto.kiln.v1 import train_pb2
 
 __version__ = "0.1.0"
@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError", "Client", "KilnError", "Session", "TrainSession", "connect", "default_client",
     "SGD", "Adam", "AdamW", "Lion", "Muon", "Optimizer", "Transformed",
-    "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "train_pb2",
+    "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "vmap", "train_pb2",
     "Graph", "ParsedGraph", "Value", "parse", "graph_source", "model", "IR_VERSION",
     "Tensor", "tensor", "input", "evaluate",
     "format_report", "chrome_trace", "write_chrome_trace",
