@@ -9,13 +9,14 @@
 #include "engine/compile/disk_cache.h"
 #include "engine/compile/executable_cache.h"
 #include "engine/compile/pipeline.h"
+#include "engine/passes/vmap.h"
 #include "engine/runtime/calibration.h"
 #include "engine/runtime/cost_model.h"
-#include "engine/runtime/device_registry.h"
 #include "engine/runtime/device_health.h"
+#include "engine/runtime/device_registry.h"
 #include "engine/runtime/fair_scheduler.h"
-#include "engine/runtime/program.h"
 #include "engine/runtime/params.h"
+#include "engine/runtime/program.h"
 #include "engine/train/train_step.h"
 #include "spdlog/spdlog.h"
 
@@ -244,11 +245,18 @@ absl::StatusOr<GraphSignature> Engine::Inspect(const v1::Graph& graph) const {
 }
 
 absl::StatusOr<CompileResult> Engine::Compile(
-    const v1::Graph& graph, const CompileOptions& options,
-    const std::vector<std::pair<std::string, Dims>>& shapes) {
+    const v1::Graph& graph, const CompileOptions& given_options,
+    const std::vector<std::pair<std::string, Dims>>& given_shapes) {
   const auto t0 = Clock::now();
   CompileResult result;
   v1::CompileReport& report = result.report;
+  // A vmapped graph's run shapes carry the batch; the graph specializes per
+  // example (and the batch fixes VmapSpec.size when it is 0).
+  CompileOptions options = given_options;
+  std::vector<std::pair<std::string, Dims>> shapes = given_shapes;
+  if (options.transforms.has_vmap() && !shapes.empty()) {
+    KILN_RETURN_IF_ERROR(passes::UnbatchShapes(*options.transforms.mutable_vmap(), shapes));
+  }
   KILN_ASSIGN_OR_RETURN(compile::HirGraph hir,
                         impl_->pipeline->Hir(graph, options, shapes, report));
   // A pinned device that is being restarted fails fast, as its runs do.
@@ -296,6 +304,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
       return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
     }
   }
+  const bool resumed = given.contains(train::kStepParam);
   std::vector<TensorRef> all;
   std::vector<HostTensor> zeros;
   zeros.reserve(lir.params_size());
@@ -310,6 +319,14 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
         return absl::InvalidArgumentError(absl::StrCat(
             "param \"", name, "\" (", DTypeName(want.dtype()), DimsToString(dims),
             ") of the training step is not given"));
+      }
+      // Given steps taken means a continued run (a restored checkpoint): state
+      // that silently started at zero would not continue it.
+      if (resumed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state \"", name, "\" (", DTypeName(want.dtype()),
+                         DimsToString(dims), ") is not given, but \"", train::kStepParam,
+                         "\" is: a continued run needs all of its optimizer state"));
       }
       KILN_ASSIGN_OR_RETURN(HostTensor z, HostTensor::Create(want.dtype(), dims));
       zeros.push_back(std::move(z));

@@ -38,6 +38,12 @@ std::string CacheOutcomeName(v1::CacheOutcome outcome);
 // A param's name, dtype and dims against the graph's declaration.
 absl::Status CheckParamAgainst(const GraphSignature& signature, const std::string& name,
                                DType dtype, const Dims& dims);
+// An optimizer-state tensor set on a training session (a checkpoint's
+// restore): "opt/step" must be i64[]; "opt/<param>/<m|v|momentum>" must name a
+// param of the graph and have its dtype and dims. Which of them the optimizer
+// keeps is checked when the next step builds its training set.
+absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const std::string& name,
+                                        DType dtype, const Dims& dims);
 // A run's inputs against the graph's: every input given once, no others,
 // dtypes equal, ranks equal, concrete dims equal.
 absl::Status CheckInputsAgainst(const GraphSignature& signature,

@@ -90,6 +90,11 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     const CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, model ? model->signature : d.engine->Inspect(graph));
+    if (options.transforms.has_vmap()) {
+      // A session checks its runs against the graph's own signature.
+      return absl::InvalidArgumentError(
+          "vmap is for one-shot runs and Compile; a session cannot take it yet");
+    }
     if (options.transforms.has_training()) {
       if (options.transforms.autodiff().mode() != v1::AUTODIFF_NONE) {
         return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "engine/train/train_step.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
 
@@ -130,7 +131,13 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
           absl::StrCat("param ", QuoteClientString(c.name()), " is sent twice in one SetParams stream"));
     }
     const Dims dims(c.dims().begin(), c.dims().end());
-    KILN_RETURN_IF_ERROR(CheckParamAgainst(session_->signature(), c.name(), c.dtype(), dims));
+    // A training session also takes its optimizer state (a restored checkpoint).
+    if (session_->training() && train::IsOptimizerState(c.name())) {
+      KILN_RETURN_IF_ERROR(
+          CheckOptimizerStateAgainst(session_->signature(), c.name(), c.dtype(), dims));
+    } else {
+      KILN_RETURN_IF_ERROR(CheckParamAgainst(session_->signature(), c.name(), c.dtype(), dims));
+    }
     KILN_ASSIGN_OR_RETURN(
         int64_t bytes,
         CheckTensorHeader(c.dtype(), dims, service_.deps().config->limits(),

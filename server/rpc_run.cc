@@ -157,8 +157,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     // vjp, jvp and hvp add inputs (cotangent/..., tangent/...): the compiled
     // executable checks those runs' inputs instead.
     const v1::AutodiffMode mode = options.transforms.autodiff().mode();
+    // vmap batches them: the same.
     const bool adds_inputs = mode == v1::AUTODIFF_VJP || mode == v1::AUTODIFF_JVP ||
-                             mode == v1::AUTODIFF_HVP;
+                             mode == v1::AUTODIFF_HVP || options.transforms.has_vmap();
     if (std::optional<GraphSignature> declared = DeclaredInputs(graph); declared && !adds_inputs) {
       KILN_RETURN_IF_ERROR(CheckInputsAgainst(*declared, inputs_));
     }

@@ -4,10 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/train/train_step.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
 #include "server/tls.h"
@@ -249,6 +251,38 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
   for (const auto& p : signature.params) absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
   return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(name), " is not a param of the graph; its ",
                                                  "params: ", names.empty() ? "none" : names));
+}
+
+absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const std::string& name,
+                                        DType dtype, const Dims& dims) {
+  if (name == train::kStepParam) {
+    if (dtype != v1::DTYPE_I64 || !dims.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state \"", name,
+                                                     "\" is i64[] (the steps taken), got ",
+                                                     DTypeName(dtype), DimsToString(dims)));
+    }
+    return absl::OkStatus();
+  }
+  const std::string_view rest = std::string_view(name).substr(std::strlen(train::kStatePrefix));
+  const size_t slash = rest.rfind('/');
+  const std::string_view what = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
+  if (slash == std::string_view::npos || (what != "m" && what != "v" && what != "momentum")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        QuoteClientString(name),
+        " is no optimizer state: state is opt/step or opt/<param>/m, /v or /momentum"));
+  }
+  const std::string param(rest.substr(0, slash));
+  for (const auto& p : signature.params) {
+    if (p.name != param) continue;
+    if (p.type.dtype() != dtype || !DimsFit(p.type, dims)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state ", QuoteClientString(name), " must have the type of param \"", param,
+          "\" (", TypeString(p.type), "), got ", DTypeName(dtype), DimsToString(dims)));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer state ", QuoteClientString(name), " names no param of the graph"));
 }
 
 absl::Status CheckInputsAgainst(const GraphSignature& signature,

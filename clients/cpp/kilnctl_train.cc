@@ -13,9 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "clients/cpp/checkpoint.h"
 #include "clients/cpp/graph_file.h"
-#include "engine/io/npy.h"
 #include "clients/cpp/progress.h"
+#include "engine/io/npy.h"
 #include "zlib.h"
 
 namespace kiln {
@@ -226,9 +227,17 @@ void AddTrainCommand(CLI::App& app, TrainFlags& f) {
   cmd->add_option("--min-lr", f.min_lr, "cosine: the final learning rate");
   cmd->add_option("--batch", f.batch, "examples per step")->capture_default_str();
   cmd->add_option("--epochs", f.epochs, "passes over the data")->capture_default_str();
-  cmd->add_option("--steps", f.max_steps, "stop after this many steps (0 = all epochs)");
+  cmd->add_option(
+      "--steps", f.max_steps,
+      "stop at this step of the run, steps before a --resume included (0 = all epochs)");
   cmd->add_option("--shuffle-seed", f.shuffle_seed, "shuffle each epoch with this seed (0 = no)");
-  cmd->add_option("--log-every", f.log_every, "print a progress line every N steps");
+  cmd->add_option("--log-every", f.log_every,
+                  "a plain progress line every N steps (default: about 20 over the run)");
+  cmd->add_option("--checkpoint", f.checkpoint,
+                  "write a checkpoint (.safetensors: params, optimizer state, step, data order)");
+  cmd->add_option("--checkpoint-every", f.checkpoint_every,
+                  "also write the checkpoint every N steps (0 = at the end only)");
+  cmd->add_option("--resume", f.resume, "continue bit-exactly from this checkpoint");
   cmd->add_option("--device", f.device, "auto, or a device id (cpu:0)")->capture_default_str();
 }
 
@@ -268,16 +277,25 @@ absl::Status CmdTrain(const Client& client, const TrainFlags& f, bool progress) 
   if (f.epochs < 1 || f.epochs > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--epochs ", f.epochs, " must be in [1, 2^30]"));
   }
-  if (f.max_steps < 0 || f.log_every < 0) {
-    return absl::InvalidArgumentError("--steps and --log-every must be >= 0");
+  if (f.max_steps < 0 || f.log_every < 0 || f.checkpoint_every < 0) {
+    return absl::InvalidArgumentError("--steps, --log-every and --checkpoint-every must be >= 0");
+  }
+  if (f.checkpoint_every > 0 && f.checkpoint.empty()) {
+    return absl::InvalidArgumentError("--checkpoint-every needs --checkpoint PATH");
+  }
+  if (!f.resume.empty() && (!f.params.empty() || !f.params_dir.empty())) {
+    return absl::InvalidArgumentError(
+        "--param / --params-dir do not go with --resume: the checkpoint holds the params");
   }
   const int64_t per_epoch = rows / f.batch;
-  int64_t total = 0;
-  if (__builtin_mul_overflow(per_epoch, f.epochs, &total)) {
+  int64_t planned = 0;
+  if (__builtin_mul_overflow(per_epoch, f.epochs, &planned)) {
     return absl::InvalidArgumentError("--epochs x batches per epoch overflows int64");
   }
-  if (f.max_steps > 0) total = std::min(total, f.max_steps);
-  KILN_ASSIGN_OR_RETURN(v1::OptimizerSpec optimizer, Optimizer(f, total));
+  const int64_t total = f.max_steps > 0 ? std::min(planned, f.max_steps) : planned;
+  // The schedule spans the planned run, not --steps: a run stopped early by
+  // --steps is the start of the full run, and its checkpoint resumes it.
+  KILN_ASSIGN_OR_RETURN(v1::OptimizerSpec optimizer, Optimizer(f, planned));
 
   v1::CompileOptions options;
   options.set_device(f.device);
@@ -292,45 +310,88 @@ absl::Status CmdTrain(const Client& client, const TrainFlags& f, bool progress) 
   }
   KILN_RETURN_IF_ERROR(session.status());
   const std::string id = session->session_id();
+  CheckpointInfo info;
+  info.training = *spec;
+  info.graph_sha256 = GraphIdentity(graph);
+  info.extra = {{"kilnctl.batch", absl::StrCat(f.batch)},
+                {"kilnctl.rows", absl::StrCat(rows)},
+                {"kilnctl.shuffle_seed", absl::StrCat(f.shuffle_seed)}};
   absl::Status status = [&]() -> absl::Status {
-    // Params not given: initialized here (documented in kilnctl_train.h).
-    std::mt19937_64 rng(f.init_seed);
-    for (const v1::SignatureEntry& e : session->signature().params()) {
-      if (params.contains(e.name())) continue;
-      Dims dims;
-      for (const v1::Dim& d : e.type().dims()) {
-        if (!d.has_size()) {
+    int64_t step = 0;  // steps taken, a resumed run's included
+    if (!f.resume.empty()) {
+      KILN_ASSIGN_OR_RETURN(RestoredCheckpoint restored,
+                            RestoreCheckpoint(client, id, session->signature(), f.resume, info));
+      // The data order must be the saved run's, or the batches differ.
+      for (const auto& [key, value] : info.extra) {
+        auto it = restored.metadata.find(key);
+        const std::string saved = it == restored.metadata.end() ? "(none)" : it->second;
+        if (saved != value) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "param '", e.name(), "' has a symbolic dim: give its value with --param"));
+              "--resume ", f.resume, ": saved with ", key, " ", saved, ", this run has ", value,
+              " (the same data, --batch and --shuffle-seed continue the run)"));
         }
-        dims.push_back(d.size());
       }
-      KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(e.type().dtype(), dims));
-      if (dims.size() >= 2 && dims[0] > 0) {
-        const double bound = 1.0 / std::sqrt(static_cast<double>(dims[0]));
-        std::uniform_real_distribution<double> u(-bound, bound);
-        for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, u(rng));
+      step = restored.step;
+      if (step >= total) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--resume ", f.resume, ": the checkpoint is at step ", step,
+                         " and this run ends at step ", total,
+                         "; nothing to train (raise --epochs or --steps)"));
       }
-      params.emplace(e.name(), std::move(t));
+      std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(step));
+    } else {
+      // Params not given: initialized here (documented in kilnctl_train.h).
+      std::mt19937_64 rng(f.init_seed);
+      for (const v1::SignatureEntry& e : session->signature().params()) {
+        if (params.contains(e.name())) continue;
+        Dims dims;
+        for (const v1::Dim& d : e.type().dims()) {
+          if (!d.has_size()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "param '", e.name(), "' has a symbolic dim: give its value with --param"));
+          }
+          dims.push_back(d.size());
+        }
+        KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(e.type().dtype(), dims));
+        if (dims.size() >= 2 && dims[0] > 0) {
+          const double bound = 1.0 / std::sqrt(static_cast<double>(dims[0]));
+          std::uniform_real_distribution<double> u(-bound, bound);
+          for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, u(rng));
+        }
+        params.emplace(e.name(), std::move(t));
+      }
+      int64_t bytes = 0;
+      for (const auto& [name, t] : params) bytes += t.num_bytes();
+      ProgressBar bar("uploading params", bytes, progress);
+      KILN_RETURN_IF_ERROR(
+          client.SetParams(id, params, [&](int64_t done, int64_t) { bar.Update(done); }).status());
+      bar.Finish();
     }
-    int64_t bytes = 0;
-    for (const auto& [name, t] : params) bytes += t.num_bytes();
-    ProgressBar bar("uploading params", bytes, progress);
-    KILN_RETURN_IF_ERROR(
-        client.SetParams(id, params, [&](int64_t done, int64_t) { bar.Update(done); }).status());
-    bar.Finish();
+    auto save = [&](int64_t at) -> absl::Status {
+      CheckpointInfo here = info;
+      here.extra["kilnctl.epoch"] = absl::StrCat(at / per_epoch + 1);
+      here.extra["kilnctl.position"] = absl::StrCat(at % per_epoch);
+      return SaveCheckpoint(client, id, f.checkpoint, here).status();
+    };
 
+    // The data order: epoch e (1-based) reads the rows in the order of the
+    // e-th shuffle of 0..rows-1, shuffled in place from the previous epoch's.
     std::vector<int64_t> order(rows);
     std::iota(order.begin(), order.end(), 0);
     std::mt19937_64 shuffle(f.shuffle_seed);
-    const absl::Time start = absl::Now();
+    const int64_t first_epoch = step / per_epoch + 1, first_batch = step % per_epoch;
+    for (int64_t e = 1; e < first_epoch && f.shuffle_seed != 0; ++e) {
+      std::shuffle(order.begin(), order.end(), shuffle);
+    }
+    TrainProgress bar(step, total, progress, f.log_every, stdout);
     double first_loss = NAN, last_loss = NAN, epoch_sum = 0;
-    int64_t step = 0, epoch_steps = 0;
-    for (int64_t epoch = 1; epoch <= f.epochs && step < total; ++epoch) {
+    const int64_t start_step = step;
+    int64_t epoch_steps = 0;
+    for (int64_t epoch = first_epoch; epoch <= f.epochs && step < total; ++epoch) {
       if (f.shuffle_seed != 0) std::shuffle(order.begin(), order.end(), shuffle);
       epoch_sum = 0;
       epoch_steps = 0;
-      for (int64_t b = 0; b < per_epoch && step < total; ++b) {
+      for (int64_t b = epoch == first_epoch ? first_batch : 0; b < per_epoch && step < total; ++b) {
         TensorMap batch;
         for (const auto& [name, t] : data) {
           KILN_ASSIGN_OR_RETURN(HostTensor rows_t, Rows(t, order, b * f.batch, f.batch));
@@ -339,26 +400,26 @@ absl::Status CmdTrain(const Client& client, const TrainFlags& f, bool progress) 
         KILN_ASSIGN_OR_RETURN(v1::TrainStepResponse r, client.TrainStep(id, batch));
         ++step;
         ++epoch_steps;
-        if (step == 1) first_loss = r.loss();
+        if (step == start_step + 1) first_loss = r.loss();
         last_loss = r.loss();
         epoch_sum += r.loss();
-        const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-        const std::string line = absl::StrFormat(
-            "step %d/%d  epoch %d  loss %.6f  lr %.3g  %.1f steps/s", step, total, epoch, r.loss(),
-            r.lr(), secs > 0 ? static_cast<double>(step) / secs : 0.0);
-        if (f.log_every > 0 && step % f.log_every == 0) {
-          std::fprintf(stderr, "%s\n", line.c_str());
-        } else if (progress) {
-          std::fprintf(stderr, "\r%s", line.c_str());
+        bar.Update(step, epoch, r.loss(), r.lr());
+        if (f.checkpoint_every > 0 && step % f.checkpoint_every == 0 && step < total) {
+          KILN_RETURN_IF_ERROR(save(step)) << "at step " << step;
         }
       }
-      if (progress && f.log_every == 0) std::fprintf(stderr, "\n");
+      bar.Break();
       std::printf("epoch %lld: mean loss %.6f over %lld steps\n", static_cast<long long>(epoch),
                   epoch_sum / static_cast<double>(std::max<int64_t>(1, epoch_steps)),
                   static_cast<long long>(epoch_steps));
     }
+    if (!f.checkpoint.empty()) {
+      KILN_RETURN_IF_ERROR(save(step));
+      std::printf("checkpoint at step %lld -> %s\n", static_cast<long long>(step),
+                  f.checkpoint.c_str());
+    }
     std::printf("trained %lld steps: first loss %.6f, last loss %.6f\n",
-                static_cast<long long>(step), first_loss, last_loss);
+                static_cast<long long>(step - start_step), first_loss, last_loss);
     if (fashion) {
       Spinner spin("evaluating on the test set", progress);
       KILN_ASSIGN_OR_RETURN(int64_t correct,

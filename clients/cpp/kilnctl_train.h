@@ -9,9 +9,22 @@
 // --logits is printed.
 // Params come from --params-dir / --param, the others are initialized from
 // --init-seed (rank >= 2: uniform +-1/sqrt(fan_in) with fan_in = the first
-// dim, as torch.nn.Linear; rank < 2: zero). Progress (step, epoch, loss,
-// steps/s) goes to stderr; the trained params (and, with --save-state, the
+// dim, as torch.nn.Linear; rank < 2: zero). Progress: a bar on stderr when it
+// is a terminal (or --progress), else a plain line on stdout every --log-every
+// steps (progress.h); the trained params (and, with --save-state, the
 // optimizer state) are written to --out as <name>.npy.
+//
+// --checkpoint PATH writes a checkpoint (clients/cpp/checkpoint.h) at the end
+// and every --checkpoint-every steps, each atomically; its metadata also holds
+// the data order (kilnctl.batch, kilnctl.rows, kilnctl.shuffle_seed,
+// kilnctl.epoch, kilnctl.position). --resume PATH restores one and continues
+// the run where it stopped: the step after the saved one, on the batch that
+// step would have had (the shuffles of the epochs before are replayed from
+// --shuffle-seed), so that a run stopped and resumed equals the uninterrupted
+// run bit for bit. --steps is the step to stop at, counted from the run's
+// start (steps before a resume included); the cosine schedule spans every
+// epoch whatever --steps says, so a run cut short by --steps is the first
+// part of the full one.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +61,10 @@ struct TrainFlags {
   int64_t max_steps = 0;      // 0 = every batch of every epoch
   uint64_t shuffle_seed = 0;  // 0 = in order
   uint64_t init_seed = 1;
-  int64_t log_every = 0;  // 0 = a line per epoch (and a live line on a terminal)
+  int64_t log_every = 0;         // 0 = about 20 plain lines over the run (none beside a bar)
+  std::string checkpoint;        // write a checkpoint here
+  int64_t checkpoint_every = 0;  // ... also every N steps (0 = only at the end)
+  std::string resume;            // continue from this checkpoint
   std::string device = "auto";
   std::string dataset_dir = "/usr/share/datasets/fashion-mnist";
   std::string image_input = "x";

@@ -2,12 +2,14 @@
 // compile asks for through CompileOptions::transforms (kiln/v1/train.proto):
 // autodiff (grad, grad_with_loss, vjp, jvp, hvp: passes/autodiff.h) or a
 // training step (the backward graph plus the optimizer's updates:
-// train/train_step.h). A graph that asks for neither passes through.
+// train/train_step.h), then vmap (passes/vmap.h), so that vmap of a gradient
+// gives per-example gradients. A graph that asks for none passes through.
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/passes/autodiff.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"
+#include "engine/passes/vmap.h"
 #include "engine/train/train_step.h"
 
 namespace kiln::passes {
@@ -24,6 +26,11 @@ class TransformsPass final : public Pass {
           "the compile options ask for both a training step and an autodiff transform; a "
           "training step takes its gradients itself");
     }
+    if (training && spec.has_vmap()) {
+      return absl::InvalidArgumentError(
+          "the compile options ask for both a training step and vmap; a training step batches "
+          "through its graph's own batch dim");
+    }
     if (training) {
       if (spec.training().loss().empty()) {
         return absl::InvalidArgumentError("the training spec names no loss output");
@@ -39,6 +46,11 @@ class TransformsPass final : public Pass {
       ctx.notes.push_back(
           absl::StrCat("transforms: ", v1::AutodiffMode_Name(spec.autodiff().mode()), " of \"",
                        spec.autodiff().output(), "\""));
+    }
+    if (spec.has_vmap()) {
+      KILN_RETURN_IF_ERROR(ApplyVmap(graph, spec.vmap()).status());
+      ctx.notes.push_back(absl::StrCat("transforms: vmap of size ", spec.vmap().size(), " at axis ",
+                                       spec.vmap().axis()));
     }
     return absl::OkStatus();
   }

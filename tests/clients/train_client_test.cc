@@ -3,15 +3,23 @@
 // PyTorch (tests/engine/train/torch_reference.py) with the same initial
 // weights and batches, loss curve within 1e-4 relative over 100 steps (f32,
 // CPU); GetParams returns the trained weights and the optimizer state; bad
-// training requests get statuses that name what is wrong.
+// training requests get statuses that name what is wrong; checkpoints resume
+// a run bit for bit (kilnctl and the C++ client) and bad ones are refused.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <regex>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "clients/cpp/checkpoint.h"
 #include "clients/cpp/client.h"
 #include "engine/io/npy.h"
+#include "engine/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -158,6 +166,9 @@ TEST(TrainClientTest, BadTrainingRequestsAreNamed) {
   o = Training(v1::OPTIMIZER_SGD, 0.1);
   o.mutable_transforms()->mutable_training()->set_loss("nope");
   expect(o, absl::StatusCode::kInvalidArgument, "\"nope\" is no output");
+  o = v1::CompileOptions();
+  o.mutable_transforms()->mutable_vmap()->set_size(4);
+  expect(o, absl::StatusCode::kInvalidArgument, "vmap is for one-shot runs and Compile");
   // A non-differentiable node on the path: CreateSession verifies only (the
   // batch dim is symbolic), the first step's compile names the node.
   o = Training(v1::OPTIMIZER_SGD, 0.1);
@@ -202,10 +213,9 @@ TEST(TrainClientTest, BadTrainingRequestsAreNamed) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("\"y\""));
 }
 
-// kilnctl train: .npy data through a training session; the trained params
-// come back as .npy files and the loss goes down on a learnable problem.
-TEST(TrainClientTest, KilnctlTrainsOnNpyData) {
-  testing::ScratchDir dir;
+// 512 rows of a learnable problem in dir/x.npy and dir/y.npy, and the MLP
+// with a symbolic batch in dir/mlp.kiln (returned).
+std::string WriteNpyProblem(const std::string& dir) {
   std::mt19937 rng(4);
   std::normal_distribution<float> normal;
   std::vector<float> x(512 * 10);
@@ -215,15 +225,21 @@ TEST(TrainClientTest, KilnctlTrainsOnNpyData) {
     const float* row = &x[i * 10];
     y[i] = std::max_element(row, row + 3) - row;  // the class is the largest of the first 3
   }
-  ASSERT_TRUE(
-      WriteNpy(dir.path() + "/x.npy", HostTensor::FromVector<float>(v1::DTYPE_F32, {512, 10}, x))
-          .ok());
-  ASSERT_TRUE(
-      WriteNpy(dir.path() + "/y.npy", HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {512}, y))
-          .ok());
-  const std::string graph = dir.path() + "/mlp.kiln";
+  EXPECT_TRUE(
+      WriteNpy(dir + "/x.npy", HostTensor::FromVector<float>(v1::DTYPE_F32, {512, 10}, x)).ok());
+  EXPECT_TRUE(
+      WriteNpy(dir + "/y.npy", HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {512}, y)).ok());
+  const std::string graph = dir + "/mlp.kiln";
   std::ofstream(graph) << absl::StrReplaceAll(
       kMlp, {{"f32[32, 10]", "f32[batch, 10]"}, {"i64[32]", "i64[batch]"}});
+  return graph;
+}
+
+// kilnctl train: .npy data through a training session; the trained params
+// come back as .npy files and the loss goes down on a learnable problem.
+TEST(TrainClientTest, KilnctlTrainsOnNpyData) {
+  testing::ScratchDir dir;
+  const std::string graph = WriteNpyProblem(dir.path());
   const std::string out = dir.path() + "/trained";
   testing::ProcessResult r =
       testing::RunProcess({KILNCTL_PATH,     "--addr=" + SharedKilnd().addr(),
@@ -417,6 +433,339 @@ TEST(TrainClientTest, StreamedStepsEqualSingleSteps) {
   auto step = (*client)->GetParams(streamed, {"opt/step"});
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->at("opt/step").GetAsDouble(0), 10.0);
+}
+
+// The plain progress lines of a kilnctl run (stdout is a pipe here), keyed by
+// step: "<step> e<epoch> loss <loss> lr <lr>", without the run's end and the
+// timing fields (steps/s, eta), which differ from run to run.
+std::map<int64_t, std::string> StepLines(const std::string& out) {
+  static const std::regex kLine(
+      R"(^step (\d+)/(\d+)  epoch (\d+)  loss (\S+)  lr (\S+)  [0-9.]+ steps/s  eta (\d+ s|\?)$)");
+  std::map<int64_t, std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (!absl::StartsWith(line, "step ")) continue;
+    EXPECT_TRUE(std::regex_match(line, m, kLine)) << "not a progress line: " << line;
+    if (m.empty()) continue;
+    lines[std::stoll(m[1])] =
+        absl::StrCat(m[1].str(), " e", m[3].str(), " loss ", m[4].str(), " lr ", m[5].str());
+  }
+  return lines;
+}
+
+std::string FileBytes(const std::string& path) { return testing::ReadFileOrDie(path); }
+
+// The acceptance test of issue 9 item 4 through kilnd and kilnctl: a run of
+// 48 steps equals a run of 20 steps, checkpointed, then resumed for 28 (mid
+// epoch 2, with per-epoch shuffling and a cosine schedule): the same loss at
+// every step, and the same params, optimizer state and checkpoint file, byte
+// for byte.
+TEST(TrainClientTest, KilnctlResumesBitExactly) {
+  testing::ScratchDir dir;
+  const std::string graph = WriteNpyProblem(dir.path());
+  // kilnctl train with these flags, `changed` replacing or adding some.
+  auto kilnctl = [&](const std::map<std::string, std::string>& changed) {
+    std::map<std::string, std::string> flags = {{"--optimizer", "adamw"}, {"--lr", "0.01"},
+                                                {"--batch", "32"},        {"--epochs", "3"},
+                                                {"--shuffle-seed", "9"},  {"--schedule", "cosine"},
+                                                {"--warmup", "5"},        {"--log-every", "1"}};
+    for (const auto& [k, v] : changed) flags[k] = v;
+    std::vector<std::string> argv = {
+        KILNCTL_PATH,  "--addr=" + SharedKilnd().addr(), "train",  graph,
+        "--data",      "x=" + dir.path() + "/x.npy",     "--data", "y=" + dir.path() + "/y.npy",
+        "--save-state"};
+    for (const auto& [k, v] : flags) {
+      argv.push_back(k);
+      argv.push_back(v);
+    }
+    return testing::RunProcess(argv);
+  };
+  const std::string full = dir.path() + "/full.safetensors", cut = dir.path() + "/cut.safetensors";
+  testing::ProcessResult a = kilnctl({{"--checkpoint", full}, {"--out", dir.path() + "/a"}});
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  testing::ProcessResult b1 = kilnctl({{"--checkpoint", cut}, {"--steps", "20"}});
+  ASSERT_EQ(b1.status, 0) << b1.out << b1.err;
+  EXPECT_THAT(b1.out, HasSubstr("checkpoint at step 20"));
+  testing::ProcessResult b2 =
+      kilnctl({{"--resume", cut}, {"--checkpoint", cut}, {"--out", dir.path() + "/b"}});
+  ASSERT_EQ(b2.status, 0) << b2.out << b2.err;
+  EXPECT_THAT(b2.out, HasSubstr("resumed from " + cut + " at step 20"));
+  EXPECT_THAT(b2.out, HasSubstr("trained 28 steps"));
+
+  const std::map<int64_t, std::string> want = StepLines(a.out), first = StepLines(b1.out),
+                                       rest = StepLines(b2.out);
+  ASSERT_EQ(want.size(), 48u) << a.out;
+  ASSERT_EQ(first.size(), 20u) << b1.out;
+  ASSERT_EQ(rest.size(), 28u) << b2.out;
+  for (const auto& [step, line] : first) EXPECT_EQ(line, want.at(step)) << "step " << step;
+  for (const auto& [step, line] : rest) EXPECT_EQ(line, want.at(step)) << "step " << step;
+  EXPECT_EQ(rest.begin()->first, 21);
+
+  // The checkpoints at step 48, and every param and state tensor, byte for byte.
+  EXPECT_TRUE(FileBytes(full) == FileBytes(cut)) << "the checkpoints differ";
+  int compared = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path() + "/a")) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = std::filesystem::relative(e.path(), dir.path() + "/a").string();
+    EXPECT_TRUE(FileBytes(e.path().string()) == FileBytes(dir.path() + "/b/" + rel)) << rel;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4 + 8 + 1);  // params, m and v of each, opt/step
+  auto file = io::SafetensorsFile::Open(full);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("step"), "48");
+  EXPECT_EQ(file->metadata().at("kilnctl.epoch"), "4");  // the next step's: past the last
+  EXPECT_EQ(file->metadata().at("kilnctl.shuffle_seed"), "9");
+  ASSERT_NE(file->Find("opt/w1/m"), nullptr);
+
+  // A resume with another data order or optimizer is refused, naming it.
+  testing::ProcessResult bad = kilnctl({{"--resume", cut}, {"--shuffle-seed", "7"}});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("saved with kilnctl.shuffle_seed 9, this run has 7"));
+  bad = kilnctl({{"--resume", cut}, {"--epochs", "4"}, {"--lr", "0.02"}});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("optimizer.lr"));
+  bad = kilnctl({{"--resume", cut}});  // at step 48 of 48
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("nothing to train"));
+}
+
+// kilnctl's progress without a terminal: plain lines, about 20 over the run
+// (every 2nd of 48 steps) plus the last, each with every field.
+TEST(TrainClientTest, KilnctlProgressIsPlainLinesWithoutATerminal) {
+  testing::ScratchDir dir;
+  const std::string graph = WriteNpyProblem(dir.path());
+  testing::ProcessResult r =
+      testing::RunProcess({KILNCTL_PATH, "--addr=" + SharedKilnd().addr(), "train", graph, "--data",
+                           "x=" + dir.path() + "/x.npy", "--data", "y=" + dir.path() + "/y.npy",
+                           "--batch", "32", "--epochs", "3", "--steps", "47", "--checkpoint",
+                           dir.path() + "/c.safetensors", "--checkpoint-every", "10"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::map<int64_t, std::string> lines = StepLines(r.out);
+  std::vector<int64_t> steps;
+  for (const auto& [step, line] : lines) steps.push_back(step);
+  std::vector<int64_t> want;
+  for (int64_t s = 2; s <= 46; s += 2) want.push_back(s);
+  want.push_back(47);
+  EXPECT_EQ(steps, want) << r.out;
+  EXPECT_THAT(lines.at(2), HasSubstr("2 e1 loss "));
+  EXPECT_THAT(lines.at(18), HasSubstr("18 e2 loss "));
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << "a bar was drawn without a terminal";
+  EXPECT_EQ(r.err.find("\033["), std::string::npos);
+  auto file = io::SafetensorsFile::Open(dir.path() + "/c.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("step"), "47");
+}
+
+// The C++ client's checkpoints: a session restored from one continues the
+// saved session bit for bit; files that do not fit the session, or are
+// damaged, are refused with errors that name what is wrong, before anything
+// is sent (or, for optimizer state, by kilnd).
+TEST(TrainClientTest, CheckpointsRestoreExactlyAndRefuseWhatDoesNotFit) {
+  testing::ScratchDir dir;
+  auto client = Client::Create(SharedKilnd().addr());
+  ASSERT_TRUE(client.ok());
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal;
+  auto random = [&](const Dims& d) {
+    HostTensor t = HostTensor::Create(v1::DTYPE_F32, d).value();
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, 0.3 * normal(rng));
+    return t;
+  };
+  TensorMap init;
+  for (const auto& [n, d] :
+       std::map<std::string, Dims>{{"w1", {10, 24}}, {"b1", {24}}, {"w2", {24, 3}}, {"b2", {3}}}) {
+    init.emplace(n, random(d));
+  }
+  std::vector<TensorMap> batches(6);
+  for (TensorMap& b : batches) {
+    b.emplace("x", random({32, 10}));
+    HostTensor y = HostTensor::Create(v1::DTYPE_I64, {32}).value();
+    for (int64_t i = 0; i < 32; ++i) y.SetFromDouble(i, static_cast<double>(rng() % 3));
+    b.emplace("y", std::move(y));
+  }
+  v1::CompileOptions options = Training(v1::OPTIMIZER_ADAM, 0.01);
+  options.mutable_transforms()->mutable_training()->mutable_optimizer()->set_max_grad_norm(1.0);
+  CheckpointInfo info;
+  info.training = options.transforms().training();
+  info.graph_sha256 = GraphIdentity(Source(kMlp));
+  info.extra["note"] = "mine";
+  auto open = [&](const TensorMap* params) {
+    TensorMap p;
+    if (params != nullptr) {
+      for (const auto& [n, t] : *params) p.emplace(n, t.Clone());
+    }
+    auto s = (*client)->CreateSession(Source(kMlp), options, p);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::CreateSessionResponse();
+  };
+  const v1::CreateSessionResponse original = open(&init);
+  std::vector<double> losses;
+  for (const TensorMap& b : batches) {
+    auto r = (*client)->TrainStep(original.session_id(), b);
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss());
+    if (losses.size() == 3) {
+      auto saved =
+          SaveCheckpoint(**client, original.session_id(), dir.path() + "/c.safetensors", info);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      EXPECT_EQ(*saved, 3);
+    }
+  }
+  const std::string path = dir.path() + "/c.safetensors";
+  const v1::CreateSessionResponse resumed = open(nullptr);
+  auto restored =
+      RestoreCheckpoint(**client, resumed.session_id(), resumed.signature(), path, info);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 3);
+  EXPECT_EQ(restored->metadata.at("note"), "mine");
+  for (size_t i = 3; i < batches.size(); ++i) {
+    auto r = (*client)->TrainStep(resumed.session_id(), batches[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), static_cast<int64_t>(i + 1));
+    EXPECT_EQ(r->loss(), losses[i]) << "step " << i + 1;  // bit for bit
+  }
+  auto a = (*client)->GetParams(original.session_id());
+  auto b = (*client)->GetParams(resumed.session_id());
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  for (const auto& [name, t] : *a) EXPECT_EQ(t.bytes(), b->at(name).bytes()) << name;
+
+  // Variants of the good file, each with the part named by the test changed.
+  auto good = io::SafetensorsFile::Open(path);
+  ASSERT_TRUE(good.ok()) << good.status();
+  std::map<std::string, HostTensor> tensors;
+  for (const io::SafetensorsEntry& e : good->tensors())
+    tensors.emplace(e.name, *good->Read(e.name));
+  auto variant = [&](const std::string& name,
+                     const std::function<void(std::map<std::string, HostTensor>&,
+                                              std::map<std::string, std::string>&)>& change) {
+    std::map<std::string, HostTensor> t;
+    for (const auto& [n, v] : tensors) t.emplace(n, v.Clone());
+    std::map<std::string, std::string> meta = good->metadata();
+    change(t, meta);
+    std::vector<io::SafetensorsItem> items;
+    for (const auto& [n, v] : t) items.emplace_back(n, &v);
+    const std::string out = dir.path() + "/" + name + ".safetensors";
+    EXPECT_TRUE(io::WriteSafetensors(out, items, meta).ok());
+    return out;
+  };
+  auto refused = [&](const std::string& file, const std::string& needle,
+                     const CheckpointInfo& expect) {
+    const v1::CreateSessionResponse s = open(&init);
+    auto r = RestoreCheckpoint(**client, s.session_id(), s.signature(), file, expect);
+    EXPECT_FALSE(r.ok()) << file;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(needle)) << file;
+    // Nothing was sent: the session still trains from its own params.
+    auto step = (*client)->TrainStep(s.session_id(), batches[0]);
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (step.ok()) {
+      EXPECT_EQ(step->step(), 1);
+    }
+    EXPECT_TRUE((*client)->CloseSession(s.session_id()).ok());
+  };
+  CheckpointInfo other = info;
+  other.training.mutable_optimizer()->set_lr(0.02);
+  refused(path, "modified: optimizer.lr: 0.01 -> 0.02", other);
+  other = info;
+  other.training.mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
+  refused(path, "optimizer.kind", other);
+  other = info;
+  other.training.mutable_optimizer()->mutable_schedule()->set_warmup_steps(10);
+  refused(path, "optimizer.schedule", other);
+  other = info;
+  other.graph_sha256 = GraphIdentity(Source(absl::StrReplaceAll(kMlp, {{"tanh", "relu"}})));
+  refused(path, "saved from another graph", other);
+  refused(variant("no_b2", [](auto& t, auto&) { t.erase("b2"); }), "no tensor for param 'b2'",
+          info);
+  refused(variant("w1_shape",
+                  [](auto& t, auto&) {
+                    t.erase("w1");
+                    t.emplace("w1", HostTensor::Create(v1::DTYPE_F32, {24, 10}).value());
+                  }),
+          "param 'w1' is f32[24, 10] in the file, f32[10, 24] in the graph", info);
+  refused(variant("w1_dtype",
+                  [](auto& t, auto&) {
+                    t.erase("w1");
+                    t.emplace("w1", HostTensor::Create(v1::DTYPE_F64, {10, 24}).value());
+                  }),
+          "param 'w1' is f64[10, 24] in the file", info);
+  refused(variant("extra",
+                  [](auto& t, auto&) {
+                    t.emplace("zz", HostTensor::Create(v1::DTYPE_F32, {1}).value());
+                  }),
+          "tensor 'zz' is neither a param of the graph nor optimizer state", info);
+  refused(variant("step_mismatch", [](auto&, auto& m) { m["step"] = "4"; }),
+          "opt/step holds 3 but the metadata's step is 4", info);
+  refused(variant("no_step", [](auto& t, auto&) { t.erase("opt/step"); }), "no opt/step tensor",
+          info);
+  refused(variant("newer", [](auto&, auto& m) { m["format_version"] = "2"; }),
+          "format_version 2 is newer than this client reads (1)", info);
+  refused(variant("not_kiln", [](auto&, auto& m) { m.erase("training_spec"); }),
+          "the metadata has no \"training_spec\"", info);
+  refused(variant("bad_spec", [](auto&, auto& m) { m["training_spec"] = "{\"loss\": 3"; }),
+          "training_spec is not a kiln.v1.TrainingSpec in JSON", info);
+  // Optimizer state of the wrong type: kilnd's SetParams names it.
+  refused(variant("state_shape",
+                  [](auto& t, auto&) {
+                    t.erase("opt/w1/m");
+                    t.emplace("opt/w1/m", HostTensor::Create(v1::DTYPE_F32, {3}).value());
+                  }),
+          "optimizer state \"opt/w1/m\" must have the type of param \"w1\" (f32[10, 24])", info);
+  refused(variant("state_unknown",
+                  [](auto& t, auto&) {
+                    t.emplace("opt/w9/m", HostTensor::Create(v1::DTYPE_F32, {3}).value());
+                  }),
+          "optimizer state \"opt/w9/m\" names no param of the graph", info);
+  // Damaged files: the reader's statuses, never a crash.
+  const std::string bytes = FileBytes(path);
+  auto raw = [&](const std::string& name, const std::string& content) {
+    const std::string out = dir.path() + "/" + name;
+    std::ofstream(out, std::ios::binary) << content;
+    return out;
+  };
+  refused(raw("truncated", bytes.substr(0, bytes.size() - 5)), "runs past the data buffer", info);
+  refused(raw("trailing", bytes + "xyz"), "belong to no tensor", info);
+  refused(raw("header_len", std::string("\xff\xff\xff\xff\x00\x00\x00\x00", 8) + bytes.substr(8)),
+          "over the limit", info);
+  refused(raw("empty", ""), "shorter than the 8-byte header length", info);
+  refused(dir.path() + "/absent.safetensors", "absent.safetensors", info);
+
+  // kilnd's checks of optimizer state set directly: the step's type, the
+  // state's names; and an inference session takes no state at all.
+  {
+    const v1::CreateSessionResponse t = open(&init);
+    auto set = [&](const std::string& name, HostTensor v, const std::string& session) {
+      TensorMap m;
+      m.emplace(name, std::move(v));
+      return (*client)->SetParams(session, m).status();
+    };
+    absl::Status st =
+        set("opt/step", HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {1}), t.session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/step\" is i64[] (the steps taken)"));
+    st = set("opt/w1/zz", HostTensor::Create(v1::DTYPE_F32, {10, 24}).value(), t.session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/w1/zz\" is no optimizer state"));
+    auto plain = (*client)->CreateSession(Source(kMlp), {});
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    st = set("opt/w1/m", HostTensor::Create(v1::DTYPE_F32, {10, 24}).value(), plain->session_id());
+    EXPECT_THAT(std::string(st.message()), HasSubstr("\"opt/w1/m\" is not a param of the graph"));
+    EXPECT_TRUE((*client)->CloseSession(plain->session_id()).ok());
+    EXPECT_TRUE((*client)->CloseSession(t.session_id()).ok());
+  }
+
+  // State missing from a continued run: SetParams takes the file, the next
+  // step refuses to continue from zero moments.
+  const std::string partial = variant("no_v", [](auto& t, auto&) { t.erase("opt/w1/v"); });
+  const v1::CreateSessionResponse s = open(nullptr);
+  ASSERT_TRUE(RestoreCheckpoint(**client, s.session_id(), s.signature(), partial, info).ok());
+  auto step = (*client)->TrainStep(s.session_id(), batches[3]);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument) << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("optimizer state \"opt/w1/v\" (f32[10, 24]) is not given"));
+  for (const auto& id : {original.session_id(), resumed.session_id(), s.session_id()}) {
+    EXPECT_TRUE((*client)->CloseSession(id).ok());
+  }
 }
 
 }  // namespace

@@ -12,26 +12,28 @@
 
     s = c.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=1e-3))
     loss = s.step({"x": xb, "y": yb})       # training through kilnd (docs/training.md)
+    s.save("ckpt.safetensors")              # c.train_session(..., resume="ckpt.safetensors")
 
 See docs/clients.md.
 """
 
 from ._dtypes import bf16_to_f32, dtype, dtype_name, f32_to_bf16, numpy_dtype
 from ._proto.kiln.v1 import graph_pb2, report_pb2, service_pb2, tensor_pb2
+from .checkpoint import CheckpointError
 from .client import Client, KilnError, Session, TrainSession, connect, default_client
 from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, parse
 from .report import chrome_trace, format_report, write_chrome_trace
 from .tensor import Tensor, evaluate, input, tensor  # noqa: A004 (kiln.input is the DSL's)
 from .train import (SGD, Adam, AdamW, Lion, Muon, Optimizer, Transformed, constant, cosine, grad,
-                    hvp, jvp, linear_warmup, vjp)
+                    hvp, jvp, linear_warmup, vjp, vmap)
 from ._proto.kiln.v1 import train_pb2
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "KilnError", "Session", "TrainSession", "connect", "default_client",
+    "CheckpointError", "Client", "KilnError", "Session", "TrainSession", "connect", "default_client",
     "SGD", "Adam", "AdamW", "Lion", "Muon", "Optimizer", "Transformed",
-    "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "train_pb2",
+    "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "vmap", "train_pb2",
     "Graph", "ParsedGraph", "Value", "parse", "graph_source", "model", "IR_VERSION",
     "Tensor", "tensor", "input", "evaluate",
     "format_report", "chrome_trace", "write_chrome_trace",

@@ -11,7 +11,7 @@ import threading
 import grpc
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, checkpoint
 from .graph import graph_source
 from .train import Transformed
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
@@ -62,9 +62,12 @@ class Session:
 class TrainSession(Session):
     """A training session (Client.train_session): step() trains on one batch
     on the server; get_params() returns the trained params and the
-    optimizer state ("opt/<param>/m", ..., "opt/step")."""
+    optimizer state ("opt/<param>/m", ..., "opt/step"); save() and load()
+    write and restore checkpoints."""
 
     last = None  # the last step's kiln.v1.TrainStepResponse
+    spec = None  # the kiln.v1.TrainingSpec it was created with
+    graph_sha256 = ""  # the graph's identity (kiln.checkpoint.graph_identity)
 
     def step(self, batch) -> float:
         """One step on `batch` ({input name: array}); returns the batch's loss
@@ -78,6 +81,21 @@ class TrainSession(Session):
         for resp in self.client.train_steps(self, batches):
             self.last = resp
             yield resp.loss
+
+    def save(self, path, extra=None) -> int:
+        """Writes a checkpoint (kiln.checkpoint): every param, the optimizer
+        state, the step, the training spec and the graph's identity, plus the
+        str -> str `extra` metadata. Atomic. Returns the step saved."""
+        return checkpoint.save(self, path, extra)
+
+    def load(self, path) -> dict:
+        """Restores a checkpoint written by save() (or kilnctl / the C++
+        client) into this session: the next step continues the saved run bit
+        for bit. Refuses (kiln.CheckpointError, nothing sent) a file of another
+        spec, graph or params, or a damaged one. Returns its metadata."""
+        tensors, meta = checkpoint.check(path, self.spec, self.graph_sha256, self.signature)
+        self.set_params(tensors)
+        return meta
 
     def __repr__(self):
         return f"kiln.TrainSession({self.id!r})"
@@ -199,24 +217,38 @@ class Client:
         resp = self._call("CreateSession", req)
         return Session(self, resp.session_id, resp.signature)
 
-    def train_session(self, graph, loss, params, optimizer, trainable=None,
-                      device="auto") -> "TrainSession":
+    def train_session(self, graph, loss, params=None, optimizer=None, trainable=None,
+                      device="auto", resume=None) -> "TrainSession":
         """A training session: `graph` with scalar output `loss`, initial
         `params` ({name: array}, every param of the graph), an optimizer
         (kiln.SGD, Adam, AdamW, Lion, Muon) and the params to train
-        (`trainable`, default every param not frozen)."""
+        (`trainable`, default every param not frozen). `resume`: a checkpoint
+        (TrainSession.save) to continue instead of `params`."""
+        if optimizer is None:
+            raise TypeError("train_session needs an optimizer (kiln.SGD, Adam, AdamW, Lion, Muon)")
+        if resume is not None and params:
+            raise TypeError("train_session takes params or resume=, not both: the checkpoint "
+                            "holds the params")
         opts = service_pb2.CompileOptions(device=device)
         spec = opts.transforms.training
         spec.loss = loss
         spec.params.extend(trainable or [])
         spec.optimizer.CopyFrom(optimizer.to_proto())
-        req = service_pb2.CreateSessionRequest(graph=graph_source(graph), options=opts)
+        source = graph_source(graph)
+        req = service_pb2.CreateSessionRequest(graph=source, options=opts)
         big = {n: v for n, v in (params or {}).items() if np.asarray(v).nbytes > self._chunk_bytes}
         _named({n: v for n, v in (params or {}).items() if n not in big}, req.params)
         resp = self._call("CreateSession", req)
         session = TrainSession(self, resp.session_id, resp.signature)
-        if big:
-            self.set_params(session, big)
+        session.spec, session.graph_sha256 = spec, checkpoint.graph_identity(source)
+        try:
+            if big:
+                self.set_params(session, big)
+            if resume is not None:
+                session.load(resume)
+        except BaseException:
+            session.close()
+            raise
         return session
 
     def train_steps(self, session, batches):

@@ -7,6 +7,7 @@
     weights = s.get_params()          # trained params and optimizer state ("opt/...")
 
     gw = client.run(kiln.grad(g, wrt=["w1"], output="loss"), inputs, params=init)
+    per_example = client.run(kiln.vmap(kiln.grad(g, wrt=["w"]), axis=0), batch, params=p)
 
 Optimizers take PyTorch's defaults for what they leave unset (Muon: the
 published ones); the server checks every hyper-parameter.
@@ -97,16 +98,20 @@ def cosine(total_steps, warmup_steps=0, min_lr=0.0):
 
 
 class Transformed:
-    """A graph with an autodiff transform, for Client.run and Client.compile."""
+    """A graph with an autodiff transform and/or vmap, for Client.run and
+    Client.compile."""
 
-    def __init__(self, graph, mode, output, wrt):
+    def __init__(self, graph, mode=train_pb2.AUTODIFF_NONE, output="", wrt=()):
         if isinstance(wrt, str):
             wrt = [wrt]
         self.source = graph_source(graph)
         self.spec = train_pb2.AutodiffSpec(mode=mode, output=output, wrt=list(wrt))
+        self.vmap = None  # a train_pb2.VmapSpec once kiln.vmap wraps it
 
     def apply(self, options: service_pb2.CompileOptions) -> None:
         options.transforms.autodiff.CopyFrom(self.spec)
+        if self.vmap is not None:
+            options.transforms.vmap.CopyFrom(self.vmap)
 
 
 def grad(graph, wrt, output="loss", with_loss=False) -> Transformed:
@@ -128,3 +133,21 @@ def jvp(graph, wrt, output) -> Transformed:
 def hvp(graph, wrt, output="loss") -> Transformed:
     """Takes inputs tangent/<x> (the v); outputs `output`, grad/<x> and hvp/<x>."""
     return Transformed(graph, train_pb2.AUTODIFF_HVP, output, wrt)
+
+
+def vmap(graph, axis=0, inputs=None, size=0) -> Transformed:
+    """`graph` (or a kiln.grad / vjp / jvp / hvp of one: vmap applies after
+    the autodiff transform, so vmap(grad(g)) gives per-example gradients)
+    mapped over a new batch axis: each batched input (`inputs`, default
+    every input) takes the axis at `axis`, every output has it there too;
+    params are not batched. `size` 0 takes the batch from the run's inputs.
+    The ops it batches and the errors are in docs/training.md."""
+    if isinstance(graph, Transformed):
+        if graph.vmap is not None:
+            raise ValueError("vmap of a vmapped graph is not supported (one batch axis)")
+        t = Transformed.__new__(Transformed)
+        t.source, t.spec = graph.source, graph.spec
+    else:
+        t = Transformed(graph)
+    t.vmap = train_pb2.VmapSpec(size=int(size), axis=int(axis), inputs=list(inputs or []))
+    return t

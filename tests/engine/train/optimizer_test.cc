@@ -422,6 +422,17 @@ TEST(TrainStep, ParamSetsAreChecked) {
   wrong[1] = TensorRef::Of("b1", odd);
   s = SharedEngine().CreateTrainingParams(*exe->executable, wrong);
   EXPECT_NE(s.status().message().find("\"b1\" must be f32[32]"), std::string::npos) << s.status();
+  // Steps taken given (a restored checkpoint) but part of the state missing:
+  // refused, not continued from zero moments.
+  HostTensor steps = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {7});
+  std::vector<TensorRef> partial = all;
+  partial.push_back(TensorRef::Of("opt/step", steps));
+  partial.push_back(TensorRef::Of("opt/w1/m", w1));
+  s = SharedEngine().CreateTrainingParams(*exe->executable, partial);
+  EXPECT_NE(s.status().message().find("a continued run needs all of its optimizer state"),
+            std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find("optimizer state \"opt/"), std::string::npos) << s.status();
   // A plain param set cannot be stepped: the updates have nowhere to go.
   std::vector<TensorRef> with_state = all;
   std::vector<HostTensor> zeros;
