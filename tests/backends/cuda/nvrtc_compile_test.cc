@@ -204,11 +204,6 @@ TEST_F(NvrtcCompileTest, VectorizedLoopWhereNoInputBroadcasts) {
   EXPECT_NE(source.find("const float v1 = k_gelu_lowp(v0);"), std::string::npos) << source;
   EXPECT_EQ(source.find("k_round_bf16(k_gelu_lowp"), std::string::npos) << source;
   CompileElementwise(gelu);
-  if (const char* dump = std::getenv("KILN_DUMP_GELU")) {
-    std::FILE* f = std::fopen(dump, "w");
-    std::fputs(source.c_str(), f);
-    std::fclose(f);
-  }
 
   // f32 with a scalar operand: 4 lanes; the scalar operand is read as before.
   KernelSpec mixed = Elementwise(v1::OP_BINARY, {{v1::DTYPE_F32, {1001}}, {v1::DTYPE_F32, {}}},
