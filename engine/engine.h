@@ -44,9 +44,9 @@ struct EngineOptions {
   // $XDG_CACHE_HOME/kiln (or ~/.cache/kiln).
   std::string cache_dir;
   int64_t cache_max_bytes = int64_t{4} << 30;
-  int cpu_threads = 0;               // 0 = every core
-  ir::VerifyOptions verify;          // graph limits (nodes, rank, elements, depth)
-  int64_t max_memory_executables = 256;  // in-memory executable cache entries
+  int cpu_threads = 0;                         // 0 = every core
+  ir::VerifyOptions verify;                    // graph limits (nodes, rank, elements, depth)
+  int64_t max_memory_executables = 256;        // in-memory executable cache entries
   std::vector<std::string> disabled_backends;  // e.g. {"vulkan"}
   // Device calibration (micro-benchmarks for the cost model): measured once
   // and cached in cache_dir; kIfCacheDir skips it when there is no cache dir
@@ -101,9 +101,9 @@ struct DeviceStats {
   double uptime_micros = 0;
   int queued = 0;
   int running = 0;
-  int slots = 0;           // concurrent runs the device's scheduler allows
-  int64_t dropped = 0;     // deadline passed in the queue, or cancelled
-  int64_t rejected = 0;    // the device's queue was full
+  int slots = 0;         // concurrent runs the device's scheduler allows
+  int64_t dropped = 0;   // deadline passed in the queue, or cancelled
+  int64_t rejected = 0;  // the device's queue was full
   std::map<std::string, double> tenant_device_micros;  // device time by tenant
   std::map<std::string, int> tenant_queued;            // runs waiting, by tenant
   std::map<std::string, int> tenant_running;           // runs executing, by tenant
@@ -111,7 +111,7 @@ struct DeviceStats {
   // input staging), by tenant; idle contexts belong to their program.
   std::map<std::string, int64_t> tenant_run_memory_bytes;
   bool healthy = true;
-  std::string fault;       // the last device fault, if any
+  std::string fault;  // the last device fault, if any
   int64_t faults = 0;
   int64_t restarts = 0;    // times the device came back after a fault
   bool isolated = false;   // runs in a device worker process
@@ -123,9 +123,13 @@ struct DeviceStats {
 };
 
 struct CompileOptions {
-  std::string device = "auto";       // "auto" or a device id
+  std::string device = "auto";  // "auto" or a device id
   bool prefer_common_ir = false;
   bool enable_fusion = true;
+  // f32 MatMul / FusedMatMul may use TF32 (v1::CompileOptions.allow_tf32):
+  // the compiler sets MatMulAttrs.allow_tf32 on them before lowering, so it
+  // reaches each device's kernel spec. Part of the executable key.
+  bool allow_tf32 = false;
   // Writes the text IR after every stage into this directory (also set by
   // the KILN_DUMP environment variable).
   std::string dump_dir;
@@ -186,7 +190,7 @@ class ParamSet {
 };
 
 struct RunOptions {
-  bool report = false;               // fill RunResult::report (steps, timings)
+  bool report = false;  // fill RunResult::report (steps, timings)
   std::string request_id;
   std::string tenant;
   // The run stops between kernels (DEADLINE_EXCEEDED) once this passes, and is
@@ -204,12 +208,12 @@ struct RunOptions {
 
 struct RunResult {
   std::vector<std::pair<std::string, HostTensor>> outputs;  // graph output order
-  v1::DispatchReport report;         // filled when RunOptions::report
+  v1::DispatchReport report;                                // filled when RunOptions::report
 };
 
 struct CompileResult {
   std::shared_ptr<Executable> executable;
-  v1::CompileReport report;          // cache outcome, stage timings, memory plan
+  v1::CompileReport report;  // cache outcome, stage timings, memory plan
 };
 
 struct CacheStats {

@@ -147,9 +147,9 @@ absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Messa
   grpc::ByteBuffer view(bytes);  // shares the slices
   grpc::ProtoBufferReader reader(&view);
   if (reader.status().ok() && message.ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, " is not a valid ", message.GetTypeName(), ": its ", bytes.Length(),
-      " bytes do not parse as that protobuf message"));
+  return absl::InvalidArgumentError(absl::StrCat(what, " is not a valid ", message.GetTypeName(),
+                                                 ": its ", bytes.Length(),
+                                                 " bytes do not parse as that protobuf message"));
 }
 
 CompileOptions ToEngineOptions(const v1::CompileOptions& options) {
@@ -157,6 +157,7 @@ CompileOptions ToEngineOptions(const v1::CompileOptions& options) {
   o.device = options.device().empty() ? "auto" : options.device();
   o.prefer_common_ir = options.prefer_common_ir();
   o.enable_fusion = !options.disable_fusion();
+  o.allow_tf32 = options.allow_tf32();
   o.transforms = options.transforms();
   return o;
 }
@@ -203,8 +204,8 @@ absl::Status CheckDevice(const Engine& engine, const std::string& device) {
     absl::StrAppend(&ids, ids.empty() ? "" : ", ", d->id);
   }
   return absl::InvalidArgumentError(absl::StrCat("options.device ", QuoteClientString(device),
-                                                 " is not a device of this kilnd; devices: ",
-                                                 ids, " (or auto)"));
+                                                 " is not a device of this kilnd; devices: ", ids,
+                                                 " (or auto)"));
 }
 
 std::string InputList(const GraphSignature& signature) {
@@ -241,15 +242,16 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
   for (const auto& p : signature.params) {
     if (p.name != name) continue;
     if (p.type.dtype() != dtype || !DimsFit(p.type, dims)) {
-      return absl::InvalidArgumentError(absl::StrCat("param \"", name, "\" is ",
-                                                     TypeString(p.type), " in the graph, got ",
-                                                     DTypeName(dtype), DimsToString(dims)));
+      return absl::InvalidArgumentError(absl::StrCat("param \"", name, "\" is ", TypeString(p.type),
+                                                     " in the graph, got ", DTypeName(dtype),
+                                                     DimsToString(dims)));
     }
     return absl::OkStatus();
   }
   std::string names;
   for (const auto& p : signature.params) absl::StrAppend(&names, names.empty() ? "" : ", ", p.name);
-  return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(name), " is not a param of the graph; its ",
+  return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(name),
+                                                 " is not a param of the graph; its ",
                                                  "params: ", names.empty() ? "none" : names));
 }
 
@@ -293,7 +295,8 @@ absl::Status CheckInputsAgainst(const GraphSignature& signature,
       if (in.name == t.name) decl = &in;
     }
     if (decl == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(t.name), " is not an input of the graph; ",
+      return absl::InvalidArgumentError(absl::StrCat(QuoteClientString(t.name),
+                                                     " is not an input of the graph; ",
                                                      "its inputs: ", InputList(signature)));
     }
     if (decl->type.dtype() != t.dtype || !DimsFit(decl->type, t.dims)) {
@@ -306,8 +309,8 @@ absl::Status CheckInputsAgainst(const GraphSignature& signature,
     bool given = false;
     for (const TensorRef& t : inputs) given = given || t.name == in.name;
     if (!given) {
-      return absl::InvalidArgumentError(absl::StrCat("missing input \"", in.name, "\" (",
-                                                     TypeString(in.type), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing input \"", in.name, "\" (", TypeString(in.type), ")"));
     }
   }
   return absl::OkStatus();

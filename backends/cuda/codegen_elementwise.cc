@@ -288,25 +288,30 @@ const char* CompareOp(v1::CompareKind k) {
   }
 }
 
-// One instruction's expression, already rounded to its dtype; "" if unsupported.
-std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& names) {
+// One instruction's expression, rounded to its dtype; "" if unsupported.
+// `round` false leaves an f16/bf16 result in f32, for a value that is only
+// stored (the store rounds it to the same bits: rounding twice is rounding
+// once, and it costs instructions in kernels meant to run at copy speed).
+std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& names,
+                      bool round = true) {
   const DType dt = in.dtype;
   const CType ct = CTypeOf(dt);
   auto arg = [&](int k) { return names[in.args[k]]; };
+  const bool lowp = dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16;
+  auto rounded = [&](const std::string& e) { return round || !lowp ? RoundTo(e, dt) : e; };
   switch (in.op) {
     case v1::OP_UNARY: {
       const auto kind = static_cast<v1::UnaryKind>(in.kind);
       // f16/bf16 results take the cheaper GELU (k_gelu_lowp: exact to their precision).
-      const bool lowp = dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16;
       const std::string e = ct != CType::kFloat ? UnaryInt(kind, arg(0), ct)
                             : (kind == v1::UNARY_GELU && lowp)
                                 ? absl::StrCat("k_gelu_lowp(", arg(0), ")")
                                 : UnaryFloat(kind, arg(0));
-      return e.empty() ? e : RoundTo(e, dt);
+      return e.empty() ? e : rounded(e);
     }
     case v1::OP_BINARY: {
       const std::string e = BinaryExpr(static_cast<v1::BinaryKind>(in.kind), arg(0), arg(1), ct);
-      return e.empty() ? e : RoundTo(e, dt);
+      return e.empty() ? e : rounded(e);
     }
     case v1::OP_COMPARE: {
       const char* op = CompareOp(static_cast<v1::CompareKind>(in.kind));
@@ -316,6 +321,11 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
     case v1::OP_WHERE:
       return absl::StrCat("(", arg(0), " != 0 ? ", arg(1), " : ", arg(2), ")");
     case v1::OP_CAST:
+      if (!round && lowp) {  // the store rounds: the f32 value of the source
+        return CTypeOf(in.arg_dtype) == CType::kFloat
+                   ? arg(0)
+                   : absl::StrCat("static_cast<float>(", arg(0), ")");
+      }
       return Cast(arg(0), in.arg_dtype, dt);
     case v1::OP_CLAMP: {
       const std::string x = arg(0);
@@ -329,7 +339,7 @@ std::string InstrExpr(const RegionInstr& in, const std::vector<std::string>& nam
           const std::string lo = FloatLit(static_cast<float>(in.lo));
           e = absl::StrCat("(", x, " < ", lo, " ? ", lo, " : ", e, ")");
         }
-        return RoundTo(e, dt);
+        return rounded(e);
       }
       // Integers: the nearest integers inside the bounds, within the type.
       const auto [tmin, tmax] = IntRange(dt);
@@ -443,6 +453,15 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
   for (const auto& t : spec.outputs) widest = std::max<int64_t>(widest, ElementSize(t.dtype));
   const int64_t width = 16 / widest;
   const bool vectorize = !coords && width > 1 && total >= width;
+  // Instructions whose value is only stored, not read by a later one: the
+  // store's conversion rounds them (InstrExpr's `round`).
+  std::vector<bool> stored_only(region.instrs.size(), false);
+  for (int r : region.results) stored_only[r] = true;
+  for (const RegionInstr& in : region.instrs) {
+    for (int k = 0; k < in.num_args; ++k) {
+      if (in.args[k] >= n) stored_only[in.args[k] - n] = false;
+    }
+  }
 
   // The per-element statements: loads (`raw(i)` is input i's element),
   // the instructions, and `store(k, value)` per result.
@@ -482,7 +501,7 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
       const RegionInstr& in = region.instrs[j];
       names[n + j] = absl::StrCat("v", n + j);
       absl::StrAppend(&b, indent, "const ", CudaType(CTypeOf(in.dtype)), " ", names[n + j], " = ",
-                      InstrExpr(in, names), ";\n");
+                      InstrExpr(in, names, !stored_only[j]), ";\n");
     }
     // Every load happens before any store: an output may alias an input.
     for (size_t k = 0; k < region.results.size(); ++k) {
@@ -552,28 +571,39 @@ std::string GenerateElementwise(const KernelSpec& spec, const ElementwiseRegion&
       ptrs.push_back(absl::StrCat("reinterpret_cast<k_u64>(out", k, ")"));
     }
     const int64_t nvec = total / width;
+    // Two vectors per trip, both loaded before either is computed: twice
+    // the bytes in flight per thread (one load at a time, with the math of
+    // the other waiting on it, leaves the memory system underfed).
     absl::StrAppend(&src, "  if (((", absl::StrJoin(ptrs, " | "), ") & 15ull) == 0ull) {\n");
     absl::StrAppend(&src, "    for (", index_type, " w = first; w < ", nvec, suffix,
-                    "; w += step) {\n      const ", index_type, " e = w * ", width, suffix, ";\n");
+                    "; w += 2", suffix, " * step) {\n");
+    absl::StrAppend(&src, "      const ", index_type, " e[2] = {w * ", width, suffix, ", (w + step) * ",
+                    width, suffix, "};\n      const bool two = w + step < ", nvec, suffix, ";\n");
     for (int i = 0; i < n; ++i) {
       if (!used[i] || kind[i] != 0) continue;
-      absl::StrAppend(&src, "      const kiln_vin", i, " a", i,
-                      " = *reinterpret_cast<const kiln_vin", i, "*>(in", i, " + e);\n");
+      absl::StrAppend(&src, "      kiln_vin", i, " a", i, "[2];\n      a", i,
+                      "[0] = *reinterpret_cast<const kiln_vin", i, "*>(in", i,
+                      " + e[0]);\n      if (two) a", i, "[1] = *reinterpret_cast<const kiln_vin", i,
+                      "*>(in", i, " + e[1]);\n");
     }
+    absl::StrAppend(&src, "#pragma unroll\n      for (int u = 0; u < 2; ++u) {\n",
+                    "        if (u == 1 && !two) break;\n");
     for (size_t k = 0; k < spec.outputs.size(); ++k) {
-      absl::StrAppend(&src, "      kiln_vout", k, " o", k, ";\n");
+      absl::StrAppend(&src, "        kiln_vout", k, " o", k, ";\n");
     }
-    absl::StrAppend(&src, "#pragma unroll\n      for (int l = 0; l < ", width, "; ++l) {\n");
+    absl::StrAppend(&src, "#pragma unroll\n        for (int l = 0; l < ", width, "; ++l) {\n");
     absl::StrAppend(
         &src,
-        body([&](int i) { return kind[i] == 0 ? absl::StrCat("a", i, ".a[l]") : scalar_raw(i); },
-             [](size_t k, const std::string& v) { return absl::StrCat("o", k, ".a[l] = ", v); },
-             "        "));
-    absl::StrAppend(&src, "      }\n");
+        body(
+            [&](int i) { return kind[i] == 0 ? absl::StrCat("a", i, "[u].a[l]") : scalar_raw(i); },
+            [](size_t k, const std::string& v) { return absl::StrCat("o", k, ".a[l] = ", v); },
+            "          "));
+    absl::StrAppend(&src, "        }\n");
     for (size_t k = 0; k < spec.outputs.size(); ++k) {
-      absl::StrAppend(&src, "      *reinterpret_cast<kiln_vout", k, "*>(out", k, " + e) = o", k,
-                      ";\n");
+      absl::StrAppend(&src, "        *reinterpret_cast<kiln_vout", k, "*>(out", k, " + e[u]) = o",
+                      k, ";\n");
     }
+    absl::StrAppend(&src, "      }\n");
     absl::StrAppend(&src, "    }\n    first += ", nvec * width, suffix, ";\n  }\n");
   }
   absl::StrAppend(&src, "  for (", index_type, " i = first; i < ", total, suffix,

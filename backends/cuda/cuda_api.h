@@ -68,6 +68,7 @@ namespace kiln::cuda {
   X(cuModuleLoadData)                 \
   X(cuModuleUnload)                   \
   X(cuModuleGetFunction)              \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuLaunchKernel)
 
 #define KILN_NVRTC_FUNCTIONS(X) \

@@ -182,10 +182,11 @@ class MatMulKernel final : public CudaKernel {
     KILN_RETURN_IF_ERROR(LoadCublasLt());
     const CublasLtApi& lt = CublasLt();
     const MatMulPlan& p = plan_;
-    // TF32 stays off: CUBLAS_COMPUTE_32F computes f32 products in f32.
-    KILN_RETURN_IF_ERROR(
-        device_.CheckCublas(lt.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                            "cublasLtMatmulDescCreate"));
+    // CUBLAS_COMPUTE_32F computes f32 products in f32; TF32 tensor cores
+    // only where the compile options allowed them (MatMulPlan::tf32).
+    const cublasComputeType_t compute = p.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    KILN_RETURN_IF_ERROR(device_.CheckCublas(
+        lt.cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate"));
     const cublasOperation_t op_a = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(
@@ -220,7 +221,7 @@ class MatMulKernel final : public CudaKernel {
     KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
     key_ = absl::StrCat(device_.info().id, "|", DTypeName(spec_.outputs[0].dtype), "|", M, "x", N,
                         "x", K, "|", p.ta, p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
-                        "|epi=", static_cast<int>(epi), "|c=", lt_residual_);
+                        "|epi=", static_cast<int>(epi), "|c=", lt_residual_, p.tf32 ? "|tf32" : "");
     // Fail at prepare, not at the first run, when no algorithm serves the shape.
     return Algorithm(256).status();
   }
@@ -314,8 +315,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(CudaDevice& d, con
   }
   if (plan.has_residual) epilogue += "+residual";
   const bool post = NeedsPostKernel(plan);
-  const std::string impl =
-      absl::StrCat("cublasLt:gemm_", DTypeSuffix(dt), epilogue, post ? " (nvrtc epilogue)" : "");
+  const std::string impl = absl::StrCat("cublasLt:gemm_", plan.tf32 ? "tf32" : DTypeSuffix(dt),
+                                        epilogue, post ? " (nvrtc epilogue)" : "");
   LoadedFunction fn;
   if (post) {
     KILN_ASSIGN_OR_RETURN(fn, PostKernel(d, spec, plan, context));

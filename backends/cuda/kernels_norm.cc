@@ -135,11 +135,13 @@ Claim SupportsNorm(const CudaDevice&, const KernelSpec& spec) {
 class NormKernel final : public CudaKernel {
  public:
   NormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, LoadedFunction vec_fn,
-             VecLayout vec, NormPlan plan, int64_t rows, int64_t n, std::string impl)
+             VecLayout vec, unsigned vec_grid, NormPlan plan, int64_t rows, int64_t n,
+             std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         fn_(std::move(fn)),
         vec_fn_(std::move(vec_fn)),
         vec_(vec),
+        vec_grid_(vec_grid),
         plan_(plan),
         rows_(rows),
         n_(n) {}
@@ -162,7 +164,7 @@ class NormKernel final : public CudaKernel {
     const unsigned grid =
         static_cast<unsigned>(std::min<int64_t>(rows_, device_.caps().max_grid_x));
     if (vec_.nv != 0 && Aligned16({x, res, scale, bias, y, sum})) {
-      return LaunchKernel(s, vec_fn_.fn, std::max(grid, 1u), 1, 1, vec_.threads, 0, args);
+      return LaunchKernel(s, vec_fn_.fn, vec_grid_, 1, 1, vec_.threads, 0, args);
     }
     return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, RowBlock(n_), 0, args);
   }
@@ -170,6 +172,7 @@ class NormKernel final : public CudaKernel {
  private:
   LoadedFunction fn_, vec_fn_;
   VecLayout vec_;
+  unsigned vec_grid_;  // the vectorized kernel's blocks: as many as are resident at once
   NormPlan plan_;
   int64_t rows_, n_;
 };
@@ -187,15 +190,21 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(CudaDevice& d, const
                         LoadFunction(d, "norm", source, absl::StrCat("kiln_norm_", dt), context));
   const VecLayout vec = VecLayoutFor(spec.inputs[0].dtype, n);
   LoadedFunction vec_fn;
+  unsigned vec_grid = 1;
   if (vec.nv != 0) {
     KILN_ASSIGN_OR_RETURN(
         vec_fn,
         LoadFunction(d, "norm", source, absl::StrCat("kiln_norm_v", vec.nv, "_", dt), context));
+    // Blocks stride over rows, prefetching the next (norm.cu): one block per
+    // row would give every block a single row and nothing to overlap.
+    KILN_ASSIGN_OR_RETURN(vec_grid, ResidentBlocks(d, vec_fn.fn, vec.threads));
+    vec_grid = static_cast<unsigned>(std::clamp<int64_t>(rows, 1, vec_grid));
   }
   const char* what = plan.residual ? (plan.rms ? "residual_rms_norm_" : "residual_layer_norm_")
                                    : (plan.rms ? "rms_norm_" : "layer_norm_");
   return std::unique_ptr<backend::Kernel>(
-      std::make_unique<NormKernel>(d, spec, std::move(fn), std::move(vec_fn), vec, plan, rows, n,
+      std::make_unique<NormKernel>(d, spec, std::move(fn), std::move(vec_fn), vec, vec_grid, plan,
+                                   rows, n,
                                    absl::StrCat("nvrtc:", what, dt, vec.nv != 0 ? "_vec" : "")));
 }
 

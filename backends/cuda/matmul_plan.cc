@@ -9,12 +9,16 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const backend::KernelSpec& spec) {
   if (spec.op == v1::OP_MATMUL) {
     p.ta = spec.attrs.matmul().transpose_a();
     p.tb = spec.attrs.matmul().transpose_b();
+    p.tf32 = spec.attrs.matmul().allow_tf32();
   } else {
     const auto& f = spec.attrs.fused_matmul();
     p.ta = f.transpose_a(), p.tb = f.transpose_b();
     p.has_bias = f.has_bias(), p.has_residual = f.has_residual();
     p.act = f.activation() == v1::UNARY_IDENTITY ? v1::UNARY_KIND_UNSPECIFIED : f.activation();
+    p.tf32 = f.allow_tf32();
   }
+  // TF32 is an f32 matter: 16-bit products use their own tensor cores.
+  p.tf32 = p.tf32 && spec.outputs.size() == 1 && spec.outputs[0].dtype == v1::DTYPE_F32;
   if (spec.inputs.size() != 2u + p.has_bias + p.has_residual || spec.outputs.size() != 1) {
     return absl::InvalidArgumentError("operand count");
   }

@@ -22,6 +22,7 @@ struct MatMulPlan {
   int64_t M = 0, N = 0, K = 0;
   bool ta = false, tb = false, has_bias = false, has_residual = false;
   v1::UnaryKind act = v1::UNARY_KIND_UNSPECIFIED;  // none
+  bool tf32 = false;  // an f32 product whose attrs allow TF32 (CompileOptions.allow_tf32)
   // One strided-batched call per entry: element offsets of A, B and C; each
   // call multiplies `count` batches, A and B advancing by their strides and C
   // by M * N.

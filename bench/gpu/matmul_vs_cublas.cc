@@ -15,7 +15,13 @@
 // with each other. f16/bf16 only (cuBLASLt has no f32 GELU epilogue without
 // TF32 on every version); the entry is "<dtype>_bias_gelu".
 //
-//   matmul_vs_cublas [--device vulkan:0] [--dtypes f32,f16] [--sizes 1024,2048,4096,8192]
+// --dtypes tf32: f32 operands, Kiln's MatMul with MatMulAttrs.allow_tf32
+// (what CompileOptions.allow_tf32 sets; cuBLASLt FAST_TF32) against
+// cublasSgemm in CUBLAS_TF32_TENSOR_OP_MATH; the errors are against the
+// pedantic (f32) SGEMM, and the entry also gives Kiln's f32 product without
+// TF32 in the same run (kiln_f32_ms, tf32_speedup = kiln_f32_ms / kiln_ms).
+//
+//   matmul_vs_cublas [--device vulkan:0] [--dtypes f32,f16,bf16,tf32] [--sizes 1024,2048,4096,8192]
 //                    [--reps 10] [--coop_tiles 128x128x32x2x4x8,...] [--epilogues none,bias_gelu]
 // --coop_tiles (vulkan) also times the f16 product once per
 // KILN_VULKAN_COOP_TILE (BMxBNxBKxSG_MxSG_NxGROUP_M) given, for tuning.
@@ -142,7 +148,8 @@ class Operands {
   // Milliseconds per product (median over `rounds` batches of `reps`), the
   // kernel's implementation name and its result; -1 ms where it cannot run.
   // bias_gelu: FusedMatMul with the bias and GELU (tanh).
-  double Time(int reps, int rounds, bool bias_gelu, std::string* impl, std::vector<float>* result) {
+  double Time(int reps, int rounds, bool bias_gelu, std::string* impl, std::vector<float>* result,
+              bool tf32 = false) {
     kiln::backend::KernelSpec spec;
     spec.name = spec.label = "bench_matmul";
     spec.inputs = {{dtype_, {n_, n_}}, {dtype_, {n_, n_}}};
@@ -154,7 +161,7 @@ class Operands {
       spec.inputs.push_back({dtype_, {n_}});
     } else {
       spec.op = kiln::v1::OP_MATMUL;
-      spec.attrs.mutable_matmul();
+      spec.attrs.mutable_matmul()->set_allow_tf32(tf32);
     }
     if (!ok_ || !dev_.Supports(spec).native) return -1;
     kiln::backend::PrepareContext ctx;
@@ -377,6 +384,7 @@ int main(int argc, char** argv) {
                                 : name == "bf16" ? kiln::v1::DTYPE_BF16
                                                  : kiln::v1::DTYPE_F32;
       const bool half = dtype != kiln::v1::DTYPE_F32;
+      const bool tf32 = name == "tf32";
       const std::vector<char> a = RandomValues(dtype, n * n, 2 * n + half);
       const std::vector<char> b = RandomValues(dtype, n * n, 2 * n + half + 7);
       const std::vector<char> bias = RandomValues(dtype, n, 3 * n + half);
@@ -384,7 +392,7 @@ int main(int argc, char** argv) {
       std::vector<float> want, got;
       auto measure = [&](json entry, bool bias_gelu, double cb) {
         std::string impl;
-        const double ms = operands.Time(r, 5, bias_gelu, &impl, &got);
+        const double ms = operands.Time(r, 5, bias_gelu, &impl, &got, tf32);
         const Errors err = ms > 0 ? Compare(got, want) : Errors{};
         entry.update({{"kiln_ms", ms},
                       {"kiln_tflops", tflops(ms)},
@@ -394,7 +402,35 @@ int main(int argc, char** argv) {
                       {"max_rel_err", err.max_rel}});
         return entry;
       };
-      if (want_plain) {
+      if (want_plain && tf32) {
+        // The f32 reference (pedantic SGEMM), then both sides with TF32.
+        CHECK_CUDA(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+        std::vector<float> tf32_ref;
+        const double exact_cb = TimeCublas(h, dtype, n, a, b, 1, 1, &want);
+        CHECK_CUDA(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH));
+        const double cb = TimeCublas(h, dtype, n, a, b, r, 5, &tf32_ref);
+        const Errors cublas_err = Compare(tf32_ref, want);
+        json entry = measure({{"cublas_ms", cb},
+                              {"cublas_tflops", tflops(cb)},
+                              {"cublas_max_rel_err", cublas_err.max_rel},
+                              {"cublas_f32_ms_one_call", exact_cb}},
+                             false, cb);
+        std::string f32_impl;
+        std::vector<float> f32_got;
+        const double f32_ms = operands.Time(r, 5, false, &f32_impl, &f32_got, false);
+        entry["kiln_f32_ms"] = f32_ms;
+        entry["tf32_speedup"] = f32_ms > 0 && entry["kiln_ms"].get<double>() > 0
+                                    ? f32_ms / entry["kiln_ms"].get<double>()
+                                    : 0.0;
+        row[name] = entry;
+        std::fprintf(stderr,
+                     "%s n=%lld tf32: kiln %.3f ms (%s), cublas tf32 %.3f ms, ratio %.3f; "
+                     "kiln f32 %.3f ms, speedup %.2f; rel err %.2e (cublas %.2e)\n",
+                     device_id.c_str(), static_cast<long long>(n), entry["kiln_ms"].get<double>(),
+                     entry["impl"].get<std::string>().c_str(), cb, entry["ratio"].get<double>(),
+                     f32_ms, entry["tf32_speedup"].get<double>(),
+                     entry["max_rel_err"].get<double>(), cublas_err.max_rel);
+      } else if (want_plain) {
         // SGEMM without TF32; 16-bit GEMMs on tensor cores.
         CHECK_CUDA(cublasSetMathMode(h, half ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
         const double cb = TimeCublas(h, dtype, n, a, b, r, 5, &want);

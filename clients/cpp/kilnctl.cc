@@ -25,16 +25,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/status.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_file.h"
 #include "clients/cpp/kilnctl_import.h"
 #include "clients/cpp/kilnctl_models.h"
 #include "clients/cpp/kilnctl_train.h"
-#include "engine/io/npy.h"
 #include "clients/cpp/progress.h"
 #include "clients/cpp/report_format.h"
-#include "base/status.h"
 #include "engine/io/gguf.h"
+#include "engine/io/npy.h"
 #include "engine/io/npz.h"
 #include "engine/io/safetensors.h"
 
@@ -54,14 +54,15 @@ struct RunFlags {
   std::string graph;
   std::string model;                 // NAME[:VERSION] of the server's repository
   std::vector<std::string> weights;  // .safetensors / .gguf files of params
-  std::vector<std::string> inputs;  // name=path.npy
-  std::vector<std::string> params;  // name=path.npy
+  std::vector<std::string> inputs;   // name=path.npy
+  std::vector<std::string> params;   // name=path.npy
   std::string params_dir;
   std::string out_dir;
   bool report = false;
   std::string trace;
   std::string device = "auto";
   int priority = 0;
+  bool allow_tf32 = false;
 };
 
 struct CompileFlags {
@@ -70,6 +71,7 @@ struct CompileFlags {
   std::string device = "auto";
   bool prefer_common_ir = false;
   bool no_fusion = false;
+  bool allow_tf32 = false;
 };
 
 struct ReportFlags {
@@ -150,12 +152,13 @@ absl::Status LoadWeightFiles(const std::vector<std::string>& files, TensorMap& o
         tensors.emplace_back(e.name, std::move(v));
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--weights ", file, ": not a .safetensors, .gguf or .npz file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--weights ", file, ": not a .safetensors, .gguf or .npz file"));
     }
     for (auto& [name, t] : tensors) {
       if (!out.emplace(name, std::move(t)).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("param '", name, "' given twice (", file, " and an earlier --param/--weights)"));
+        return absl::InvalidArgumentError(absl::StrCat("param '", name, "' given twice (", file,
+                                                       " and an earlier --param/--weights)"));
       }
     }
   }
@@ -191,15 +194,14 @@ absl::Status CmdDevices(const GlobalFlags& g) {
                     peak > 0 ? absl::StrFormat("%.0f GFLOP/s", peak) : std::string("-"),
                     d.profile().calibrated() ? "yes" : "no", absl::StrCat(d.concurrent_runs()),
                     d.isolated() ? absl::StrCat("process ", d.worker_pid()) : std::string("kilnd"),
-                    d.healthy() ? "healthy"
-                                : absl::StrCat("UNHEALTHY (", d.faults(), " faults)")});
+                    d.healthy() ? "healthy" : absl::StrCat("UNHEALTHY (", d.faults(), " faults)")});
   }
-  std::printf("%s", FormatTable({"id", "backend", "name", "arch", "memory", "threads", "peak f32",
-                                 "calibrated", "runs at once", "worker", "health"},
-                                {false, false, false, false, true, true, true, false, true, false,
-                                 false},
-                                rows)
-                        .c_str());
+  std::printf(
+      "%s",
+      FormatTable({"id", "backend", "name", "arch", "memory", "threads", "peak f32", "calibrated",
+                   "runs at once", "worker", "health"},
+                  {false, false, false, false, true, true, true, false, true, false, false}, rows)
+          .c_str());
   for (const v1::DeviceInfo& d : resp.devices()) {
     if (!d.fault().empty()) {
       std::printf("%s: last fault: %s (restarted %lld times)\n", d.id().c_str(), d.fault().c_str(),
@@ -273,6 +275,7 @@ absl::Status CmdCompile(const GlobalFlags& g, const CompileFlags& f) {
   options.set_device(f.device);
   options.set_prefer_common_ir(f.prefer_common_ir);
   options.set_disable_fusion(f.no_fusion);
+  options.set_allow_tf32(f.allow_tf32);
   KILN_ASSIGN_OR_RETURN(auto client, Connect(g));
   absl::StatusOr<v1::CompileResponse> resp;
   {
@@ -291,7 +294,8 @@ absl::Status CmdCompile(const GlobalFlags& g, const CompileFlags& f) {
 
 absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   if (f.graph.empty() == f.model.empty()) {
-    return absl::InvalidArgumentError("kilnctl run needs a graph file or --model NAME[:VERSION], not both");
+    return absl::InvalidArgumentError(
+        "kilnctl run needs a graph file or --model NAME[:VERSION], not both");
   }
   v1::GraphSource graph;
   if (!f.model.empty()) {
@@ -317,6 +321,7 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   options.report = f.report || !f.trace.empty();
   options.priority = f.priority;
   options.compile.set_device(f.device);
+  options.compile.set_allow_tf32(f.allow_tf32);
 
   absl::StatusOr<Client::RunResult> result;
   if (params.empty() && !graph.has_model()) {
@@ -415,10 +420,12 @@ int Main(int argc, char** argv) {
       ->envname("KILN_API_KEY");
   app.add_flag("--tls", g.tls, "connect with TLS (implied by --ca, --cert, --key)")
       ->envname("KILN_TLS");
-  app.add_option("--ca", g.ca, "PEM CA the server's certificate must chain to (default: the "
-                               "system's roots)")
+  app.add_option("--ca", g.ca,
+                 "PEM CA the server's certificate must chain to (default: the "
+                 "system's roots)")
       ->envname("KILN_CA");
-  app.add_option("--cert", g.cert, "PEM client certificate (mTLS; with --key)")->envname("KILN_CERT");
+  app.add_option("--cert", g.cert, "PEM client certificate (mTLS; with --key)")
+      ->envname("KILN_CERT");
   app.add_option("--key", g.key, "PEM private key of --cert")->envname("KILN_KEY");
   app.add_option("--tls-server-name", g.tls_server_name,
                  "name to check the server's certificate against, when not the --addr host")
@@ -439,12 +446,16 @@ int Main(int argc, char** argv) {
   compile->add_flag("--prefer-common-ir", cf.prefer_common_ir,
                     "decompose instead of native kernels");
   compile->add_flag("--no-fusion", cf.no_fusion, "disable fusion");
+  compile->add_flag("--allow-tf32", cf.allow_tf32,
+                    "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
 
   RunFlags rf;
   CLI::App* run = app.add_subcommand("run", "run a graph on .npy inputs");
   run->add_option("graph", rf.graph, ".kiln text, binary .pb, .pbtxt or .onnx graph");
-  run->add_option("--model,-m", rf.model, "a model of the server's repository: NAME or NAME:VERSION");
-  run->add_option("--weights,-w", rf.weights, "params from a .safetensors, .gguf or .npz file (by tensor name)");
+  run->add_option("--model,-m", rf.model,
+                  "a model of the server's repository: NAME or NAME:VERSION");
+  run->add_option("--weights,-w", rf.weights,
+                  "params from a .safetensors, .gguf or .npz file (by tensor name)");
   run->add_option("--input,-i", rf.inputs, "input: name=path.npy");
   run->add_option("--param,-p", rf.params, "param: name=path.npy (uploads through a session)");
   run->add_option("--params-dir", rf.params_dir, "directory of <param>.npy files");
@@ -452,6 +463,8 @@ int Main(int argc, char** argv) {
   run->add_flag("--report", rf.report, "print the dispatch report as a table");
   run->add_option("--trace", rf.trace, "write the dispatch report as Chrome trace JSON");
   run->add_option("--device", rf.device, "auto, or a device id (cpu:0)")->capture_default_str();
+  run->add_flag("--allow-tf32", rf.allow_tf32,
+                "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
   run->add_option("--priority", rf.priority, "higher runs first within the tenant");
 
   ReportFlags pf;
@@ -490,7 +503,8 @@ int Main(int argc, char** argv) {
   }
   if (app.got_subcommand("report")) return Report(CmdReport(g, pf));
   if (app.got_subcommand("cache")) return Report(CmdCacheStats(g));
-  if (app.got_subcommand("models")) return Report(RunModelsCommand(*models, mf, [&g] { return Connect(g); }));
+  if (app.got_subcommand("models"))
+    return Report(RunModelsCommand(*models, mf, [&g] { return Connect(g); }));
   if (app.got_subcommand("train")) {
     absl::StatusOr<std::unique_ptr<Client>> client = Connect(g);
     if (!client.ok()) return Report(client.status());

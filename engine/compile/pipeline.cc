@@ -18,6 +18,18 @@
 namespace kiln::compile {
 namespace {
 
+// CompileOptions.allow_tf32: marks every f32 MatMul / FusedMatMul (after
+// fusion, so fused products are marked too); the attribute travels in the
+// node to each device's KernelSpec, in and out of device workers and the
+// executable cache.
+void AllowTf32(ir::Graph& g) {
+  for (const auto& n : g.nodes()) {
+    if (n->outputs.empty() || n->type().dtype != v1::DTYPE_F32) continue;
+    if (n->op == v1::OP_MATMUL) n->attrs.mutable_matmul()->set_allow_tf32(true);
+    if (n->op == v1::OP_FUSED_MATMUL) n->attrs.mutable_fused_matmul()->set_allow_tf32(true);
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 
 double MicrosSince(Clock::time_point t) {
@@ -101,6 +113,7 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
     st->set_nodes_after(static_cast<int32_t>(g->nodes().size()));
     Dump(dump, *g, index++, stage);
   }
+  if (options.allow_tf32) AllowTf32(*g);
   const auto t_lir = Clock::now();
   KILN_ASSIGN_OR_RETURN(v1::Executable lir, Lower(*g, ctx, origins));
   lir.set_key(key);

@@ -57,30 +57,66 @@ KILN_NORM(f16, k_f16)
 KILN_NORM(bf16, k_bf16)
 
 // The vectorized form, for rows of n = a multiple of K_VEC<T>::N elements
-// with every pointer 16-byte aligned (the host checks both): one block per
-// row, thread t holding vectors t, t + blockDim.x, ... (NV of them) of the
-// row in registers as packed 16-byte words (x + residual, rounded, when
+// with every pointer 16-byte aligned (the host checks both): blocks stride
+// over rows (the host launches about as many blocks as fit on the device at
+// once), thread t holding vectors t, t + blockDim.x, ... (NV of them) of
+// the row in registers as packed 16-byte words (x + residual, rounded, when
 // there is one), so x and the residual are read once; 16-byte loads and
-// stores; warp-shuffle block sums. The statistics as the scalar kernel
-// takes them: the mean of s - shift (shift = the row's first value), then
-// the variance of (s - shift) - delta, both from the registers.
+// stores; warp-shuffle block sums. With NV <= 4 the next row's x (and its
+// first value) is loaded before this row's sums and stores, so a block keeps
+// a row's loads in flight through the other's barriers: one row at a time
+// per block left the memory system idle between a row's phases. The
+// statistics as the scalar kernel takes them: the mean of s - shift (shift
+// = the row's first value), then the variance of (s - shift) - delta, both
+// from the registers.
+template <typename T, int NV>
+__device__ __forceinline__ void norm_load_row(const T* x, k_i64 base, k_i64 nvec, k_v16* raw) {
+  constexpr int N = K_VEC<T>::N;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
+    if (j < nvec) raw[k] = k_ldraw(x, base + j * N);
+  }
+}
+
 template <typename T, int NV>
 __device__ void norm_vec(const T* x, const T* res, const T* scale, const T* bias, T* y, T* sum,
                          k_i64 rows, k_i64 n, float eps, int rms, int has_res, int has_scale,
                          int has_bias, int emit_sum) {
   constexpr int N = K_VEC<T>::N;
+  constexpr bool kPrefetch = NV <= 4;
   __shared__ float scratch[32];
   const k_i64 nvec = n / N;
+  k_v16 next[kPrefetch ? NV : 1];
+  float next_first = 0.0f;
+  if (kPrefetch && blockIdx.x < rows) {
+    norm_load_row<T, NV>(x, static_cast<k_i64>(blockIdx.x) * n, nvec, next);
+    next_first = k_load(x, static_cast<k_i64>(blockIdx.x) * n);
+  }
   for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const k_i64 base = row * n;
     k_v16 raw[NV];
-    const float shift = rms ? 0.0f : norm_in(x, res, base, has_res);
+    float first;
+    if (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) raw[k] = next[k];
+      first = next_first;
+      const k_i64 nrow = row + gridDim.x;
+      if (nrow < rows) {
+        norm_load_row<T, NV>(x, nrow * n, nvec, next);
+        next_first = k_load(x, nrow * n);
+      }
+    } else {
+      norm_load_row<T, NV>(x, base, nvec, raw);
+      first = k_load(x, base);
+    }
+    if (has_res) first = k_round(x, first + k_load(res, base));
+    const float shift = rms ? 0.0f : first;
     float part = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const k_i64 j = threadIdx.x + static_cast<k_i64>(k) * blockDim.x;
       if (j < nvec) {
-        raw[k] = k_ldraw(x, base + j * N);
         float v[N];
         k_unpack(x, raw[k], v);
         if (has_res) {
@@ -131,8 +167,10 @@ __device__ void norm_vec(const T* x, const T* res, const T* scale, const T* bias
   }
 }
 
+// Registers: 64 per thread at 4 blocks of 256 (NV 1, 2); NV = 4 holds two
+// rows of 4 vectors (the prefetch), 85 at 3 blocks, without spilling.
 #define KILN_NORM_VEC(S, T, NV)                                                                 \
-  extern "C" __global__ void __launch_bounds__(NV == 8 ? 1024 : 256, NV == 8 ? 1 : 4) kiln_norm_v##NV##_##S(                                             \
+  extern "C" __global__ void __launch_bounds__(NV == 8 ? 1024 : 256, NV == 8 ? 1 : NV == 4 ? 3 : 4) kiln_norm_v##NV##_##S(                                             \
       const T* x, const T* res, const T* scale, const T* bias, T* y, T* sum, k_i64 rows,        \
       k_i64 n, float eps, int rms, int has_res, int has_scale, int has_bias, int emit_sum) {    \
     norm_vec<T, NV>(x, res, scale, bias, y, sum, rows, n, eps, rms, has_res, has_scale,         \

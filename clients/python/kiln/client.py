@@ -194,25 +194,29 @@ class Client:
 
     # -- graphs and sessions ----------------------------------------------
     def compile(self, graph, input_shapes=None, device="auto", prefer_common_ir=False,
-                disable_fusion=False) -> service_pb2.CompileResponse:
+                disable_fusion=False, allow_tf32=False) -> service_pb2.CompileResponse:
         """Verifies `graph`; compiles it when `input_shapes` ({name: dims})
         fixes its symbolic dims. Returns the signature, executable key and
-        compile report."""
+        compile report. `allow_tf32` lets f32 matmuls use TF32 tensor cores
+        (CUDA devices; ~1e-3 relative error; part of the executable key)."""
         req = service_pb2.CompileRequest(
             graph=graph.source if isinstance(graph, Transformed) else graph_source(graph),
             options=service_pb2.CompileOptions(device=device, prefer_common_ir=prefer_common_ir,
-                                               disable_fusion=disable_fusion))
+                                               disable_fusion=disable_fusion,
+                                               allow_tf32=allow_tf32))
         if isinstance(graph, Transformed):
             graph.apply(req.options)
         for name, dims in (input_shapes or {}).items():
             req.input_shapes.add(name=name, dims=[int(d) for d in dims])
         return self._call("Compile", req)
 
-    def create_session(self, graph, params=None, device="auto") -> Session:
+    def create_session(self, graph, params=None, device="auto", allow_tf32=False) -> Session:
         """A session for `graph` (or a repository model: kiln.model("name"));
-        small `params` go inline, large ones with set_params."""
-        req = service_pb2.CreateSessionRequest(graph=graph_source(graph),
-                                               options=service_pb2.CompileOptions(device=device))
+        small `params` go inline, large ones with set_params. `allow_tf32`
+        as in compile()."""
+        req = service_pb2.CreateSessionRequest(
+            graph=graph_source(graph),
+            options=service_pb2.CompileOptions(device=device, allow_tf32=allow_tf32))
         _named(params, req.params)
         resp = self._call("CreateSession", req)
         return Session(self, resp.session_id, resp.signature)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -433,6 +434,77 @@ TEST_F(CudaDeviceTest, MatMulEpiloguesAndBroadcastBatches) {
     }
     const double tol = c.dtype == v1::DTYPE_F32 ? 1e-5 : 2e-2;
     EXPECT_LE(max_err, tol * std::max(1.0, max_ref)) << (*kernel)->implementation();
+  }
+}
+
+// ---- TF32 (CompileOptions.allow_tf32 -> MatMulAttrs.allow_tf32) ----
+
+// An f32 product whose attrs allow TF32 runs on cuBLASLt's FAST_TF32 compute
+// type: within the TF32 bound of the f64 reference (each operand rounded to
+// 10 mantissa bits: |err| <= 2^-9 sum_k |a_k b_k|, plus f32 accumulation),
+// and visibly less exact than the same product without the attribute (so
+// the attribute reached cuBLASLt); MatMul and FusedMatMul alike.
+TEST_F(CudaDeviceTest, Tf32OnlyWhenTheAttrsAllowIt) {
+  const int64_t M = 256, K = 512, N = 192;
+  const std::vector<double> a = Random(v1::DTYPE_F32, M * K, 5),
+                            b = Random(v1::DTYPE_F32, K * N, 6);
+  const std::vector<char> ea = Encode(v1::DTYPE_F32, a), eb = Encode(v1::DTYPE_F32, b);
+  auto abuf = Upload(ea.data(), static_cast<int64_t>(ea.size()));
+  auto bbuf = Upload(eb.data(), static_cast<int64_t>(eb.size()));
+  auto obuf = dev_->Allocate(M * N * 4);
+  ASSERT_TRUE(obuf.ok());
+  const BufferView ins[] = {{abuf.get(), 0, M * K * 4}, {bbuf.get(), 0, K * N * 4}};
+  const BufferView ov{obuf->get(), 0, M * N * 4};
+  struct Result {
+    double max_err = 0, max_over_bound = 0;
+  };
+  auto run = [&](bool fused, bool tf32, std::string* impl) {
+    KernelSpec spec;
+    spec.name = spec.label = "tf32";
+    spec.inputs = {{v1::DTYPE_F32, {M, K}}, {v1::DTYPE_F32, {K, N}}};
+    spec.outputs = {{v1::DTYPE_F32, {M, N}}};
+    spec.op = fused ? v1::OP_FUSED_MATMUL : v1::OP_MATMUL;
+    if (fused) {
+      spec.attrs.mutable_fused_matmul()->set_activation(v1::UNARY_RELU);
+      spec.attrs.mutable_fused_matmul()->set_allow_tf32(tf32);
+    } else {
+      spec.attrs.mutable_matmul()->set_allow_tf32(tf32);
+    }
+    Result r;
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(spec, ctx);
+    EXPECT_TRUE(kernel.ok()) << kernel.status();
+    if (!kernel.ok()) return r;
+    *impl = (*kernel)->implementation();
+    EXPECT_TRUE((*kernel)->Launch(*stream_, ins, {&ov, 1}).ok());
+    const std::vector<char> got = Download(**obuf, ov.bytes);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          acc += a[m * K + k] * b[k * N + n];
+          mag += std::fabs(a[m * K + k] * b[k * N + n]);
+        }
+        if (fused) acc = Act(v1::UNARY_RELU, acc);
+        const double err = std::fabs(Decode(v1::DTYPE_F32, &got[(m * N + n) * 4]) - acc);
+        r.max_err = std::max(r.max_err, err);
+        r.max_over_bound = std::max(r.max_over_bound, err / (std::ldexp(mag, -9) + 1e-5));
+      }
+    }
+    return r;
+  };
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "FusedMatMul" : "MatMul");
+    std::string impl_f32, impl_tf32;
+    const Result exact = run(fused, false, &impl_f32);
+    const Result tf32 = run(fused, true, &impl_tf32);
+    EXPECT_EQ(impl_f32.rfind("cublasLt:gemm_f32", 0), 0u) << impl_f32;
+    EXPECT_EQ(impl_tf32.rfind("cublasLt:gemm_tf32", 0), 0u) << impl_tf32;
+    EXPECT_LE(exact.max_err, 1e-4);
+    EXPECT_LE(tf32.max_over_bound, 1.0) << "max abs err " << tf32.max_err;
+    EXPECT_GT(tf32.max_err, 1e-4) << "TF32 products should not be f32-exact";
+    std::printf("cuda:0 tf32 %s: max abs err %.3g (f32: %.3g)\n", fused ? "fused" : "plain",
+                tf32.max_err, exact.max_err);
   }
 }
 

@@ -198,6 +198,11 @@ TEST_F(NvrtcCompileTest, VectorizedLoopWhereNoInputBroadcasts) {
             std::string::npos)
       << source;
   EXPECT_NE(source.find("& 15ull) == 0ull"), std::string::npos) << source;
+  // Two vectors loaded per trip before either is computed.
+  EXPECT_NE(source.find("if (two) a0[1] = "), std::string::npos) << source;
+  // The result is only stored: the store rounds it, nothing rounds it before.
+  EXPECT_NE(source.find("const float v1 = k_gelu_lowp(v0);"), std::string::npos) << source;
+  EXPECT_EQ(source.find("k_round_bf16(k_gelu_lowp"), std::string::npos) << source;
   CompileElementwise(gelu);
 
   // f32 with a scalar operand: 4 lanes; the scalar operand is read as before.

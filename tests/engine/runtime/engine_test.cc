@@ -7,12 +7,12 @@
 
 #include <atomic>
 #include <filesystem>
-#include <thread>
 #include <fstream>
 #include <random>
+#include <thread>
 
-#include "engine/compile/disk_cache.h"
 #include "clients/cpp/graph_builder.h"
+#include "engine/compile/disk_cache.h"
 #include "engine/runtime/trace.h"
 #include "nlohmann/json.hpp"
 
@@ -50,7 +50,8 @@ v1::Graph SmallGraph() {
 }
 
 struct Fixture {
-  HostTensor w = HostTensor::FromVector<float>(v1::DTYPE_F32, {8, 4}, std::vector<float>(32, 0.25f));
+  HostTensor w =
+      HostTensor::FromVector<float>(v1::DTYPE_F32, {8, 4}, std::vector<float>(32, 0.25f));
   HostTensor b = HostTensor::FromVector<float>(v1::DTYPE_F32, {4}, {1, -100, 0, 2});
   HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {2, 8}, std::vector<float>(16, 1.0f));
   std::vector<TensorRef> params() const { return {TensorRef::Of("w", w), TensorRef::Of("b", b)}; }
@@ -100,6 +101,39 @@ TEST(Engine, RunsAndReports) {
   int complete = 0;
   for (const auto& e : json["traceEvents"]) complete += e["ph"] == "X";
   EXPECT_EQ(complete, rep.steps_size());
+}
+
+// CompileOptions.allow_tf32 is its own executable (the key's options
+// component) and marks the f32 product for the devices; off (the default),
+// the key and the product are as before, so results match f32 references.
+TEST(Engine, AllowTf32IsInTheKeyAndReachesTheMatMul) {
+  TempDir dir;
+  auto engine = MakeEngine(dir.str());
+  CompileOptions tf32;
+  tf32.allow_tf32 = true;
+  auto exact = engine->Compile(SmallGraph(), {}, {{"x", {2, 8}}});
+  auto fast = engine->Compile(SmallGraph(), tf32, {{"x", {2, 8}}});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_NE(fast->report.executable_key(), exact->report.executable_key());
+  EXPECT_EQ(fast->report.executable_cache(), v1::CACHE_MISS);
+  auto allows = [](const v1::Executable& lir) {
+    int products = 0, allowed = 0;
+    for (const v1::LirStep& s : lir.steps()) {
+      const v1::Node& n = s.kernel().node();
+      if (n.op() == v1::OP_MATMUL || n.op() == v1::OP_FUSED_MATMUL) {
+        ++products;
+        allowed += n.attrs().matmul().allow_tf32() || n.attrs().fused_matmul().allow_tf32();
+      }
+    }
+    return std::make_pair(products, allowed);
+  };
+  const auto [p0, a0] = allows(exact->executable->lir());
+  const auto [p1, a1] = allows(fast->executable->lir());
+  EXPECT_GE(p0, 1);
+  EXPECT_EQ(a0, 0);
+  EXPECT_EQ(p1, p0);
+  EXPECT_EQ(a1, p1);
 }
 
 TEST(Engine, MemoryThenDiskCache) {
@@ -179,8 +213,8 @@ TEST(Engine, RunErrorsNameTheProblem) {
   auto c = engine->Compile(SmallGraph(), {}, {{"x", {2, 8}}});
   ASSERT_TRUE(c.ok());
   Executable& exe = *c->executable;
-  auto expect = [&](absl::StatusCode code, const std::string& needle,
-                    std::vector<TensorRef> inputs, const ParamSet* p) {
+  auto expect = [&](absl::StatusCode code, const std::string& needle, std::vector<TensorRef> inputs,
+                    const ParamSet* p) {
     auto r = engine->Run(exe, inputs, p, {});
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), code) << r.status();
@@ -190,14 +224,16 @@ TEST(Engine, RunErrorsNameTheProblem) {
   HostTensor wrong = HostTensor::FromVector<float>(v1::DTYPE_F32, {3, 8}, std::vector<float>(24));
   expect(absl::StatusCode::kInvalidArgument, "must be f32[2, 8]", {TensorRef::Of("x", wrong)},
          params->get());
-  HostTensor ints = HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {2, 8}, std::vector<int32_t>(16));
+  HostTensor ints =
+      HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {2, 8}, std::vector<int32_t>(16));
   expect(absl::StatusCode::kInvalidArgument, "got i32", {TensorRef::Of("x", ints)}, params->get());
   expect(absl::StatusCode::kInvalidArgument, "unknown input \"z\"",
          {TensorRef::Of("x", f.x), TensorRef::Of("z", f.x)}, params->get());
   TensorRef short_data = TensorRef::Of("x", f.x);
   short_data.bytes -= 4;
   expect(absl::StatusCode::kInvalidArgument, "needs 64 bytes", {short_data}, params->get());
-  expect(absl::StatusCode::kFailedPrecondition, "param \"w\" (f32[8, 4]) is not set", f.inputs(), nullptr);
+  expect(absl::StatusCode::kFailedPrecondition, "param \"w\" (f32[8, 4]) is not set", f.inputs(),
+         nullptr);
   const std::vector<TensorRef> mismatched = {TensorRef::Of("w", f.w), TensorRef::Of("b", f.x)};
   auto bad_params = engine->CreateParams(mismatched);
   ASSERT_TRUE(bad_params.ok());
@@ -236,12 +272,13 @@ TEST(Engine, DumpWritesEveryStage) {
   o.dump_dir = dir.str();
   ASSERT_TRUE(engine->Compile(SmallGraph(), o, {{"x", {2, 8}}}).ok());
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir.str())) files.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir.str()))
+    files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{
-                       "small.0_hir.kiln", "small.1_transforms.kiln", "small.2_legalize.kiln",
-                       "small.3_canonicalize.kiln", "small.4_fuse.kiln", "small.5_place.kiln",
-                       "small.6_plan_memory.kiln"}));
+  EXPECT_EQ(files, (std::vector<std::string>{"small.0_hir.kiln", "small.1_transforms.kiln",
+                                             "small.2_legalize.kiln", "small.3_canonicalize.kiln",
+                                             "small.4_fuse.kiln", "small.5_place.kiln",
+                                             "small.6_plan_memory.kiln"}));
   std::ifstream in(fs::path(dir.str()) / "small.4_fuse.kiln");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("fused_matmul"), std::string::npos) << text;
