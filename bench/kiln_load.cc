@@ -7,7 +7,9 @@
 //       outstanding call) for the tiny graph and the BERT-base encoder layer
 //       (session with params, batch 1, seq 128);
 //   (c) the encoder layer through kilnd vs the in-process Engine in this
-//       process, alternating blocks of runs A B A B; overhead of the medians.
+//       process, alternating blocks of runs A B A B; overhead of the medians;
+//   (d) with --batching, only: batch-1 encoder-layer requests from 16 callers
+//       with dynamic batching on vs off, alternating blocks; the ratio.
 //
 // Starts its own kilnd (temp cache dir, ephemeral ports, a queue quota that
 // admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
@@ -153,7 +155,77 @@ struct Flags {
   int payload_runs = 200;
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64};
   bool skip_encoder = false;
+  // --batching: only (d), dynamic batching on vs off.
+  bool batching = false;
+  int callers = 16;
+  int max_batch = 16;
+  int64_t delay_us = 2000;
+  double batching_seconds = 4.0;
+  int batching_blocks = 3;
 };
+
+// (d) Batch-1 encoder-layer requests from `callers` closed-loop callers
+// through two sessions of one kilnd, dynamic batching on (max_batch,
+// delay_us) and off, in alternating blocks A B A B after a warm-up that
+// compiles the batch sizes. Prints one JSON line.
+int Batching(const Client& client, const Flags& f, json out) {
+  const models::EncoderConfig config;
+  models::Model m = models::EncoderLayer(config);
+  std::mt19937_64 rng(5);
+  std::vector<TensorMap> inputs(static_cast<size_t>(f.callers));
+  for (TensorMap& in : inputs) {
+    in.emplace("x", models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
+  }
+  std::string ids[2];  // 0: batching off, 1: on
+  for (int on = 0; on < 2; ++on) {
+    v1::CompileOptions options;
+    if (on) {
+      options.mutable_batching()->set_max_batch(f.max_batch);
+      options.mutable_batching()->set_max_queue_delay_micros(f.delay_us);
+    }
+    auto session = client.CreateSession(GraphFromProto(m.graph), options);
+    Die(session.status(), "encoder session");
+    ids[on] = session->session_id();
+    Die(client.SetParams(ids[on], m.params).status(), "encoder params");
+  }
+  // Each caller sends its own input (and checks nothing: the tests do).
+  std::atomic<int> next{0};
+  auto caller_call = [&](int on) {
+    thread_local int me = -1;
+    if (me < 0) me = next.fetch_add(1) % f.callers;
+    return client.Run(ids[on], inputs[static_cast<size_t>(me)]).status();
+  };
+  std::fprintf(stderr, "kiln_load: batching warm-up (compiles each batch size)\n");
+  for (int on = 0; on < 2; ++on) {
+    Throughput(f.callers, on ? 3 * f.batching_seconds : 1.0, [&] { return caller_call(on); });
+  }
+  std::vector<json> blocks[2];
+  std::vector<double> rates[2];
+  for (int b = 0; b < f.batching_blocks; ++b) {
+    for (int on = 0; on < 2; ++on) {
+      std::fprintf(stderr, "kiln_load: batching %s, block %d\n", on ? "on" : "off", b);
+      json j = Throughput(f.callers, f.batching_seconds, [&] { return caller_call(on); });
+      rates[on].push_back(j["runs_per_s"].get<double>());
+      blocks[on].push_back(std::move(j));
+    }
+  }
+  std::vector<double> ratio;
+  for (int b = 0; b < f.batching_blocks; ++b) ratio.push_back(rates[1][b] / rates[0][b]);
+  out["batching"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+                     {"callers", f.callers},
+                     {"max_batch", f.max_batch},
+                     {"max_queue_delay_us", f.delay_us},
+                     {"seconds_per_block", f.batching_seconds},
+                     {"off_blocks", blocks[0]},
+                     {"on_blocks", blocks[1]},
+                     {"off_runs_per_s_median", Median(rates[0])},
+                     {"on_runs_per_s_median", Median(rates[1])},
+                     {"ratio_median_of_blocks", Median(ratio)},
+                     {"target_ratio", 2.0}};
+  std::printf("%s\n", out.dump().c_str());
+  for (const std::string& id : ids) Die(client.CloseSession(id), "close");
+  return 0;
+}
 
 int Main(int argc, char** argv) {
   Flags f;
@@ -174,6 +246,15 @@ int Main(int argc, char** argv) {
   app.add_option("--payload-runs", f.payload_runs, "runs per payload case")->capture_default_str();
   app.add_option("--concurrency", f.concurrency, "throughput points")->delimiter(',');
   app.add_flag("--skip-encoder", f.skip_encoder, "only the tiny graph");
+  app.add_flag("--batching", f.batching,
+               "only (d): encoder-layer requests with dynamic batching on vs off");
+  app.add_option("--callers", f.callers, "(d) concurrent callers")->capture_default_str();
+  app.add_option("--max-batch", f.max_batch, "(d) max_batch")->capture_default_str();
+  app.add_option("--delay-us", f.delay_us, "(d) max_queue_delay_micros")->capture_default_str();
+  app.add_option("--batching-seconds", f.batching_seconds, "(d) seconds per block")
+      ->capture_default_str();
+  app.add_option("--batching-blocks", f.batching_blocks, "(d) blocks each of on and off")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // The in-process engine logs through spdlog: to stderr, keeping stdout JSON.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kiln_load"));
@@ -203,6 +284,7 @@ int Main(int argc, char** argv) {
   auto client_or = Client::Create(f.addr);
   Die(client_or.status(), "connecting");
   const Client& client = **client_or;
+  if (f.batching) return Batching(client, f, std::move(out));
 
   // (a) The tiny graph: x f32[1] -> x + 1.
   std::fprintf(stderr, "kiln_load: tiny graph, concurrency 1\n");

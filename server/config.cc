@@ -15,6 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/batcher.h"
+#include "server/limits.h"
+#include "server/models.h"
 
 namespace kiln::server {
 namespace {
@@ -197,6 +200,26 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
   }
   if (config.model_repository().max_model_bytes() < 0) {
     return absl::InvalidArgumentError("model_repository.max_model_bytes must be >= 0 (0 = 64 GiB)");
+  }
+  const auto& serving = config.model_repository().models();
+  for (int i = 0; i < serving.size(); ++i) {
+    const std::string where = absl::StrCat("model_repository.models[", i, "]");
+    if (!IsValidModelName(serving[i].name())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".name ", QuoteClientString(serving[i].name()),
+          " is not a model name ([A-Za-z0-9._-]{1,128}, not starting with '.')"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (serving[j].name() == serving[i].name()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".name \"", serving[i].name(),
+                                                       "\" is also model_repository.models[", j,
+                                                       "].name"));
+      }
+    }
+    if (absl::Status s = ToBatchingConfig(serving[i].batching(), where + ".batching").status();
+        !s.ok()) {
+      return s;
+    }
   }
   if (!std::isfinite(config.model_repository().poll_seconds())) {
     return absl::InvalidArgumentError("model_repository.poll_seconds must be a number (0 = 5 s, < 0 = never)");

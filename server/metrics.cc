@@ -35,6 +35,13 @@ const prometheus::Histogram::BucketBoundaries& ByteBuckets() {
   return *b;
 }
 
+// Rows of a dynamic batch, 1 to 1024 (kMaxBatchRows) in powers of 2.
+const prometheus::Histogram::BucketBoundaries& BatchRowBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  return *b;
+}
+
 std::string Lower(std::string s) {
   absl::AsciiStrToLower(&s);
   return s;
@@ -148,6 +155,14 @@ Metrics::Metrics()
                              .Name("kiln_train_step_seconds")
                              .Help("Time of a training step (queue and run), by tenant")
                              .Register(*registry_);
+  batch_rows_ = &prometheus::BuildHistogram()
+                     .Name("kiln_batch_rows")
+                     .Help("Rows (batch size) of each dynamically batched run, by tenant")
+                     .Register(*registry_);
+  batch_queue_seconds_ = &prometheus::BuildHistogram()
+                              .Name("kiln_batch_queue_seconds")
+                              .Help("Time a request waited in its dynamic batch queue, by tenant")
+                              .Register(*registry_);
 }
 
 Metrics::~Metrics() = default;
@@ -200,11 +215,22 @@ void Metrics::ObserveCompile(const std::string& tenant, const std::string& devic
       .Observe(absl::ToDoubleSeconds(took));
 }
 
-void Metrics::ObserveRun(const std::string& tenant, const v1::DispatchReport& report) {
+void Metrics::ObserveRun(const std::string& tenant, const v1::DispatchReport& report,
+                         bool count_kernels) {
   const prometheus::Labels labels{{"tenant", tenant}, {"device", report.placement().chosen()}};
   queue_seconds_->Add(labels, LatencyBuckets()).Observe(report.queue_micros() * 1e-6);
   run_seconds_->Add(labels, LatencyBuckets()).Observe(report.run_micros() * 1e-6);
-  CountKernelSteps(report);
+  if (count_kernels) CountKernelSteps(report);
+}
+
+void Metrics::ObserveBatch(const std::string& tenant, int64_t batch_rows,
+                           absl::Duration queue_wait) {
+  const prometheus::Labels labels{{"tenant", tenant}};
+  if (batch_rows > 0) {
+    batch_rows_->Add(labels, BatchRowBuckets()).Observe(static_cast<double>(batch_rows));
+  }
+  batch_queue_seconds_->Add(labels, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(queue_wait));
 }
 
 void Metrics::ObserveTrainStep(const std::string& tenant, absl::Duration took) {

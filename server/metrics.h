@@ -66,7 +66,13 @@ class Metrics {
   // A finished run from its dispatch report: queue wait and run time by
   // tenant and device (the placement's chosen device), kernels and kernel
   // time by backend (the device id's prefix) and path.
-  void ObserveRun(const std::string& tenant, const v1::DispatchReport& report);
+  // `count_kernels` false for the requests of a dynamic batch but one (the
+  // batch ran its kernels once).
+  void ObserveRun(const std::string& tenant, const v1::DispatchReport& report,
+                  bool count_kernels = true);
+  // A request of a dynamic batch (server/batcher.h): its wait in the batch
+  // queue, and the batch's rows (`batch_rows` > 0 once per batch).
+  void ObserveBatch(const std::string& tenant, int64_t batch_rows, absl::Duration queue_wait);
   // A training step of a training session (its run is also ObserveRun's).
   void ObserveTrainStep(const std::string& tenant, absl::Duration took);
 
@@ -98,6 +104,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* run_seconds_;
   prometheus::Family<prometheus::Counter>* train_steps_;
   prometheus::Family<prometheus::Histogram>* train_step_seconds_;
+  prometheus::Family<prometheus::Histogram>* batch_rows_;
+  prometheus::Family<prometheus::Histogram>* batch_queue_seconds_;
 };
 
 }  // namespace kiln::server

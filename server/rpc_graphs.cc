@@ -21,6 +21,24 @@ absl::StatusOr<v1::Graph> GraphOf(const ServiceDeps& d, const v1::GraphSource& s
   return (*model)->graph;
 }
 
+// A new session's dynamic batching: its options', else its model's config
+// (checked at start), else off.
+absl::StatusOr<BatchingConfig> SessionBatching(const ServiceDeps& d,
+                                               const v1::CreateSessionRequest& request,
+                                               const ModelVersion* model) {
+  if (request.options().has_batching()) {
+    return ToBatchingConfig(request.options().batching(), "options.batching");
+  }
+  if (model == nullptr) return BatchingConfig{};
+  const auto& models = d.config->model_repository().models();
+  for (int i = 0; i < models.size(); ++i) {
+    if (models[i].name() != model->name) continue;
+    return ToBatchingConfig(models[i].batching(),
+                            absl::StrCat("model_repository.models[", i, "].batching"));
+  }
+  return BatchingConfig{};
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
@@ -33,6 +51,10 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
     const ServiceDeps& d = deps();
     std::shared_ptr<const ModelVersion> model;
     KILN_ASSIGN_OR_RETURN(v1::Graph graph, GraphOf(d, request.graph(), &model));
+    if (request.options().has_batching()) {
+      return absl::InvalidArgumentError(
+          "options.batching is a session's: set it in CreateSession's options, not Compile's");
+    }
     const CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(graph));
@@ -95,6 +117,7 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
       return absl::InvalidArgumentError(
           "vmap is for one-shot runs and Compile; a session cannot take it yet");
     }
+    KILN_ASSIGN_OR_RETURN(BatchingConfig batching, SessionBatching(d, request, model.get()));
     if (options.transforms.has_training()) {
       if (options.transforms.autodiff().mode() != v1::AUTODIFF_NONE) {
         return absl::InvalidArgumentError(
@@ -111,6 +134,7 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     auto session = std::make_shared<Session>(SessionStore::NewId(), *call.tenant, std::move(graph),
                                              sig, options);
     if (model) session->AttachModel(std::make_unique<ModelLease>(model));
+    session->SetBatching(batching, InputsBatchReason(sig));
     absl::Status bound = [&]() -> absl::Status {
       if (!params.empty()) {
         int64_t bytes = 0;

@@ -3,11 +3,14 @@
 // its device's scheduler in the engine, and answered from there.
 #include <atomic>
 #include <optional>
+#include <cstdint>
+#include <span>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "server/config.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
 
@@ -35,6 +38,13 @@ std::optional<GraphSignature> DeclaredInputs(const v1::Graph& graph) {
   return sig;
 }
 
+void MarkReusedReport(v1::CompileReport& report) {
+  report.set_executable_cache(v1::CACHE_HIT_MEMORY);
+  report.clear_stages();
+  report.set_total_micros(0);
+  report.add_notes("executable reused by the session");
+}
+
 class RunReactor final : public grpc::ServerUnaryReactor {
  public:
   RunReactor(KilnService& service, grpc::CallbackServerContext* ctx,
@@ -45,6 +55,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       Complete(s);
       return;
     }
+    if (session_ && session_->batching().enabled() && SubmitBatched()) return;
     // A session whose executable is ready goes straight to its device's
     // scheduler (which may run a short run right here, on gRPC's thread);
     // anything to resolve or compile goes to the work pool's compile account
@@ -74,9 +85,20 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   void OnCancel() override {
     cancelled_.store(true);
     std::optional<Engine::RunTicket> ticket;
+    Batcher::Ticket member;
     {
       absl::MutexLock lock(&ticket_mu_);
       ticket = ticket_;
+      member = member_;
+    }
+    // A request in a batch leaves it (queued or running) and is answered
+    // now; the others go on.
+    if (member && Batcher::Leave(member)) {
+      // gRPC's deadline timer may fire a hair before the deadline itself.
+      Complete(absl::Now() + absl::Milliseconds(10) >= Deadline()
+                   ? absl::DeadlineExceededError("the run's deadline passed while it was batched")
+                   : absl::CancelledError("the client went away while the run was batched"));
+      return;
     }
     // May answer the call (CANCELLED) on this thread; gRPC runs OnDone only
     // after OnCancel returns.
@@ -91,26 +113,30 @@ class RunReactor final : public grpc::ServerUnaryReactor {
         service_.Begin(ctx_, "Run", static_cast<int64_t>(request_bytes_.Length()), call_));
     d.metrics->ObserveRequestBytes(call_.tenant->name(), "Run",
                                    static_cast<int64_t>(request_bytes_.Length()));
-    KILN_RETURN_IF_ERROR(ParseMessage(request_bytes_, request_, "the request"));
-    const bool has_session = !request_.session_id().empty();
-    const bool has_graph = request_.has_graph() &&
-                           request_.graph().kind_case() != v1::GraphSource::KIND_NOT_SET;
+    KILN_RETURN_IF_ERROR(ParseMessage(request_bytes_, *request_, "the request"));
+    const bool has_session = !request_->session_id().empty();
+    const bool has_graph = request_->has_graph() &&
+                           request_->graph().kind_case() != v1::GraphSource::KIND_NOT_SET;
     if (has_session && has_graph) {
       return absl::InvalidArgumentError(
           "set session_id (a session's run) or graph (a one-shot run), not both");
+    }
+    if (request_->options().has_batching()) {
+      return absl::InvalidArgumentError(
+          "options.batching is a session's: set it in CreateSession's options, not Run's");
     }
     if (!has_session && !has_graph) {
       return absl::InvalidArgumentError(
           "nothing to run: set session_id (a session's run) or graph (a one-shot run)");
     }
-    KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_.inputs(), d.config->limits(), "input"));
-    KILN_ASSIGN_OR_RETURN(params_, CheckNamedTensors(request_.params(), d.config->limits(), "param"));
+    KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_->inputs(), d.config->limits(), "input"));
+    KILN_ASSIGN_OR_RETURN(params_, CheckNamedTensors(request_->params(), d.config->limits(), "param"));
     if (has_session) {
       if (!params_.empty()) {
         return absl::InvalidArgumentError(
             "a session's run takes inputs only: bind params with CreateSession or SetParams");
       }
-      KILN_ASSIGN_OR_RETURN(session_, d.sessions->Find(*call_.tenant, request_.session_id()));
+      KILN_ASSIGN_OR_RETURN(session_, d.sessions->Find(*call_.tenant, request_->session_id()));
       call_.detail = absl::StrCat("session=", session_->id());
       KILN_RETURN_IF_ERROR(CheckInputsAgainst(session_->signature(), inputs_));
     }
@@ -120,12 +146,118 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::OkStatus();
   }
 
+  // Hands the run to the session's batcher unless it cannot join a batch
+  // (alone_reason_ then says why, and the run goes on alone). True when the
+  // batcher took it.
+  bool SubmitBatched() {
+    const ServiceDeps& d = service_.deps();
+    if (d.batcher == nullptr) return false;
+    alone_reason_ = session_->inputs_batch_reason();
+    if (alone_reason_.empty()) {
+      alone_reason_ =
+          session_->OutputsBatchReasonFor(inputs_, VerifyOptionsFrom(d.config->limits()));
+    }
+    if (alone_reason_.empty() && inputs_[0].dims[0] < 1) alone_reason_ = "it has no rows";
+    if (!alone_reason_.empty()) return false;
+    auto program = std::make_shared<Batcher::Program>();
+    program->config = session_->batching();
+    program->tenant = call_.tenant->name();
+    program->params = session_->params();
+    // One queue per program: a session on a repository model's shared params
+    // batches with the tenant's other sessions on them; any other session
+    // only with itself (its params are its own).
+    const CompileOptions& co = session_->options();
+    std::vector<TensorRef> rest = inputs_;  // the non-batch dims
+    for (TensorRef& t : rest) t.dims[0] = 0;
+    program->key = absl::StrCat(
+        call_.tenant->name().size(), ":", call_.tenant->name(), "|",
+        session_->params_shared()
+            ? absl::StrCat("model ", session_->model(), " ",
+                           reinterpret_cast<uintptr_t>(program->params.get()))
+            : absl::StrCat("session ", session_->id()),
+        "|", co.device, ",", co.prefer_common_ir, ",", co.enable_fusion, ",",
+        co.transforms.SerializeAsString(), "|", program->config.max_batch, ",",
+        absl::ToInt64Microseconds(program->config.max_queue_delay), "|", ShapeKey(rest));
+    program->run.tenant = call_.tenant->name();
+    program->run.tenant_weight = call_.tenant->weight();
+    program->run.tenant_max_queue = call_.tenant->quota().max_queue();
+    program->max_batch_bytes = d.config->limits().max_tensor_bytes();
+    std::shared_ptr<Session> session = session_;
+    program->ready = [session](const std::vector<TensorRef>& in,
+                               v1::CompileReport* report) -> std::shared_ptr<Executable> {
+      std::optional<Session::Compiled> c = session->FindExecutable(ShapeKey(in));
+      if (!c) return nullptr;
+      *report = std::move(c->report);
+      MarkReusedReport(*report);
+      return c->executable;
+    };
+    KilnService& service = service_;
+    program->compile = [&service, session](const std::vector<TensorRef>& in,
+                                           v1::CompileReport* report)
+        -> absl::StatusOr<std::shared_ptr<Executable>> {
+      bool reused = false;
+      KILN_ASSIGN_OR_RETURN(Session::Compiled c, SessionExecutable(service, *session, in, &reused));
+      *report = std::move(c.report);
+      if (reused) MarkReusedReport(*report);
+      return c.executable;
+    };
+    program->compile_account = CompileAccount(*call_.tenant);
+    program->max_compiles = call_.tenant->quota().max_concurrent_compiles();
+
+    Batcher::Request r;
+    r.inputs = inputs_;
+    r.keep_alive = request_;
+    r.rows = inputs_[0].dims[0];
+    r.deadline = Deadline();
+    r.priority = request_->priority();
+    r.request_id = call_.request_id;
+    r.estimated_run_micros = session_->EstimatedRunMicros(ShapeKey(inputs_)).value_or(0);
+    // The answer may come before Submit returns (a batch filled by this
+    // request that ran inline): kept and given below, as in StartRun.
+    std::optional<absl::Status> answered_inline;
+    Batcher::Ticket member;
+    {
+      absl::MutexLock lock(&ticket_mu_);
+      submitter_.store(std::this_thread::get_id());
+      inline_outcome_ = &answered_inline;
+      member = d.batcher->Submit(
+          std::move(program), std::move(r),
+          [this](absl::StatusOr<Batcher::Outcome> outcome) {
+            if (submitter_.load() == std::this_thread::get_id()) {
+              *inline_outcome_ = BuildBatchedResponse(std::move(outcome));
+              return;
+            }
+            { absl::MutexLock wait_for_ticket(&ticket_mu_); }
+            Complete(BuildBatchedResponse(std::move(outcome)));
+          },
+          &alone_reason_);
+      submitter_.store(std::thread::id());
+      inline_outcome_ = nullptr;
+      member_ = member;
+    }
+    if (!member) return false;
+    absl::StrAppend(&call_.detail, " batched");
+    if (answered_inline) Complete(*answered_inline);
+    return true;
+  }
+
+  absl::Status BuildBatchedResponse(absl::StatusOr<Batcher::Outcome> outcome) {
+    if (!outcome.ok()) return BuildResponse(outcome.status());
+    compile_ = std::move(outcome->compile);
+    const v1::BatchInfo& b = outcome->result.report.batch();
+    // Once per batch (its first request's answer): the batch's size and
+    // its kernels; every request: its own wait.
+    service_.deps().metrics->ObserveBatch(call_.tenant->name(), b.row_offset() == 0 ? b.batch_rows() : 0,
+                                          absl::Microseconds(b.queue_wait_micros()));
+    count_kernels_ = b.row_offset() == 0;
+    absl::StrAppend(&call_.detail, " batch_rows=", b.batch_rows(),
+                    " batch_wait_ms=", b.queue_wait_micros() / 1000);
+    return BuildResponse(std::move(outcome->result));
+  }
+
   void MarkReused() {
     call_.tenant->CountCacheOutcome(v1::CACHE_HIT_MEMORY);  // the tenant's own session
-    compile_.set_executable_cache(v1::CACHE_HIT_MEMORY);
-    compile_.clear_stages();
-    compile_.set_total_micros(0);
-    compile_.add_notes("executable reused by the session");
+    MarkReusedReport(compile_);
   }
 
   absl::Time Deadline() const {
@@ -152,8 +284,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       params_set_ = session_->params();
       return absl::OkStatus();
     }
-    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_.graph(), d.config->limits()));
-    const CompileOptions options = ToEngineOptions(request_.options());
+    KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_->graph(), d.config->limits()));
+    const CompileOptions options = ToEngineOptions(request_->options());
     // vjp, jvp and hvp add inputs (cotangent/..., tangent/...): the compiled
     // executable checks those runs' inputs instead.
     const v1::AutodiffMode mode = options.transforms.autodiff().mode();
@@ -196,7 +328,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     // run stops between kernels once the client goes away or the deadline passes.
     options.tenant_weight = call_.tenant->weight();
     options.tenant_max_queue = call_.tenant->quota().max_queue();
-    options.priority = request_.priority();
+    options.priority = request_->priority();
     options.deadline = Deadline();
     options.cancelled = &cancelled_;
     // The run may end before RunAsync returns: inline here (its outcome is
@@ -236,7 +368,13 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     v1::DispatchReport& report = result->report;
     const absl::Duration queued = absl::Microseconds(report.queue_micros());
     const absl::Duration ran = absl::Microseconds(report.run_micros());
-    d.metrics->ObserveRun(call_.tenant->name(), report);
+    if (!alone_reason_.empty()) {
+      report.mutable_batch()->set_alone_reason(alone_reason_);
+      report.mutable_batch()->set_rows(inputs_.empty() || inputs_[0].dims.empty() ? 0 : inputs_[0].dims[0]);
+      report.mutable_batch()->set_batch_rows(report.batch().rows());
+      report.mutable_batch()->set_batch_requests(1);
+    }
+    d.metrics->ObserveRun(call_.tenant->name(), report, count_kernels_);
     *report.mutable_compile() = std::move(compile_);
     d.reports->Add(call_.tenant->name(), report);
     for (auto& [name, tensor] : result->outputs) {
@@ -244,7 +382,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       out->set_name(name);
       tensor.ToProto(out->mutable_tensor());
     }
-    if (request_.report()) *response_.mutable_report() = std::move(report);
+    if (request_->report()) *response_.mutable_report() = std::move(report);
     response_.set_request_id(call_.request_id);
     absl::StrAppend(&call_.detail, " queue_ms=", absl::ToDoubleMilliseconds(queued),
                     " run_ms=", absl::ToDoubleMilliseconds(ran));
@@ -269,7 +407,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* const ctx_;
   const grpc::ByteBuffer& request_bytes_;
   grpc::ByteBuffer& response_bytes_;
-  v1::RunRequest request_;
+  // Shared with a batch this run joins: its inputs are views into it.
+  std::shared_ptr<v1::RunRequest> request_ = std::make_shared<v1::RunRequest>();
   v1::RunResponse response_;
   KilnService::Call call_;
   std::vector<TensorRef> inputs_;  // views into request_
@@ -283,9 +422,12 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   // The thread inside RunAsync, while it is (a run that ends on it ran inline).
   std::atomic<std::thread::id> submitter_;
   std::optional<absl::Status>* inline_outcome_ = nullptr;  // StartRun's, while in RunAsync
+  std::string alone_reason_;  // a batching session's run that could not join a batch: why
+  bool count_kernels_ = true;  // false for a batch's requests but its first
 
   absl::Mutex ticket_mu_;
   std::optional<Engine::RunTicket> ticket_ ABSL_GUARDED_BY(ticket_mu_);  // queued on a device
+  Batcher::Ticket member_ ABSL_GUARDED_BY(ticket_mu_);  // in the session's batcher
 };
 
 }  // namespace

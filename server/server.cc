@@ -219,6 +219,8 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   deps.reports = s->reports_.get();
   deps.metrics = s->metrics_.get();
   deps.pool = s->pool_.get();
+  s->batcher_ = Batcher::Create(*s->engine_, *s->pool_);
+  deps.batcher = s->batcher_.get();
   deps.started = started;
   if (!config.model_repository().root().empty()) {
     s->models_ = std::make_unique<ModelRepository>(config.model_repository(), config.limits(), *s->engine_);
@@ -329,7 +331,10 @@ bool KilnServer::Shutdown() {
   // with a health watcher took 5-6 s to exit. 1 s is left for our answers
   // (given before the drain ended) to finish sending.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (drained) pool_.reset();
+  if (drained) {
+    batcher_.reset();
+    pool_.reset();
+  }
   metrics_->SetCollector(nullptr);
   spdlog::info("kilnd stopped{}", drained ? "" : " (drain timed out)");
   return drained;
@@ -349,6 +354,7 @@ KilnServer::~KilnServer() {
     spdlog::debug("teardown: {} in {}", what, absl::FormatDuration(absl::Now() - t0));
   };
   teardown("grpc server", server_);
+  teardown("batcher", batcher_);
   teardown("work pool", pool_);
   teardown("engine", engine_);
   teardown("service", service_);

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
+#include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/models.h"
 #include "server/reports.h"
@@ -76,6 +77,7 @@ class KilnServer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ModelRepository> models_;  // its poll thread stops before the engine goes
   std::unique_ptr<WorkPool> pool_;
+  std::unique_ptr<Batcher> batcher_;  // goes before the pool its batches compile on
   std::unique_ptr<grpc::Server> server_;
   absl::Notification stop_health_;
   std::thread health_watcher_;  // UpdateDeviceHealth every 200 ms; joined first

@@ -30,6 +30,7 @@
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
 #include "kiln/v1/service.grpc.pb.h"
+#include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/models.h"
 #include "server/reports.h"
@@ -48,6 +49,7 @@ struct ServiceDeps {
   Metrics* metrics = nullptr;
   WorkPool* pool = nullptr;
   ModelRepository* models = nullptr;  // null without --model_repository
+  Batcher* batcher = nullptr;         // null: sessions' runs never batch
   absl::Time started = absl::Now();
 };
 

@@ -2,6 +2,9 @@
 
 #include <openssl/rand.h>
 
+#include <algorithm>
+#include <span>
+
 #include "absl/strings/str_cat.h"
 #include "server/limits.h"
 
@@ -56,7 +59,7 @@ int64_t Session::AddExecutable(const std::string& shape_key, Compiled compiled) 
   absl::MutexLock lock(&state_mu_);
   if (closed_ || executables_.contains(shape_key)) return compiled.arena_bytes;
   int64_t forgotten = 0;
-  while (executables_.size() >= kMaxExecutables) {
+  while (executables_.size() >= max_executables_) {
     forgotten += executables_.at(lru_.back()).arena_bytes;
     executables_.erase(lru_.back());
     lru_.pop_back();
@@ -64,6 +67,36 @@ int64_t Session::AddExecutable(const std::string& shape_key, Compiled compiled) 
   lru_.push_front(shape_key);
   executables_.emplace(shape_key, std::move(compiled));
   return forgotten;
+}
+
+void Session::SetBatching(BatchingConfig config, std::string inputs_reason) {
+  batching_ = config;
+  inputs_batch_reason_ = std::move(inputs_reason);
+  // A batched run's executable is per total rows: room for each size (up to
+  // 64 of them) besides the session's own shapes.
+  if (config.enabled()) {
+    max_executables_ = kMaxExecutables + static_cast<size_t>(std::min<int64_t>(config.max_batch, 64));
+  }
+}
+
+std::string Session::OutputsBatchReasonFor(const std::vector<TensorRef>& inputs,
+                                           const ir::VerifyOptions& verify) const {
+  // The inputs' dims with the leading (batch) dim left out.
+  std::string key;
+  for (const TensorRef& t : inputs) {
+    absl::StrAppend(&key, t.name, ":", t.dims.empty() ? -1 : t.dims[0] == inputs[0].dims[0] ? 0 : 1,
+                    DimsToString(std::span<const int64_t>(t.dims).subspan(t.dims.empty() ? 0 : 1)),
+                    ";");
+  }
+  {
+    absl::MutexLock lock(&batch_reasons_mu_);
+    if (auto it = batch_reasons_.find(key); it != batch_reasons_.end()) return it->second;
+  }
+  std::string reason = OutputsBatchReason(graph_, inputs, verify);
+  absl::MutexLock lock(&batch_reasons_mu_);
+  if (batch_reasons_.size() >= kMaxBatchReasons) batch_reasons_.clear();
+  batch_reasons_.emplace(std::move(key), reason);
+  return reason;
 }
 
 std::shared_ptr<ParamSet> Session::params() const {

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
+#include "server/batcher.h"
 #include "server/models.h"
 #include "server/tenants.h"
 
@@ -83,6 +84,17 @@ class Session {
   absl::Status SetParams(std::shared_ptr<ParamSet> params, std::map<std::string, int64_t> bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
 
+  // Dynamic batching of the session's runs (server/batcher.h): `config`, and
+  // why runs can never join a batch ("" when they may: InputsBatchReason).
+  // REQUIRES: before the session is shared.
+  void SetBatching(BatchingConfig config, std::string inputs_reason);
+  const BatchingConfig& batching() const { return batching_; }
+  const std::string& inputs_batch_reason() const { return inputs_batch_reason_; }
+  // OutputsBatchReason for these inputs, remembered per non-batch shape
+  // (the last 256 shapes).
+  std::string OutputsBatchReasonFor(const std::vector<TensorRef>& inputs,
+                                    const ir::VerifyOptions& verify) const;
+
   // What the session charges its tenant now.
   struct Charge {
     int64_t param_bytes = 0;
@@ -95,6 +107,7 @@ class Session {
 
  private:
   static constexpr size_t kMaxExecutables = 16;
+  static constexpr size_t kMaxBatchReasons = 256;
   Charge ChargeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
   const std::string id_;
@@ -106,6 +119,13 @@ class Session {
   const bool symbolic_;
 
   absl::Mutex update_mu_;
+  BatchingConfig batching_;
+  std::string inputs_batch_reason_;
+  // Executables remembered: kMaxExecutables, plus one per batch size.
+  size_t max_executables_ = kMaxExecutables;
+
+  mutable absl::Mutex batch_reasons_mu_;
+  mutable std::map<std::string, std::string> batch_reasons_ ABSL_GUARDED_BY(batch_reasons_mu_);
 
   mutable absl::Mutex state_mu_;
   std::map<std::string, Compiled> executables_ ABSL_GUARDED_BY(state_mu_);

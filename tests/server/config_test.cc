@@ -93,6 +93,15 @@ TEST(ServerConfig, RejectsWhatCannotWork) {
   check(R"(tenants { name: "a" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" }
            tenants { name: "b" api_key_sha256: "0000000000000000000000000000000000000000000000000000000000000000" })",
         "listed for two tenants");
+  check("model_repository { root: \"/srv\" models { name: \"m\" batching { max_batch: 1025 } } }",
+        "model_repository.models[0].batching.max_batch is 1025; it must be 0 or 1 (off) or 2..1024");
+  check("model_repository { root: \"/srv\" models { name: \"m\" batching { max_batch: 4 "
+        "max_queue_delay_micros: 9223372036854775807 } } }",
+        "model_repository.models[0].batching.max_queue_delay_micros is 9223372036854775807");
+  check("model_repository { root: \"/srv\" models { name: \"../m\" } }",
+        "model_repository.models[0].name");
+  check("model_repository { root: \"/srv\" models { name: \"m\" } models { name: \"m\" } }",
+        "model_repository.models[1].name \"m\" is also model_repository.models[0].name");
   check("limits { max_nodes: -1 }", "limits.max_nodes");
   check("default_quota { max_queue: -2 }", "default_quota.max_queue");
   check("max_concurrent_runs: -1", "max_concurrent_runs");

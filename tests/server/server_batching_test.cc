@@ -1,0 +1,422 @@
+// Dynamic batching over a real kilnd (server/batcher.h): concurrent runs of a
+// batching session get exactly their own rows (checked against a session
+// without batching on the same params), reports say how each ran, a request
+// that leaves a batch (deadline, cancellation) fails alone, requests that
+// cannot join run alone and say why, sessions of one tenant on one
+// repository model batch together, and a bad batching config is named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/io/safetensors.h"
+#include "tests/e2e/models.h"
+#include "tests/server/kilnd_process.h"
+#include "tests/server/test_graphs.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Context;
+using testing::FromProto;
+using testing::KilndProcess;
+using testing::MetricValue;
+using testing::TempDir;
+using testing::ToProto;
+
+const std::vector<int64_t> kMlpWidths = {16, 32, 4};
+
+class ServerBatching : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cache_ = new TempDir();
+    repo_ = new TempDir();
+    // A repository model whose sessions batch by its config.
+    mlp_ = new models::Model(models::Mlp(7, kMlpWidths));
+    const fs::path dir = fs::path(repo_->path()) / "mlp" / "1";
+    fs::create_directories(dir);
+    std::ofstream(dir / "model.pb", std::ios::binary) << mlp_->graph.SerializeAsString();
+    std::vector<io::SafetensorsItem> items;
+    for (const auto& [name, t] : mlp_->params) items.emplace_back(name, &t);
+    ASSERT_TRUE(io::WriteSafetensors((dir / "weights.safetensors").string(), items, {}).ok());
+    std::string error;
+    kilnd_ =
+        KilndProcess::Start(
+            {.cache_dir = cache_->path(),
+             .config_text = absl::StrCat("model_repository { root: \"", repo_->path(), "\"\n",
+                                         "  models { name: \"mlp\" batching { max_batch: 64 "
+                                         "max_queue_delay_micros: 200000 } } }\n"
+                                         "default_quota { max_in_flight: 256 max_queue: 256 }\n")},
+            &error)
+            .release();
+    ASSERT_NE(kilnd_, nullptr) << error;
+  }
+  static void TearDownTestSuite() {
+    delete kilnd_;
+    delete mlp_;
+    delete repo_;
+    delete cache_;
+  }
+  void SetUp() override { stub_ = kilnd_->Stub(); }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << "kilnd log:\n" << kilnd_->Log();
+  }
+
+  std::string Scrape() { return testing::HttpGet(kilnd_->metrics_port(), "/metrics"); }
+
+  // A session of `text` (params w and b of kAffineText when `affine`), with
+  // batching when max_batch > 0.
+  std::string Session(const std::string& text, int64_t max_batch, int64_t delay_micros,
+                      bool affine = true) {
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->set_text(text);
+    if (max_batch > 0) {
+      req.mutable_options()->mutable_batching()->set_max_batch(max_batch);
+      req.mutable_options()->mutable_batching()->set_max_queue_delay_micros(delay_micros);
+    }
+    if (affine) {
+      testing::AddTensor(req.mutable_params(), "w", v1::DTYPE_F32, {3, 2}, {1, -2, 0.5, 1, 3, -1});
+      testing::AddTensor(req.mutable_params(), "b", v1::DTYPE_F32, {2}, {0.25, -0.5});
+    }
+    v1::CreateSessionResponse resp;
+    const grpc::Status s = stub_->CreateSession(Context().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.session_id();
+  }
+
+  static v1::RunRequest RunOf(const std::string& session, const std::string& input,
+                              const HostTensor& x) {
+    v1::RunRequest req;
+    req.set_session_id(session);
+    req.set_report(true);
+    v1::NamedTensor* t = req.add_inputs();
+    t->set_name(input);
+    *t->mutable_tensor() = ToProto(x);
+    return req;
+  }
+
+  static HostTensor Rows(int64_t rows, int64_t cols, std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (float& f : v) f = u(rng);
+    return HostTensor::FromVector(v1::DTYPE_F32, {rows, cols}, v);
+  }
+
+  static void ExpectSame(const HostTensor& a, const HostTensor& b) {
+    ASSERT_EQ(a.dims(), b.dims());
+    for (int64_t i = 0; i < a.num_elements(); ++i) {
+      ASSERT_NEAR(a.data_as<float>()[i], b.data_as<float>()[i], 1e-5) << "element " << i;
+    }
+  }
+
+  static TempDir* cache_;
+  static TempDir* repo_;
+  static models::Model* mlp_;
+  static KilndProcess* kilnd_;
+  std::unique_ptr<v1::Kiln::Stub> stub_;
+};
+
+TempDir* ServerBatching::cache_ = nullptr;
+TempDir* ServerBatching::repo_ = nullptr;
+models::Model* ServerBatching::mlp_ = nullptr;
+KilndProcess* ServerBatching::kilnd_ = nullptr;
+
+// 16 callers at once, batch 1 and mixed sizes: every answer is exactly the
+// caller's rows, equal to the same rows run by a session without batching.
+TEST_F(ServerBatching, ConcurrentRequestsGetTheirOwnRows) {
+  const std::string batched = Session(testing::kAffineText, 8, 20000);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  constexpr int kThreads = 16, kRounds = 6;
+  std::mutex mu;
+  int batched_runs = 0, total = 0;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = kilnd_->Stub();
+      std::mt19937 rng(t);
+      for (int round = 0; round < kRounds; ++round) {
+        // Half the callers send one row, the others 1 to 3.
+        const int64_t rows = t % 2 == 0 ? 1 : 1 + (round + t) % 3;
+        const HostTensor x = Rows(rows, 3, rng);
+        v1::RunResponse got, want;
+        const grpc::Status s = stub->Run(Context().get(), RunOf(batched, "x", x), &got);
+        const grpc::Status r = stub->Run(Context().get(), RunOf(plain, "x", x), &want);
+        std::lock_guard<std::mutex> lock(mu);
+        ++total;
+        if (!s.ok() || !r.ok()) {
+          failures.push_back(s.error_message() + " / " + r.error_message());
+          continue;
+        }
+        ExpectSame(FromProto(got.outputs(0).tensor()), FromProto(want.outputs(0).tensor()));
+        const v1::BatchInfo& b = got.report().batch();
+        EXPECT_EQ(b.rows(), rows);
+        EXPECT_TRUE(b.alone_reason().empty()) << b.alone_reason();
+        EXPECT_GE(b.batch_rows(), rows);
+        EXPECT_LE(b.batch_rows(), 8);
+        EXPECT_GE(b.batch_requests(), 1);
+        EXPECT_LE(b.row_offset() + rows, b.batch_rows());
+        EXPECT_EQ(b.batched(), b.batch_requests() > 1);
+        EXPECT_EQ(got.report().request_id(), got.request_id());
+        if (b.batched()) ++batched_runs;
+        // A request's report is its own, also in GetReport.
+        EXPECT_FALSE(want.report().has_batch());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_EQ(total, kThreads * kRounds);
+  // 16 callers within a 20 ms window: some runs were batched.
+  EXPECT_GT(batched_runs, 0);
+  const std::string m = Scrape();
+  EXPECT_GT(MetricValue(m, "kiln_batch_rows_count", {{"tenant", "default"}}), 0);
+  EXPECT_GE(MetricValue(m, "kiln_batch_queue_seconds_count", {{"tenant", "default"}}),
+            kThreads * kRounds);
+}
+
+// The CPU runs one run at a time: a slow run holds it while a batch of five
+// requests waits on the device. One is cancelled, one's deadline passes:
+// only they fail, with their codes; the others get their rows.
+TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
+  const std::string batched = Session(testing::kAffineText, 64, 300000);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  const double deadline_before = MetricValue(Scrape(), "kiln_requests_total",
+                                             {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}});
+  const double cancelled_before =
+      MetricValue(Scrape(), "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}});
+
+  const v1::RunRequest slow = testing::SlowRequest(1024, 400);
+  v1::RunResponse slow_resp;
+  grpc::ClientContext slow_ctx;
+  std::promise<grpc::Status> slow_done;
+  stub_->async()->Run(&slow_ctx, &slow, &slow_resp,
+                      [&](grpc::Status s) { slow_done.set_value(std::move(s)); });
+  for (int i = 0; i < 3000; ++i) {
+    if (MetricValue(Scrape(), "kiln_runs_running", {{"tenant", "default"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(MetricValue(Scrape(), "kiln_runs_running", {{"tenant", "default"}}), 1);
+
+  constexpr int kRequests = 5, kCancelled = 3, kShortDeadline = 4;
+  std::mt19937 rng(1);
+  std::vector<HostTensor> xs;
+  std::vector<v1::RunRequest> reqs(kRequests);
+  std::vector<v1::RunResponse> resps(kRequests);
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::promise<grpc::Status>> done(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    xs.push_back(Rows(1 + i % 2, 3, rng));
+    reqs[i] = RunOf(batched, "x", xs.back());
+    ctxs.push_back(Context("", i == kShortDeadline ? absl::Seconds(2) : absl::Seconds(120)));
+    stub_->async()->Run(ctxs[i].get(), &reqs[i], &resps[i],
+                        [&done, i](grpc::Status s) { done[i].set_value(std::move(s)); });
+  }
+  // The batch (one run) waits in the device's queue.
+  for (int i = 0; i < 1000; ++i) {
+    if (MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 1);
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests + 1);
+  ctxs[kCancelled]->TryCancel();
+  EXPECT_EQ(done[kCancelled].get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(done[kShortDeadline].get_future().get().error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // kilnd answered both itself (not only the clients' own timers), and
+  // released their in-flight slots while the batch still waits.
+  std::string m;
+  for (int i = 0; i < 500; ++i) {
+    m = Scrape();
+    if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests - 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests - 1);
+  EXPECT_EQ(MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}),
+            cancelled_before + 1);
+  EXPECT_EQ(
+      MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}}),
+      deadline_before + 1);
+
+  slow_ctx.TryCancel();  // frees the device: the batch runs
+  EXPECT_EQ(slow_done.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  int64_t rows = 0;
+  for (int i = 0; i < kRequests; ++i) rows += xs[i].dims()[0];
+  for (int i = 0; i < kRequests; ++i) {
+    if (i == kCancelled || i == kShortDeadline) continue;
+    const grpc::Status s = done[i].get_future().get();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    v1::RunResponse want;
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", xs[i]), &want).ok());
+    ExpectSame(FromProto(resps[i].outputs(0).tensor()), FromProto(want.outputs(0).tensor()));
+    const v1::BatchInfo& b = resps[i].report().batch();
+    EXPECT_TRUE(b.batched());
+    EXPECT_EQ(b.batch_requests(), kRequests);
+    EXPECT_EQ(b.batch_rows(), rows);
+    EXPECT_EQ(b.rows(), xs[i].dims()[0]);
+    EXPECT_GT(b.queue_wait_micros(), 0);
+  }
+}
+
+// Requests that cannot join a batch run alone, correctly, and say why.
+TEST_F(ServerBatching, RequestsThatCannotJoinRunAlone) {
+  std::mt19937 rng(3);
+  // Different non-batch dims: separate queues; every request succeeds.
+  const std::string scale =
+      Session("graph \"scale\"\ninput x: f32[batch, n]\nlet y = x * 2\nout y\n", 8, 20000, false);
+  {
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    std::vector<std::string> failures;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 r(100 + t);
+        const HostTensor x = Rows(1, t % 2 == 0 ? 3 : 5, r);
+        v1::RunResponse got;
+        const grpc::Status s = kilnd_->Stub()->Run(Context().get(), RunOf(scale, "x", x), &got);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!s.ok()) {
+          failures.push_back(s.error_message());
+          return;
+        }
+        const HostTensor y = FromProto(got.outputs(0).tensor());
+        ASSERT_EQ(y.dims(), x.dims());
+        for (int64_t i = 0; i < x.num_elements(); ++i) {
+          EXPECT_EQ(y.data_as<float>()[i], 2 * x.data_as<float>()[i]);
+        }
+        // Only requests of the same width share a batch.
+        EXPECT_LE(got.report().batch().batch_rows(), 4);
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    EXPECT_TRUE(failures.empty()) << failures.front();
+  }
+  auto alone = [&](const std::string& session, const HostTensor& x, const std::string& why) {
+    v1::RunResponse got;
+    const grpc::Status s = stub_->Run(Context().get(), RunOf(session, "x", x), &got);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_FALSE(got.report().batch().batched());
+    EXPECT_EQ(got.report().batch().batch_requests(), 1);
+    EXPECT_TRUE(absl::StrContains(got.report().batch().alone_reason(), why))
+        << got.report().batch().alone_reason();
+    return got;
+  };
+  // An output whose leading dim is not the batch.
+  const std::string sum =
+      Session("graph \"sum\"\ninput x: f32[batch, 3]\nlet y = reduce_sum(x, axes=[0])\nout y\n", 8,
+              1000, false);
+  const HostTensor x2 =
+      HostTensor::FromVector(v1::DTYPE_F32, {2, 3}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  v1::RunResponse got = alone(sum, x2, "output \"y\" is [3] for a batch of 1");
+  ExpectSame(FromProto(got.outputs(0).tensor()),
+             HostTensor::FromVector(v1::DTYPE_F32, {3}, std::vector<float>{5, 7, 9}));
+  // A batch dim that is not symbolic.
+  const std::string fixed =
+      Session("graph \"fixed\"\ninput x: f32[2, 3]\nlet y = x * 2\nout y\n", 8, 1000, false);
+  alone(fixed, x2, "input \"x\" has a fixed leading dim (2)");
+  // More rows than max_batch.
+  const std::string small = Session(testing::kAffineText, 2, 1000);
+  alone(small, Rows(3, 3, rng), "its 3 rows exceed max_batch = 2");
+  // A deadline the queue's delay would break.
+  const std::string slow_queue = Session(testing::kAffineText, 8, 1000000);
+  {
+    v1::RunResponse resp;
+    const grpc::Status s = stub_->Run(Context("", absl::Milliseconds(900)).get(),
+                                      RunOf(slow_queue, "x", Rows(1, 3, rng)), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(resp.report().batch().alone_reason(), "its deadline is"))
+        << resp.report().batch().alone_reason();
+  }
+}
+
+// Two sessions of one tenant on one repository model (its config turns
+// batching on) share its params, and so its batches.
+TEST_F(ServerBatching, SessionsOnOneModelBatchTogether) {
+  std::vector<std::string> sessions;
+  for (int i = 0; i < 2; ++i) {
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->mutable_model()->set_name("mlp");
+    v1::CreateSessionResponse resp;
+    const grpc::Status s = stub_->CreateSession(Context().get(), req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    sessions.push_back(resp.session_id());
+  }
+  constexpr int kCallers = 6;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  int batched = 0;
+  for (int t = 0; t < kCallers; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(200 + t);
+      const HostTensor x = Rows(1, kMlpWidths[0], rng);
+      v1::RunResponse got;
+      const grpc::Status s =
+          kilnd_->Stub()->Run(Context().get(), RunOf(sessions[t % 2], "x", x), &got);
+      std::lock_guard<std::mutex> lock(mu);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      const HostTensor want = models::MlpReference(*mlp_, x);
+      const HostTensor y = FromProto(got.outputs(0).tensor());
+      ASSERT_EQ(y.dims(), want.dims());
+      for (int64_t i = 0; i < y.num_elements(); ++i) {
+        EXPECT_NEAR(y.data_as<float>()[i], want.data_as<float>()[i], 1e-4);
+      }
+      if (got.report().batch().batch_requests() == kCallers) ++batched;
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  // The model's 200 ms queue delay gathers all six callers into one run.
+  EXPECT_EQ(batched, kCallers);
+}
+
+TEST_F(ServerBatching, BadConfigIsNamed) {
+  auto create = [&](int64_t max_batch, int64_t delay) {
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->set_text(testing::kAffineText);
+    req.mutable_options()->mutable_batching()->set_max_batch(max_batch);
+    req.mutable_options()->mutable_batching()->set_max_queue_delay_micros(delay);
+    v1::CreateSessionResponse resp;
+    return stub_->CreateSession(Context().get(), req, &resp);
+  };
+  grpc::Status s = create(5000, 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "options.batching.max_batch is 5000"))
+      << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "1024")) << s.error_message();
+  s = create(8, -1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "options.batching.max_queue_delay_micros is -1"))
+      << s.error_message();
+  s = create(8, int64_t{1} << 62);  // microseconds that overflow a nanosecond count
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "to 1000000 microseconds")) << s.error_message();
+
+  v1::RunRequest run = testing::AffineRequest();
+  run.mutable_options()->mutable_batching()->set_max_batch(8);
+  v1::RunResponse resp;
+  s = stub_->Run(Context().get(), run, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "CreateSession's options")) << s.error_message();
+
+  // A model's config is checked at start: exit code 2 naming the field.
+  TempDir cache;
+  const std::string config = (fs::path(cache.path()) / "kilnd.textproto").string();
+  std::ofstream(config) << "model_repository { root: \"" << repo_->path()
+                        << "\" models { name: \"mlp\" batching { max_batch: 2000 } } }\n";
+  std::string out;
+  EXPECT_EQ(testing::RunKilndToExit({"--config=" + config, "--cache_dir=" + cache.path(),
+                                     "--listen=127.0.0.1:0", "--metrics_listen=off"},
+                                    &out),
+            2);
+  EXPECT_TRUE(absl::StrContains(out, "model_repository.models[0].batching.max_batch is 2000"))
+      << out;
+}
+
+}  // namespace
+}  // namespace kiln
