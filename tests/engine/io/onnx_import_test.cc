@@ -434,6 +434,43 @@ TEST(OnnxImportHostile, TensorValuesAreCountedBeforeAllocating) {
   EXPECT_FALSE(io::ParseOnnxTensor(bytes).ok());
 }
 
+// A Conv whose weight has the wrong rank is refused before its kernel dims
+// are read (kiln_fuzz_onnx_import read past a rank-1 W's dims).
+TEST(OnnxImportHostile, ConvWeightRankIsChecked) {
+  Model m(13);
+  m.Input("x", {1, 2, 5, 5});
+  m.Init("w", {4}, {1, 2, 3, 4});
+  m.Node("Conv", {"x", "w"}, {"y"});
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "W has rank 1; a 2-D Conv needs rank 4"))
+      << r.status();
+}
+
+// A constant-foldable Add with one input: refused, never folded by reading a
+// second operand that is not there (kiln_fuzz_onnx_import).
+TEST(OnnxImportHostile, FoldedArithmeticChecksItsInputCount) {
+  Model m(13);
+  m.Input("x", {2});
+  m.InitInts("k", {1, 2});
+  m.Node("Add", {"k"}, {"s"});
+  m.Node("Add", {"x", "x"}, {"y"});
+  m.Output("y");
+  m.Output("s");
+  EXPECT_FALSE(Import(m).ok());
+}
+
+// A Softmax with no input: an error naming the missing input, not a read of it
+// (kiln_fuzz_onnx_import).
+TEST(OnnxImportHostile, SoftmaxWithoutInputIsRefused) {
+  Model m(13);
+  m.Input("x", {2});
+  m.Node("Softmax", {}, {"y"});
+  m.Output("y");
+  EXPECT_FALSE(Import(m).ok());
+}
+
 TEST(OnnxImportHostile, Cycle) {
   Model m(13);
   m.Input("x", {2});
