@@ -67,42 +67,6 @@ std::string TypeString(const v1::TensorType& type) {
   return s + "]";
 }
 
-std::string EscapeClientBytes(std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size());
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      default: break;
-    }
-    if (c < 0x20 || c >= 0x7f) {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    } else {
-      out.push_back(ch);
-    }
-  }
-  return out;
-}
-
-std::string QuoteClientString(std::string_view s, size_t max_bytes) {
-  const std::string_view kept = s.substr(0, std::min(s.size(), max_bytes));
-  std::string out = absl::StrCat("\"", EscapeClientBytes(kept));
-  if (kept.size() < s.size()) {
-    absl::StrAppend(&out, "...\"(+", s.size() - kept.size(), " bytes)");
-  } else {
-    out.push_back('"');
-  }
-  return out;
-}
-
 absl::StatusOr<int64_t> CheckTensorHeader(DType dtype, std::span<const int64_t> dims,
                                           const v1::Limits& limits, const std::string& what) {
   if (dtype == v1::DTYPE_UNSPECIFIED || !IsKnownDType(dtype)) {

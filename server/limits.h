@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "kiln/v1/config.pb.h"
 #include "kiln/v1/service.pb.h"
+#include "server/client_string.h"
 
 namespace kiln::server {
 
@@ -45,18 +46,6 @@ absl::StatusOr<v1::Graph> ResolveGraph(const v1::GraphSource& source, const v1::
 
 // "f32[?, 784]"
 std::string TypeString(const v1::TensorType& type);
-
-// A client-supplied string (a name, an id, a certificate subject) as it may
-// appear in a log line or a status message: in double quotes, with control
-// bytes, quotes, backslashes and non-ASCII bytes C-escaped (a newline cannot
-// start a forged log line, a NUL cannot land raw), and cut after its first
-// `max_bytes` bytes with the length of the rest noted: "abc..."(+1048573 bytes).
-std::string QuoteClientString(std::string_view s, size_t max_bytes = 64);
-
-// `s` with every byte outside printable ASCII, and `"` and `\`, escaped
-// (`\n`, `\t`, `\r`, `\"`, `\\`, else `\xNN`): safe inside one double-quoted
-// field of one log line.
-std::string EscapeClientBytes(std::string_view s);
 
 // The longest status message kilnd sends (bytes); ToGrpc cuts longer ones.
 // gRPC carries the message in a header, and clients refuse headers past 8 KiB

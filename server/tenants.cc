@@ -4,8 +4,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kiln/v1/report.pb.h"
+#include "server/client_string.h"
 #include "server/config.h"
-#include "server/limits.h"
 
 namespace kiln::server {
 

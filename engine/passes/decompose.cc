@@ -160,18 +160,24 @@ ValueRef DecomposeUnary(Rewriter& r, ir::Graph& g, const ir::Node& n) {
   const DType dt = g.TypeOf(x).dtype;
   auto c = [&](double v) { return r.Scalar(v, dt); };
   switch (n.attrs.unary().kind()) {
+    // One node per statement: the order of a call's arguments is unspecified
+    // (g++ evaluates them right to left, clang left to right), and node ids,
+    // hence the printed graph, follow creation order.
     case v1::UNARY_GELU: {  // 0.5 x (1 + erf(x / sqrt 2))
       const ValueRef e = r.Unary(v1::UNARY_ERF, r.Binary(v1::BINARY_MUL, x, c(M_SQRT1_2)));
-      return r.Binary(v1::BINARY_MUL, r.Binary(v1::BINARY_MUL, x, c(0.5)),
-                      r.Binary(v1::BINARY_ADD, e, c(1.0)));
+      const ValueRef one_plus = r.Binary(v1::BINARY_ADD, e, c(1.0));
+      const ValueRef half_x = r.Binary(v1::BINARY_MUL, x, c(0.5));
+      return r.Binary(v1::BINARY_MUL, half_x, one_plus);
     }
     case v1::UNARY_GELU_TANH: {  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
       const ValueRef x3 = r.Binary(v1::BINARY_MUL, r.Binary(v1::BINARY_MUL, x, x), x);
-      const ValueRef inner = r.Binary(
-          v1::BINARY_MUL, r.Binary(v1::BINARY_ADD, x, r.Binary(v1::BINARY_MUL, x3, c(0.044715))),
-          c(std::sqrt(2.0 / M_PI)));
-      return r.Binary(v1::BINARY_MUL, r.Binary(v1::BINARY_MUL, x, c(0.5)),
-                      r.Binary(v1::BINARY_ADD, r.Unary(v1::UNARY_TANH, inner), c(1.0)));
+      const ValueRef scale = c(std::sqrt(2.0 / M_PI));
+      const ValueRef cubic = r.Binary(v1::BINARY_MUL, x3, c(0.044715));
+      const ValueRef inner = r.Binary(v1::BINARY_MUL, r.Binary(v1::BINARY_ADD, x, cubic), scale);
+      const ValueRef one = c(1.0);
+      const ValueRef one_plus = r.Binary(v1::BINARY_ADD, r.Unary(v1::UNARY_TANH, inner), one);
+      const ValueRef half_x = r.Binary(v1::BINARY_MUL, x, c(0.5));
+      return r.Binary(v1::BINARY_MUL, half_x, one_plus);
     }
     case v1::UNARY_SILU:
       return r.Binary(v1::BINARY_MUL, x, r.Unary(v1::UNARY_SIGMOID, x));

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "base/sanitizer.h"
 #include "clients/cpp/checkpoint.h"
 #include "clients/cpp/client.h"
 #include "engine/io/npy.h"
@@ -343,6 +344,11 @@ TEST(TrainClientTest, VulkanTrainsLikeTheCpu) {
 // The acceptance run: examples/fashion_mlp.kiln trained through kilnd
 // on Debian's dataset-fashion-mnist for 3 epochs reaches >= 88% test accuracy.
 TEST(TrainClientTest, FashionMnistMlpReaches88Percent) {
+  if (kAddressSanitizer) {
+    // Epochs over 60,000 images take more than the suite's 5 minutes under
+    // ASan; the cases above run the same training paths on small data there.
+    GTEST_SKIP() << "the full Fashion-MNIST training run is too slow under ASan";
+  }
   const std::string dir = "/usr/share/datasets/fashion-mnist";
   ASSERT_TRUE(std::ifstream(dir + "/train-images-idx3-ubyte.gz").good())
       << "this test needs Debian's dataset-fashion-mnist (scripts/install-deps.sh)";

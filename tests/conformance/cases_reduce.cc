@@ -217,7 +217,7 @@ std::vector<Case> ArgMaxCases() {
       c.name = name;
       c.spec = ref::Spec(name, v1::OP_ARGMAX, a, {Desc(dt, dims)}, {Desc(index, out)});
       c.inputs = ref::Tensors{std::move(x)};
-      c.reference = [dims, axis](const backend::KernelSpec& spec,
+      c.reference = [dims = dims, axis](const backend::KernelSpec& spec,
                                  const std::vector<HostTensor>& in) {
         std::vector<HostTensor> r;
         r.push_back(F64(spec.outputs[0].dims));
@@ -290,7 +290,7 @@ std::vector<Case> CumsumCases() {
       c.name = name;
       c.spec = ref::Spec(name, v1::OP_CUMSUM, a, {Desc(dt, dims)}, {Desc(dt, dims)});
       c.inputs = ref::Tensors{RandomTensor(rng, dt, dims, lo, hi)};
-      c.reference = [dims, axis, exclusive, reverse](const backend::KernelSpec&,
+      c.reference = [dims = dims, axis, exclusive, reverse](const backend::KernelSpec&,
                                                      const std::vector<HostTensor>& in) {
         std::vector<HostTensor> r;
         r.push_back(F64(dims));

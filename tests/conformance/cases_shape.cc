@@ -121,7 +121,7 @@ std::vector<Case> TransposeCases() {
       v1::Attrs a;
       for (int64_t p : perm) a.mutable_transpose()->add_perm(p);
       cases.push_back(MoveCase(name, v1::OP_TRANSPOSE, a, ref::Tensors{Data(rng, dt, in)}, out,
-                               [in, perm](const std::vector<int64_t>& o) {
+                               [in = in, perm = perm](const std::vector<int64_t>& o) {
                                  std::vector<int64_t> i(o.size());
                                  for (size_t k = 0; k < o.size(); ++k) i[perm[k]] = o[k];
                                  return Source{0, Ravel(i, in)};
@@ -140,7 +140,7 @@ std::vector<Case> TransposeCases() {
     v1::Attrs a;
     for (int64_t p : perm) out.push_back(in[p]), a.mutable_transpose()->add_perm(p);
     cases.push_back(MoveCase(name, v1::OP_TRANSPOSE, a, ref::Tensors{Data(rng, v1::DTYPE_F32, in)},
-                             out, [in, perm](const std::vector<int64_t>& o) {
+                             out, [in = in, perm = perm](const std::vector<int64_t>& o) {
                                std::vector<int64_t> i(o.size());
                                for (size_t k = 0; k < o.size(); ++k) i[perm[k]] = o[k];
                                return Source{0, Ravel(i, in)};
@@ -230,7 +230,7 @@ std::vector<Case> ConcatCases() {
       v1::Attrs a;
       a.mutable_concat()->set_axis(axis_attr);
       cases.push_back(MoveCase(name, v1::OP_CONCAT, a, std::move(inputs), out,
-                               [shapes, offsets, axis](const std::vector<int64_t>& o) {
+                               [shapes = shapes, offsets, axis](const std::vector<int64_t>& o) {
                                  int which = static_cast<int>(offsets.size()) - 1;
                                  while (offsets[which] > o[axis] || shapes[which][axis] == 0)
                                    --which;
@@ -264,7 +264,7 @@ std::vector<Case> ExpandCases() {
       v1::Attrs a;
       for (int64_t d : out) a.mutable_expand()->add_shape(d);
       cases.push_back(MoveCase(name, v1::OP_EXPAND, a, ref::Tensors{Data(rng, dt, in)}, out,
-                               [in, out](const std::vector<int64_t>& o) {
+                               [in = in, out = out](const std::vector<int64_t>& o) {
                                  return Source{0, ref::BroadcastIndex(out, in, Ravel(o, out))};
                                }));
     }

@@ -5,8 +5,12 @@
 
 #include <fstream>
 #include <future>
+#include <string>
+#include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "base/sanitizer.h"
 #include "tests/server/kilnd_process.h"
 #include "tests/server/test_graphs.h"
 
@@ -74,9 +78,8 @@ TEST_F(ServerMetrics, CountersMoveWithRequests) {
   EXPECT_EQ(MetricValue(after, "kiln_requests_total", run_bad) -
                 MetricValue(before, "kiln_requests_total", run_bad),
             2);
-  EXPECT_EQ(MetricValue(after, "kiln_requests_total",
-                        {{"method", "CreateSession"}, {"code", "OK"}}),
-            1);
+  EXPECT_EQ(
+      MetricValue(after, "kiln_requests_total", {{"method", "CreateSession"}, {"code", "OK"}}), 1);
   EXPECT_EQ(MetricValue(after, "kiln_run_seconds_count", {{"tenant", "default"}}), 3);
   // One-shot inputs are checked against the graph once it is parsed, on the
   // compile pool, before any device queue: only the three good runs queued.
@@ -136,7 +139,8 @@ TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
   std::string m;
   for (int i = 0; i < 500; ++i) {
     m = Scrape();
-    if (MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) == 1) break;
+    if (MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) == 1)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}), 1);
@@ -152,6 +156,15 @@ TEST_F(ServerMetrics, QueuedRunOfAGoneClientIsDropped) {
 // A run whose deadline passes mid-run stops between kernels: the client gets
 // DEADLINE_EXCEEDED at its deadline, kilnd frees the run's slot long before
 // the graph would have finished, and serves the next run.
+// Occurrences of `needle` in `text`.
+size_t CountOf(const std::string& text, std::string_view needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) {
+    ++n;
+  }
+  return n;
+}
+
 TEST_F(ServerMetrics, DeadlineMidRunStopsBetweenKernels) {
   // Compile it first (the compile is not interruptible), then run it with a
   // deadline far shorter than the run: 400 chained 512^3 matmuls, ~1 s or more.
@@ -166,22 +179,39 @@ TEST_F(ServerMetrics, DeadlineMidRunStopsBetweenKernels) {
     if (MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}) == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  v1::RunResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
-  EXPECT_EQ(stub_->Run(&ctx, slow, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  // The slot frees once the run stops between kernels (one matmul later).
-  double in_flight = 1;
-  for (int i = 0; i < 500 && in_flight != 0; ++i) {
-    in_flight = MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}});
-    if (in_flight != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Under load (a loaded CI host, ASan) a short deadline can pass before the
+  // run reaches its first kernel: it then ends in the queue and is not the
+  // case under test. So the deadline grows, up to three tries, until one
+  // passes mid-run; every try must still end DEADLINE_EXCEEDED and free its
+  // slot promptly.
+  bool stopped_between_kernels = false;
+  for (int deadline_ms : {150, 400, 800}) {
+    const size_t logged_before = CountOf(kilnd_->Log(), "between kernels");
+    const auto t0 = std::chrono::steady_clock::now();
+    v1::RunResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    EXPECT_EQ(stub_->Run(&ctx, slow, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    // The slot frees once the run stops between kernels (one matmul later).
+    double in_flight = 1;
+    for (int i = 0; i < 500 && in_flight != 0; ++i) {
+      in_flight = MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}});
+      if (in_flight != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(in_flight, 0);
+    const double freed_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    RecordProperty(absl::StrCat("freed_after_ms_", deadline_ms), std::to_string(freed_ms));
+    // kilnd logs the request after the slot is freed: wait for the line.
+    for (int i = 0; i < 200 && CountOf(kilnd_->Log(), "between kernels") == logged_before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (CountOf(kilnd_->Log(), "between kernels") > logged_before) {
+      stopped_between_kernels = true;
+      break;
+    }
   }
-  EXPECT_EQ(in_flight, 0);
-  const double freed_ms = std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - t0).count();
-  RecordProperty("freed_after_ms", std::to_string(freed_ms));
-  EXPECT_NE(kilnd_->Log().find("between kernels"), std::string::npos) << kilnd_->Log();
+  EXPECT_TRUE(stopped_between_kernels) << kilnd_->Log();
   v1::RunResponse ok;
   EXPECT_TRUE(stub_->Run(Context().get(), testing::AffineRequest(), &ok).ok());
 
@@ -210,7 +240,11 @@ TEST_F(ServerMetrics, DeadlineMidRunStopsBetweenKernels) {
   EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}), 0);
   const long after = rss_kib();
   RecordProperty("rss_growth_kib", std::to_string(after - before));
-  EXPECT_LT(after - before, 32 * 1024) << "RSS " << before << " -> " << after << " KiB";
+  // Under ASan freed memory stays resident in its quarantine; LeakSanitizer
+  // checks kilnd's leaks at its exit there instead (base/sanitizer.h).
+  if (!kAddressSanitizer) {
+    EXPECT_LT(after - before, 32 * 1024) << "RSS " << before << " -> " << after << " KiB";
+  }
 }
 
 }  // namespace

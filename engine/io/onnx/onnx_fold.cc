@@ -369,6 +369,14 @@ absl::StatusOr<bool> FoldElementwise(Importer& c, DType out_dtype,
 bool IsIntLike(DType d) { return IsInteger(d) || d == v1::DTYPE_BOOL; }
 
 absl::StatusOr<bool> FoldArith(Importer& c, const std::string& op) {
+  // The lambdas below read a[0] and, for binary ops, a[1]: a node with another
+  // input count is left to the op's own import, which names the error
+  // (kiln_fuzz_onnx_import: an Add with one input read past its operands).
+  const bool binary = op == "Add" || op == "Sub" || op == "Mul" || op == "Div";
+  const bool unary = op == "Neg" || op == "Abs";
+  if (c.num_inputs() < 1 || (binary && c.num_inputs() != 2) || (unary && c.num_inputs() != 1)) {
+    return false;
+  }
   const DType dt = K(c, 0).t->dtype();
   for (int i = 1; i < c.num_inputs(); ++i) {
     if (!c.has(i) || K(c, i).t->dtype() != dt) return false;

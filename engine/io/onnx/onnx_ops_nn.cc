@@ -21,6 +21,8 @@ absl::StatusOr<ValueRef> Scalar(Importer& c, ValueRef like, double v) {
 }
 
 absl::Status NeedFloat(Importer& c, int i) {
+  // Present first: Softmax with no input reached c.dtype(0) (kiln_fuzz_onnx_import).
+  KILN_RETURN_IF_ERROR(c.Need(i));
   if (IsFloat(c.dtype(i))) return absl::OkStatus();
   return c.Unsupported(absl::StrCat(c.node().op_type(), " on ", DTypeName(c.dtype(i)),
                                     " (Kiln computes it in floating point)"));
@@ -126,6 +128,12 @@ absl::Status ConvOp(Importer& c) {
   KILN_RETURN_IF_ERROR(NeedFloat(c, 0));
   const int64_t sp = c.rank(0) - 2;
   if (sp != 1 && sp != 2) return c.Unsupported(absl::StrCat(sp, "-D Conv (Kiln has 1-D and 2-D)"));
+  // W is [M, C/group, k...]: checked before its spatial dims are read
+  // (kiln_fuzz_onnx_import: a rank-1 W read past its dims).
+  if (c.rank(1) != sp + 2) {
+    return c.Invalid(
+        absl::StrCat("W has rank ", c.rank(1), "; a ", sp, "-D Conv needs rank ", sp + 2));
+  }
   std::vector<int64_t> kernel = c.AttrInts("kernel_shape").value_or(std::vector<int64_t>{});
   if (kernel.empty()) {
     for (int64_t i = 0; i < sp; ++i) kernel.push_back(c.type(1).dims[2 + i]);
