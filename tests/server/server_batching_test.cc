@@ -235,7 +235,14 @@ TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
   std::string m;
   for (int i = 0; i < 500; ++i) {
     m = Scrape();
-    if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests - 1) break;
+    // The slot is released before the request is counted: wait for both.
+    if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests - 1 &&
+        MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) ==
+            cancelled_before + 1 &&
+        MetricValue(m, "kiln_requests_total",
+                    {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}}) == deadline_before + 1) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests - 1);
