@@ -8,12 +8,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/deterministic_bytes.h"
 #include "base/sha256.h"
 #include "base/status.h"
 #include "engine/io/mapped_file.h"
 #include "engine/io/safetensors.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -26,16 +25,6 @@ constexpr char kStatePrefix[] = "opt/";
 // The metadata keys Kiln owns; the caller's may not reuse them.
 constexpr const char* kOwnKeys[] = {"format", "format_version", "step", "training_spec",
                                     "graph_sha256"};
-
-std::string Deterministic(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  m.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
 
 absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("checkpoint ", io::QuotedName(path), ": ", what));
@@ -58,7 +47,9 @@ std::string SpecDifferences(const v1::TrainingSpec& saved, const v1::TrainingSpe
 
 }  // namespace
 
-std::string GraphIdentity(const v1::GraphSource& graph) { return Sha256Hex(Deterministic(graph)); }
+std::string GraphIdentity(const v1::GraphSource& graph) {
+  return Sha256Hex(DeterministicBytes(graph));
+}
 
 absl::StatusOr<int64_t> SaveCheckpoint(const Client& client, const std::string& session_id,
                                        const std::string& path, const CheckpointInfo& info) {

@@ -1,25 +1,12 @@
 #include "engine/compile/executable_key.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/deterministic_bytes.h"
 #include "engine/compile/lower.h"
 #include "engine/ir/verifier.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace kiln::compile {
-namespace {
-
-std::string Deterministic(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::io::StringOutputStream stream(&out);
-  google::protobuf::io::CodedOutputStream coded(&stream);
-  coded.SetSerializationDeterministic(true);
-  m.SerializeToCodedStream(&coded);
-  coded.Trim();
-  return out;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::string DevicesSignature(const runtime::DeviceRegistry& registry) {
   std::string out;
@@ -39,7 +26,7 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   key.Add(kKeyLirFormat, absl::StrCat(kLirFormatVersion));
   v1::Graph canonical;
   ir::ExportGraph(graph, &canonical, {.strip_names = true, .with_constants = true});
-  key.Add("graph", Deterministic(canonical));
+  key.Add("graph", DeterministicBytes(canonical));
   // ";tf32=1" only when on, so the keys of every f32-exact compile stay
   // what they were.
   key.Add("options",
@@ -48,7 +35,7 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   // Only a graph that asks for transforms gets the component, so the keys of
   // every other graph stay what they were.
   if (options.transforms.ByteSizeLong() > 0) {
-    key.Add("transforms", Deterministic(options.transforms));
+    key.Add("transforms", DeterministicBytes(options.transforms));
   }
   key.Add("devices", devices_signature);
   std::string shape_sig;

@@ -6,10 +6,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "base/deterministic_bytes.h"
 #include "base/status.h"
 #include "engine/passes/pass.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "engine/passes/passes_internal.h"
 
 namespace kiln::passes {
@@ -45,7 +44,9 @@ int SimplifyOnce(ir::Graph& g) {
       case v1::OP_UNARY:
         if (n.attrs.unary().kind() == v1::UNARY_IDENTITY) changed += Forward(g, n, n.operands[0]);
         break;
-      case v1::OP_CAST: case v1::OP_RESHAPE: case v1::OP_EXPAND:
+      case v1::OP_CAST:
+      case v1::OP_RESHAPE:
+      case v1::OP_EXPAND:
         changed += Forward(g, n, n.operands[0]);
         if (n.op == v1::OP_RESHAPE) {
           ir::Node* src = g.FindNode(n.operands[0].node);
@@ -106,18 +107,12 @@ std::string CseKey(const ir::Graph& g, const ir::Node& n) {
   std::string key = absl::StrCat(static_cast<int>(n.op), "|");
   for (const ir::ValueRef& v : n.operands) absl::StrAppend(&key, v.node, ":", v.output, ",");
   absl::StrAppend(&key, "|");
-  std::string attrs;
-  google::protobuf::io::StringOutputStream stream(&attrs);
-  {
-    google::protobuf::io::CodedOutputStream out(&stream);
-    out.SetSerializationDeterministic(true);
-    n.attrs.SerializeToCodedStream(&out);
-  }
-  key += attrs;
+  key += DeterministicBytes(n.attrs);
   for (const ir::TensorType& t : n.outputs) absl::StrAppend(&key, "|", ir::TypeToString(t));
   if (n.op == v1::OP_CONSTANT && n.value) {
-    absl::StrAppend(&key, "|", absl::Hash<std::string_view>()(std::string_view(
-                                   static_cast<const char*>(n.value->data()), n.value->num_bytes())));
+    absl::StrAppend(&key, "|",
+                    absl::Hash<std::string_view>()(std::string_view(
+                        static_cast<const char*>(n.value->data()), n.value->num_bytes())));
   }
   return key;
 }
