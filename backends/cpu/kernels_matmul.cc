@@ -1,4 +1,6 @@
-// MatMul and FusedMatMul on the CPU through oneDNN matmul primitives.
+// MatMul and FusedMatMul on the CPU: f32 products of at most 64 rows on the
+// own micro-kernel of small_matmul.h (SmallMatMulKernel, below), every other
+// product through oneDNN matmul primitives.
 //
 // The primitive is built once per kernel with the concrete shapes. Batch
 // dims follow NumPy broadcasting: a broadcast operand gets a dim of 1 in its
@@ -25,6 +27,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/onednn_util.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/small_matmul.h"
+#include "backends/packing.h"
 #include "base/status.h"
 
 namespace kiln::cpu {
@@ -264,7 +268,7 @@ bool Overlaps(const BufferView& x, const BufferView& y) {
 
 class MatMulKernel final : public CpuKernel {
  public:
-  static absl::StatusOr<std::unique_ptr<backend::Kernel>> Create(const KernelSpec& spec) {
+  static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(const KernelSpec& spec) {
     KILN_ASSIGN_OR_RETURN(auto v, Validate(spec));
     auto kernel = std::unique_ptr<MatMulKernel>(new MatMulKernel());
     kernel->parts_ = std::move(v.first);
@@ -273,7 +277,7 @@ class MatMulKernel final : public CpuKernel {
     kernel->a_elements_ = spec.inputs[0].num_elements();
     kernel->b_elements_ = spec.inputs[1].num_elements();
     KILN_RETURN_IF_ERROR(DnnlTry(spec.label, [&] { kernel->Build(); })) << "building " << spec.name;
-    return std::unique_ptr<backend::Kernel>(std::move(kernel));
+    return kernel;
   }
 
   std::string implementation() const override {
@@ -470,9 +474,174 @@ class MatMulKernel final : public CpuKernel {
   std::vector<char> zeros_, res_copy_;
 };
 
+// B packed into column panels (small_matmul.h), shared by every kernel whose
+// packing_key matches.
+class PackedPanels final : public backend::PackedOperand {
+ public:
+  explicit PackedPanels(int64_t floats) : data(static_cast<size_t>(floats)) {}
+  int64_t bytes() const override { return static_cast<int64_t>(data.size() * sizeof(float)); }
+  std::vector<float> data;
+};
+
+// f32 products of at most kSmallMatMulMaxM rows (after a batch shared by B
+// is folded into M) on the own micro-kernel of small_matmul.h, B read packed
+// when the engine packed it (constants, params) and in place otherwise.
+//
+// Chosen by measurement against oneDNN 2.6's matmul on a 2-core AMD EPYC
+// (AVX2), 784x512 products, 2 threads (docs/benchmarks.md, issue 12 item 1):
+// with B packed the micro-kernel is faster at every M <= 64; reading an
+// unpacked B (row stride N, a transposed B packed on every launch) it is
+// faster up to M = 16 only, so above that an unpacked launch runs oneDNN
+// (built at prepare for that case).
+class SmallMatMulKernel final : public CpuKernel, public backend::PackingKernel {
+ public:
+  static constexpr int64_t kUnpackedMaxM = 16;
+
+  // The kernel for `spec` when the small path applies to it, else null.
+  static absl::StatusOr<std::unique_ptr<SmallMatMulKernel>> CreateIfApplies(
+      const KernelSpec& spec) {
+    if (!SmallMatMulEnabled() || spec.outputs.size() != 1 ||
+        spec.outputs[0].dtype != v1::DTYPE_F32) {
+      return std::unique_ptr<SmallMatMulKernel>();
+    }
+    KILN_ASSIGN_OR_RETURN(auto v, Validate(spec));
+    const MatMulPlan& p = v.second;
+    SmallAct act = SmallAct::kNone;
+    if (!p.batch.empty() || p.ta || p.bias_per_row || p.m > kSmallMatMulMaxM ||
+        !SmallActOf(spec.op == v1::OP_FUSED_MATMUL ? spec.attrs.fused_matmul().activation()
+                                                   : v1::UNARY_KIND_UNSPECIFIED,
+                    &act)) {
+      return std::unique_ptr<SmallMatMulKernel>();
+    }
+    auto kernel = std::unique_ptr<SmallMatMulKernel>(new SmallMatMulKernel());
+    kernel->parts_ = v.first;
+    kernel->plan_ = v.second;
+    kernel->act_ = act;
+    kernel->isa_ = BestSmallMatMulIsa();
+    if (p.m > kUnpackedMaxM) {
+      KILN_ASSIGN_OR_RETURN(kernel->unpacked_, MatMulKernel::Create(spec));
+    }
+    return kernel;
+  }
+
+  std::string implementation() const override {
+    if (packed_b_ == nullptr && unpacked_ != nullptr) return unpacked_->implementation();
+    std::string s = absl::StrCat("cpu:matmul_small_m_", SmallMatMulIsaName(isa_));
+    if (packed_b_ != nullptr) absl::StrAppend(&s, "+packed_b");
+    if (parts_.has_bias) absl::StrAppend(&s, "+bias");
+    if (parts_.act.present) absl::StrAppend(&s, "+", parts_.act.name);
+    if (parts_.has_residual) absl::StrAppend(&s, "+residual");
+    return s;
+  }
+
+  std::vector<int> packable_inputs() const override { return {1}; }
+
+  std::string packing_key(int input) const override {
+    return absl::StrCat("cpu:small_matmul_panels16_f32:k=", plan_.k, ":n=", plan_.n,
+                        plan_.tb ? ":transposed" : "", ":input=", input);
+  }
+
+  absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> Pack(
+      int input, const BufferView& value) const override {
+    if (input != 1) return absl::InvalidArgumentError(absl::StrCat("input ", input, " is not packable"));
+    if (value.bytes != plan_.k * plan_.n * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat("packing b: ", value.bytes, " bytes for k=",
+                                                     plan_.k, " n=", plan_.n));
+    }
+    auto packed = std::make_shared<PackedPanels>(PackedBFloats(plan_.k, plan_.n));
+    PackB(value.as<const float>(), plan_.k, plan_.n, plan_.tb, packed->data.data());
+    return std::shared_ptr<const backend::PackedOperand>(std::move(packed));
+  }
+
+  void UsePacked(int input, const backend::PackedOperand* packed) override {
+    if (input == 1) packed_b_ = dynamic_cast<const PackedPanels*>(packed);
+  }
+
+  absl::Status Run(std::span<const BufferView> inputs,
+                   std::span<const BufferView> outputs) override {
+    if (plan_.out_elements == 0) return absl::OkStatus();
+    if (packed_b_ == nullptr && unpacked_ != nullptr) return unpacked_->Run(inputs, outputs);
+    const int64_t m = plan_.m, n = plan_.n, k = plan_.k;
+    const BufferView& out = outputs[0];
+    SmallMatMulArgs g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.act = act_;
+    g.c = out.as<float>();
+    g.ldc = n;
+    // Inputs the result overwrites (an in-place plan) are read from copies.
+    g.a = ReadOnly(inputs[0], out, &a_copy_);
+    g.lda = k;
+    if (packed_b_ != nullptr) {
+      g.b = packed_b_->data.data();
+      g.b_panel_stride = k * kSmallPanel;
+      g.b_row_stride = kSmallPanel;
+    } else {
+      const float* b = ReadOnly(inputs[1], out, &b_copy_);
+      if (plan_.tb) {
+        b_scratch_.resize(PackedBFloats(k, n));
+        PackB(b, k, n, true, b_scratch_.data());
+        g.b = b_scratch_.data();
+        g.b_panel_stride = k * kSmallPanel;
+        g.b_row_stride = kSmallPanel;
+      } else {
+        g.b = b;
+        g.b_panel_stride = kSmallPanel;
+        g.b_row_stride = n;
+        if (n % kSmallPanel != 0) {
+          b_scratch_.resize(k * kSmallPanel);
+          PackBPanel(b, k, n, n / kSmallPanel, b_scratch_.data());
+          g.b_last_panel = b_scratch_.data();
+        }
+      }
+    }
+    size_t next = 2;
+    if (parts_.has_bias) g.bias = ReadOnly(inputs[next++], out, &bias_copy_);
+    if (parts_.has_residual) {
+      // The epilogue reads each residual element just before it writes the
+      // same element of C: an exactly aliased residual is safe, a shifted one
+      // is not.
+      const BufferView& r = inputs[next];
+      g.residual = r.host() == out.host() ? r.as<const float>() : ReadOnly(r, out, &res_copy_);
+      g.ldr = n;
+    }
+    SmallMatMul(isa_, g);
+    return absl::OkStatus();
+  }
+
+ private:
+  SmallMatMulKernel() = default;
+
+  static const float* ReadOnly(const BufferView& in, const BufferView& out,
+                               std::vector<float>* copy) {
+    if (!Overlaps(in, out)) return in.as<const float>();
+    copy->resize(in.bytes / sizeof(float));
+    std::memcpy(copy->data(), in.host(), in.bytes);
+    return copy->data();
+  }
+
+  FusedParts parts_;
+  MatMulPlan plan_;
+  SmallAct act_ = SmallAct::kNone;
+  SmallMatMulIsa isa_ = SmallMatMulIsa::kAvx2;
+  const PackedPanels* packed_b_ = nullptr;  // bound by UsePacked, owned by the engine
+  std::unique_ptr<MatMulKernel> unpacked_;  // oneDNN, for unpacked B above kUnpackedMaxM
+  // Scratch reused by every launch (Launch is not reentrant).
+  std::vector<float> a_copy_, b_copy_, bias_copy_, res_copy_, b_scratch_;
+};
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(const KernelSpec& spec) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<SmallMatMulKernel> small,
+                        SmallMatMulKernel::CreateIfApplies(spec));
+  if (small != nullptr) return std::unique_ptr<backend::Kernel>(std::move(small));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<MatMulKernel> kernel, MatMulKernel::Create(spec));
+  return std::unique_ptr<backend::Kernel>(std::move(kernel));
+}
+
 const CpuOpRegistration kRegistration({
-    {v1::OP_MATMUL, &SupportsMatMul, &MatMulKernel::Create},
-    {v1::OP_FUSED_MATMUL, &SupportsMatMul, &MatMulKernel::Create},
+    {v1::OP_MATMUL, &SupportsMatMul, &CreateMatMul},
+    {v1::OP_FUSED_MATMUL, &SupportsMatMul, &CreateMatMul},
 });
 
 }  // namespace

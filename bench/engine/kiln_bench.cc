@@ -5,6 +5,7 @@
 //   kiln_bench compile [--rounds 5]
 //   kiln_bench memory
 //   kiln_bench placement [--reps 5] [--cache_dir DIR]
+//   kiln_bench mlp | fixed_cost: small_batch_bench.h
 //
 // `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
 // included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "bench/engine/small_batch_bench.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "clients/cpp/graph_builder.h"
@@ -688,7 +690,9 @@ int Isolation(const std::map<std::string, std::string>& flags) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation [flags]\n");
+    std::fprintf(stderr,
+                 "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation|mlp|"
+                 "fixed_cost [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -703,6 +707,8 @@ int main(int argc, char** argv) {
   if (cmd == "placement") return kiln::Placement(flags);
   if (cmd == "shared") return kiln::SharedEncoder(flags);
   if (cmd == "isolation") return kiln::Isolation(flags);
+  if (cmd == "mlp") return kiln::bench::MlpBench(flags);
+  if (cmd == "fixed_cost") return kiln::bench::FixedCostBench(flags);
   std::fprintf(stderr, "unknown benchmark %s\n", cmd.c_str());
   return 2;
 }

@@ -100,4 +100,20 @@ absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
   return backend::BufferView{it->second.second.get(), 0, e->bytes};
 }
 
+absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> ParamSetImpl::Packed(
+    const std::string& name, backend::Device& device, const std::string& key,
+    PackFn pack) const {
+  if (training_) return nullptr;
+  const std::string full = absl::StrCat(device.info().id, "/", name, "/", key);
+  const uint64_t generation = device.generation();
+  absl::MutexLock lock(&packed_mu_);
+  auto it = packed_.find(full);
+  if (it != packed_.end() && it->second.first == generation) return it->second.second;
+  KILN_ASSIGN_OR_RETURN(backend::BufferView view, On(name, device));
+  absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> made = pack(view);
+  if (!made.ok()) return StatusBuilder(made.status()) << "while packing param \"" << name << "\"";
+  packed_[full] = {generation, *made};
+  return *made;
+}
+
 }  // namespace kiln::runtime

@@ -9,8 +9,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
+#include "backends/packing.h"
 #include "engine/engine.h"
 
 namespace kiln::runtime {
@@ -45,6 +47,17 @@ class ParamSetImpl final : public ParamSet {
   // The parameter's bytes on `device`, copying it there on first use.
   absl::StatusOr<backend::BufferView> On(const std::string& name, backend::Device& device) const;
 
+  // The parameter on `device` packed by `pack` into the layout named `key`
+  // (backends/packing.h), packed on first use and kept with the set until it
+  // goes (a param set's values never change, so neither does the packing).
+  // Null for a training set, whose values every step rewrites. Packed copies
+  // are not counted in total_bytes(). Concurrent first uses pack once.
+  using PackFn = absl::FunctionRef<absl::StatusOr<std::shared_ptr<const backend::PackedOperand>>(
+      const backend::BufferView&)>;
+  absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> Packed(
+      const std::string& name, backend::Device& device, const std::string& key,
+      PackFn pack) const;
+
  private:
   ParamSetImpl(std::shared_ptr<const void> keep_alive, backend::Device& home)
       : keep_alive_(std::move(keep_alive)), home_(home) {}
@@ -63,6 +76,13 @@ class ParamSetImpl final : public ParamSet {
                    std::pair<uint64_t, std::unique_ptr<backend::Buffer>>>
       mirrors_ ABSL_GUARDED_BY(mirrors_mu_);
   mutable std::vector<std::unique_ptr<backend::Buffer>> retired_ ABSL_GUARDED_BY(mirrors_mu_);
+
+  mutable absl::Mutex packed_mu_;
+  // "<device id>/<param>/<packing key>" -> the device generation it was made
+  // in, the packed copy.
+  mutable std::map<std::string,
+                   std::pair<uint64_t, std::shared_ptr<const backend::PackedOperand>>>
+      packed_ ABSL_GUARDED_BY(packed_mu_);
 };
 
 }  // namespace kiln::runtime

@@ -50,6 +50,18 @@ class RunContext {
   };
   std::map<std::string, DeviceState> devices;
   std::vector<std::unique_ptr<backend::Kernel>> kernels;  // per step; null for copies
+  // The kernels that take inputs packed (backends/packing.h), with each
+  // packable input's slot and the cache key of its packed copy.
+  struct PackedInput {
+    int input = 0;
+    int slot = 0;
+    std::string key;  // the kernel's packing key
+  };
+  struct Packer {
+    backend::PackingKernel* kernel = nullptr;
+    std::vector<PackedInput> inputs;
+  };
+  std::vector<Packer> packers;
   std::map<std::string, uint64_t> generations;  // of its devices when it was made
   std::map<std::string, int64_t> bytes;         // its arena and staging, by device
 };
@@ -95,6 +107,14 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
   backend::PrepareContext ctx;
   ctx.binaries = p->binaries_.get();
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> first, p->CreateContext(ctx));
+  {
+    // Constants are packed now, once for the program (params on the first
+    // run with each set); the step names below then say which kernels read
+    // a packed constant.
+    std::vector<std::shared_ptr<const backend::PackedOperand>> hold;
+    absl::MutexLock lock(&p->constants_mu_);
+    KILN_RETURN_IF_ERROR(p->BindPacked(*first, *p->constants_, nullptr, &hold));
+  }
   for (int i = 0; i < l.steps_size(); ++i) {
     if (first->kernels[i]) {
       l.mutable_steps(i)->mutable_kernel()->set_implementation(first->kernels[i]->implementation());
@@ -246,9 +266,56 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
                                             << step.device();
     }
     c->kernels[i] = std::move(kernel).value();
+    if (auto* packing = dynamic_cast<backend::PackingKernel*>(c->kernels[i].get())) {
+      RunContext::Packer packer;
+      packer.kernel = packing;
+      for (int input : packing->packable_inputs()) {
+        if (input < 0 || input >= step.inputs_size()) continue;
+        packer.inputs.push_back({input, step.inputs(input), packing->packing_key(input)});
+      }
+      if (!packer.inputs.empty()) c->packers.push_back(std::move(packer));
+    }
   }
   for (auto& [id, s] : c->devices) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
   return c;
+}
+
+absl::Status Program::BindPacked(
+    RunContext& context, const Constants& constants, const ParamSetImpl* params,
+    std::vector<std::shared_ptr<const backend::PackedOperand>>* hold) {
+  for (RunContext::Packer& packer : context.packers) {
+    for (const RunContext::PackedInput& in : packer.inputs) {
+      const v1::Slot& slot = lir_.slots(in.slot);
+      std::shared_ptr<const backend::PackedOperand> packed;
+      auto pack = [&](const backend::BufferView& value)
+          -> absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> {
+        packs_made_.fetch_add(1, std::memory_order_relaxed);
+        return packer.kernel->Pack(in.input, value);
+      };
+      if (slot.storage() == v1::SLOT_CONSTANT) {
+        const std::string key = absl::StrCat(slot.index(), "/", in.key);
+        absl::MutexLock lock(&constants.packed_mu);
+        auto it = constants.packed.find(key);
+        if (it != constants.packed.end()) {
+          packed = it->second;
+        } else {
+          const backend::BufferView value{constants.buffers[slot.index()].get(), 0, slot.bytes()};
+          absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> made = pack(value);
+          if (!made.ok()) {
+            return StatusBuilder(made.status()) << "while packing constant " << slot.index();
+          }
+          packed = constants.packed[key] = *made;
+        }
+      } else if (slot.storage() == v1::SLOT_PARAM && params != nullptr) {
+        KILN_ASSIGN_OR_RETURN(packed,
+                              params->Packed(lir_.params(slot.index()).name(),
+                                             *registry_->Find(slot.device()), in.key, pack));
+      }
+      packer.kernel->UsePacked(in.input, packed.get());
+      if (packed != nullptr) hold->push_back(std::move(packed));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<RunContext>> Program::AcquireContext() {
@@ -505,6 +572,8 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
         return absl::InternalError("slot with unknown storage");
     }
   }
+  std::vector<std::shared_ptr<const backend::PackedOperand>> packed;  // bound for this run
+  KILN_RETURN_IF_ERROR(BindPacked(context, constants, params, &packed));
   struct Timing {
     std::unique_ptr<backend::Event> before, after;
   };
@@ -629,7 +698,9 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
       if (step.kind() == v1::STEP_KERNEL) {
         const v1::LirKernel& k = step.kernel();
         d->set_kernel(k.name());
-        d->set_implementation(k.implementation());
+        // The kernel's own name for this run (whether it read a packed
+        // operand depends on the run's params), else the name from Load.
+        d->set_implementation(kernels_[i] ? kernels_[i]->implementation() : k.implementation());
         d->set_path(k.path());
         for (int id : k.covered_node_ids()) d->add_node_ids(id);
         for (const auto& n : k.covered_names()) d->add_node_names(n);

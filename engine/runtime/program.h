@@ -22,6 +22,7 @@
 // the Engine that loaded it.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "backends/packing.h"
 #include "engine/engine.h"
 #include "engine/runtime/device_registry.h"
 #include "engine/runtime/params.h"
@@ -89,6 +91,10 @@ class Program final : public Executable {
     int64_t discarded = 0;  // after a device fault
   };
   ContextStats context_stats() const;
+  // Operands packed for kernels that take them packed (backends/packing.h):
+  // constants once per program (at Load), params once per inference
+  // ParamSet. Counts every Pack call since Load.
+  int64_t packs_made() const { return packs_made_.load(std::memory_order_relaxed); }
 
  private:
   // The constants on their devices, made in the device generations named
@@ -97,6 +103,11 @@ class Program final : public Executable {
   struct Constants {
     std::map<std::string, uint64_t> generations;
     std::vector<std::unique_ptr<backend::Buffer>> buffers;
+    // Packed copies of these buffers by "<constant index>/<packing key>",
+    // made by the first run context (at Load) and shared by all.
+    mutable absl::Mutex packed_mu;
+    mutable std::map<std::string, std::shared_ptr<const backend::PackedOperand>> packed
+        ABSL_GUARDED_BY(packed_mu);
   };
   Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
           std::shared_ptr<backend::KernelBinaryCache> binaries, const ProgramOptions& options);
@@ -110,6 +121,12 @@ class Program final : public Executable {
   // `faulted_device` is discarded instead, abandoning that device's memory.
   void ReleaseContext(std::unique_ptr<RunContext> context,
                       const std::optional<std::string>& faulted_device);
+  // Binds every packable input of the context's kernels for one run: the
+  // packed copy of a constant or of an inference param (made on first use),
+  // else none. `hold` keeps what was bound alive for the run.
+  absl::Status BindPacked(RunContext& context, const Constants& constants,
+                          const ParamSetImpl* params,
+                          std::vector<std::shared_ptr<const backend::PackedOperand>>* hold);
   absl::StatusOr<RunResult> RunOn(RunContext& context, const Constants& constants,
                                   const std::vector<const TensorRef*>& by_index,
                                   const ParamSetImpl* params, const RunOptions& options);
@@ -132,6 +149,7 @@ class Program final : public Executable {
   // caller's result tensor (host-memory device, written by one kernel step,
   // sharing no arena bytes with any other slot), saving the copy-out.
   std::vector<bool> direct_output_;
+  std::atomic<int64_t> packs_made_{0};
 
   mutable absl::Mutex contexts_mu_;
   std::vector<std::unique_ptr<RunContext>> idle_contexts_ ABSL_GUARDED_BY(contexts_mu_);

@@ -391,7 +391,65 @@ std::vector<Case> FusedMatMulCases() {
   return cases;
 }
 
+// Products with few rows (the CPU's own small-M micro-kernel takes M <= 64):
+// M = 1, 2, 3, 7, 16, 64 against odd and even K and N (a partial last
+// column panel or none), every epilogue the micro-kernel computes in
+// registers, B plain and transposed, read as given and packed beforehand (as
+// the engine packs constants and params).
+std::vector<Case> SmallMCases() {
+  std::vector<Case> cases;
+  // Each case twice: as given, and with B packed ("/packed"; the same inputs,
+  // which MakeCase draws from the case's name).
+  auto both = [&](const Shape& s, const Epilogue* e) {
+    cases.push_back(MakeCase("matmul_small_m", s, v1::DTYPE_F32, e));
+    Case packed = MakeCase("matmul_small_m", s, v1::DTYPE_F32, e);
+    packed.name += "/packed";
+    packed.spec.name = packed.name;
+    packed.pack_inputs = true;
+    cases.push_back(std::move(packed));
+  };
+  const std::vector<std::pair<int64_t, int64_t>> kn = {{33, 47}, {64, 96}, {784, 130}};
+  const std::vector<Epilogue> epilogues = {
+      {true, false, v1::UNARY_KIND_UNSPECIFIED}, {true, false, v1::UNARY_RELU},
+      {true, true, v1::UNARY_GELU},              {false, false, v1::UNARY_GELU_TANH},
+      {true, false, v1::UNARY_SILU},             {false, true, v1::UNARY_SIGMOID},
+      {true, true, v1::UNARY_TANH}};
+  for (int64_t m : {1, 2, 3, 7, 16, 64}) {
+    for (auto [k, n] : kn) {
+      for (bool tb : {false, true}) {
+        const Shape s = {{m, k}, tb ? Dims{n, k} : Dims{k, n}, false, tb};
+        both(s, nullptr);
+        for (size_t i = 0; i < epilogues.size(); ++i) {
+          // The long K: the epilogues that differ in what they read.
+          if (k < 784 || i == 1 || i == 2) both(s, &epilogues[i]);
+        }
+      }
+    }
+  }
+  // Zero-width operands, a folded batch (4 x 16 rows share B), a vector b
+  // (a bias would run along M: oneDNN's), M = 65 (oneDNN) and 1 x 1 x 1.
+  const Epilogue all = {true, true, v1::UNARY_GELU};
+  for (const Shape& s : std::vector<Shape>{{{3, 0}, {0, 5}},
+                                           {{4, 16, 33}, {33, 17}},
+                                           {{7, 33}, {33}},
+                                           {{65, 33}, {33, 20}},
+                                           {{1, 1}, {1, 1}}}) {
+    both(s, s.b.size() == 1 ? nullptr : &all);
+  }
+  // The residual overwritten by the result (an in-place plan).
+  for (bool packed : {false, true}) {
+    Case c = MakeCase("matmul_small_m", {{5, 40}, {40, 24}}, v1::DTYPE_F32, &all);
+    c.name += packed ? "/in_place_residual/packed" : "/in_place_residual";
+    c.spec.name = c.name;
+    c.in_place_input = 3;  // a, b, bias, residual
+    c.pack_inputs = packed;
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 const FamilyRegistration kMatMul("matmul", MatMulCases);
+const FamilyRegistration kSmallM("matmul_small_m", SmallMCases);
 const FamilyRegistration kFusedMatMul("fused_matmul", FusedMatMulCases);
 
 }  // namespace

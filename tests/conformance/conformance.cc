@@ -5,6 +5,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "backends/packing.h"
 
 namespace kiln::conformance {
 namespace {
@@ -97,6 +98,17 @@ absl::StatusOr<std::vector<HostTensor>> RunOnDevice(backend::Device& device, con
     if (!buf.ok()) return buf.status();
     outs.push_back(backend::BufferView{buf->get(), 0, d.num_bytes()});
     buffers.push_back(std::move(buf).value());
+  }
+  std::vector<std::shared_ptr<const backend::PackedOperand>> packed;
+  auto* packing = dynamic_cast<backend::PackingKernel*>(kernel->get());
+  if (c.pack_inputs && packing != nullptr) {
+    if (auto s = (*stream)->Synchronize(); !s.ok()) return s;  // Pack reads the uploaded bytes
+    for (int i : packing->packable_inputs()) {
+      auto p = packing->Pack(i, ins.at(i));
+      if (!p.ok()) return p.status();
+      packing->UsePacked(i, p->get());
+      packed.push_back(std::move(p).value());
+    }
   }
   if (auto s = (*kernel)->Launch(**stream, ins, outs); !s.ok()) return s;
   if (auto s = (*stream)->Synchronize(); !s.ok()) return s;

@@ -39,6 +39,10 @@ struct Case {
   // in-place reuse plan_memory may choose; the shapes' bytes must match).
   // -1 = separate buffers.
   int in_place_input = -1;
+  // Optional: inputs the kernel can take packed (backend::PackingKernel) are
+  // packed before the launch, as the engine packs constants and params. A
+  // kernel that packs nothing runs the case as given.
+  bool pack_inputs = false;
 };
 
 using CaseGenerator = std::function<std::vector<Case>()>;
