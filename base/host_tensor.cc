@@ -63,7 +63,8 @@ absl::StatusOr<HostTensor> HostTensor::CreateUninitialized(DType dtype, Dims dim
 }
 
 absl::StatusOr<HostTensor> HostTensor::FromBytes(DType dtype, Dims dims, std::string_view bytes) {
-  auto t = Create(dtype, std::move(dims));
+  // Every byte is overwritten below (or the call fails): no zero-fill pass.
+  auto t = CreateUninitialized(dtype, std::move(dims));
   if (!t.ok()) return t.status();
   if (static_cast<int64_t>(bytes.size()) != t->num_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", DTypeName(dtype),

@@ -295,7 +295,9 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
       out.compile = b->compile;
       for (auto& [name, t] : r->outputs) {
         if (!split) {
-          out.result.outputs.emplace_back(name, t.Clone());
+          // A batch of one: its outputs are the request's own, passed on
+          // without a copy (this loop runs once).
+          out.result.outputs.emplace_back(name, std::move(t));
           continue;
         }
         const int64_t row_bytes = t.num_bytes() / b->rows;

@@ -106,24 +106,38 @@ absl::StatusOr<int64_t> CheckTensorHeader(DType dtype, std::span<const int64_t> 
   return *bytes;
 }
 
-absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& limits,
-                                    const std::string& what) {
+namespace {
+
+// CheckTensor with the data's length given (it may have arrived outside the message).
+absl::StatusOr<int64_t> CheckTensorWithData(const v1::Tensor& tensor, size_t data_bytes,
+                                            const v1::Limits& limits, const std::string& what) {
   auto bytes = CheckTensorHeader(tensor.dtype(),
                                  std::span<const int64_t>(tensor.dims().data(), tensor.dims_size()),
                                  limits, what);
   if (!bytes.ok()) return bytes.status();
-  if (static_cast<int64_t>(tensor.data().size()) != *bytes) {
+  if (static_cast<int64_t>(data_bytes) != *bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", DTypeName(tensor.dtype()),
         DimsToString(std::span<const int64_t>(tensor.dims().data(), tensor.dims_size())),
-        " needs ", *bytes, " bytes of data, got ", tensor.data().size()));
+        " needs ", *bytes, " bytes of data, got ", data_bytes));
   }
   return bytes;
 }
 
+}  // namespace
+
+absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& limits,
+                                    const std::string& what) {
+  return CheckTensorWithData(tensor, tensor.data().size(), limits, what);
+}
+
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind) {
+    const std::string& kind, std::span<const std::string_view> moved) {
+  if (!moved.empty() && moved.size() != static_cast<size_t>(tensors.size())) {
+    return absl::InternalError(absl::StrCat(kind, "s: ", moved.size(), " moved data entries for ",
+                                            tensors.size(), " tensors"));
+  }
   std::vector<TensorRef> refs;
   refs.reserve(tensors.size());
   absl::flat_hash_set<std::string> seen;
@@ -137,11 +151,13 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     }
     const std::string what = absl::StrCat(kind, " ", QuoteClientString(nt.name()));
     if (!nt.has_tensor()) return absl::InvalidArgumentError(absl::StrCat(what, " has no tensor"));
-    auto bytes = CheckTensor(nt.tensor(), limits, what);
-    if (!bytes.ok()) return bytes.status();
     const v1::Tensor& t = nt.tensor();
+    const std::string_view data =
+        !moved.empty() && moved[i].data() != nullptr ? moved[i] : std::string_view(t.data());
+    auto bytes = CheckTensorWithData(t, data.size(), limits, what);
+    if (!bytes.ok()) return bytes.status();
     refs.push_back(TensorRef{nt.name(), t.dtype(), Dims(t.dims().begin(), t.dims().end()),
-                             t.data().data(), *bytes});
+                             data.data(), *bytes});
   }
   return refs;
 }

@@ -33,9 +33,12 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& 
 
 // Named tensors of a request (`kind` = "input" or "param"): names non-empty
 // and unique, each tensor checked. Returns views over the request's bytes.
+// `moved`, when not empty, has one entry per tensor: a non-null view there is
+// that tensor's data, received outside the message (base/tensor_wire.h), and
+// stands for its (empty) `data` field.
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind);
+    const std::string& kind, std::span<const std::string_view> moved = {});
 
 // Node count (subgraphs included), subgraph depth and constants of a wire graph.
 absl::Status CheckGraph(const v1::Graph& graph, const v1::Limits& limits);

@@ -147,6 +147,11 @@ Metrics::Metrics()
                       .Name("kiln_run_seconds")
                       .Help("Time runs executed on their device, by tenant and device")
                       .Register(*registry_);
+  run_tensor_bytes_ = &prometheus::BuildCounter()
+                          .Name("kiln_run_tensor_bytes_total")
+                          .Help("Tensor bytes of Run requests and responses, by tenant, direction "
+                                "(input, output) and path (in_place, copied, sliced, batched)")
+                          .Register(*registry_);
   train_steps_ = &prometheus::BuildCounter()
                       .Name("kiln_train_steps_total")
                       .Help("Training steps taken by training sessions, by tenant")
@@ -231,6 +236,12 @@ void Metrics::ObserveBatch(const std::string& tenant, int64_t batch_rows,
   }
   batch_queue_seconds_->Add(labels, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(queue_wait));
+}
+
+void Metrics::CountRunTensorBytes(const std::string& tenant, const std::string& direction,
+                                  const std::string& path, int64_t bytes) {
+  run_tensor_bytes_->Add({{"tenant", tenant}, {"direction", direction}, {"path", path}})
+      .Increment(static_cast<double>(bytes));
 }
 
 void Metrics::ObserveTrainStep(const std::string& tenant, absl::Duration took) {

@@ -73,6 +73,14 @@ class Metrics {
   // A request of a dynamic batch (server/batcher.h): its wait in the batch
   // queue, and the batch's rows (`batch_rows` > 0 once per batch).
   void ObserveBatch(const std::string& tenant, int64_t batch_rows, absl::Duration queue_wait);
+  // Tensor bytes a Run moved between the wire and the engine, by direction
+  // ("input", "output") and path: "in_place" (request bytes bound as the
+  // engine's input where they were received), "copied" (one copy: into
+  // aligned or device memory, or into the response message), "sliced" (an
+  // output sent as gRPC slices over the engine's own buffer, no copy),
+  // "batched" (concatenated into or split out of a dynamic batch).
+  void CountRunTensorBytes(const std::string& tenant, const std::string& direction,
+                           const std::string& path, int64_t bytes);
   // A training step of a training session (its run is also ObserveRun's).
   void ObserveTrainStep(const std::string& tenant, absl::Duration took);
 
@@ -102,6 +110,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* queue_seconds_;
   prometheus::Family<prometheus::Histogram>* compile_seconds_;
   prometheus::Family<prometheus::Histogram>* run_seconds_;
+  prometheus::Family<prometheus::Counter>* run_tensor_bytes_;
   prometheus::Family<prometheus::Counter>* train_steps_;
   prometheus::Family<prometheus::Histogram>* train_step_seconds_;
   prometheus::Family<prometheus::Histogram>* batch_rows_;

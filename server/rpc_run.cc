@@ -1,6 +1,7 @@
 // Run: checked and admitted on arrival (the tenant's in-flight quota), resolved
 // and compiled on the work pool's compile account when needed, then queued on
 // its device's scheduler in the engine, and answered from there.
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "server/config.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
+#include "server/run_wire.h"
 
 namespace kiln::server {
 namespace {
@@ -116,7 +118,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
         service_.Begin(ctx_, "Run", static_cast<int64_t>(request_bytes_.Length()), call_));
     d.metrics->ObserveRequestBytes(call_.tenant->name(), "Run",
                                    static_cast<int64_t>(request_bytes_.Length()));
-    KILN_RETURN_IF_ERROR(ParseMessage(request_bytes_, *request_, "the request"));
+    // Large tensors land in aligned memory the engine reads in place.
+    KILN_RETURN_IF_ERROR(ParseRunRequest(request_bytes_, *wire_));
     const bool has_session = !request_->session_id().empty();
     const bool has_graph = request_->has_graph() &&
                            request_->graph().kind_case() != v1::GraphSource::KIND_NOT_SET;
@@ -132,8 +135,10 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       return absl::InvalidArgumentError(
           "nothing to run: set session_id (a session's run) or graph (a one-shot run)");
     }
-    KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_->inputs(), d.config->limits(), "input"));
-    KILN_ASSIGN_OR_RETURN(params_, CheckNamedTensors(request_->params(), d.config->limits(), "param"));
+    KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_->inputs(), d.config->limits(),
+                                                     "input", wire_->input_data));
+    KILN_ASSIGN_OR_RETURN(params_, CheckNamedTensors(request_->params(), d.config->limits(),
+                                                     "param", wire_->param_data));
     if (has_session) {
       if (!params_.empty()) {
         return absl::InvalidArgumentError(
@@ -378,13 +383,11 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       report.mutable_batch()->set_batch_requests(1);
     }
     d.metrics->ObserveRun(call_.tenant->name(), report, count_kernels_);
+    CountInputBytes(report);
     *report.mutable_compile() = std::move(compile_);
     d.reports->Add(call_.tenant->name(), report);
-    for (auto& [name, tensor] : result->outputs) {
-      v1::NamedTensor* out = response_.add_outputs();
-      out->set_name(name);
-      tensor.ToProto(out->mutable_tensor());
-    }
+    // Serialized in Complete, large ones as slices of these very buffers.
+    outputs_ = std::make_shared<NamedHostTensors>(std::move(result->outputs));
     if (request_->report()) *response_.mutable_report() = std::move(report);
     response_.set_request_id(call_.request_id);
     absl::StrAppend(&call_.detail, " queue_ms=", absl::ToDoubleMilliseconds(queued),
@@ -392,10 +395,50 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::OkStatus();
   }
 
+  // Input bytes by path: bound in place (aligned host memory on the run's
+  // device: engine/runtime/program.cc binds those where they lie), copied
+  // once (unaligned, or to device memory), or concatenated into a batch.
+  void CountInputBytes(const v1::DispatchReport& report) {
+    const ServiceDeps& d = service_.deps();
+    const bool batched = report.batch().batched() && report.batch().batch_requests() > 1;
+    const backend::DeviceInfo* device = nullptr;
+    for (const backend::DeviceInfo* info : d.engine->Devices()) {
+      if (info->id == report.placement().chosen()) device = info;
+    }
+    for (const TensorRef& t : inputs_) {
+      std::string path = "copied";
+      if (batched) {
+        path = "batched";
+      } else if (device != nullptr && device->host_memory &&
+                 reinterpret_cast<uintptr_t>(t.data) %
+                         static_cast<uintptr_t>(std::max<int64_t>(1, device->buffer_alignment)) ==
+                     0) {
+        path = "in_place";
+      }
+      d.metrics->CountRunTensorBytes(call_.tenant->name(), "input", path, t.bytes);
+    }
+    output_path_ = batched ? "batched" : "";
+  }
+
   // Last use of `this` before OnDone may delete it. The in-flight slot is
   // free before the answer leaves: a client answered may submit again at once.
   void Complete(absl::Status s) {
-    if (s.ok()) s = SerializeMessage(response_, &response_bytes_);
+    if (s.ok()) {
+      if (!outputs_) outputs_ = std::make_shared<NamedHostTensors>();
+      absl::StatusOr<WireOutputBytes> sent =
+          SerializeRunResponse(response_, outputs_, &response_bytes_);
+      s = sent.status();
+      if (sent.ok()) {
+        Metrics& m = *service_.deps().metrics;
+        const std::string& tenant = call_.tenant->name();
+        if (!output_path_.empty()) {
+          m.CountRunTensorBytes(tenant, "output", output_path_, sent->sliced + sent->copied);
+        } else {
+          if (sent->sliced > 0) m.CountRunTensorBytes(tenant, "output", "sliced", sent->sliced);
+          if (sent->copied > 0) m.CountRunTensorBytes(tenant, "output", "copied", sent->copied);
+        }
+      }
+    }
     // Logged and counted before the slot frees: whoever sees the tenant's
     // in-flight count drop also finds the call's log line and request count.
     service_.End(call_, s);
@@ -410,9 +453,13 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* const ctx_;
   const grpc::ByteBuffer& request_bytes_;
   grpc::ByteBuffer& response_bytes_;
-  // Shared with a batch this run joins: its inputs are views into it.
-  std::shared_ptr<v1::RunRequest> request_ = std::make_shared<v1::RunRequest>();
-  v1::RunResponse response_;
+  // Shared with a batch this run joins: its inputs are views into it (the
+  // message, or the aligned buffers its large tensors were received into).
+  std::shared_ptr<WireRunRequest> wire_ = std::make_shared<WireRunRequest>();
+  std::shared_ptr<v1::RunRequest> request_{wire_, &wire_->message};
+  v1::RunResponse response_;  // the report and request id; outputs_ go beside it
+  std::shared_ptr<NamedHostTensors> outputs_;
+  std::string output_path_;  // "batched" for a batch's split outputs
   KilnService::Call call_;
   std::vector<TensorRef> inputs_;  // views into request_
   std::vector<TensorRef> params_;

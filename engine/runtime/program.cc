@@ -1,5 +1,6 @@
 #include "engine/runtime/program.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -34,6 +35,21 @@ std::string TypeString(const v1::TensorType& t) {
 }
 
 backend::TensorDesc DescOf(const v1::TensorType& t) { return {t.dtype(), DimsOf(t)}; }
+
+// A caller's input on a host-memory device is bound where it lies when its
+// address is a multiple of the device's buffer alignment (kilnd receives
+// tensor data into 64-byte aligned memory for this, server/rpc_run.cc), and
+// copied once into aligned memory kept in `copies` otherwise: kernels may
+// assume aligned views (backend::DeviceInfo::buffer_alignment).
+absl::StatusOr<const void*> AlignedInput(const TensorRef& t, const backend::DeviceInfo& device,
+                                         std::vector<HostTensor>& copies) {
+  const auto alignment = static_cast<uintptr_t>(std::max<int64_t>(1, device.buffer_alignment));
+  if (t.bytes == 0 || reinterpret_cast<uintptr_t>(t.data) % alignment == 0) return t.data;
+  KILN_ASSIGN_OR_RETURN(HostTensor copy, HostTensor::CreateUninitialized(v1::DTYPE_U8, {t.bytes}));
+  std::memcpy(copy.data(), t.data, static_cast<size_t>(t.bytes));
+  copies.push_back(std::move(copy));
+  return copies.back().data();
+}
 
 }  // namespace
 
@@ -531,6 +547,7 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   auto& kernels_ = context.kernels;
   const auto wall_start = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<backend::Buffer>> external;
+  std::vector<HostTensor> realigned;  // copies of inputs not aligned for their device
   std::vector<backend::BufferView> views(lir_.slots_size());
   std::map<int, HostTensor> direct;  // slot -> the result tensor kernels write
   for (int i = 0; i < lir_.slots_size(); ++i) {
@@ -559,7 +576,8 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
       case v1::SLOT_INPUT: {
         const TensorRef& t = *by_index[slot.index()];
         if (s.device->info().host_memory) {
-          external.push_back(std::make_unique<ExternalHostBuffer>(t.data, t.bytes));
+          KILN_ASSIGN_OR_RETURN(const void* data, AlignedInput(t, s.device->info(), realigned));
+          external.push_back(std::make_unique<ExternalHostBuffer>(data, t.bytes));
           views[i] = backend::BufferView{external.back().get(), 0, slot.bytes()};
         } else {
           auto it = s.input_staging.find(i);
