@@ -3,8 +3,13 @@
 session run beside a bare grpcio unary call that sends the same RunRequest bytes
 (serialized once, up front) and takes the response bytes without parsing them,
 to the same kilnd, interleaved call by call. The difference is what the client
-adds: numpy -> protobuf, the message's serialization, parsing the response and
-protobuf -> numpy (one copy each way at best).
+adds: the arrays into the request bytes (one copy, kiln/_wire.py) and the
+response's outputs as read-only views of its bytes (no copy).
+
+A third call in each round does what the client did before issue 12 through the
+generated protobuf classes (numpy -> Tensor.data -> SerializeToString, then
+FromString -> Tensor.data -> a writable copy) around the same bare grpcio call:
+the old path and the new one side by side, in one run.
 
   PYTHONPATH=build/clients/python /usr/bin/python3 bench/python_client_overhead.py \\
       --kilnd build/server/kilnd [--calls 2000]
@@ -73,28 +78,43 @@ def main():
             req = service_pb2.RunRequest(session_id=s.id)
             _dtypes.to_proto(x, req.inputs.add(name="x").tensor)
             raw = req.SerializeToString()
-            for _ in range(20):  # warm-up: the executable, both paths
+            def protobuf_path():
+                # The client before issue 12: every bytes field copied on set and get.
+                r = service_pb2.RunRequest(session_id=s.id)
+                _dtypes.to_proto(x, r.inputs.add(name="x").tensor)
+                resp = service_pb2.RunResponse.FromString(bare(r.SerializeToString()))
+                return {o.name: _dtypes.from_proto(o.tensor) for o in resp.outputs}
+
+            for _ in range(20):  # warm-up: the executable, every path
                 s.run({"x": x})
                 bare(raw)
-            t_client, t_bare = [], []
+                protobuf_path()
+            t_client, t_bare, t_proto = [], [], []
             for _ in range(calls):
                 t0 = time.perf_counter_ns()
                 y = s.run({"x": x})["y"]
                 t1 = time.perf_counter_ns()
                 bare(raw)
                 t2 = time.perf_counter_ns()
+                y_old = protobuf_path()["y"]
+                t3 = time.perf_counter_ns()
                 t_client.append((t1 - t0) / 1e3)
                 t_bare.append((t2 - t1) / 1e3)
-            assert np.array_equal(y, x * 2)
+                t_proto.append((t3 - t2) / 1e3)
+            assert np.array_equal(y, x * 2) and np.array_equal(y_old, y)
             s.close()
             results.append({"elements": n, "bytes_each_way": 4 * n, "calls": calls,
                             "client": {"p50_us": pct(t_client, 0.5), "p99_us": pct(t_client, 0.99)},
                             "bare_grpcio": {"p50_us": pct(t_bare, 0.5), "p99_us": pct(t_bare, 0.99)},
-                            "added_p50_us": pct(t_client, 0.5) - pct(t_bare, 0.5)})
+                            "protobuf_path": {"p50_us": pct(t_proto, 0.5),
+                                              "p99_us": pct(t_proto, 0.99)},
+                            "added_p50_us": pct(t_client, 0.5) - pct(t_bare, 0.5),
+                            "protobuf_path_added_p50_us": pct(t_proto, 0.5) - pct(t_bare, 0.5)})
             r = results[-1]
             print(f"python client, {4 * n} bytes each way: client p50 {r['client']['p50_us']:.1f} us, "
-                  f"bare grpcio p50 {r['bare_grpcio']['p50_us']:.1f} us (+{r['added_p50_us']:.1f} us)",
-                  file=__import__("sys").stderr)
+                  f"bare grpcio p50 {r['bare_grpcio']['p50_us']:.1f} us (+{r['added_p50_us']:.1f} us); "
+                  f"protobuf path p50 {r['protobuf_path']['p50_us']:.1f} us "
+                  f"(+{r['protobuf_path_added_p50_us']:.1f} us)", file=__import__("sys").stderr)
         client.close()
         channel.close()
     finally:

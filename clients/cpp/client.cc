@@ -11,12 +11,21 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "base/tensor_wire.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace kiln {
 namespace {
+
+// RunRequest.inputs / params and RunResponse.outputs (proto/kiln/v1/service.proto).
+constexpr int kRunRequestInputs = 4;
+constexpr int kRunRequestParams = 5;
+constexpr int kRunResponseOutputs = 1;
 
 void ToNamedTensors(const TensorMap& tensors,
                     google::protobuf::RepeatedPtrField<v1::NamedTensor>* out) {
@@ -285,14 +294,87 @@ absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
   return out;
 }
 
-absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req) const {
-  v1::RunResponse resp;
+// Tensor data crosses the client once each way: copied from the caller's
+// buffers into gRPC's slices (no protobuf string in between), and from the
+// response's slices into the outputs' HostTensors (shaped from the tensor's
+// header, which protobuf writes before the data).
+absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req, const TensorMap& inputs,
+                                                const TensorMap& params) const {
+  WirePieces pieces;
+  pieces.Append(req.SerializeAsString());
+  for (const auto& [field, tensors] : {std::pair{kRunRequestInputs, &inputs},
+                                       std::pair{kRunRequestParams, &params}}) {
+    for (const auto& [name, t] : *tensors) {
+      AppendNamedTensor(field, name, t.dtype(), t.dims(), t.data(), t.num_bytes(),
+                        /*min_reference_bytes=*/1, pieces);
+    }
+  }
+  if (pieces.size() > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Run: the request would be ", pieces.size(),
+        " bytes, over protobuf's 2 GiB message limit; send fewer or smaller tensors"));
+  }
+  std::vector<grpc::Slice> slices;
+  slices.reserve(pieces.pieces().size());
+  for (const WirePieces::Piece& p : pieces.pieces()) {
+    slices.emplace_back(p.data != nullptr ? p.data : p.owned.data(),
+                        p.data != nullptr ? p.size : p.owned.size());
+  }
+  const grpc::ByteBuffer request(slices.data(), slices.size());
+  slices.clear();
+  grpc::ByteBuffer response;
   auto ctx = NewContext();
-  KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->Run(ctx.get(), req, &resp)));
+  const grpc::internal::RpcMethod method("/kiln.v1.Kiln/Run", grpc::internal::RpcMethod::NORMAL_RPC,
+                                         channel_);
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel_.get(), method, ctx.get(), request, &response)));
+
+  std::vector<HostTensor> received;  // by output index; empty: in the message
+  std::vector<SplitData> moved;
+  grpc::ProtoBufferReader reader(&response);
+  absl::StatusOr<std::string> rest = SplitTensorData(
+      reader, static_cast<int64_t>(response.Length()), std::span<const int>(&kRunResponseOutputs, 1),
+      /*min_bytes=*/0,
+      [&received](int, int index, const v1::Tensor& head, int64_t n) -> absl::StatusOr<char*> {
+        if (received.size() <= static_cast<size_t>(index)) received.resize(index + 1);
+        // Shaped as the header says when it matches the length; else bytes,
+        // checked against the final header below.
+        const Dims dims(head.dims().begin(), head.dims().end());
+        absl::StatusOr<int64_t> elements = CheckedNumElements(dims);
+        const std::optional<int64_t> bytes =
+            elements.ok() && IsKnownDType(head.dtype()) ? BytesFor(head.dtype(), *elements)
+                                                        : std::nullopt;
+        absl::StatusOr<HostTensor> t =
+            bytes && *bytes == n ? HostTensor::CreateUninitialized(head.dtype(), dims)
+                                 : HostTensor::CreateUninitialized(v1::DTYPE_U8, {n});
+        if (!t.ok()) return t.status();
+        received[index] = std::move(*t);
+        return static_cast<char*>(received[index].data());
+      },
+      &moved);
+  v1::RunResponse resp;
+  if (!rest.ok() || !resp.ParseFromString(*rest)) {
+    return absl::DataLossError(absl::StrCat("Run: the response is not a kiln.v1.RunResponse",
+                                            rest.ok() ? "" : ": ", rest.ok() ? "" : rest.status().message()));
+  }
   RunResult result;
   result.outputs.reserve(resp.outputs_size());
-  for (const v1::NamedTensor& nt : resp.outputs()) {
-    auto t = HostTensor::FromProto(nt.tensor());
+  for (int i = 0; i < resp.outputs_size(); ++i) {
+    const v1::NamedTensor& nt = resp.outputs(i);
+    const v1::Tensor& header = nt.tensor();
+    absl::StatusOr<HostTensor> t = absl::InternalError("no data");
+    if (static_cast<size_t>(i) < received.size() && received[i].data() != nullptr) {
+      HostTensor& got = received[i];
+      if (got.dtype() == header.dtype() &&
+          std::equal(got.dims().begin(), got.dims().end(), header.dims().begin(), header.dims().end())) {
+        t = std::move(got);
+      } else {
+        t = HostTensor::FromBytes(header.dtype(), Dims(header.dims().begin(), header.dims().end()),
+                                  got.bytes());
+      }
+    } else {
+      t = HostTensor::FromProto(header);
+    }
     if (!t.ok()) {
       return absl::DataLossError(
           absl::StrCat("Run: output '", nt.name(), "' is malformed: ", t.status().message()));
@@ -310,10 +392,9 @@ absl::StatusOr<Client::RunResult> Client::Run(const std::string& session_id,
   if (session_id.empty()) return absl::InvalidArgumentError("Run: empty session id");
   v1::RunRequest req;
   req.set_session_id(session_id);
-  ToNamedTensors(inputs, req.mutable_inputs());
   req.set_report(options.report);
   req.set_priority(options.priority);
-  return DoRun(req);
+  return DoRun(req, inputs, {});
 }
 
 absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, const TensorMap& inputs,
@@ -322,11 +403,9 @@ absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, cons
   v1::RunRequest req;
   *req.mutable_graph() = graph;
   *req.mutable_options() = options.compile;
-  ToNamedTensors(inputs, req.mutable_inputs());
-  ToNamedTensors(params, req.mutable_params());
   req.set_report(options.report);
   req.set_priority(options.priority);
-  return DoRun(req);
+  return DoRun(req, inputs, params);
 }
 
 absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& session_id,

@@ -183,7 +183,10 @@ class Client {
 
  private:
   Client(std::string addr, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
-  absl::StatusOr<RunResult> DoRun(const v1::RunRequest& request) const;
+  // Sends `request` (no inputs or params of its own) with `inputs` and
+  // `params` serialized straight from their buffers (base/tensor_wire.h).
+  absl::StatusOr<RunResult> DoRun(const v1::RunRequest& request, const TensorMap& inputs,
+                                  const TensorMap& params) const;
 
   const std::string addr_;
   const ClientOptions options_;

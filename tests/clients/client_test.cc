@@ -182,6 +182,53 @@ TEST(ClientTest, TunedMallocRunsLargeTensors) {
   EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
 }
 
+// Run's tensors go from the caller's buffers into gRPC's slices and from the
+// response's slices into the outputs (base/tensor_wire.h): every output, large
+// or small, of any dtype and rank, arrives with its name, dtype, dims and
+// bytes, in the graph's order; large one-shot params go the same way.
+TEST(ClientTest, RunTensorsCrossTheWireIntact) {
+  auto c = Connect(SharedKilnd().addr());
+  GraphBuilder g("wire");
+  auto x = g.input("x", v1::DTYPE_F32, {int64_t{3}, int64_t{70000}});
+  auto w = g.param("w", v1::DTYPE_F32, {int64_t{3}, int64_t{70000}});
+  auto k = g.input("k", v1::DTYPE_I32, {int64_t{5}});
+  g.output("big", g.add(x, w));
+  g.output("small", g.add(k, k));
+  g.output("scalar", g.scalar(2.5));
+  TensorMap inputs, params;
+  std::mt19937_64 rng(12);
+  inputs.emplace("x", models::RandomF32(rng, {3, 70000}, 1.0));
+  inputs.emplace("k", HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {5}, {1, -2, 3, -4, 5}));
+  params.emplace("w", models::RandomF32(rng, {3, 70000}, 1.0));
+  v1::CompileOptions cpu;
+  cpu.set_device("cpu:0");
+  Client::RunOptions options;
+  options.compile = cpu;
+  options.report = true;
+  auto r = c->Run(GraphFromProto(g.Build()), inputs, params, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->outputs.size(), 3u);
+  EXPECT_EQ(r->outputs[0].first, "big");
+  EXPECT_EQ(r->outputs[1].first, "small");
+  EXPECT_EQ(r->outputs[2].first, "scalar");
+  const HostTensor& big = r->outputs[0].second;
+  ASSERT_EQ(big.dtype(), v1::DTYPE_F32);
+  ASSERT_EQ(big.dims(), (Dims{3, 70000}));
+  const float* xs = inputs.at("x").data_as<float>();
+  const float* ws = params.at("w").data_as<float>();
+  for (int64_t i = 0; i < big.num_elements(); ++i) {
+    ASSERT_EQ(big.data_as<float>()[i], xs[i] + ws[i]) << i;
+  }
+  const HostTensor& small = r->outputs[1].second;
+  ASSERT_EQ(small.dtype(), v1::DTYPE_I32);
+  ASSERT_EQ(small.dims(), (Dims{5}));
+  EXPECT_EQ(small.data_as<int32_t>()[3], -8);
+  EXPECT_EQ(r->outputs[2].second.dims(), Dims{});
+  EXPECT_EQ(r->outputs[2].second.data_as<float>()[0], 2.5f);
+  EXPECT_FALSE(r->request_id.empty());
+  EXPECT_EQ(r->report.request_id(), r->request_id);
+}
+
 TEST(ClientTest, TextGraphsCompileAndRun) {
   auto c = Connect(SharedKilnd().addr());
   const v1::GraphSource mlp = GraphFromText(ExampleText("mlp.kiln"));

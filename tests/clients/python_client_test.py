@@ -347,6 +347,64 @@ class ClientTest(unittest.TestCase):
             self.assertIn("Fortran-order", r.stderr)
 
 
+class WireTest(unittest.TestCase):
+    """kiln/_wire.py (Run's tensors without protobuf copies) against protobuf
+    both ways, and through kilnd."""
+
+    def tensors(self):
+        rng = np.random.default_rng(5)
+        return {"big": rng.standard_normal((7, 10000)).astype(np.float32),
+                "s": np.float64(2.5), "empty": np.zeros((0, 3), np.int64),
+                "b": np.array([True, False, True]), "h": np.ones((3, 2), np.float16),
+                "name \u00e9": np.arange(6, dtype=np.int8)[::2]}  # not contiguous
+
+    def test_request_parses_as_protobufs(self):
+        from kiln import _wire
+        from kiln._proto.kiln.v1 import service_pb2
+        head = service_pb2.RunRequest(session_id="s-1", report=True, priority=-2)
+        raw = _wire.run_request(head, self.tensors(), {"w": np.ones((4,), np.float32)})
+        want = service_pb2.RunRequest()
+        want.CopyFrom(head)
+        for name, v in self.tensors().items():
+            kiln._dtypes.to_proto(v, want.inputs.add(name=name).tensor)
+        kiln._dtypes.to_proto(np.ones((4,), np.float32), want.params.add(name="w").tensor)
+        self.assertEqual(service_pb2.RunRequest.FromString(raw), want)
+
+    def test_response_is_read_only_views_of_protobufs_bytes(self):
+        from kiln import _wire
+        from kiln._proto.kiln.v1 import service_pb2
+        for tensors in (self.tensors(), {"tiny": np.arange(3, dtype=np.int32)}):
+            resp = service_pb2.RunResponse(request_id="r-9")
+            resp.report.tenant = "t"
+            for name, v in tensors.items():
+                kiln._dtypes.to_proto(v, resp.outputs.add(name=name).tensor)
+            outputs, rest = _wire.run_response(resp.SerializeToString())
+            self.assertEqual(list(outputs), list(tensors))
+            for name, v in tensors.items():
+                np.testing.assert_array_equal(outputs[name], v)
+                self.assertEqual(outputs[name].dtype, np.asarray(v).dtype)
+                self.assertFalse(outputs[name].flags.writeable)
+            self.assertEqual(rest.request_id, "r-9")
+            self.assertEqual(rest.report.tenant, "t")
+
+    def test_malformed_response_is_refused(self):
+        from kiln import _wire
+        from kiln._proto.kiln.v1 import service_pb2
+        resp = service_pb2.RunResponse()
+        kiln._dtypes.to_proto(np.zeros(50000, np.float32), resp.outputs.add(name="y").tensor)
+        buf = resp.SerializeToString()
+        for cut in (3, 30, len(buf) // 2, len(buf) - 1):
+            with self.assertRaises(ValueError):
+                _wire.run_response(buf[:cut])
+
+    def test_four_mib_each_way_through_kilnd(self):
+        x = np.linspace(-1, 1, 1 << 20, dtype=np.float32)
+        g = kiln.parse('graph "twice"\ninput x: f32[n]\nlet y = x * 2\nout y\n')
+        y = CLIENT.run(g, {"x": x})["y"]
+        np.testing.assert_array_equal(y, x * 2)
+        self.assertFalse(y.flags.writeable)
+
+
 class TensorDslTest(unittest.TestCase):
     def test_the_example(self):
         rng = np.random.default_rng(6)

@@ -96,6 +96,29 @@ def from_proto(t: tensor_pb2.Tensor) -> np.ndarray:
     return arr.reshape(shape).copy()
 
 
+def view_bytes(buf, kd, dims, offset: int, nbytes: int) -> np.ndarray:
+    """The `nbytes` at `offset` in `buf` as a read-only array of kiln dtype
+    `kd` and shape `dims`, without a copy (the array keeps `buf` alive)."""
+    nd = numpy_dtype(kd)
+    shape = tuple(dims)
+    count = math.prod(shape)
+    if count < 0 or count * nd.itemsize != nbytes:
+        raise ValueError(f"tensor data holds {nbytes} bytes, dims {list(shape)} of "
+                         f"{dtype_name(kd)} need {max(count, 0) * nd.itemsize}")
+    if count == 0:
+        arr = np.empty(shape, dtype=nd)
+        arr.flags.writeable = False
+        return arr
+    return np.frombuffer(buf, dtype=nd, count=count, offset=offset).reshape(shape)
+
+
+def view_proto(t: tensor_pb2.Tensor) -> np.ndarray:
+    """A kiln.v1.Tensor as a read-only array over its data (one copy: the
+    bytes protobuf hands out)."""
+    data = t.data
+    return view_bytes(data, t.dtype, t.dims, 0, len(data))
+
+
 def f32_to_bf16(x) -> np.ndarray:
     """float32 -> bf16 bit patterns (uint16), rounding to nearest even."""
     b = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)

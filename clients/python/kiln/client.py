@@ -11,7 +11,7 @@ import threading
 import grpc
 import numpy as np
 
-from . import _dtypes, checkpoint
+from . import _dtypes, _wire, checkpoint
 from .graph import graph_source
 from .train import Transformed
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
@@ -171,6 +171,8 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(self.addr, options=options)
         self._stub = service_pb2_grpc.KilnStub(self._channel)
+        # Run with bytes in and out: the client encodes and decodes it itself.
+        self._run_raw = self._channel.unary_unary("/kiln.v1.Kiln/Run")
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def close(self):
@@ -346,7 +348,8 @@ class Client:
         """Runs a session (a Session or session id) or, one-shot, a graph
         (kiln.Graph, kiln.parse(...), kiln.v1.Graph) with `params` inline.
         Returns {output name: array} in the graph's output order, or
-        (outputs, DispatchReport) when `report`."""
+        (outputs, DispatchReport) when `report`. The arrays are read-only
+        views of the response's bytes (no copy); `.copy()` one to write it."""
         req = service_pb2.RunRequest(report=report, priority=priority)
         if isinstance(graph, (Session, str)):
             if params:
@@ -356,14 +359,21 @@ class Client:
             req.graph.CopyFrom(graph.source)
             graph.apply(req.options)
             req.options.device = device
-            _named(params, req.params)
         else:
             req.graph.CopyFrom(graph_source(graph))
             req.options.device = device
-            _named(params, req.params)
-        _named(inputs, req.inputs)
-        resp = self._call("Run", req)
-        outputs = {o.name: _dtypes.from_proto(o.tensor) for o in resp.outputs}
+        # Tensors straight from the arrays into the request bytes, and outputs
+        # as read-only views of the response bytes (kiln/_wire.py).
+        raw = _wire.run_request(req, inputs, params)
+        try:
+            buf = self._run_raw(raw, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            raise KilnError(e.code(), e.details() or "", "Run") from None
+        try:
+            outputs, resp = _wire.run_response(buf)
+        except ValueError as e:
+            raise KilnError(grpc.StatusCode.DATA_LOSS, f"the response is malformed: {e}",
+                            "Run") from None
         if report:
             r = report_pb2.DispatchReport()
             r.CopyFrom(resp.report)
