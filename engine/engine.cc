@@ -315,7 +315,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
     for (const auto& d : want.dims()) dims.push_back(d.size());
     auto it = given.find(name);
     if (it == given.end()) {
-      if (!train::IsOptimizerState(name)) {
+      if (!train::IsOptimizerState(name) && !passes::IsLsqScaleParam(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "param \"", name, "\" (", DTypeName(want.dtype()), DimsToString(dims),
             ") of the training step is not given"));

@@ -255,8 +255,8 @@ class Engine {
   // CompileOptions::transforms.training): resident on the executable's device
   // and updated there in place by each run (no host round trip). `values`
   // holds every param of the graph; optimizer state (names under "opt/",
-  // engine/train/train_step.h) may be given (a resumed run) and is otherwise
-  // zero; when "opt/step" is given, all of it must be (INVALID_ARGUMENT
+  // engine/train/train_step.h) and QAT's learned scales ("<w>/lsq_scale",
+  // passes/qat.h) may be given (a resumed run) and are otherwise zero; when "opt/step" is given, all of it must be (INVALID_ARGUMENT
   // naming the first missing tensor). Runs of a step on one set are
   // serialized; Read sees whole steps.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateTrainingParams(

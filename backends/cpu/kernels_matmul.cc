@@ -13,8 +13,12 @@
 // accumulation) when this CPU has a native implementation; f16 (which oneDNN
 // 2.6 computes only on AVX512-FP16 CPUs) and bf16 without one are converted to
 // f32 around an f32 primitive. K = 0 runs the same primitive over a single zero
-// column, so the epilogue still sees act(0 + bias) + residual.
+// column, so the epilogue still sees act(0 + bias) + residual. The integer
+// product (i8 or u8 @ i8 -> i32, the int8 inference form) runs oneDNN's
+// s8/u8 x s8 -> s32 matmul where that is exact (VNNI), else an exact f32 GEMM
+// on the integer values (OneDnnInt8IsExact).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -47,6 +51,22 @@ using dt = dnnl::memory::data_type;
 // on 2 threads of a Xeon. Smaller and batched products keep brgemm, which
 // matched or beat the gemm path there (e.g. 12 x 128x128x64: 403 vs 377 GF/s).
 constexpr double kPreferGemmFlops = 16.0 * 1024 * 1024;
+
+// oneDNN 2.6's int8 GEMM is exact only with VNNI (vpdpbusd sums four u8 x s8
+// products into s32). Without it (AVX2, AVX-512 before Cascade Lake) its jit
+// kernels pair products with vpmaddubsw, which saturates their sum at 16 bits:
+// on this project's AVX2 VM a [5, 37] @ [37, 11] s8 product came out 28444
+// where 19039 is right. There the integer product runs as an f32 GEMM on the
+// integer values instead, exact while every partial sum stays below 2^24:
+// K <= 1024 with both operands in [-128, 127] (a u8 operand is centred to
+// a - 128 and 128 * colsum(b) added back).
+constexpr int64_t kMaxExactF32K = 1024;
+
+bool OneDnnInt8IsExact() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto vnni = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_vnni);
+  return (isa & vnni) == vnni;
+}
 
 // The activation of a FusedMatMul as a oneDNN eltwise post-op.
 struct Activation {
@@ -224,18 +244,40 @@ absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spe
                                                    spec.outputs.size()));
   }
   const DType dtype = spec.outputs[0].dtype;
-  if (!IsF32Storage(dtype)) {
-    return absl::UnimplementedError(
-        absl::StrCat("matmul on ", DTypeName(dtype), " is not implemented (f32, f16, bf16 are)"));
-  }
-  for (const TensorDesc& in : spec.inputs) {
-    if (in.dtype != dtype) {
-      return absl::UnimplementedError("operands of mixed dtypes are not implemented");
+  if (dtype == v1::DTYPE_I32) {
+    // The integer product: i8 or u8 @ i8 -> i32 (oneDNN's s8/u8 x s8 matmul).
+    const DType a = spec.inputs[0].dtype, b = spec.inputs[1].dtype;
+    if (spec.op != v1::OP_MATMUL || (a != v1::DTYPE_I8 && a != v1::DTYPE_U8) ||
+        b != v1::DTYPE_I8) {
+      return absl::UnimplementedError(absl::StrCat(
+          "integer matmul is i8 or u8 @ i8 -> i32 without epilogue, got ", DTypeName(a), " @ ",
+          DTypeName(b)));
+    }
+  } else if (!IsF32Storage(dtype)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "matmul on ", DTypeName(dtype), " is not implemented (f32, f16, bf16 and i8 are)"));
+  } else {
+    for (const TensorDesc& in : spec.inputs) {
+      if (in.dtype != dtype) {
+        return absl::UnimplementedError("operands of mixed dtypes are not implemented");
+      }
     }
   }
   KILN_ASSIGN_OR_RETURN(MatMulPlan p,
                         PlanMatMul(spec.inputs[0].dims, spec.inputs[1].dims, f.transpose_a,
                                    f.transpose_b, spec.outputs[0].dims, f.has_bias));
+  if (dtype == v1::DTYPE_I32 && !OneDnnInt8IsExact()) {
+    if (p.k > kMaxExactF32K) {
+      return absl::UnimplementedError(absl::StrCat(
+          "integer matmul with K = ", p.k, " > ", kMaxExactF32K,
+          " needs a CPU with VNNI (oneDNN's int8 GEMM without it saturates 16-bit sums, and "
+          "the exact f32 fallback holds to K = ", kMaxExactF32K, ")"));
+    }
+    if (spec.inputs[0].dtype == v1::DTYPE_U8 && spec.inputs[1].dims.size() != 2) {
+      return absl::UnimplementedError(
+          "integer matmul of a u8 operand with a batched i8 operand needs a CPU with VNNI");
+    }
+  }
   size_t next = 2;
   if (f.has_bias) {
     // The bias runs along the result's last dim (NumPy's broadcast of
@@ -274,6 +316,7 @@ class MatMulKernel final : public CpuKernel {
     kernel->parts_ = std::move(v.first);
     kernel->plan_ = std::move(v.second);
     kernel->dtype_ = spec.outputs[0].dtype;
+    kernel->a_unsigned_ = spec.inputs[0].dtype == v1::DTYPE_U8;
     kernel->a_elements_ = spec.inputs[0].num_elements();
     kernel->b_elements_ = spec.inputs[1].num_elements();
     KILN_RETURN_IF_ERROR(DnnlTry(spec.label, [&] { kernel->Build(); })) << "building " << spec.name;
@@ -282,7 +325,11 @@ class MatMulKernel final : public CpuKernel {
 
   std::string implementation() const override {
     std::string s = "onednn:matmul";
-    if (dtype_ != v1::DTYPE_F32) absl::StrAppend(&s, "_", DTypeName(dtype_));
+    if (dtype_ == v1::DTYPE_I32) {
+      absl::StrAppend(&s, a_unsigned_ ? "_u8s8s32" : "_s8s8s32", int_via_f32_ ? "_as_exact_f32" : "");
+    } else if (dtype_ != v1::DTYPE_F32) {
+      absl::StrAppend(&s, "_", DTypeName(dtype_));
+    }
     if (parts_.has_bias) absl::StrAppend(&s, "+bias");
     if (parts_.act.present) absl::StrAppend(&s, "+", parts_.act.name);
     if (parts_.has_residual) absl::StrAppend(&s, "+residual");
@@ -298,7 +345,15 @@ class MatMulKernel final : public CpuKernel {
     const BufferView* residual = parts_.has_residual ? &inputs[2 + parts_.has_bias] : nullptr;
     const void* res = residual != nullptr ? residual->host() : nullptr;
     void* dst = outputs[0].host();
-    if (convert_) {
+    if (int_via_f32_) {
+      if (!zero_k_) {
+        IntToF32(a, a_unsigned_, a32_.data(), a_elements_);
+        IntToF32(b, false, b32_.data(), b_elements_);
+        a = a32_.data();
+        b = b32_.data();
+      }
+      dst = c32_.data();
+    } else if (convert_) {
       if (!zero_k_) {
         ParallelConvertToF32(dtype_, a, a32_.data(), a_elements_);
         ParallelConvertToF32(dtype_, b, b32_.data(), b_elements_);
@@ -345,11 +400,44 @@ class MatMulKernel final : public CpuKernel {
     if (!status.ok()) return status;
     if (convert_)
       ParallelConvertFromF32(c32_.data(), dtype_, outputs[0].host(), plan_.out_elements);
+    if (int_via_f32_) FinishIntViaF32(inputs[1].host(), outputs[0].host());
     return absl::OkStatus();
   }
 
  private:
   MatMulKernel() = default;
+
+  // i8 (or u8, centred to [-128, 127]) values as f32.
+  static void IntToF32(const void* src, bool is_unsigned, float* dst, int64_t n) {
+    ParallelFor(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+      if (is_unsigned) {
+        const auto* s = static_cast<const uint8_t*>(src);
+        for (int64_t i = b; i < e; ++i) dst[i] = static_cast<float>(static_cast<int>(s[i]) - 128);
+      } else {
+        const auto* s = static_cast<const int8_t*>(src);
+        for (int64_t i = b; i < e; ++i) dst[i] = static_cast<float>(s[i]);
+      }
+    });
+  }
+
+  // The exact integer result from the f32 GEMM's (integral) one; a centred
+  // u8 operand gets 128 * colsum(b) back (b is [K, N] or [N, K] then).
+  void FinishIntViaF32(const void* b_data, void* out) {
+    const int64_t n = plan_.n, k = plan_.k;
+    if (a_unsigned_) {
+      const auto* b = static_cast<const int8_t*>(b_data);
+      std::fill(colsum_.begin(), colsum_.end(), 0);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        for (int64_t j = 0; j < n; ++j) colsum_[j] += plan_.tb ? b[j * k + kk] : b[kk * n + j];
+      }
+    }
+    auto* c = static_cast<int32_t*>(out);
+    ParallelFor(plan_.out_elements, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        c[i] = static_cast<int32_t>(std::lrint(c32_[i])) + (a_unsigned_ ? 128 * colsum_[i % n] : 0);
+      }
+    });
+  }
 
   // Memory descriptor of a [batch..., rows, cols] operand: `batch_stride`
   // per merged batch dim (0 = broadcast, given dim 1), and the matrix stored
@@ -370,15 +458,17 @@ class MatMulKernel final : public CpuKernel {
   }
 
   // Creates the primitive for compute type `type`; throws dnnl::error.
-  dnnl::matmul::primitive_desc MakeDesc(dt type) {
+  dnnl::matmul::primitive_desc MakeDesc(dt type) { return MakeDesc(type, type, type); }
+  // Operand and result types of their own (the integer product).
+  dnnl::matmul::primitive_desc MakeDesc(dt a_type, dt b_type, dt type) {
     const MatMulPlan& p = plan_;
     const int64_t k = zero_k_ ? 1 : p.k;
     // With K = 0 both operands are one shared zero column/row.
     const std::vector<int64_t> none;
     const dnnl::memory::desc a =
-        Describe(type, zero_k_ ? none : p.a_stride, p.m, k, p.ta && !zero_k_);
+        Describe(a_type, zero_k_ ? none : p.a_stride, p.m, k, p.ta && !zero_k_);
     const dnnl::memory::desc b =
-        Describe(type, zero_k_ ? none : p.b_stride, k, p.n, p.tb && !zero_k_);
+        Describe(b_type, zero_k_ ? none : p.b_stride, k, p.n, p.tb && !zero_k_);
     const dnnl::memory::desc c = Describe(type, p.c_stride, p.m, p.n, false);
     dnnl::memory::dims bias_dims(p.batch.size() + 2, 1);
     bias_dims[p.bias_per_row ? bias_dims.size() - 2 : bias_dims.size() - 1] =
@@ -442,6 +532,17 @@ class MatMulKernel final : public CpuKernel {
       }
     } else if (dtype_ == v1::DTYPE_F32) {
       pd = MakeDesc(dt::f32);
+    } else if (dtype_ == v1::DTYPE_I32 && OneDnnInt8IsExact()) {
+      pd = MakeDesc(a_unsigned_ ? dt::u8 : dt::s8, dt::s8, dt::s32);
+    } else if (dtype_ == v1::DTYPE_I32) {
+      int_via_f32_ = true;  // see OneDnnInt8IsExact
+      pd = MakeDesc(dt::f32);
+      if (!zero_k_) {
+        a32_.resize(a_elements_);
+        b32_.resize(b_elements_);
+      }
+      c32_.resize(plan_.out_elements);
+      if (a_unsigned_) colsum_.resize(plan_.n);
     }
     if (!pd) {
       convert_ = true;
@@ -461,6 +562,9 @@ class MatMulKernel final : public CpuKernel {
   FusedParts parts_;
   MatMulPlan plan_;
   DType dtype_ = v1::DTYPE_F32;
+  bool a_unsigned_ = false;  // the integer product's a is u8 (else s8)
+  bool int_via_f32_ = false;  // the integer product as an exact f32 GEMM (no VNNI)
+  std::vector<int32_t> colsum_;  // int_via_f32_ with a u8 a: sum over K of b
   int64_t a_elements_ = 0, b_elements_ = 0;
   bool convert_ = false;  // storage converted to and from f32 around the primitive
   bool zero_k_ = false;

@@ -180,8 +180,17 @@ absl::Status InferLinalg(Ctx& c) {
   switch (c.node.op) {
     case v1::OP_MATMUL: {
       if (auto s = c.Arity(2, 2); !s.ok()) return s;
-      if (auto s = c.NeedFloat(0); !s.ok()) return s;
-      if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+      // The integer product (ONNX's MatMulInteger): i8 or u8 @ i8, exact in
+      // i32 accumulation (the int8 inference form, docs/quantization.md).
+      const DType ad = c.in(0).dtype, bd = c.in(1).dtype;
+      const bool integer = ad == v1::DTYPE_I8 || ad == v1::DTYPE_U8;
+      if (integer && bd != v1::DTYPE_I8) {
+        return c.Error("an integer matmul is i8 or u8 @ i8, got ", c.T(0), " @ ", c.T(1));
+      }
+      if (!integer) {
+        if (auto s = c.NeedFloat(0); !s.ok()) return s;
+        if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+      }
       if (auto s = c.Rank(0, 1, c.limits.max_rank); !s.ok()) return s;
       if (auto s = c.Rank(1, 1, c.limits.max_rank); !s.ok()) return s;
       const auto& attrs = c.node.attrs.matmul();
@@ -207,7 +216,7 @@ absl::Status InferLinalg(Ctx& c) {
       IrDims out = batch;
       if (!a_vec) out.push_back(m);
       if (!b_vec) out.push_back(n);
-      return c.Set(TensorType(c.in(0).dtype, std::move(out)));
+      return c.Set(TensorType(integer ? v1::DTYPE_I32 : ad, std::move(out)));
     }
     case v1::OP_DOT_GENERAL: {
       if (auto s = c.Arity(2, 2); !s.ok()) return s;

@@ -714,6 +714,56 @@ ValueRef ProdOthers(Builder& b, ValueRef x, const std::vector<int64_t>& axes) {
       b.r().Where(b.r().Compare(v1::COMPARE_EQ, zeros, b.Sc(1, dt)), one_zero, b.Sc(0, dt)));
 }
 
+// FakeQuantize and FakeQuantizeLSQ (docs/quantization.md): x / s on the grid
+// [qmin, qmax] with the scale (and zero point) broadcast along the node's axis.
+struct FakeQuantParts {
+  ValueRef v;     // x / s, in x's dtype
+  ValueRef q;     // clamp(round(v) + zp, qmin, qmax) - zp: the grid point
+  ValueRef mask;  // 1 where round(v) + zp lies on the grid, else 0
+  IrDims s_dims;  // the scale's dims broadcastable to x
+};
+
+FakeQuantParts FakeQuant(Builder& b, const ir::Node& n) {
+  const bool lsq = n.op == v1::OP_FAKE_QUANTIZE_LSQ;
+  const int bits = lsq ? n.attrs.fake_quantize_lsq().bits() : n.attrs.fake_quantize().bits();
+  const bool symmetric =
+      lsq ? n.attrs.fake_quantize_lsq().symmetric() : n.attrs.fake_quantize().symmetric();
+  const bool has_axis =
+      lsq ? n.attrs.fake_quantize_lsq().has_axis() : n.attrs.fake_quantize().has_axis();
+  const ValueRef x = n.operands[0];
+  const TensorType& xt = b.T(x);
+  const DType dt = xt.dtype;
+  const double qmin = symmetric ? -std::ldexp(1.0, bits - 1) : 0;
+  const double qmax = symmetric ? std::ldexp(1.0, bits - 1) - 1 : std::ldexp(1.0, bits) - 1;
+  FakeQuantParts p;
+  p.s_dims = IrDims(xt.rank(), 1);
+  if (has_axis) {
+    int64_t axis = lsq ? n.attrs.fake_quantize_lsq().axis() : n.attrs.fake_quantize().axis();
+    ir::NormalizeAxis(axis, xt.rank(), &axis);
+    p.s_dims[axis] = xt.dims[axis];
+  }
+  auto fit = [&](ValueRef v) {
+    if (b.T(v).dtype != dt) v = b.r().Cast(v, dt);
+    return b.Reshape(v, p.s_dims);
+  };
+  p.v = b.Div(x, fit(n.operands[1]));
+  ValueRef r = b.Un(v1::UNARY_ROUND, p.v);
+  ValueRef zp = n.operands.size() > 2 ? fit(n.operands[2]) : ValueRef{};
+  if (Valid(zp)) r = b.Add(r, zp);
+  p.mask = b.Mul(b.Mask(v1::COMPARE_GE, r, b.Sc(qmin, dt), dt),
+                 b.Mask(v1::COMPARE_LE, r, b.Sc(qmax, dt), dt));
+  p.q = b.r().Binary(v1::BINARY_MIN, b.r().Binary(v1::BINARY_MAX, r, b.Sc(qmin, dt)),
+                     b.Sc(qmax, dt));
+  if (Valid(zp)) p.q = b.Sub(p.q, zp);
+  return p;
+}
+
+// LSQ's d y / d s (Esser et al. 2020, eq. 3): round(v) - v on the grid, the
+// clamped end (qmin or qmax) off it; i.e. q - mask * v.
+ValueRef LsqScalePartial(Builder& b, const FakeQuantParts& p) {
+  return b.Sub(p.q, b.Mul(p.mask, p.v));
+}
+
 }  // namespace
 
 ValueRef Builder::Scale(ValueRef x, double v) {
@@ -791,6 +841,8 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_POOL:
       return true;
     case v1::OP_REDUCE:
+      return true;
+    case v1::OP_FAKE_QUANTIZE: case v1::OP_FAKE_QUANTIZE_LSQ:
       return true;
     default:
       return false;
@@ -958,6 +1010,21 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       }
       if (need[0]) grads[0] = gp;
       if (need[1]) grads[1] = b.SumTo(b.Neg(gp), dims(1));
+      break;
+    }
+    case v1::OP_FAKE_QUANTIZE:
+    case v1::OP_FAKE_QUANTIZE_LSQ: {
+      // The straight-through estimator, clipped as PyTorch's fake_quantize:
+      // the cotangent passes where x lands on the grid. FakeQuantize's scale
+      // and zero point get none (they are observers' statistics, as in
+      // torch.ao.quantization); LSQ's scale gets its published gradient.
+      FakeQuantParts p = FakeQuant(b, n);
+      if (need[0]) grads[0] = b.Mul(g, p.mask);
+      if (n.op == v1::OP_FAKE_QUANTIZE_LSQ && need[1]) {
+        ValueRef gs = b.Reshape(b.SumTo(b.Mul(g, LsqScalePartial(b, p)), p.s_dims), dims(1));
+        if (b.T(gs).dtype != b.T(n.operands[1]).dtype) gs = b.r().Cast(gs, b.T(n.operands[1]).dtype);
+        grads[1] = gs;
+      }
       break;
     }
     default:
@@ -1156,6 +1223,19 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
         out = b.r().Reduce(red == v1::REDUCTION_MEAN ? v1::REDUCE_MEAN : v1::REDUCE_SUM, e, {},
                            false);
       }
+      break;
+    }
+    case v1::OP_FAKE_QUANTIZE:
+    case v1::OP_FAKE_QUANTIZE_LSQ: {
+      FakeQuantParts p = FakeQuant(b, n);
+      ValueRef tx = Valid(t[0]) ? b.Mul(t[0], p.mask) : ValueRef{};
+      ValueRef ts;
+      if (n.op == v1::OP_FAKE_QUANTIZE_LSQ && Valid(t[1])) {
+        ValueRef s = t[1];
+        if (b.T(s).dtype != y.dtype) s = b.r().Cast(s, y.dtype);
+        ts = b.Mul(b.Reshape(s, p.s_dims), LsqScalePartial(b, p));
+      }
+      out = Valid(tx) && Valid(ts) ? b.Add(tx, ts) : Valid(tx) ? tx : Valid(ts) ? fit(ts) : b.Zeros(y);
       break;
     }
     default:

@@ -3,12 +3,17 @@
 // autodiff (grad, grad_with_loss, vjp, jvp, hvp: passes/autodiff.h) or a
 // training step (the backward graph plus the optimizer's updates:
 // train/train_step.h), then vmap (passes/vmap.h), so that vmap of a gradient
-// gives per-example gradients. A graph that asks for none passes through.
+// gives per-example gradients. QAT (passes/qat.h) or AMP (passes/amp.h)
+// rewrite the forward graph first, so the gradients are those of the
+// quantized or mixed-precision forward; a training step takes AMP's loss
+// scaling and QAT's learned scales. A graph that asks for none passes through.
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "engine/passes/amp.h"
 #include "engine/passes/autodiff.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"
+#include "engine/passes/qat.h"
 #include "engine/passes/vmap.h"
 #include "engine/train/train_step.h"
 
@@ -31,11 +36,33 @@ class TransformsPass final : public Pass {
           "the compile options ask for both a training step and vmap; a training step batches "
           "through its graph's own batch dim");
     }
+    const bool amp = AmpRequested(spec.amp());
+    if (amp && spec.has_qat()) {
+      return absl::InvalidArgumentError(
+          "the compile options ask for both AMP and QAT; quantization-aware training runs in f32");
+    }
+    train::StepExtras extras;
+    if (spec.has_qat()) {
+      KILN_RETURN_IF_ERROR(ValidateQat(spec.qat()));
+      KILN_ASSIGN_OR_RETURN(bool changed, ApplyQat(graph, spec.qat(), &extras.lsq_scales));
+      ctx.notes.push_back(changed ? absl::StrCat("transforms: qat int", spec.qat().bits() == 0 ? 8 : spec.qat().bits(),
+                                                 " fake quantization")
+                                  : "transforms: qat found no f32 matmul or conv");
+    }
+    if (amp) {
+      KILN_RETURN_IF_ERROR(ValidateAmp(spec.amp()));
+      KILN_ASSIGN_OR_RETURN(bool changed, ApplyAmp(graph, spec.amp()));
+      ctx.notes.push_back(changed ? absl::StrCat("transforms: amp ", DTypeName(spec.amp().compute()),
+                                                 " compute")
+                                  : "transforms: amp found no f32 matmul, attention or conv");
+      extras.amp = &spec.amp();
+    }
     if (training) {
       if (spec.training().loss().empty()) {
         return absl::InvalidArgumentError("the training spec names no loss output");
       }
-      KILN_RETURN_IF_ERROR(train::AppendTrainStep(graph, spec.training(), &ctx.param_updates));
+      KILN_RETURN_IF_ERROR(
+          train::AppendTrainStep(graph, spec.training(), &ctx.param_updates, extras));
       ctx.notes.push_back(absl::StrCat("transforms: training step on loss \"",
                                        spec.training().loss(), "\" with ", ctx.param_updates.size(),
                                        " param updates"));

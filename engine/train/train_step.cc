@@ -1,6 +1,7 @@
 #include "engine/train/train_step.h"
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "absl/container/flat_hash_set.h"
@@ -94,6 +95,35 @@ ValueRef ScheduleFactor(Builder& b, const v1::LrSchedule& s, ValueRef t, double 
     default:
       return c(lr);
   }
+}
+
+// Loss scaling as resolved from an AmpSpec (GradScaler's defaults).
+struct LossScaling {
+  v1::LossScaleMode mode = v1::LOSS_SCALE_NONE;
+  double init = 65536, growth = 2, backoff = 0.5;
+  int64_t interval = 2000;
+};
+
+LossScaling ScalingOf(const v1::AmpSpec* amp) {
+  LossScaling s;
+  if (amp == nullptr || amp->compute() == v1::DTYPE_UNSPECIFIED) return s;
+  s.mode = amp->loss_scale();
+  if (s.mode == v1::LOSS_SCALE_DEFAULT) {
+    s.mode = amp->compute() == v1::DTYPE_F16 ? v1::LOSS_SCALE_DYNAMIC : v1::LOSS_SCALE_NONE;
+  }
+  if (amp->has_init_scale()) s.init = amp->init_scale();
+  if (amp->has_growth_factor()) s.growth = amp->growth_factor();
+  if (amp->has_backoff_factor()) s.backoff = amp->backoff_factor();
+  if (amp->has_growth_interval()) s.interval = amp->growth_interval();
+  return s;
+}
+
+// The param node named `name` (REQUIRES: it exists).
+ValueRef FindParam(const ir::Graph& g, const std::string& name) {
+  for (const ir::Node* p : g.Params()) {
+    if (p->name == name) return p->out();
+  }
+  return ValueRef{};
 }
 
 struct Update {
@@ -272,7 +302,8 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& s) {
 }
 
 absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
-                             std::vector<std::pair<std::string, std::string>>* param_updates) {
+                             std::vector<std::pair<std::string, std::string>>* param_updates,
+                             const StepExtras& extras) {
   KILN_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   KILN_ASSIGN_OR_RETURN(ValueRef loss, passes::FindOutput(g, spec.loss()));
   const ir::TensorType lt = g.TypeOf(loss);
@@ -314,12 +345,31 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
     no_decay.insert(n);
   }
 
+  const LossScaling scaling = ScalingOf(extras.amp);
   g.outputs().push_back({"__train_loss", loss});
   const ir::Node& loss_node = *g.FindNode(loss.node);
-  ValueRef one;
+  ValueRef one, loss_scale, good_steps, skipped_steps;
   {
     Builder b(g, loss_node);
-    one = b.BroadcastTo(b.Sc(1, lt.dtype), lt.dims);
+    one = b.Sc(1, lt.dtype);
+    if (scaling.mode == v1::LOSS_SCALE_STATIC) {
+      loss_scale = b.Sc(scaling.init, v1::DTYPE_F32);
+    } else if (scaling.mode == v1::LOSS_SCALE_DYNAMIC) {
+      // 0 (fresh optimizer state) reads as init_scale.
+      ir::TensorType f32;
+      f32.dtype = v1::DTYPE_F32;
+      ir::TensorType i64;
+      i64.dtype = v1::DTYPE_I64;
+      ValueRef state = AddParam(g, kLossScaleParam, f32);
+      good_steps = AddParam(g, kGoodStepsParam, i64);
+      skipped_steps = AddParam(g, kSkippedStepsParam, i64);
+      loss_scale = b.r().Where(b.r().Compare(v1::COMPARE_GT, state, b.Sc(0, v1::DTYPE_F32)), state,
+                               b.Sc(scaling.init, v1::DTYPE_F32));
+    }
+    if (Valid(loss_scale)) {
+      one = lt.dtype == v1::DTYPE_F32 ? loss_scale : b.r().Cast(loss_scale, lt.dtype);
+    }
+    one = b.BroadcastTo(one, lt.dims);
     KILN_RETURN_IF_ERROR(b.status());
   }
   KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> grads, passes::BuildVjp(g, loss, one, wrt));
@@ -337,6 +387,26 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
   ValueRef factor = ScheduleFactor(b, spec.optimizer().schedule(), t, h.lr);
   ValueRef lr = b.Scale(factor, h.lr);
   updates.push_back({kStepParam, next_step});
+  ValueRef finite;  // DYNAMIC: whether every gradient is finite (bool scalar)
+  if (Valid(loss_scale)) {
+    ValueRef inv = b.Div(b.Sc(1, v1::DTYPE_F32), loss_scale);
+    for (ValueRef& gr : grads) {
+      const DType dt = b.T(gr).dtype;
+      gr = b.Mul(gr, dt == v1::DTYPE_F32 ? inv : b.r().Cast(inv, dt));
+    }
+  }
+  if (scaling.mode == v1::LOSS_SCALE_DYNAMIC) {
+    // sum |g| is inf or NaN exactly when some gradient is (short of an f32
+    // overflow of the sum itself, which would be no trainable step either).
+    ValueRef total;
+    for (ValueRef gr : grads) {
+      ValueRef s = b.r().Reduce(v1::REDUCE_SUM, b.Un(v1::UNARY_ABS, gr), {}, false);
+      if (b.T(s).dtype != v1::DTYPE_F32) s = b.r().Cast(s, v1::DTYPE_F32);
+      total = Valid(total) ? b.Add(total, s) : s;
+    }
+    finite = b.r().Compare(v1::COMPARE_LE, total,
+                           b.Sc(std::numeric_limits<float>::max(), v1::DTYPE_F32));
+  }
   if (spec.optimizer().max_grad_norm() > 0) {
     // torch.nn.utils.clip_grad_norm_: scale by min(1, max / (norm + 1e-6)).
     ValueRef sq;
@@ -364,9 +434,33 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
         up.Apply(names[i], wrt[i], grads[i], !no_decay.contains(names[i]), updates))
         << "while adding the update of \"" << names[i] << "\"";
   }
+  for (const passes::LsqScale& s : extras.lsq_scales) {
+    for (Update& u : updates) {
+      if (u.name != s.param) continue;
+      ValueRef p = FindParam(g, s.param);
+      u.value = b.r().Where(b.r().Compare(v1::COMPARE_GT, p, b.Sc(0, v1::DTYPE_F32)), u.value,
+                            s.init);
+    }
+  }
+  if (Valid(finite)) {
+    // A skipped step keeps every param and state tensor as it was.
+    for (Update& u : updates) u.value = b.r().Where(finite, u.value, FindParam(g, u.name));
+    const ValueRef one_i = b.Sc(1, v1::DTYPE_I64), zero_i = b.Sc(0, v1::DTYPE_I64);
+    ValueRef good = b.r().Where(finite, b.Add(good_steps, one_i), zero_i);
+    ValueRef grow = b.r().Compare(v1::COMPARE_GE, good, b.Sc(scaling.interval, v1::DTYPE_I64));
+    ValueRef scale_next = b.r().Where(
+        finite, b.r().Where(grow, b.Scale(loss_scale, scaling.growth), loss_scale),
+        b.Scale(loss_scale, scaling.backoff));
+    updates.push_back({kLossScaleParam, scale_next});
+    updates.push_back({kGoodStepsParam, b.r().Where(grow, zero_i, good)});
+    updates.push_back(
+        {kSkippedStepsParam, b.Add(skipped_steps, b.r().Where(finite, zero_i, one_i))});
+  }
+  KILN_RETURN_IF_ERROR(b.status()) << "while adding the loss scaling";
   std::vector<ir::GraphOutput> outputs;
   outputs.push_back({spec.loss(), loss});
   outputs.push_back({kLrOutput, lr});
+  if (Valid(loss_scale)) outputs.push_back({kLossScaleOutput, loss_scale});
   param_updates->clear();
   for (const Update& u : updates) {
     const std::string out = absl::StrCat(kUpdatePrefix, u.name);

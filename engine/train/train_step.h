@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "engine/ir/graph.h"
+#include "engine/passes/qat.h"
 #include "kiln/v1/train.pb.h"
 
 namespace kiln::train {
@@ -38,6 +39,29 @@ inline constexpr char kStatePrefix[] = "opt/";
 inline constexpr char kStepParam[] = "opt/step";
 inline constexpr char kUpdatePrefix[] = "update/";
 inline constexpr char kLrOutput[] = "metrics/lr";
+// Loss scaling (AmpSpec, DYNAMIC): the scale the step used (0 in the state
+// means "not started": the step reads init_scale), the good steps since the
+// scale last changed, and the steps skipped for inf/nan gradients.
+inline constexpr char kLossScaleParam[] = "opt/loss_scale";
+inline constexpr char kGoodStepsParam[] = "opt/loss_scale_good_steps";
+inline constexpr char kSkippedStepsParam[] = "opt/skipped_steps";
+inline constexpr char kLossScaleOutput[] = "metrics/loss_scale";
+
+// What the transforms stage adds to a step besides the optimizer.
+struct StepExtras {
+  // Mixed precision (null or compute unset: none). Its loss scaling, when on:
+  // the backward pass starts from the loss scale instead of 1 and the
+  // gradients are divided by it before clipping and the update. DYNAMIC
+  // follows torch.cuda.amp.GradScaler: a step whose gradients hold an inf or
+  // a NaN changes no param and no optimizer state (opt/step included), counts
+  // in opt/skipped_steps and multiplies the scale by backoff_factor; after
+  // growth_interval good steps in a row the scale grows by growth_factor.
+  // The step outputs metrics/loss_scale (the scale it used).
+  const v1::AmpSpec* amp = nullptr;
+  // QAT's learned scales (passes/qat.h): each update writes `init` into a
+  // scale param that is not positive.
+  std::vector<passes::LsqScale> lsq_scales;
+};
 
 // Checks the optimizer's hyper-parameters; INVALID_ARGUMENT naming the field.
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& spec);
@@ -48,7 +72,8 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& spec);
 // float, bad hyper-parameters; UNIMPLEMENTED for a non-differentiable node on
 // the path (named).
 absl::Status AppendTrainStep(ir::Graph& graph, const v1::TrainingSpec& spec,
-                             std::vector<std::pair<std::string, std::string>>* param_updates);
+                             std::vector<std::pair<std::string, std::string>>* param_updates,
+                             const StepExtras& extras = {});
 
 // Whether a param of the step's graph is optimizer state (zero at the start).
 inline bool IsOptimizerState(const std::string& name) { return name.rfind(kStatePrefix, 0) == 0; }
