@@ -22,6 +22,7 @@
 // the Engine that loaded it.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +49,8 @@ struct ProgramOptions {
   // device fault.
   absl::Duration device_wait_floor = absl::Seconds(10);
   double device_wait_slack = 100;
+  // Body runs of one While step per run (engine/runtime/while_kernel.h).
+  int64_t max_while_iterations = 1000000;
   // Where a run's context memory is charged to its tenant; may be null.
   std::shared_ptr<RunMemoryLedger> ledger;
 };
@@ -104,6 +107,8 @@ class Program final : public Executable {
                            std::vector<const TensorRef*>* by_index) const;
   absl::Status CheckParams(const ParamSetImpl* params) const;
   absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(backend::PrepareContext& prepare);
+  // The engine's kernel for While step `step` (while_kernel.h).
+  std::unique_ptr<backend::Kernel> MakeWhileKernel(int step, backend::KernelSpec spec) const;
   // A free context, a new one when fewer than max_contexts live, else waits.
   absl::StatusOr<std::unique_ptr<RunContext>> AcquireContext();
   // Back to the pool; a context whose run ended in a fault of
@@ -132,6 +137,8 @@ class Program final : public Executable {
   // caller's result tensor (host-memory device, written by one kernel step,
   // sharing no arena bytes with any other slot), saving the copy-out.
   std::vector<bool> direct_output_;
+  // Per step: a While step's cond and body programs (null for other steps).
+  std::vector<std::array<std::shared_ptr<Program>, 2>> while_programs_;
 
   mutable absl::Mutex contexts_mu_;
   std::vector<std::unique_ptr<RunContext>> idle_contexts_ ABSL_GUARDED_BY(contexts_mu_);
