@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   impl->program_options.max_contexts = std::max(1, options.max_run_contexts_per_program);
   impl->program_options.device_wait_floor = options.device_wait_floor;
   impl->program_options.device_wait_slack = options.device_wait_slack;
+  impl->program_options.max_while_iterations = std::max<int64_t>(1, options.max_while_iterations);
   impl->program_options.ledger = std::make_shared<runtime::RunMemoryLedger>();
   runtime::RegistryOptions ro;
   ro.backend.cpu_threads = options.cpu_threads;

@@ -64,6 +64,9 @@ struct EngineOptions {
   // Runs of one program that may proceed at once, each on its own run
   // context (arena, streams, kernels).
   int max_run_contexts_per_program = 4;
+  // Body runs of one While node per run before it fails RESOURCE_EXHAUSTED
+  // naming the node (kilnd's limits.max_while_iterations).
+  int64_t max_while_iterations = 1000000;
   // Concurrent runs per device, by device id, overriding what the backend
   // reports (DeviceInfo::max_concurrent_runs).
   std::map<std::string, int> device_slots;

@@ -117,6 +117,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.tls_client_ca) config.mutable_tls()->set_client_ca_file(*flags.tls_client_ca);
   if (flags.device_isolation) config.set_device_isolation(*flags.device_isolation);
   if (flags.model_repository) config.mutable_model_repository()->set_root(*flags.model_repository);
+  if (flags.plugin_dir) config.set_plugin_dir(*flags.plugin_dir);
   if (config.calibration().empty()) config.set_calibration("auto");
   if (config.calibration() != "auto" && config.calibration() != "always" &&
       config.calibration() != "never") {
@@ -154,6 +155,7 @@ void ApplyDefaults(v1::ServerConfig& config) {
   if (l.max_nodes() == 0) l.set_max_nodes(kDefaultMaxNodes);
   if (l.max_subgraph_depth() == 0) l.set_max_subgraph_depth(kDefaultMaxSubgraphDepth);
   if (l.max_rank() == 0) l.set_max_rank(kDefaultMaxRank);
+  if (l.max_while_iterations() == 0) l.set_max_while_iterations(kDefaultMaxWhileIterations);
 
   v1::TenantQuota builtin;
   builtin.set_max_sessions(kDefaultMaxSessions);
@@ -182,7 +184,8 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
                  positive("max_tensor_bytes", l.max_tensor_bytes()),
                  positive("max_nodes", l.max_nodes()),
                  positive("max_subgraph_depth", l.max_subgraph_depth()),
-                 positive("max_rank", l.max_rank())}) {
+                 positive("max_rank", l.max_rank()),
+                 positive("max_while_iterations", l.max_while_iterations())}) {
     if (!s.ok()) return s;
   }
   if (l.max_message_bytes() > (int64_t{2} << 30) - 1) {

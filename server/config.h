@@ -32,6 +32,7 @@ inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 30;
 inline constexpr int kDefaultMaxNodes = 100000;
 inline constexpr int kDefaultMaxSubgraphDepth = 8;
 inline constexpr int kDefaultMaxRank = 8;
+inline constexpr int64_t kDefaultMaxWhileIterations = 1000000;
 // The default quota (also the open tenant's).
 inline constexpr int kDefaultMaxSessions = 64;
 inline constexpr int64_t kDefaultMaxParamBytes = int64_t{8} << 30;
@@ -58,6 +59,7 @@ struct FlagOverrides {
   std::optional<std::string> tls_client_ca;  // tls.client_ca_file
   std::optional<std::string> device_isolation;
   std::optional<std::string> model_repository;  // model_repository.root
+  std::optional<std::string> plugin_dir;
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the

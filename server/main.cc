@@ -54,6 +54,9 @@ ABSL_FLAG(std::optional<std::string>, device_isolation, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, model_repository, std::nullopt,
           "Directory of models: <model>/<version>/model.{kiln,pb,onnx} plus *.safetensors / *.gguf "
           "weights (config model_repository.root; docs/models.md).");
+ABSL_FLAG(std::optional<std::string>, plugin_dir, std::nullopt,
+          "Directory of custom-op kernel plugins (*.so, include/kiln/plugin.h), loaded once at "
+          "start; bad plugins are refused and logged (config plugin_dir; docs/plugins.md).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
   flags.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   flags.device_isolation = absl::GetFlag(FLAGS_device_isolation);
   flags.model_repository = absl::GetFlag(FLAGS_model_repository);
+  flags.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));

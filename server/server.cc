@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/custom_ops.h"
 #include "server/config.h"
 #include "server/tls.h"
 
@@ -177,6 +178,16 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   if (!metrics.ok()) return metrics.status();
   s->metrics_ = std::move(metrics).value();
 
+  // Plugins load before the engine exists, so no compile ever sees a half-loaded set.
+  if (!config.plugin_dir().empty()) {
+    auto plugins = CustomOpRegistry::Global().LoadDirectory(config.plugin_dir());
+    if (!plugins.ok()) return plugins.status();
+    for (const std::string& line : plugins->loaded) spdlog::info("plugin loaded: {}", line);
+    for (const absl::Status& refused : plugins->refused) {
+      spdlog::error("plugin refused: {}", std::string(refused.message()));
+    }
+  }
+
   EngineOptions eo;
   eo.cache_dir = config.cache_dir();
   eo.cache_max_bytes = config.cache_max_bytes();
@@ -185,6 +196,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
                    : config.calibration() == "always" ? EngineOptions::Calibration::kAlways
                                                       : EngineOptions::Calibration::kIfCacheDir;
   eo.verify = VerifyOptionsFrom(config.limits());
+  eo.max_while_iterations = config.limits().max_while_iterations();
   eo.disabled_backends.assign(config.disabled_backends().begin(), config.disabled_backends().end());
   eo.max_device_slots = config.max_concurrent_runs();
   if (config.device_wait_floor_seconds() > 0) {

@@ -1,12 +1,52 @@
 #include "engine/compile/executable_key.h"
 
+#include <set>
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "base/custom_ops.h"
 #include "base/deterministic_bytes.h"
 #include "engine/compile/lower.h"
 #include "engine/ir/verifier.h"
 
 namespace kiln::compile {
-namespace {}  // namespace
+namespace {
+
+void CollectCustomOps(const v1::Graph& g, std::set<std::string>& names);
+
+void CollectCustomOps(const v1::Node& n, std::set<std::string>& names) {
+  if (n.op() == v1::OP_CUSTOM) names.insert(n.attrs().custom().name());
+  const v1::Attrs& a = n.attrs();
+  if (a.has_scan()) CollectCustomOps(a.scan().body(), names);
+  if (a.has_if_()) {
+    CollectCustomOps(a.if_().then_branch(), names);
+    CollectCustomOps(a.if_().else_branch(), names);
+  }
+  if (a.has_while_()) {
+    CollectCustomOps(a.while_().cond(), names);
+    CollectCustomOps(a.while_().body(), names);
+  }
+}
+
+void CollectCustomOps(const v1::Graph& g, std::set<std::string>& names) {
+  for (const v1::Node& n : g.nodes()) CollectCustomOps(n, names);
+}
+
+// The identity of every plugin op the graph names (subgraphs too), so a
+// changed plugin (version or file bytes) misses the cache and recompiles; an
+// op no plugin provides is recorded as such.
+std::string CustomOpsComponent(const v1::Graph& canonical) {
+  std::set<std::string> names;
+  CollectCustomOps(canonical, names);
+  std::string out;
+  for (const std::string& name : names) {
+    const CustomOp* op = CustomOpRegistry::Global().Find(name);
+    absl::StrAppend(&out, op != nullptr ? op->Identity() : absl::StrCat(name, "|(none)"), "\n");
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string DevicesSignature(const runtime::DeviceRegistry& registry) {
   std::string out;
@@ -36,6 +76,10 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   // every other graph stay what they were.
   if (options.transforms.ByteSizeLong() > 0) {
     key.Add("transforms", DeterministicBytes(options.transforms));
+  }
+  // Only graphs with custom ops get the component (other keys stay as they were).
+  if (std::string custom = CustomOpsComponent(canonical); !custom.empty()) {
+    key.Add("custom_ops", custom);
   }
   key.Add("devices", devices_signature);
   std::string shape_sig;

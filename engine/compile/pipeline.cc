@@ -85,9 +85,106 @@ absl::StatusOr<HirGraph> Pipeline::Hir(const v1::Graph& graph, const CompileOpti
   return hir;
 }
 
+absl::StatusOr<v1::Executable> Pipeline::CompileSubgraph(const v1::Graph& subgraph,
+                                                        const std::vector<v1::TensorType>& carries,
+                                                        const std::string& device,
+                                                        const CompileOptions& options,
+                                                        const std::string& where) const {
+  v1::Graph g = subgraph;
+  size_t next = 0;
+  for (v1::Node& n : *g.mutable_nodes()) {
+    if (n.op() == v1::OP_PARAM) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " declares param \"", n.name(), "\"; pass it in as a carry"));
+    }
+    if (n.op() != v1::OP_INPUT) continue;
+    if (next < carries.size()) {
+      // Inputs bind to the carries in node order, by position; the names
+      // are the While kernel's (while_kernel.h).
+      n.set_name(absl::StrCat("c", next));
+      n.clear_outputs();
+      *n.add_outputs() = carries[next];
+    }
+    ++next;
+  }
+  if (next != carries.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has ", next, " inputs but the While has ",
+                                                   carries.size(), " carries"));
+  }
+  CompileOptions sub = options;
+  sub.device = device;
+  sub.transforms.Clear();
+  sub.dump_dir.clear();
+  v1::CompileReport report;
+  absl::StatusOr<HirGraph> hir = Hir(g, sub, {}, report);
+  if (!hir.ok()) return StatusBuilder(hir.status()) << "in " << where;
+  absl::StatusOr<v1::Executable> lir = CompileToLir(std::move(hir->graph), sub, hir->key, report);
+  if (!lir.ok()) return StatusBuilder(lir.status()) << "in " << where;
+  return lir;
+}
+
+absl::Status Pipeline::CompileWhileSteps(v1::Executable& lir, const CompileOptions& options) const {
+  for (v1::LirStep& step : *lir.mutable_steps()) {
+    if (step.kind() != v1::STEP_KERNEL || step.kernel().node().op() != v1::OP_WHILE) continue;
+    v1::LirKernel& k = *step.mutable_kernel();
+    const std::string node = k.covered_node_ids_size() > 0
+                                 ? absl::StrCat("node ", k.covered_node_ids(0),
+                                                k.covered_names_size() > 0 && !k.covered_names(0).empty()
+                                                    ? absl::StrCat(" \"", k.covered_names(0), "\"")
+                                                    : "",
+                                                " (while)")
+                                 : absl::StrCat("kernel ", k.name());
+    const std::vector<v1::TensorType> carries(k.input_types().begin(), k.input_types().end());
+    const auto& attrs = k.node().attrs().while_();
+    KILN_ASSIGN_OR_RETURN(v1::Executable cond, CompileSubgraph(attrs.cond(), carries, step.device(),
+                                                               options, node + ": cond"));
+    if (cond.outputs_size() != 1 || cond.slots(cond.outputs(0).slot()).type().dtype() != v1::DTYPE_BOOL ||
+        cond.slots(cond.outputs(0).slot()).type().dims_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(node, ": cond must return one bool scalar"));
+    }
+    KILN_ASSIGN_OR_RETURN(v1::Executable body, CompileSubgraph(attrs.body(), carries, step.device(),
+                                                               options, node + ": body"));
+    if (body.outputs_size() != static_cast<int>(carries.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(node, ": body returns ", body.outputs_size(),
+                                                     " values for ", carries.size(), " carries"));
+    }
+    for (size_t i = 0; i < carries.size(); ++i) {
+      const v1::TensorType& t = body.slots(body.outputs(static_cast<int>(i)).slot()).type();
+      if (t.SerializeAsString() != carries[i].SerializeAsString()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            node, ": body changes carry ", i, " from ", DTypeName(carries[i].dtype()),
+            carries[i].dims_size(), "-d to ", DTypeName(t.dtype()), t.dims_size(),
+            "-d or its dims (a While's carries keep their shapes)"));
+      }
+    }
+    *k.add_subprograms() = std::move(cond);
+    *k.add_subprograms() = std::move(body);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
     std::unique_ptr<ir::Graph> g, const CompileOptions& options, const std::string& key,
     v1::CompileReport& report) const {
+  KILN_ASSIGN_OR_RETURN(v1::Executable lir, CompileToLir(std::move(g), options, key, report));
+  const auto t_lir = Clock::now();
+  backend::PrepareContext prep;
+  KILN_ASSIGN_OR_RETURN(auto program, runtime::Program::Load(std::move(lir), options_.registry,
+                                                             options_.kernel_binaries, &prep,
+                                                             options_.program_options));
+  report.set_kernel_cache_hits(prep.kernel_cache_hits);
+  report.set_kernel_cache_misses(prep.kernel_cache_misses);
+  // The lir stage: lowering (timed in CompileToLir) plus loading.
+  for (v1::StageTiming& st : *report.mutable_stages()) {
+    if (st.stage() == "lir") st.set_micros(st.micros() + MicrosSince(t_lir));
+  }
+  return program;
+}
+
+absl::StatusOr<v1::Executable> Pipeline::CompileToLir(std::unique_ptr<ir::Graph> g,
+                                                      const CompileOptions& options,
+                                                      const std::string& key,
+                                                      v1::CompileReport& report) const {
   const char* env_dump = std::getenv("KILN_DUMP");
   const std::string dump =
       !options.dump_dir.empty() ? options.dump_dir : (env_dump ? env_dump : "");
@@ -117,6 +214,7 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
   const auto t_lir = Clock::now();
   KILN_ASSIGN_OR_RETURN(v1::Executable lir, Lower(*g, ctx, origins));
   lir.set_key(key);
+  KILN_RETURN_IF_ERROR(CompileWhileSteps(lir, options));
   for (const v1::MemoryPlanSummary& m : ctx.memory) *report.add_memory() = m;
   for (const std::string& note : ctx.notes) report.add_notes(note);
   std::map<v1::Path, int> paths;
@@ -136,17 +234,11 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
   }
   report.set_kernels(kernels);
   report.set_copies(copies);
-  backend::PrepareContext prep;
-  KILN_ASSIGN_OR_RETURN(auto program, runtime::Program::Load(std::move(lir), options_.registry,
-                                                             options_.kernel_binaries, &prep,
-                                                             options_.program_options));
-  report.set_kernel_cache_hits(prep.kernel_cache_hits);
-  report.set_kernel_cache_misses(prep.kernel_cache_misses);
   v1::StageTiming* st = report.add_stages();
   st->set_stage("lir");
   st->set_micros(MicrosSince(t_lir));
   st->set_nodes_after(kernels + copies);
-  return program;
+  return lir;
 }
 
 absl::Status Pipeline::WarmUp() const {

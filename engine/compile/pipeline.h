@@ -68,6 +68,12 @@ class Pipeline {
                                                             const std::string& key,
                                                             v1::CompileReport& report) const;
 
+  // Stages 2..8 without loading: the executable (While steps with their
+  // compiled cond and body, LirKernel.subprograms). Fills the report as Compile.
+  absl::StatusOr<v1::Executable> CompileToLir(std::unique_ptr<ir::Graph> graph,
+                                              const CompileOptions& options, const std::string& key,
+                                              v1::CompileReport& report) const;
+
   // One small compile on the CPU, not cached: pays the process's one-time
   // costs (lazy protobuf and table set-up in the importer and the passes, the
   // CPU kernels' first JIT) at start-up instead of in the first request.
@@ -77,6 +83,17 @@ class Pipeline {
   const std::string& devices_signature() const { return devices_signature_; }
 
  private:
+  // A While's cond or body as its own executable on `device`: its inputs, in
+  // node order, bound to the carry types and named c0 .. cN-1. `where` names
+  // it in errors ("node 4 \"w\" (while): body").
+  absl::StatusOr<v1::Executable> CompileSubgraph(const v1::Graph& subgraph,
+                                                 const std::vector<v1::TensorType>& carries,
+                                                 const std::string& device,
+                                                 const CompileOptions& options,
+                                                 const std::string& where) const;
+  // Compiles and attaches the cond and body of every While step of `lir`.
+  absl::Status CompileWhileSteps(v1::Executable& lir, const CompileOptions& options) const;
+
   const PipelineOptions options_;
   const std::string devices_signature_;
 };

@@ -3,6 +3,10 @@
 #include "engine/ir/infer_internal.h"
 #include "engine/ir/verifier.h"
 
+#include <algorithm>
+
+#include "base/custom_ops.h"
+
 namespace kiln::ir::infer_internal {
 namespace {
 
@@ -352,6 +356,66 @@ absl::Status InferFused(Ctx& c) {
   }
 }
 
+// A custom op's results come from its plugin's shape function (base/custom_ops.h),
+// checked here as strictly as any built-in rule: the plugin is code we did not
+// write. An op no loaded plugin provides keeps the result types the graph
+// declares (a test device may claim it); with none declared it is an error
+// naming the op, and with no device claiming it legalize names it again.
+absl::Status InferCustom(Ctx& c) {
+  const std::string& name = c.node.attrs.custom().name();
+  if (name.empty()) return c.Error("attribute name is required");
+  const CustomOp* op = CustomOpRegistry::Global().Find(name);
+  if (op == nullptr) {
+    if (c.node.outputs.empty()) {
+      return c.Error("custom op ", QuotePluginString(name),
+                     " is not provided by any plugin kilnd loaded (--plugin_dir)");
+    }
+    return absl::OkStatus();
+  }
+  if (c.num_operands() > 64) return c.Error("custom ops take at most 64 operands");
+  std::vector<KilnTensorType> ins;
+  for (int i = 0; i < c.num_operands(); ++i) {
+    const TensorType& t = c.in(i);
+    if (IsQuantized(t.dtype)) return c.Error("custom ops do not take block-quantized operands (operand ", i, ")");
+    if (t.rank() > KILN_PLUGIN_MAX_RANK) {
+      return c.Error("operand ", i, " has rank ", t.rank(), "; plugins take rank <= ", KILN_PLUGIN_MAX_RANK);
+    }
+    KilnTensorType k{};
+    k.dtype = static_cast<int32_t>(t.dtype);
+    k.rank = static_cast<int32_t>(t.rank());
+    for (int64_t d = 0; d < t.rank(); ++d) k.dims[d] = t.dims[d] >= 0 ? t.dims[d] : -1;
+    ins.push_back(k);
+  }
+  auto outs = CallShapeFunction(*op, c.node.attrs.custom().payload(), ins);
+  if (!outs.ok()) return c.Error(outs.status().message());
+  std::vector<TensorType> results;
+  for (size_t i = 0; i < outs->size(); ++i) {
+    const KilnTensorType& k = (*outs)[i];
+    const std::string what = absl::StrCat("custom op ", QuotePluginString(name), ": shape function result ", i);
+    if (!IsKnownDType(k.dtype) || k.dtype == v1::DTYPE_UNSPECIFIED || IsQuantized(static_cast<DType>(k.dtype))) {
+      return c.Error(what, " has dtype ", k.dtype, ", not one of kiln.v1.DType's dense types");
+    }
+    if (k.rank < 0 || k.rank > KILN_PLUGIN_MAX_RANK || k.rank > c.limits.max_rank) {
+      return c.Error(what, " has rank ", k.rank, " (limit ",
+                     std::min<int64_t>(KILN_PLUGIN_MAX_RANK, c.limits.max_rank), ")");
+    }
+    IrDims dims;
+    CheckedInt elems(1);
+    for (int32_t d = 0; d < k.rank; ++d) {
+      if (k.dims[d] < -1) return c.Error(what, " dim ", d, " is ", k.dims[d], " (want >= 0, or -1 for unknown)");
+      dims.push_back(k.dims[d] >= 0 ? k.dims[d] : kDynamic);
+      if (k.dims[d] >= 0) elems = elems * k.dims[d];
+    }
+    if (!elems.ok()) return c.Overflow(what, "'s element count");
+    if (elems.get() > c.limits.max_tensor_elements) {
+      return c.Error(what, " has ", elems.get(), " elements, over the limit of ", c.limits.max_tensor_elements);
+    }
+    results.push_back(TensorType(static_cast<DType>(k.dtype), std::move(dims)));
+  }
+  c.node.outputs.assign(results.begin(), results.end());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status InferMisc(Ctx& c) {
@@ -368,9 +432,7 @@ absl::Status InferMisc(Ctx& c) {
     case v1::OP_ALL_REDUCE: case v1::OP_ALL_GATHER: case v1::OP_REDUCE_SCATTER:
       return InferCollective(c);
     case v1::OP_CUSTOM:
-      if (c.node.attrs.custom().name().empty()) return c.Error("attribute name is required");
-      if (c.node.outputs.empty()) return c.Error("custom ops must declare their result types");
-      return absl::OkStatus();
+      return InferCustom(c);
     case v1::OP_FUSED_ELEMENTWISE: case v1::OP_FUSED_MATMUL: case v1::OP_FUSED_RESIDUAL_NORM:
     case v1::OP_COPY:
       return InferFused(c);

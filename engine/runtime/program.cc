@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "engine/runtime/while_kernel.h"
 
 namespace kiln::runtime {
 namespace {
@@ -119,6 +120,26 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
     KILN_ASSIGN_OR_RETURN(auto constants, p->UploadConstants());
     absl::MutexLock lock(&p->constants_mu_);
     p->constants_ = std::move(constants);
+  }
+  // A While step's cond and body, each its own program (while_kernel.h).
+  p->while_programs_.resize(l.steps_size());
+  for (int i = 0; i < l.steps_size(); ++i) {
+    const v1::LirStep& step = l.steps(i);
+    if (step.kind() != v1::STEP_KERNEL || step.kernel().node().op() != v1::OP_WHILE) continue;
+    const auto& subs = step.kernel().subprograms();
+    if (subs.size() != 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kernel ", step.kernel().name(), ": a While step needs its cond and body programs, has ",
+          subs.size()));
+    }
+    for (int j = 0; j < 2; ++j) {
+      auto sub = Program::Load(subs[j], p->registry_, p->binaries_, prepare_stats, options);
+      if (!sub.ok()) {
+        return StatusBuilder(sub.status()) << "while loading the " << (j == 0 ? "cond" : "body")
+                                           << " of kernel " << step.kernel().name();
+      }
+      p->while_programs_[i][j] = std::move(sub).value();
+    }
   }
   backend::PrepareContext ctx;
   ctx.binaries = p->binaries_.get();
@@ -276,6 +297,10 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
     spec.attrs = k.node().attrs();
     for (const auto& t : k.input_types()) spec.inputs.push_back(DescOf(t));
     for (const auto& t : k.node().outputs()) spec.outputs.push_back(DescOf(t));
+    if (spec.op == v1::OP_WHILE) {
+      c->kernels[i] = MakeWhileKernel(i, std::move(spec));
+      continue;
+    }
     auto kernel = s->device->PrepareKernel(spec, prepare);
     if (!kernel.ok()) {
       return StatusBuilder(kernel.status()) << "while preparing " << k.name() << " on "
@@ -332,6 +357,25 @@ absl::Status Program::BindPacked(
     }
   }
   return absl::OkStatus();
+}
+
+std::unique_ptr<backend::Kernel> Program::MakeWhileKernel(int step, backend::KernelSpec spec) const {
+  const v1::LirKernel& k = lir_.steps(step).kernel();
+  std::string label = absl::StrCat("kernel ", k.name());
+  if (k.covered_node_ids_size() > 0) {
+    const std::string name = k.covered_names_size() > 0 ? k.covered_names(0) : "";
+    label = name.empty() ? absl::StrCat("node ", k.covered_node_ids(0), " (while)")
+                         : absl::StrCat("node ", k.covered_node_ids(0), " \"", name, "\" (while)");
+  }
+  int64_t limit = std::max<int64_t>(1, options_.max_while_iterations);
+  std::string source = absl::StrCat("limits.max_while_iterations = ", limit);
+  const int64_t own = k.node().attrs().while_().max_iterations();
+  if (own > 0 && own < limit) {
+    limit = own;
+    source = absl::StrCat("its max_iterations attribute = ", own);
+  }
+  return std::make_unique<WhileKernel>(std::move(label), std::move(spec), while_programs_[step][0],
+                                       while_programs_[step][1], limit, std::move(source));
 }
 
 absl::StatusOr<std::unique_ptr<RunContext>> Program::AcquireContext() {
@@ -619,6 +663,7 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
       KILN_ASSIGN_OR_RETURN(timings[i].before, s.stream->Record());
     }
     if (step.kind() == v1::STEP_KERNEL) {
+      if (auto* w = dynamic_cast<WhileKernel*>(kernels_[i].get())) w->BindRun(&options);
       KILN_RETURN_IF_ERROR(kernels_[i]->Launch(*s.stream, ins, outs))
           << "while running " << step.kernel().name() << " on " << step.device();
     } else {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,6 +51,8 @@ struct ProgramOptions {
   // device fault.
   absl::Duration device_wait_floor = absl::Seconds(10);
   double device_wait_slack = 100;
+  // Body runs of one While step per run (engine/runtime/while_kernel.h).
+  int64_t max_while_iterations = 1000000;
   // Where a run's context memory is charged to its tenant; may be null.
   std::shared_ptr<RunMemoryLedger> ledger;
 };
@@ -115,6 +118,8 @@ class Program final : public Executable {
                            std::vector<const TensorRef*>* by_index) const;
   absl::Status CheckParams(const ParamSetImpl* params) const;
   absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(backend::PrepareContext& prepare);
+  // The engine's kernel for While step `step` (while_kernel.h).
+  std::unique_ptr<backend::Kernel> MakeWhileKernel(int step, backend::KernelSpec spec) const;
   // A free context, a new one when fewer than max_contexts live, else waits.
   absl::StatusOr<std::unique_ptr<RunContext>> AcquireContext();
   // Back to the pool; a context whose run ended in a fault of
@@ -150,6 +155,8 @@ class Program final : public Executable {
   // sharing no arena bytes with any other slot), saving the copy-out.
   std::vector<bool> direct_output_;
   std::atomic<int64_t> packs_made_{0};
+  // Per step: a While step's cond and body programs (null for other steps).
+  std::vector<std::array<std::shared_ptr<Program>, 2>> while_programs_;
 
   mutable absl::Mutex contexts_mu_;
   std::vector<std::unique_ptr<RunContext>> idle_contexts_ ABSL_GUARDED_BY(contexts_mu_);

@@ -25,6 +25,8 @@ TEST(ServerConfig, EmptyConfigHasWorkingDefaults) {
   EXPECT_EQ(c->default_quota().max_request_bytes(), c->limits().max_message_bytes());
   EXPECT_GT(c->default_quota().max_sessions(), 0);
   EXPECT_GT(c->default_quota().max_queue(), 0);
+  EXPECT_EQ(c->limits().max_while_iterations(), 1000000);
+  EXPECT_TRUE(c->plugin_dir().empty());
 }
 
 TEST(ServerConfig, FlagsOverrideTheFile) {
@@ -74,6 +76,7 @@ TEST(ServerConfig, RejectsWhatCannotWork) {
   check("tls { cert_file: \"c.pem\" }", "tls.cert_file and tls.key_file go together");
   check("tls { client_ca_file: \"ca.pem\" }", "need TLS");
   check("model_repository { root: \"/srv\" max_model_bytes: -1 }", "max_model_bytes must be >= 0");
+  check("limits { max_while_iterations: -5 }", "limits.max_while_iterations is -5; must be > 0");
   check("model_repository { root: \"/srv\" poll_seconds: nan }", "poll_seconds must be a number");
   check("tls { cert_file: \"c.pem\" key_file: \"k.pem\" crl_dir: \"crl\" }",
         "set tls.client_ca_file");

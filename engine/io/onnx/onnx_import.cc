@@ -4,6 +4,7 @@
 #include "engine/io/onnx/onnx_import.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "absl/container/flat_hash_set.h"
@@ -338,6 +339,7 @@ const ConverterTable& Converters() {
     RegisterElementwise(*t);
     RegisterTensorOps(*t);
     RegisterNnOps(*t);
+    RegisterControlFlow(*t);
     return t;
   }();
   return *table;
@@ -400,7 +402,297 @@ std::string NodeDescription(const onnx::NodeProto& n, int index, int opset) {
                       ", opset ", opset, ")");
 }
 
+// A node output that a hook may claim (a Constant the user wants as a param):
+// true = taken, not a value of the graph.
+using OutputHook = std::function<absl::StatusOr<bool>(const std::string& name, const Value& v)>;
+
+// Converts `graph`'s nodes, in order, into `g`, reading and extending `values`
+// (the graph's inputs, initializers and, for a subgraph, the enclosing scope's
+// values it reads). A node Kiln cannot convert is added to `unsupported` and
+// every value that depends on it is skipped, so one error can name them all.
+absl::Status ConvertNodes(const onnx::GraphProto& graph, ir::Graph& g, const OnnxImportOptions& options,
+                          int opset, ValueMap& values, std::vector<UnsupportedNode>& unsupported,
+                          const OutputHook& hook) {
+  const ConverterTable& table = Converters();
+  // Where each value is produced, to tell a cycle from a missing value.
+  absl::flat_hash_map<std::string, int> producer;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    for (const auto& o : graph.node(i).output()) {
+      if (!o.empty()) producer.emplace(o, i);
+    }
+  }
+
+  absl::flat_hash_set<std::string> poisoned;
+  for (int i = 0; i < graph.node_size(); ++i) {
+    const onnx::NodeProto& n = graph.node(i);
+    if (!IsDefaultDomain(n.domain()) || !table.contains(n.op_type())) {
+      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset),
+                                             IsDefaultDomain(n.domain())
+                                                 ? ": no Kiln conversion for this op"
+                                                 : ": Kiln imports only the default ONNX domain")});
+      for (const auto& o : n.output()) poisoned.insert(o);
+      continue;
+    }
+    std::vector<Value*> inputs;
+    bool skip = false;
+    for (int k = 0; k < n.input_size(); ++k) {
+      const std::string& name = n.input(k);
+      if (name.empty()) {
+        inputs.push_back(nullptr);
+        continue;
+      }
+      if (poisoned.contains(name)) {
+        skip = true;
+        break;
+      }
+      auto it = values.find(name);
+      if (it == values.end()) {
+        auto p = producer.find(name);
+        if (p == producer.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              NodeDescription(n, i, opset), ": input \"", name,
+              "\" is not a graph input, an initializer or any node's output (missing initializer?)"));
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            NodeDescription(n, i, opset), ": input \"", name, "\" is produced by node ", p->second,
+            ", which does not come before it (a cycle, or nodes out of topological order)"));
+      }
+      inputs.push_back(it->second.get());
+    }
+    if (skip) {
+      for (const auto& o : n.output()) poisoned.insert(o);
+      continue;
+    }
+    Importer c(g, options, n, opset, std::move(inputs));
+    c.set_scope(&values);
+    absl::Status s;
+    auto folded = TryFold(c);
+    if (!folded.ok()) {
+      s = folded.status();
+    } else if (!*folded) {
+      s = table.at(n.op_type())(c);
+    }
+    if (absl::IsUnimplemented(s)) {
+      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset), ": ", s.message())});
+      for (const auto& o : n.output()) poisoned.insert(o);
+      continue;
+    }
+    if (!s.ok()) {
+      if (absl::StrContains(s.message(), "ONNX node")) return s;
+      return StatusBuilder(s) << "while importing " << c.Label();
+    }
+    for (int k = 0; k < n.output_size(); ++k) {
+      const std::string& name = n.output(k);
+      if (name.empty()) continue;
+      if (values.contains(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(NodeDescription(n, i, opset), ": output \"", name,
+                         "\" is already defined (every ONNX value has one producer)"));
+      }
+      if (!c.outputs()[k]) {
+        return absl::UnimplementedError(absl::StrCat(NodeDescription(n, i, opset), ": output ", k,
+                                                     " (\"", name, "\") is not supported"));
+      }
+      if (n.op_type() == "Constant" && hook) {
+        KILN_ASSIGN_OR_RETURN(bool taken, hook(name, *c.outputs()[k]));
+        if (taken) continue;
+      }
+      values[name] = std::make_unique<Value>(std::move(*c.outputs()[k]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CollectFreeValues(const onnx::GraphProto& body, absl::flat_hash_set<std::string>& defined,
+                       absl::flat_hash_set<std::string>& seen, std::vector<std::string>& free) {
+  // `defined` is extended by this graph's names for its own uses only.
+  absl::flat_hash_set<std::string> local = defined;
+  for (const auto& vi : body.input()) local.insert(vi.name());
+  for (const auto& init : body.initializer()) local.insert(init.name());
+  for (const auto& n : body.node()) {
+    for (const auto& in : n.input()) {
+      if (!in.empty() && !local.contains(in) && seen.insert(in).second) free.push_back(in);
+    }
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) CollectFreeValues(a.g(), local, seen, free);
+      for (const auto& sg : a.graphs()) CollectFreeValues(sg, local, seen, free);
+    }
+    for (const auto& o : n.output()) local.insert(o);
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> FreeValues(const onnx::GraphProto& body) {
+  absl::flat_hash_set<std::string> defined, seen;
+  std::vector<std::string> free;
+  CollectFreeValues(body, defined, seen, free);
+  return free;
+}
+
+absl::StatusOr<ValueRef> Importer::RefOf(const std::string& name) {
+  if (scope_ == nullptr) return absl::InternalError(absl::StrCat(Label(), ": no enclosing scope"));
+  auto it = scope_->find(name);
+  if (it == scope_->end()) {
+    return Invalid(absl::StrCat("a subgraph reads \"", name, "\", which no enclosing graph defines"));
+  }
+  Value& v = *it->second;
+  if (v.ref.node >= 0) return v.ref;
+  if (!v.known || !v.known->complete()) {
+    return absl::InternalError(absl::StrCat(Label(), ": value \"", name, "\" has no value"));
+  }
+  auto n = std::make_unique<ir::Node>();
+  n->op = v1::OP_CONSTANT;
+  n->name = name;
+  n->attrs.mutable_constant();
+  n->value = v.known->t;
+  KILN_RETURN_IF_ERROR(ir::InferNode(graph_, *n, options_.limits)) << "while importing " << Label();
+  v.ref = graph_.AddNode(std::move(n))->out();
+  return v.ref;
+}
+
+absl::StatusOr<ImportedSubgraph> ImportSubgraph(Importer& c, const onnx::GraphProto& body,
+                                                const std::vector<std::optional<TensorType>>& formal,
+                                                const std::vector<std::string>& free) {
+  if (body.input_size() != static_cast<int>(formal.size())) {
+    return c.Invalid(absl::StrCat("subgraph \"", body.name(), "\" has ", body.input_size(),
+                                  " inputs; the op gives it ", formal.size()));
+  }
+  if (body.node_size() > c.options().max_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat(c.Label(), ": subgraph has ", body.node_size(),
+                                                     " nodes, over the limit of ", c.options().max_nodes));
+  }
+  ImportedSubgraph out;
+  out.graph = std::make_unique<ir::Graph>();
+  ir::Graph& g = *out.graph;
+  g.set_name(body.name().empty() ? "subgraph" : body.name());
+  ValueMap values;
+  auto add_input = [&](const std::string& name, const TensorType& t) -> absl::Status {
+    if (values.contains(name)) {
+      return c.Invalid(absl::StrCat("subgraph \"", body.name(), "\" defines \"", name, "\" twice"));
+    }
+    auto n = std::make_unique<ir::Node>();
+    n->op = v1::OP_INPUT;
+    n->name = name;
+    n->attrs.mutable_input();
+    n->outputs.push_back(t);
+    KILN_RETURN_IF_ERROR(ir::InferNode(g, *n, c.options().limits)) << "subgraph input \"" << name << "\"";
+    auto v = std::make_unique<Value>();
+    v->ref = g.AddNode(std::move(n))->out();
+    v->type = t;
+    values[name] = std::move(v);
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < body.input_size(); ++i) {
+    const onnx::ValueInfoProto& vi = body.input(i);
+    if (vi.name().empty()) return c.Invalid("a subgraph input has no name");
+    TensorType t;
+    if (formal[i]) {
+      t = *formal[i];
+    } else {
+      KILN_ASSIGN_OR_RETURN(t, InputType(vi, g, c.options()));
+    }
+    KILN_RETURN_IF_ERROR(add_input(vi.name(), t));
+    out.formal.push_back(vi.name());
+  }
+  // Values of the enclosing scope: known ones are copied in as constants,
+  // the others become inputs the op passes in (after the formal ones).
+  for (const std::string& name : free) {
+    if (values.contains(name)) continue;  // a formal input shadows it
+    const ValueMap* scope = c.scope();
+    auto it = scope == nullptr ? ValueMap::const_iterator() : scope->find(name);
+    if (scope == nullptr || it == scope->end()) {
+      return c.Invalid(absl::StrCat("subgraph \"", body.name(), "\" reads \"", name,
+                                    "\", which no enclosing graph defines"));
+    }
+    const Value& outer = *it->second;
+    if (outer.known && outer.known->complete()) {
+      auto v = std::make_unique<Value>();
+      v->type = outer.type;
+      v->known = outer.known;
+      values[name] = std::move(v);
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(add_input(name, outer.type));
+    out.passed.push_back(name);
+  }
+  for (const auto& init : body.initializer()) {
+    if (values.contains(init.name())) continue;
+    auto t = TensorFromProto(init, c.options().limits);
+    if (!t.ok()) return StatusBuilder(t.status()) << "subgraph initializer \"" << init.name() << "\"";
+    auto k = std::make_shared<Known>();
+    k->t = std::make_shared<const HostTensor>(std::move(t).value());
+    auto v = std::make_unique<Value>();
+    v->type = TensorType(k->t->dtype(), IrDims(k->t->dims().begin(), k->t->dims().end()));
+    v->known = std::move(k);
+    values[init.name()] = std::move(v);
+  }
+  std::vector<UnsupportedNode> unsupported;
+  KILN_RETURN_IF_ERROR(ConvertNodes(body, g, c.options(), c.opset(), values, unsupported, nullptr));
+  if (!unsupported.empty()) {
+    std::vector<std::string> lines;
+    for (const auto& u : unsupported) lines.push_back(u.message);
+    return c.Unsupported(absl::StrCat("its subgraph \"", body.name(), "\" has node(s) Kiln cannot import: ",
+                                      absl::StrJoin(lines, "; ")));
+  }
+  for (const auto& o : body.output()) {
+    auto it = values.find(o.name());
+    if (it == values.end()) {
+      return c.Invalid(absl::StrCat("subgraph output \"", o.name(), "\" is not produced by any node"));
+    }
+    Value& v = *it->second;
+    if (v.ref.node < 0) {
+      onnx::NodeProto dummy;
+      dummy.set_name(o.name());
+      dummy.add_output(o.name());
+      dummy.set_op_type("output");
+      dummy.add_input(o.name());
+      Importer oc(g, c.options(), dummy, c.opset(), {&v});
+      KILN_ASSIGN_OR_RETURN(v.ref, oc.Ref(0));
+    }
+    g.outputs().push_back(ir::GraphOutput{o.name(), v.ref});
+    out.outputs.push_back(v.type);
+  }
+  if (g.outputs().empty()) return c.Invalid(absl::StrCat("subgraph \"", body.name(), "\" has no outputs"));
+  return out;
+}
+
+absl::StatusOr<ValueRef> EmitIn(ir::Graph& g, const Importer& c, v1::OpKind op,
+                                std::vector<ValueRef> operands, const v1::Attrs& attrs) {
+  auto n = std::make_unique<ir::Node>();
+  n->op = op;
+  n->operands.assign(operands.begin(), operands.end());
+  n->attrs = attrs;
+  if (auto s = ir::InferNode(g, *n, c.options().limits); !s.ok()) {
+    return StatusBuilder(s) << "while importing " << c.Label();
+  }
+  return g.AddNode(std::move(n))->out();
+}
+
+absl::StatusOr<v1::Graph> ExportSubgraph(ir::Graph& g, const std::vector<std::string>& order) {
+  v1::Graph exported;
+  ir::ExportGraph(g, &exported);
+  v1::Graph out = exported;
+  out.clear_nodes();
+  std::vector<bool> taken(exported.nodes_size(), false);
+  for (const std::string& name : order) {
+    bool found = false;
+    for (int i = 0; i < exported.nodes_size() && !found; ++i) {
+      if (taken[i] || exported.nodes(i).op() != v1::OP_INPUT || exported.nodes(i).name() != name) continue;
+      *out.add_nodes() = exported.nodes(i);
+      taken[i] = found = true;
+    }
+    if (!found) return absl::InternalError(absl::StrCat("subgraph has no input \"", name, "\""));
+  }
+  for (int i = 0; i < exported.nodes_size(); ++i) {
+    if (exported.nodes(i).op() == v1::OP_INPUT && !taken[i]) {
+      return absl::InternalError(absl::StrCat("subgraph input \"", exported.nodes(i).name(), "\" is not bound"));
+    }
+    if (!taken[i]) *out.add_nodes() = exported.nodes(i);
+  }
+  return out;
+}
+
 }  // namespace onnx_internal
 
 using namespace onnx_internal;  // NOLINT: this file is the internals' driver
@@ -564,83 +856,12 @@ absl::StatusOr<OnnxModel> ImportOnnxModel(std::string_view bytes,
     values[init.name()] = std::move(v);
   }
 
-  // Where each value is produced, to tell a cycle from a missing value.
-  absl::flat_hash_map<std::string, int> producer;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    for (const auto& o : graph.node(i).output()) {
-      if (!o.empty()) producer.emplace(o, i);
-    }
-  }
-
-  absl::flat_hash_set<std::string> poisoned;
-  for (int i = 0; i < graph.node_size(); ++i) {
-    const onnx::NodeProto& n = graph.node(i);
-    std::vector<Value*> inputs;
-    bool skip = false;
-    for (int k = 0; k < n.input_size(); ++k) {
-      const std::string& name = n.input(k);
-      if (name.empty()) {
-        inputs.push_back(nullptr);
-        continue;
-      }
-      if (poisoned.contains(name)) {
-        skip = true;
-        break;
-      }
-      auto it = values.find(name);
-      if (it == values.end()) {
-        auto p = producer.find(name);
-        if (p == producer.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              NodeDescription(n, i, opset), ": input \"", name,
-              "\" is not a graph input, an initializer or any node's output (missing initializer?)"));
-        }
-        return absl::InvalidArgumentError(absl::StrCat(
-            NodeDescription(n, i, opset), ": input \"", name, "\" is produced by node ", p->second,
-            ", which does not come before it (a cycle, or nodes out of topological order)"));
-      }
-      inputs.push_back(it->second.get());
-    }
-    if (skip) {
-      for (const auto& o : n.output()) poisoned.insert(o);
-      continue;
-    }
-    Importer c(g, options, n, opset, std::move(inputs));
-    absl::Status s;
-    auto folded = TryFold(c);
-    if (!folded.ok()) {
-      s = folded.status();
-    } else if (!*folded) {
-      s = table.at(n.op_type())(c);
-    }
-    if (absl::IsUnimplemented(s)) {
-      unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset), ": ", s.message())});
-      for (const auto& o : n.output()) poisoned.insert(o);
-      continue;
-    }
-    if (!s.ok()) {
-      if (absl::StrContains(s.message(), "ONNX node")) return s;
-      return StatusBuilder(s) << "while importing " << c.Label();
-    }
-    for (int k = 0; k < n.output_size(); ++k) {
-      const std::string& name = n.output(k);
-      if (name.empty()) continue;
-      if (values.contains(name)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(NodeDescription(n, i, opset), ": output \"", name,
-                         "\" is already defined (every ONNX value has one producer)"));
-      }
-      if (!c.outputs()[k]) {
-        return absl::UnimplementedError(absl::StrCat(NodeDescription(n, i, opset), ": output ", k,
-                                                     " (\"", name, "\") is not supported"));
-      }
-      if (n.op_type() == "Constant" && param_names.contains(name) && c.outputs()[k]->known) {
-        KILN_RETURN_IF_ERROR(add_param(name, c.outputs()[k]->known->t));
-        continue;
-      }
-      values[name] = std::make_unique<Value>(std::move(*c.outputs()[k]));
-    }
-  }
+  KILN_RETURN_IF_ERROR(ConvertNodes(graph, g, options, opset, values, unsupported,
+                                    [&](const std::string& name, const Value& v) -> absl::StatusOr<bool> {
+                                      if (!param_names.contains(name) || !v.known) return false;
+                                      KILN_RETURN_IF_ERROR(add_param(name, v.known->t));
+                                      return true;
+                                    }));
   if (!unsupported.empty()) return unsupported_error();
   for (const std::string& p : options.params) {
     if (!params_found.contains(p)) {

@@ -49,12 +49,16 @@ void SetInt(HostTensor& t, int64_t i, int64_t v);
 std::optional<DType> DTypeFromOnnx(int32_t elem_type);
 absl::StatusOr<HostTensor> TensorFromProto(const onnx::TensorProto& p, const ir::InferLimits& limits);
 
+// The values of one graph being imported, by ONNX name.
+using ValueMap = absl::flat_hash_map<std::string, std::unique_ptr<Value>>;
+
 class Importer;
 using Converter = absl::Status (*)(Importer& c);
 using ConverterTable = absl::flat_hash_map<std::string, Converter>;
 void RegisterElementwise(ConverterTable& table);
 void RegisterTensorOps(ConverterTable& table);
 void RegisterNnOps(ConverterTable& table);
+void RegisterControlFlow(ConverterTable& table);  // If, Loop, Scan (onnx_ops_control.cc)
 // Folds `c`'s node at import when its inputs are known; false when it cannot
 // (the node is then converted to Kiln ops).
 absl::StatusOr<bool> TryFold(Importer& c);
@@ -130,6 +134,12 @@ class Importer {
                                   bool keepdims);
   const TensorType& TypeOf(ValueRef v) const { return graph_.TypeOf(v); }
 
+  // The values of the graph this node is in (a subgraph reads some of them).
+  void set_scope(ValueMap* scope) { scope_ = scope; }
+  const ValueMap* scope() const { return scope_; }
+  // The scope's value `name` in this graph (a known one materialized).
+  absl::StatusOr<ValueRef> RefOf(const std::string& name);
+
   // Outputs.
   int num_outputs() const { return node_.output_size(); }
   bool wants(int i) const { return i < num_outputs() && !node_.output(i).empty(); }
@@ -151,7 +161,34 @@ class Importer {
   std::vector<Value*> inputs_;
   std::vector<std::optional<Value>> outputs_;
   int emitted_ = 0;
+  ValueMap* scope_ = nullptr;
 };
+
+// Control flow (onnx_import.cc): the names a subgraph reads from enclosing
+// graphs (graphs nested in it included), in first-use order.
+std::vector<std::string> FreeValues(const onnx::GraphProto& body);
+
+// A subgraph as a Kiln graph: inputs are the subgraph's own (`formal` names
+// them, typed by position from `formal`; nullopt = as the subgraph declares),
+// then one per name of `passed`, values of the enclosing scope the op must
+// pass in. Enclosing values known at import are copied in as constants
+// instead. `graph`'s outputs are the subgraph's; the caller may add nodes and
+// outputs, then export it with ExportSubgraph.
+struct ImportedSubgraph {
+  std::unique_ptr<ir::Graph> graph;
+  std::vector<TensorType> outputs;
+  std::vector<std::string> formal;
+  std::vector<std::string> passed;
+};
+// The wire graph with its input nodes first, in `order` (names of inputs):
+// a Kiln subgraph binds its inputs by position, in node order.
+absl::StatusOr<v1::Graph> ExportSubgraph(ir::Graph& g, const std::vector<std::string>& order);
+// Adds a node to a subgraph being built, inferred at once.
+absl::StatusOr<ValueRef> EmitIn(ir::Graph& g, const Importer& c, v1::OpKind op,
+                                std::vector<ValueRef> operands, const v1::Attrs& attrs);
+absl::StatusOr<ImportedSubgraph> ImportSubgraph(Importer& c, const onnx::GraphProto& body,
+                                                const std::vector<std::optional<TensorType>>& formal,
+                                                const std::vector<std::string>& free);
 
 // Index tables, masks and weights the importer computes on the host (a gather's
 // indices, a Trilu mask, an iota) have at most this many elements: the dims

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Exports the PyTorch models kiln_onnx_test imports (an MLP, a CNN with
 BatchNorm, a CNN whose flatten is a Shape -> Gather -> Concat -> Reshape
-subgraph) with torch.onnx.export, plus an input and PyTorch's output for each,
+subgraph, and scripted control flow: a while loop with a data-dependent trip
+count (ONNX Loop with an If in its body) and an if (ONNX If)) with torch.onnx.export, plus an input and PyTorch's output for each,
 as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 
 Run by the test with Debian's /usr/bin/python3 (python3-torch 1.13, python3-onnx).
@@ -50,6 +51,39 @@ class Cnn(nn.Module):
         return self.fc(x)
 
 
+class WhileLoop(nn.Module):
+    """Grows x until its absolute sum reaches 100: the trip count depends on x."""
+
+    def forward(self, x):
+        i = 0
+        while bool(x.abs().sum() < 100.0) and i < 50:
+            x = x * 1.5 + 0.25
+            i += 1
+        return x
+
+
+class IfBranch(nn.Module):
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            y = torch.tanh(x) * 2.0
+        else:
+            y = x - 1.0
+        return y
+
+
+def save_scripted(out, name, model, x, opset):
+    path = os.path.join(out, name + ".onnx")
+    scripted = torch.jit.script(model)
+    with torch.no_grad():
+        torch.onnx.export(scripted, (x,), path, input_names=["x"], output_names=["y"],
+                          opset_version=opset)
+        y = model(x)
+    onnx.checker.check_model(onnx.load(path))
+    for suffix, t in (("input", x), ("output", y)):
+        with open(os.path.join(out, f"{name}.{suffix}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy().astype(np.float32), suffix).SerializeToString())
+
+
 def randomize_bn(model, gen):
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -86,6 +120,10 @@ def main():
         m = Cnn(view)
         randomize_bn(m, gen)
         save(out, name, m, torch.randn(3, 3, 16, 16, generator=gen), opset)
+    save_scripted(out, "while_small", WhileLoop(), torch.randn(2, 3, generator=gen) * 0.1, 13)
+    save_scripted(out, "while_large", WhileLoop(), torch.randn(2, 3, generator=gen) * 100.0, 13)
+    save_scripted(out, "if_pos", IfBranch(), torch.rand(2, 3, generator=gen) + 0.1, 13)
+    save_scripted(out, "if_neg", IfBranch(), -torch.rand(2, 3, generator=gen) - 0.1, 13)
 
 
 if __name__ == "__main__":

@@ -623,3 +623,160 @@ TEST(OnnxImportHostile, DuplicateOutputsAndExternalData) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ---- control flow: If / Scan / Loop onto If / Scan / While ----
+
+onnx::NodeProto* SubNode(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in,
+                         std::vector<std::string> out) {
+  auto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(out[0]);
+  for (auto& s : in) n->add_input(s);
+  for (auto& s : out) n->add_output(s);
+  return n;
+}
+
+void SubInput(onnx::GraphProto& g, const std::string& name, int type) {
+  auto* vi = g.add_input();
+  vi->set_name(name);
+  vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
+}
+
+onnx::GraphProto* GraphAttr(onnx::NodeProto* n, const std::string& name) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::GRAPH);
+  a->mutable_g()->set_name(name);
+  return a->mutable_g();
+}
+
+TEST(OnnxImport, ScanReadsOuterValuesAndScansAnyAxis) {
+  // state [2] += xs[:, t] * w, over the 3 columns of xs [2, 3]; ys the states.
+  Model m(11);
+  m.Input("s0", {2});
+  m.Input("xs", {2, 3});
+  m.Input("w", {2});
+  auto* scan = m.Node("Scan", {"s0", "xs"}, {"s", "ys"}, "scan");
+  Model::Ints(scan, "scan_input_axes", {1});
+  Model::Ints(scan, "scan_output_axes", {1});
+  auto* a = scan->add_attribute();
+  a->set_name("num_scan_inputs");
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(1);
+  onnx::GraphProto& body = *GraphAttr(scan, "body");
+  SubInput(body, "st", onnx::TensorProto::FLOAT);
+  SubInput(body, "xt", onnx::TensorProto::FLOAT);
+  SubNode(body, "Mul", {"xt", "w"}, {"p"});
+  SubNode(body, "Add", {"st", "p"}, {"st1"});
+  SubNode(body, "Identity", {"st1"}, {"y"});
+  body.add_output()->set_name("st1");
+  body.add_output()->set_name("y");
+  m.Output("s");
+  m.Output("ys");
+  auto r = Import(m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto engine = MakeEngine();
+  const HostTensor s0 = HostTensor::FromVector<float>(v1::DTYPE_F32, {2}, {1, -1});
+  const HostTensor xs = HostTensor::FromVector<float>(v1::DTYPE_F32, {2, 3}, {1, 2, 3, 4, 5, 6});
+  const HostTensor w = HostTensor::FromVector<float>(v1::DTYPE_F32, {2}, {2, 0.5f});
+  const std::vector<TensorRef> in = {TensorRef::Of("s0", s0), TensorRef::Of("xs", xs), TensorRef::Of("w", w)};
+  auto out = engine->RunGraph(r->graph, in, nullptr, {}, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->outputs.size(), 2u);
+  const HostTensor& ys = out->outputs[1].second;
+  ASSERT_EQ(ys.dims(), (Dims{2, 3}));
+  for (int i = 0; i < 2; ++i) {
+    double st = s0.GetAsDouble(i);
+    for (int t = 0; t < 3; ++t) {
+      st += xs.GetAsDouble(i * 3 + t) * w.GetAsDouble(i);
+      EXPECT_EQ(ys.GetAsDouble(i * 3 + t), st) << i << "," << t;
+    }
+    EXPECT_EQ(out->outputs[0].second.GetAsDouble(i), st);
+  }
+}
+
+TEST(OnnxImport, LoopWithRunTimeTripCountIsAWhile) {
+  // v = v * 2 + b, M times, M and b graph inputs (known only at run time).
+  Model m(13);
+  m.Input("M", {}, onnx::TensorProto::INT64);
+  m.Input("v0", {3});
+  m.Input("b", {3});
+  m.Node("Constant", {}, {"t"}, "t");
+  {
+    auto* c = m.g().mutable_node(0);
+    auto* a = c->add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::BOOL);
+    a->mutable_t()->add_int32_data(1);
+  }
+  auto* loop = m.Node("Loop", {"M", "t", "v0"}, {"v"}, "loop");
+  onnx::GraphProto& body = *GraphAttr(loop, "body");
+  SubInput(body, "i", onnx::TensorProto::INT64);
+  SubInput(body, "c", onnx::TensorProto::BOOL);
+  SubInput(body, "vi", onnx::TensorProto::FLOAT);
+  SubNode(body, "Add", {"vi", "vi"}, {"d"});
+  SubNode(body, "Add", {"d", "b"}, {"vo"});
+  SubNode(body, "Identity", {"c"}, {"co"});
+  body.add_output()->set_name("co");
+  body.add_output()->set_name("vo");
+  m.Output("v");
+  auto r = Import(m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  bool has_while = false;
+  for (const auto& n : r->graph.nodes()) has_while |= n.op() == v1::OP_WHILE;
+  EXPECT_TRUE(has_while);
+  auto engine = MakeEngine();
+  const HostTensor v0 = HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {1, 0, -2});
+  const HostTensor b = HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {0.5f, 1, 0});
+  for (int64_t trips : {0, 1, 4}) {
+    const HostTensor mt = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {trips});
+    const std::vector<TensorRef> in = {TensorRef::Of("M", mt), TensorRef::Of("v0", v0), TensorRef::Of("b", b)};
+    auto out = engine->RunGraph(r->graph, in, nullptr, {}, {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (int j = 0; j < 3; ++j) {
+      double want = v0.GetAsDouble(j);
+      for (int64_t k = 0; k < trips; ++k) want = want * 2 + b.GetAsDouble(j);
+      EXPECT_EQ(out->outputs[0].second.GetAsDouble(j), want) << "M=" << trips << " j=" << j;
+    }
+  }
+}
+
+TEST(OnnxImportHostile, SubgraphReadingAnUndefinedValueIsRefused) {
+  Model m(13);
+  m.Input("p", {}, onnx::TensorProto::BOOL);
+  auto* n = m.Node("If", {"p"}, {"y"}, "branch");
+  SubNode(*GraphAttr(n, "then_branch"), "Relu", {"nope"}, {"a"});
+  n->mutable_attribute(0)->mutable_g()->add_output()->set_name("a");
+  SubNode(*GraphAttr(n, "else_branch"), "Relu", {"nope"}, {"b"});
+  n->mutable_attribute(1)->mutable_g()->add_output()->set_name("b");
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "\"nope\"")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "branch")) << r.status();
+}
+
+TEST(OnnxImportHostile, UnsupportedNodeInsideASubgraphIsNamed) {
+  Model m(13);
+  m.Input("p", {}, onnx::TensorProto::BOOL);
+  m.Input("x", {4});
+  auto* n = m.Node("If", {"p"}, {"y"}, "branch");
+  SubNode(*GraphAttr(n, "then_branch"), "NonZero", {"x"}, {"a"});
+  n->mutable_attribute(0)->mutable_g()->add_output()->set_name("a");
+  SubNode(*GraphAttr(n, "else_branch"), "Relu", {"x"}, {"b"});
+  n->mutable_attribute(1)->mutable_g()->add_output()->set_name("b");
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "NonZero")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "\"branch\"")) << r.status();
+}
+
+}  // namespace
+}  // namespace kiln

@@ -100,6 +100,14 @@ TEST_F(OnnxTorchTest, CnnWithBatchNormPinnedBatch) { CheckModel("cnn", true); }
 // solved with the batch symbolic, and folded outright when it is pinned.
 TEST_F(OnnxTorchTest, CnnViewFlattenSymbolicBatch) { CheckModel("cnn_view", false); }
 TEST_F(OnnxTorchTest, CnnViewFlattenPinnedBatch) { CheckModel("cnn_view", true); }
+// Scripted control flow: ONNX Loop (a data-dependent trip count, an If in its
+// body reading the body's values and the outer graph's) onto While, and If.
+// Each model is exported once per input: the x the loop must grow for many
+// iterations, and one it leaves at once; the if's input takes either branch.
+TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsManyIterations) { CheckModel("while_small", true); }
+TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsNone) { CheckModel("while_large", true); }
+TEST_F(OnnxTorchTest, ScriptedIfThenBranch) { CheckModel("if_pos", true); }
+TEST_F(OnnxTorchTest, ScriptedIfElseBranch) { CheckModel("if_neg", true); }
 
 }  // namespace
 }  // namespace kiln

@@ -531,7 +531,8 @@ TEST(TextTest, ParseErrorsSayWhereAndWhat) {
       {"input x: f32[2]\nlet y = relu(x) {colour=red}\nout y", "2:18: expected an annotation"},
       {"input x: f32[2]\nlet y = x {device=\"cpu:0\"}\nout y", "2:11: annotations need a node"},
       {"input x: f32[2]\nlet y: f32[2] = custom(x, name=\"a\") * 2\nout y",
-       "2:17: node 1 (custom): custom ops must declare their result types"},
+       "2:17: node 1 (custom): custom op \"a\" is not provided by any plugin kilnd loaded "
+       "(--plugin_dir)"},
       {"input x: f32[2]\nlet (a, b) = relu(x)\nout a", "2:1: binds 2 names to one value"},
       {"input x: f32[2]\nlet y = exp(x)\ngraph \"late\"\nout y",
        "3:1: `graph \"name\"` must be the first line"},
