@@ -257,10 +257,23 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
 
 absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const std::string& name,
                                         DType dtype, const Dims& dims) {
-  if (name == train::kStepParam) {
+  if (name == train::kStepParam || name == train::kGoodStepsParam ||
+      name == train::kSkippedStepsParam) {
     if (dtype != v1::DTYPE_I64 || !dims.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer state \"", name,
-                                                     "\" is i64[] (the steps taken), got ",
+                                                     "\" is i64[] (",
+                                                     name == train::kStepParam
+                                                         ? "the steps taken"
+                                                         : "a count of steps",
+                                                     "), got ",
+                                                     DTypeName(dtype), DimsToString(dims)));
+    }
+    return absl::OkStatus();
+  }
+  if (name == train::kLossScaleParam) {  // AMP's dynamic loss scale
+    if (dtype != v1::DTYPE_F32 || !dims.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state \"", name,
+                                                     "\" is f32[] (the loss scale), got ",
                                                      DTypeName(dtype), DimsToString(dims)));
     }
     return absl::OkStatus();
@@ -271,7 +284,8 @@ absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const s
   if (slash == std::string_view::npos || (what != "m" && what != "v" && what != "momentum")) {
     return absl::InvalidArgumentError(absl::StrCat(
         QuoteClientString(name),
-        " is no optimizer state: state is opt/step or opt/<param>/m, /v or /momentum"));
+        " is no optimizer state: state is opt/step, opt/<param>/m, /v or /momentum, or AMP's "
+        "opt/loss_scale, opt/loss_scale_good_steps and opt/skipped_steps"));
   }
   const std::string param(rest.substr(0, slash));
   for (const auto& p : signature.params) {

@@ -25,6 +25,16 @@
 // start (steps before a resume included); the cosine schedule spans every
 // epoch whatever --steps says, so a run cut short by --steps is the first
 // part of the full one.
+//
+// Precision (docs/training.md): --amp bf16|f16 computes matmuls and convs in
+// that dtype from f32 master weights (--loss-scale dynamic|static|none;
+// dynamic, the f16 default, with --init-scale and --scale-growth-interval).
+// --qat int8|int4 trains with fake quantization (--qat-per-channel,
+// --qat-asymmetric activations, --qat-lsq learned weight scales,
+// --qat-weights-only). --export-int8 DIR (with --qat int8) writes the int8
+// inference form (engine/quant/int8_export.h) as DIR/model.kiln and
+// DIR/<param>.npy and, on fashion-mnist, prints its test accuracy beside the
+// trained weights' in plain f32 and the drop between them.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +80,13 @@ struct TrainFlags {
   std::string image_input = "x";
   std::string label_input = "y";
   std::string logits = "logits";
+  std::string amp;         // "", bf16, f16
+  std::string loss_scale;  // "", dynamic, static, none
+  double init_scale = 0;   // 0 = the default (65536)
+  int64_t scale_growth_interval = 0;
+  std::string qat;         // "", int8, int4
+  bool qat_per_channel = false, qat_asymmetric = false, qat_lsq = false, qat_weights_only = false;
+  std::string export_int8;  // directory
 };
 
 void AddTrainCommand(CLI::App& app, TrainFlags& flags);

@@ -219,7 +219,7 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
     added.emplace(scale_name, std::move(qw.scale));
     model.notes.push_back(absl::StrCat(ir::NodeLabel(mm), ": ",
                                        qat.weights_only() ? "i8 weights, f32 product"
-                                                          : "int8 product (oneDNN s8/u8 x s8)"));
+                                                          : "integer product (i8 x i8 -> i32)"));
   }
   g->RemoveDeadNodes();
   KILN_RETURN_IF_ERROR(g->SortTopologically());

@@ -227,6 +227,41 @@ class CheckpointTest(unittest.TestCase):
         other.load(self.path("cut.safetensors"))
         self.assertEqual([other.step(b) for b in batches[3:]], want[3:])
 
+    def test_f16_amp_resume_keeps_the_loss_scale(self):
+        # f16 AMP with dynamic loss scaling from 2^24 (f16's backward
+        # overflows at first: skipped steps halve it); the scale, its good
+        # steps and the skip count ride in the checkpoint and the resumed run
+        # equals the uninterrupted one bit for bit.
+        init, batches = _mlp_setup()
+        amp = kiln.Amp("f16", init_scale=2.0 ** 24, growth_interval=2)
+        full = self.session(params=init, amp=amp)
+        want = [full.step(b) for b in batches]
+        cut = self.session(params=init, amp=amp)
+        for b in batches[:3]:
+            cut.step(b)
+        cut.save(self.path("amp.safetensors"))
+        tensors, _ = kiln.checkpoint.read(self.path("amp.safetensors"))
+        self.assertGreater(int(tensors["opt/skipped_steps"]), 0)
+        self.assertLess(float(tensors["opt/loss_scale"]), 2.0 ** 24)
+        resumed = self.session(resume=self.path("amp.safetensors"), amp=amp)
+        self.assertEqual([resumed.step(b) for b in batches[3:]], want[3:])
+        a, b = full.get_params(), resumed.get_params()
+        self.assertIn("opt/loss_scale_good_steps", a)
+        for name in a:
+            self.assertEqual(a[name].tobytes(), b[name].tobytes(), name)
+
+    def test_qat_session_trains(self):
+        init, batches = _mlp_setup()
+        s = self.session(params=init, optimizer=kiln.Adam(lr=0.02),
+                         qat=kiln.Qat(bits=8, per_channel=True, lsq=True))
+        losses = [s.step(b) for b in batches * 5]
+        self.assertLess(sum(losses[-6:]), sum(losses[:6]))
+        self.assertIn("w1/lsq_scale", s.get_params())
+        with self.assertRaises(ValueError):
+            kiln.Qat(bits=3)
+        with self.assertRaises(ValueError):
+            kiln.Amp("f64")
+
     def test_checkpoints_that_do_not_fit_are_refused(self):
         init, batches = _mlp_setup()
         s = self.session(params=init)

@@ -24,15 +24,15 @@ from .client import Client, KilnError, Session, TrainSession, connect, default_c
 from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, parse
 from .report import chrome_trace, format_report, write_chrome_trace
 from .tensor import Tensor, evaluate, input, tensor  # noqa: A004 (kiln.input is the DSL's)
-from .train import (SGD, Adam, AdamW, Lion, Muon, Optimizer, Transformed, constant, cosine, grad,
-                    hvp, jvp, linear_warmup, vjp, vmap)
+from .train import (SGD, Adam, AdamW, Amp, Lion, Muon, Optimizer, Qat, Transformed, constant,
+                    cosine, grad, hvp, jvp, linear_warmup, vjp, vmap)
 from ._proto.kiln.v1 import train_pb2
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError", "Client", "KilnError", "Session", "TrainSession", "connect", "default_client",
-    "SGD", "Adam", "AdamW", "Lion", "Muon", "Optimizer", "Transformed",
+    "SGD", "Adam", "AdamW", "Lion", "Muon", "Optimizer", "Transformed", "Amp", "Qat",
     "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "vmap", "train_pb2",
     "Graph", "ParsedGraph", "Value", "parse", "graph_source", "model", "IR_VERSION",
     "Tensor", "tensor", "input", "evaluate",

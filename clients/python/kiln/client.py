@@ -224,12 +224,13 @@ class Client:
         return Session(self, resp.session_id, resp.signature)
 
     def train_session(self, graph, loss, params=None, optimizer=None, trainable=None,
-                      device="auto", resume=None) -> "TrainSession":
+                      device="auto", resume=None, amp=None, qat=None) -> "TrainSession":
         """A training session: `graph` with scalar output `loss`, initial
         `params` ({name: array}, every param of the graph), an optimizer
         (kiln.SGD, Adam, AdamW, Lion, Muon) and the params to train
         (`trainable`, default every param not frozen). `resume`: a checkpoint
-        (TrainSession.save) to continue instead of `params`."""
+        (TrainSession.save) to continue instead of `params`. `amp`: kiln.Amp
+        (mixed precision); `qat`: kiln.Qat (quantization-aware training)."""
         if optimizer is None:
             raise TypeError("train_session needs an optimizer (kiln.SGD, Adam, AdamW, Lion, Muon)")
         if resume is not None and params:
@@ -240,6 +241,10 @@ class Client:
         spec.loss = loss
         spec.params.extend(trainable or [])
         spec.optimizer.CopyFrom(optimizer.to_proto())
+        if amp is not None:
+            opts.transforms.amp.CopyFrom(amp.to_proto())
+        if qat is not None:
+            opts.transforms.qat.CopyFrom(qat.to_proto())
         source = graph_source(graph)
         req = service_pb2.CreateSessionRequest(graph=source, options=opts)
         big = {n: v for n, v in (params or {}).items() if np.asarray(v).nbytes > self._chunk_bytes}

@@ -57,6 +57,66 @@ class Optimizer:
         return f"kiln.{type(self).__name__}(lr={self.lr!r})"
 
 
+class Amp:
+    """Mixed precision for a training session (kiln.v1.AmpSpec): matmul,
+    attention and conv compute in `compute` ("bf16" or "f16") from f32 master
+    weights; norms, softmax and losses stay f32. `loss_scale`: "dynamic" (the
+    f16 default: GradScaler's rule, its state in opt/loss_scale,
+    opt/loss_scale_good_steps and opt/skipped_steps), "static" or "none" (the
+    bf16 default)."""
+
+    _modes = {None: train_pb2.LOSS_SCALE_DEFAULT, "none": train_pb2.LOSS_SCALE_NONE,
+              "static": train_pb2.LOSS_SCALE_STATIC, "dynamic": train_pb2.LOSS_SCALE_DYNAMIC}
+
+    def __init__(self, compute="bf16", loss_scale=None, init_scale=None, growth_factor=None,
+                 backoff_factor=None, growth_interval=None):
+        if compute not in ("bf16", "f16"):
+            raise ValueError(f"Amp compute {compute!r}: use 'bf16' or 'f16'")
+        if loss_scale not in self._modes:
+            raise ValueError(f"Amp loss_scale {loss_scale!r}: use 'dynamic', 'static' or 'none'")
+        self.compute, self.loss_scale = compute, loss_scale
+        self.init_scale, self.growth_factor = init_scale, growth_factor
+        self.backoff_factor, self.growth_interval = backoff_factor, growth_interval
+
+    def to_proto(self) -> train_pb2.AmpSpec:
+        from ._proto.kiln.v1 import tensor_pb2
+        spec = train_pb2.AmpSpec(
+            compute=tensor_pb2.DTYPE_BF16 if self.compute == "bf16" else tensor_pb2.DTYPE_F16,
+            loss_scale=self._modes[self.loss_scale])
+        for name in ("init_scale", "growth_factor", "backoff_factor"):
+            if getattr(self, name) is not None:
+                setattr(spec, name, float(getattr(self, name)))
+        if self.growth_interval is not None:
+            spec.growth_interval = int(self.growth_interval)
+        return spec
+
+    def __repr__(self):
+        return f"kiln.Amp({self.compute!r}, loss_scale={self.loss_scale!r})"
+
+
+class Qat:
+    """Quantization-aware training (kiln.v1.QatSpec): fake quantization on the
+    weights and activations of every matmul and conv; `lsq` learns the weight
+    scales ("<weight>/lsq_scale" params)."""
+
+    def __init__(self, bits=8, per_channel=False, weight_asymmetric=False,
+                 activation_asymmetric=False, weights_only=False, lsq=False):
+        if bits not in (4, 8):
+            raise ValueError(f"Qat bits {bits!r}: use 8 or 4")
+        self.bits, self.per_channel, self.lsq = bits, per_channel, lsq
+        self.weight_asymmetric, self.activation_asymmetric = weight_asymmetric, activation_asymmetric
+        self.weights_only = weights_only
+
+    def to_proto(self) -> train_pb2.QatSpec:
+        return train_pb2.QatSpec(bits=self.bits, weight_per_channel=self.per_channel,
+                                 weight_asymmetric=self.weight_asymmetric,
+                                 activation_asymmetric=self.activation_asymmetric,
+                                 weights_only=self.weights_only, lsq=self.lsq)
+
+    def __repr__(self):
+        return f"kiln.Qat(bits={self.bits}, per_channel={self.per_channel}, lsq={self.lsq})"
+
+
 class SGD(Optimizer):
     kind = train_pb2.OPTIMIZER_SGD
     _fields = ("momentum", "dampening", "nesterov")
