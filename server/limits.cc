@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/ir/text.h"
 #include "server/config.h"
 
@@ -123,7 +124,7 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& 
 
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind) {
+    const std::string& kind, bool allow_shm) {
   std::vector<TensorRef> refs;
   refs.reserve(tensors.size());
   absl::flat_hash_set<std::string> seen;
@@ -137,6 +138,25 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     }
     const std::string what = absl::StrCat(kind, " ", QuoteClientString(nt.name()));
     if (!nt.has_tensor()) return absl::InvalidArgumentError(absl::StrCat(what, " has no tensor"));
+    if (nt.has_shm()) {
+      if (!allow_shm) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " names shared memory: only Run's inputs may; send the bytes in tensor.data"));
+      }
+      const v1::Tensor& t = nt.tensor();
+      KILN_ASSIGN_OR_RETURN(
+          int64_t bytes,
+          CheckTensorHeader(t.dtype(), std::span<const int64_t>(t.dims().data(), t.dims_size()),
+                            limits, what));
+      if (!t.data().empty() || nt.shm().bytes() != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " is ", bytes, " bytes; in shared memory its tensor.data must be empty and ",
+            "shm.bytes ", bytes, " (got ", t.data().size(), " and ", nt.shm().bytes(), ")"));
+      }
+      refs.push_back(TensorRef{nt.name(), t.dtype(), Dims(t.dims().begin(), t.dims().end()),
+                               nullptr, bytes});
+      continue;
+    }
     auto bytes = CheckTensor(nt.tensor(), limits, what);
     if (!bytes.ok()) return bytes.status();
     const v1::Tensor& t = nt.tensor();

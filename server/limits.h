@@ -33,9 +33,13 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& 
 
 // Named tensors of a request (`kind` = "input" or "param"): names non-empty
 // and unique, each tensor checked. Returns views over the request's bytes.
+// With `allow_shm`, a tensor may name shared memory instead (NamedTensor.shm:
+// header checked, no data, shm.bytes its size); its view's data is then null
+// for the caller to bind (Run's inputs: server/shm_run.h). Without it such
+// a tensor is INVALID_ARGUMENT.
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind);
+    const std::string& kind, bool allow_shm = false);
 
 // Node count (subgraphs included), subgraph depth and constants of a wire graph.
 absl::Status CheckGraph(const v1::Graph& graph, const v1::Limits& limits);
