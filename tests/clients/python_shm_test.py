@@ -14,7 +14,7 @@ import numpy as np
 
 import kiln
 from kiln import shm
-from kiln._proto.kiln.v1 import service_pb2
+from kiln._proto.kiln.v1 import service_pb2, shm_pb2
 
 sys.path.insert(0, os.path.dirname(__file__))
 from python_client_test import Kilnd  # noqa: E402
@@ -66,7 +66,7 @@ class ShmTest(unittest.TestCase):
     def test_misuse_gets_clear_statuses(self):
         with kiln.Client(KILND_PROC.addr) as c:
             conn = shm.ShmConnection(c._call("ConnectSharedMemory",
-                                              service_pb2.ConnectSharedMemoryRequest()))
+                                              shm_pb2.ConnectSharedMemoryRequest()))
             r = conn.create_region("py-misuse", 4096)
             with self.assertRaises(shm.ShmError) as e:
                 conn.create_region("py-misuse", 4096)
@@ -95,7 +95,7 @@ class ShmTest(unittest.TestCase):
 
     def test_region_dropped_with_its_connection(self):
         with kiln.Client(KILND_PROC.addr) as c:
-            ticket = lambda: c._call("ConnectSharedMemory", service_pb2.ConnectSharedMemoryRequest())
+            ticket = lambda: c._call("ConnectSharedMemory", shm_pb2.ConnectSharedMemoryRequest())
             conn = shm.ShmConnection(ticket())
             r = conn.create_region("py-gone", 4096)
             r.close(unregister=False)
