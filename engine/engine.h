@@ -207,11 +207,25 @@ struct RunOptions {
   double tenant_weight = 1;
   int priority = 0;
   int64_t tenant_max_queue = 1024;  // this tenant's runs waiting on the device
+  // Host memory the caller owns (kilnd: a client's shared-memory region),
+  // valid until the run ends, where named outputs go instead of a new
+  // HostTensor: `bytes` must equal the output's size (else INVALID_ARGUMENT).
+  // Kernels write such an output there directly where the program allows
+  // it; otherwise it is copied there once at the end.
+  struct OutputDestination {
+    std::string name;
+    void* data = nullptr;
+    int64_t bytes = 0;
+  };
+  std::vector<OutputDestination> output_destinations;
 };
 
 struct RunResult {
-  std::vector<std::pair<std::string, HostTensor>> outputs;  // graph output order
-  v1::DispatchReport report;                                // filled when RunOptions::report
+  // Graph output order. An output written to its RunOptions destination has
+  // an empty HostTensor here and in_destination[i] true.
+  std::vector<std::pair<std::string, HostTensor>> outputs;
+  std::vector<bool> in_destination;  // empty when no destination was given
+  v1::DispatchReport report;         // filled when RunOptions::report
 };
 
 struct CompileResult {

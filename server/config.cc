@@ -11,13 +11,16 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "base/status.h"
 #include "server/batcher.h"
 #include "server/limits.h"
 #include "server/models.h"
+#include "server/unix_listener.h"
 
 namespace kiln::server {
 namespace {
@@ -57,6 +60,8 @@ void DefaultQuota(v1::TenantQuota& q, const v1::TenantQuota& fallback) {
   if (q.max_concurrent_compiles() == 0) {
     q.set_max_concurrent_compiles(fallback.max_concurrent_compiles());
   }
+  if (q.max_shm_regions() == 0) q.set_max_shm_regions(fallback.max_shm_regions());
+  if (q.max_shm_bytes() == 0) q.set_max_shm_bytes(fallback.max_shm_bytes());
 }
 
 absl::Status CheckQuota(const v1::TenantQuota& q, const std::string& where) {
@@ -75,6 +80,8 @@ absl::Status CheckQuota(const v1::TenantQuota& q, const std::string& where) {
   if (q.max_concurrent_compiles() < 0) {
     return bad("max_concurrent_compiles", q.max_concurrent_compiles());
   }
+  if (q.max_shm_regions() < 0) return bad("max_shm_regions", q.max_shm_regions());
+  if (q.max_shm_bytes() < 0) return bad("max_shm_bytes", q.max_shm_bytes());
   return absl::OkStatus();
 }
 
@@ -118,6 +125,7 @@ absl::StatusOr<v1::ServerConfig> LoadConfig(const std::string& path, const FlagO
   if (flags.device_isolation) config.set_device_isolation(*flags.device_isolation);
   if (flags.model_repository) config.mutable_model_repository()->set_root(*flags.model_repository);
   if (flags.plugin_dir) config.set_plugin_dir(*flags.plugin_dir);
+  if (flags.shm_socket) config.set_shm_socket(*flags.shm_socket);
   if (config.calibration().empty()) config.set_calibration("auto");
   if (config.calibration() != "auto" && config.calibration() != "always" &&
       config.calibration() != "never") {
@@ -165,6 +173,8 @@ void ApplyDefaults(v1::ServerConfig& config) {
   builtin.set_max_device_memory_bytes(kDefaultMaxDeviceMemoryBytes);
   builtin.set_max_queue(kDefaultMaxQueue);
   builtin.set_max_concurrent_compiles(kDefaultMaxConcurrentCompiles);
+  builtin.set_max_shm_regions(kDefaultMaxShmRegions);
+  builtin.set_max_shm_bytes(kDefaultMaxShmBytes);
   DefaultQuota(*config.mutable_default_quota(), builtin);
   for (v1::TenantConfig& t : *config.mutable_tenants()) {
     DefaultQuota(*t.mutable_quota(), config.default_quota());
@@ -241,6 +251,30 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
     return absl::InvalidArgumentError("report_bytes_per_tenant must be >= 0 (0 = 8 MiB)");
   }
   if (config.cpu_threads() < 0) return absl::InvalidArgumentError("cpu_threads must be >= 0");
+  {
+    absl::flat_hash_set<uint32_t> uids;
+    for (const v1::UnixPeerTenant& p : config.unix_peer_tenants()) {
+      bool known = false;
+      for (const v1::TenantConfig& t : config.tenants()) known = known || t.name() == p.tenant();
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unix_peer_tenants: uid ", p.uid(), " maps to tenant ", QuoteClientString(p.tenant()),
+            ", which is not in tenants"));
+      }
+      if (!uids.insert(p.uid()).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unix_peer_tenants: uid ", p.uid(), " is listed twice"));
+      }
+    }
+  }
+  if (const std::string& shm = config.shm_socket(); !shm.empty() && shm != "off") {
+    // sockaddr_un.sun_path holds 108 bytes, a NUL included.
+    if (shm.size() > 107 || shm == "@" || shm.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm_socket ", QuoteClientString(shm),
+          " is not a socket name (\"@name\" abstract, or a path of at most 107 bytes)"));
+    }
+  }
   if (config.cache_max_bytes() < 0) return absl::InvalidArgumentError("cache_max_bytes must be >= 0");
   if (auto s = CheckQuota(config.default_quota(), "default_quota"); !s.ok()) return s;
 
@@ -322,7 +356,10 @@ absl::Status ValidateConfig(const v1::ServerConfig& config) {
       return s;
     }
   }
-  if (!IsLoopbackAddress(config.listen()) && (config.tenants().empty() || !tls_on)) {
+  KILN_ASSIGN_OR_RETURN(const ListenAddresses listen, SplitListen(config.listen()));
+  bool loopback = true;
+  for (const std::string& a : listen.grpc) loopback = loopback && IsLoopbackAddress(a);
+  if (!loopback && (config.tenants().empty() || !tls_on)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "refusing to listen on ", config.listen(), " without ",
         config.tenants().empty() && !tls_on ? "authentication and TLS"

@@ -40,6 +40,8 @@ inline constexpr int kDefaultMaxInFlight = 64;
 inline constexpr int kDefaultMaxQueue = 32;
 inline constexpr int kDefaultMaxConcurrentCompiles = 1;
 inline constexpr int64_t kDefaultMaxDeviceMemoryBytes = int64_t{16} << 30;
+inline constexpr int kDefaultMaxShmRegions = 64;
+inline constexpr int64_t kDefaultMaxShmBytes = int64_t{16} << 30;
 
 // The name of the one open tenant kilnd serves when no tenant is configured.
 inline constexpr char kOpenTenant[] = "default";
@@ -60,6 +62,7 @@ struct FlagOverrides {
   std::optional<std::string> device_isolation;
   std::optional<std::string> model_repository;  // model_repository.root
   std::optional<std::string> plugin_dir;
+  std::optional<std::string> shm_socket;
 };
 
 // Reads `path` ("" = no file) as a textproto, applies `flags`, fills the

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/ir/text.h"
 #include "server/config.h"
 
@@ -133,7 +134,7 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& 
 
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind, std::span<const std::string_view> moved) {
+    const std::string& kind, std::span<const std::string_view> moved, bool allow_shm) {
   if (!moved.empty() && moved.size() != static_cast<size_t>(tensors.size())) {
     return absl::InternalError(absl::StrCat(kind, "s: ", moved.size(), " moved data entries for ",
                                             tensors.size(), " tensors"));
@@ -151,6 +152,27 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     }
     const std::string what = absl::StrCat(kind, " ", QuoteClientString(nt.name()));
     if (!nt.has_tensor()) return absl::InvalidArgumentError(absl::StrCat(what, " has no tensor"));
+    if (nt.has_shm()) {
+      if (!allow_shm) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " names shared memory: only Run's inputs may; send the bytes in tensor.data"));
+      }
+      const v1::Tensor& t = nt.tensor();
+      KILN_ASSIGN_OR_RETURN(
+          int64_t bytes,
+          CheckTensorHeader(t.dtype(), std::span<const int64_t>(t.dims().data(), t.dims_size()),
+                            limits, what));
+      const size_t data_bytes =
+          !moved.empty() && moved[i].data() != nullptr ? moved[i].size() : t.data().size();
+      if (data_bytes != 0 || nt.shm().bytes() != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " is ", bytes, " bytes; in shared memory its tensor.data must be empty and ",
+            "shm.bytes ", bytes, " (got ", data_bytes, " and ", nt.shm().bytes(), ")"));
+      }
+      refs.push_back(TensorRef{nt.name(), t.dtype(), Dims(t.dims().begin(), t.dims().end()),
+                               nullptr, bytes});
+      continue;
+    }
     const v1::Tensor& t = nt.tensor();
     const std::string_view data =
         !moved.empty() && moved[i].data() != nullptr ? moved[i] : std::string_view(t.data());

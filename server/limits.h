@@ -36,9 +36,13 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& tensor, const v1::Limits& 
 // `moved`, when not empty, has one entry per tensor: a non-null view there is
 // that tensor's data, received outside the message (base/tensor_wire.h), and
 // stands for its (empty) `data` field.
+// With `allow_shm`, a tensor may name shared memory instead (NamedTensor.shm:
+// header checked, no data, shm.bytes its size); its view's data is then null
+// for the caller to bind (Run's inputs: server/shm_run.h). Without it such
+// a tensor is INVALID_ARGUMENT.
 absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     const google::protobuf::RepeatedPtrField<v1::NamedTensor>& tensors, const v1::Limits& limits,
-    const std::string& kind, std::span<const std::string_view> moved = {});
+    const std::string& kind, std::span<const std::string_view> moved = {}, bool allow_shm = false);
 
 // Node count (subgraphs included), subgraph depth and constants of a wire graph.
 absl::Status CheckGraph(const v1::Graph& graph, const v1::Limits& limits);

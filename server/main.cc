@@ -21,8 +21,10 @@
 #include "server/server.h"
 
 ABSL_FLAG(std::optional<std::string>, listen, std::nullopt,
-          "gRPC address host:port (default 127.0.0.1:7450; port 0 picks a free port). Off "
-          "loopback kilnd needs tenants in --config and TLS (--tls_cert, --tls_key).");
+          "gRPC addresses, comma-separated: host:port (default 127.0.0.1:7450; port 0 picks a "
+          "free port) and unix:/path/kilnd.sock (a Unix socket; the peer's uid may pick its "
+          "tenant: unix_peer_tenants). Off loopback kilnd needs tenants in --config and TLS "
+          "(--tls_cert, --tls_key).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound gRPC port to this file once serving.");
 ABSL_FLAG(std::optional<std::string>, metrics_listen, std::nullopt,
           "Prometheus /metrics address host:port (default 127.0.0.1:9450; port 0 picks a free "
@@ -57,6 +59,9 @@ ABSL_FLAG(std::optional<std::string>, model_repository, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, plugin_dir, std::nullopt,
           "Directory of custom-op kernel plugins (*.so, include/kiln/plugin.h), loaded once at "
           "start; bad plugins are refused and logged (config plugin_dir; docs/plugins.md).");
+ABSL_FLAG(std::optional<std::string>, shm_socket, std::nullopt,
+          "The shared-memory socket local clients register regions on: @name (abstract), a "
+          "path, or off (default @kilnd-<pid>-0.shm; config shm_socket).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
   flags.device_isolation = absl::GetFlag(FLAGS_device_isolation);
   flags.model_repository = absl::GetFlag(FLAGS_model_repository);
   flags.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
+  flags.shm_socket = absl::GetFlag(FLAGS_shm_socket);
   auto config = kiln::server::LoadConfig(absl::GetFlag(FLAGS_config), flags);
   if (!config.ok()) {
     spdlog::critical("kilnd: {}", std::string(config.status().message()));

@@ -15,6 +15,7 @@
 #include "server/limits.h"
 #include "server/rpc_common.h"
 #include "server/run_wire.h"
+#include "server/shm_run.h"
 
 namespace kiln::server {
 namespace {
@@ -136,7 +137,11 @@ class RunReactor final : public grpc::ServerUnaryReactor {
           "nothing to run: set session_id (a session's run) or graph (a one-shot run)");
     }
     KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_->inputs(), d.config->limits(),
-                                                     "input", wire_->input_data));
+                                                     "input", wire_->input_data,
+                                                     /*allow_shm=*/true));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunShm> shm,
+                          RunShm::Bind(*request_, inputs_, d.shm, *call_.tenant));
+    shm_ = std::move(shm);
     KILN_ASSIGN_OR_RETURN(params_, CheckNamedTensors(request_->params(), d.config->limits(),
                                                      "param", wire_->param_data));
     if (has_session) {
@@ -215,6 +220,10 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     Batcher::Request r;
     r.inputs = inputs_;
     r.keep_alive = request_;
+    if (shm_) {  // the inputs' regions too
+      r.keep_alive = std::make_shared<
+          std::pair<std::shared_ptr<v1::RunRequest>, std::shared_ptr<const RunShm>>>(request_, shm_);
+    }
     r.rows = inputs_[0].dims[0];
     r.deadline = Deadline();
     r.priority = request_->priority();
@@ -339,6 +348,16 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     options.priority = request_->priority();
     options.deadline = Deadline();
     options.cancelled = &cancelled_;
+    if (shm_) {
+      std::vector<RunShm::OutputType> types;
+      for (const GraphSignature::Entry& e : exe_->signature().outputs) {
+        Dims dims;
+        for (const v1::Dim& dim : e.type.dims()) dims.push_back(dim.has_size() ? dim.size() : -1);
+        types.push_back({e.name, e.type.dtype(), std::move(dims)});
+      }
+      KILN_RETURN_IF_ERROR(shm_->PlanOutputs(types));
+      options.output_destinations = shm_->Destinations();
+    }
     // The run may end before RunAsync returns: inline here (its outcome is
     // kept and the call answered below, after the lock), or on a device
     // thread, whose callback waits until the ticket is stored.
@@ -386,8 +405,37 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     CountInputBytes(report);
     *report.mutable_compile() = std::move(compile_);
     d.reports->Add(call_.tenant->name(), report);
-    // Serialized in Complete, large ones as slices of these very buffers.
-    outputs_ = std::make_shared<NamedHostTensors>(std::move(result->outputs));
+    if (!shm_) {
+      // Serialized in Complete, large ones as slices of these very buffers.
+      outputs_ = std::make_shared<NamedHostTensors>(std::move(result->outputs));
+    } else {
+      if (result->in_destination.empty()) {
+        // A batched run's outputs (split from the batch's): placed now.
+        std::vector<RunShm::OutputType> types;
+        for (const auto& [name, tensor] : result->outputs) {
+          types.push_back({name, tensor.dtype(), tensor.dims()});
+        }
+        KILN_RETURN_IF_ERROR(shm_->PlanOutputs(types));
+      }
+      const GraphSignature* signature = exe_ ? &exe_->signature() : nullptr;
+      for (size_t i = 0; i < result->outputs.size(); ++i) {
+        auto& [name, tensor] = result->outputs[i];
+        v1::NamedTensor* out = response_.add_outputs();
+        const bool in_destination = i < result->in_destination.size() && result->in_destination[i];
+        if (!in_destination) {
+          shm_->Answer(name, tensor.dtype(), tensor.dims(), &tensor, out);
+          continue;
+        }
+        // Written by the engine: the header from the executable's signature.
+        Dims dims;
+        DType dtype = v1::DTYPE_UNSPECIFIED;
+        if (signature != nullptr && i < signature->outputs.size()) {
+          dtype = signature->outputs[i].type.dtype();
+          for (const v1::Dim& dim : signature->outputs[i].type.dims()) dims.push_back(dim.size());
+        }
+        shm_->Answer(name, dtype, dims, nullptr, out);
+      }
+    }
     if (request_->report()) *response_.mutable_report() = std::move(report);
     response_.set_request_id(call_.request_id);
     absl::StrAppend(&call_.detail, " queue_ms=", absl::ToDoubleMilliseconds(queued),
@@ -463,6 +511,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   KilnService::Call call_;
   std::vector<TensorRef> inputs_;  // views into request_
   std::vector<TensorRef> params_;
+  // The request's shared memory (null: none), holding its regions mapped
+  // until the call ends (shared with a batch this run joins).
+  std::shared_ptr<RunShm> shm_;
   std::shared_ptr<Session> session_;
   std::shared_ptr<Executable> exe_;
   std::shared_ptr<const ParamSet> params_set_;

@@ -14,6 +14,7 @@
 #include "base/custom_ops.h"
 #include "server/config.h"
 #include "server/tls.h"
+#include "server/unix_listener.h"
 
 namespace kiln::server {
 namespace {
@@ -50,7 +51,7 @@ void ScrapeModels(const ModelRepository& models, std::vector<prometheus::MetricF
 
 std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantRegistry& tenants,
                                              const SessionStore& sessions, const ModelRepository* models,
-                                             absl::Time started) {
+                                             const ShmRegistry* shm, absl::Time started) {
   using prometheus::MetricType;
   std::vector<prometheus::MetricFamily> out;
   auto one = [](double v) { return Samples{{{}, v}}; };
@@ -158,6 +159,23 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
   out.push_back(Metrics::Family("kiln_tenant_device_bytes",
                                 "Device bytes charged to each tenant (params + session arenas)",
                                 MetricType::Gauge, device_bytes));
+  if (shm != nullptr) {
+    const std::map<std::string, ShmUsage::Counts> usage = shm->UsageByTenant();
+    Samples regions, bytes;
+    for (const auto& t : tenants.tenants()) {
+      const Metrics::Labels labels{{"tenant", t->name()}};
+      auto it = usage.find(t->name());
+      const ShmUsage::Counts c = it == usage.end() ? ShmUsage::Counts{} : it->second;
+      regions.push_back({labels, static_cast<double>(c.regions)});
+      bytes.push_back({labels, static_cast<double>(c.bytes)});
+    }
+    out.push_back(Metrics::Family("kiln_shm_regions",
+                                  "Shared-memory regions mapped for each tenant", MetricType::Gauge,
+                                  regions));
+    out.push_back(Metrics::Family("kiln_shm_bytes",
+                                  "Bytes of the shared-memory regions mapped for each tenant",
+                                  MetricType::Gauge, bytes));
+  }
   out.push_back(Metrics::Family("kiln_uptime_seconds", "Seconds since kilnd started",
                                 MetricType::Gauge,
                                 one(absl::ToDoubleSeconds(absl::Now() - started))));
@@ -217,6 +235,11 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   auto tenants = TenantRegistry::Create(config);
   if (!tenants.ok()) return tenants.status();
   s->tenants_ = std::move(tenants).value();
+  if (config.shm_socket() != "off") {
+    auto shm = ShmRegistry::Create(config);
+    if (!shm.ok()) return shm.status();
+    s->shm_ = std::move(shm).value();
+  }
   s->sessions_ = std::make_unique<SessionStore>();
   s->reports_ = std::make_unique<ReportStore>(config.reports_per_tenant(),
                                              config.report_bytes_per_tenant());
@@ -233,6 +256,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   deps.pool = s->pool_.get();
   s->batcher_ = Batcher::Create(*s->engine_, *s->pool_);
   deps.batcher = s->batcher_.get();
+  deps.shm = s->shm_.get();
   deps.started = started;
   if (!config.model_repository().root().empty()) {
     s->models_ = std::make_unique<ModelRepository>(config.model_repository(), config.limits(), *s->engine_);
@@ -242,24 +266,43 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   s->service_ = std::make_unique<KilnService>(deps);
 
   s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),
-                             sessions = s->sessions_.get(), models = s->models_.get(), started] {
-    return Scrape(*engine, *tenants, *sessions, models, started);
+                             sessions = s->sessions_.get(), models = s->models_.get(),
+                             shm = s->shm_.get(), started] {
+    return Scrape(*engine, *tenants, *sessions, models, shm, started);
   });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen(), *credentials, &s->port_);
+  auto listen = SplitListen(config.listen());
+  if (!listen.ok()) return listen.status();
+  // The first gRPC address's port is port(); more are served alike.
+  std::vector<int> more_ports(listen->grpc.size(), 0);
+  for (size_t i = 0; i < listen->grpc.size(); ++i) {
+    builder.AddListeningPort(listen->grpc[i], *credentials, i == 0 ? &s->port_ : &more_ports[i]);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.limits().max_message_bytes()));
   // Two kilnds on one port would split the traffic silently: the second fails.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) {
+  bool bound = s->server_ != nullptr;
+  for (size_t i = 0; i < listen->grpc.size(); ++i) {
+    bound = bound && (i == 0 ? s->port_ : more_ports[i]) != 0;
+  }
+  if (!bound) {
     s->metrics_->SetCollector(nullptr);
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", config.listen(),
         ": the address is invalid or in use (--listen=host:port; port 0 picks a free port)"));
+  }
+  for (const std::string& path : listen->unix_paths) {
+    auto l = UnixListener::Create(path, s->server_.get());
+    if (!l.ok()) {
+      s->metrics_->SetCollector(nullptr);
+      return l.status();
+    }
+    s->unix_listeners_.push_back(std::move(l).value());
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus(v1::Kiln::service_full_name(), true);
@@ -301,6 +344,7 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
                    : absl::StrCat(config.metrics_listen(), " (port ", s->metrics_->port(), ")"),
                config.cache_dir(), s->tenants_->tenants().size(),
                s->tenants_->open() ? " (open, no auth)" : "", config.max_concurrent_runs());
+  spdlog::info("shared memory: {}", s->shm_ ? s->shm_->socket_name() : std::string("off"));
   for (const backend::DeviceInfo* d : s->engine_->Devices()) {
     spdlog::info("device {}: {} ({}), {} threads", d->id, d->name, d->arch, d->threads);
   }
@@ -333,6 +377,7 @@ bool KilnServer::Shutdown() {
   server_->GetHealthCheckService()->SetServingStatus(false);
   UpdateDeviceHealth();  // NOT_SERVING: shut_down_
   service_->StartDraining();
+  unix_listeners_.clear();  // no new connections
   const bool drained = service_->WaitForCalls(absl::Now() + drain);
   if (!drained) spdlog::warn("drain timeout: calls are still running; stopping anyway");
   server_->GetHealthCheckService()->Shutdown();
@@ -365,6 +410,7 @@ KilnServer::~KilnServer() {
     member.reset();
     spdlog::debug("teardown: {} in {}", what, absl::FormatDuration(absl::Now() - t0));
   };
+  unix_listeners_.clear();  // they hand connections to server_
   teardown("grpc server", server_);
   teardown("batcher", batcher_);
   teardown("work pool", pool_);

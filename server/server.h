@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -22,7 +23,9 @@
 #include "server/reports.h"
 #include "server/service.h"
 #include "server/sessions.h"
+#include "server/shm_regions.h"
 #include "server/tenants.h"
+#include "server/unix_listener.h"
 #include "server/work_pool.h"
 
 namespace kiln::server {
@@ -39,6 +42,8 @@ class KilnServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
+  // The shared-memory registry (null when shm_socket is "off").
+  const ShmRegistry* shm() const { return shm_.get(); }
 
   // Health turns NOT_SERVING, new calls get UNAVAILABLE, calls in flight get
   // up to config.drain_timeout_seconds to finish; then the gRPC server stops.
@@ -71,6 +76,7 @@ class KilnServer {
   // borrows.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<TenantRegistry> tenants_;
+  std::unique_ptr<ShmRegistry> shm_;  // null when shm_socket is "off"
   std::unique_ptr<SessionStore> sessions_;
   std::unique_ptr<ReportStore> reports_;
   std::unique_ptr<KilnService> service_;
@@ -79,6 +85,7 @@ class KilnServer {
   std::unique_ptr<WorkPool> pool_;
   std::unique_ptr<Batcher> batcher_;  // goes before the pool its batches compile on
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners_;  // hand connections to server_
   absl::Notification stop_health_;
   std::thread health_watcher_;  // UpdateDeviceHealth every 200 ms; joined first
 };

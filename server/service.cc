@@ -13,6 +13,7 @@
 #include "server/limits.h"
 #include "server/rpc_common.h"
 #include "server/tls.h"
+#include "server/unix_listener.h"
 
 namespace kiln::server {
 namespace {
@@ -99,7 +100,9 @@ absl::Status KilnService::Begin(grpc::CallbackServerContext* ctx, const char* me
     call.request_id = absl::StrFormat("%06x-%d", boot_tag_, next_request_.fetch_add(1));
   }
   ctx->AddInitialMetadata("x-request-id", call.request_id);
-  auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"), PeerIdentityOf(*ctx));
+  PeerIdentity peer = PeerIdentityOf(*ctx);
+  peer.unix_uid = UnixListener::PeerUid(ctx->peer());
+  auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"), peer);
   if (!tenant.ok()) return tenant.status();
   call.tenant = *tenant;
   if (request_bytes > 0) {

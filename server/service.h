@@ -6,6 +6,7 @@
 //   rpc_info.cc    ListDevices, GetReport, ServerInfo
 //   rpc_models.cc  ListModels, LoadModel, UnloadModel (the model repository)
 //   rpc_train.cc   TrainStep, TrainSteps (bidi stream): training sessions
+//   rpc_shm.cc     ConnectSharedMemory (server/shm_regions.h)
 // and service.cc holds what every call shares: authentication, request ids,
 // the request-bytes quota, draining, logging and request metrics.
 //
@@ -35,6 +36,7 @@
 #include "server/models.h"
 #include "server/reports.h"
 #include "server/sessions.h"
+#include "server/shm_regions.h"
 #include "server/tenants.h"
 #include "server/work_pool.h"
 
@@ -50,6 +52,7 @@ struct ServiceDeps {
   WorkPool* pool = nullptr;
   ModelRepository* models = nullptr;  // null without --model_repository
   Batcher* batcher = nullptr;         // null: sessions' runs never batch
+  ShmRegistry* shm = nullptr;         // null: shm_socket "off"
   absl::Time started = absl::Now();
 };
 
@@ -67,7 +70,9 @@ using RawKilnService = v1::Kiln::WithRawCallbackMethod_Compile<
                 v1::Kiln::WithRawCallbackMethod_GetReport<v1::Kiln::WithRawCallbackMethod_ServerInfo<
                     v1::Kiln::WithRawCallbackMethod_ListModels<v1::Kiln::WithRawCallbackMethod_LoadModel<
                         v1::Kiln::WithRawCallbackMethod_UnloadModel<v1::Kiln::WithRawCallbackMethod_TrainStep<
-                            v1::Kiln::WithRawCallbackMethod_TrainSteps<v1::Kiln::Service>>>>>>>>>>>>>>;
+                            v1::Kiln::WithRawCallbackMethod_TrainSteps<
+                                v1::Kiln::WithRawCallbackMethod_ConnectSharedMemory<
+                                    v1::Kiln::Service>>>>>>>>>>>>>>>;
 
 class KilnService final : public RawKilnService {
  public:
@@ -122,6 +127,10 @@ class KilnService final : public RawKilnService {
                                       grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TrainSteps(
       grpc::CallbackServerContext* ctx) override;
+  // rpc_shm.cc
+  grpc::ServerUnaryReactor* ConnectSharedMemory(grpc::CallbackServerContext* ctx,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) override;
 
   // --- Shared by the handler files (not part of the RPC surface). ---
 

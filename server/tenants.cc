@@ -146,6 +146,16 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
       }
     }
   }
+  for (const v1::UnixPeerTenant& p : config.unix_peer_tenants()) {
+    Tenant* tenant = nullptr;
+    for (const auto& t : r->tenants_) {
+      if (t->name() == p.tenant()) tenant = t.get();
+    }
+    if (tenant == nullptr || !r->by_unix_uid_.emplace(p.uid(), tenant).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unix_peer_tenants: uid ", p.uid(), " is listed twice or names no tenant"));
+    }
+  }
   return r;
 }
 
@@ -176,6 +186,12 @@ absl::StatusOr<Tenant*> TenantRegistry::Authenticate(
           "\"'s but the API key is another tenant's; send one identity"));
     }
     return by_cert;
+  }
+  if (!authorization && peer.unix_uid) {
+    if (auto it = by_unix_uid_.find(*peer.unix_uid); it != by_unix_uid_.end()) return it->second;
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the Unix socket peer's uid ", *peer.unix_uid,
+        " maps to no tenant (unix_peer_tenants) and the call has no API key"));
   }
   if (!authorization) {
     return absl::UnauthenticatedError(

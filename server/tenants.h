@@ -30,6 +30,9 @@ struct PeerIdentity {
   bool has_certificate = false;   // a verified client certificate came with the call
   std::string subject;            // RFC 2253, "CN=alice,O=Example"
   std::vector<std::string> sans;  // subject alternative names (DNS, URI, email, IP)
+  // The peer process's uid, when the call came over a Unix-socket listener
+  // (server/unix_listener.h).
+  std::optional<uint32_t> unix_uid;
 };
 
 class Tenant {
@@ -107,7 +110,7 @@ class TenantRegistry {
 
   // Maps a call to a tenant: its verified client certificate (`peer`), else
   // the `authorization` metadata value ("Bearer <key>"; nullopt when the call
-  // has none). UNAUTHENTICATED when tenants are configured and the key is
+  // has none), else the Unix peer's uid (unix_peer_tenants). UNAUTHENTICATED when tenants are configured and the key is
   // missing, malformed or unknown, when a certificate maps to no tenant, or
   // when certificate and key name different tenants. The open tenant accepts
   // every call.
@@ -128,6 +131,7 @@ class TenantRegistry {
   absl::flat_hash_map<std::string, Tenant*> by_cert_san_;
   absl::flat_hash_map<std::string, Tenant*> by_cert_subject_;
   absl::flat_hash_set<const Tenant*> admins_;
+  absl::flat_hash_map<uint32_t, Tenant*> by_unix_uid_;  // ServerConfig.unix_peer_tenants
 };
 
 }  // namespace kiln::server

@@ -2,14 +2,20 @@
 
 #include <malloc.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "clients/cpp/shm.h"
 #include "base/status.h"
 #include "base/tensor_wire.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
@@ -145,12 +151,51 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addr,
   return std::unique_ptr<Client>(new Client(addr, options, std::move(channel)));
 }
 
+// Shared memory with a local kilnd: one connection to its socket, and a
+// pool of regions, each serving one call at a time (inputs from its start,
+// the output area after them).
+struct Client::Shm {
+  absl::Mutex mu;
+  std::shared_ptr<ShmConnection> connection ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<ShmRegion>> idle ABSL_GUARDED_BY(mu);  // not in a call
+  absl::Time retry_after ABSL_GUARDED_BY(mu) = absl::InfinitePast();  // after a failed connect
+  int64_t output_bytes_hint ABSL_GUARDED_BY(mu) = 0;  // outputs that did not fit last time
+  std::atomic<uint64_t> next_id = 0;
+
+  static constexpr size_t kMaxIdle = 4;
+  static constexpr int64_t kMinRegionBytes = int64_t{1} << 20;
+};
+
+namespace {
+
+int64_t Align64(int64_t n) { return (n + 63) / 64 * 64; }
+
+bool ShmDisabledByEnvironment() {
+  const char* v = std::getenv("KILN_SHM");
+  if (v == nullptr) return false;
+  const std::string s = absl::AsciiStrToLower(v);
+  return s == "0" || s == "false" || s == "no" || s == "off";
+}
+
+}  // namespace
+
 Client::Client(std::string addr, ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : addr_(std::move(addr)),
       options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::Kiln::NewStub(channel_)),
-      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+      health_(grpc::health::v1::Health::NewStub(channel_)),
+      shm_(options_.shared_memory && IsLocalTarget(addr_) && !ShmDisabledByEnvironment()
+               ? std::make_unique<Shm>()
+               : nullptr) {}
+
+Client::~Client() {
+  if (shm_) {
+    absl::MutexLock lock(&shm_->mu);
+    shm_->idle.clear();
+    shm_->connection.reset();
+  }
+}
 
 std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -294,12 +339,151 @@ absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
   return out;
 }
 
+absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req, const TensorMap& inputs,
+                                                const TensorMap& params) const {
+  if (shm_) {
+    // Inputs through shared memory when it is on and works (params, rarely
+    // large on a Run, stay in the message), else as bytes.
+    v1::RunRequest shm_req = req;
+    ToNamedTensors(params, shm_req.mutable_params());
+    if (std::optional<absl::StatusOr<RunResult>> r = RunWithShm(shm_req, inputs)) {
+      return *std::move(r);
+    }
+  }
+  return RunWithBytes(req, inputs, params);
+}
+
+std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunRequest& req,
+                                                                    const TensorMap& inputs) const {
+  int64_t input_bytes = 0;
+  for (const auto& [name, t] : inputs) input_bytes += Align64(t.num_bytes());
+  std::unique_ptr<ShmRegion> region;
+  std::shared_ptr<ShmConnection> connection;
+  int64_t want = 0;
+  {
+    absl::MutexLock lock(&shm_->mu);
+    want = input_bytes + std::max<int64_t>(shm_->output_bytes_hint, input_bytes);
+    if (!shm_->connection) {
+      if (absl::Now() < shm_->retry_after) return std::nullopt;
+      auto ctx = NewContext();
+      absl::StatusOr<std::shared_ptr<ShmConnection>> c = ShmConnection::Connect(*stub_, *ctx);
+      if (!c.ok()) {
+        // kilnd without shared memory, or out of reach: bytes for a while.
+        shm_->retry_after = absl::Now() + absl::Seconds(30);
+        return std::nullopt;
+      }
+      shm_->connection = *std::move(c);
+    }
+    connection = shm_->connection;
+    for (auto it = shm_->idle.begin(); it != shm_->idle.end(); ++it) {
+      if ((*it)->bytes() >= want) {
+        region = std::move(*it);
+        shm_->idle.erase(it);
+        break;
+      }
+    }
+  }
+  if (!region) {
+    const int64_t bytes = std::max(Shm::kMinRegionBytes, (want + want / 4 + 4095) / 4096 * 4096);
+    absl::StatusOr<std::unique_ptr<ShmRegion>> r = connection->CreateRegion(
+        absl::StrCat("kiln-", ::getpid(), "-", shm_->next_id.fetch_add(1), "-",
+                     reinterpret_cast<uintptr_t>(this) % 100000),
+        bytes);
+    if (!r.ok()) {
+      if (r.status().code() == absl::StatusCode::kUnavailable) {
+        absl::MutexLock lock(&shm_->mu);
+        if (shm_->connection == connection) shm_->connection.reset();  // kilnd went away
+      }
+      return std::nullopt;  // e.g. the tenant's shm quota is full: bytes this time
+    }
+    region = *std::move(r);
+  }
+  int64_t offset = 0;
+  for (const auto& [name, t] : inputs) {
+    v1::NamedTensor* nt = req.add_inputs();
+    nt->set_name(name);
+    nt->mutable_tensor()->set_dtype(t.dtype());
+    for (int64_t d : t.dims()) nt->mutable_tensor()->add_dims(d);
+    if (t.num_bytes() > 0) std::memcpy(region->data() + offset, t.data(), t.num_bytes());
+    v1::SharedMemoryRef* ref = nt->mutable_shm();
+    ref->set_region_id(region->id());
+    ref->set_offset(offset);
+    ref->set_bytes(t.num_bytes());
+    offset += Align64(t.num_bytes());
+  }
+  v1::SharedMemoryRef* area = req.mutable_shm_output_area();
+  area->set_region_id(region->id());
+  area->set_offset(offset);
+  area->set_bytes(region->bytes() - offset);
+  v1::RunResponse resp;
+  auto ctx = NewContext();
+  absl::Status s = FromGrpcStatus(stub_->Run(ctx.get(), req, &resp));
+  if (!s.ok() && s.code() == absl::StatusCode::kNotFound &&
+      absl::StrContains(s.message(), "shared-memory region")) {
+    // kilnd lost the region (it restarted, or the connection dropped):
+    // nothing ran; again as bytes, with a new connection next time.
+    absl::MutexLock lock(&shm_->mu);
+    if (shm_->connection == connection) {
+      shm_->connection.reset();
+      shm_->idle.clear();
+    }
+    req.clear_inputs();
+    req.clear_shm_output_area();
+    return std::nullopt;
+  }
+  absl::StatusOr<RunResult> result = absl::UnknownError("unset");
+  if (!s.ok()) {
+    result = s;
+  } else {
+    RunResult out;
+    out.shared_memory = true;
+    int64_t output_bytes = 0;
+    bool all_in_shm = true;
+    for (const v1::NamedTensor& nt : resp.outputs()) {
+      if (!nt.has_shm()) {
+        all_in_shm = false;
+        auto t = HostTensor::FromProto(nt.tensor());
+        if (!t.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("Run: output '", nt.name(), "' is malformed: ", t.status().message()));
+        }
+        output_bytes += Align64(t->num_bytes());
+        out.outputs.emplace_back(nt.name(), std::move(*t));
+        continue;
+      }
+      const v1::SharedMemoryRef& ref = nt.shm();
+      auto t = HostTensor::CreateUninitialized(nt.tensor().dtype(),
+                                               Dims(nt.tensor().dims().begin(), nt.tensor().dims().end()));
+      if (!t.ok() || ref.region_id() != region->id() || ref.offset() < 0 ||
+          ref.bytes() != t->num_bytes() || ref.offset() > region->bytes() - ref.bytes()) {
+        return absl::DataLossError(absl::StrCat("Run: output '", nt.name(),
+                                                "' names shared memory this call did not give"));
+      }
+      if (ref.bytes() > 0) std::memcpy(t->data(), region->data() + ref.offset(), ref.bytes());
+      output_bytes += Align64(ref.bytes());
+      out.outputs.emplace_back(nt.name(), std::move(*t));
+    }
+    if (resp.has_report()) out.report = std::move(*resp.mutable_report());
+    out.request_id = resp.request_id();
+    result = std::move(out);
+    absl::MutexLock lock(&shm_->mu);
+    if (!all_in_shm) shm_->output_bytes_hint = std::max(shm_->output_bytes_hint, output_bytes);
+  }
+  absl::MutexLock lock(&shm_->mu);
+  if (shm_->connection == connection) {
+    shm_->idle.push_back(std::move(region));
+    if (shm_->idle.size() > Shm::kMaxIdle) shm_->idle.erase(shm_->idle.begin());
+  }
+  return result;
+}
+
 // Tensor data crosses the client once each way: copied from the caller's
 // buffers into gRPC's slices (no protobuf string in between), and from the
 // response's slices into the outputs' HostTensors (shaped from the tensor's
 // header, which protobuf writes before the data).
-absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req, const TensorMap& inputs,
-                                                const TensorMap& params) const {
+absl::StatusOr<Client::RunResult> Client::RunWithBytes(const v1::RunRequest& req,
+                                                       const TensorMap& inputs,
+                                                       const TensorMap& params) const {
   WirePieces pieces;
   pieces.Append(req.SerializeAsString());
   for (const auto& [field, tensors] : {std::pair{kRunRequestInputs, &inputs},

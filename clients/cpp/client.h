@@ -17,6 +17,7 @@
 #include <span>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,13 @@ struct ClientOptions {
   // the address's host (e.g. connecting by IP to a certificate for a DNS name).
   std::string tls_server_name;
 
+  // Tensors of Run go through shared memory when kilnd is on this host (the
+  // address is loopback or a Unix socket, and kilnd's shared-memory socket
+  // is reachable: kiln/v1/shm.proto, docs/clients.md "Shared memory"), and
+  // as bytes in the messages otherwise or when this is false. The
+  // environment variable KILN_SHM=0 turns it off for every client.
+  bool shared_memory = true;
+
   // Options from the environment: KILN_API_KEY, KILN_TLS (1/true/yes),
   // KILN_CA, KILN_CERT, KILN_KEY, KILN_TLS_SERVER_NAME. Unset variables leave
   // the defaults.
@@ -85,6 +93,7 @@ struct ClientRunResult {
   NamedTensors outputs;       // the graph's output order
   v1::DispatchReport report;  // filled when RunOptions::report
   std::string request_id;
+  bool shared_memory = false;  // the tensors went through shared memory
 
   // The output called `name`, or nullptr.
   const HostTensor* output(const std::string& name) const;
@@ -112,6 +121,7 @@ class Client {
   // is an error naming it.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& addr,
                                                         const ClientOptions& options = {});
+  ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
@@ -183,16 +193,26 @@ class Client {
 
  private:
   Client(std::string addr, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
-  // Sends `request` (no inputs or params of its own) with `inputs` and
-  // `params` serialized straight from their buffers (base/tensor_wire.h).
+  // Runs `request` (no inputs or params of its own) with `inputs` and
+  // `params`: the inputs through shared memory when it is on and works, else
+  // everything as bytes serialized straight from the buffers
+  // (base/tensor_wire.h).
   absl::StatusOr<RunResult> DoRun(const v1::RunRequest& request, const TensorMap& inputs,
                                   const TensorMap& params) const;
+  absl::StatusOr<RunResult> RunWithBytes(const v1::RunRequest& request, const TensorMap& inputs,
+                                         const TensorMap& params) const;
+  // Nullopt when shared memory is not used for this call.
+  std::optional<absl::StatusOr<RunResult>> RunWithShm(v1::RunRequest& request,
+                                                      const TensorMap& inputs) const;
 
   const std::string addr_;
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Kiln::Stub> stub_;
   const std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  // Shared memory with a local kilnd (client.cc); null when off.
+  struct Shm;
+  const std::unique_ptr<Shm> shm_;
 };
 
 // gRPC status -> absl::Status with the same code and message.

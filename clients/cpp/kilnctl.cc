@@ -48,6 +48,7 @@ struct GlobalFlags {
   std::string ca, cert, key, tls_server_name;
   double timeout_s = 0;
   bool progress = false;
+  bool no_shm = false;
 };
 
 struct RunFlags {
@@ -88,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const GlobalFlags& g) {
   options.cert_file = g.cert;
   options.key_file = g.key;
   options.tls_server_name = g.tls_server_name;
+  options.shared_memory = !g.no_shm;
   if (g.timeout_s > 0) options.timeout = absl::Seconds(g.timeout_s);
   return Client::Create(g.addr, options);
 }
@@ -432,6 +434,9 @@ int Main(int argc, char** argv) {
       ->envname("KILN_TLS_SERVER_NAME");
   app.add_option("--timeout", g.timeout_s, "per-call deadline in seconds (0 = none)");
   app.add_flag("--progress", g.progress, "draw progress on stderr even when it is not a terminal");
+  app.add_flag("--no-shm", g.no_shm,
+               "send tensors as bytes even to a kilnd on this host (default: shared memory when "
+               "it can; KILN_SHM=0 does the same)");
 
   app.add_subcommand("devices", "list the server's devices");
   std::string health_service;

@@ -23,6 +23,7 @@ PROTOS = [
     "kiln/v1/train.proto",
     "kiln/v1/service.proto",
     "kiln/v1/config.proto",
+    "kiln/v1/shm.proto",
     "grpc/health/v1/health.proto",
 ]
 

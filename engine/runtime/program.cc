@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -50,6 +52,35 @@ absl::StatusOr<const void*> AlignedInput(const TensorRef& t, const backend::Devi
   std::memcpy(copy.data(), t.data, static_cast<size_t>(t.bytes));
   copies.push_back(std::move(copy));
   return copies.back().data();
+}
+
+// RunOptions::output_destinations by output index (null: none), checked
+// against the outputs' names and sizes.
+absl::StatusOr<std::vector<const RunOptions::OutputDestination*>> OutputDestinations(
+    const v1::Executable& lir_, const RunOptions& options) {
+  std::vector<const RunOptions::OutputDestination*> by_output(lir_.outputs_size(), nullptr);
+  for (const RunOptions::OutputDestination& d : options.output_destinations) {
+    int o = 0;
+    while (o < lir_.outputs_size() && lir_.outputs(o).name() != d.name) ++o;
+    if (o == lir_.outputs_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an output destination names \"", d.name, "\", not an output of the graph"));
+    }
+    if (by_output[o] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output \"", d.name, "\" has two destinations"));
+    }
+    const v1::TensorType& type = lir_.slots(lir_.outputs(o).slot()).type();
+    const std::optional<int64_t> bytes = BytesFor(
+        type.dtype(), CheckedNumElements(DimsOf(type)).value_or(-1));
+    if (!bytes || *bytes != d.bytes || (d.bytes > 0 && d.data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output \"", d.name, "\" is ", TypeString(type), " (", bytes.value_or(-1),
+          " bytes) but its destination has ", d.bytes, " bytes"));
+    }
+    by_output[o] = &d;
+  }
+  return by_output;
 }
 
 }  // namespace
@@ -594,12 +625,31 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   std::vector<HostTensor> realigned;  // copies of inputs not aligned for their device
   std::vector<backend::BufferView> views(lir_.slots_size());
   std::map<int, HostTensor> direct;  // slot -> the result tensor kernels write
+  KILN_ASSIGN_OR_RETURN(std::vector<const RunOptions::OutputDestination*> destination,
+                        OutputDestinations(lir_, options));
+  std::set<int> direct_to_destination;  // slots kernels write in the caller's memory
   for (int i = 0; i < lir_.slots_size(); ++i) {
     const v1::Slot& slot = lir_.slots(i);
     RunContext::DeviceState& s = devices_.at(slot.device());
     switch (slot.storage()) {
       case v1::SLOT_ARENA:
         if (direct_output_[i]) {
+          // A direct output is its slot's only output: kernels write it in
+          // its destination when that is aligned as arena memory is, and
+          // holds floats (the caller may write its memory during the run:
+          // an integer there could be an index a later kernel checks and
+          // then reads again; those are copied out at the end instead).
+          const RunOptions::OutputDestination* d = nullptr;
+          for (int o = 0; o < lir_.outputs_size(); ++o) {
+            if (lir_.outputs(o).slot() == i && destination[o] != nullptr) d = destination[o];
+          }
+          if (d != nullptr && IsFloat(slot.type().dtype()) &&
+              reinterpret_cast<uintptr_t>(d->data) % 64 == 0) {
+            external.push_back(std::make_unique<ExternalHostBuffer>(d->data, d->bytes));
+            views[i] = backend::BufferView{external.back().get(), 0, slot.bytes()};
+            direct_to_destination.insert(i);
+            break;
+          }
           KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::CreateUninitialized(
                                                   slot.type().dtype(), DimsOf(slot.type())));
           external.push_back(std::make_unique<ExternalHostBuffer>(t.data(), t.num_bytes()));
@@ -722,8 +772,22 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   }
 
   RunResult result;
-  for (const v1::LirNamedSlot& out : lir_.outputs()) {
+  if (!options.output_destinations.empty()) result.in_destination.assign(lir_.outputs_size(), false);
+  for (int o = 0; o < lir_.outputs_size(); ++o) {
+    const v1::LirNamedSlot& out = lir_.outputs(o);
     const v1::Slot& slot = lir_.slots(out.slot());
+    if (const RunOptions::OutputDestination* d = destination[o]; d != nullptr) {
+      result.in_destination[o] = true;
+      result.outputs.emplace_back(out.name(), HostTensor());
+      if (direct_to_destination.contains(out.slot()) || d->bytes == 0) continue;
+      RunContext::DeviceState& s = devices_.at(slot.device());
+      if (s.device->info().host_memory) {
+        std::memcpy(d->data, views[out.slot()].host(), d->bytes);
+      } else {
+        KILN_RETURN_IF_ERROR(s.device->CopyToHost(*s.stream, views[out.slot()], d->data));
+      }
+      continue;
+    }
     if (auto it = direct.find(out.slot()); it != direct.end()) {
       result.outputs.emplace_back(out.name(), std::move(it->second));
       continue;

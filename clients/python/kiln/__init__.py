@@ -19,6 +19,7 @@ See docs/clients.md.
 
 from ._dtypes import bf16_to_f32, dtype, dtype_name, f32_to_bf16, numpy_dtype
 from ._proto.kiln.v1 import graph_pb2, report_pb2, service_pb2, tensor_pb2
+from . import shm
 from .checkpoint import CheckpointError
 from .client import Client, KilnError, Session, TrainSession, connect, default_client
 from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, parse

@@ -11,11 +11,11 @@ import threading
 import grpc
 import numpy as np
 
-from . import _dtypes, _wire, checkpoint
+from . import _dtypes, _wire, checkpoint, shm
 from .graph import graph_source
 from .train import Transformed
 from ._proto.grpc.health.v1 import health_pb2, health_pb2_grpc
-from ._proto.kiln.v1 import report_pb2, service_pb2, service_pb2_grpc
+from ._proto.kiln.v1 import report_pb2, service_pb2, service_pb2_grpc, shm_pb2
 
 DEFAULT_ADDR = "127.0.0.1:7450"
 
@@ -134,11 +134,17 @@ class Client:
     roots); `cert` and `key` present a client certificate (mTLS), which may
     identify the tenant instead of an API key. `tls_server_name` (default
     $KILN_TLS_SERVER_NAME) is the name checked against the server's
-    certificate when it is not the address's host."""
+    certificate when it is not the address's host.
+
+    `shared_memory` (default True; $KILN_SHM=0 turns it off): run() passes
+    tensors through shared memory when kilnd is on this host (a loopback or
+    unix: address whose shared-memory socket is reachable; kiln.shm), and as
+    bytes otherwise."""
 
     def __init__(self, addr: str = None, api_key: str = None, timeout: float = None,
                  chunk_bytes: int = 1 << 20, tls: bool = None, ca: str = None,
-                 cert: str = None, key: str = None, tls_server_name: str = None):
+                 cert: str = None, key: str = None, tls_server_name: str = None,
+                 shared_memory: bool = True):
         self.addr = addr or os.environ.get("KILN_ADDR") or DEFAULT_ADDR
         api_key = api_key if api_key is not None else os.environ.get("KILN_API_KEY", "")
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -174,8 +180,17 @@ class Client:
         # Run with bytes in and out: the client encodes and decodes it itself.
         self._run_raw = self._channel.unary_unary("/kiln.v1.Kiln/Run")
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        env_off = os.environ.get("KILN_SHM", "").strip().lower() in ("0", "false", "no", "off")
+        self._shm = None
+        if shared_memory and not env_off and shm.is_local_target(self.addr):
+            self._shm = shm.ShmPool(lambda: self._call(
+                "ConnectSharedMemory", shm_pb2.ConnectSharedMemoryRequest()))
+        # Whether the last run() went through shared memory.
+        self.last_run_shared_memory = False
 
     def close(self):
+        if self._shm is not None:
+            self._shm.close()
         self._channel.close()
 
     def __enter__(self):
@@ -367,18 +382,27 @@ class Client:
         else:
             req.graph.CopyFrom(graph_source(graph))
             req.options.device = device
-        # Tensors straight from the arrays into the request bytes, and outputs
-        # as read-only views of the response bytes (kiln/_wire.py).
-        raw = _wire.run_request(req, inputs, params)
-        try:
-            buf = self._run_raw(raw, metadata=self._metadata, timeout=self._timeout)
-        except grpc.RpcError as e:
-            raise KilnError(e.code(), e.details() or "", "Run") from None
-        try:
-            outputs, resp = _wire.run_response(buf)
-        except ValueError as e:
-            raise KilnError(grpc.StatusCode.DATA_LOSS, f"the response is malformed: {e}",
-                            "Run") from None
+        resp, outputs = None, None
+        if self._shm is not None:
+            # Inputs through shared memory (params stay in the message).
+            with_params = service_pb2.RunRequest()
+            with_params.CopyFrom(req)
+            _named(params, with_params.params)
+            resp, outputs = self._run_shm(with_params, inputs or {})
+        self.last_run_shared_memory = resp is not None
+        if resp is None:
+            # Tensors straight from the arrays into the request bytes, and outputs
+            # as read-only views of the response bytes (kiln/_wire.py).
+            raw = _wire.run_request(req, inputs, params)
+            try:
+                buf = self._run_raw(raw, metadata=self._metadata, timeout=self._timeout)
+            except grpc.RpcError as e:
+                raise KilnError(e.code(), e.details() or "", "Run") from None
+            try:
+                outputs, resp = _wire.run_response(buf)
+            except ValueError as e:
+                raise KilnError(grpc.StatusCode.DATA_LOSS, f"the response is malformed: {e}",
+                                "Run") from None
         if report:
             r = report_pb2.DispatchReport()
             r.CopyFrom(resp.report)
@@ -386,6 +410,39 @@ class Client:
                 r.request_id = resp.request_id
             return outputs, r
         return outputs
+
+    def _run_shm(self, req, inputs):
+        """(response, outputs) through shared memory, or (None, None) when it
+        is not possible this time (the caller sends bytes)."""
+        arrays = {name: np.asarray(v) for name, v in inputs.items()}
+        got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
+        if got is None:
+            return None, None
+        conn, region = got
+        shm_req = service_pb2.RunRequest()
+        shm_req.CopyFrom(req)
+        try:
+            shm.fill_request(shm_req, region, arrays)
+            resp = self._call("Run", shm_req)
+        except KilnError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
+                # kilnd lost the region (restarted, connection dropped):
+                # nothing ran; bytes this time, a new connection next time.
+                region.close(unregister=False)
+                self._shm.reset(conn)
+                return None, None
+            self._shm.release(conn, region)
+            raise
+        except BaseException:
+            self._shm.release(conn, region)
+            raise
+        try:
+            outputs, missed = shm.read_outputs(resp, region)
+        finally:
+            self._shm.release(conn, region, 0)
+        if missed:
+            self._shm.release_hint(missed)
+        return resp, outputs
 
     # -- the model repository ---------------------------------------------
     def models(self, name: str = "") -> list:

@@ -1,0 +1,127 @@
+"""kiln.shm and Client(shared_memory=...) against a real kilnd (ctest label
+`clients`): outputs through shared memory equal the bytes path's, misuse
+gets kilnd's clear status, and a client that goes away leaves no region.
+
+Run by ctest with /usr/bin/python3, PYTHONPATH at the generated package and
+KILND at the built binary.
+"""
+
+import os
+import sys
+import unittest
+
+import numpy as np
+
+import kiln
+from kiln import shm
+from kiln._proto.kiln.v1 import service_pb2, shm_pb2
+
+sys.path.insert(0, os.path.dirname(__file__))
+from python_client_test import Kilnd  # noqa: E402
+
+TWO_OUTPUTS = "graph \"two\"\ninput x: f32[n]\nlet y = x * 2\nlet z = x + 1\nout y\nout z\n"
+INTS = "graph \"ints\"\ninput i: i32[4]\nlet j = i + i\nout j\n"
+
+
+def setUpModule():
+    global KILND_PROC, CACHE
+    import tempfile
+    CACHE = tempfile.mkdtemp(prefix="kiln_py_shm_cache.")
+    KILND_PROC = Kilnd(CACHE)
+
+
+def tearDownModule():
+    KILND_PROC.stop()
+
+
+class ShmTest(unittest.TestCase):
+    def test_outputs_through_shared_memory_equal_bytes(self):
+        x = np.linspace(-3, 3, 250000, dtype=np.float32)
+        with kiln.Client(KILND_PROC.addr) as c, kiln.Client(KILND_PROC.addr, shared_memory=False) as b:
+            for _ in range(3):
+                got = c.run(kiln.parse(TWO_OUTPUTS), {"x": x})
+                self.assertTrue(c.last_run_shared_memory)
+                np.testing.assert_array_equal(got["y"], x * 2)
+                np.testing.assert_array_equal(got["z"], x + 1)
+            want = b.run(kiln.parse(TWO_OUTPUTS), {"x": x})
+            self.assertFalse(b.last_run_shared_memory)
+            np.testing.assert_array_equal(got["y"], want["y"])
+            i = np.array([1, -2, 30, 400], dtype=np.int32)
+            np.testing.assert_array_equal(c.run(kiln.parse(INTS), {"i": i})["j"], 2 * i)
+            self.assertTrue(c.last_run_shared_memory)
+            # A session, too.
+            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            out = s.run({"x": x[:10]})
+            np.testing.assert_array_equal(out["z"], x[:10] + 1)
+
+    def test_env_turns_it_off(self):
+        os.environ["KILN_SHM"] = "0"
+        try:
+            with kiln.Client(KILND_PROC.addr) as c:
+                c.run(kiln.parse(TWO_OUTPUTS), {"x": np.ones(4, np.float32)})
+                self.assertFalse(c.last_run_shared_memory)
+        finally:
+            del os.environ["KILN_SHM"]
+
+    def test_misuse_gets_clear_statuses(self):
+        with kiln.Client(KILND_PROC.addr) as c:
+            conn = shm.ShmConnection(c._call("ConnectSharedMemory",
+                                              shm_pb2.ConnectSharedMemoryRequest()))
+            r = conn.create_region("py-misuse", 4096)
+            with self.assertRaises(shm.ShmError) as e:
+                conn.create_region("py-misuse", 4096)
+            self.assertEqual(e.exception.code, 6)  # ALREADY_EXISTS
+            # Out of bounds.
+            req = service_pb2.RunRequest()
+            req.graph.text = TWO_OUTPUTS
+            t = req.inputs.add(name="x")
+            t.tensor.dtype = kiln.dtype("f32")
+            t.tensor.dims.append(1000)
+            t.shm.region_id = "py-misuse"
+            t.shm.offset = 1024
+            t.shm.bytes = 4000
+            with self.assertRaises(kiln.KilnError) as e:
+                c._call("Run", req)
+            self.assertEqual(e.exception.code.name, "OUT_OF_RANGE")
+            self.assertIn("not inside shared-memory region", e.exception.message)
+            # A region unknown to the tenant.
+            t.shm.region_id = "nobody"
+            t.shm.offset = 0
+            with self.assertRaises(kiln.KilnError) as e:
+                c._call("Run", req)
+            self.assertEqual(e.exception.code.name, "NOT_FOUND")
+            r.close()
+            conn.close()
+
+    def test_region_dropped_with_its_connection(self):
+        with kiln.Client(KILND_PROC.addr) as c:
+            ticket = lambda: c._call("ConnectSharedMemory", shm_pb2.ConnectSharedMemoryRequest())
+            conn = shm.ShmConnection(ticket())
+            r = conn.create_region("py-gone", 4096)
+            r.close(unregister=False)
+            conn.close()
+            # kilnd unregisters on close (asynchronously): the id is free again.
+            import time
+            deadline = time.monotonic() + 10
+            while True:
+                conn2 = shm.ShmConnection(ticket())
+                try:
+                    conn2.create_region("py-gone", 4096).close()
+                    conn2.close()
+                    break
+                except shm.ShmError as e:
+                    conn2.close()
+                    self.assertEqual(e.code, 6)
+                    self.assertLess(time.monotonic(), deadline)
+                    time.sleep(0.05)
+
+    def test_is_local_target(self):
+        for t in ("127.0.0.1:7450", "localhost:1", "unix:/run/kiln/kilnd.sock", "[::1]:7450",
+                  "ipv4:127.0.0.2:80", "dns:///localhost:7450"):
+            self.assertTrue(shm.is_local_target(t), t)
+        for t in ("10.0.0.1:7450", "example.com:443", "[2001:db8::1]:1"):
+            self.assertFalse(shm.is_local_target(t), t)
+
+
+if __name__ == "__main__":
+    unittest.main()
