@@ -54,7 +54,8 @@ absl::StatusOr<HostTensor> ParamSetImpl::Read(const std::string& name) const {
   const Entry* e = Find(name);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
   absl::ReaderMutexLock step(&step_mu_);
-  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(e->dtype, e->dims));
+  // Every byte is copied from the device below: no zero-fill pass first.
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::CreateUninitialized(e->dtype, e->dims));
   KILN_ASSIGN_OR_RETURN(auto stream, home_.CreateStream());
   if (e->bytes > 0) {
     KILN_RETURN_IF_ERROR(home_.CopyToHost(
