@@ -340,6 +340,7 @@ const ConverterTable& Converters() {
     RegisterTensorOps(*t);
     RegisterNnOps(*t);
     RegisterControlFlow(*t);
+    RegisterRecurrent(*t);
     return t;
   }();
   return *table;

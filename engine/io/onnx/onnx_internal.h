@@ -59,6 +59,7 @@ void RegisterElementwise(ConverterTable& table);
 void RegisterTensorOps(ConverterTable& table);
 void RegisterNnOps(ConverterTable& table);
 void RegisterControlFlow(ConverterTable& table);  // If, Loop, Scan (onnx_ops_control.cc)
+void RegisterRecurrent(ConverterTable& table);    // LSTM, GRU (onnx_ops_rnn.cc)
 // Folds `c`'s node at import when its inputs are known; false when it cannot
 // (the node is then converted to Kiln ops).
 absl::StatusOr<bool> TryFold(Importer& c);

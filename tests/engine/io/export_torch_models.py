@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Exports the PyTorch models kiln_onnx_test imports (an MLP, a CNN with
 BatchNorm, a CNN whose flatten is a Shape -> Gather -> Concat -> Reshape
-subgraph, and scripted control flow: a while loop with a data-dependent trip
+subgraph, an LSTM and a GRU, and scripted control flow: a while loop with a data-dependent trip
 count (ONNX Loop with an If in its body) and an if (ONNX If)) with torch.onnx.export, plus an input and PyTorch's output for each,
 as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 
@@ -62,6 +62,19 @@ class WhileLoop(nn.Module):
         return x
 
 
+class Recurrent(nn.Module):
+    """An LSTM or GRU layer (ONNX LSTM / GRU) and a linear head on its last step."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(8, 16, batch_first=True)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        y, _ = self.rnn(x)
+        return self.fc(y[:, -1])
+
+
 class IfBranch(nn.Module):
     def forward(self, x):
         if bool(x.sum() > 0):
@@ -120,6 +133,8 @@ def main():
         m = Cnn(view)
         randomize_bn(m, gen)
         save(out, name, m, torch.randn(3, 3, 16, 16, generator=gen), opset)
+    save(out, "lstm", Recurrent(nn.LSTM), torch.randn(3, 5, 8, generator=gen), 14)
+    save(out, "gru", Recurrent(nn.GRU), torch.randn(3, 5, 8, generator=gen), 14)
     save_scripted(out, "while_small", WhileLoop(), torch.randn(2, 3, generator=gen) * 0.1, 13)
     save_scripted(out, "while_large", WhileLoop(), torch.randn(2, 3, generator=gen) * 100.0, 13)
     save_scripted(out, "if_pos", IfBranch(), torch.rand(2, 3, generator=gen) + 0.1, 13)

@@ -780,3 +780,66 @@ TEST(OnnxImportHostile, UnsupportedNodeInsideASubgraphIsNamed) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// LSTM direction=reverse over X equals direction=forward over X reversed in
+// time (the node tests cover forward only): Y_h alike, Y[t] = Y_fwd[T-1-t].
+TEST(OnnxImport, ReverseLstmIsForwardOverReversedTime) {
+  constexpr int64_t kT = 4, kB = 2, kIn = 3, kH = 5;
+  auto model = [&](const std::string& direction) {
+    Model m(14);
+    m.Input("X", {kT, kB, kIn});
+    std::vector<float> w(4 * kH * kIn), r(4 * kH * kH), b(8 * kH);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.3f * std::sin(0.7f * i);
+    for (size_t i = 0; i < r.size(); ++i) r[i] = 0.2f * std::cos(1.3f * i);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * std::sin(2.1f * i);
+    m.Init("W", {1, 4 * kH, kIn}, w);
+    m.Init("R", {1, 4 * kH, kH}, r);
+    m.Init("B", {1, 8 * kH}, b);
+    auto* n = m.Node("LSTM", {"X", "W", "R", "B"}, {"Y", "Y_h", "Y_c"}, "lstm");
+    auto* hs = n->add_attribute();
+    hs->set_name("hidden_size");
+    hs->set_type(onnx::AttributeProto::INT);
+    hs->set_i(kH);
+    auto* d = n->add_attribute();
+    d->set_name("direction");
+    d->set_type(onnx::AttributeProto::STRING);
+    d->set_s(direction);
+    m.Output("Y");
+    m.Output("Y_h");
+    return m;
+  };
+  auto fwd = Import(model("forward"));
+  auto rev = Import(model("reverse"));
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  ASSERT_TRUE(rev.ok()) << rev.status();
+  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
+  HostTensor xr = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
+  const int64_t step = kB * kIn;
+  for (int64_t i = 0; i < kT * step; ++i) x.SetFromDouble(i, std::sin(0.37 * i));
+  for (int64_t t = 0; t < kT; ++t) {
+    for (int64_t k = 0; k < step; ++k) xr.SetFromDouble(t * step + k, x.GetAsDouble((kT - 1 - t) * step + k));
+  }
+  auto engine = MakeEngine();
+  auto a = engine->RunGraph(rev->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  auto f = engine->RunGraph(fwd->graph, std::vector<TensorRef>{TensorRef::Of("X", xr)}, nullptr, {}, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(f.ok()) << f.status();
+  const HostTensor& ya = a->outputs[0].second;
+  const HostTensor& yf = f->outputs[0].second;
+  ASSERT_EQ(ya.dims(), (Dims{kT, 1, kB, kH}));
+  const int64_t ystep = kB * kH;
+  for (int64_t t = 0; t < kT; ++t) {
+    for (int64_t k = 0; k < ystep; ++k) {
+      EXPECT_NEAR(ya.GetAsDouble(t * ystep + k), yf.GetAsDouble((kT - 1 - t) * ystep + k), 1e-5) << t;
+    }
+  }
+  for (int64_t k = 0; k < ystep; ++k) {
+    EXPECT_NEAR(a->outputs[1].second.GetAsDouble(k), f->outputs[1].second.GetAsDouble(k), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -100,6 +100,9 @@ TEST_F(OnnxTorchTest, CnnWithBatchNormPinnedBatch) { CheckModel("cnn", true); }
 // solved with the batch symbolic, and folded outright when it is pinned.
 TEST_F(OnnxTorchTest, CnnViewFlattenSymbolicBatch) { CheckModel("cnn_view", false); }
 TEST_F(OnnxTorchTest, CnnViewFlattenPinnedBatch) { CheckModel("cnn_view", true); }
+// nn.LSTM / nn.GRU (batch_first) onto a Scan of the recurrent step.
+TEST_F(OnnxTorchTest, LstmPinnedBatch) { CheckModel("lstm", true); }
+TEST_F(OnnxTorchTest, GruPinnedBatch) { CheckModel("gru", true); }
 // Scripted control flow: ONNX Loop (a data-dependent trip count, an If in its
 // body reading the body's values and the outer graph's) onto While, and If.
 // Each model is exported once per input: the x the loop must grow for many

@@ -1,0 +1,298 @@
+// ONNX LSTM and GRU, decomposed onto a Kiln Scan over time: the input
+// projection X W^T (+ biases) is one MatMul over every step before the scan;
+// the body does the recurrent MatMul and the gates. Forward and reverse
+// directions, both layouts, initial states, LSTM peepholes and GRU's
+// linear_before_reset; the default activations only. Bidirectional,
+// sequence_lens shorter than the sequence, clip and custom activations are
+// UNIMPLEMENTED with the reason.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "engine/io/onnx/onnx_internal.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // see onnx_ops_control.cc
+#endif
+
+namespace kiln::io::onnx_internal {
+namespace {
+
+// Builds the scan body: nodes added to `g`, each inferred at once.
+class Body {
+ public:
+  Body(ir::Graph& g, const Importer& c) : g_(g), c_(c) {}
+
+  absl::StatusOr<ValueRef> Input(const std::string& name, const TensorType& t) {
+    auto n = std::make_unique<ir::Node>();
+    n->op = v1::OP_INPUT;
+    n->name = name;
+    n->attrs.mutable_input();
+    n->outputs.push_back(t);
+    KILN_RETURN_IF_ERROR(ir::InferNode(g_, *n, c_.options().limits));
+    return g_.AddNode(std::move(n))->out();
+  }
+  absl::StatusOr<ValueRef> Unary(v1::UnaryKind k, ValueRef x) {
+    v1::Attrs a;
+    a.mutable_unary()->set_kind(k);
+    return EmitIn(g_, c_, v1::OP_UNARY, {x}, a);
+  }
+  absl::StatusOr<ValueRef> Binary(v1::BinaryKind k, ValueRef x, ValueRef y) {
+    v1::Attrs a;
+    a.mutable_binary()->set_kind(k);
+    return EmitIn(g_, c_, v1::OP_BINARY, {x, y}, a);
+  }
+  absl::StatusOr<ValueRef> MatMulT(ValueRef x, ValueRef w) {  // x @ w^T
+    v1::Attrs a;
+    a.mutable_matmul()->set_transpose_b(true);
+    return EmitIn(g_, c_, v1::OP_MATMUL, {x, w}, a);
+  }
+  // x[..., k*h : (k+1)*h] along `axis`.
+  absl::StatusOr<ValueRef> Part(ValueRef x, int64_t axis, int64_t k, int64_t h) {
+    v1::Attrs a;
+    a.mutable_slice()->add_start(k * h);
+    a.mutable_slice()->add_stop((k + 1) * h);
+    a.mutable_slice()->add_axes(axis);
+    return EmitIn(g_, c_, v1::OP_SLICE, {x}, a);
+  }
+  absl::StatusOr<ValueRef> One(DType dt) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dt, {}));
+    t.SetFromDouble(0, 1.0);
+    auto n = std::make_unique<ir::Node>();
+    n->op = v1::OP_CONSTANT;
+    n->attrs.mutable_constant();
+    n->value = std::make_shared<const HostTensor>(std::move(t));
+    KILN_RETURN_IF_ERROR(ir::InferNode(g_, *n, c_.options().limits));
+    return g_.AddNode(std::move(n))->out();
+  }
+
+ private:
+  ir::Graph& g_;
+  const Importer& c_;
+};
+
+absl::StatusOr<ValueRef> Slice1(Importer& c, ValueRef x, int64_t axis, int64_t start, int64_t stop) {
+  v1::Attrs a;
+  a.mutable_slice()->add_start(start);
+  a.mutable_slice()->add_stop(stop);
+  a.mutable_slice()->add_axes(axis);
+  return c.Emit(v1::OP_SLICE, {x}, a);
+}
+
+absl::StatusOr<ValueRef> Zeros(Importer& c, DType dt, const IrDims& dims) {
+  KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dt, Dims(dims.begin(), dims.end())));
+  return c.Constant(std::move(t));
+}
+
+absl::StatusOr<ValueRef> Perm(Importer& c, ValueRef x, std::vector<int64_t> perm) {
+  v1::Attrs a;
+  for (int64_t p : perm) a.mutable_transpose()->add_perm(p);
+  return c.Emit(v1::OP_TRANSPOSE, {x}, a);
+}
+
+absl::Status Recurrent(Importer& c, bool lstm) {
+  const int gates = lstm ? 4 : 3;
+  const std::string direction = c.AttrString("direction", "forward");
+  if (direction == "bidirectional") return c.Unsupported("bidirectional (one direction per node only)");
+  if (direction != "forward" && direction != "reverse") return c.Invalid("unknown direction " + direction);
+  if (c.Attr("activations") != nullptr) return c.Unsupported("custom activations (the defaults only)");
+  if (c.Attr("clip") != nullptr) return c.Unsupported("clip");
+  if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
+  const int64_t layout = c.AttrInt("layout", 0);
+  const bool lbr = !lstm && c.AttrInt("linear_before_reset", 0) != 0;
+  for (int i : {0, 1, 2}) KILN_RETURN_IF_ERROR(c.Need(i));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  if (c.rank(0) != 3 || c.rank(1) != 3 || c.rank(2) != 3) return c.Invalid("X, W and R must be rank 3");
+  if (!IsFloat(c.dtype(0))) return c.Invalid("X must be float");
+  const DType dt = c.dtype(0);
+  if (layout == 1) {  // to [seq, batch, in]
+    KILN_ASSIGN_OR_RETURN(x, Perm(c, x, {1, 0, 2}));
+  }
+  const IrDims xd = c.TypeOf(x).dims;
+  const int64_t seq = xd[0], batch = xd[1];
+  const IrDims rd = c.type(2).dims;
+  const int64_t h = c.AttrInt("hidden_size", rd[2]);
+  if (seq < 0 || batch < 0 || h <= 0 || rd[2] != h || rd[1] != gates * h || rd[0] != 1) {
+    return c.Unsupported("the sequence length, batch and hidden size must be known at import, one direction");
+  }
+  if (c.has(4)) {
+    const HostTensor* lens = c.Const(4);
+    if (lens == nullptr) return c.Unsupported("sequence_lens must be known at import");
+    for (int64_t i = 0; i < lens->num_elements(); ++i) {
+      if (GetInt(*lens, i) != seq) return c.Unsupported("sequence_lens shorter than the sequence");
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(ValueRef w, c.Ref(1));
+  KILN_ASSIGN_OR_RETURN(w, c.Reshape(w, {gates * h, c.type(1).dims[2]}));
+  KILN_ASSIGN_OR_RETURN(ValueRef r, c.Ref(2));
+  KILN_ASSIGN_OR_RETURN(r, c.Reshape(r, {gates * h, h}));
+  // The input projection of every step at once: [seq, batch, G*H].
+  v1::Attrs mm;
+  mm.mutable_matmul()->set_transpose_b(true);
+  KILN_ASSIGN_OR_RETURN(ValueRef xw, c.Emit(v1::OP_MATMUL, {x, w}, mm));
+  ValueRef rb;
+  if (c.has(3)) {
+    KILN_ASSIGN_OR_RETURN(ValueRef b, c.Ref(3));
+    KILN_ASSIGN_OR_RETURN(b, c.Reshape(b, {2 * gates * h}));
+    KILN_ASSIGN_OR_RETURN(ValueRef wb, Slice1(c, b, 0, 0, gates * h));
+    KILN_ASSIGN_OR_RETURN(rb, Slice1(c, b, 0, gates * h, 2 * gates * h));
+    KILN_ASSIGN_OR_RETURN(xw, c.Binary(v1::BINARY_ADD, xw, wb));
+    if (lstm) {
+      KILN_ASSIGN_OR_RETURN(xw, c.Binary(v1::BINARY_ADD, xw, rb));
+    }
+  } else {
+    KILN_ASSIGN_OR_RETURN(rb, Zeros(c, dt, {gates * h}));
+  }
+  auto state = [&](int input) -> absl::StatusOr<ValueRef> {
+    if (!c.has(input)) return Zeros(c, dt, {batch, h});
+    KILN_ASSIGN_OR_RETURN(ValueRef s, c.Ref(input));
+    if (layout == 1) {
+      KILN_ASSIGN_OR_RETURN(s, Perm(c, s, {1, 0, 2}));
+    }
+    return c.Reshape(s, {batch, h});
+  };
+  KILN_ASSIGN_OR_RETURN(ValueRef h0, state(5));
+  std::vector<ValueRef> carries = {h0};
+  if (lstm) {
+    KILN_ASSIGN_OR_RETURN(ValueRef c0, state(6));
+    carries.push_back(c0);
+  }
+  carries.push_back(r);
+  if (!lstm) carries.push_back(rb);
+  const bool peep = lstm && c.has(7);
+  if (peep) {
+    KILN_ASSIGN_OR_RETURN(ValueRef p, c.Ref(7));
+    KILN_ASSIGN_OR_RETURN(p, c.Reshape(p, {3 * h}));
+    carries.push_back(p);
+  }
+
+  // The body: carries (h, [c], R, [Rb], [P]), then xw_t [batch, G*H].
+  ir::Graph g;
+  g.set_name(lstm ? "lstm_step" : "gru_step");
+  Body bd(g, c);
+  std::vector<ValueRef> in;
+  for (size_t i = 0; i < carries.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(ValueRef v, bd.Input(absl::StrCat("s", i), c.TypeOf(carries[i])));
+    in.push_back(v);
+  }
+  const TensorType xt(dt, IrDims{batch, gates * h});
+  KILN_ASSIGN_OR_RETURN(ValueRef xw_t, bd.Input("x", xt));
+  const ValueRef hp = in[0];
+  std::vector<ir::GraphOutput> outs;
+  ValueRef h1;
+  if (lstm) {
+    const ValueRef cp = in[1], rr = in[2];
+    KILN_ASSIGN_OR_RETURN(ValueRef hr, bd.MatMulT(hp, rr));
+    KILN_ASSIGN_OR_RETURN(ValueRef gsum, bd.Binary(v1::BINARY_ADD, xw_t, hr));
+    KILN_ASSIGN_OR_RETURN(ValueRef gi, bd.Part(gsum, 1, 0, h));  // iofc
+    KILN_ASSIGN_OR_RETURN(ValueRef go, bd.Part(gsum, 1, 1, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef gf, bd.Part(gsum, 1, 2, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef gc, bd.Part(gsum, 1, 3, h));
+    ValueRef pi, po, pf;
+    if (peep) {
+      KILN_ASSIGN_OR_RETURN(pi, bd.Part(in[3], 0, 0, h));  // P = [Pi, Po, Pf]
+      KILN_ASSIGN_OR_RETURN(po, bd.Part(in[3], 0, 1, h));
+      KILN_ASSIGN_OR_RETURN(pf, bd.Part(in[3], 0, 2, h));
+      KILN_ASSIGN_OR_RETURN(ValueRef t, bd.Binary(v1::BINARY_MUL, pi, cp));
+      KILN_ASSIGN_OR_RETURN(gi, bd.Binary(v1::BINARY_ADD, gi, t));
+      KILN_ASSIGN_OR_RETURN(t, bd.Binary(v1::BINARY_MUL, pf, cp));
+      KILN_ASSIGN_OR_RETURN(gf, bd.Binary(v1::BINARY_ADD, gf, t));
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef i, bd.Unary(v1::UNARY_SIGMOID, gi));
+    KILN_ASSIGN_OR_RETURN(ValueRef f, bd.Unary(v1::UNARY_SIGMOID, gf));
+    KILN_ASSIGN_OR_RETURN(ValueRef cc, bd.Unary(v1::UNARY_TANH, gc));
+    KILN_ASSIGN_OR_RETURN(ValueRef fc, bd.Binary(v1::BINARY_MUL, f, cp));
+    KILN_ASSIGN_OR_RETURN(ValueRef ic, bd.Binary(v1::BINARY_MUL, i, cc));
+    KILN_ASSIGN_OR_RETURN(ValueRef c1, bd.Binary(v1::BINARY_ADD, fc, ic));
+    if (peep) {
+      KILN_ASSIGN_OR_RETURN(ValueRef t, bd.Binary(v1::BINARY_MUL, po, c1));
+      KILN_ASSIGN_OR_RETURN(go, bd.Binary(v1::BINARY_ADD, go, t));
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef o, bd.Unary(v1::UNARY_SIGMOID, go));
+    KILN_ASSIGN_OR_RETURN(ValueRef tc, bd.Unary(v1::UNARY_TANH, c1));
+    KILN_ASSIGN_OR_RETURN(h1, bd.Binary(v1::BINARY_MUL, o, tc));
+    outs = {{"h", h1}, {"c", c1}, {"r", rr}};
+    if (peep) outs.push_back({"p", in[3]});
+  } else {
+    const ValueRef rr = in[1], rbias = in[2];
+    KILN_ASSIGN_OR_RETURN(ValueRef rzr, bd.Part(rr, 0, 0, 2 * h));  // zrh: z and r rows
+    KILN_ASSIGN_OR_RETURN(ValueRef rh, bd.Part(rr, 0, 2, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef bzr, bd.Part(rbias, 0, 0, 2 * h));
+    KILN_ASSIGN_OR_RETURN(ValueRef bh, bd.Part(rbias, 0, 2, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef hzr, bd.MatMulT(hp, rzr));
+    KILN_ASSIGN_OR_RETURN(hzr, bd.Binary(v1::BINARY_ADD, hzr, bzr));
+    KILN_ASSIGN_OR_RETURN(ValueRef xzr, bd.Part(xw_t, 1, 0, 2 * h));
+    KILN_ASSIGN_OR_RETURN(ValueRef xh, bd.Part(xw_t, 1, 2, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef zr, bd.Binary(v1::BINARY_ADD, xzr, hzr));
+    KILN_ASSIGN_OR_RETURN(zr, bd.Unary(v1::UNARY_SIGMOID, zr));
+    KILN_ASSIGN_OR_RETURN(ValueRef z, bd.Part(zr, 1, 0, h));
+    KILN_ASSIGN_OR_RETURN(ValueRef rg, bd.Part(zr, 1, 1, h));
+    ValueRef hn;
+    if (lbr) {
+      KILN_ASSIGN_OR_RETURN(ValueRef t, bd.MatMulT(hp, rh));
+      KILN_ASSIGN_OR_RETURN(t, bd.Binary(v1::BINARY_ADD, t, bh));
+      KILN_ASSIGN_OR_RETURN(hn, bd.Binary(v1::BINARY_MUL, rg, t));
+    } else {
+      KILN_ASSIGN_OR_RETURN(ValueRef t, bd.Binary(v1::BINARY_MUL, rg, hp));
+      KILN_ASSIGN_OR_RETURN(t, bd.MatMulT(t, rh));
+      KILN_ASSIGN_OR_RETURN(hn, bd.Binary(v1::BINARY_ADD, t, bh));
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef n, bd.Binary(v1::BINARY_ADD, xh, hn));
+    KILN_ASSIGN_OR_RETURN(n, bd.Unary(v1::UNARY_TANH, n));
+    // h1 = n + z * (h - n) = (1 - z) * n + z * h
+    KILN_ASSIGN_OR_RETURN(ValueRef d, bd.Binary(v1::BINARY_SUB, hp, n));
+    KILN_ASSIGN_OR_RETURN(d, bd.Binary(v1::BINARY_MUL, z, d));
+    KILN_ASSIGN_OR_RETURN(h1, bd.Binary(v1::BINARY_ADD, n, d));
+    outs = {{"h", h1}, {"r", rr}, {"rb", rbias}};
+  }
+  outs.push_back({"y", h1});
+  g.outputs() = outs;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < carries.size(); ++i) order.push_back(absl::StrCat("s", i));
+  order.push_back("x");
+  KILN_ASSIGN_OR_RETURN(v1::Graph body, ExportSubgraph(g, order));
+
+  std::vector<ValueRef> operands = carries;
+  operands.push_back(xw);
+  v1::Attrs a;
+  auto* sa = a.mutable_scan();
+  *sa->mutable_body() = std::move(body);
+  sa->set_num_carries(static_cast<int>(carries.size()));
+  sa->set_length(seq);
+  sa->set_reverse(direction == "reverse");
+  KILN_ASSIGN_OR_RETURN(ValueRef s, c.Emit(v1::OP_SCAN, operands, a));
+  const ValueRef ys{s.node, static_cast<int>(carries.size())};  // [seq, batch, H]
+  // Y: [seq, 1, batch, H] (layout 1: [batch, seq, 1, H]); Y_h, Y_c: [1, batch, H]
+  // (layout 1: [batch, 1, H]).
+  if (c.wants(0)) {
+    ValueRef y = ys;
+    if (layout == 1) {
+      KILN_ASSIGN_OR_RETURN(y, Perm(c, y, {1, 0, 2}));
+      KILN_ASSIGN_OR_RETURN(y, c.Reshape(y, {batch, seq, 1, h}));
+    } else {
+      KILN_ASSIGN_OR_RETURN(y, c.Reshape(y, {seq, 1, batch, h}));
+    }
+    c.SetOutput(0, y);
+  }
+  for (int k : {1, 2}) {
+    if (!c.wants(k) || (k == 2 && !lstm)) continue;
+    KILN_ASSIGN_OR_RETURN(ValueRef st,
+                          c.Reshape(ValueRef{s.node, k - 1}, layout == 1 ? IrDims{batch, 1, h} : IrDims{1, batch, h}));
+    c.SetOutput(k, st);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LstmOp(Importer& c) { return Recurrent(c, true); }
+absl::Status GruOp(Importer& c) { return Recurrent(c, false); }
+
+}  // namespace
+
+void RegisterRecurrent(ConverterTable& table) {
+  table["LSTM"] = LstmOp;
+  table["GRU"] = GruOp;
+}
+
+}  // namespace kiln::io::onnx_internal
