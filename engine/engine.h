@@ -133,6 +133,10 @@ struct CompileOptions {
   // the compiler sets MatMulAttrs.allow_tf32 on them before lowering, so it
   // reaches each device's kernel spec. Part of the executable key.
   bool allow_tf32 = false;
+  // CUDA graphs (v1::CompileOptions.cuda_graphs; recorded in the LIR as
+  // Executable.cuda_graphs, read by the Program). Part of the executable key
+  // when not AUTO.
+  v1::CudaGraphs cuda_graphs = v1::CUDA_GRAPHS_AUTO;
   // Writes the text IR after every stage into this directory (also set by
   // the KILN_DUMP environment variable).
   std::string dump_dir;

@@ -69,6 +69,14 @@ namespace kiln::cuda {
   X(cuModuleUnload)                   \
   X(cuModuleGetFunction)              \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+  X(cuFuncSetAttribute)               \
+  X(cuStreamBeginCapture)             \
+  X(cuStreamEndCapture)               \
+  X(cuGraphInstantiateWithFlags)      \
+  X(cuGraphLaunch)                    \
+  X(cuGraphExecDestroy)               \
+  X(cuGraphDestroy)                   \
+  X(cuEventRecordWithFlags)           \
   X(cuLaunchKernel)
 
 #define KILN_NVRTC_FUNCTIONS(X) \

@@ -112,7 +112,7 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
       driver);
   info.memory_bytes = c.memory_bytes;
   info.host_memory = false;
-  info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16"};
+  info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16", "graphs"};
   if (c.cc_major >= 7) info.features.push_back("tensor_cores");
   // Nominal until the engine calibrates: FP32 lanes x clock, HBM bus x clock.
   const double lanes = c.cc_major >= 8 && !(c.cc_major == 8 && c.cc_minor == 0) ? 128 : 64;

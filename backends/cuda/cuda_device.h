@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "backends/capture.h"
 #include "backends/cuda/cuda_api.h"
 
 namespace kiln::cuda {
@@ -137,7 +138,7 @@ class CudaDevice final : public backend::Device {
 };
 
 // Device memory from the device's pool; freed (stream-ordered) when destroyed.
-class CudaBuffer final : public backend::Buffer {
+class CudaBuffer final : public backend::Buffer, public backend::CaptureBinding {
  public:
   CudaBuffer(CudaDevice* owner, CUdeviceptr ptr, int64_t size)
       : owner_(owner), ptr_(ptr), size_(size) {}
@@ -147,6 +148,8 @@ class CudaBuffer final : public backend::Buffer {
   CudaBuffer(const CudaBuffer&) = delete;
   CudaBuffer& operator=(const CudaBuffer&) = delete;
   int64_t size() const override { return size_; }
+  // The device address: what a captured CUDA graph bakes in.
+  uint64_t binding_id() const override { return ptr_; }
   const CudaDevice* owner() const { return owner_; }
   CUdeviceptr ptr() const { return ptr_; }
 

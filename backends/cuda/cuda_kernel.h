@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/capture.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_stream.h"
 #include "backends/cuda/nvrtc_compiler.h"
@@ -39,11 +40,14 @@ const CudaOpEntry* FindCudaOp(v1::OpKind op);
 // A kernel of one spec on one device. Launch checks the views against the
 // spec, resolves them to device addresses (0 for empty tensors) and calls
 // Enqueue unless every output is empty.
-class CudaKernel : public backend::Kernel {
+class CudaKernel : public backend::Kernel, public backend::CapturableKernel {
  public:
   CudaKernel(CudaDevice& device, const backend::KernelSpec& spec, std::string implementation)
       : device_(device), spec_(spec), implementation_(std::move(implementation)) {}
   std::string implementation() const override { return implementation_; }
+  // Launches are device work on the views alone (CUDA graphs capture them);
+  // kernels with per-launch host state (error slots, temporaries) say no.
+  bool capturable() const override { return true; }
   absl::Status Launch(backend::Stream& stream, std::span<const backend::BufferView> inputs,
                       std::span<const backend::BufferView> outputs) final;
 

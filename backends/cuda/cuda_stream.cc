@@ -71,6 +71,10 @@ absl::Status CudaStream::Note(absl::Status s) {
 
 absl::Status CudaStream::SynchronizeFor(absl::Duration timeout) {
   KILN_RETURN_IF_ERROR(failed_);
+  if (capturing_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_.info().id, ": a capturing stream cannot be synchronized"));
+  }
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
   const absl::Status s =
       device_.PollUntilDone([&] { return Driver().cuStreamQuery(stream_); }, timeout,
@@ -125,8 +129,65 @@ absl::StatusOr<std::unique_ptr<backend::Event>> CudaStream::Record() {
   KILN_RETURN_IF_ERROR(
       Note(device_.Check(Driver().cuEventCreate(&ev, CU_EVENT_DEFAULT), "cuEventCreate")));
   auto event = std::make_unique<CudaEvent>(device_, stream_, ev);
-  KILN_RETURN_IF_ERROR(Note(device_.Check(Driver().cuEventRecord(ev, stream_), "cuEventRecord")));
+  if (capturing_) {
+    KILN_RETURN_IF_ERROR(Note(device_.Check(
+        Driver().cuEventRecordWithFlags(ev, stream_, CU_EVENT_RECORD_EXTERNAL),
+        "cuEventRecordWithFlags(external)")));
+  } else {
+    KILN_RETURN_IF_ERROR(
+        Note(device_.Check(Driver().cuEventRecord(ev, stream_), "cuEventRecord")));
+  }
   return std::unique_ptr<backend::Event>(std::move(event));
+}
+
+absl::Status CudaStream::BeginCapture() {
+  KILN_RETURN_IF_ERROR(failed_);
+  if (capturing_) {
+    return absl::FailedPreconditionError(absl::StrCat(device_.info().id, ": already capturing"));
+  }
+  KILN_RETURN_IF_ERROR(Note(device_.Enter()));
+  KILN_RETURN_IF_ERROR(Note(device_.Check(
+      Driver().cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED),
+      "cuStreamBeginCapture")));
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<backend::CapturedWork>> CudaStream::EndCapture() {
+  if (!capturing_) {
+    return absl::FailedPreconditionError(absl::StrCat(device_.info().id, ": not capturing"));
+  }
+  capturing_ = false;
+  KILN_RETURN_IF_ERROR(Note(device_.Enter()));
+  const DriverApi& api = Driver();
+  CUgraph graph = nullptr;
+  KILN_RETURN_IF_ERROR(
+      Note(device_.Check(api.cuStreamEndCapture(stream_, &graph), "cuStreamEndCapture")));
+  CUgraphExec exec = nullptr;
+  const CUresult r = api.cuGraphInstantiateWithFlags(&exec, graph, 0);
+  api.cuGraphDestroy(graph);
+  KILN_RETURN_IF_ERROR(Note(device_.Check(r, "cuGraphInstantiateWithFlags")));
+  return std::unique_ptr<backend::CapturedWork>(std::make_unique<CudaGraph>(device_, this, exec));
+}
+
+CudaGraph::~CudaGraph() {
+  // An exec still running is freed by the driver when it completes.
+  if (device_.Enter().ok()) Driver().cuGraphExecDestroy(exec_);
+}
+
+absl::Status CudaGraph::Replay(backend::Stream& stream) {
+  KILN_ASSIGN_OR_RETURN(CudaStream * s, AsCudaStream(stream, device_));
+  if (s != stream_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(device_.info().id, ": a CUDA graph replays on the stream it was captured on"));
+  }
+  KILN_RETURN_IF_ERROR(s->failed());
+  if (s->capturing()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_.info().id, ": a graph cannot be replayed into a capture"));
+  }
+  KILN_RETURN_IF_ERROR(s->Note(device_.Enter()));
+  return s->Note(device_.Check(Driver().cuGraphLaunch(exec_, s->stream()), "cuGraphLaunch"));
 }
 
 absl::StatusOr<CudaStream::Staging*> CudaStream::AcquireStaging(int64_t bytes) {
@@ -201,6 +262,11 @@ absl::Status CudaStream::Download(CUdeviceptr src, void* dst, int64_t bytes) {
 
 absl::StatusOr<CUdeviceptr> CudaStream::Workspace(int64_t bytes) {
   if (bytes <= workspace_bytes_) return workspace_;
+  if (capturing_) {
+    // A graph would bake in a workspace this call frees.
+    return absl::FailedPreconditionError(absl::StrCat(
+        device_.info().id, ": a kernel needs a larger workspace while the stream captures"));
+  }
   const DriverApi& api = Driver();
   if (workspace_ != 0) {
     KILN_RETURN_IF_ERROR(
@@ -216,6 +282,10 @@ absl::StatusOr<CUdeviceptr> CudaStream::Workspace(int64_t bytes) {
 }
 
 absl::StatusOr<CUdeviceptr> CudaStream::AllocateTemporary(int64_t bytes) {
+  if (capturing_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_.info().id, ": temporaries cannot be captured"));
+  }
   CUdeviceptr p = 0;
   KILN_RETURN_IF_ERROR(Note(device_.Check(
       Driver().cuMemAllocFromPoolAsync(&p, static_cast<size_t>(bytes), device_.pool(), stream_),
@@ -233,6 +303,10 @@ void CudaStream::FreeTemporary(CUdeviceptr ptr) {
 namespace kiln::cuda {
 
 absl::StatusOr<CUdeviceptr> CudaStream::ReserveErrorSlot(ErrorDecoder decoder) {
+  if (capturing_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_.info().id, ": error slots cannot be captured"));
+  }
   const size_t k = decoders_.size();
   if (k / kSlotsPerBlock >= error_blocks_.size()) {
     const DriverApi& api = Driver();

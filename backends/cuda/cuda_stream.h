@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/capture.h"
 #include "backends/cuda/cuda_device.h"
 
 namespace kiln::cuda {
@@ -45,7 +46,23 @@ class CudaEvent final : public backend::Event {
   CUevent event_;
 };
 
-class CudaStream final : public backend::Stream {
+// An instantiated CUDA graph captured on one stream; replayed on it.
+class CudaGraph final : public backend::CapturedWork {
+ public:
+  CudaGraph(CudaDevice& device, const void* stream, CUgraphExec exec)
+      : device_(device), stream_(stream), exec_(exec) {}
+  ~CudaGraph() override;
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  absl::Status Replay(backend::Stream& stream) override;
+
+ private:
+  CudaDevice& device_;
+  const void* stream_;  // the CudaStream it was captured on
+  CUgraphExec exec_;
+};
+
+class CudaStream final : public backend::Stream, public backend::CapturingStream {
  public:
   static absl::StatusOr<std::unique_ptr<CudaStream>> Create(CudaDevice& device);
   ~CudaStream() override;  // waits (bounded) for the work in flight
@@ -56,6 +73,13 @@ class CudaStream final : public backend::Stream {
   absl::Status Wait(const backend::Event& event) override;
   absl::Status FlushWork() override { return failed_; }
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override;
+  // CUDA graphs: stream capture (relaxed mode, so other threads' runs on the
+  // device go on meanwhile); events recorded while capturing are external
+  // event-record nodes of the graph, so a replay records them again and
+  // their times are the replay's. EndCapture instantiates the graph.
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<backend::CapturedWork>> EndCapture() override;
+  bool capturing() const { return capturing_; }
 
   CudaDevice& device() const { return device_; }
   CUstream stream() const { return stream_; }
@@ -103,6 +127,7 @@ class CudaStream final : public backend::Stream {
   CudaDevice& device_;
   CUstream stream_;
   absl::Status failed_;
+  bool capturing_ = false;
   std::vector<std::unique_ptr<Staging>> staging_;
   std::vector<PendingDownload> downloads_;
   CUdeviceptr workspace_ = 0;

@@ -1,12 +1,19 @@
-// Attention (kernels/attention.cu): flash-style, one warp per query row with
-// an online softmax (no Sq x Sk buffer); every MaskKind, scale, softcap,
-// additive bias with broadcast, custom boolean masks, GQA/MQA; f32, f16 and
-// bf16 with head dims up to 256. Decoding (Sq = 1) is the same kernel: a
-// warp per (batch, head).
+// Attention: every MaskKind, scale, softcap, additive bias with broadcast,
+// custom boolean masks, GQA/MQA; f32, f16 and bf16 with head dims up to 256.
+// Three paths, chosen per shape at prepare (PlanAttentionPath):
+// - kiln:flash_attn_fwd_{f16,bf16} (kernels/flash_attention.cu): tensor
+//   cores (mma.sync m16n8k16), 64-row query tiles, for f16/bf16 with
+//   D == Dv in {64, 128};
+// - nvrtc:attention_decode_split_<dt> (kernels/attention.cu): few query
+//   rows over many keys (decoding, Sq <= 8 and Sk >= 256): split-K over the
+//   keys, a warp per (row, split) into f32 partials the kernel owns, then a
+//   combine kernel;
+// - nvrtc:attention_rows_<dt>: a warp per query row, everything else.
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "base/status.h"
 
@@ -21,6 +28,8 @@ static_assert(v1::MASK_CAUSAL == 1 && v1::MASK_PREFIX == 2 && v1::MASK_SLIDING_W
               "kernels/attention.cu numbers the mask kinds as graph.proto does");
 
 constexpr int64_t kMaxHeadDim = 256;
+constexpr int kFlashTile = 64;      // flash_attention.cu's BM and BN
+constexpr int kFlashThreads = 128;  // its 4 warps
 
 // attention.cu's parameter block (passed by value).
 struct AttnParams {
@@ -92,6 +101,54 @@ absl::StatusOr<AttnParams> PlanAttention(const KernelSpec& spec) {
   return p;
 }
 
+// flash_attention.cu's parameter block (D is the kernel's template).
+struct FlashParams {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0;
+  int64_t mask = 0, prefix = 0, window = 0, mask_per_query = 0;
+  int64_t bias_stride[4] = {};
+  float scale = 1, softcap = 0;
+};
+
+FlashParams ToFlash(const AttnParams& a) {
+  FlashParams f;
+  f.B = a.B, f.Hq = a.Hq, f.Hkv = a.Hkv, f.Sq = a.Sq, f.Sk = a.Sk;
+  f.mask = a.mask, f.prefix = a.prefix, f.window = a.window, f.mask_per_query = a.mask_per_query;
+  for (int i = 0; i < 4; ++i) f.bias_stride[i] = a.bias_stride[i];
+  f.scale = a.scale, f.softcap = a.softcap;
+  return f;
+}
+
+}  // namespace
+
+AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, int64_t Sk,
+                                int64_t D, int64_t Dv, const DeviceCaps& caps) {
+  AttentionPath path;
+  const int64_t rows = B * Hq * Sq;
+  if (rows > 0 && Sq <= 8 && Sk >= 256) {
+    // Enough warps to cover the device a few times over, each with at
+    // least 32 keys.
+    const int64_t target = int64_t{std::max(caps.sm_count, 1)} * 64;
+    const int64_t most = std::min<int64_t>(256, (Sk + 31) / 32);
+    path.kind = AttentionPath::kSplit;
+    path.splits = std::clamp<int64_t>((target + rows - 1) / rows, 1, most);
+    return path;
+  }
+  const bool half = dtype == v1::DTYPE_F16 || dtype == v1::DTYPE_BF16;
+  const int64_t tiles = (Sq + kFlashTile - 1) / kFlashTile;
+  if (half && D == Dv && (D == 64 || D == 128) && rows > 0 &&
+      FlashSharedBytes(D) <= caps.max_shared_per_block_optin &&
+      tiles <= caps.max_grid_x / std::max<int64_t>(B * Hq, 1)) {
+    path.kind = AttentionPath::kFlash;
+  }
+  return path;
+}
+
+int64_t FlashSharedBytes(int64_t head_dim) {
+  return int64_t{3} * kFlashTile * (head_dim + 8) * 2;
+}
+
+namespace {
+
 Claim SupportsAttention(const CudaDevice&, const KernelSpec& spec) {
   absl::StatusOr<AttnParams> p = PlanAttention(spec);
   if (!p.ok()) return Claim::No(absl::StrCat("cuda attention: ", p.status().message()));
@@ -104,38 +161,98 @@ Claim SupportsAttention(const CudaDevice&, const KernelSpec& spec) {
 
 class AttentionKernel final : public CudaKernel {
  public:
-  AttentionKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, AttnParams params,
-                  std::string impl)
-      : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), params_(params) {}
+  AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
+                  LoadedFunction fast, LoadedFunction combine, AttnParams params, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        path_(path),
+        rows_(std::move(rows)),
+        fast_(std::move(fast)),
+        combine_(std::move(combine)),
+        params_(params) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
                        std::span<const CUdeviceptr> out) override {
     CUdeviceptr q = in[0], k = in[1], v = in[2], extra = in.size() > 3 ? in[3] : 0, o = out[0];
     AttnParams p = params_;
-    void* args[] = {&q, &k, &v, &extra, &o, &p};
     constexpr unsigned kWarps = 4;
     const int64_t rows = p.B * p.Hq * p.Sq;
+    const bool aligned = ((q | k | v | o) & 15) == 0;
+    if (path_.kind == AttentionPath::kFlash && aligned) {
+      FlashParams f = ToFlash(p);
+      void* args[] = {&q, &k, &v, &extra, &o, &f};
+      const int64_t blocks = (p.Sq + kFlashTile - 1) / kFlashTile * p.B * p.Hq;
+      return LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, kFlashThreads,
+                          static_cast<unsigned>(FlashSharedBytes(p.D)), args);
+    }
+    if (path_.kind == AttentionPath::kSplit) {
+      int64_t splits = path_.splits;
+      if (partials_ == nullptr) {
+        // Owned by the kernel (a run context's kernels run one launch at a
+        // time), so the launch allocates nothing and a captured CUDA graph
+        // replays it as is.
+        KILN_ASSIGN_OR_RETURN(partials_,
+                              device_.Allocate(rows * splits * (2 + p.Dv) * int64_t{4}));
+      }
+      CUdeviceptr part = static_cast<CudaBuffer*>(partials_.get())->ptr();
+      void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
+      const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
+                                                 device_.caps().max_grid_x);
+      KILN_RETURN_IF_ERROR(LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1,
+                                        32 * kWarps, 0, args));
+      void* cargs[] = {&part, &o, &p, &splits};
+      const int64_t cblocks =
+          std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
+      return LaunchKernel(s, combine_.fn, static_cast<unsigned>(cblocks), 1, 1, 32 * kWarps, 0,
+                          cargs);
+    }
+    void* args[] = {&q, &k, &v, &extra, &o, &p};
     const int64_t blocks =
         std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
-    return LaunchKernel(s, fn_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args);
+    return LaunchKernel(s, rows_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args);
   }
 
  private:
-  LoadedFunction fn_;
+  const AttentionPath path_;
+  LoadedFunction rows_, fast_, combine_;
   AttnParams params_;
+  std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
 };
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                                                  const KernelSpec& spec,
                                                                  backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
-  const std::string dt = DTypeSuffix(spec.inputs[0].dtype);
-  KILN_ASSIGN_OR_RETURN(LoadedFunction fn,
+  const DType dtype = spec.inputs[0].dtype;
+  const std::string dt = DTypeSuffix(dtype);
+  const AttentionPath path = PlanAttentionPath(dtype, p.B, p.Hq, p.Sq, p.Sk, p.D, p.Dv, d.caps());
+  KILN_ASSIGN_OR_RETURN(LoadedFunction rows,
                         LoadFunction(d, "attention", KernelSource("attention.cu"),
                                      absl::StrCat("kiln_attention_", dt), context));
-  return std::unique_ptr<backend::Kernel>(std::make_unique<AttentionKernel>(
-      d, spec, std::move(fn), p, absl::StrCat("nvrtc:attention_rows_", dt)));
+  LoadedFunction fast, combine;
+  std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
+  if (path.kind == AttentionPath::kFlash) {
+    KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "flash_attention",
+                                             KernelSource("flash_attention.cu"),
+                                             absl::StrCat("kiln_flash_attn_fwd_", dt, "_d", p.D),
+                                             context));
+    KILN_RETURN_IF_ERROR(d.Enter());
+    KILN_RETURN_IF_ERROR(d.Check(
+        Driver().cuFuncSetAttribute(fast.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(FlashSharedBytes(p.D))),
+        "cuFuncSetAttribute"));
+    impl = absl::StrCat("kiln:flash_attn_fwd_", dt);
+  } else if (path.kind == AttentionPath::kSplit) {
+    KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "attention", KernelSource("attention.cu"),
+                                             absl::StrCat("kiln_attention_split_", dt), context));
+    KILN_ASSIGN_OR_RETURN(combine,
+                          LoadFunction(d, "attention", KernelSource("attention.cu"),
+                                       absl::StrCat("kiln_attention_combine_", dt), context));
+    impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
+  }
+  return std::unique_ptr<backend::Kernel>(
+      std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
+                                        std::move(combine), p, std::move(impl)));
 }
 
 const CudaOpRegistration kRegistration({

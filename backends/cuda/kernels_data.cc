@@ -316,6 +316,8 @@ class GatherKernel final : public CudaKernel {
         axis_size_(axis_size),
         inner_(inner) {}
 
+  bool capturable() const override { return false; }  // an error slot per launch
+
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
                        std::span<const CUdeviceptr> out) override {

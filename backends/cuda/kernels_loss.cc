@@ -115,6 +115,8 @@ class XentKernel final : public CudaKernel {
         sum_(std::move(sum)),
         plan_(plan) {}
 
+  bool capturable() const override { return false; }  // an error slot and temporaries per launch
+
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
                        std::span<const CUdeviceptr> out) override {
@@ -221,6 +223,8 @@ class MseKernel final : public CudaKernel {
         mse_(std::move(mse)),
         sum_(std::move(sum)),
         params_(params) {}
+
+  bool capturable() const override { return false; }  // temporaries per launch
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,

@@ -130,6 +130,11 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   auto& params = setup.params;
   CompileOptions copts;
   if (flags.contains("device")) copts.device = flags.at("device");
+  // --cuda_graphs auto|on|off (CompileOptions.cuda_graphs)
+  const std::string graphs = flags.contains("cuda_graphs") ? flags.at("cuda_graphs") : "auto";
+  copts.cuda_graphs = graphs == "on"    ? v1::CUDA_GRAPHS_ON
+                      : graphs == "off" ? v1::CUDA_GRAPHS_OFF
+                                        : v1::CUDA_GRAPHS_AUTO;
   auto compiled = engine->Compile(m.graph, copts, {{"x", x.dims()}});
   if (!params.ok() || !compiled.ok()) {
     std::fprintf(stderr, "setup failed\n");
@@ -154,11 +159,13 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   // Device time from the dispatch report: the kernels and copies alone,
   // without the host's input upload and output download around them.
   std::vector<double> busy;
+  std::string graph_state;
   for (int i = 0; i < 5; ++i) {
     RunOptions ro;
     ro.report = true;
     auto r = engine->Run(*compiled->executable, inputs, params->get(), ro);
     if (!r.ok()) return 1;
+    graph_state = r->report.cuda_graph();
     double us = 0;
     for (const auto& t : r->report.totals()) us += t.busy_micros();
     busy.push_back(us / 1000.0);
@@ -185,7 +192,8 @@ int Encoder(const std::map<std::string, std::string>& flags) {
                     {"device", compiled->executable->lir().placement().chosen()},
                     {"batch", batch}, {"seq", cfg.seq}, {"iters", iters},
                     {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
-                    {"device_busy_ms", Median(busy)},
+                    {"device_busy_ms", Median(busy)}, {"cuda_graphs", graphs},
+                    {"cuda_graph", graph_state},
                     {"min_ms", *std::min_element(ms.begin(), ms.end())}};
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,7 @@ struct RunFlags {
   std::string device = "auto";
   int priority = 0;
   bool allow_tf32 = false;
+  v1::CudaGraphs cuda_graphs = v1::CUDA_GRAPHS_AUTO;
 };
 
 struct CompileFlags {
@@ -73,6 +75,7 @@ struct CompileFlags {
   bool prefer_common_ir = false;
   bool no_fusion = false;
   bool allow_tf32 = false;
+  v1::CudaGraphs cuda_graphs = v1::CUDA_GRAPHS_AUTO;
 };
 
 struct ReportFlags {
@@ -278,6 +281,7 @@ absl::Status CmdCompile(const GlobalFlags& g, const CompileFlags& f) {
   options.set_prefer_common_ir(f.prefer_common_ir);
   options.set_disable_fusion(f.no_fusion);
   options.set_allow_tf32(f.allow_tf32);
+  options.set_cuda_graphs(f.cuda_graphs);
   KILN_ASSIGN_OR_RETURN(auto client, Connect(g));
   absl::StatusOr<v1::CompileResponse> resp;
   {
@@ -292,6 +296,16 @@ absl::Status CmdCompile(const GlobalFlags& g, const CompileFlags& f) {
   }
   std::printf("\n%s", FormatCompileReport(resp->report()).c_str());
   return absl::OkStatus();
+}
+
+// --cuda-graphs auto|on|off (CompileOptions.cuda_graphs).
+void AddCudaGraphsOption(CLI::App& app, v1::CudaGraphs& out) {
+  const std::map<std::string, v1::CudaGraphs> values = {
+      {"auto", v1::CUDA_GRAPHS_AUTO}, {"on", v1::CUDA_GRAPHS_ON}, {"off", v1::CUDA_GRAPHS_OFF}};
+  app.add_option("--cuda-graphs", out,
+                 "CUDA graphs on cuda devices: auto (launch-bound programs), on, off")
+      ->transform(CLI::CheckedTransformer(values, CLI::ignore_case))
+      ->default_str("auto");
 }
 
 absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
@@ -324,6 +338,7 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
   options.priority = f.priority;
   options.compile.set_device(f.device);
   options.compile.set_allow_tf32(f.allow_tf32);
+  options.compile.set_cuda_graphs(f.cuda_graphs);
 
   absl::StatusOr<Client::RunResult> result;
   if (params.empty() && !graph.has_model()) {
@@ -453,6 +468,7 @@ int Main(int argc, char** argv) {
   compile->add_flag("--no-fusion", cf.no_fusion, "disable fusion");
   compile->add_flag("--allow-tf32", cf.allow_tf32,
                     "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
+  AddCudaGraphsOption(*compile, cf.cuda_graphs);
 
   RunFlags rf;
   CLI::App* run = app.add_subcommand("run", "run a graph on .npy inputs");
@@ -470,6 +486,7 @@ int Main(int argc, char** argv) {
   run->add_option("--device", rf.device, "auto, or a device id (cpu:0)")->capture_default_str();
   run->add_flag("--allow-tf32", rf.allow_tf32,
                 "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
+  AddCudaGraphsOption(*run, rf.cuda_graphs);
   run->add_option("--priority", rf.priority, "higher runs first within the tenant");
 
   ReportFlags pf;

@@ -67,11 +67,14 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   v1::Graph canonical;
   ir::ExportGraph(graph, &canonical, {.strip_names = true, .with_constants = true});
   key.Add("graph", DeterministicBytes(canonical));
-  // ";tf32=1" only when on, so the keys of every f32-exact compile stay
+  // ";tf32=1" only when on and ";graphs=..." only when not AUTO, so the keys of every f32-exact compile stay
   // what they were.
   key.Add("options",
           absl::StrCat("device=", options.device, ";common_ir=", options.prefer_common_ir,
-                       ";fusion=", options.enable_fusion, options.allow_tf32 ? ";tf32=1" : ""));
+                       ";fusion=", options.enable_fusion, options.allow_tf32 ? ";tf32=1" : "",
+                       options.cuda_graphs == v1::CUDA_GRAPHS_ON    ? ";graphs=on"
+                       : options.cuda_graphs == v1::CUDA_GRAPHS_OFF ? ";graphs=off"
+                                                                    : ""));
   // Only a graph that asks for transforms gets the component, so the keys of
   // every other graph stay what they were.
   if (options.transforms.ByteSizeLong() > 0) {

@@ -73,6 +73,11 @@ absl::StatusOr<HirGraph> Pipeline::Hir(const v1::Graph& graph, const CompileOpti
     return absl::InvalidArgumentError(
         absl::StrCat("device \"", options.device, "\" does not exist; devices: ", ids));
   }
+  if (!v1::CudaGraphs_IsValid(options.cuda_graphs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compile option cuda_graphs has no value ", static_cast<int>(options.cuda_graphs),
+        " (CUDA_GRAPHS_AUTO = 0, CUDA_GRAPHS_ON = 1, CUDA_GRAPHS_OFF = 2)"));
+  }
   const CacheKey key = ExecutableKey(*hir.graph, options, devices_signature_);
   hir.key = key.Hex();
   hir.key_components = key.Components();
@@ -215,6 +220,8 @@ absl::StatusOr<v1::Executable> Pipeline::CompileToLir(std::unique_ptr<ir::Graph>
   KILN_ASSIGN_OR_RETURN(v1::Executable lir, Lower(*g, ctx, origins));
   lir.set_key(key);
   KILN_RETURN_IF_ERROR(CompileWhileSteps(lir, options));
+
+  lir.set_cuda_graphs(options.cuda_graphs);
   for (const v1::MemoryPlanSummary& m : ctx.memory) *report.add_memory() = m;
   for (const std::string& note : ctx.notes) report.add_notes(note);
   std::map<v1::Path, int> paths;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "backends/capture.h"
 #include "base/status.h"
 #include "engine/runtime/while_kernel.h"
 
@@ -112,7 +113,29 @@ class RunContext {
   std::vector<Packer> packers;
   std::map<std::string, uint64_t> generations;  // of its devices when it was made
   std::map<std::string, int64_t> bytes;         // its arena and staging, by device
+
+  // CUDA graphs (Program::graph_device_): runs so far; whether a capture
+  // failed (the context then launches kernel by kernel); the captured
+  // kernel steps with the bindings (buffer serial, offset per slot) they
+  // were captured with. Declared last: destroyed before the kernels.
+  struct Captured {
+    std::vector<std::pair<uint64_t, int64_t>> binding;
+    bool events = false;  // an event before and after each step
+    std::unique_ptr<backend::Event> origin;
+    std::vector<std::unique_ptr<backend::Event>> before, after;
+    std::unique_ptr<backend::CapturedWork> work;  // last: destroyed before its events
+  };
+  int64_t runs = 0;
+  bool graphs_failed = false;
+  std::unique_ptr<Captured> graph;
 };
+
+bool UseCapturedGraphs(v1::CudaGraphs mode, bool capturable, int kernels,
+                       double estimated_run_micros) {
+  if (mode == v1::CUDA_GRAPHS_OFF || !capturable || kernels <= 0) return false;
+  if (mode == v1::CUDA_GRAPHS_ON) return true;
+  return estimated_run_micros / kernels <= kLaunchBoundMicros;
+}
 
 Program::Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
                  std::shared_ptr<backend::KernelBinaryCache> binaries,
@@ -191,6 +214,23 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
   if (prepare_stats != nullptr) {
     prepare_stats->kernel_cache_hits += ctx.kernel_cache_hits;
     prepare_stats->kernel_cache_misses += ctx.kernel_cache_misses;
+  }
+  {
+    // CUDA graphs: every step a capturable kernel on one device that captures.
+    bool capturable = l.steps_size() > 0;
+    const std::string device = capturable ? l.steps(0).device() : "";
+    for (int i = 0; i < l.steps_size() && capturable; ++i) {
+      const auto* kernel = dynamic_cast<const backend::CapturableKernel*>(first->kernels[i].get());
+      capturable = l.steps(i).kind() == v1::STEP_KERNEL && l.steps(i).device() == device &&
+                   kernel != nullptr && kernel->capturable();
+    }
+    if (capturable) {
+      const auto& features = p->registry_->Find(device)->info().features;
+      capturable = std::find(features.begin(), features.end(), "graphs") != features.end();
+    }
+    if (UseCapturedGraphs(l.cuda_graphs(), capturable, l.steps_size(), p->estimated_run_micros_)) {
+      p->graph_device_ = device;
+    }
   }
   p->direct_output_.assign(l.slots_size(), false);
   {
@@ -466,6 +506,7 @@ void Program::ReleaseContext(std::unique_ptr<RunContext> context,
     for (int i = 0; i < lir_.steps_size(); ++i) {
       if (lir_.steps(i).device() == *faulted_device) (void)context->kernels[i].release();
     }
+    if (graph_device_ == *faulted_device) (void)context->graph.release();
     context.reset();
   }
   absl::MutexLock lock(&contexts_mu_);
@@ -484,6 +525,9 @@ Program::ContextStats Program::context_stats() const {
   s.idle = static_cast<int>(idle_contexts_.size());
   s.created = contexts_created_;
   s.discarded = contexts_discarded_;
+  s.graph_captures = graph_captures_.load();
+  s.graph_replays = graph_replays_.load();
+  s.graph_failures = graph_failures_.load();
   return s;
 }
 
@@ -615,6 +659,43 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   return result;
 }
 
+absl::Status Program::Capture(RunContext& context, backend::Stream& stream,
+                              backend::CapturingStream& capturing,
+                              const std::vector<backend::BufferView>& views, bool events) {
+  auto c = std::make_unique<RunContext::Captured>();
+  c->events = events;
+  KILN_RETURN_IF_ERROR(capturing.BeginCapture());
+  absl::Status launched = [&]() -> absl::Status {
+    if (events) {
+      KILN_ASSIGN_OR_RETURN(c->origin, stream.Record());
+      c->before.resize(lir_.steps_size());
+      c->after.resize(lir_.steps_size());
+    }
+    for (int i = 0; i < lir_.steps_size(); ++i) {
+      const v1::LirStep& step = lir_.steps(i);
+      std::vector<backend::BufferView> ins, outs;
+      for (int slot : step.inputs()) ins.push_back(views[slot]);
+      for (int slot : step.outputs()) outs.push_back(views[slot]);
+      if (events) {
+        KILN_ASSIGN_OR_RETURN(c->before[i], stream.Record());
+      }
+      KILN_RETURN_IF_ERROR(context.kernels[i]->Launch(stream, ins, outs))
+          << "while capturing " << step.kernel().name() << " on " << step.device();
+      if (events) {
+        KILN_ASSIGN_OR_RETURN(c->after[i], stream.Record());
+      }
+    }
+    return absl::OkStatus();
+  }();
+  absl::StatusOr<std::unique_ptr<backend::CapturedWork>> work = capturing.EndCapture();
+  KILN_RETURN_IF_ERROR(launched);
+  KILN_RETURN_IF_ERROR(work.status()) << "while capturing a graph of " << lir_.steps_size()
+                                      << " kernels";
+  c->work = std::move(work).value();
+  context.graph = std::move(c);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& constants,
                                          const std::vector<const TensorRef*>& by_index,
                                          const ParamSetImpl* params, const RunOptions& options) {
@@ -693,7 +774,60 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   std::map<std::string, std::unique_ptr<backend::Event>> origin;  // first event per device
   std::map<std::string, double> origin_wall;                      // its wall offset, us
   std::vector<double> enqueue_wall(lir_.steps_size(), 0);
-  for (int i = 0; i < lir_.steps_size(); ++i) {
+  // CUDA graphs: capture on a context's second run (the first one sized
+  // every workspace), replay after; a binding that changed (another param
+  // set) or a report from a capture without events captures again.
+  std::string graph_state;
+  if (!graph_device_.empty() && !context.graphs_failed) {
+    ++context.runs;
+    RunContext::DeviceState& s = devices_.at(graph_device_);
+    // What a replay reads and writes: each slot's memory (the device's
+    // binding id of its buffer) and offset. A buffer without one (not the
+    // device's) is never captured.
+    std::vector<std::pair<uint64_t, int64_t>> binding;
+    binding.reserve(views.size());
+    bool bindable = true;
+    for (const backend::BufferView& v : views) {
+      const auto* b = dynamic_cast<const backend::CaptureBinding*>(v.buffer);
+      bindable = bindable && (v.buffer == nullptr || b != nullptr);
+      binding.emplace_back(b ? b->binding_id() : 0, v.offset);
+    }
+    if (!bindable) context.graph.reset();
+    if (context.graph &&
+        (context.graph->binding != binding || (options.report && !context.graph->events))) {
+      context.graph.reset();
+    }
+    if (!context.graph && context.runs >= 2 && bindable) {
+      KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
+      auto* capturing = dynamic_cast<backend::CapturingStream*>(s.stream.get());
+      absl::Status captured =
+          capturing == nullptr ? absl::UnimplementedError("the stream cannot capture")
+                               : Capture(context, *s.stream, *capturing, views, options.report);
+      if (captured.ok()) {
+        context.graph->binding = std::move(binding);
+        ++graph_captures_;
+        graph_state = "captured";
+      } else if (backend::FaultedDevice(captured)) {
+        return captured;
+      } else {
+        // Launch kernel by kernel from now on (this run included).
+        context.graph.reset();
+        context.graphs_failed = true;
+        ++graph_failures_;
+      }
+    }
+    if (context.graph && bindable) {
+      KILN_RETURN_IF_ERROR(StopBetweenKernels(options, 0, lir_.steps_size()));
+      origin_wall[graph_device_] =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start)
+              .count();
+      KILN_RETURN_IF_ERROR(context.graph->work->Replay(*s.stream))
+          << "while replaying the captured graph on " << graph_device_;
+      ++graph_replays_;
+      if (graph_state.empty()) graph_state = "replayed";
+    }
+  }
+  for (int i = 0; i < lir_.steps_size() && graph_state.empty(); ++i) {
     KILN_RETURN_IF_ERROR(StopBetweenKernels(options, i, lir_.steps_size()));
     const v1::LirStep& step = lir_.steps(i);
     RunContext::DeviceState& s = devices_.at(step.device());
@@ -816,6 +950,7 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
     *r.mutable_placement() = lir_.placement();
     r.set_run_micros(total_us);
     r.set_start_unix_micros(absl::ToUnixMicros(absl::Now()) - static_cast<int64_t>(total_us));
+    r.set_cuda_graph(graph_state);
     std::map<std::string, v1::DeviceTotals> totals;
     for (int i = 0; i < lir_.steps_size(); ++i) {
       const v1::LirStep& step = lir_.steps(i);
@@ -841,8 +976,14 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
         d->set_path(v1::PATH_NATIVE);
         d->set_bytes(static_cast<double>(lir_.slots(step.inputs(0)).bytes()));
       }
-      auto start = timings[i].before->MicrosSince(*origin.at(step.device()));
-      auto dur = timings[i].after->MicrosSince(*timings[i].before);
+      const bool from_graph = !graph_state.empty();
+      const backend::Event& before =
+          from_graph ? *context.graph->before[i] : *timings[i].before;
+      const backend::Event& after = from_graph ? *context.graph->after[i] : *timings[i].after;
+      const backend::Event& first =
+          from_graph ? *context.graph->origin : *origin.at(step.device());
+      auto start = before.MicrosSince(first);
+      auto dur = after.MicrosSince(before);
       d->set_start_micros((start.ok() ? *start : 0) + origin_wall[step.device()]);
       d->set_duration_micros(dur.ok() ? *dur : 0);
       v1::DeviceTotals& t = totals[step.device()];

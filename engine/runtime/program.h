@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <array>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,8 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/packing.h"
+
+#include "backends/capture.h"
 #include "engine/engine.h"
 #include "engine/runtime/device_registry.h"
 #include "engine/runtime/params.h"
@@ -58,6 +61,15 @@ struct ProgramOptions {
 };
 
 class RunContext;
+
+// CUDA graphs (Executable.cuda_graphs, docs/cuda.md): whether runs of a
+// program replay a captured graph. `capturable`: every step is a kernel on
+// one device with the "graphs" feature, and every kernel is capturable.
+// OFF: never; ON: when capturable; AUTO: when capturable and launch-bound,
+// the cost model's estimate at most kLaunchBoundMicros per kernel.
+inline constexpr double kLaunchBoundMicros = 100;
+bool UseCapturedGraphs(v1::CudaGraphs mode, bool capturable, int kernels,
+                       double estimated_run_micros);
 
 class Program final : public Executable {
  public:
@@ -92,12 +104,18 @@ class Program final : public Executable {
     int idle = 0;     // of `live`, waiting in the pool
     int64_t created = 0;
     int64_t discarded = 0;  // after a device fault
+    int64_t graph_captures = 0;  // CUDA graphs captured (one per context and binding)
+    int64_t graph_replays = 0;   // runs that replayed one
+    int64_t graph_failures = 0;  // captures that failed (the context then runs unrolled)
   };
   ContextStats context_stats() const;
   // Operands packed for kernels that take them packed (backends/packing.h):
   // constants once per program (at Load), params once per inference
   // ParamSet. Counts every Pack call since Load.
   int64_t packs_made() const { return packs_made_.load(std::memory_order_relaxed); }
+
+  // Whether runs capture and replay a CUDA graph (UseCapturedGraphs).
+  bool uses_graphs() const { return !graph_device_.empty(); }
 
  private:
   // The constants on their devices, made in the device generations named
@@ -132,6 +150,12 @@ class Program final : public Executable {
   absl::Status BindPacked(RunContext& context, const Constants& constants,
                           const ParamSetImpl* params,
                           std::vector<std::shared_ptr<const backend::PackedOperand>>* hold);
+
+  // Captures the kernel steps on `stream` (with an event before and after
+  // each when `events`); the capture is ended whatever fails.
+  absl::Status Capture(RunContext& context, backend::Stream& stream,
+                       backend::CapturingStream& capturing,
+                       const std::vector<backend::BufferView>& views, bool events);
   absl::StatusOr<RunResult> RunOn(RunContext& context, const Constants& constants,
                                   const std::vector<const TensorRef*>& by_index,
                                   const ParamSetImpl* params, const RunOptions& options);
@@ -157,6 +181,11 @@ class Program final : public Executable {
   std::atomic<int64_t> packs_made_{0};
   // Per step: a While step's cond and body programs (null for other steps).
   std::vector<std::array<std::shared_ptr<Program>, 2>> while_programs_;
+
+  // The device whose runs replay a captured graph; empty when runs launch
+  // kernel by kernel (UseCapturedGraphs).
+  std::string graph_device_;
+  std::atomic<int64_t> graph_captures_{0}, graph_replays_{0}, graph_failures_{0};
 
   mutable absl::Mutex contexts_mu_;
   std::vector<std::unique_ptr<RunContext>> idle_contexts_ ABSL_GUARDED_BY(contexts_mu_);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "backends/capture.h"
 #include "base/status.h"
 #include "engine/runtime/worker_protocol.h"
 #include "spdlog/spdlog.h"
@@ -289,7 +290,7 @@ void Worker::Kill(const std::string& reason) {
 class IsolatedDevice;
 
 // Device memory in the worker: a handle.
-class RemoteBuffer final : public backend::Buffer {
+class RemoteBuffer final : public backend::Buffer, public backend::CaptureBinding {
  public:
   RemoteBuffer(std::shared_ptr<Worker> w, uint64_t handle, int64_t size,
                std::shared_ptr<std::atomic<int64_t>> in_use)
@@ -303,6 +304,7 @@ class RemoteBuffer final : public backend::Buffer {
     w_->Post(std::move(r));
   }
   int64_t size() const override { return size_; }
+  uint64_t binding_id() const override { return handle_; }  // handles are never reused
   const Worker* worker() const { return w_.get(); }
   uint64_t handle() const { return handle_; }
 
@@ -360,7 +362,7 @@ class RemoteEvent final : public backend::Event {
   std::shared_ptr<EventState> s_;
 };
 
-class RemoteStream final : public backend::Stream {
+class RemoteStream final : public backend::Stream, public backend::CapturingStream {
  public:
   RemoteStream(std::shared_ptr<Worker> w, uint64_t handle, const WorkerOptions& options)
       : w_(std::move(w)), handle_(handle), options_(options) {}
@@ -370,6 +372,14 @@ class RemoteStream final : public backend::Stream {
   absl::Status Wait(const backend::Event& event) override;
   absl::Status FlushWork() override { return Flush(); }
   absl::StatusOr<std::unique_ptr<backend::Event>> Record() override;
+  // The worker's stream captures; EndCapture waits for the worker to end
+  // the capture (a capture that failed fails here, once per capture, and
+  // the stream is usable again).
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<backend::CapturedWork>> EndCapture() override;
+  // Queues a replay of graph `id`; `events` (recorded inside it) get this
+  // replay's times at the next synchronization.
+  absl::Status Replay(uint64_t id, const std::vector<std::shared_ptr<EventState>>& events);
 
   const Worker* worker() const { return w_.get(); }
   // Queues a command; fails with the stream's fault once it has one.
@@ -396,6 +406,34 @@ class RemoteStream final : public backend::Stream {
   std::vector<Out> outs_;
   std::vector<std::shared_ptr<EventState>> unflushed_, awaiting_;
   absl::Status sticky_;
+  bool capturing_ = false;
+  std::vector<std::shared_ptr<EventState>> captured_;  // recorded while capturing
+};
+
+// A graph captured by a worker's stream, by id.
+class RemoteGraph final : public backend::CapturedWork {
+ public:
+  RemoteGraph(std::shared_ptr<Worker> w, uint64_t id, RemoteStream* stream,
+              std::vector<std::shared_ptr<EventState>> events)
+      : w_(std::move(w)), id_(id), stream_(stream), events_(std::move(events)) {}
+  ~RemoteGraph() override {
+    wp::Request r;
+    r.set_destroy_graph(id_);
+    w_->Post(std::move(r));
+  }
+  absl::Status Replay(backend::Stream& stream) override {
+    if (&stream != stream_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(w_->device(), ": a graph replays on the stream it was captured on"));
+    }
+    return stream_->Replay(id_, events_);
+  }
+
+ private:
+  std::shared_ptr<Worker> w_;
+  const uint64_t id_;
+  RemoteStream* const stream_;
+  const std::vector<std::shared_ptr<EventState>> events_;
 };
 
 RemoteStream::~RemoteStream() {
@@ -533,12 +571,48 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
   return s;
 }
 
+absl::Status RemoteStream::BeginCapture() {
+  if (capturing_) return absl::FailedPreconditionError(absl::StrCat(w_->device(), ": already capturing"));
+  wp::Command c;
+  c.set_begin_capture(true);
+  KILN_RETURN_IF_ERROR(Append(std::move(c)));
+  capturing_ = true;
+  captured_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<backend::CapturedWork>> RemoteStream::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError(absl::StrCat(w_->device(), ": not capturing"));
+  capturing_ = false;
+  std::vector<std::shared_ptr<EventState>> events = std::move(captured_);
+  captured_.clear();
+  const uint64_t id = w_->NextEventId();  // one counter: ids unique in the worker
+  wp::Command c;
+  c.set_end_capture(id);
+  KILN_RETURN_IF_ERROR(Append(std::move(c)));
+  // The worker ends the capture even when a command in it failed; whether
+  // the graph exists is known once it answered.
+  KILN_RETURN_IF_ERROR(SynchronizeFor(kDefaultWaitTimeout)) << "while capturing a graph";
+  return std::unique_ptr<backend::CapturedWork>(
+      std::make_unique<RemoteGraph>(w_, id, this, std::move(events)));
+}
+
+absl::Status RemoteStream::Replay(uint64_t id,
+                                  const std::vector<std::shared_ptr<EventState>>& events) {
+  wp::Command c;
+  c.set_replay(id);
+  KILN_RETURN_IF_ERROR(Append(std::move(c)));
+  awaiting_.insert(awaiting_.end(), events.begin(), events.end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<backend::Event>> RemoteStream::Record() {
   auto state = std::make_shared<EventState>(w_, w_->NextEventId(), this);
   wp::Command c;
   c.set_record(state->id);
   KILN_RETURN_IF_ERROR(Append(std::move(c)));
   unflushed_.push_back(state);
+  if (capturing_) captured_.push_back(state);
   return std::unique_ptr<backend::Event>(new RemoteEvent(std::move(state)));
 }
 
@@ -561,16 +635,21 @@ absl::Status RemoteStream::Wait(const backend::Event& event) {
   return Append(std::move(c));
 }
 
-class RemoteKernel final : public backend::Kernel {
+class RemoteKernel final : public backend::Kernel, public backend::CapturableKernel {
  public:
-  RemoteKernel(std::shared_ptr<Worker> w, uint64_t handle, std::string implementation)
-      : w_(std::move(w)), handle_(handle), implementation_(std::move(implementation)) {}
+  RemoteKernel(std::shared_ptr<Worker> w, uint64_t handle, std::string implementation,
+               bool capturable)
+      : w_(std::move(w)),
+        handle_(handle),
+        implementation_(std::move(implementation)),
+        capturable_(capturable) {}
   ~RemoteKernel() override {
     wp::Request r;
     r.set_destroy_kernel(handle_);
     w_->Post(std::move(r));
   }
   std::string implementation() const override { return implementation_; }
+  bool capturable() const override { return capturable_; }
   absl::Status Launch(backend::Stream& stream, std::span<const backend::BufferView> inputs,
                       std::span<const backend::BufferView> outputs) override;
 
@@ -578,6 +657,7 @@ class RemoteKernel final : public backend::Kernel {
   std::shared_ptr<Worker> w_;
   const uint64_t handle_;
   const std::string implementation_;
+  const bool capturable_;
 };
 
 // A BufferView as a message; the buffer must be of `w`.
@@ -746,7 +826,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> IsolatedDevice::PrepareKernel(
   context.kernel_cache_hits += reply.cache_hits();
   context.kernel_cache_misses += reply.cache_misses();
   KILN_RETURN_IF_ERROR(StatusOf(reply, info_.id));
-  return std::unique_ptr<backend::Kernel>(new RemoteKernel(w, reply.handle(), reply.implementation()));
+  return std::unique_ptr<backend::Kernel>(new RemoteKernel(w, reply.handle(), reply.implementation(), reply.capturable()));
 }
 
 absl::Status IsolatedDevice::Restart() {

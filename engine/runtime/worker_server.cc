@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/capture.h"
 #include "base/status.h"
 #include "engine/compile/disk_cache.h"
 #include "engine/runtime/worker_protocol.h"
@@ -29,6 +30,17 @@ struct EventEntry {
 };
 
 class Server;
+class StreamWorker;
+
+// A graph captured by one stream (Command.end_capture), replayed on it.
+// Created empty when its end_capture arrives and filled by the stream's
+// thread, the only thread that reads it.
+struct GraphEntry {
+  const StreamWorker* owner = nullptr;
+  // The events recorded inside it: reported again after each replay.
+  std::vector<std::pair<uint64_t, std::shared_ptr<EventEntry>>> events;
+  std::unique_ptr<backend::CapturedWork> work;  // last: destroyed before its events
+};
 
 // One stream and the thread that runs its command lists in order.
 class StreamWorker {
@@ -36,6 +48,9 @@ class StreamWorker {
   struct Item {
     wp::Submit submit;
     std::vector<std::shared_ptr<EventEntry>> records;  // in the submit's record order
+    // Per end_capture / replay command, in order (resolved when the submit
+    // arrived, so a later destroy_graph cannot pull one from under it).
+    std::vector<std::shared_ptr<GraphEntry>> graphs;
     uint64_t reply_id = 0;
     bool destroy = false;
   };
@@ -66,6 +81,9 @@ class StreamWorker {
   std::vector<std::unique_ptr<std::string>> inline_out_;
   std::shared_ptr<EventEntry> last_event_;  // the chain event times are measured along
   double last_micros_ = 0;
+  // While capturing: where the capture's events start in recorded_.
+  bool capturing_ = false;
+  size_t capture_start_ = 0;
   std::thread thread_;  // last: starts after every member above exists
 };
 
@@ -142,6 +160,7 @@ class Server {
   std::map<uint64_t, std::pair<std::unique_ptr<backend::Kernel>, std::string>> kernels_
       ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<EventEntry>> events_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<GraphEntry>> graphs_ ABSL_GUARDED_BY(mu_);
   // Touched by the reader thread only.
   std::map<uint64_t, std::unique_ptr<StreamWorker>> streams_;
   std::vector<std::unique_ptr<StreamWorker>> retired_;
@@ -178,9 +197,23 @@ void StreamWorker::Loop() {
 
 void StreamWorker::Run(Item& item) {
   backend::Device& dev = server_.device();
-  size_t next_record = 0;
+  size_t next_record = 0, next_graph = 0;
   std::vector<std::shared_ptr<EventEntry>> batch_events;
+  // A capture a failure interrupted ends at once (its work never runs) and
+  // its events leave the list whose times the next answer reports. (A
+  // capture may span submits: kilnd flushes long command lists early.)
+  auto abort_capture = [&] {
+    if (!capturing_) return;
+    capturing_ = false;
+    (void)dynamic_cast<backend::CapturingStream&>(*stream_).EndCapture();
+    recorded_.resize(std::min(recorded_.size(), capture_start_));
+  };
   for (const wp::Command& c : item.submit.commands()) {
+    std::shared_ptr<GraphEntry> graph;
+    if (c.cmd_case() == wp::Command::kEndCapture || c.cmd_case() == wp::Command::kReplay) {
+      graph = next_graph < item.graphs.size() ? item.graphs[next_graph] : nullptr;
+      ++next_graph;
+    }
     if (c.cmd_case() == wp::Command::kRecord) {
       std::shared_ptr<EventEntry> e = item.records[next_record++];
       batch_events.push_back(e);
@@ -188,6 +221,7 @@ void StreamWorker::Run(Item& item) {
       auto ev = stream_->Record();
       if (!ev.ok()) {
         error_ = ev.status();
+        abort_capture();
         continue;
       }
       {
@@ -200,6 +234,46 @@ void StreamWorker::Run(Item& item) {
     if (!error_.ok()) continue;  // the stream failed: skip to the next sync
     absl::Status s;
     switch (c.cmd_case()) {
+      case wp::Command::kBeginCapture: {
+        auto* capturing = dynamic_cast<backend::CapturingStream*>(stream_.get());
+        s = capturing == nullptr ? absl::UnimplementedError("this device's streams cannot capture work")
+                                 : capturing->BeginCapture();
+        if (s.ok()) {
+          capturing_ = true;
+          capture_start_ = recorded_.size();
+        }
+        break;
+      }
+      case wp::Command::kEndCapture: {
+        if (!capturing_ || graph == nullptr) {
+          s = absl::FailedPreconditionError("end_capture without begin_capture");
+          break;
+        }
+        capturing_ = false;
+        auto work = dynamic_cast<backend::CapturingStream&>(*stream_).EndCapture();
+        if (!work.ok()) {
+          s = work.status();
+          recorded_.resize(std::min(recorded_.size(), capture_start_));
+          break;
+        }
+        graph->owner = this;
+        graph->work = std::move(work).value();
+        // Not run yet: their times come with the replays.
+        graph->events.assign(recorded_.begin() + static_cast<std::ptrdiff_t>(capture_start_),
+                             recorded_.end());
+        recorded_.resize(capture_start_);
+        break;
+      }
+      case wp::Command::kReplay: {
+        if (graph == nullptr || graph->work == nullptr || graph->owner != this) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("replay of unknown graph ", c.replay(), " on this stream"));
+          break;
+        }
+        s = graph->work->Replay(*stream_);
+        if (s.ok()) recorded_.insert(recorded_.end(), graph->events.begin(), graph->events.end());
+        break;
+      }
       case wp::Command::kLaunch: {
         auto k = server_.Kernel(c.launch().kernel());
         if (!k.ok()) {
@@ -295,7 +369,10 @@ void StreamWorker::Run(Item& item) {
       default:
         s = absl::InvalidArgumentError("unknown command");
     }
-    if (!s.ok()) error_ = s;
+    if (!s.ok()) {
+      error_ = s;
+      abort_capture();
+    }
   }
   if (error_.ok()) {
     if (absl::Status s = stream_->FlushWork(); !s.ok()) error_ = s;
@@ -312,10 +389,23 @@ void StreamWorker::Run(Item& item) {
   if (error_.ok()) {
     for (auto& [id, e] : recorded_) {
       double micros = 0;
-      if (last_event_ != nullptr) {
-        absl::MutexLock a(&e->mu);
-        absl::MutexLock b(&last_event_->mu);
-        auto d = e->event->MicrosSince(*last_event_->event);
+      if (last_event_ != nullptr && last_event_ != e) {
+        // One entry lock at a time (a replay reports the same entries again,
+        // in any order relative to the last one: holding two would order
+        // them both ways). Only this thread sets an entry's event, once.
+        backend::Event* now;
+        backend::Event* before;
+        {
+          absl::MutexLock a(&e->mu);
+          now = e->event.get();
+        }
+        {
+          absl::MutexLock b(&last_event_->mu);
+          before = last_event_->event.get();
+        }
+        auto d = now != nullptr && before != nullptr
+                     ? now->MicrosSince(*before)
+                     : absl::StatusOr<double>(absl::FailedPreconditionError("not recorded"));
         micros = last_micros_ + (d.ok() ? *d : 0);
       }
       last_event_ = e;
@@ -366,6 +456,17 @@ void Server::Dispatch(wp::Request request) {
       {
         absl::MutexLock lock(&mu_);
         for (const wp::Command& c : sub.commands()) {
+          if (c.cmd_case() == wp::Command::kEndCapture) {
+            auto g = std::make_shared<GraphEntry>();
+            graphs_[c.end_capture()] = g;
+            item.graphs.push_back(std::move(g));
+            continue;
+          }
+          if (c.cmd_case() == wp::Command::kReplay) {
+            auto it = graphs_.find(c.replay());
+            item.graphs.push_back(it == graphs_.end() ? nullptr : it->second);
+            continue;
+          }
           if (c.cmd_case() != wp::Command::kRecord) continue;
           auto e = std::make_shared<EventEntry>();
           events_[c.record()] = e;
@@ -429,6 +530,15 @@ void Server::Dispatch(wp::Request request) {
       events_.erase(request.destroy_event());
       return;
     }
+    case wp::Request::kDestroyGraph: {
+      std::shared_ptr<GraphEntry> g;  // released outside the lock
+      absl::MutexLock lock(&mu_);
+      auto it = graphs_.find(request.destroy_graph());
+      if (it == graphs_.end()) return;
+      g = std::move(it->second);
+      graphs_.erase(it);
+      return;
+    }
     case wp::Request::kFree: {
       absl::MutexLock lock(&mu_);
       buffers_.erase(request.free());
@@ -462,6 +572,7 @@ void Server::Shutdown() {
   for (std::thread& t : pool_) t.join();
   {
     absl::MutexLock lock(&mu_);
+    graphs_.clear();  // before the kernels and events they captured
     kernels_.clear();
     events_.clear();
     buffers_.clear();
@@ -518,6 +629,8 @@ void Server::HandleOnPool(const wp::Request& request) {
       reply.set_cache_misses(ctx.kernel_cache_misses);
       if (k.ok()) {
         reply.set_implementation((*k)->implementation());
+        const auto* capturable = dynamic_cast<const backend::CapturableKernel*>(k->get());
+        reply.set_capturable(capturable != nullptr && capturable->capturable());
         absl::MutexLock lock(&mu_);
         const uint64_t h = next_handle_++;
         kernels_[h] = {std::move(k).value(), request.prepare().label()};

@@ -167,6 +167,37 @@ TEST(KilnctlTest, OneShotCompileAndReports) {
   EXPECT_EQ(pids.size(), 2u);
 }
 
+// --cuda-graphs reaches kilnd's compile options: each mode is its own
+// executable (the key differs from auto's), the run's results are the same
+// on a host whose devices do not capture, and a bad mode is refused by
+// kilnctl before any call.
+TEST(KilnctlTest, CudaGraphsOption) {
+  ScratchDir dir;
+  const std::string graph = dir.path() + "/affine.kiln";
+  {
+    std::ofstream f(graph);
+    f << "graph \"affine\"\ninput x: f32[n]\nlet y = x * 2.0 + 1.0\nout y\n";
+  }
+  Write(dir.path() + "/x.npy", HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {1, 2, 3}));
+  std::set<std::string> keys;
+  for (const char* mode : {"auto", "on", "OFF"}) {
+    SCOPED_TRACE(mode);
+    ProcessResult run = Kilnctl(
+        {"run", graph, "--input", "x=" + dir.path() + "/x.npy", "--cuda-graphs", mode});
+    ASSERT_EQ(run.status, 0) << run.err;
+    EXPECT_EQ(run.out, "y: f32[3] [3, 5, 7]\n");
+    ProcessResult compile = Kilnctl({"compile", graph, "--shape", "x=3", "--cuda-graphs", mode});
+    ASSERT_EQ(compile.status, 0) << compile.err;
+    const size_t at = compile.out.find("executable ");
+    ASSERT_NE(at, std::string::npos) << compile.out;
+    keys.insert(compile.out.substr(at, compile.out.find('\n', at) - at));
+  }
+  EXPECT_EQ(keys.size(), 3u);
+  ProcessResult bad = Kilnctl({"compile", graph, "--shape", "x=3", "--cuda-graphs", "always"});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.err + bad.out, HasSubstr("--cuda-graphs"));
+}
+
 // The device ids of `kilnctl devices` (the first column below its header).
 std::vector<std::string> DeviceIds() {
   ProcessResult devices = Kilnctl({"devices"});

@@ -14,6 +14,7 @@ import tempfile
 import time
 import unittest
 
+import grpc
 import numpy as np
 
 import kiln
@@ -196,6 +197,26 @@ class ClientTest(unittest.TestCase):
         # The server kept it.
         self.assertEqual(CLIENT.report(request_id=report.request_id).request_id, report.request_id)
         self.assertEqual(len(CLIENT.report(last=1)), 1)
+
+    def test_cuda_graphs_option(self):
+        # Each mode is its own executable; a bad mode never reaches kilnd, and
+        # a value kilnd does not know is INVALID_ARGUMENT naming the option.
+        shapes = {"x": [2, 784]}
+        keys = {CLIENT.compile(mlp_graph(), shapes, cuda_graphs=m).executable_key
+                for m in ("auto", "on", "off")}
+        self.assertEqual(len(keys), 3)
+        self.assertEqual(CLIENT.compile(mlp_graph(), shapes, cuda_graphs=True).executable_key,
+                         CLIENT.compile(mlp_graph(), shapes, cuda_graphs="on").executable_key)
+        with self.assertRaises(ValueError):
+            CLIENT.compile(mlp_graph(), shapes, cuda_graphs="always")
+        req = kiln.service_pb2.CompileRequest(
+            graph=kiln.graph_source(mlp_graph()),
+            options=kiln.service_pb2.CompileOptions(cuda_graphs=9))
+        req.input_shapes.add(name="x", dims=[2, 784])
+        with self.assertRaises(kiln.KilnError) as e:
+            CLIENT._call("Compile", req)
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("cuda_graphs", e.exception.message)
 
     def test_builder_follows_the_cpp_conventions(self):
         g = mlp_graph().proto()

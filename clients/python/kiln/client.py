@@ -106,6 +106,19 @@ def _named(tensors, field) -> None:
         _dtypes.to_proto(value, field.add(name=name).tensor)
 
 
+_CUDA_GRAPHS = {"auto": 0, "on": 1, "off": 2}  # graph_pb2.CudaGraphs
+
+
+def _cuda_graphs(mode) -> int:
+    """CompileOptions.cuda_graphs from "auto" / "on" / "off" (or a bool)."""
+    if mode is True or mode is False:
+        mode = "on" if mode else "off"
+    value = _CUDA_GRAPHS.get(str(mode).lower())
+    if value is None:
+        raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', not {mode!r}")
+    return value
+
+
 def _session_id(session) -> str:
     return session.id if isinstance(session, Session) else str(session)
 
@@ -211,29 +224,35 @@ class Client:
 
     # -- graphs and sessions ----------------------------------------------
     def compile(self, graph, input_shapes=None, device="auto", prefer_common_ir=False,
-                disable_fusion=False, allow_tf32=False) -> service_pb2.CompileResponse:
+                disable_fusion=False, allow_tf32=False,
+                cuda_graphs="auto") -> service_pb2.CompileResponse:
         """Verifies `graph`; compiles it when `input_shapes` ({name: dims})
         fixes its symbolic dims. Returns the signature, executable key and
         compile report. `allow_tf32` lets f32 matmuls use TF32 tensor cores
-        (CUDA devices; ~1e-3 relative error; part of the executable key)."""
+        (CUDA devices; ~1e-3 relative error; part of the executable key).
+        `cuda_graphs` ("auto", "on" or "off"): whether runs on a CUDA device
+        replay a captured CUDA graph (auto: launch-bound programs)."""
         req = service_pb2.CompileRequest(
             graph=graph.source if isinstance(graph, Transformed) else graph_source(graph),
             options=service_pb2.CompileOptions(device=device, prefer_common_ir=prefer_common_ir,
                                                disable_fusion=disable_fusion,
-                                               allow_tf32=allow_tf32))
+                                               allow_tf32=allow_tf32,
+                                               cuda_graphs=_cuda_graphs(cuda_graphs)))
         if isinstance(graph, Transformed):
             graph.apply(req.options)
         for name, dims in (input_shapes or {}).items():
             req.input_shapes.add(name=name, dims=[int(d) for d in dims])
         return self._call("Compile", req)
 
-    def create_session(self, graph, params=None, device="auto", allow_tf32=False) -> Session:
+    def create_session(self, graph, params=None, device="auto", allow_tf32=False,
+                       cuda_graphs="auto") -> Session:
         """A session for `graph` (or a repository model: kiln.model("name"));
         small `params` go inline, large ones with set_params. `allow_tf32`
-        as in compile()."""
+        and `cuda_graphs` as in compile()."""
         req = service_pb2.CreateSessionRequest(
             graph=graph_source(graph),
-            options=service_pb2.CompileOptions(device=device, allow_tf32=allow_tf32))
+            options=service_pb2.CompileOptions(device=device, allow_tf32=allow_tf32,
+                                               cuda_graphs=_cuda_graphs(cuda_graphs)))
         _named(params, req.params)
         resp = self._call("CreateSession", req)
         return Session(self, resp.session_id, resp.signature)

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
+#include "backends/capture.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "base/half.h"
 
@@ -603,6 +604,229 @@ TEST_F(CudaDeviceTest, VectorizedKernelsMatchAlignedOrNot) {
       }
     }
   }
+}
+
+
+// Attention on every path (tensor-core flash for f16/bf16 head dims 64 and
+// 128, split-K decoding, the row kernel) against an f64 reference of the
+// inputs as stored: every mask kind, GQA, custom scale, softcap, a
+// broadcast bias, and sizes that are not multiples of the 64-row tiles.
+struct AttnCase {
+  DType dt;
+  int64_t B, Hq, Hkv, Sq, Sk, D;
+  v1::MaskKind mask;
+  double softcap = 0;
+  const char* path;  // a substring of the implementation name
+};
+
+TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
+  const AttnCase cases[] = {
+      {v1::DTYPE_BF16, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_fwd_bf16"},
+      {v1::DTYPE_BF16, 2, 4, 2, 130, 130, 128, v1::MASK_CAUSAL, 0, "flash_attn_fwd_bf16"},
+      {v1::DTYPE_F16, 1, 4, 4, 70, 200, 128, v1::MASK_CAUSAL, 0, "flash_attn_fwd_f16"},
+      {v1::DTYPE_F16, 2, 2, 1, 64, 64, 64, v1::MASK_SLIDING_WINDOW, 0, "flash_attn_fwd_f16"},
+      {v1::DTYPE_BF16, 1, 2, 2, 90, 90, 64, v1::MASK_PREFIX, 30, "flash_attn_fwd_bf16"},
+      {v1::DTYPE_BF16, 2, 4, 1, 33, 77, 128, v1::MASK_CUSTOM, 0, "flash_attn_fwd_bf16"},
+      {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_split"},
+      {v1::DTYPE_F32, 1, 4, 4, 2, 700, 80, v1::MASK_CAUSAL, 0, "decode_split"},
+      {v1::DTYPE_F16, 2, 4, 4, 1, 600, 64, v1::MASK_CUSTOM, 0, "decode_split"},
+      {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "attention_rows"},
+  };
+  int seed = 500;
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(c.dt), " B", c.B, " Hq", c.Hq, " Hkv", c.Hkv, " Sq", c.Sq,
+                              " Sk", c.Sk, " D", c.D, " ", v1::MaskKind_Name(c.mask)));
+    KernelSpec s;
+    s.name = s.label = "attn";
+    s.op = v1::OP_ATTENTION;
+    auto* a = s.attrs.mutable_attention();
+    a->set_mask(c.mask);
+    a->set_scale(0.3);
+    if (c.softcap > 0) a->set_softcap(c.softcap);
+    if (c.mask == v1::MASK_SLIDING_WINDOW) a->set_window(17);
+    if (c.mask == v1::MASK_PREFIX) a->set_prefix(20);
+    s.inputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}},
+                {c.dt, {c.B, c.Hkv, c.Sk, c.D}},
+                {c.dt, {c.B, c.Hkv, c.Sk, c.D}}};
+    const bool per_query = c.Sq > 1;
+    if (c.mask == v1::MASK_CUSTOM) {
+      s.inputs.push_back(per_query ? backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sq, c.Sk}}
+                                   : backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sk}});
+    }
+    if (c.mask == v1::MASK_BIAS) s.inputs.push_back({c.dt, {c.Hq, c.Sq, c.Sk}});
+    s.outputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}}};
+    ASSERT_TRUE(dev_->Supports(s).native) << dev_->Supports(s).reason;
+    backend::PrepareContext ctx;
+    auto k = dev_->PrepareKernel(s, ctx);
+    ASSERT_TRUE(k.ok()) << k.status();
+    EXPECT_NE((*k)->implementation().find(c.path), std::string::npos) << (*k)->implementation();
+
+    std::vector<std::vector<double>> vals;
+    std::vector<std::unique_ptr<backend::Buffer>> bufs;
+    std::vector<backend::BufferView> ins;
+    std::vector<unsigned char> custom;
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      const int64_t n = Count(s.inputs[i].dims);
+      if (s.inputs[i].dtype == v1::DTYPE_BOOL) {
+        std::mt19937_64 rng(seed++);
+        custom.resize(n);
+        for (auto& m : custom) m = (rng() % 4) != 0;
+        custom[0] = 0;
+        bufs.push_back(Upload(custom.data(), n));
+        ins.push_back({bufs.back().get(), 0, n});
+        vals.emplace_back();
+        continue;
+      }
+      vals.push_back(Random(c.dt, n, seed++));
+      if (i == 0) {  // spread the logits
+        for (double& v : vals.back()) v = Decode(c.dt, Encode(c.dt, {4 * v}).data());
+      }
+      const std::vector<char> enc = Encode(c.dt, vals.back());
+      bufs.push_back(Upload(enc.data(), static_cast<int64_t>(enc.size())));
+      ins.push_back({bufs.back().get(), 0, static_cast<int64_t>(enc.size())});
+    }
+    const int64_t es = ElementSize(c.dt);
+    const int64_t out_n = c.B * c.Hq * c.Sq * c.D;
+    auto out = dev_->Allocate(out_n * es);
+    ASSERT_TRUE(out.ok());
+    const std::vector<backend::BufferView> outs = {{out->get(), 0, out_n * es}};
+    // Twice: the split path's partials are the kernel's own and reused.
+    for (int rep = 0; rep < 2; ++rep) ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+    const std::vector<char> got = Download(**out, out_n * es);
+
+    const int64_t group = c.Hq / c.Hkv;
+    const double tol = c.dt == v1::DTYPE_F32 ? 1e-5 : c.dt == v1::DTYPE_F16 ? 4e-3 : 2e-2;
+    double worst = 0;
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        const int64_t hk = h / group;
+        for (int64_t i = 0; i < c.Sq; ++i) {
+          const int64_t pos = i + c.Sk - c.Sq;
+          int64_t lo = 0, hi = c.Sk;
+          if (c.mask == v1::MASK_CAUSAL) hi = pos + 1;
+          if (c.mask == v1::MASK_PREFIX) hi = std::max<int64_t>(pos + 1, 20);
+          if (c.mask == v1::MASK_SLIDING_WINDOW) hi = pos + 1, lo = pos - 17 + 1;
+          lo = std::clamp<int64_t>(lo, 0, c.Sk);
+          hi = std::clamp<int64_t>(hi, lo, c.Sk);
+          std::vector<double> logits;
+          std::vector<int64_t> keys;
+          for (int64_t j = lo; j < hi; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < c.D; ++d) {
+              dot += vals[0][((b * c.Hq + h) * c.Sq + i) * c.D + d] *
+                     vals[1][((b * c.Hkv + hk) * c.Sk + j) * c.D + d];
+            }
+            double x = 0.3 * dot;
+            if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+            if (c.mask == v1::MASK_CUSTOM &&
+                custom[(per_query ? (b * c.Sq + i) * c.Sk : b * c.Sk) + j] == 0) {
+              continue;
+            }
+            if (c.mask == v1::MASK_BIAS) x += vals[3][(h * c.Sq + i) * c.Sk + j];
+            logits.push_back(x);
+            keys.push_back(j);
+          }
+          double mx = -INFINITY, sum = 0;
+          for (double x : logits) mx = std::max(mx, x);
+          for (double& x : logits) sum += (x = std::exp(x - mx));
+          for (int64_t d = 0; d < c.D; ++d) {
+            double want = 0;
+            for (size_t t = 0; t < keys.size(); ++t) {
+              want += logits[t] * vals[2][((b * c.Hkv + hk) * c.Sk + keys[t]) * c.D + d];
+            }
+            want = sum > 0 ? want / sum : 0;
+            const int64_t at = ((b * c.Hq + h) * c.Sq + i) * c.D + d;
+            const double g = Decode(c.dt, &got[at * es]);
+            worst = std::max(worst, std::fabs(g - want));
+            ASSERT_NEAR(g, want, tol) << "b " << b << " h " << h << " row " << i << " d " << d;
+          }
+        }
+      }
+    }
+    std::printf("%-28s max |error| %.2e\n", (*k)->implementation().c_str(), worst);
+  }
+}
+
+// CUDA graphs on a stream: a capture runs nothing; each replay runs the
+// captured launches again (an in-place add accumulates) and re-records the
+// events captured inside it; a kernel with per-launch host state (gather's
+// error slot) refuses to launch into a capture, which still ends, and the
+// stream goes on.
+TEST_F(CudaDeviceTest, CapturedGraphReplaysKernelsAndEvents) {
+  const int64_t n = 1 << 16;
+  KernelSpec add;
+  add.name = add.label = "add";
+  add.op = v1::OP_BINARY;
+  add.attrs.mutable_binary()->set_kind(v1::BINARY_ADD);
+  add.inputs = {{v1::DTYPE_F32, {n}}, {v1::DTYPE_F32, {n}}};
+  add.outputs = {{v1::DTYPE_F32, {n}}};
+  backend::PrepareContext ctx;
+  auto k = dev_->PrepareKernel(add, ctx);
+  ASSERT_TRUE(k.ok()) << k.status();
+  auto capturable = [](const backend::Kernel& kernel) {
+    const auto* c = dynamic_cast<const backend::CapturableKernel*>(&kernel);
+    return c != nullptr && c->capturable();
+  };
+  ASSERT_TRUE(capturable(**k));
+  auto* capture = dynamic_cast<backend::CapturingStream*>(stream_.get());
+  ASSERT_NE(capture, nullptr);
+  std::vector<float> a(n, 1.0f), b(n, 0.5f);
+  auto abuf = Upload(a.data(), n * 4);
+  auto bbuf = Upload(b.data(), n * 4);
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  const backend::BufferView av{abuf.get(), 0, n * 4}, bv{bbuf.get(), 0, n * 4};
+  const std::vector<backend::BufferView> ins = {av, bv}, outs = {av};
+
+  ASSERT_TRUE(capture->BeginCapture().ok());
+  auto e0 = stream_->Record();
+  ASSERT_TRUE(e0.ok()) << e0.status();
+  ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+  ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+  auto e1 = stream_->Record();
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_FALSE(stream_->Synchronize().ok());  // not while capturing
+  auto work = capture->EndCapture();
+  ASSERT_TRUE(work.ok()) << work.status();
+  std::vector<float> got(n);
+  ASSERT_TRUE(dev_->CopyToHost(*stream_, av, got.data()).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  EXPECT_EQ(got[777], 1.0f);  // captured, not run
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE((*work)->Replay(*stream_).ok());
+  ASSERT_TRUE(dev_->CopyToHost(*stream_, av, got.data()).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  EXPECT_EQ(got[777], 4.0f);  // 1 + 3 replays x 2 launches x 0.5
+  EXPECT_EQ(got[n - 1], 4.0f);
+  auto us = (*e1)->MicrosSince(**e0);
+  ASSERT_TRUE(us.ok()) << us.status();
+  EXPECT_GE(*us, 0.0);
+  auto other = dev_->CreateStream();
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE((*work)->Replay(**other).ok());  // only on the capturing stream
+
+  KernelSpec gather;
+  gather.name = gather.label = "gather";
+  gather.op = v1::OP_GATHER;
+  gather.attrs.mutable_gather()->set_axis(0);
+  gather.inputs = {{v1::DTYPE_F32, {n}}, {v1::DTYPE_I32, {4}}};
+  gather.outputs = {{v1::DTYPE_F32, {4}}};
+  auto g = dev_->PrepareKernel(gather, ctx);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(capturable(**g));
+  std::vector<int32_t> idx = {0, 1, 2, 3};
+  auto ibuf = Upload(idx.data(), 16);
+  auto obuf = dev_->Allocate(16);
+  ASSERT_TRUE(obuf.ok());
+  ASSERT_TRUE(capture->BeginCapture().ok());
+  const std::vector<backend::BufferView> gin = {av, {ibuf.get(), 0, 16}};
+  const std::vector<backend::BufferView> gout = {{obuf->get(), 0, 16}};
+  EXPECT_FALSE((*g)->Launch(*stream_, gin, gout).ok());
+  (void)capture->EndCapture();  // ends the capture (of nothing) either way
+  ASSERT_TRUE((*g)->Launch(*stream_, gin, gout).ok());  // uncaptured, it runs
+  std::vector<float> four(4);
+  ASSERT_TRUE(dev_->CopyToHost(*stream_, {obuf->get(), 0, 16}, four.data()).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  EXPECT_EQ(four[2], 4.0f);
 }
 
 }  // namespace

@@ -1,0 +1,178 @@
+// Kiln's attention forward on cuda:0 (the backend's kernel, timed with its
+// CUDA events: medians of timed batches after warm-up), for the issue's
+// cases: bf16 B4 H32 S2048 D128 causal and B4 H32 S4096 full, and a decode
+// case (Sq = 1 over a long cache, GQA). PyTorch SDPA is timed in the same
+// device call by torch_attention.py; cuda_attention.sh prints the ratios.
+// One JSON line per case: ms, TFLOP/s (4 B H Sq Sk D, halved under a causal
+// mask; for decode GB/s of K and V read), the implementation, and the max
+// |error| of 64 sampled rows against an f64 reference of the stored inputs.
+//   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "base/half.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using kiln::DType;
+namespace v1 = kiln::v1;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Case {
+  std::string name;
+  DType dt;
+  int64_t B, Hq, Hkv, Sq, Sk, D;
+  bool causal;
+};
+
+std::vector<uint16_t> Random(DType dt, int64_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = dt == v1::DTYPE_F16 ? kiln::FloatToHalf(u(rng)) : kiln::FloatToBf16(u(rng));
+  return v;
+}
+
+double Value(DType dt, uint16_t h) {
+  return dt == v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device_id = "cuda:0", which = "all";
+  int reps = 10, rounds = 7;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--device") == 0) device_id = argv[i + 1];
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--cases") == 0) which = argv[i + 1];
+  }
+  if (reps <= 0 || rounds <= 0) return 2;
+  std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
+  kiln::backend::Device* dev = nullptr;
+  for (const auto& reg : kiln::backend::RegisteredBackends()) {
+    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
+    auto b = reg.factory({});
+    if (!b.ok()) continue;
+    for (kiln::backend::Device* d : (*b)->devices()) {
+      if (d->info().id == device_id) dev = d;
+    }
+    backends.push_back(std::move(b).value());
+  }
+  if (dev == nullptr) {
+    std::fprintf(stderr, "no device %s\n", device_id.c_str());
+    return 1;
+  }
+  std::vector<Case> cases;
+  if (which == "all" || which == "big") {
+    cases.push_back({"causal_B4_H32_S2048_D128", v1::DTYPE_BF16, 4, 32, 32, 2048, 2048, 128, true});
+    cases.push_back({"full_B4_H32_S4096_D128", v1::DTYPE_BF16, 4, 32, 32, 4096, 4096, 128, false});
+    cases.push_back({"full_B16_H16_S2048_D64", v1::DTYPE_BF16, 16, 16, 16, 2048, 2048, 64, false});
+  }
+  if (which == "all" || which == "decode") {
+    cases.push_back({"decode_B8_H32_KV8_S1_Sk8192_D128", v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, true});
+    cases.push_back({"decode_B1_H32_S1_Sk32768_D128", v1::DTYPE_BF16, 1, 32, 32, 1, 32768, 128, true});
+  }
+  auto stream_or = dev->CreateStream();
+  if (!stream_or.ok()) return 1;
+  auto& stream = *stream_or;
+  for (const Case& c : cases) {
+    kiln::backend::KernelSpec s;
+    s.name = s.label = "bench_attention";
+    s.op = v1::OP_ATTENTION;
+    s.attrs.mutable_attention()->set_mask(c.causal ? v1::MASK_CAUSAL : v1::MASK_NONE);
+    s.inputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}}, {c.dt, {c.B, c.Hkv, c.Sk, c.D}},
+                {c.dt, {c.B, c.Hkv, c.Sk, c.D}}};
+    s.outputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}}};
+    kiln::backend::PrepareContext ctx;
+    auto kernel = dev->PrepareKernel(s, ctx);
+    if (!kernel.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(kernel.status().message()).c_str());
+      return 1;
+    }
+    const int64_t nq = c.B * c.Hq * c.Sq * c.D, nk = c.B * c.Hkv * c.Sk * c.D;
+    const auto q = Random(c.dt, nq, 1, 1.0f), k = Random(c.dt, nk, 2, 1.0f), v = Random(c.dt, nk, 3, 1.0f);
+    std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs;
+    std::vector<kiln::backend::BufferView> views;
+    for (const auto* h : {&q, &k, &v}) {
+      auto b = dev->Allocate(static_cast<int64_t>(h->size()) * 2);
+      if (!b.ok()) return 1;
+      bufs.push_back(std::move(b).value());
+      views.push_back({bufs.back().get(), 0, static_cast<int64_t>(h->size()) * 2});
+      if (!dev->CopyToDevice(*stream, h->data(), views.back()).ok()) return 1;
+    }
+    auto ob = dev->Allocate(nq * 2);
+    if (!ob.ok()) return 1;
+    const std::vector<kiln::backend::BufferView> ins = views, outs = {{ob->get(), 0, nq * 2}};
+    auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
+    for (int i = 0; i < 3; ++i) {
+      if (!launch()) return 1;
+    }
+    if (!stream->Synchronize().ok()) return 1;
+    std::vector<double> ms;
+    for (int r = 0; r < rounds; ++r) {
+      auto e0 = stream->Record();
+      for (int i = 0; i < reps; ++i) {
+        if (!launch()) return 1;
+      }
+      auto e1 = stream->Record();
+      if (!e0.ok() || !e1.ok() || !stream->Synchronize().ok()) return 1;
+      auto us = (*e1)->MicrosSince(**e0);
+      if (!us.ok()) return 1;
+      ms.push_back(*us / 1000.0 / reps);
+    }
+    std::vector<uint16_t> out(nq);
+    if (!dev->CopyToHost(*stream, outs[0], out.data()).ok() || !stream->Synchronize().ok()) return 1;
+    // 64 sampled rows against an f64 reference.
+    double worst = 0;
+    std::mt19937_64 rng(9);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    for (int t = 0; t < 64; ++t) {
+      const int64_t row = static_cast<int64_t>(rng() % (c.B * c.Hq * c.Sq));
+      const int64_t i = row % c.Sq, h = (row / c.Sq) % c.Hq, b = row / (c.Sq * c.Hq);
+      const int64_t hk = h / (c.Hq / c.Hkv);
+      const int64_t hi = c.causal ? i + (c.Sk - c.Sq) + 1 : c.Sk;
+      std::vector<double> p(hi);
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < hi; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < c.D; ++d) {
+          dot += Value(c.dt, q[row * c.D + d]) * Value(c.dt, k[((b * c.Hkv + hk) * c.Sk + j) * c.D + d]);
+        }
+        p[j] = dot * scale;
+        mx = std::max(mx, p[j]);
+      }
+      for (double& x : p) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < c.D; ++d) {
+        double want = 0;
+        for (int64_t j = 0; j < hi; ++j) want += p[j] * Value(c.dt, v[((b * c.Hkv + hk) * c.Sk + j) * c.D + d]);
+        worst = std::max(worst, std::fabs(want / sum - Value(c.dt, out[row * c.D + d])));
+      }
+    }
+    const double med = Median(ms);
+    double flops = 4.0 * c.B * c.Hq * c.Sq * c.Sk * c.D;
+    if (c.causal && c.Sq == c.Sk) flops /= 2;
+    json j = {{"bench", "attention_fwd"}, {"impl", "kiln"}, {"case", c.name},
+              {"implementation", (*kernel)->implementation()}, {"ms", med},
+              {"tflops", flops / (med * 1e-3) / 1e12}, {"max_abs_err", worst}};
+    if (c.Sq == 1) j["kv_gbps"] = 2.0 * nk * 2 / (med * 1e-3) / 1e9;
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}

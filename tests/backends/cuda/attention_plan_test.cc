@@ -1,0 +1,75 @@
+// Which attention kernel serves a shape on a CUDA device (no GPU needed):
+// the tensor-core kernel for f16/bf16 head dims 64 and 128, split-K for
+// decoding shapes, the row kernel for the rest.
+#include <gtest/gtest.h>
+
+#include "backends/cuda/attention_plan.h"
+
+namespace kiln::cuda {
+namespace {
+
+DeviceCaps H100() {
+  DeviceCaps c;
+  c.cc_major = 9;
+  c.sm_count = 132;
+  c.max_grid_x = 2147483647;
+  c.max_shared_per_block_optin = 227 << 10;
+  c.arch = "sm_90";
+  return c;
+}
+
+TEST(AttentionPlan, TensorCoresForHalfTypesAtHeadDims64And128) {
+  const DeviceCaps caps = H100();
+  for (DType dt : {v1::DTYPE_BF16, v1::DTYPE_F16}) {
+    for (int64_t d : {64, 128}) {
+      EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 2048, 2048, d, d, caps).kind, AttentionPath::kFlash);
+      EXPECT_EQ(PlanAttentionPath(dt, 1, 1, 9, 9, d, d, caps).kind, AttentionPath::kFlash);
+    }
+    // Other head dims, Dv != D, and f32 keep the row kernel.
+    EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 512, 512, 96, 96, caps).kind, AttentionPath::kRows);
+    EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 512, 512, 64, 128, caps).kind, AttentionPath::kRows);
+    EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 512, 512, 256, 256, caps).kind, AttentionPath::kRows);
+  }
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 4, 32, 512, 512, 64, 64, caps).kind,
+            AttentionPath::kRows);
+  // Shared memory: three 64 x (D + 8) tiles of halves.
+  EXPECT_EQ(FlashSharedBytes(128), 3 * 64 * 136 * 2);
+  DeviceCaps small = caps;
+  small.max_shared_per_block_optin = 48 << 10;
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 1, 8, 256, 256, 128, 128, small).kind,
+            AttentionPath::kRows);
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 1, 8, 256, 256, 64, 64, small).kind,
+            AttentionPath::kFlash);
+  // A grid past the device's limit.
+  DeviceCaps narrow = caps;
+  narrow.max_grid_x = 65535;
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 64, 64, 8192, 8192, 64, 64, narrow).kind,
+            AttentionPath::kRows);
+}
+
+TEST(AttentionPlan, DecodingSplitsTheKeys) {
+  const DeviceCaps caps = H100();
+  // One query row per (batch, head) over 32k keys: enough splits to fill
+  // the device, at most 256, each of at least 32 keys.
+  AttentionPath p = PlanAttentionPath(v1::DTYPE_BF16, 1, 32, 1, 32768, 128, 128, caps);
+  EXPECT_EQ(p.kind, AttentionPath::kSplit);
+  EXPECT_EQ(p.splits, 256);
+  p = PlanAttentionPath(v1::DTYPE_F32, 8, 32, 1, 4096, 128, 128, caps);
+  EXPECT_EQ(p.kind, AttentionPath::kSplit);
+  EXPECT_EQ(p.splits, (132 * 64 + 255) / 256);
+  p = PlanAttentionPath(v1::DTYPE_BF16, 1, 1, 1, 300, 80, 80, caps);
+  EXPECT_EQ(p.kind, AttentionPath::kSplit);
+  EXPECT_EQ(p.splits, (300 + 31) / 32);
+  // Many rows need no split; short key ranges and long query runs do not split.
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 512, 64, 8, 4096, 128, 128, caps).splits, 1);
+  EXPECT_NE(PlanAttentionPath(v1::DTYPE_BF16, 1, 32, 1, 255, 128, 128, caps).kind,
+            AttentionPath::kSplit);
+  EXPECT_NE(PlanAttentionPath(v1::DTYPE_BF16, 1, 32, 9, 4096, 128, 128, caps).kind,
+            AttentionPath::kSplit);
+  // Empty shapes never split.
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 0, 32, 1, 4096, 128, 128, caps).kind,
+            AttentionPath::kRows);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
