@@ -24,7 +24,6 @@
 
 #include <atomic>
 #include <array>
-
 #include <map>
 #include <memory>
 #include <optional>
