@@ -264,13 +264,10 @@ absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const s
   if (name == train::kStepParam || name == train::kGoodStepsParam ||
       name == train::kSkippedStepsParam) {
     if (dtype != v1::DTYPE_I64 || !dims.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer state \"", name,
-                                                     "\" is i64[] (",
-                                                     name == train::kStepParam
-                                                         ? "the steps taken"
-                                                         : "a count of steps",
-                                                     "), got ",
-                                                     DTypeName(dtype), DimsToString(dims)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state \"", name, "\" is i64[] (",
+                       name == train::kStepParam ? "the steps taken" : "a count of steps",
+                       "), got ", DTypeName(dtype), DimsToString(dims)));
     }
     return absl::OkStatus();
   }

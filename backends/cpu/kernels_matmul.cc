@@ -247,11 +247,10 @@ absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spe
   if (dtype == v1::DTYPE_I32) {
     // The integer product: i8 or u8 @ i8 -> i32 (oneDNN's s8/u8 x s8 matmul).
     const DType a = spec.inputs[0].dtype, b = spec.inputs[1].dtype;
-    if (spec.op != v1::OP_MATMUL || (a != v1::DTYPE_I8 && a != v1::DTYPE_U8) ||
-        b != v1::DTYPE_I8) {
-      return absl::UnimplementedError(absl::StrCat(
-          "integer matmul is i8 or u8 @ i8 -> i32 without epilogue, got ", DTypeName(a), " @ ",
-          DTypeName(b)));
+    if (spec.op != v1::OP_MATMUL || (a != v1::DTYPE_I8 && a != v1::DTYPE_U8) || b != v1::DTYPE_I8) {
+      return absl::UnimplementedError(
+          absl::StrCat("integer matmul is i8 or u8 @ i8 -> i32 without epilogue, got ",
+                       DTypeName(a), " @ ", DTypeName(b)));
     }
   } else if (!IsF32Storage(dtype)) {
     return absl::UnimplementedError(absl::StrCat(
@@ -271,7 +270,8 @@ absl::StatusOr<std::pair<FusedParts, MatMulPlan>> Validate(const KernelSpec& spe
       return absl::UnimplementedError(absl::StrCat(
           "integer matmul with K = ", p.k, " > ", kMaxExactF32K,
           " needs a CPU with VNNI (oneDNN's int8 GEMM without it saturates 16-bit sums, and "
-          "the exact f32 fallback holds to K = ", kMaxExactF32K, ")"));
+          "the exact f32 fallback holds to K = ",
+          kMaxExactF32K, ")"));
     }
     if (spec.inputs[0].dtype == v1::DTYPE_U8 && spec.inputs[1].dims.size() != 2) {
       return absl::UnimplementedError(
@@ -326,7 +326,8 @@ class MatMulKernel final : public CpuKernel {
   std::string implementation() const override {
     std::string s = "onednn:matmul";
     if (dtype_ == v1::DTYPE_I32) {
-      absl::StrAppend(&s, a_unsigned_ ? "_u8s8s32" : "_s8s8s32", int_via_f32_ ? "_as_exact_f32" : "");
+      absl::StrAppend(&s, a_unsigned_ ? "_u8s8s32" : "_s8s8s32",
+                      int_via_f32_ ? "_as_exact_f32" : "");
     } else if (dtype_ != v1::DTYPE_F32) {
       absl::StrAppend(&s, "_", DTypeName(dtype_));
     }
@@ -562,8 +563,8 @@ class MatMulKernel final : public CpuKernel {
   FusedParts parts_;
   MatMulPlan plan_;
   DType dtype_ = v1::DTYPE_F32;
-  bool a_unsigned_ = false;  // the integer product's a is u8 (else s8)
-  bool int_via_f32_ = false;  // the integer product as an exact f32 GEMM (no VNNI)
+  bool a_unsigned_ = false;      // the integer product's a is u8 (else s8)
+  bool int_via_f32_ = false;     // the integer product as an exact f32 GEMM (no VNNI)
   std::vector<int32_t> colsum_;  // int_via_f32_ with a u8 a: sum over K of b
   int64_t a_elements_ = 0, b_elements_ = 0;
   bool convert_ = false;  // storage converted to and from f32 around the primitive

@@ -286,7 +286,8 @@ absl::StatusOr<v1::TransformSpec> Precision(const TrainFlags& f) {
     if (f.init_scale != 0) a.set_init_scale(f.init_scale);
     if (f.scale_growth_interval != 0) a.set_growth_interval(f.scale_growth_interval);
   } else if (!f.loss_scale.empty() || f.init_scale != 0 || f.scale_growth_interval != 0) {
-    return absl::InvalidArgumentError("--loss-scale, --init-scale and --scale-growth-interval need --amp");
+    return absl::InvalidArgumentError(
+        "--loss-scale, --init-scale and --scale-growth-interval need --amp");
   }
   if (!f.qat.empty()) {
     v1::QatSpec& q = *t.mutable_qat();
@@ -302,8 +303,9 @@ absl::StatusOr<v1::TransformSpec> Precision(const TrainFlags& f) {
     q.set_lsq(f.qat_lsq);
     q.set_weights_only(f.qat_weights_only);
   } else if (f.qat_per_channel || f.qat_asymmetric || f.qat_lsq || f.qat_weights_only) {
-    return absl::InvalidArgumentError("--qat-per-channel, --qat-asymmetric, --qat-lsq and "
-                                      "--qat-weights-only need --qat");
+    return absl::InvalidArgumentError(
+        "--qat-per-channel, --qat-asymmetric, --qat-lsq and "
+        "--qat-weights-only need --qat");
   }
   if (!f.export_int8.empty() && f.qat != "int8") {
     return absl::InvalidArgumentError("--export-int8 needs --qat int8");
@@ -378,7 +380,8 @@ absl::Status ExportInt8(const Client& client, const v1::GraphSource& source, con
   KILN_ASSIGN_OR_RETURN(double f32, Accuracy(client, source, plain, f, images, labels));
   v1::GraphSource int8_source;
   *int8_source.mutable_graph() = model.graph;
-  KILN_ASSIGN_OR_RETURN(double int8, Accuracy(client, int8_source, model.params, f, images, labels));
+  KILN_ASSIGN_OR_RETURN(double int8,
+                        Accuracy(client, int8_source, model.params, f, images, labels));
   std::printf("int8 test accuracy %.2f%% (the trained weights in f32: %.2f%%; drop %.2f points)\n",
               int8, f32, f32 - int8);
   return absl::OkStatus();

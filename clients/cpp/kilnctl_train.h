@@ -84,7 +84,7 @@ struct TrainFlags {
   std::string loss_scale;  // "", dynamic, static, none
   double init_scale = 0;   // 0 = the default (65536)
   int64_t scale_growth_interval = 0;
-  std::string qat;         // "", int8, int4
+  std::string qat;  // "", int8, int4
   bool qat_per_channel = false, qat_asymmetric = false, qat_lsq = false, qat_weights_only = false;
   std::string export_int8;  // directory
 };

@@ -33,8 +33,8 @@ absl::Status Bad(absl::string_view field, double v, absl::string_view want) {
 
 absl::Status ValidateAmp(const v1::AmpSpec& s) {
   if (s.compute() != v1::DTYPE_BF16 && s.compute() != v1::DTYPE_F16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "amp compute dtype ", DTypeName(s.compute()), " is not supported; use bf16 or f16"));
+    return absl::InvalidArgumentError(absl::StrCat("amp compute dtype ", DTypeName(s.compute()),
+                                                   " is not supported; use bf16 or f16"));
   }
   if (!v1::LossScaleMode_IsValid(s.loss_scale())) {
     return absl::InvalidArgumentError(
@@ -85,8 +85,8 @@ absl::StatusOr<bool> ApplyAmp(ir::Graph& g, const v1::AmpSpec& spec) {
                                               " inferred ", DTypeName(g.TypeOf(low_out).dtype)));
     }
     ir::ValueRef back = r.Cast(low_out, v1::DTYPE_F32);
-    KILN_RETURN_IF_ERROR(r.status()) << "while casting " << ir::NodeLabel(n) << " to "
-                                     << DTypeName(low) << " for amp";
+    KILN_RETURN_IF_ERROR(r.status())
+        << "while casting " << ir::NodeLabel(n) << " to " << DTypeName(low) << " for amp";
     r.last()->name = n.name;  // the f32 value keeps the user's name
     g.ReplaceAllUses(n.out(), back);
   }

@@ -752,8 +752,8 @@ FakeQuantParts FakeQuant(Builder& b, const ir::Node& n) {
   if (Valid(zp)) r = b.Add(r, zp);
   p.mask = b.Mul(b.Mask(v1::COMPARE_GE, r, b.Sc(qmin, dt), dt),
                  b.Mask(v1::COMPARE_LE, r, b.Sc(qmax, dt), dt));
-  p.q = b.r().Binary(v1::BINARY_MIN, b.r().Binary(v1::BINARY_MAX, r, b.Sc(qmin, dt)),
-                     b.Sc(qmax, dt));
+  p.q =
+      b.r().Binary(v1::BINARY_MIN, b.r().Binary(v1::BINARY_MAX, r, b.Sc(qmin, dt)), b.Sc(qmax, dt));
   if (Valid(zp)) p.q = b.Sub(p.q, zp);
   return p;
 }
@@ -842,7 +842,8 @@ bool HasRule(const ir::Node& n) {
       return true;
     case v1::OP_REDUCE:
       return true;
-    case v1::OP_FAKE_QUANTIZE: case v1::OP_FAKE_QUANTIZE_LSQ:
+    case v1::OP_FAKE_QUANTIZE:
+    case v1::OP_FAKE_QUANTIZE_LSQ:
       return true;
     default:
       return false;
@@ -1022,7 +1023,8 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       if (need[0]) grads[0] = b.Mul(g, p.mask);
       if (n.op == v1::OP_FAKE_QUANTIZE_LSQ && need[1]) {
         ValueRef gs = b.Reshape(b.SumTo(b.Mul(g, LsqScalePartial(b, p)), p.s_dims), dims(1));
-        if (b.T(gs).dtype != b.T(n.operands[1]).dtype) gs = b.r().Cast(gs, b.T(n.operands[1]).dtype);
+        if (b.T(gs).dtype != b.T(n.operands[1]).dtype)
+          gs = b.r().Cast(gs, b.T(n.operands[1]).dtype);
         grads[1] = gs;
       }
       break;
@@ -1235,7 +1237,10 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
         if (b.T(s).dtype != y.dtype) s = b.r().Cast(s, y.dtype);
         ts = b.Mul(b.Reshape(s, p.s_dims), LsqScalePartial(b, p));
       }
-      out = Valid(tx) && Valid(ts) ? b.Add(tx, ts) : Valid(tx) ? tx : Valid(ts) ? fit(ts) : b.Zeros(y);
+      out = Valid(tx) && Valid(ts) ? b.Add(tx, ts)
+            : Valid(tx)            ? tx
+            : Valid(ts)            ? fit(ts)
+                                   : b.Zeros(y);
       break;
     }
     default:

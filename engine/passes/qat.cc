@@ -91,8 +91,7 @@ class Qat {
       amax = r.Binary(v1::BINARY_MAX, amax,
                       r.Binary(v1::BINARY_MUL, Reduce(r, v1::REDUCE_MAX, amax, -1),
                                r.Scalar(kMinRangeFraction, v1::DTYPE_F32)));
-      ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, amax),
-                            r.Scalar(grid.qmax, v1::DTYPE_F32));
+      ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, amax), r.Scalar(grid.qmax, v1::DTYPE_F32));
       return r.Add(v1::OP_FAKE_QUANTIZE, {v, s}, FakeAttrs(channel, true));
     }
     const ValueRef zero = r.Scalar(0, v1::DTYPE_F32);
@@ -112,8 +111,8 @@ class Qat {
   ValueRef Weight(ir::Rewriter& r, const ir::Node& n, ValueRef w, int64_t channel) {
     auto it = weights_.find(w);
     if (it != weights_.end()) return it->second;
-    ValueRef q = spec_.lsq() ? Lsq(r, n, w, channel)
-                             : FromRange(r, w, channel, !spec_.weight_asymmetric());
+    ValueRef q =
+        spec_.lsq() ? Lsq(r, n, w, channel) : FromRange(r, w, channel, !spec_.weight_asymmetric());
     weights_[w] = q;
     return q;
   }
@@ -134,7 +133,9 @@ class Qat {
     st.dtype = v1::DTYPE_F32;
     if (channel >= 0) st.dims = {g_.TypeOf(w).dims[channel]};
     const ir::Node& wn = *g_.FindNode(w.node);
-    std::string base = !wn.name.empty() ? wn.name : !n.name.empty() ? n.name : absl::StrCat("node", n.id);
+    std::string base = !wn.name.empty()  ? wn.name
+                       : !n.name.empty() ? n.name
+                                         : absl::StrCat("node", n.id);
     auto p = std::make_unique<ir::Node>();
     p->op = v1::OP_PARAM;
     p->name = absl::StrCat(base, kLsqScaleSuffix);

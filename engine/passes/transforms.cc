@@ -45,16 +45,17 @@ class TransformsPass final : public Pass {
     if (spec.has_qat()) {
       KILN_RETURN_IF_ERROR(ValidateQat(spec.qat()));
       KILN_ASSIGN_OR_RETURN(bool changed, ApplyQat(graph, spec.qat(), &extras.lsq_scales));
-      ctx.notes.push_back(changed ? absl::StrCat("transforms: qat int", spec.qat().bits() == 0 ? 8 : spec.qat().bits(),
+      ctx.notes.push_back(changed ? absl::StrCat("transforms: qat int",
+                                                 spec.qat().bits() == 0 ? 8 : spec.qat().bits(),
                                                  " fake quantization")
                                   : "transforms: qat found no f32 matmul or conv");
     }
     if (amp) {
       KILN_RETURN_IF_ERROR(ValidateAmp(spec.amp()));
       KILN_ASSIGN_OR_RETURN(bool changed, ApplyAmp(graph, spec.amp()));
-      ctx.notes.push_back(changed ? absl::StrCat("transforms: amp ", DTypeName(spec.amp().compute()),
-                                                 " compute")
-                                  : "transforms: amp found no f32 matmul, attention or conv");
+      ctx.notes.push_back(
+          changed ? absl::StrCat("transforms: amp ", DTypeName(spec.amp().compute()), " compute")
+                  : "transforms: amp found no f32 matmul, attention or conv");
       extras.amp = &spec.amp();
     }
     if (training) {

@@ -66,8 +66,10 @@ absl::StatusOr<QuantizedWeight> QuantizeWeight(const HostTensor& w, bool tb, boo
   }
   QuantizedWeight out;
   KILN_ASSIGN_OR_RETURN(out.q, HostTensor::Create(v1::DTYPE_I8, w.dims()));
-  KILN_ASSIGN_OR_RETURN(out.scale, HostTensor::Create(v1::DTYPE_F32, per_channel ? Dims{n} : Dims{}));
-  KILN_ASSIGN_OR_RETURN(out.colsum, HostTensor::Create(v1::DTYPE_F32, per_channel ? Dims{n} : Dims{n}));
+  KILN_ASSIGN_OR_RETURN(out.scale,
+                        HostTensor::Create(v1::DTYPE_F32, per_channel ? Dims{n} : Dims{}));
+  KILN_ASSIGN_OR_RETURN(out.colsum,
+                        HostTensor::Create(v1::DTYPE_F32, per_channel ? Dims{n} : Dims{n}));
   std::copy(s.begin(), s.end(), out.scale.data_as<float>());
   int8_t* q = out.q.data_as<int8_t>();
   for (int64_t kk = 0; kk < k; ++kk) {
@@ -127,14 +129,15 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
     ir::Node& wn = *g->FindNode(mm.operands[1].node);
     if (wn.op != v1::OP_PARAM || wn.type().rank() != 2 || uses.at(mm.operands[1]) != 1 ||
         g->TypeOf(mm.operands[0]).dtype != v1::DTYPE_F32) {
-      model.notes.push_back(absl::StrCat(ir::NodeLabel(mm),
-                                         " stays f32 (its weight is not a rank-2 param of its own)"));
+      model.notes.push_back(absl::StrCat(
+          ir::NodeLabel(mm), " stays f32 (its weight is not a rank-2 param of its own)"));
       continue;
     }
     const std::string name = wn.name;
     auto it = trained.find(name);
     if (it == trained.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("the trained value of \"", name, "\" is not given"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the trained value of \"", name, "\" is not given"));
     }
     const HostTensor& w = it->second;
     if (w.dtype() != v1::DTYPE_F32 || w.dims() != wn.type().dims_vector()) {
@@ -159,11 +162,11 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
     }
     HostTensor zeros;
     if (qat.lsq() && lsq == nullptr) {
-      KILN_ASSIGN_OR_RETURN(zeros, HostTensor::Create(v1::DTYPE_F32, {qat.weight_per_channel() ? n : 1}));
+      KILN_ASSIGN_OR_RETURN(zeros,
+                            HostTensor::Create(v1::DTYPE_F32, {qat.weight_per_channel() ? n : 1}));
       lsq = &zeros;
     }
-    KILN_ASSIGN_OR_RETURN(QuantizedWeight qw,
-                          QuantizeWeight(w, tb, qat.weight_per_channel(), lsq));
+    KILN_ASSIGN_OR_RETURN(QuantizedWeight qw, QuantizeWeight(w, tb, qat.weight_per_channel(), lsq));
     wn.outputs[0].dtype = v1::DTYPE_I8;
     ir::TensorType st;
     st.dtype = v1::DTYPE_F32;
@@ -193,8 +196,10 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
         qx = r.Add(v1::OP_QUANTIZE, {x, sx}, std::move(qa));
       } else {
         const ValueRef zero = r.Scalar(0, f32);
-        ValueRef lo = r.Binary(v1::BINARY_MIN, r.Reduce(v1::REDUCE_MIN, x, AllAxes(rank), false), zero);
-        ValueRef hi = r.Binary(v1::BINARY_MAX, r.Reduce(v1::REDUCE_MAX, x, AllAxes(rank), false), zero);
+        ValueRef lo =
+            r.Binary(v1::BINARY_MIN, r.Reduce(v1::REDUCE_MIN, x, AllAxes(rank), false), zero);
+        ValueRef hi =
+            r.Binary(v1::BINARY_MAX, r.Reduce(v1::REDUCE_MAX, x, AllAxes(rank), false), zero);
         ValueRef range = r.Binary(v1::BINARY_SUB, hi, lo);
         sx = r.Binary(v1::BINARY_DIV, r.Binary(v1::BINARY_MAX, range, r.Scalar(kMinRange, f32)),
                       r.Scalar(255, f32));
@@ -208,7 +213,8 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
       if (qat.activation_asymmetric()) {
         KILN_ASSIGN_OR_RETURN(HostTensor colsum, HostTensor::Create(f32, {n}));
         std::copy_n(qw.colsum.data_as<float>(), n, colsum.data_as<float>());
-        y = r.Binary(v1::BINARY_SUB, y, r.Binary(v1::BINARY_MUL, zp, r.Constant(std::move(colsum))));
+        y = r.Binary(v1::BINARY_SUB, y,
+                     r.Binary(v1::BINARY_MUL, zp, r.Constant(std::move(colsum))));
       }
       y = r.Binary(v1::BINARY_MUL, y, r.Binary(v1::BINARY_MUL, sx, sw));
     }
@@ -217,9 +223,9 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
     g->ReplaceAllUses(mm.out(), y);
     added.emplace(name, std::move(qw.q));
     added.emplace(scale_name, std::move(qw.scale));
-    model.notes.push_back(absl::StrCat(ir::NodeLabel(mm), ": ",
-                                       qat.weights_only() ? "i8 weights, f32 product"
-                                                          : "integer product (i8 x i8 -> i32)"));
+    model.notes.push_back(absl::StrCat(
+        ir::NodeLabel(mm), ": ",
+        qat.weights_only() ? "i8 weights, f32 product" : "integer product (i8 x i8 -> i32)"));
   }
   g->RemoveDeadNodes();
   KILN_RETURN_IF_ERROR(g->SortTopologically());
@@ -231,7 +237,8 @@ absl::StatusOr<Int8Model> ExportInt8(const v1::Graph& proto, const v1::QatSpec& 
     }
     auto t = trained.find(p->name);
     if (t == trained.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("the trained value of \"", p->name, "\" is not given"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the trained value of \"", p->name, "\" is not given"));
     }
     model.params.emplace(p->name, t->second.Clone());
   }

@@ -438,8 +438,8 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
     for (Update& u : updates) {
       if (u.name != s.param) continue;
       ValueRef p = FindParam(g, s.param);
-      u.value = b.r().Where(b.r().Compare(v1::COMPARE_GT, p, b.Sc(0, v1::DTYPE_F32)), u.value,
-                            s.init);
+      u.value =
+          b.r().Where(b.r().Compare(v1::COMPARE_GT, p, b.Sc(0, v1::DTYPE_F32)), u.value, s.init);
     }
   }
   if (Valid(finite)) {
@@ -448,9 +448,9 @@ absl::Status AppendTrainStep(ir::Graph& g, const v1::TrainingSpec& spec,
     const ValueRef one_i = b.Sc(1, v1::DTYPE_I64), zero_i = b.Sc(0, v1::DTYPE_I64);
     ValueRef good = b.r().Where(finite, b.Add(good_steps, one_i), zero_i);
     ValueRef grow = b.r().Compare(v1::COMPARE_GE, good, b.Sc(scaling.interval, v1::DTYPE_I64));
-    ValueRef scale_next = b.r().Where(
-        finite, b.r().Where(grow, b.Scale(loss_scale, scaling.growth), loss_scale),
-        b.Scale(loss_scale, scaling.backoff));
+    ValueRef scale_next =
+        b.r().Where(finite, b.r().Where(grow, b.Scale(loss_scale, scaling.growth), loss_scale),
+                    b.Scale(loss_scale, scaling.backoff));
     updates.push_back({kLossScaleParam, scale_next});
     updates.push_back({kGoodStepsParam, b.r().Where(grow, zero_i, good)});
     updates.push_back(

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -151,7 +151,8 @@ TEST(FakeQuantGrad, VjpAndJvpAgree) {
 input x: f32[3, 5]
 input s: f32[5]
 const zp: f32[5] = [0, 3, 7, 8, 15]
-let y = )", call, R"(
+let y = )",
+                                          call, R"(
 out y
 )");
     std::mt19937 rng(11);
@@ -167,8 +168,8 @@ out y
     ASSERT_TRUE(vr.ok()) << vr.status();
     v1::TransformSpec jvp = vjp;
     jvp.mutable_autodiff()->set_mode(v1::AUTODIFF_JVP);
-    auto jr = CompileAndRun(text, jvp,
-                            {{"x", &x}, {"s", &s}, {"tangent/x", &tx}, {"tangent/s", &ts}});
+    auto jr =
+        CompileAndRun(text, jvp, {{"x", &x}, {"s", &s}, {"tangent/x", &tx}, {"tangent/s", &ts}});
     ASSERT_TRUE(jr.ok()) << jr.status();
     double lhs = 0, rhs = 0, gs = 0;
     const HostTensor& jt = Output(*jr, "tangent/y");
@@ -430,9 +431,7 @@ TEST(AmpTraining, BadSpecsAreNamed) {
          s.mutable_amp()->set_compute(v1::DTYPE_F16), s.mutable_amp()->set_growth_interval(0);
        },
        "amp growth_interval = 0"},
-      {[](auto& s) {
-         s.mutable_amp()->set_compute(v1::DTYPE_BF16), s.mutable_qat();
-       },
+      {[](auto& s) { s.mutable_amp()->set_compute(v1::DTYPE_BF16), s.mutable_qat(); },
        "both AMP and QAT"},
       {[](auto& s) { s.mutable_qat()->set_bits(3); }, "qat bits = 3"},
       {[](auto& s) {

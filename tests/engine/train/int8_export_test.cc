@@ -3,6 +3,8 @@
 // included; and exported graphs against the fake-quantized f32 graph they
 // came from (per tensor and per channel, symmetric and asymmetric
 // activations, LSQ scales, weights only).
+#include "engine/quant/int8_export.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/ir/text.h"
-#include "engine/quant/int8_export.h"
 
 namespace kiln {
 namespace {
@@ -29,7 +30,7 @@ Engine& SharedEngine() {
 
 absl::StatusOr<RunResult> CompileRun(const v1::Graph& graph, const CompileOptions& co,
                                      const std::map<std::string, const HostTensor*>& inputs,
-                              const std::map<std::string, HostTensor>& params) {
+                                     const std::map<std::string, HostTensor>& params) {
   auto exe = SharedEngine().Compile(graph, co, {});
   if (!exe.ok()) return exe.status();
   std::vector<TensorRef> in, ps;
@@ -74,13 +75,12 @@ TEST(Int8MatMul, MatchesExactReference) {
     SCOPED_TRACE(c.name);
     const std::string text = absl::StrCat(
         "graph \"mm\"\ninput a: ", DTypeName(c.a_dtype), DimsToString(c.a), "\ninput b: i8",
-        DimsToString(c.b), "\nlet c = matmul(a, b", c.tb ? ", transpose_b=true" : "",
-        ")\nout c\n");
+        DimsToString(c.b), "\nlet c = matmul(a, b", c.tb ? ", transpose_b=true" : "", ")\nout c\n");
     auto g = ir::ParseGraphProto(text);
     ASSERT_TRUE(g.ok()) << g.status() << "\n" << text;
     const bool u8 = c.a_dtype == v1::DTYPE_U8;
-    HostTensor a = Ints(c.a_dtype, c.a, u8 ? std::max(0, c.lo + 128) : c.lo,
-                        u8 ? c.hi + 128 : c.hi, rng);
+    HostTensor a =
+        Ints(c.a_dtype, c.a, u8 ? std::max(0, c.lo + 128) : c.lo, u8 ? c.hi + 128 : c.hi, rng);
     HostTensor b = Ints(v1::DTYPE_I8, c.b, c.lo, c.hi, rng);
     CompileOptions co;
     co.device = "cpu:0";
@@ -106,7 +106,8 @@ TEST(Int8MatMul, MatchesExactReference) {
 }
 
 TEST(Int8MatMul, BadOperandsAreNamed) {
-  auto g = ir::ParseGraphProto("graph \"mm\"\ninput a: i8[2, 3]\ninput b: u8[3, 4]\nout c = a @ b\n");
+  auto g =
+      ir::ParseGraphProto("graph \"mm\"\ninput a: i8[2, 3]\ninput b: u8[3, 4]\nout c = a @ b\n");
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("an integer matmul is i8 or u8 @ i8"), std::string::npos)
       << g.status();
@@ -183,7 +184,8 @@ TEST(Int8Export, MatchesTheFakeQuantizedGraph) {
     const HostTensor& b = got->outputs[0].second;
     ASSERT_EQ(a.num_elements(), b.num_elements());
     double amax = 0;
-    for (int64_t i = 0; i < a.num_elements(); ++i) amax = std::max(amax, std::abs(a.GetAsDouble(i)));
+    for (int64_t i = 0; i < a.num_elements(); ++i)
+      amax = std::max(amax, std::abs(a.GetAsDouble(i)));
     int off = 0;
     for (int64_t i = 0; i < a.num_elements(); ++i) {
       off += std::abs(a.GetAsDouble(i) - b.GetAsDouble(i)) > 1e-4 * amax;
