@@ -410,7 +410,7 @@ v1::ShmServerMessage ShmRegistry::Register(Connection& c, const v1::ShmRegisterR
   if (::fstat(fd, &st) != 0) return Answer(absl::InvalidArgumentError(Errno("fstat of the fd")));
   if (!S_ISREG(st.st_mode)) {
     return Answer(absl::InvalidArgumentError(
-        "the fd is not a regular file: register a memfd (memfd_create) or a shm_open file"));
+        "the fd is not a regular file: register a memfd (memfd_create with MFD_ALLOW_SEALING)"));
   }
   struct statfs fs;
   if (::fstatfs(fd, &fs) != 0) return Answer(absl::InvalidArgumentError(Errno("fstatfs of the fd")));
