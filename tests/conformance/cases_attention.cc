@@ -226,11 +226,6 @@ std::vector<AttnCase> LowPrecisionAttentionCases() {
       {"custom", {2, 2, 2, 17, 33, 16, 16}, Mask(MASK_CUSTOM), {2, 17, 33}, -1, 1, true},
       {"bias", {2, 2, 2, 17, 33, 16, 16}, Mask(MASK_BIAS), {2, 1, 17, 33}},
       {"softcap", {1, 2, 2, 17, 33, 16, 16}, With(Mask(MASK_CAUSAL), 0, 4.0), {}, -3, 3},
-      // Head dims 64 and 128: cuda's tensor-core kernel (64-row tiles; sizes
-      // off the tile edges, GQA, a bias, a window).
-      {"d64_causal_gqa", {1, 4, 2, 100, 150, 64, 64}, Mask(MASK_CAUSAL)},
-      {"d128_bias", {1, 2, 2, 70, 70, 128, 128}, Mask(MASK_BIAS), {1, 2, 70, 70}},
-      {"d64_window", {1, 2, 2, 130, 130, 64, 64}, Mask(MASK_SLIDING_WINDOW, 40)},
   };
 }
 
