@@ -421,9 +421,17 @@ class WireTest(unittest.TestCase):
     def test_four_mib_each_way_through_kilnd(self):
         x = np.linspace(-1, 1, 1 << 20, dtype=np.float32)
         g = kiln.parse('graph "twice"\ninput x: f32[n]\nlet y = x * 2\nout y\n')
-        y = CLIENT.run(g, {"x": x})["y"]
-        np.testing.assert_array_equal(y, x * 2)
-        self.assertFalse(y.flags.writeable)
+        # Through shared memory (the default client, local kilnd) and as bytes:
+        # read-only outputs either way (docs/clients.md).
+        wire_only = kiln.Client(KILND_PROC.addr, shared_memory=False)
+        try:
+            for client, via_shm in ((CLIENT, True), (wire_only, False)):
+                y = client.run(g, {"x": x})["y"]
+                self.assertEqual(client.last_run_shared_memory, via_shm)
+                np.testing.assert_array_equal(y, x * 2)
+                self.assertFalse(y.flags.writeable)
+        finally:
+            wire_only.close()
 
 
 class TensorDslTest(unittest.TestCase):

@@ -285,5 +285,8 @@ def read_outputs(resp, region):
             arr = _dtypes.from_proto(o.tensor)
             all_in_shm = False
         total += _align64(arr.nbytes)
+        # Read-only as the bytes path's views are (docs/clients.md): code
+        # behaves the same whichever transport carried the call.
+        arr.flags.writeable = False
         outputs[o.name] = arr
     return outputs, 0 if all_in_shm else total
