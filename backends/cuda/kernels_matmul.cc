@@ -129,14 +129,24 @@ class MatMulKernel final : public CudaKernel {
                                   desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
                               "cublasLtMatmulDescSetAttribute(BIAS_POINTER)"));
     }
-    KILN_ASSIGN_OR_RETURN(CUdeviceptr ws, s.Workspace(kWorkspaceBytes));
+    // A residual that memory planning put in the result's own buffer (in
+    // place): the GEMM writes to scratch behind the workspace, else it would
+    // overwrite the residual before the post kernel reads it.
+    const int64_t out_bytes = spec_.outputs[0].num_elements() * elem;
+    const bool residual_in_place = post_.fn != nullptr && plan_.has_residual &&
+                                   residual < d + static_cast<CUdeviceptr>(out_bytes) &&
+                                   d < residual + static_cast<CUdeviceptr>(out_bytes);
+    const int64_t scratch_at = (kWorkspaceBytes + 255) / 256 * 256;
+    KILN_ASSIGN_OR_RETURN(CUdeviceptr ws, s.Workspace(residual_in_place ? scratch_at + out_bytes
+                                                                        : kWorkspaceBytes));
+    const CUdeviceptr gemm_out = residual_in_place ? ws + scratch_at : d;
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
     const float alpha = 1.0f, beta = lt_residual_ ? 1.0f : 0.0f;
     for (const auto& c : plan_.calls) {
       // cuBLASLt's A is our B, its B our A (C^T = B^T A^T).
       const void* lt_a = Ptr(b + c[1] * elem);
       const void* lt_b = Ptr(a + c[0] * elem);
-      void* dp = Ptr(d + c[2] * elem);
+      void* dp = Ptr(gemm_out + c[2] * elem);
       const void* cp = lt_residual_ ? Ptr(residual + c[2] * elem) : dp;
       KILN_RETURN_IF_ERROR(device_.CheckCublas(
           lt.cublasLtMatmul(handle, desc_, &alpha, lt_a, a_, lt_b, b_, &beta, cp, c_, dp, c_, &algo,
@@ -144,7 +154,7 @@ class MatMulKernel final : public CudaKernel {
           "cublasLtMatmul"));
     }
     if (post_.fn == nullptr) return absl::OkStatus();
-    CUdeviceptr ptrs[3] = {d, residual, d};
+    CUdeviceptr ptrs[3] = {gemm_out, residual, d};
     void* args[3] = {&ptrs[0], &ptrs[1], &ptrs[2]};
     if (!plan_.has_residual) args[1] = &ptrs[2];
     const int64_t total = spec_.outputs[0].num_elements();
