@@ -339,16 +339,18 @@ absl::StatusOr<TensorMap> Client::GetParams(const std::string& session_id,
   return out;
 }
 
-absl::StatusOr<Client::RunResult> Client::DoRun(const v1::RunRequest& req, const TensorMap& inputs,
+absl::StatusOr<Client::RunResult> Client::DoRun(v1::RunRequest& req, const TensorMap& inputs,
                                                 const TensorMap& params) const {
   if (shm_) {
     // Inputs through shared memory when it is on and works (params, rarely
-    // large on a Run, stay in the message), else as bytes.
-    v1::RunRequest shm_req = req;
-    ToNamedTensors(params, shm_req.mutable_params());
-    if (std::optional<absl::StatusOr<RunResult>> r = RunWithShm(shm_req, inputs)) {
+    // large on a Run, stay in the message), else as bytes. No copy of the
+    // request (a one-shot Run carries its whole graph): RunWithShm takes back
+    // what it added when it declines, and the params go here.
+    ToNamedTensors(params, req.mutable_params());
+    if (std::optional<absl::StatusOr<RunResult>> r = RunWithShm(req, inputs)) {
       return *std::move(r);
     }
+    req.clear_params();
   }
   return RunWithBytes(req, inputs, params);
 }

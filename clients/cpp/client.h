@@ -197,7 +197,7 @@ class Client {
   // `params`: the inputs through shared memory when it is on and works, else
   // everything as bytes serialized straight from the buffers
   // (base/tensor_wire.h).
-  absl::StatusOr<RunResult> DoRun(const v1::RunRequest& request, const TensorMap& inputs,
+  absl::StatusOr<RunResult> DoRun(v1::RunRequest& request, const TensorMap& inputs,
                                   const TensorMap& params) const;
   absl::StatusOr<RunResult> RunWithBytes(const v1::RunRequest& request, const TensorMap& inputs,
                                          const TensorMap& params) const;
