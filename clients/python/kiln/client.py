@@ -403,11 +403,12 @@ class Client:
             req.options.device = device
         resp, outputs = None, None
         if self._shm is not None:
-            # Inputs through shared memory (params stay in the message).
-            with_params = service_pb2.RunRequest()
-            with_params.CopyFrom(req)
-            _named(params, with_params.params)
-            resp, outputs = self._run_shm(with_params, inputs or {})
+            # Inputs through shared memory (params stay in the message;
+            # _run_shm sends a copy, so req is left as it was but for them).
+            _named(params, req.params)
+            resp, outputs = self._run_shm(req, inputs or {})
+            if resp is None:
+                del req.params[:]  # the bytes path below writes them itself
         self.last_run_shared_memory = resp is not None
         if resp is None:
             # Tensors straight from the arrays into the request bytes, and outputs
