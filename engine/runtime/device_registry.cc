@@ -2,11 +2,22 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/worker_client.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::runtime {
+namespace {
+
+// "cuda: no NVIDIA driver library (...)" stays as it is; a reason that does
+// not name its backend gets the name in front ("vulkan: no devices").
+std::string UnavailableNote(const std::string& backend, absl::string_view reason) {
+  if (absl::StartsWith(reason, absl::StrCat(backend, ": "))) return std::string(reason);
+  return absl::StrCat(backend, ": ", reason);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceRegistry>> DeviceRegistry::Create(
     const RegistryOptions& options) {
@@ -28,7 +39,7 @@ absl::StatusOr<std::unique_ptr<DeviceRegistry>> DeviceRegistry::Create(
         auto iso = worker::StartIsolatedBackend(wo);
         if (!iso.ok()) {
           spdlog::warn("backend {} unavailable: {}", reg.name, std::string(iso.status().message()));
-          r->unavailable_.push_back(absl::StrCat(reg.name, ": ", iso.status().message()));
+          r->unavailable_.push_back(UnavailableNote(reg.name, iso.status().message()));
           continue;
         }
         for (auto& d : iso->devices) {
@@ -46,7 +57,7 @@ absl::StatusOr<std::unique_ptr<DeviceRegistry>> DeviceRegistry::Create(
     auto b = reg.factory(options.backend);
     if (!b.ok()) {
       spdlog::warn("backend {} unavailable: {}", reg.name, std::string(b.status().message()));
-      r->unavailable_.push_back(absl::StrCat(reg.name, ": ", b.status().message()));
+      r->unavailable_.push_back(UnavailableNote(reg.name, b.status().message()));
       continue;
     }
     for (backend::Device* d : (*b)->devices()) r->devices_.push_back(d);
