@@ -8,7 +8,7 @@ Times each step (forward, backward, optimizer) with CUDA events after warm-up
 and prints one JSON line with the median, the ratio to Kiln's median from
 DIR/kiln.json, and both loss curves (they should agree to ~1e-4 relative).
 
-usage: torch_train_gpt.py EXPORT_DIR [--steps 50] [--device cuda]
+usage: torch_train_gpt.py EXPORT_DIR [--steps 50] [--device cuda|cpu]
 """
 import argparse
 import json
@@ -16,6 +16,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ def main():
     cuda = dev.type == "cuda"
     losses, times = [], []
     for i in range(args.steps + 3):
+        t0 = time.perf_counter()
         if cuda:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
@@ -56,8 +58,8 @@ def main():
             e1.record()
             e1.synchronize()
             ms = e0.elapsed_time(e1)
-        else:
-            ms = 0.0
+        else:  # the CPU (a check of the script here): wall time
+            ms = (time.perf_counter() - t0) * 1e3
         losses.append(float(loss))
         if i >= 3:
             times.append(ms)
