@@ -46,6 +46,52 @@ out loss
 """
 
 
+CNN_GRAPH = """graph "bench_cnn"
+input x: f32[128, 784]
+input y: i64[128]
+param c1_w: f32[16, 1, 3, 3]
+param c1_b: f32[16]
+param c2_w: f32[32, 16, 3, 3]
+param c2_b: f32[32]
+param fc_w: f32[1568, 10]
+param fc_b: f32[10]
+let img = reshape(x, shape=[-1, 1, 28, 28])
+let h1 = max_pool(relu(conv(img, c1_w, c1_b, pad_low=[1, 1], pad_high=[1, 1])), window=[2, 2])
+let h2 = max_pool(relu(conv(h1, c2_w, c2_b, pad_low=[1, 1], pad_high=[1, 1])), window=[2, 2])
+let logits = reshape(h2, shape=[-1, 1568]) @ fc_w + fc_b
+let loss = softmax_cross_entropy(logits, y)
+out loss
+"""
+
+CNN_SHAPES = {"c1_w": (16, 1, 3, 3), "c1_b": (16,), "c2_w": (32, 16, 3, 3), "c2_b": (32,),
+              "fc_w": (1568, 10), "fc_b": (10,)}
+
+
+def init_cnn(rng):
+    """torch.nn.Conv2d / Linear's bounds: +-1/sqrt(fan in)."""
+    fan_in = {"c1": 9, "c2": 144, "fc": 1568}
+    return {n: rng.uniform(-1, 1, s).astype(np.float32) / np.float32(np.sqrt(fan_in[n[:2]]))
+            for n, s in CNN_SHAPES.items()}
+
+
+def torch_cnn_loss(t, x, y):
+    f = torch.nn.functional
+    h = f.conv2d(x.reshape(-1, 1, 28, 28), t["c1_w"], t["c1_b"], padding=1)
+    h = f.max_pool2d(torch.relu(h), 2)
+    h = f.conv2d(h, t["c2_w"], t["c2_b"], padding=1)
+    h = f.max_pool2d(torch.relu(h), 2)
+    return f.cross_entropy(h.reshape(-1, 1568) @ t["fc_w"] + t["fc_b"], y)
+
+
+def torch_mlp_loss(t, x, y):
+    h = x
+    for k in range(3):
+        h = h @ t[f"w{k + 1}"] + t[f"b{k + 1}"]
+        if k < 2:
+            h = torch.relu(h)
+    return torch.nn.functional.cross_entropy(h, y)
+
+
 def init_params(rng):
     p = {}
     for i in range(len(SIZES) - 1):
@@ -80,33 +126,29 @@ class Kilnd:
         self.proc.wait(30)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kilnd", required=True)
-    ap.add_argument("--inproc", default="")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
-    torch.set_num_threads(2)
+MODELS = {
+    "mlp": {"graph": GRAPH, "init": lambda rng: init_params(rng), "loss": torch_mlp_loss,
+            "bench": "train_step_mlp_784_512_512_10_b128_adamw"},
+    "cnn": {"graph": CNN_GRAPH, "init": init_cnn, "loss": torch_cnn_loss,
+            "bench": "train_step_cnn_fashion_b128_adamw"},
+}
+
+
+def bench_model(args, server, name):
+    m = MODELS[name]
     rng = np.random.default_rng(0)
-    init = init_params(rng)
+    init = m["init"](rng)
     xs = rng.normal(0, 1, (args.steps, BATCH, 784)).astype(np.float32)
     ys = rng.integers(0, 10, (args.steps, BATCH)).astype(np.int64)
 
-    server = Kilnd(args.kilnd)
     client = kiln.connect(server.addr)
-    session = client.train_session(kiln.parse(GRAPH), loss="loss", params=init,
+    session = client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                    optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
     tensors = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     opt = torch.optim.AdamW(tensors.values(), lr=1e-3)
 
     def torch_step(i):
-        h = torch.from_numpy(xs[i])
-        for k in range(3):
-            h = h @ tensors[f"w{k + 1}"] + tensors[f"b{k + 1}"]
-            if k < 2:
-                h = torch.relu(h)
-        loss = torch.nn.functional.cross_entropy(h, torch.from_numpy(ys[i]))
+        loss = m["loss"](tensors, torch.from_numpy(xs[i]), torch.from_numpy(ys[i]))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -120,31 +162,49 @@ def main():
     times = {"kiln_kilnd": [], "torch": []}
     inproc = []
     for _ in range(args.rounds):
-        for name, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step)):
+        for label, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step)):
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 fn(i)
-                times[name].append((time.perf_counter() - t0) * 1e3)
+                times[label].append((time.perf_counter() - t0) * 1e3)
         if args.inproc:
-            out = subprocess.run([args.inproc, "--steps", str(args.steps), "--threads", "2"],
+            out = subprocess.run([args.inproc, "--model", name, "--steps", str(args.steps),
+                                  "--threads", "2"],
                                  check=True, capture_output=True, text=True).stdout
             inproc.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
     session.close()
     client.close()
-    server.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
     if inproc:
         med["kiln_inproc"] = statistics.median(inproc)
     print(json.dumps({
-        "bench": "train_step_mlp_784_512_512_10_b128_adamw",
+        "bench": m["bench"],
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0],
         "steps_per_series": args.steps, "rounds": args.rounds,
         "median_ms": med,
         "kiln_over_torch": med["kiln_kilnd"] / med["torch"],
+        "kiln_inproc_over_torch": med["kiln_inproc"] / med["torch"] if inproc else None,
         "kilnd_over_inproc": med["kiln_kilnd"] / med["kiln_inproc"] if inproc else None,
-    }))
+    }), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kilnd", required=True)
+    ap.add_argument("--inproc", default="")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--models", default="mlp,cnn")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    server = Kilnd(args.kilnd)
+    try:
+        for name in args.models.split(","):
+            bench_model(args, server, name)
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -433,7 +433,24 @@ class PoolKernel final : public CpuKernel {
  private:
   explicit PoolKernel(const PoolConfig& c) : c_(c) {}
 
+  // max(a, b) that propagates NaN (either operand), without branches.
+  static float NanMax(float a, float b) { return (b > a || b != b) ? b : a; }
+
   void PoolPlane(const float* in, float* out) const {
+    if (c_.max && c_.kh == 2 && c_.kw == 2 && c_.sh == 2 && c_.sw == 2 && c_.ph == 0 &&
+        c_.pw == 0) {
+      // The CNN's 2x2 / stride 2 pool: no bounds or early exits per element
+      // (the general loop below ran at ~4 ns an input element).
+      for (int64_t oy = 0; oy < c_.oh; ++oy) {
+        const float* r0 = in + 2 * oy * c_.iw;
+        const float* r1 = r0 + c_.iw;
+        float* o = out + oy * c_.ow;
+        for (int64_t ox = 0; ox < c_.ow; ++ox) {
+          o[ox] = NanMax(NanMax(r0[2 * ox], r0[2 * ox + 1]), NanMax(r1[2 * ox], r1[2 * ox + 1]));
+        }
+      }
+      return;
+    }
     for (int64_t oy = 0; oy < c_.oh; ++oy) {
       const int64_t y0 = oy * c_.sh - c_.ph;
       const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + c_.kh, c_.ih);

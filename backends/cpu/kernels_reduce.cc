@@ -119,6 +119,23 @@ void ReduceT(const T* x, T* out, Shape3 s, bool mean) {
   }
 }
 
+// out[k] = fold over a and c of x[a, k, c]: [R0, K, R2] with both ends
+// reduced (a conv's bias gradient, [N, C, H * W] summed to [C]), read in
+// place: row k of each slice a is contiguous, so no transpose is needed.
+template <typename T, typename A, typename Op>
+void ReduceOuterAndInner(const T* x, T* out, int64_t r0, int64_t k, int64_t r2, bool mean) {
+  ParallelFor(k, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(r0 * r2, 1)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t j = begin; j < end; ++j) {
+                  A acc = Op::Init();
+                  for (int64_t a = 0; a < r0; ++a)
+                    acc = Op::Apply(acc, FoldRow<T, A, Op>(x + (a * k + j) * r2, r2));
+                  if (mean) acc = static_cast<A>(acc / static_cast<A>(r0 * r2));
+                  out[j] = static_cast<T>(acc);
+                }
+              });
+}
+
 template <typename T, typename A>
 void ReduceKind(int kind, const T* x, T* out, Shape3 s) {
   switch (kind) {
@@ -179,6 +196,24 @@ void ReduceDispatch(int kind, DType dt, const void* x, void* out, Shape3 s) {
   }
 }
 
+template <typename T>
+void ReduceOuterAndInnerKind(int kind, const T* x, T* out, int64_t r0, int64_t k, int64_t r2) {
+  switch (kind) {
+    case v1::REDUCE_SUM:
+    case v1::REDUCE_MEAN:
+      return ReduceOuterAndInner<T, double, SumOp<double>>(x, out, r0, k, r2,
+                                                           kind == v1::REDUCE_MEAN);
+    case v1::REDUCE_PROD:
+      return ReduceOuterAndInner<T, double, ProdOp<double>>(x, out, r0, k, r2, false);
+    case v1::REDUCE_MAX:
+      return ReduceOuterAndInner<T, T, MaxOp<T>>(x, out, r0, k, r2, false);
+    case v1::REDUCE_MIN:
+      return ReduceOuterAndInner<T, T, MinOp<T>>(x, out, r0, k, r2, false);
+    default:
+      return;
+  }
+}
+
 // f16/bf16 as f32 for the length of a launch.
 std::vector<float> Widen(const void* x, DType dt, int64_t n) {
   std::vector<float> w(n);
@@ -197,6 +232,9 @@ struct ReducePlan {
   std::vector<int64_t> perm;  // empty, or the transpose that gathers reduced axes last
   Shape3 shape{1, 1, 1};
   bool empty_reduction = false;  // a reduced axis has size 0: identity fill
+  // f32 / f64 dims [R0, K, R2] with R0 and R2 reduced: reduced in place
+  // (ReduceOuterAndInner) instead of through `perm`.
+  bool outer_and_inner = false;
 };
 
 KernelOr CreateReduce(const KernelSpec& spec) {
@@ -251,6 +289,8 @@ KernelOr CreateReduce(const KernelSpec& spec) {
     int64_t kept = 1, red = 1;
     for (size_t k = 0; k < role.size(); ++k) (role[k] ? red : kept) *= p.dims[k];
     p.shape = {kept, red, 1};
+    p.outer_and_inner = role.size() == 3 && role[0] && role[2] &&
+                        (x.dtype == v1::DTYPE_F32 || x.dtype == v1::DTYPE_F64);
   } else {
     const size_t at = std::find(role.begin(), role.end(), true) - role.begin();
     p.shape.outer = Product(p.dims, 0, std::min(at, p.dims.size()));
@@ -284,6 +324,18 @@ KernelOr CreateReduce(const KernelSpec& spec) {
                             wide = Widen(x, dt, n);
                             x = wide.data();
                             dt = v1::DTYPE_F32;
+                          }
+                          if (p.outer_and_inner) {
+                            if (dt == v1::DTYPE_F32) {
+                              ReduceOuterAndInnerKind(p.kind, static_cast<const float*>(x),
+                                                      static_cast<float*>(y), p.dims[0],
+                                                      p.dims[1], p.dims[2]);
+                            } else {
+                              ReduceOuterAndInnerKind(p.kind, static_cast<const double*>(x),
+                                                      static_cast<double*>(y), p.dims[0],
+                                                      p.dims[1], p.dims[2]);
+                            }
+                            return absl::OkStatus();
                           }
                           std::vector<char> moved;
                           if (!p.perm.empty()) {

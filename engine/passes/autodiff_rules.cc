@@ -514,34 +514,6 @@ bool NonOverlapping(const PoolShape& p) {
   return true;
 }
 
-// Max pool with windows that tile the input (stride = window, no padding):
-// x cropped to whole windows and split to [N, C, o1, k1, (o2, k2)]; each
-// window's maxima share its cotangent evenly (torch gives it to one of them;
-// ties are rare in floats). Returns the weights hit / count over the split
-// shape, and the split dims.
-ValueRef MaxPoolWeights(Builder& b, const ir::Node& n, const PoolShape& p, IrDims* split) {
-  const IrDims xd = b.T(n.operands[0]).dims;
-  const IrDims yd = n.type().dims;
-  v1::Attrs crop;
-  *split = {xd[0], xd[1]};
-  IrDims ykeep = {xd[0], xd[1]};
-  std::vector<int64_t> win_axes;
-  for (int i = 0; i < p.sp; ++i) {
-    crop.mutable_slice()->add_axes(2 + i);
-    crop.mutable_slice()->add_start(0);
-    crop.mutable_slice()->add_stop(yd[2 + i] * p.window[i]);
-    split->push_back(yd[2 + i]);
-    split->push_back(p.window[i]);
-    ykeep.push_back(yd[2 + i]);
-    ykeep.push_back(1);
-    win_axes.push_back(3 + 2 * i);
-  }
-  ValueRef xs = b.Reshape(b.r().Add(v1::OP_SLICE, {n.operands[0]}, std::move(crop)), *split);
-  ValueRef ye = b.BroadcastTo(b.Reshape(n.out(), ykeep), *split);
-  ValueRef hit = b.Mask(v1::COMPARE_EQ, xs, ye, b.T(xs).dtype);
-  return b.Div(hit, b.SumKeep(hit, win_axes));
-}
-
 // Avg pool as a one-channel conv of [N * C, 1, S..] with a kernel of ones;
 // the divisor is the window size, or with count_include_pad off and padding,
 // the count of real elements under each window (a conv of ones).
@@ -580,29 +552,37 @@ ValueRef AvgPoolVjp(Builder& b, const ir::Node& n, const PoolShape& p, ValueRef 
   return b.Reshape(dx, xd);
 }
 
-// Max pool in general (overlapping windows, padding): the input padded with
-// the dtype's lowest value (what a max pool pads with), then one strided
-// slice per window offset; each offset's elements equal to the window's max
-// share its derivative evenly. `fn(slice node, weight)` gets each offset's
-// slice of the padded input and its weight (hit / count over the result's
-// shape); returns the padded input.
+// Max pool's derivative, for every window shape: the input padded with the
+// dtype's lowest value (what a max pool pads with; no pad when there is no
+// padding), then one strided slice per window offset, in row-major order of
+// the window. The first offset whose element equals the window's max takes
+// the derivative and the others none, as torch's max_pool backward gives it
+// to the first maximum of the window. `fn(slice node, weight)` gets each
+// offset's slice of the padded input and its weight (1 where it takes the
+// derivative, else 0, over the result's shape); returns the padded input.
 template <typename Fn>
 ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, Fn fn) {
   const ValueRef x = n.operands[0];
   const DType dt = n.type().dtype;
   const IrDims yd = n.type().dims;
   std::vector<int64_t> lo(yd.size(), 0), hi(yd.size(), 0);
-  for (int i = 0; i < p.sp; ++i) lo[2 + i] = p.lo[i], hi[2 + i] = p.hi[i];
-  v1::Attrs pad;
-  for (int64_t v : lo) pad.mutable_pad()->add_low(v);
-  for (int64_t v : hi) pad.mutable_pad()->add_high(v);
-  pad.mutable_pad()->set_value(dt == v1::DTYPE_F64 ? -1.7976931348623157e308 : -3.4028234663852886e38);
-  const ValueRef xp = b.r().Add(v1::OP_PAD, {x}, std::move(pad));
+  bool padded = false;
+  for (int i = 0; i < p.sp; ++i) {
+    lo[2 + i] = p.lo[i], hi[2 + i] = p.hi[i];
+    padded = padded || p.lo[i] > 0 || p.hi[i] > 0;
+  }
+  ValueRef xp = x;
+  if (padded) {
+    v1::Attrs pad;
+    for (int64_t v : lo) pad.mutable_pad()->add_low(v);
+    for (int64_t v : hi) pad.mutable_pad()->add_high(v);
+    pad.mutable_pad()->set_value(dt == v1::DTYPE_F64 ? -1.7976931348623157e308
+                                                     : -3.4028234663852886e38);
+    xp = b.r().Add(v1::OP_PAD, {x}, std::move(pad));
+  }
   int64_t offsets = 1;
   for (int64_t k : p.window) offsets *= k;
-  std::vector<const ir::Node*> slices;
-  std::vector<ValueRef> hits;
-  ValueRef count;
+  ValueRef taken;  // 1 where an earlier offset holds the window's max
   for (int64_t o = 0; o < offsets; ++o) {
     v1::Attrs a;
     int64_t rest = o;
@@ -616,11 +596,15 @@ ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, 
     }
     const ValueRef xs = b.r().Add(v1::OP_SLICE, {xp}, std::move(a));
     if (!b.status().ok()) return ValueRef{};
-    slices.push_back(b.graph().FindNode(xs.node));
-    hits.push_back(b.Mask(v1::COMPARE_EQ, xs, n.out(), dt));
-    count = Valid(count) ? b.Add(count, hits.back()) : hits.back();
+    ValueRef w = b.Mask(v1::COMPARE_EQ, xs, n.out(), dt);
+    if (Valid(taken)) {
+      w = b.Mul(w, b.Sub(b.Sc(1, dt), taken));
+      if (o + 1 < offsets) taken = b.Add(taken, w);
+    } else {
+      taken = w;
+    }
+    fn(*b.graph().FindNode(xs.node), w);
   }
-  for (size_t o = 0; o < slices.size(); ++o) fn(*slices[o], b.Div(hits[o], count));
   return xp;
 }
 
@@ -662,39 +646,51 @@ absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<Valu
     grads[0] = AvgPoolVjp(b, n, p, g);
     return b.status();
   }
+  const IrDims xd = b.T(n.operands[0]).dims;
   if (!NonOverlapping(p)) {
     ValueRef sum;
-    const ValueRef xp = ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
+    ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
       ValueRef back = SliceVjp(b, slice, b.Mul(g, w));
       sum = Valid(sum) ? b.Add(sum, back) : back;
     });
     if (!b.status().ok()) return b.status();
     v1::Attrs crop;
-    const IrDims xd = b.T(n.operands[0]).dims;
     for (int i = 0; i < sp; ++i) {
       crop.mutable_slice()->add_axes(2 + i);
       crop.mutable_slice()->add_start(p.lo[i]);
       crop.mutable_slice()->add_stop(p.lo[i] + xd[2 + i]);
     }
     grads[0] = b.r().Add(v1::OP_SLICE, {sum}, std::move(crop));
-    (void)xp;
     return b.status();
   }
-  IrDims split;
-  ValueRef w = MaxPoolWeights(b, n, p, &split);
-  IrDims gkeep = {split[0], split[1]};
-  for (int i = 0; i < sp; ++i) gkeep.push_back(split[2 + 2 * i]), gkeep.push_back(1);
-  ValueRef ds = b.Mul(w, b.BroadcastTo(b.Reshape(g, gkeep), split));
-  const IrDims xd = b.T(n.operands[0]).dims;
+  // Windows that tile the input: each offset's share g * w ([N, C, o..]) is
+  // stacked to [k.., N, C, o..] and interleaved back by one transpose to
+  // [N, C, o1, k1, o2, k2] = x's (cropped) shape; no full-size weights.
+  const IrDims yd = n.type().dims;
+  IrDims one = {1};
+  one.insert(one.end(), yd.begin(), yd.end());
+  std::vector<ValueRef> parts;
+  ForEachWindowOffset(b, n, p, [&](const ir::Node&, ValueRef w) {
+    parts.push_back(b.Reshape(b.Mul(g, w), one));
+  });
+  if (!b.status().ok()) return b.status();
+  v1::Attrs cat;
+  cat.mutable_concat()->set_axis(0);
+  ValueRef stacked = parts.size() == 1 ? parts[0] : b.r().Add(v1::OP_CONCAT, parts, std::move(cat));
+  IrDims sd(p.window.begin(), p.window.end());
+  sd.insert(sd.end(), yd.begin(), yd.end());
+  std::vector<int64_t> perm = {sp, sp + 1};
   IrDims cropped = {xd[0], xd[1]};
   std::vector<int64_t> lo(xd.size(), 0), hi(xd.size(), 0);
-  for (int i = 0; i < sp; ++i) {
-    cropped.push_back(split[2 + 2 * i] * split[3 + 2 * i]);
-    hi[2 + i] = xd[2 + i] - cropped.back();
-  }
-  ValueRef dx = b.Reshape(ds, cropped);
   bool pad = false;
-  for (int64_t h : hi) pad = pad || h > 0;
+  for (int i = 0; i < sp; ++i) {
+    perm.push_back(sp + 2 + i);
+    perm.push_back(i);
+    cropped.push_back(yd[2 + i] * p.window[i]);
+    hi[2 + i] = xd[2 + i] - cropped.back();
+    pad = pad || hi[2 + i] > 0;
+  }
+  ValueRef dx = b.Reshape(b.r().Transpose(b.Reshape(stacked, sd), perm), cropped);
   grads[0] = pad ? b.Pad(dx, lo, hi) : dx;
   return b.status();
 }
@@ -1123,32 +1119,20 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       }
       const int sp = static_cast<int>(y.rank()) - 2;
       const PoolShape p = PoolShapeOf(n, sp);
+      ValueRef tp = t[0];
       if (!NonOverlapping(p)) {
         v1::Attrs pad;
         for (int64_t i = 0; i < y.rank(); ++i) {
           pad.mutable_pad()->add_low(i < 2 ? 0 : p.lo[i - 2]);
           pad.mutable_pad()->add_high(i < 2 ? 0 : p.hi[i - 2]);
         }
-        const ValueRef tp = b.r().Add(v1::OP_PAD, {t[0]}, std::move(pad));
-        ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
-          ValueRef ts = b.r().Add(v1::OP_SLICE, {tp}, slice.attrs);
-          ValueRef part = b.Mul(ts, w);
-          out = Valid(out) ? b.Add(out, part) : part;
-        });
-        break;
+        tp = b.r().Add(v1::OP_PAD, {t[0]}, std::move(pad));
       }
-      IrDims split;
-      ValueRef w = MaxPoolWeights(b, n, p, &split);
-      v1::Attrs crop;
-      std::vector<int64_t> win_axes;
-      for (int i = 0; i < sp; ++i) {
-        crop.mutable_slice()->add_axes(2 + i);
-        crop.mutable_slice()->add_start(0);
-        crop.mutable_slice()->add_stop(split[2 + 2 * i] * split[3 + 2 * i]);
-        win_axes.push_back(3 + 2 * i);
-      }
-      ValueRef ts = b.Reshape(b.r().Add(v1::OP_SLICE, {t[0]}, std::move(crop)), split);
-      out = b.Reshape(b.r().Reduce(v1::REDUCE_SUM, b.Mul(ts, w), win_axes, false), y.dims);
+      ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
+        ValueRef ts = b.r().Add(v1::OP_SLICE, {tp}, slice.attrs);
+        ValueRef part = b.Mul(ts, w);
+        out = Valid(out) ? b.Add(out, part) : part;
+      });
       break;
     }
     case v1::OP_CONV: {

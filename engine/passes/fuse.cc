@@ -234,7 +234,9 @@ struct Fuser {
         Node* p = g.FindNode(v.node);
         if (members.contains(p->id) || claimed.contains(p->id) || !IsElementwise(*p)) continue;
         if (p->device != root.device || p->outputs[0].dims != shape) continue;
-        if (IsGraphOutput(g, p->out())) continue;
+        // A graph output inside the region becomes one of its results (an
+        // optimizer's new param and moments: one pass over them, not one per
+        // output); its other users must all be inside.
         bool all_inside = true;
         for (Node* u : users[p->out()]) all_inside = all_inside && members.contains(u->id);
         if (!all_inside) continue;
@@ -286,20 +288,26 @@ struct Fuser {
       in->set_origin_node(n->id);
       slot[n->out()] = num_inputs + region->instrs_size() - 1;
     }
+    // Results: the root, then the members that are graph outputs.
+    std::vector<std::pair<ValueRef, int>> rewires = {{root.out(), 0}};
+    std::vector<DType> out_dtypes = {root.outputs[0].dtype};
     region->add_results(slot[root.out()] - num_inputs);
+    for (const Node* n : ordered) {
+      if (n == &root || !IsGraphOutput(g, n->out())) continue;
+      rewires.push_back({n->out(), region->results_size()});
+      out_dtypes.push_back(n->outputs[0].dtype);
+      region->add_results(slot[n->out()] - num_inputs);
+    }
     // The region must read as every backend will read it (the shared
     // decoder); one that does not stays unfused, with a note saying why.
     std::vector<DType> input_dtypes;
     for (const ValueRef& v : fused->operands) input_dtypes.push_back(g.TypeOf(v).dtype);
-    const DType out_dtype = root.outputs[0].dtype;
-    if (auto decoded =
-            backend::DecodeRegion(*region, input_dtypes, std::span<const DType>(&out_dtype, 1));
-        !decoded.ok()) {
+    if (auto decoded = backend::DecodeRegion(*region, input_dtypes, out_dtypes); !decoded.ok()) {
       ctx.notes.push_back(absl::StrCat("fusion of ", ir::NodeLabel(root), " skipped (",
                                        decoded.status().message(), ")"));
       return false;
     }
-    if (!Commit(std::move(fused), ordered, {{root.out(), 0}})) return false;
+    if (!Commit(std::move(fused), ordered, rewires)) return false;
     for (int32_t id : members) claimed.insert(id);
     return true;
   }
