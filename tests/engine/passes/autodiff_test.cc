@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "base/status.h"
 #include "engine/engine.h"
@@ -572,6 +573,34 @@ TEST(Autodiff, GroupNormDecompositionComputesGroupNorm) {
   const std::vector<double> want = {-1.5 * a, -0.5 * a, 2 * 0.5 * a, 2 * 1.5 * a, 4, 4, 4, 4};
   const HostTensor& y = r->outputs[0].second;
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(y.GetAsDouble(i), want[i], 1e-9) << i;
+}
+
+// Max pool at ties: the first maximum of each window (row-major) takes the
+// whole cotangent, as torch's max_pool2d backward does, in the tiling path
+// and in the general (padded) one, here over the same four 2 x 2 windows.
+TEST(Autodiff, MaxPoolTiesGoToTheFirstMaximum) {
+  // Window (0, 0) has 5 at (0, 1) and (1, 0); window (0, 1) is all 2; window
+  // (1, 0) has 7 at (3, 0) and (3, 1); window (1, 1) has no tie.
+  HostTensor x = HostTensor::FromVector<float>(
+      v1::DTYPE_F32, {1, 1, 4, 4}, {1, 5, 2, 2, 5, 0, 2, 2, 3, 1, 4, 9, 7, 7, 8, 6});
+  HostTensor c = HostTensor::FromVector<float>(v1::DTYPE_F32, {1, 1, 2, 2}, {1, 2, 3, 4});
+  std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("c", c)};
+  const std::vector<double> want = {0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 3, 0, 0, 0};
+  for (const char* pool : {"max_pool(x, window=[2, 2])",
+                           "max_pool(x, window=[2, 2], stride=[2, 2], pad_high=[1, 1])"}) {
+    auto g = ir::ParseGraphProto(
+        absl::StrCat("graph \"t\"\ninput x: f32[1, 1, 4, 4]\ninput c: f32[1, 1, 2, 2]\nlet y = ",
+                     pool, "\nlet loss = reduce_sum(y * c)\nout loss\n"));
+    ASSERT_TRUE(g.ok()) << g.status();
+    CompileOptions co;
+    co.device = "cpu:0";
+    co.transforms = Grad("loss", {"x"});
+    auto r = SharedEngine().RunGraph(*g, in, nullptr, co, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    const HostTensor& dx = r->outputs[0].second;
+    ASSERT_EQ(dx.num_elements(), 16) << pool;
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(dx.GetAsDouble(i), want[i]) << pool << " at " << i;
+  }
 }
 
 // hvp (forward over reverse) against central differences of the gradient.
