@@ -109,19 +109,30 @@ int Main(int argc, char** argv) {
     tok.data_as<int32_t>()[i] = prompt[static_cast<size_t>(i)];
     pos.data_as<int32_t>()[i] = static_cast<int32_t>(i);
   }
-  std::vector<int32_t> out;
-  const auto t0 = Clock::now();
   const std::vector<TensorRef> prompt_inputs = {TensorRef::Of("tokens", tok),
                                                 TensorRef::Of("positions", pos)};
+  HostTensor tok1 = HostTensor::Create(v1::DTYPE_I32, {1, 1}).value();
+  HostTensor pos1 = HostTensor::Create(v1::DTYPE_I32, {1}).value();
+  const std::vector<TensorRef> step_inputs = {TensorRef::Of("tokens", tok1),
+                                              TensorRef::Of("positions", pos1)};
+  // Warm-up (first-run preparation, packing): a prefill and one step. The
+  // timed prefill below rewrites the same cache rows, and every later row is
+  // masked until a step rewrites it, so the timed run yields a fresh cache's tokens.
+  {
+    auto w = (*engine)->Run(*prefill->executable, prompt_inputs, set->get(), {});
+    if (!w.ok()) return Fail(w.status());
+    tok1.data_as<int32_t>()[0] = w->outputs.at(0).second.data_as<int32_t>()[0];
+    pos1.data_as<int32_t>()[0] = static_cast<int32_t>(p);
+    auto s = (*engine)->Run(*decode->executable, step_inputs, set->get(), {});
+    if (!s.ok()) return Fail(s.status());
+  }
+  std::vector<int32_t> out;
+  const auto t0 = Clock::now();
   auto r = (*engine)->Run(*prefill->executable, prompt_inputs, set->get(), {});
   const auto t1 = Clock::now();
   if (!r.ok()) return Fail(r.status());
   out.push_back(r->outputs.at(0).second.data_as<int32_t>()[0]);
 
-  HostTensor tok1 = HostTensor::Create(v1::DTYPE_I32, {1, 1}).value();
-  HostTensor pos1 = HostTensor::Create(v1::DTYPE_I32, {1}).value();
-  const std::vector<TensorRef> step_inputs = {TensorRef::Of("tokens", tok1),
-                                              TensorRef::Of("positions", pos1)};
   std::vector<double> steps;
   const auto d0 = Clock::now();
   for (int i = 1; i < tokens; ++i) {

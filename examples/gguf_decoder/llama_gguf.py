@@ -169,7 +169,8 @@ class GgufInfo:
     engine/io/gguf.cc, is the one that treats files as hostile)."""
 
     def __init__(self, path):
-        self.buf = open(path, "rb").read()
+        with open(path, "rb") as f:
+            self.buf = f.read()
         self.pos = 0
         if self.buf[:4] != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
