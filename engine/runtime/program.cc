@@ -618,7 +618,7 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
     if (params == nullptr || !params->training()) {
       return absl::FailedPreconditionError(
           "this executable updates its params (a training step, or state bindings): its "
-          "params must be a training or state set (Engine::CreateTrainingParams or "
+          "params must be a training set or a state set (Engine::CreateTrainingParams or "
           "CreateStateParams; a training or stateful session)");
     }
     for (const v1::LirNamedSlot& u : lir_.param_updates()) {
