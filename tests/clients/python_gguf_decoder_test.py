@@ -163,6 +163,20 @@ class StateBindingTest(unittest.TestCase):
             self.assertIn(needle, str(cm.exception))
             self.assertIn("state[1]", str(cm.exception))
 
+    def test_state_refuses_batching_and_training(self):
+        from kiln._proto.kiln.v1 import service_pb2
+        for what, needle in (("batching", "cannot batch"), ("training", "inference sessions")):
+            req = service_pb2.CreateSessionRequest(graph=kiln.graph_source(state_graph()))
+            req.state.add(output="s_out", param="s")
+            if what == "batching":
+                req.options.batching.max_batch = 4
+            else:
+                req.options.transforms.training.loss = "loss"
+            with self.assertRaises(kiln.KilnError) as cm:
+                CLIENT._call("CreateSession", req)
+            self.assertEqual(cm.exception.code, grpc.StatusCode.INVALID_ARGUMENT, what)
+            self.assertIn(needle, str(cm.exception))
+
     def test_failed_run_leaves_state_unchanged(self):
         logits = np.zeros((2, 3), np.float32)
         with CLIENT.create_session(state_graph(), state={"s_out": "s"},
