@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -349,6 +350,53 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
   }
   KILN_ASSIGN_OR_RETURN(auto set,
                         runtime::ParamSetImpl::Create(impl_->registry, *device, all, true));
+  return std::shared_ptr<ParamSet>(std::move(set));
+}
+
+absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateStateParams(
+    const Executable& executable, std::span<const TensorRef> values) {
+  const v1::Executable& lir = executable.lir();
+  if (lir.param_updates_size() == 0) {
+    return absl::InvalidArgumentError(
+        "the executable updates no params (compile it with state bindings)");
+  }
+  backend::Device* device = impl_->registry->Find(lir.placement().chosen());
+  if (device == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the executable's device \"", lir.placement().chosen(), "\" is gone"));
+  }
+  std::map<std::string, const TensorRef*> given;
+  for (const TensorRef& v : values) {
+    if (!given.emplace(v.name, &v).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
+    }
+  }
+  std::vector<TensorRef> all;
+  for (int i = 0; i < lir.params_size(); ++i) {
+    const std::string& name = lir.params(i).name();
+    const v1::TensorType& want = lir.slots(lir.params(i).slot()).type();
+    Dims dims;
+    for (const auto& d : want.dims()) dims.push_back(d.size());
+    auto it = given.find(name);
+    if (it == given.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param \"", name, "\" (", DTypeName(want.dtype()), DimsToString(dims), ") is not given"));
+    }
+    const TensorRef& v = *it->second;
+    if (v.dtype != want.dtype() || v.dims != dims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param \"", name, "\" must be ", DTypeName(want.dtype()), DimsToString(dims),
+                       ", is ", DTypeName(v.dtype), DimsToString(v.dims)));
+    }
+    all.push_back(v);
+    given.erase(it);
+  }
+  // A param the graph does not read (DCE'd) is still the session's: keep it.
+  for (const auto& [name, v] : given) all.push_back(*v);
+  std::set<std::string> written;
+  for (const v1::LirNamedSlot& u : lir.param_updates()) written.insert(u.name());
+  KILN_ASSIGN_OR_RETURN(auto set, runtime::ParamSetImpl::Create(impl_->registry, *device, all, true,
+                                                                std::move(written)));
   return std::shared_ptr<ParamSet>(std::move(set));
 }
 

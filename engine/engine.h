@@ -143,6 +143,12 @@ struct CompileOptions {
   // Autodiff and training-step transforms (kiln/v1/train.proto; the
   // transforms stage, engine/passes/transforms.cc). Part of the executable key.
   v1::TransformSpec transforms;
+  // Session state (kilnd's CreateSessionRequest.state): (output, param) pairs.
+  // Each output becomes an in-place update of its param (LIR param_updates,
+  // as a training step's) instead of a result: runs need a state set
+  // (Engine::CreateStateParams) and are serialized on it. Part of the
+  // executable key when non-empty. Not with transforms.training.
+  std::vector<std::pair<std::string, std::string>> state_updates;
 };
 
 // A tensor the caller owns, read during the call. Data is dense row-major,
@@ -282,6 +288,16 @@ class Engine {
   // serialized; Read sees whole steps.
   absl::StatusOr<std::shared_ptr<ParamSet>> CreateTrainingParams(
       const Executable& step, std::span<const TensorRef> values);
+
+  // The param set of an executable compiled with CompileOptions::state_updates:
+  // resident on the executable's device; each run writes the state params
+  // (and only those) in place after its last kernel, so a run that fails or
+  // is cancelled leaves them as they were. Runs on one set are serialized.
+  // `values` holds every param of the graph (INVALID_ARGUMENT naming the
+  // first one missing, or one the graph lacks). The other params stay
+  // read-only and may be packed once, as in a plain set.
+  absl::StatusOr<std::shared_ptr<ParamSet>> CreateStateParams(const Executable& executable,
+                                                              std::span<const TensorRef> values);
 
   // Runs an executable through the scheduler of the device it was placed on
   // (queue, fairness, deadline: RunOptions), on a free run context, and blocks

@@ -70,6 +70,22 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
 absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session& session,
                                                          const Executable& step);
 
+// Checks a stateful session's bindings (CreateSessionRequest.state) against
+// its graph's signature and sets options.state_updates; INVALID_ARGUMENT
+// naming the binding: an output or param the graph lacks, dtypes or shapes
+// that differ (or are not fixed), a param or output bound twice. Bound
+// outputs are removed from `signature` (runs do not return them).
+// (rpc_state.cc)
+absl::Status ApplyStateBindings(const google::protobuf::RepeatedPtrField<v1::StateBinding>& state,
+                                GraphSignature& signature, CompileOptions& options);
+
+// A stateful session's params as a state set for `executable` (rpc_state.cc):
+// the bound set converted on the first run (a repository model's shared
+// params are copied, and the copy charged to the tenant); the same set
+// afterwards, until SetParams binds a new one.
+absl::StatusOr<std::shared_ptr<const ParamSet>> StateParams(Engine& engine, Session& session,
+                                                            const Executable& executable);
+
 // Checks a training session's spec against its graph's signature and the
 // optimizer's ranges (rpc_train.cc); INVALID_ARGUMENT naming what is wrong.
 absl::Status CheckTrainingSpec(const GraphSignature& signature, const v1::TrainingSpec& spec);

@@ -109,15 +109,22 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     const ServiceDeps& d = deps();
     std::shared_ptr<const ModelVersion> model;
     KILN_ASSIGN_OR_RETURN(v1::Graph graph, GraphOf(d, request.graph(), &model));
-    const CompileOptions options = ToEngineOptions(request.options());
+    CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, model ? model->signature : d.engine->Inspect(graph));
+    KILN_RETURN_IF_ERROR(ApplyStateBindings(request.state(), sig, options));
     if (options.transforms.has_vmap()) {
       // A session checks its runs against the graph's own signature.
       return absl::InvalidArgumentError(
           "vmap is for one-shot runs and Compile; a session cannot take it yet");
     }
     KILN_ASSIGN_OR_RETURN(BatchingConfig batching, SessionBatching(d, request, model.get()));
+    if (!options.state_updates.empty() && batching.enabled()) {
+      // Each run of a stateful session reads the state the one before wrote.
+      return absl::InvalidArgumentError(
+          "a session with state bindings cannot batch its runs (options.batching, or its "
+          "model's batching config): each run reads the state the previous one wrote");
+    }
     if (options.transforms.has_training()) {
       if (options.transforms.autodiff().mode() != v1::AUTODIFF_NONE) {
         return absl::InvalidArgumentError(

@@ -69,8 +69,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
         exe_ = c->executable;
         compile_ = std::move(c->report);
         MarkReused();
-        params_set_ = session_->params();
-        if (absl::Status s = StartRun(); !s.ok()) Complete(s);
+        absl::Status s = BindSessionParams();
+        if (s.ok()) s = StartRun();
+        if (!s.ok()) Complete(s);
         return;
       }
     }
@@ -283,6 +284,16 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     return absl::FromChrono(deadline);
   }
 
+  // The session's params for exe_: its state set when it is stateful.
+  absl::Status BindSessionParams() {
+    if (!session_->stateful()) {
+      params_set_ = session_->params();
+      return absl::OkStatus();
+    }
+    KILN_ASSIGN_OR_RETURN(params_set_, StateParams(*service_.deps().engine, *session_, *exe_));
+    return absl::OkStatus();
+  }
+
   // On the work pool: resolve and compile what the run needs.
   absl::Status Prepare() {
     const ServiceDeps& d = service_.deps();
@@ -298,8 +309,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       exe_ = c.executable;
       compile_ = std::move(c.report);
       if (reused) MarkReused();
-      params_set_ = session_->params();
-      return absl::OkStatus();
+      return BindSessionParams();
     }
     KILN_ASSIGN_OR_RETURN(v1::Graph graph, ResolveGraph(request_->graph(), d.config->limits()));
     const CompileOptions options = ToEngineOptions(request_->options());

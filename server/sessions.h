@@ -46,6 +46,9 @@ class Session {
   // TrainStep compiles options() plus it.
   const std::optional<v1::TrainingSpec>& training() const { return training_; }
   CompileOptions training_options() const;
+  // True when runs update params in place (CreateSessionRequest.state:
+  // options().state_updates); such runs are serialized on the session.
+  bool stateful() const { return !options_.state_updates.empty(); }
   // True when some input has a symbolic dim: executables are per shape.
   bool symbolic() const { return symbolic_; }
 

@@ -223,13 +223,18 @@ absl::StatusOr<v1::CompileResponse> Client::Compile(
   return resp;
 }
 
-absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(const v1::GraphSource& graph,
-                                                                const v1::CompileOptions& options,
-                                                                const TensorMap& params) const {
+absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
+    const v1::GraphSource& graph, const v1::CompileOptions& options, const TensorMap& params,
+    const std::vector<std::pair<std::string, std::string>>& state) const {
   v1::CreateSessionRequest req;
   *req.mutable_graph() = graph;
   *req.mutable_options() = options;
   ToNamedTensors(params, req.mutable_params());
+  for (const auto& [output, param] : state) {
+    v1::StateBinding* b = req.add_state();
+    b->set_output(output);
+    b->set_param(param);
+  }
   v1::CreateSessionResponse resp;
   auto ctx = NewContext();
   KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->CreateSession(ctx.get(), req, &resp)));

@@ -134,10 +134,13 @@ class Client {
       const std::vector<std::pair<std::string, Dims>>& input_shapes = {}) const;
 
   // A session owned by the caller's tenant. `params` go inline (small ones);
-  // use SetParams for anything large.
-  absl::StatusOr<v1::CreateSessionResponse> CreateSession(const v1::GraphSource& graph,
-                                                          const v1::CompileOptions& options = {},
-                                                          const TensorMap& params = {}) const;
+  // use SetParams for anything large. `state`: (output, param) bindings of a
+  // stateful session (CreateSessionRequest.state): after each successful run
+  // the output's value becomes the param's, in kilnd, and is not returned.
+  absl::StatusOr<v1::CreateSessionResponse> CreateSession(
+      const v1::GraphSource& graph, const v1::CompileOptions& options = {},
+      const TensorMap& params = {},
+      const std::vector<std::pair<std::string, std::string>>& state = {}) const;
 
   // Streams `params` in chunks of ClientOptions::chunk_bytes; the server
   // applies them atomically when the stream ends. `progress` (may be empty)

@@ -80,6 +80,14 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
   if (options.transforms.ByteSizeLong() > 0) {
     key.Add("transforms", DeterministicBytes(options.transforms));
   }
+  // Only a session with state bindings gets the component (others keep their keys).
+  if (!options.state_updates.empty()) {
+    std::string state;
+    for (const auto& [output, param] : options.state_updates) {
+      absl::StrAppend(&state, output.size(), ":", output, "->", param.size(), ":", param, ";");
+    }
+    key.Add("state", state);
+  }
   // Only graphs with custom ops get the component (other keys stay as they were).
   if (std::string custom = CustomOpsComponent(canonical); !custom.empty()) {
     key.Add("custom_ops", custom);

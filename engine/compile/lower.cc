@@ -121,6 +121,12 @@ absl::StatusOr<v1::Executable> Lower(const ir::Graph& g, const passes::PassConte
     v1::LirNamedSlot* out = u == updates.end() ? exe.add_outputs() : exe.add_param_updates();
     out->set_name(u == updates.end() ? o.name : u->second);
     out->set_slot(slot_of.at(o.value));
+    if (u != updates.end()) updates.erase(u);
+  }
+  if (!updates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("param update \"", updates.begin()->second,
+                                                   "\" names output \"", updates.begin()->first,
+                                                   "\", which the graph does not have"));
   }
   for (const auto& [device, bytes] : plan.arena_bytes) {
     v1::LirArena* a = exe.add_arenas();

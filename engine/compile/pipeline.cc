@@ -119,6 +119,7 @@ absl::StatusOr<v1::Executable> Pipeline::CompileSubgraph(const v1::Graph& subgra
   CompileOptions sub = options;
   sub.device = device;
   sub.transforms.Clear();
+  sub.state_updates.clear();
   sub.dump_dir.clear();
   v1::CompileReport report;
   absl::StatusOr<HirGraph> hir = Hir(g, sub, {}, report);
@@ -204,6 +205,14 @@ absl::StatusOr<v1::Executable> Pipeline::CompileToLir(std::unique_ptr<ir::Graph>
   ctx.enable_fusion = options.enable_fusion;
   ctx.cost_model = options_.cost_model;
   ctx.transforms = options.transforms;
+  if (!options.state_updates.empty()) {
+    if (options.transforms.has_training()) {
+      return absl::InvalidArgumentError(
+          "state bindings and a training spec cannot be combined: a training step updates its "
+          "params itself");
+    }
+    ctx.param_updates = options.state_updates;
+  }
   int index = 1;
   for (const std::string& stage : passes::PipelineStages()) {
     const auto t = Clock::now();

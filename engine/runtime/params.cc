@@ -6,10 +6,11 @@
 namespace kiln::runtime {
 
 absl::StatusOr<std::shared_ptr<ParamSetImpl>> ParamSetImpl::Create(
-    std::shared_ptr<const void> keep_alive, backend::Device& home, std::span<const TensorRef> values,
-    bool training) {
+    std::shared_ptr<const void> keep_alive, backend::Device& home,
+    std::span<const TensorRef> values, bool training, std::set<std::string> written) {
   auto set = std::shared_ptr<ParamSetImpl>(new ParamSetImpl(std::move(keep_alive), home));
   set->training_ = training;
+  set->written_ = std::move(written);
   KILN_ASSIGN_OR_RETURN(auto stream, home.CreateStream());
   for (const TensorRef& v : values) {
     if (v.name.empty()) return absl::InvalidArgumentError("a param has an empty name");
@@ -104,7 +105,7 @@ absl::StatusOr<backend::BufferView> ParamSetImpl::On(const std::string& name,
 absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> ParamSetImpl::Packed(
     const std::string& name, backend::Device& device, const std::string& key,
     PackFn pack) const {
-  if (training_) return nullptr;
+  if (training_ && (written_.empty() || written_.contains(name))) return nullptr;
   const std::string full = absl::StrCat(device.info().id, "/", name, "/", key);
   const uint64_t generation = device.generation();
   absl::MutexLock lock(&packed_mu_);

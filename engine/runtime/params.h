@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/functional/function_ref.h"
@@ -29,10 +30,11 @@ class ParamSetImpl final : public ParamSet {
   // device registry), so a parameter set may outlive the Engine.
   // A `training` set lives on `home` only (no mirrors): training steps
   // there write their new values into it (Program::Run, LIR param_updates).
-  static absl::StatusOr<std::shared_ptr<ParamSetImpl>> Create(std::shared_ptr<const void> keep_alive,
-                                                              backend::Device& home,
-                                                              std::span<const TensorRef> values,
-                                                              bool training = false);
+  // `written` names the params runs write (a session's state); empty means
+  // every one (a training step's). Only those are never packed.
+  static absl::StatusOr<std::shared_ptr<ParamSetImpl>> Create(
+      std::shared_ptr<const void> keep_alive, backend::Device& home,
+      std::span<const TensorRef> values, bool training = false, std::set<std::string> written = {});
 
   int64_t total_bytes() const override { return total_bytes_; }
   std::vector<std::string> names() const override;
@@ -50,7 +52,8 @@ class ParamSetImpl final : public ParamSet {
   // The parameter on `device` packed by `pack` into the layout named `key`
   // (backends/packing.h), packed on first use and kept with the set until it
   // goes (a param set's values never change, so neither does the packing).
-  // Null for a training set, whose values every step rewrites. Packed copies
+  // Null for a param a training set's runs rewrite (every one of a training
+  // step's; a session's state params). Packed copies
   // are not counted in total_bytes(). Concurrent first uses pack once.
   using PackFn = absl::FunctionRef<absl::StatusOr<std::shared_ptr<const backend::PackedOperand>>(
       const backend::BufferView&)>;
@@ -65,6 +68,7 @@ class ParamSetImpl final : public ParamSet {
   std::shared_ptr<const void> keep_alive_;  // first: destroyed after every buffer
   backend::Device& home_;
   bool training_ = false;
+  std::set<std::string> written_;  // of a training set; empty = all
   mutable absl::Mutex step_mu_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::unique_ptr<backend::Buffer>> home_buffers_;

@@ -617,8 +617,9 @@ absl::StatusOr<RunResult> Program::Run(std::span<const TensorRef> inputs,
   if (lir_.param_updates_size() > 0) {
     if (params == nullptr || !params->training()) {
       return absl::FailedPreconditionError(
-          "this executable is a training step: its params must be a training set "
-          "(Engine::CreateTrainingParams, or a training session)");
+          "this executable updates its params (a training step, or state bindings): its "
+          "params must be a training set or a state set (Engine::CreateTrainingParams or "
+          "CreateStateParams; a training or stateful session)");
     }
     for (const v1::LirNamedSlot& u : lir_.param_updates()) {
       const std::string& device = lir_.slots(u.slot()).device();
@@ -883,21 +884,6 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
       KILN_ASSIGN_OR_RETURN(timings[i].after, s.stream->Record());
     }
   }
-  // A training step's new params and optimizer state go into its param set
-  // on the device, in stream order after the kernels (never to the host).
-  for (const v1::LirNamedSlot& u : lir_.param_updates()) {
-    const v1::Slot& slot = lir_.slots(u.slot());
-    RunContext::DeviceState& s = devices_.at(slot.device());
-    KILN_ASSIGN_OR_RETURN(backend::BufferView dst, params->On(u.name(), *s.device));
-    const backend::BufferView& src = views[u.slot()];
-    if (slot.bytes() == 0 || (src.buffer == dst.buffer && src.offset == dst.offset)) continue;
-    if (src.bytes != dst.bytes) {
-      return absl::InternalError(absl::StrCat("param update of \"", u.name(), "\" has ",
-                                              src.bytes, " bytes for ", dst.bytes));
-    }
-    KILN_RETURN_IF_ERROR(s.device->CopyOnDevice(*s.stream, src, dst))
-        << "while writing param \"" << u.name() << "\"";
-  }
   // Outputs in host memory are read once their device finished; the others
   // are copied out in stream order after the kernels, so one wait per device
   // covers both (one submission and one round trip to a device worker, not two).
@@ -937,6 +923,23 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
       }
     }
     result.outputs.emplace_back(out.name(), std::move(t));
+  }
+  // A training step's new params and optimizer state (a session's state)
+  // go into its param set on the device, in stream order after the kernels
+  // and after the outputs are read, so an output that is a view of an
+  // updated param (a reshape of it) has the value the run read.
+  for (const v1::LirNamedSlot& u : lir_.param_updates()) {
+    const v1::Slot& slot = lir_.slots(u.slot());
+    RunContext::DeviceState& s = devices_.at(slot.device());
+    KILN_ASSIGN_OR_RETURN(backend::BufferView dst, params->On(u.name(), *s.device));
+    const backend::BufferView& src = views[u.slot()];
+    if (slot.bytes() == 0 || (src.buffer == dst.buffer && src.offset == dst.offset)) continue;
+    if (src.bytes != dst.bytes) {
+      return absl::InternalError(absl::StrCat("param update of \"", u.name(), "\" has ",
+                                              src.bytes, " bytes for ", dst.bytes));
+    }
+    KILN_RETURN_IF_ERROR(s.device->CopyOnDevice(*s.stream, src, dst))
+        << "while writing param \"" << u.name() << "\"";
   }
   for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
   const double total_us =

@@ -22,6 +22,13 @@ _BY_NAME = {
     "i32": tensor_pb2.DTYPE_I32,
     "i64": tensor_pb2.DTYPE_I64,
     "bool": tensor_pb2.DTYPE_BOOL,
+    # GGUF block-quantized weights: params only (a repository model's GGUF
+    # file), consumed by dequant_matmul; no numpy equivalent.
+    "q8_0": tensor_pb2.DTYPE_Q8_0,
+    "q4_0": tensor_pb2.DTYPE_Q4_0,
+    "q4_k": tensor_pb2.DTYPE_Q4_K,
+    "q5_k": tensor_pb2.DTYPE_Q5_K,
+    "q6_k": tensor_pb2.DTYPE_Q6_K,
 }
 _NAME_OF = {v: k for k, v in _BY_NAME.items()}
 

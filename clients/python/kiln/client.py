@@ -245,15 +245,20 @@ class Client:
         return self._call("Compile", req)
 
     def create_session(self, graph, params=None, device="auto", allow_tf32=False,
-                       cuda_graphs="auto") -> Session:
+                       cuda_graphs="auto", state=None) -> Session:
         """A session for `graph` (or a repository model: kiln.model("name"));
         small `params` go inline, large ones with set_params. `allow_tf32`
-        and `cuda_graphs` as in compile()."""
+        and `cuda_graphs` as in compile(). `state` ({"output": "param"}, e.g.
+        {"cache_out": "cache"}) makes a stateful session: after each
+        successful run the output's value becomes the param's, in place in
+        kilnd, and the output is not returned; set_params resets it."""
         req = service_pb2.CreateSessionRequest(
             graph=graph_source(graph),
             options=service_pb2.CompileOptions(device=device, allow_tf32=allow_tf32,
                                                cuda_graphs=_cuda_graphs(cuda_graphs)))
         _named(params, req.params)
+        for output, param in (state or {}).items():
+            req.state.add(output=output, param=param)
         resp = self._call("CreateSession", req)
         return Session(self, resp.session_id, resp.signature)
 

@@ -341,6 +341,14 @@ class Graph:
         a.SetInParent()
         return self._last()
 
+    def dequant_matmul(self, x, w, transpose_b: bool = False) -> Value:
+        """x [..., K] @ a block-quantized param w ([K, N], or [N, K] with
+        transpose_b: a GGUF matrix as the repository reads it)."""
+        a = self._add(graph_pb2.OP_DEQUANT_MATMUL, [x, w], self._value(x).dtype).attrs.dequant_matmul
+        a.SetInParent()
+        a.transpose_b = transpose_b
+        return self._last()
+
     def cumsum(self, x, axis: int, exclusive: bool = False, reverse: bool = False) -> Value:
         a = self._add(graph_pb2.OP_CUMSUM, [x]).attrs.cumsum
         a.axis, a.exclusive, a.reverse = axis, exclusive, reverse
