@@ -334,7 +334,7 @@ struct Fuser {
     for (Node* n : convs) {
       if (!chained.contains(n->id)) continue;
       auto fused = std::make_unique<Node>();
-      fused->id = g.NextId();
+      fused->id = -1;  // AddNode numbers it (the input transpose may be added first)
       fused->op = v1::OP_FUSED_CONV;
       fused->device = n->device;
       fused->path = n->path;
@@ -364,7 +364,7 @@ struct Fuser {
   // A transpose of `v` by `perm` placed and attributed like `like`.
   ValueRef AddTranspose(const Node& like, ValueRef v, std::initializer_list<int64_t> perm) {
     auto t = std::make_unique<Node>();
-    t->id = g.NextId();
+    t->id = -1;
     t->op = v1::OP_TRANSPOSE;
     t->device = like.device;
     t->path = like.path;
