@@ -17,6 +17,7 @@ std::string KernelName(const ir::Node& n) {
     case v1::OP_FUSED_ELEMENTWISE: return absl::StrCat("fused_ew_", n.id);
     case v1::OP_FUSED_MATMUL: return absl::StrCat("fused_matmul_", n.id);
     case v1::OP_FUSED_RESIDUAL_NORM: return absl::StrCat("fused_residual_norm_", n.id);
+    case v1::OP_FUSED_CONV: return absl::StrCat("fused_conv_", n.id);
     default: return absl::StrCat(ir::OpName(n.op), "_", n.id);
   }
 }

@@ -49,6 +49,10 @@ absl::Status InferLinalg(Ctx& c);       // matmul, dot_general, dense_solve
 absl::Status InferNorms(Ctx& c);        // softmax, log_softmax, norms, rope, attention
 absl::Status InferShapeOps(Ctx& c);     // reshape .. topk
 absl::Status InferVision(Ctx& c);       // conv, conv_transpose2d, pool, ffts
+// The result type of a convolution of x [N, C, spatial...] by w with `a`
+// (shared by Conv and FusedConv); errors name c's node.
+absl::Status ConvResultType(Ctx& c, const TensorType& x, const TensorType& w,
+                            const TensorType* bias, const v1::ConvAttrs& a, TensorType* result);
 absl::Status InferMisc(Ctx& c);         // quantization, control flow, losses, collectives,
                                         // custom, internal fused ops, copy
 

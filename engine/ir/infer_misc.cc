@@ -348,6 +348,47 @@ absl::Status InferFused(Ctx& c) {
       if (a.emit_sum()) c.node.outputs.push_back(c.in(0));
       return absl::OkStatus();
     }
+    case v1::OP_FUSED_CONV: {
+      const auto& a = c.node.attrs.fused_conv();
+      const int want = 2 + a.has_bias() + a.has_scale() + a.has_shift();
+      if (auto s = c.Arity(want, want); !s.ok()) return s;
+      const TensorType& x = c.in(0);
+      if (a.channels_last() && x.rank() != 4) {
+        return c.Error("channels_last needs x [N, H, W, C], got ", c.T(0));
+      }
+      // The plain convolution on NCHW, then the epilogue operands against it.
+      if (auto s = c.NeedFloat(0); !s.ok()) return s;
+      if (auto s = c.SameDType(0, 1); !s.ok()) return s;
+      TensorType nchw = x;
+      if (a.channels_last()) nchw.dims = {x.dims[0], x.dims[3], x.dims[1], x.dims[2]};
+      if (a.has_bias()) {
+        if (auto s = c.SameDType(0, 2); !s.ok()) return s;
+      }
+      TensorType out;
+      if (auto s = ConvResultType(c, nchw, c.in(1), a.has_bias() ? &c.in(2) : nullptr, a.conv(),
+                                  &out);
+          !s.ok()) {
+        return s;
+      }
+      const int64_t o = out.dims[1];
+      for (int i = 2 + a.has_bias(); i < want; ++i) {
+        const TensorType& t = c.in(i);
+        if (auto s = c.SameDType(0, i); !s.ok()) return s;
+        // O elements along one axis: [O], [O, 1, ...] or [1, O, 1, ...].
+        int64_t non_one = 0, count = 1;
+        for (int64_t d : t.dims) {
+          if (d < 0) return c.Error("scale and shift need static dims, got ", c.T(i));
+          count *= d;
+          non_one += d != 1;
+        }
+        if (t.rank() > out.rank() || non_one > 1 || (o >= 0 && count != o)) {
+          return c.Error("scale and shift must hold one value per output channel (", o,
+                         "), got ", c.T(i));
+        }
+      }
+      if (a.channels_last()) out.dims = {out.dims[0], out.dims[2], out.dims[3], out.dims[1]};
+      return c.Set(out);
+    }
     case v1::OP_COPY:
       if (auto s = c.Arity(1, 1); !s.ok()) return s;
       return c.Set(c.in(0));
@@ -434,7 +475,7 @@ absl::Status InferMisc(Ctx& c) {
     case v1::OP_CUSTOM:
       return InferCustom(c);
     case v1::OP_FUSED_ELEMENTWISE: case v1::OP_FUSED_MATMUL: case v1::OP_FUSED_RESIDUAL_NORM:
-    case v1::OP_COPY:
+    case v1::OP_COPY: case v1::OP_FUSED_CONV:
       return InferFused(c);
     default:
       return c.Error("unknown op ", static_cast<int>(c.node.op));

@@ -42,12 +42,26 @@ absl::Status InferConv(Ctx& c) {
   if (auto s = c.Arity(2, 3); !s.ok()) return s;
   if (auto s = c.NeedFloat(0); !s.ok()) return s;
   if (auto s = c.SameDType(0, 1); !s.ok()) return s;
-  const TensorType& x = c.in(0);
-  const TensorType& w = c.in(1);
-  if (x.rank() != 3 && x.rank() != 4) return c.Error("x must be [N, C, L] or [N, C, H, W], got ", c.T(0));
-  if (w.rank() != x.rank()) return c.Error("w must have rank ", x.rank(), ", got ", c.T(1));
+  if (c.num_operands() == 3) {
+    if (auto s = c.SameDType(0, 2); !s.ok()) return s;
+  }
+  TensorType out;
+  if (auto s = ConvResultType(c, c.in(0), c.in(1), c.num_operands() == 3 ? &c.in(2) : nullptr,
+                              c.node.attrs.conv(), &out);
+      !s.ok()) {
+    return s;
+  }
+  return c.Set(std::move(out));
+}
+
+}  // namespace
+
+absl::Status ConvResultType(Ctx& c, const TensorType& x, const TensorType& w,
+                            const TensorType* bias, const v1::ConvAttrs& a, TensorType* result) {
+  auto T = [&c](const TensorType& t) { return TypeToString(t, c.graph.symbols()); };
+  if (x.rank() != 3 && x.rank() != 4) return c.Error("x must be [N, C, L] or [N, C, H, W], got ", T(x));
+  if (w.rank() != x.rank()) return c.Error("w must have rank ", x.rank(), ", got ", T(w));
   const int sp = static_cast<int>(x.rank()) - 2;
-  const auto& a = c.node.attrs.conv();
   const int64_t groups = a.groups() == 0 ? 1 : a.groups();
   if (groups < 1) return c.Error("attribute groups must be >= 1");
   std::vector<int64_t> stride, dil, lo, hi;
@@ -62,11 +76,8 @@ absl::Status InferConv(Ctx& c) {
   if (cin >= 0 && w.dims[1] >= 0 && w.dims[1] != cin / groups) {
     return c.Error("w has ", w.dims[1], " input channels per group, x has ", cin, " / ", groups);
   }
-  if (c.num_operands() == 3) {
-    if (auto s = c.SameDType(0, 2); !s.ok()) return s;
-    if (c.in(2).rank() != 1 || !DimsCompatible(c.in(2).dims[0], o)) {
-      return c.Error("bias must be [", o, "], got ", c.T(2));
-    }
+  if (bias != nullptr && (bias->rank() != 1 || !DimsCompatible(bias->dims[0], o))) {
+    return c.Error("bias must be [", o, "], got ", T(*bias));
   }
   IrDims out = {x.dims[0], o};
   for (int i = 0; i < sp; ++i) {
@@ -95,8 +106,11 @@ absl::Status InferConv(Ctx& c) {
     }
     out.push_back((padded.get() - eff.get()) / stride[i] + 1);
   }
-  return c.Set(TensorType(x.dtype, std::move(out)));
+  *result = TensorType(x.dtype, std::move(out));
+  return absl::OkStatus();
 }
+
+namespace {
 
 absl::Status InferConvTranspose(Ctx& c) {
   if (auto s = c.Arity(2, 3); !s.ok()) return s;

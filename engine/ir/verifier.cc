@@ -90,7 +90,7 @@ absl::Status NormalizeAttrs(const v1::Node& n, v1::Attrs& attrs) {
 
 bool IsInternalOp(OpKind op) {
   return op == v1::OP_FUSED_ELEMENTWISE || op == v1::OP_FUSED_MATMUL ||
-         op == v1::OP_FUSED_RESIDUAL_NORM || op == v1::OP_COPY;
+         op == v1::OP_FUSED_RESIDUAL_NORM || op == v1::OP_COPY || op == v1::OP_FUSED_CONV;
 }
 
 absl::StatusOr<std::unique_ptr<Graph>> ImportGraph(const v1::Graph& proto,

@@ -1,10 +1,13 @@
 // Fuse (DESIGN.md section 3, stage 5): matmul epilogues (bias, activation,
-// residual) into FusedMatMul, residual + norm into FusedResidualNorm, and
+// residual) into FusedMatMul, conv epilogues (a folded BatchNorm's per-channel
+// multiply-add, activation) into FusedConv, chains of 2-D convs kept
+// channels-last between them, residual + norm into FusedResidualNorm, and
 // chains of elementwise ops into FusedElementwise regions (their instructions
 // built and checked by backends/common/elementwise_region.h, as every backend
 // reads them). A fusion is made only when the device claims the fused kernel
 // and the cost model estimates it cheaper than the separate kernels.
 #include <algorithm>
+#include <optional>
 #include <span>
 
 #include "absl/container/flat_hash_map.h"
@@ -179,6 +182,200 @@ struct Fuser {
     return false;
   }
 
+  // One value per output channel of a conv result `out` ([N, O, ...]) that a
+  // binary op broadcasts along the channel axis: [O], [O, 1, ...] or
+  // [1, O, 1, ...] right-aligned against the result, O static.
+  bool IsPerChannel(ValueRef v, const ir::TensorType& out) {
+    const ir::TensorType& t = g.TypeOf(v);
+    if (t.dtype != out.dtype || t.rank() > out.rank() || out.dims[1] < 0) return false;
+    const size_t lead = out.rank() - t.rank();
+    for (size_t i = 0; i < t.dims.size(); ++i) {
+      const size_t axis = lead + i;
+      if (t.dims[i] != (axis == 1 ? out.dims[1] : 1)) return false;
+    }
+    return lead <= 1;  // the channel axis is present in t
+  }
+
+  // conv [-> * per-channel scale] [-> + per-channel shift] [-> activation]
+  // into FusedConv (the folded BatchNorm + ReLU after a conv).
+  bool TryConv(Node& conv) {
+    if (conv.op != v1::OP_CONV) return false;
+    const ir::TensorType& out = conv.outputs[0];
+    if (out.rank() < 3 || out.dims[1] < 0) return false;
+    enum class Role { kConv, kScale, kShift, kActivation };
+    struct Link {
+      const Node* node;
+      Role role;
+      ValueRef operand;
+    };
+    std::vector<Link> chain = {{&conv, Role::kConv, {}}};
+    ValueRef cur = conv.out();
+    auto per_channel_binary = [&](ValueRef v, v1::BinaryKind kind) -> std::optional<ValueRef> {
+      Node* u = SoleUser(v);
+      if (u == nullptr || u->device != conv.device || u->op != v1::OP_BINARY ||
+          u->attrs.binary().kind() != kind || u->operands[0] == u->operands[1] ||
+          !(u->outputs[0] == out)) {
+        return std::nullopt;
+      }
+      const ValueRef other = u->operands[0] == v ? u->operands[1] : u->operands[0];
+      if (!IsPerChannel(other, out)) return std::nullopt;
+      return other;
+    };
+    if (auto s = per_channel_binary(cur, v1::BINARY_MUL)) {
+      Node* u = SoleUser(cur);
+      chain.push_back({u, Role::kScale, *s});
+      cur = u->out();
+    }
+    if (auto s = per_channel_binary(cur, v1::BINARY_ADD)) {
+      Node* u = SoleUser(cur);
+      chain.push_back({u, Role::kShift, *s});
+      cur = u->out();
+    }
+    if (Node* u = SoleUser(cur); u && u->device == conv.device && u->op == v1::OP_UNARY &&
+                                 u->attrs.unary().kind() != v1::UNARY_IDENTITY) {
+      chain.push_back({u, Role::kActivation, {}});
+    }
+    while (chain.size() > 1) {
+      auto fused = std::make_unique<Node>();
+      fused->id = g.NextId();
+      fused->op = v1::OP_FUSED_CONV;
+      fused->device = conv.device;
+      auto* a = fused->attrs.mutable_fused_conv();
+      *a->mutable_conv() = conv.attrs.conv();
+      fused->operands = conv.operands;
+      a->set_has_bias(conv.operands.size() == 3);
+      std::vector<const Node*> replaced;
+      for (const Link& l : chain) {
+        replaced.push_back(l.node);
+        switch (l.role) {
+          case Role::kScale:
+            a->set_has_scale(true);
+            fused->operands.push_back(l.operand);
+            break;
+          case Role::kShift:
+            a->set_has_shift(true);
+            fused->operands.push_back(l.operand);
+            break;
+          case Role::kActivation:
+            a->set_activation(l.node->attrs.unary().kind());
+            break;
+          case Role::kConv:
+            break;
+        }
+      }
+      if (Commit(std::move(fused), replaced, {{chain.back().node->out(), 0}})) return true;
+      chain.pop_back();
+    }
+    return false;
+  }
+
+  static bool IsConv2d(const Node& n) {
+    if (n.op == v1::OP_CONV) return n.outputs[0].rank() == 4;
+    return n.op == v1::OP_FUSED_CONV && n.outputs[0].rank() == 4 &&
+           !n.attrs.fused_conv().channels_last();
+  }
+
+  // `n` (a 2-D Conv or FusedConv) as a channels-last FusedConv: the spec its
+  // device would be asked to claim, and the attributes.
+  static v1::FusedConvAttrs ChannelsLastAttrs(const Node& n) {
+    v1::FusedConvAttrs a;
+    if (n.op == v1::OP_FUSED_CONV) {
+      a = n.attrs.fused_conv();
+    } else {
+      *a.mutable_conv() = n.attrs.conv();
+      a.set_has_bias(n.operands.size() == 3);
+    }
+    a.set_channels_last(true);
+    return a;
+  }
+
+  static Dims ToNhwc(const Dims& d) { return {d[0], d[2], d[3], d[1]}; }
+
+  // Chains of 2-D convolutions (one's result the next one's input) keep their
+  // activations channels-last (NHWC) between them where the device claims
+  // channels-last convs: a transpose into NHWC before the chain's first conv
+  // and back to NCHW after each conv whose result is used by anything else
+  // than a chained conv. A conv with no chained neighbour is left alone (its
+  // kernel's own reorders cost no more than the two transposes would).
+  void ChannelsLastChains() {
+    std::vector<Node*> convs;
+    absl::flat_hash_set<int32_t> claimed;
+    for (const auto& n : g.nodes()) {
+      if (!IsConv2d(*n)) continue;
+      backend::Device* device = DeviceOf(*n);
+      if (device == nullptr) continue;
+      bool static_dims = true;
+      for (int64_t d : g.TypeOf(n->operands[0]).dims) static_dims &= d >= 0;
+      for (int64_t d : n->outputs[0].dims) static_dims &= d >= 0;
+      if (!static_dims) continue;
+      backend::KernelSpec spec = SpecOf(g, *n);
+      spec.op = v1::OP_FUSED_CONV;
+      spec.attrs.Clear();
+      *spec.attrs.mutable_fused_conv() = ChannelsLastAttrs(*n);
+      spec.inputs[0].dims = ToNhwc(spec.inputs[0].dims);
+      spec.outputs[0].dims = ToNhwc(spec.outputs[0].dims);
+      if (!device->Supports(spec).native) continue;
+      convs.push_back(n.get());
+      claimed.insert(n->id);
+    }
+    // Chained: the input comes from a claimed conv, or the result feeds one.
+    absl::flat_hash_set<int32_t> chained;
+    for (Node* n : convs) {
+      const ValueRef x = n->operands[0];
+      if (claimed.contains(x.node) && g.FindNode(x.node)->device == n->device) {
+        chained.insert(n->id);
+        chained.insert(x.node);
+      }
+    }
+    if (chained.empty()) return;
+    // In node (topological) order. A converted conv's uses read the transpose
+    // back to NCHW; a chained conv reads the NHWC result before it instead.
+    absl::flat_hash_map<ValueRef, ValueRef> nhwc_of;
+    for (Node* n : convs) {
+      if (!chained.contains(n->id)) continue;
+      auto fused = std::make_unique<Node>();
+      fused->id = -1;  // AddNode numbers it (the input transpose may be added first)
+      fused->op = v1::OP_FUSED_CONV;
+      fused->device = n->device;
+      fused->path = n->path;
+      fused->origins = n->origins;
+      *fused->attrs.mutable_fused_conv() = ChannelsLastAttrs(*n);
+      fused->operands = n->operands;
+      const ValueRef x = n->operands[0];
+      if (auto it = nhwc_of.find(x); it != nhwc_of.end()) {
+        fused->operands[0] = it->second;
+      } else {
+        fused->operands[0] = AddTranspose(*n, x, {0, 2, 3, 1});
+      }
+      if (auto s = ir::InferNode(g, *fused); !s.ok()) {
+        ctx.notes.push_back(absl::StrCat("channels-last ", ir::NodeLabel(*n), " skipped (",
+                                         s.message(), ")"));
+        continue;
+      }
+      Node* made = g.AddNode(std::move(fused));
+      const ValueRef back = AddTranspose(*n, made->out(), {0, 3, 1, 2});
+      g.ReplaceAllUses(n->out(), back);
+      nhwc_of[back] = made->out();
+    }
+    g.RemoveDeadNodes();
+    users = Users(g);
+  }
+
+  // A transpose of `v` by `perm` placed and attributed like `like`.
+  ValueRef AddTranspose(const Node& like, ValueRef v, std::initializer_list<int64_t> perm) {
+    auto t = std::make_unique<Node>();
+    t->id = -1;
+    t->op = v1::OP_TRANSPOSE;
+    t->device = like.device;
+    t->path = like.path;
+    t->origins = like.origins;
+    t->operands = {v};
+    for (int64_t p : perm) t->attrs.mutable_transpose()->add_perm(p);
+    // A 4-D permutation of a value with a type: inference cannot fail.
+    (void)ir::InferNode(g, *t);
+    return g.AddNode(std::move(t))->out();
+  }
+
   bool TryResidualNorm(Node& norm) {
     if (norm.op != v1::OP_LAYER_NORM && norm.op != v1::OP_RMS_NORM) return false;
     Node* add = g.FindNode(norm.operands[0].node);
@@ -324,7 +521,7 @@ class FusePass final : public Pass {
     std::vector<int32_t> ids;
     for (const auto& n : g.nodes()) ids.push_back(n->id);
     for (int32_t id : ids) {
-      if (Node* n = g.FindNode(id); n != nullptr) f.TryMatMul(*n);
+      if (Node* n = g.FindNode(id); n != nullptr) f.TryMatMul(*n) || f.TryConv(*n);
     }
     g.RemoveDeadNodes();
     f.users = Users(g);
@@ -334,6 +531,8 @@ class FusePass final : public Pass {
       if (Node* n = g.FindNode(id); n != nullptr) f.TryResidualNorm(*n);
     }
     g.RemoveDeadNodes();
+    f.users = Users(g);
+    f.ChannelsLastChains();
     KILN_RETURN_IF_ERROR(g.SortTopologically());
     f.users = Users(g);
     // Elementwise regions grow from their last node backwards.

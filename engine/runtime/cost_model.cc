@@ -23,7 +23,7 @@ OpFamily FamilyOf(v1::OpKind op) {
     case v1::OP_MATMUL: case v1::OP_DOT_GENERAL: case v1::OP_FUSED_MATMUL:
     case v1::OP_DEQUANT_MATMUL: case v1::OP_DENSE_SOLVE:
       return OpFamily::kMatMul;
-    case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D: case v1::OP_POOL:
+    case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D: case v1::OP_POOL: case v1::OP_FUSED_CONV:
       return OpFamily::kConv;
     case v1::OP_ATTENTION:
       return OpFamily::kAttention;
@@ -87,7 +87,8 @@ Work EstimateWork(const backend::KernelSpec& spec) {
       w.flops = 2.0 * scores * (q[3] + v[3]) + 5.0 * scores;
       break;
     }
-    case v1::OP_CONV: {
+    case v1::OP_CONV:
+    case v1::OP_FUSED_CONV: {
       const auto& wd = spec.inputs[1].dims;
       double per = 1;
       for (size_t i = 1; i < wd.size(); ++i) per *= static_cast<double>(wd[i]);

@@ -1,7 +1,9 @@
 // Conformance cases for Conv (1-D and 2-D: stride, dilation, asymmetric
 // padding, groups incl. depthwise, bias, degenerate shapes) and Pool (max and
-// avg with and without count_include_pad, 1-D and 2-D). References are f64
-// loops over the stored inputs.
+// avg with and without count_include_pad, 1-D and 2-D), and FusedConv (the
+// conv with a per-channel scale/shift and activation epilogue, channels-last
+// or not, weights packed or not). References are f64 loops over the stored
+// inputs.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -192,6 +194,202 @@ std::vector<Case> ConvCases() {
   return cases;
 }
 
+// ----------------------------------------------------------------- fused conv
+
+// FusedConv: act((conv(x, w) + bias) * scale + shift), channels-last or not,
+// against the conv reference above with the epilogue applied in f64.
+double ActivateF64(v1::UnaryKind k, double v) {
+  switch (k) {
+    case v1::UNARY_RELU: return v > 0 ? v : 0.0;
+    case v1::UNARY_GELU: return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    case v1::UNARY_GELU_TANH:
+      return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    case v1::UNARY_SILU: return v / (1.0 + std::exp(-v));
+    case v1::UNARY_SIGMOID: return 1.0 / (1.0 + std::exp(-v));
+    case v1::UNARY_TANH: return std::tanh(v);
+    default: return v;
+  }
+}
+
+// [N, H, W, C] <-> [N, C, H, W] copies of a tensor as f64.
+HostTensor Permute4(const HostTensor& t, bool to_nchw) {
+  const Dims& d = t.dims();
+  const Dims out_dims = to_nchw ? Dims{d[0], d[3], d[1], d[2]} : Dims{d[0], d[2], d[3], d[1]};
+  HostTensor out = F64(out_dims);
+  const int64_t n = out_dims[0];
+  // Index in NCHW terms: c, h, w of the NCHW side.
+  const int64_t c = to_nchw ? d[3] : d[1], h = to_nchw ? d[1] : d[2], w = to_nchw ? d[2] : d[3];
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t ci = 0; ci < c; ++ci) {
+      for (int64_t y = 0; y < h; ++y) {
+        for (int64_t x = 0; x < w; ++x) {
+          const int64_t nchw = ((i * c + ci) * h + y) * w + x;
+          const int64_t nhwc = ((i * h + y) * w + x) * c + ci;
+          if (to_nchw) {
+            out.SetFromDouble(nchw, At(t, nhwc));
+          } else {
+            out.SetFromDouble(nhwc, At(t, nchw));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<HostTensor> FusedConvReference(const KernelSpec& spec,
+                                           const std::vector<HostTensor>& in) {
+  const auto& a = spec.attrs.fused_conv();
+  KernelSpec conv;
+  conv.op = v1::OP_CONV;
+  *conv.attrs.mutable_conv() = a.conv();
+  Dims out_dims = spec.outputs[0].dims;
+  if (a.channels_last()) out_dims = {out_dims[0], out_dims[3], out_dims[1], out_dims[2]};
+  conv.outputs = {Desc(v1::DTYPE_F64, out_dims)};
+  std::vector<HostTensor> conv_in;
+  conv_in.push_back(a.channels_last() ? Permute4(in[0], true) : in[0].Clone());
+  conv_in.push_back(in[1].Clone());
+  size_t next = 2;
+  if (a.has_bias()) conv_in.push_back(in[next++].Clone());
+  HostTensor y = std::move(ConvReference(conv, conv_in)[0]);
+  const HostTensor* scale = a.has_scale() ? &in[next++] : nullptr;
+  const HostTensor* shift = a.has_shift() ? &in[next++] : nullptr;
+  const int64_t o = out_dims[1];
+  int64_t plane = 1;
+  for (size_t i = 2; i < out_dims.size(); ++i) plane *= out_dims[i];
+  for (int64_t i = 0; i < y.num_elements(); ++i) {
+    const int64_t ch = (i / plane) % o;
+    double v = At(y, i);
+    if (scale != nullptr) v *= At(*scale, ch);
+    if (shift != nullptr) v += At(*shift, ch);
+    y.SetFromDouble(i, ActivateF64(a.activation(), v));
+  }
+  std::vector<HostTensor> result;
+  result.push_back(a.channels_last() ? Permute4(y, false) : std::move(y));
+  return result;
+}
+
+struct FusedConvCase {
+  ConvShape shape;
+  bool scale = true, shift = true;
+  v1::UnaryKind act = v1::UNARY_RELU;
+  bool channels_last = false;
+  bool packed = false;
+  Dims scale_dims;  // empty: [1, O, 1, 1] (or [1, O, 1] for 1-D)
+};
+
+Case MakeFusedConv(const FusedConvCase& f, DType dtype) {
+  Case plain = MakeConv(f.shape, dtype);
+  Case c;
+  c.name = absl::StrCat("fused_conv/", DTypeName(dtype), "_", f.shape.tag,
+                        f.channels_last ? "_nhwc" : "", f.packed ? "_packed" : "",
+                        f.scale ? "_scale" : "", f.shift ? "_shift" : "",
+                        f.act != v1::UNARY_KIND_UNSPECIFIED ? "_" : "",
+                        f.act != v1::UNARY_KIND_UNSPECIFIED ? v1::UnaryKind_Name(f.act) : "", "_x",
+                        absl::StrJoin(f.shape.x, "x"), "_w", absl::StrJoin(f.shape.w, "x"));
+  std::mt19937_64 rng = RngFor(c.name);
+  c.spec = plain.spec;
+  c.spec.name = c.name;
+  c.spec.label = absl::StrCat("case ", c.name);
+  c.spec.op = v1::OP_FUSED_CONV;
+  c.spec.attrs.Clear();
+  auto* a = c.spec.attrs.mutable_fused_conv();
+  *a->mutable_conv() = plain.spec.attrs.conv();
+  a->set_has_bias(f.shape.bias);
+  a->set_has_scale(f.scale);
+  a->set_has_shift(f.shift);
+  a->set_activation(f.act);
+  a->set_channels_last(f.channels_last);
+  c.inputs = std::move(plain.inputs);
+  const int64_t o = f.shape.w[0];
+  Dims pc = f.scale_dims;
+  if (pc.empty()) {
+    pc.assign(f.shape.x.size(), 1);
+    pc[1] = o;
+  }
+  if (f.scale) {
+    c.spec.inputs.push_back(Desc(dtype, pc));
+    c.inputs.push_back(RandomTensor(rng, dtype, pc, 0.5, 1.5));
+  }
+  if (f.shift) {
+    c.spec.inputs.push_back(Desc(dtype, pc));
+    c.inputs.push_back(RandomTensor(rng, dtype, pc));
+  }
+  if (f.channels_last) {
+    const Dims& x = c.spec.inputs[0].dims;
+    c.spec.inputs[0].dims = {x[0], x[2], x[3], x[1]};
+    c.inputs[0] = Permute4(c.inputs[0], false);
+    HostTensor stored = std::move(HostTensor::Create(dtype, c.spec.inputs[0].dims)).value();
+    for (int64_t i = 0; i < stored.num_elements(); ++i) stored.SetFromDouble(i, At(c.inputs[0], i));
+    c.inputs[0] = std::move(stored);
+    const Dims& y = c.spec.outputs[0].dims;
+    c.spec.outputs[0].dims = {y[0], y[2], y[3], y[1]};
+  }
+  c.reference = FusedConvReference;
+  c.tol = plain.tol;
+  // The scale (up to 1.5) scales the conv's error; oneDNN's activations are
+  // polynomial approximations (a few ulp).
+  c.tol.atol *= 2;
+  c.tol.rtol *= 2;
+  c.pack_inputs = f.packed;
+  return c;
+}
+
+std::vector<Case> FusedConvCases() {
+  const ConvShape k3 = {"k3", {2, 3, 9, 9}, {16, 3, 3, 3}, {}, {}, {1, 1}, {1, 1}};
+  const ConvShape k3s2 = {"k3s2", {2, 16, 17, 17}, {32, 16, 3, 3}, {2, 2}, {}, {1, 1}, {1, 1}};
+  const ConvShape nobias = {"nobias", {1, 8, 11, 7}, {24, 8, 3, 3}, {}, {}, {1, 1}, {1, 1}, 1, false};
+  const ConvShape grouped = {"groups2", {1, 8, 9, 9}, {16, 4, 3, 3}, {}, {}, {1, 1}, {1, 1}, 2};
+  const ConvShape dw = {"depthwise", {1, 32, 9, 9}, {32, 1, 3, 3}, {}, {}, {1, 1}, {1, 1}, 32};
+  const ConvShape pw = {"pointwise", {2, 17, 5, 5}, {33, 17, 1, 1}};
+  const ConvShape empty = {"no_in_channels", {1, 0, 5, 5}, {4, 0, 3, 3}};
+  const ConvShape one_d = {"1d", {2, 5, 17}, {7, 5, 3}, {}, {}, {1}, {1}};
+  const std::vector<FusedConvCase> f32 = {
+      {k3},
+      {k3, true, true, v1::UNARY_RELU, true},
+      {k3, true, true, v1::UNARY_RELU, true, true},
+      {k3s2, true, true, v1::UNARY_RELU, false, true},
+      {k3s2, true, true, v1::UNARY_RELU, true, true},
+      {k3s2, false, false, v1::UNARY_RELU, true},
+      {k3s2, false, false, v1::UNARY_KIND_UNSPECIFIED, true, true},
+      {nobias, false, true, v1::UNARY_SILU, true},
+      {nobias, true, false, v1::UNARY_GELU},
+      {nobias, true, true, v1::UNARY_GELU_TANH, true},
+      {nobias, true, true, v1::UNARY_SIGMOID},
+      {nobias, true, true, v1::UNARY_TANH, true, true},
+      {grouped, true, true, v1::UNARY_RELU, true},
+      {dw, true, true, v1::UNARY_RELU, true, true},
+      {dw, true, true, v1::UNARY_RELU, false, true},
+      {pw, true, true, v1::UNARY_RELU, false, true},
+      {pw, true, true, v1::UNARY_RELU, true},
+      {k3, true, true, v1::UNARY_RELU, false, false, {16, 1, 1}},
+      {k3, true, true, v1::UNARY_RELU, true, false, {16}},
+      {empty, true, true, v1::UNARY_SIGMOID},
+      {empty, true, true, v1::UNARY_RELU, true},
+      {one_d, true, true, v1::UNARY_RELU},
+      {one_d, true, true, v1::UNARY_RELU, false, true},
+  };
+  std::vector<Case> cases;
+  for (const FusedConvCase& f : f32) cases.push_back(MakeFusedConv(f, v1::DTYPE_F32));
+  const std::vector<FusedConvCase> low = {
+      {k3},
+      {k3s2, true, true, v1::UNARY_RELU, false, true},
+      {empty, true, true, v1::UNARY_RELU},
+  };
+  for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (const FusedConvCase& f : low) cases.push_back(MakeFusedConv(f, dtype));
+  }
+  // Plain conv with its weights packed by the engine (constants, params).
+  for (const ConvShape& s : {k3, k3s2, dw, grouped}) {
+    Case c = MakeConv(s, v1::DTYPE_F32);
+    c.name = absl::StrCat(c.name, "_packed");
+    c.spec.name = c.name;
+    c.pack_inputs = true;
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 // ----------------------------------------------------------------------- pool
 
 std::vector<HostTensor> PoolReference(const KernelSpec& spec, const std::vector<HostTensor>& in) {
@@ -303,6 +501,7 @@ std::vector<Case> PoolCases() {
 
 const FamilyRegistration kConv("conv", ConvCases);
 const FamilyRegistration kPool("pool", PoolCases);
+const FamilyRegistration kFusedConv("fused_conv", FusedConvCases);
 
 }  // namespace
 }  // namespace kiln::conformance
