@@ -30,7 +30,12 @@ struct TiledParams {
   float scale, softcap;
 };
 
+// The block's dynamic shared memory (a host emulation of the kernel, in
+// tests/backends/cuda/attention_tiled_host_test.cc, gives its own).
+#ifndef K_TILED_SMEM
 extern __shared__ __align__(16) float k_tiled_smem[];
+#define K_TILED_SMEM k_tiled_smem
+#endif
 
 template <typename T, int D>
 __device__ void attention_tiled(const T* q, const T* k, const T* v, const void* extra, T* out,
@@ -38,7 +43,7 @@ __device__ void attention_tiled(const T* q, const T* k, const T* v, const void* 
   constexpr int BM = 32, BN = 64, NT = 128;
   constexpr int LD = D + 4, LP = BN + 4;  // row pitches: 16-byte rows, conflict-free reads
   constexpr int DC = D / 64;              // float4 column chunks of O per thread
-  float* sQ = k_tiled_smem;
+  float* sQ = K_TILED_SMEM;
   float* sK = sQ + BM * LD;
   float* sV = sK + BN * LD;
   float* sP = sV + BN * LD;
