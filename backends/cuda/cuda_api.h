@@ -77,6 +77,8 @@ namespace kiln::cuda {
   X(cuGraphExecDestroy)               \
   X(cuGraphDestroy)                   \
   X(cuEventRecordWithFlags)           \
+  X(cuMemHostRegister)                \
+  X(cuMemHostUnregister)              \
   X(cuLaunchKernel)
 
 #define KILN_NVRTC_FUNCTIONS(X) \

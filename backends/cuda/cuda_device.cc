@@ -26,12 +26,12 @@ int Attribute(CUdevice d, CUdevice_attribute a) {
 
 }  // namespace
 
-void PollBackoff(int iteration) {
-  if (iteration < 64) {
+void PollBackoff(absl::Duration waited, int sleeps) {
+  if (waited < kPollSpin) {
     std::this_thread::yield();
     return;
   }
-  const int us = std::min(1000, 10 << std::min(7, (iteration - 64) / 16));
+  const int us = std::min(1000, 20 << std::min(6, sleeps / 16));
   std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
@@ -234,6 +234,68 @@ absl::StatusOr<CUdeviceptr> CudaDevice::Resolve(const backend::BufferView& view,
   }
   if (need == 0) return CUdeviceptr{0};
   return buf->ptr() + static_cast<CUdeviceptr>(view.offset);
+}
+
+// One cuMemHostRegister'ed range; unregistered when destroyed.
+class CudaHostRegistration final : public backend::HostRegistration {
+ public:
+  CudaHostRegistration(CudaDevice& device, void* base) : device_(device), base_(base) {}
+  ~CudaHostRegistration() override {
+    {
+      absl::MutexLock lock(&device_.host_mu_);
+      device_.registered_.erase(reinterpret_cast<uintptr_t>(base_));
+    }
+    if (device_.Enter().ok()) (void)device_.Check(Driver().cuMemHostUnregister(base_), "cuMemHostUnregister");
+  }
+  CudaHostRegistration(const CudaHostRegistration&) = delete;
+  CudaHostRegistration& operator=(const CudaHostRegistration&) = delete;
+
+ private:
+  CudaDevice& device_;
+  void* const base_;
+};
+
+absl::StatusOr<std::unique_ptr<backend::HostRegistration>> CudaDevice::RegisterHostMemory(
+    void* base, int64_t bytes) {
+  if (base == nullptr || bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(info_.id, ": cannot register ", bytes, " bytes of host memory at ",
+                     absl::Hex(reinterpret_cast<uintptr_t>(base))));
+  }
+  const auto begin = reinterpret_cast<uintptr_t>(base);
+  const uintptr_t end = begin + static_cast<uintptr_t>(bytes);
+  {
+    absl::MutexLock lock(&host_mu_);
+    auto next = registered_.lower_bound(begin);
+    const bool overlaps = (next != registered_.end() && next->first < end) ||
+                          (next != registered_.begin() && std::prev(next)->second > begin);
+    if (overlaps) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(info_.id, ": the host range overlaps one already registered"));
+    }
+  }
+  KILN_RETURN_IF_ERROR(Enter());
+  // PORTABLE: the pages count as pinned in every context (cuBLASLt's, any
+  // runtime-API code's), not only the primary one that registers them.
+  KILN_RETURN_IF_ERROR(Check(Driver().cuMemHostRegister(base, static_cast<size_t>(bytes),
+                                                        CU_MEMHOSTREGISTER_PORTABLE),
+                             "cuMemHostRegister"))
+      << "(" << bytes << " bytes)";
+  {
+    absl::MutexLock lock(&host_mu_);
+    registered_[begin] = end;
+  }
+  return std::unique_ptr<backend::HostRegistration>(
+      std::make_unique<CudaHostRegistration>(*this, base));
+}
+
+bool CudaDevice::IsRegistered(const void* ptr, int64_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  absl::MutexLock lock(&host_mu_);
+  auto it = registered_.upper_bound(begin);
+  if (it == registered_.begin()) return false;
+  --it;
+  return begin < it->second && bytes >= 0 && static_cast<uintptr_t>(bytes) <= it->second - begin;
 }
 
 absl::Status CudaDevice::CopyToDevice(backend::Stream& stream, const void* src,

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,7 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/capture.h"
+#include "backends/host_memory.h"
 #include "backends/cuda/cuda_api.h"
 
 namespace kiln::cuda {
@@ -47,7 +49,7 @@ struct DeviceCaps {
   std::string arch;  // "sm_90"
 };
 
-class CudaDevice final : public backend::Device {
+class CudaDevice final : public backend::Device, public backend::HostMemoryRegistrar {
  public:
   // Creates the device for driver ordinal `ordinal`. REQUIRES: LoadDriver() OK.
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal,
@@ -72,6 +74,10 @@ class CudaDevice final : public backend::Device {
   absl::StatusOr<std::unique_ptr<backend::Kernel>> PrepareKernel(
       const backend::KernelSpec& spec, backend::PrepareContext& context) override;
   int64_t memory_in_use() const override { return memory_in_use_.load(); }
+  // backend::HostMemoryRegistrar (cuMemHostRegister): copies from and to the
+  // range are DMA on the stream.
+  absl::StatusOr<std::unique_ptr<backend::HostRegistration>> RegisterHostMemory(
+      void* base, int64_t bytes) override;
 
   // ---- For the backend's own streams and kernels ----
   const DeviceCaps& caps() const { return caps_; }
@@ -105,6 +111,10 @@ class CudaDevice final : public backend::Device {
   // cuBLASLt handle (created at first use; cuBLASLt handles are thread-safe).
   absl::StatusOr<cublasLtHandle_t> LtHandle();
 
+  // Whether [ptr, ptr + bytes) lies inside one live host registration (its
+  // pages are pinned: the driver copies it asynchronously, no staging).
+  bool IsRegistered(const void* ptr, int64_t bytes) const;
+
   // Frees a buffer's memory, ordered on the allocation stream.
   void FreeBuffer(CUdeviceptr ptr, int64_t bytes);
 
@@ -127,6 +137,11 @@ class CudaDevice final : public backend::Device {
 
   absl::Mutex lt_mu_;
   cublasLtHandle_t lt_ ABSL_GUARDED_BY(lt_mu_) = nullptr;
+
+  friend class CudaHostRegistration;
+  // Live host registrations: start address -> end address.
+  mutable absl::Mutex host_mu_;
+  std::map<uintptr_t, uintptr_t> registered_ ABSL_GUARDED_BY(host_mu_);
 
   // Devices whose pools this device's copies may read (CopyFromPeer).
   absl::Mutex peers_mu_;
@@ -165,23 +180,29 @@ absl::StatusOr<CudaStream*> AsCudaStream(backend::Stream& stream, const CudaDevi
 
 // ---- implementation of the template ----
 
-// Spins briefly (a launch-bound run finishes in microseconds), then sleeps
-// in growing steps up to 1 ms; never waits past `timeout`.
-void PollBackoff(int iteration);
+inline constexpr absl::Duration kPollSpin = absl::Milliseconds(2);
+// Yields for the first kPollSpin (2 ms) of a wait (a run of a few launch-bound
+// kernels ends within that: a sleep, which overshoots by the kernel's timer
+// slack of ~50 us, would add that to every run), then sleeps in growing
+// steps up to 1 ms; never waits past `timeout`.
+void PollBackoff(absl::Duration waited, int sleeps);
 
 template <typename Query>
 absl::Status CudaDevice::PollUntilDone(Query query, absl::Duration timeout,
                                        const std::string& what) const {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (int i = 0;; ++i) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  for (int sleeps = 0;;) {
     const CUresult r = query();
     if (r != CUDA_ERROR_NOT_READY) return Check(r, what.c_str());
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return backend::DeviceFault(
           info_.id, absl::StrCat(what, " did not finish within ", absl::FormatDuration(timeout),
                                  " (the device is hung or overloaded)"));
     }
-    PollBackoff(i);
+    PollBackoff(now - start, sleeps);
+    if (now - start >= kPollSpin) ++sleeps;
   }
 }
 

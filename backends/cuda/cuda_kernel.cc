@@ -121,7 +121,24 @@ std::vector<std::string> EmbeddedSourceNames() {
 std::string KernelSource(std::string_view name) {
   std::string out(EmbeddedSource("common.cuh"));
   out += '\n';
-  out += EmbeddedSource(name);
+  // A line `#include "x.cuh"` naming an embedded header is replaced by the
+  // header (NVRTC is given one source, with no include path).
+  constexpr std::string_view kInclude = "#include \"";
+  for (std::string_view rest = EmbeddedSource(name); !rest.empty();) {
+    const size_t eol = rest.find('\n');
+    std::string_view line = rest.substr(0, eol == std::string_view::npos ? rest.size() : eol + 1);
+    rest.remove_prefix(line.size());
+    if (line.starts_with(kInclude)) {
+      const std::string_view header = line.substr(kInclude.size(), line.find('"', kInclude.size()) -
+                                                                       kInclude.size());
+      if (std::string_view text = EmbeddedSource(header); !text.empty()) {
+        out += text;
+        out += '\n';
+        continue;
+      }
+    }
+    out += line;
+  }
   return out;
 }
 

@@ -101,7 +101,9 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims);
 std::string_view EmbeddedSource(std::string_view name);
 // Every embedded source's name (the NVRTC compile test walks them).
 std::vector<std::string> EmbeddedSourceNames();
-// common.cuh followed by the embedded source `name`: what the families compile.
+// common.cuh followed by the embedded source `name`, each of its lines
+// `#include "x.cuh"` that names an embedded header replaced by that header:
+// what the families compile.
 std::string KernelSource(std::string_view name);
 
 }  // namespace kiln::cuda

@@ -14,6 +14,8 @@ namespace {
 // than a chunk kept by the stream.
 constexpr int64_t kMaxKeptStaging = int64_t{64} << 20;
 constexpr int64_t kMinStaging = int64_t{64} << 10;
+// Uploads through staging are copied and enqueued in pieces of this size.
+constexpr int64_t kUploadPiece = int64_t{1} << 20;
 // How long a stream's destructor waits for its work.
 constexpr absl::Duration kTeardownWait = absl::Seconds(10);
 
@@ -234,21 +236,43 @@ absl::Status CudaStream::Upload(const void* src, CUdeviceptr dst, int64_t bytes)
   KILN_RETURN_IF_ERROR(failed_);
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
   const DriverApi& api = Driver();
+  if (!capturing_ && device_.IsRegistered(src, bytes)) {
+    // Pinned by a host registration: DMA straight from it (the registrant
+    // keeps the bytes until a synchronization passes this copy). Not while
+    // capturing: a graph would read the range again at every replay.
+    return Note(device_.Check(api.cuMemcpyHtoDAsync(dst, src, static_cast<size_t>(bytes), stream_),
+                              "cuMemcpyHtoDAsync(registered)"));
+  }
   if (bytes > kMaxKeptStaging) {
     return Note(device_.Check(api.cuMemcpyHtoDAsync(dst, src, static_cast<size_t>(bytes), stream_),
                               "cuMemcpyHtoDAsync"));
   }
   KILN_ASSIGN_OR_RETURN(Staging * s, AcquireStaging(bytes));
-  std::memcpy(s->host, src, static_cast<size_t>(bytes));
-  KILN_RETURN_IF_ERROR(
-      Note(device_.Check(api.cuMemcpyHtoDAsync(dst, s->host, static_cast<size_t>(bytes), stream_),
-                         "cuMemcpyHtoDAsync")));
+  // In pieces, each piece's DMA enqueued as soon as it is staged, so the
+  // device copies one piece while the host stages the next.
+  for (int64_t at = 0; at < bytes; at += kUploadPiece) {
+    const size_t n = static_cast<size_t>(std::min(kUploadPiece, bytes - at));
+    char* staged = static_cast<char*>(s->host) + at;
+    std::memcpy(staged, static_cast<const char*>(src) + at, n);
+    const absl::Status st = device_.Check(
+        api.cuMemcpyHtoDAsync(dst + static_cast<CUdeviceptr>(at), staged, n, stream_),
+        "cuMemcpyHtoDAsync");
+    if (!st.ok()) {
+      (void)MarkStagingUsed(*s);  // pieces already enqueued may still read it
+      return Note(st);
+    }
+  }
   return MarkStagingUsed(*s);
 }
 
 absl::Status CudaStream::Download(CUdeviceptr src, void* dst, int64_t bytes) {
   KILN_RETURN_IF_ERROR(failed_);
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
+  if (!capturing_ && device_.IsRegistered(dst, bytes)) {
+    return Note(device_.Check(
+        Driver().cuMemcpyDtoHAsync(dst, src, static_cast<size_t>(bytes), stream_),
+        "cuMemcpyDtoHAsync(registered)"));
+  }
   // Large read-backs get a chunk of their own too: a pageable destination
   // would make the driver's copy synchronous (an unbounded wait).
   KILN_ASSIGN_OR_RETURN(Staging * s, AcquireStaging(bytes));

@@ -5,7 +5,11 @@
 // CopyToDevice copies the caller's bytes into a chunk before it returns and
 // the chunk is reused once the event recorded after its copy completed;
 // CopyToHost lands in a chunk and is copied out to the caller's memory by the
-// SynchronizeFor that passes it. Every host wait polls with a deadline
+// SynchronizeFor that passes it (uploads are staged and enqueued in 1 MiB
+// pieces, so the DMA of one overlaps the staging of the next). Host memory
+// the device registered (CudaDevice::RegisterHostMemory, pinned) is copied
+// to and from directly with no staging, as the contract allows for it.
+// Every host wait polls with a deadline
 // (CudaDevice::PollUntilDone); one that times out is a device fault and the
 // stream stays failed.
 //
@@ -88,7 +92,8 @@ class CudaStream final : public backend::Stream, public backend::CapturingStream
   // Records `s` as the stream's failure when it is a device fault; returns `s`.
   absl::Status Note(absl::Status s);
 
-  // Host -> device: `src` is read before this returns.
+  // Host -> device: `src` is read before this returns, unless it lies in a
+  // registered host range (then by the time a synchronization passes it).
   absl::Status Upload(const void* src, CUdeviceptr dst, int64_t bytes);
   // Device -> host: `dst` is written by the SynchronizeFor that passes this point.
   absl::Status Download(CUdeviceptr src, void* dst, int64_t bytes);

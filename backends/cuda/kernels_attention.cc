@@ -8,6 +8,9 @@
 //   rows over many keys (decoding, Sq <= 8 and Sk >= 256): split-K over the
 //   keys, a warp per (row, split) into f32 partials the kernel owns, then a
 //   combine kernel;
+// - nvrtc:flash_attn_simt_f32 (kernels/attention_tiled.cu): f32 with
+//   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
+//   SIMT units, online softmax;
 // - nvrtc:attention_rows_<dt>: a warp per query row, everything else.
 #include <algorithm>
 #include <cmath>
@@ -30,6 +33,9 @@ static_assert(v1::MASK_CAUSAL == 1 && v1::MASK_PREFIX == 2 && v1::MASK_SLIDING_W
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int kFlashTile = 64;      // flash_attention.cu's BM and BN
 constexpr int kFlashThreads = 128;  // its 4 warps
+constexpr int kTiledRows = 32;      // attention_tiled.cu's BM, BN and threads
+constexpr int kTiledKeys = 64;
+constexpr int kTiledThreads = 128;
 
 // attention.cu's parameter block (passed by value).
 struct AttnParams {
@@ -118,6 +124,36 @@ FlashParams ToFlash(const AttnParams& a) {
   return f;
 }
 
+// attention_tiled.cu's parameter block.
+struct TiledParams {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0;
+  int64_t mask = 0, prefix = 0, window = 0, mask_per_query = 0;
+  int64_t bias_stride[4] = {};
+  int64_t q_stride[3] = {}, k_stride[3] = {}, v_stride[3] = {}, o_stride[3] = {};
+  float scale = 1, softcap = 0;
+};
+
+// Strides of batch, head and row of a dense [B, H, S, D] operand (the kernel
+// takes any strides with D contiguous: [B, S, H, D] operands need no copy).
+void DenseStrides(int64_t H, int64_t S, int64_t D, int64_t (&stride)[3]) {
+  stride[2] = D;
+  stride[1] = S * D;
+  stride[0] = H * S * D;
+}
+
+TiledParams ToTiled(const AttnParams& a) {
+  TiledParams t;
+  t.B = a.B, t.Hq = a.Hq, t.Hkv = a.Hkv, t.Sq = a.Sq, t.Sk = a.Sk;
+  t.mask = a.mask, t.prefix = a.prefix, t.window = a.window, t.mask_per_query = a.mask_per_query;
+  for (int i = 0; i < 4; ++i) t.bias_stride[i] = a.bias_stride[i];
+  DenseStrides(a.Hq, a.Sq, a.D, t.q_stride);
+  DenseStrides(a.Hkv, a.Sk, a.D, t.k_stride);
+  DenseStrides(a.Hkv, a.Sk, a.Dv, t.v_stride);
+  DenseStrides(a.Hq, a.Sq, a.Dv, t.o_stride);
+  t.scale = a.scale, t.softcap = a.softcap;
+  return t;
+}
+
 }  // namespace
 
 AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, int64_t Sk,
@@ -140,11 +176,23 @@ AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, 
       tiles <= caps.max_grid_x / std::max<int64_t>(B * Hq, 1)) {
     path.kind = AttentionPath::kFlash;
   }
+  const int64_t row_tiles = (Sq + kTiledRows - 1) / kTiledRows;
+  if (dtype == v1::DTYPE_F32 && D == Dv && (D == 64 || D == 128) && rows > 0 &&
+      TiledSharedBytes(D) <= caps.max_shared_per_block_optin &&
+      row_tiles <= caps.max_grid_x / std::max<int64_t>(B * Hq, 1)) {
+    path.kind = AttentionPath::kTiled;
+  }
   return path;
 }
 
 int64_t FlashSharedBytes(int64_t head_dim) {
   return int64_t{3} * kFlashTile * (head_dim + 8) * 2;
+}
+
+int64_t TiledSharedBytes(int64_t head_dim) {
+  return (int64_t{kTiledRows} * (head_dim + 4) + int64_t{2} * kTiledKeys * (head_dim + 4) +
+          int64_t{kTiledRows} * (kTiledKeys + 4)) *
+         4;
 }
 
 namespace {
@@ -184,6 +232,13 @@ class AttentionKernel final : public CudaKernel {
       const int64_t blocks = (p.Sq + kFlashTile - 1) / kFlashTile * p.B * p.Hq;
       return LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, kFlashThreads,
                           static_cast<unsigned>(FlashSharedBytes(p.D)), args);
+    }
+    if (path_.kind == AttentionPath::kTiled) {
+      TiledParams t = ToTiled(p);
+      void* args[] = {&q, &k, &v, &extra, &o, &t};
+      const int64_t blocks = (p.Sq + kTiledRows - 1) / kTiledRows * p.B * p.Hq;
+      return LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, kTiledThreads,
+                          static_cast<unsigned>(TiledSharedBytes(p.D)), args);
     }
     if (path_.kind == AttentionPath::kSplit) {
       int64_t splits = path_.splits;
@@ -242,6 +297,17 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                     static_cast<int>(FlashSharedBytes(p.D))),
         "cuFuncSetAttribute"));
     impl = absl::StrCat("kiln:flash_attn_fwd_", dt);
+  } else if (path.kind == AttentionPath::kTiled) {
+    KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "attention_tiled",
+                                             KernelSource("attention_tiled.cu"),
+                                             absl::StrCat("kiln_attention_tiled_", dt, "_d", p.D),
+                                             context));
+    KILN_RETURN_IF_ERROR(d.Enter());
+    KILN_RETURN_IF_ERROR(d.Check(
+        Driver().cuFuncSetAttribute(fast.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(TiledSharedBytes(p.D))),
+        "cuFuncSetAttribute"));
+    impl = absl::StrCat("nvrtc:flash_attn_simt_", dt);
   } else if (path.kind == AttentionPath::kSplit) {
     KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "attention", KernelSource("attention.cu"),
                                              absl::StrCat("kiln_attention_split_", dt), context));

@@ -1,12 +1,14 @@
 // Kiln's attention forward on cuda:0 (the backend's kernel, timed with its
 // CUDA events: medians of timed batches after warm-up), for the issue's
 // cases: bf16 B4 H32 S2048 D128 causal and B4 H32 S4096 full, and a decode
-// case (Sq = 1 over a long cache, GQA). PyTorch SDPA is timed in the same
+// case (Sq = 1 over a long cache, GQA), and f32 cases (`--cases f32`: the
+// BERT-base layer's attention, B8 H12 S128 D64, and B4 H16 S512 D64: the
+// tiled SIMT kernel). PyTorch SDPA is timed in the same
 // device call by torch_attention.py; cuda_attention.sh prints the ratios.
 // One JSON line per case: ms, TFLOP/s (4 B H Sq Sk D, halved under a causal
 // mask; for decode GB/s of K and V read), the implementation, and the max
 // |error| of 64 sampled rows against an f64 reference of the stored inputs.
-//   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode]
+//   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -39,16 +41,34 @@ struct Case {
   bool causal;
 };
 
-std::vector<uint16_t> Random(DType dt, int64_t n, uint64_t seed, float scale) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = dt == v1::DTYPE_F16 ? kiln::FloatToHalf(u(rng)) : kiln::FloatToBf16(u(rng));
-  return v;
+int64_t ElementBytes(DType dt) { return dt == v1::DTYPE_F32 ? 4 : 2; }
+
+// Element i of `bytes` (f32, f16 or bf16) as a double.
+double Value(DType dt, const std::vector<char>& bytes, int64_t i) {
+  if (dt == v1::DTYPE_F32) {
+    float f;
+    std::memcpy(&f, bytes.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes.data() + 2 * i, 2);
+  return dt == v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
 }
 
-double Value(DType dt, uint16_t h) {
-  return dt == v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
+std::vector<char> Random(DType dt, int64_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<char> v(n * ElementBytes(dt));
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = u(rng);
+    if (dt == v1::DTYPE_F32) {
+      std::memcpy(v.data() + 4 * i, &x, 4);
+      continue;
+    }
+    const uint16_t h = dt == v1::DTYPE_F16 ? kiln::FloatToHalf(x) : kiln::FloatToBf16(x);
+    std::memcpy(v.data() + 2 * i, &h, 2);
+  }
+  return v;
 }
 
 }  // namespace
@@ -88,6 +108,10 @@ int main(int argc, char** argv) {
     cases.push_back({"decode_B8_H32_KV8_S1_Sk8192_D128", v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, true});
     cases.push_back({"decode_B1_H32_S1_Sk32768_D128", v1::DTYPE_BF16, 1, 32, 32, 1, 32768, 128, true});
   }
+  if (which == "all" || which == "f32") {
+    cases.push_back({"bert_f32_B8_H12_S128_D64", v1::DTYPE_F32, 8, 12, 12, 128, 128, 64, false});
+    cases.push_back({"f32_B4_H16_S512_D64", v1::DTYPE_F32, 4, 16, 16, 512, 512, 64, false});
+  }
   auto stream_or = dev->CreateStream();
   if (!stream_or.ok()) return 1;
   auto& stream = *stream_or;
@@ -109,16 +133,17 @@ int main(int argc, char** argv) {
     const auto q = Random(c.dt, nq, 1, 1.0f), k = Random(c.dt, nk, 2, 1.0f), v = Random(c.dt, nk, 3, 1.0f);
     std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs;
     std::vector<kiln::backend::BufferView> views;
+    const int64_t es = ElementBytes(c.dt);
     for (const auto* h : {&q, &k, &v}) {
-      auto b = dev->Allocate(static_cast<int64_t>(h->size()) * 2);
+      auto b = dev->Allocate(static_cast<int64_t>(h->size()));
       if (!b.ok()) return 1;
       bufs.push_back(std::move(b).value());
-      views.push_back({bufs.back().get(), 0, static_cast<int64_t>(h->size()) * 2});
+      views.push_back({bufs.back().get(), 0, static_cast<int64_t>(h->size())});
       if (!dev->CopyToDevice(*stream, h->data(), views.back()).ok()) return 1;
     }
-    auto ob = dev->Allocate(nq * 2);
+    auto ob = dev->Allocate(nq * es);
     if (!ob.ok()) return 1;
-    const std::vector<kiln::backend::BufferView> ins = views, outs = {{ob->get(), 0, nq * 2}};
+    const std::vector<kiln::backend::BufferView> ins = views, outs = {{ob->get(), 0, nq * es}};
     auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
     for (int i = 0; i < 3; ++i) {
       if (!launch()) return 1;
@@ -136,7 +161,7 @@ int main(int argc, char** argv) {
       if (!us.ok()) return 1;
       ms.push_back(*us / 1000.0 / reps);
     }
-    std::vector<uint16_t> out(nq);
+    std::vector<char> out(nq * es);
     if (!dev->CopyToHost(*stream, outs[0], out.data()).ok() || !stream->Synchronize().ok()) return 1;
     // 64 sampled rows against an f64 reference.
     double worst = 0;
@@ -152,7 +177,7 @@ int main(int argc, char** argv) {
       for (int64_t j = 0; j < hi; ++j) {
         double dot = 0;
         for (int64_t d = 0; d < c.D; ++d) {
-          dot += Value(c.dt, q[row * c.D + d]) * Value(c.dt, k[((b * c.Hkv + hk) * c.Sk + j) * c.D + d]);
+          dot += Value(c.dt, q, row * c.D + d) * Value(c.dt, k, ((b * c.Hkv + hk) * c.Sk + j) * c.D + d);
         }
         p[j] = dot * scale;
         mx = std::max(mx, p[j]);
@@ -160,8 +185,8 @@ int main(int argc, char** argv) {
       for (double& x : p) sum += (x = std::exp(x - mx));
       for (int64_t d = 0; d < c.D; ++d) {
         double want = 0;
-        for (int64_t j = 0; j < hi; ++j) want += p[j] * Value(c.dt, v[((b * c.Hkv + hk) * c.Sk + j) * c.D + d]);
-        worst = std::max(worst, std::fabs(want / sum - Value(c.dt, out[row * c.D + d])));
+        for (int64_t j = 0; j < hi; ++j) want += p[j] * Value(c.dt, v, ((b * c.Hkv + hk) * c.Sk + j) * c.D + d);
+        worst = std::max(worst, std::fabs(want / sum - Value(c.dt, out, row * c.D + d)));
       }
     }
     const double med = Median(ms);
@@ -170,7 +195,7 @@ int main(int argc, char** argv) {
     json j = {{"bench", "attention_fwd"}, {"impl", "kiln"}, {"case", c.name},
               {"implementation", (*kernel)->implementation()}, {"ms", med},
               {"tflops", flops / (med * 1e-3) / 1e12}, {"max_abs_err", worst}};
-    if (c.Sq == 1) j["kv_gbps"] = 2.0 * nk * 2 / (med * 1e-3) / 1e9;
+    if (c.Sq == 1) j["kv_gbps"] = 2.0 * nk * es / (med * 1e-3) / 1e9;
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA (CUDA, bf16) on attention_fwd's cases, as the peer for
+"""PyTorch SDPA (CUDA, bf16; f32 with TF32 off) on attention_fwd's cases, as the peer for
 Kiln's attention kernels: F.scaled_dot_product_attention with PyTorch's own
 backend choice (cuDNN / FlashAttention), CUDA events, medians of timed
 batches after warm-up. One JSON line per case, named as attention_fwd's.
 
-usage: torch_attention.py [--reps 10] [--rounds 7] [--cases all|big|decode]
+usage: torch_attention.py [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
 """
 import argparse
 import json
@@ -18,6 +18,9 @@ CASES = [
     ("full_B16_H16_S2048_D64", 16, 16, 16, 2048, 2048, 64, False, "big"),
     ("decode_B8_H32_KV8_S1_Sk8192_D128", 8, 32, 8, 1, 8192, 128, True, "decode"),
     ("decode_B1_H32_S1_Sk32768_D128", 1, 32, 32, 1, 32768, 128, True, "decode"),
+    # f32 (TF32 off), as Kiln's f32 layer runs it.
+    ("bert_f32_B8_H12_S128_D64", 8, 12, 12, 128, 128, 64, False, "f32"),
+    ("f32_B4_H16_S512_D64", 4, 16, 16, 512, 512, 64, False, "f32"),
 ]
 
 
@@ -28,12 +31,15 @@ def main():
     ap.add_argument("--cases", default="all")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     for name, b, hq, hkv, sq, sk, d, causal, kind in CASES:
         if args.cases not in ("all", kind):
             continue
-        q = torch.rand(b, hq, sq, d, device=dev, dtype=torch.bfloat16) * 2 - 1
-        k = torch.rand(b, hkv, sk, d, device=dev, dtype=torch.bfloat16) * 2 - 1
-        v = torch.rand(b, hkv, sk, d, device=dev, dtype=torch.bfloat16) * 2 - 1
+        dt = torch.float32 if kind == "f32" else torch.bfloat16
+        q = torch.rand(b, hq, sq, d, device=dev, dtype=dt) * 2 - 1
+        k = torch.rand(b, hkv, sk, d, device=dev, dtype=dt) * 2 - 1
+        v = torch.rand(b, hkv, sk, d, device=dev, dtype=dt) * 2 - 1
         # A causal single query row over the whole cache sees every key: no mask.
         is_causal = causal and sq == sk
 
@@ -61,7 +67,7 @@ def main():
         row = {"bench": "attention_fwd", "impl": "torch_sdpa", "case": name, "ms": ms,
                "tflops": flops / (ms * 1e-3) / 1e12, "torch": torch.__version__}
         if sq == 1:
-            row["kv_gbps"] = 2.0 * b * hkv * sk * d * 2 / (ms * 1e-3) / 1e9
+            row["kv_gbps"] = 2.0 * b * hkv * sk * d * q.element_size() / (ms * 1e-3) / 1e9
         print(json.dumps(row), flush=True)
 
 

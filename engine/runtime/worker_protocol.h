@@ -26,6 +26,12 @@ inline constexpr int kProtocol = 1;
 // not fit the shared region travel inline, up to this).
 inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
 
+// The staging region's first bytes that kilnd never hands back to the kernel
+// (ShmRegion::Create's default resident_bytes): the only part whose pages stay
+// the same for the region's life, so the only part a worker may have its
+// device register (pin) for direct copies.
+inline constexpr int64_t kShmResidentBytes = int64_t{256} << 20;
+
 // One end of the socket. Owns the descriptor.
 class Channel {
  public:
@@ -55,7 +61,7 @@ class ShmRegion {
   // in the memfd), so a burst of large copies does not stay resident; below
   // it they stay mapped, so steady traffic pays no page faults.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(int64_t bytes,
-                                                           int64_t resident_bytes = int64_t{256} << 20);
+                                                           int64_t resident_bytes = kShmResidentBytes);
   // The worker's side: maps an inherited descriptor.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Map(int fd);
   ~ShmRegion();

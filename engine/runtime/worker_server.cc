@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <deque>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/capture.h"
+#include "backends/host_memory.h"
 #include "base/status.h"
 #include "engine/compile/disk_cache.h"
 #include "engine/runtime/worker_protocol.h"
@@ -103,6 +105,10 @@ class Server {
   }
 
   int Loop();
+  // Registers the staging region's resident part with the device, so copies
+  // through it are DMA with no staging copy (backend::HostMemoryRegistrar; a
+  // device without the capability copies as before).
+  void RegisterStaging();
 
   backend::Device& device() { return *device_; }
   ShmRegion& shm() { return *shm_; }
@@ -153,6 +159,8 @@ class Server {
   std::unique_ptr<ShmRegion> shm_;
   std::shared_ptr<compile::DiskCache> disk_;
   std::unique_ptr<compile::KernelBinaryCacheAdapter> binaries_;
+  // Released before the device (Shutdown), after every stream is gone.
+  std::unique_ptr<backend::HostRegistration> staging_registration_;
 
   absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
@@ -425,7 +433,27 @@ void StreamWorker::Run(Item& item) {
   server_.Reply(reply);
 }
 
+void Server::RegisterStaging() {
+  // kilnd keeps a copy's staging block until the answer to the
+  // synchronization that passed the copy (RemoteStream::FreeStaging), which
+  // is the registration's contract. Pages above the resident part may be
+  // punched out of the region by kilnd and come back as other pages: never
+  // pinned.
+  const int64_t bytes = std::min(shm_->size(), kShmResidentBytes);
+  if (bytes <= 0) return;
+  auto* registrar = dynamic_cast<backend::HostMemoryRegistrar*>(device_);
+  if (registrar == nullptr) return;  // copies stage through the device's own memory
+  auto r = registrar->RegisterHostMemory(shm_->at(0), bytes);
+  if (r.ok()) {
+    staging_registration_ = std::move(r).value();
+    return;
+  }
+  spdlog::warn("device worker: copies stage through host memory: {}",
+               std::string(r.status().message()));
+}
+
 int Server::Loop() {
+  RegisterStaging();
   for (int i = 0; i < 4; ++i) pool_.emplace_back([this] { PoolLoop(); });
   for (;;) {
     wp::Request request;
@@ -570,6 +598,7 @@ void Server::Shutdown() {
     pool_stopping_ = true;
   }
   for (std::thread& t : pool_) t.join();
+  staging_registration_.reset();  // no copy is in flight: every stream is gone
   {
     absl::MutexLock lock(&mu_);
     graphs_.clear();  // before the kernels and events they captured

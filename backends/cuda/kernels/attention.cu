@@ -17,26 +17,12 @@ struct AttnParams {
   float scale, softcap;
 };
 
-#define K_MASK_CAUSAL 1
-#define K_MASK_PREFIX 2
-#define K_MASK_SLIDING_WINDOW 4
-#define K_MASK_CUSTOM 5
-#define K_MASK_BIAS 6
+#include "attention_mask.cuh"
 
 // The structural key range [lo, hi) of query row i.
 __device__ __forceinline__ void attn_key_range(const AttnParams& p, k_i64 i, k_i64& lo,
                                                k_i64& hi) {
-  const k_i64 pos = i + (p.Sk - p.Sq);
-  lo = 0;
-  hi = p.Sk;
-  if (p.mask == K_MASK_CAUSAL) hi = pos + 1;
-  if (p.mask == K_MASK_PREFIX) hi = pos + 1 > p.prefix ? pos + 1 : p.prefix;
-  if (p.mask == K_MASK_SLIDING_WINDOW) {
-    hi = pos + 1;
-    lo = pos - p.window + 1;
-  }
-  lo = lo < 0 ? 0 : (lo > p.Sk ? p.Sk : lo);
-  hi = hi < lo ? lo : (hi > p.Sk ? p.Sk : hi);
+  k_attn_key_range(p.mask, p.prefix, p.window, p.Sq, p.Sk, i, lo, hi);
 }
 
 // One warp folds keys [lo, hi) of row r into (m, l, o) (o: 8 values per
@@ -71,13 +57,9 @@ __device__ void attention_keys(const T* q, const T* k, const T* v, const void* e
     float s = k_warp_sum(part) * p.scale;
     if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
     if (p.mask == K_MASK_CUSTOM) {
-      const unsigned char* mk = static_cast<const unsigned char*>(extra);
-      const k_i64 at = (p.mask_per_query ? (b * p.Sq + i) * p.Sk : b * p.Sk) + j;
-      if (mk[at] == 0) continue;
+      if (!k_attn_custom_keeps(extra, p.mask_per_query != 0, p.Sq, p.Sk, b, i, j)) continue;
     } else if (p.mask == K_MASK_BIAS) {
-      const T* bias = static_cast<const T*>(extra);
-      s += k_load(bias, b * p.bias_stride[0] + h * p.bias_stride[1] + i * p.bias_stride[2] +
-                            j * p.bias_stride[3]);
+      s += k_attn_bias<T>(extra, p.bias_stride, b, h, i, j);
     }
     if (s == -K_INF) continue;
     const float m_new = fmaxf(m, s);

@@ -24,11 +24,7 @@ struct FlashParams {
   float scale, softcap;
 };
 
-#define K_MASK_CAUSAL 1
-#define K_MASK_PREFIX 2
-#define K_MASK_SLIDING_WINDOW 4
-#define K_MASK_CUSTOM 5
-#define K_MASK_BIAS 6
+#include "attention_mask.cuh"
 
 extern __shared__ __align__(16) unsigned short k_flash_smem[];
 
@@ -89,19 +85,9 @@ __device__ __forceinline__ unsigned k_pack2(float lo, float hi) {
   return r;
 }
 
-// The structural key range [lo, hi) of query row i (as attention.cu).
+// The structural key range [lo, hi) of query row i.
 __device__ __forceinline__ void k_key_range(const FlashParams& p, k_i64 i, k_i64& lo, k_i64& hi) {
-  const k_i64 pos = i + (p.Sk - p.Sq);
-  lo = 0;
-  hi = p.Sk;
-  if (p.mask == K_MASK_CAUSAL) hi = pos + 1;
-  if (p.mask == K_MASK_PREFIX) hi = pos + 1 > p.prefix ? pos + 1 : p.prefix;
-  if (p.mask == K_MASK_SLIDING_WINDOW) {
-    hi = pos + 1;
-    lo = pos - p.window + 1;
-  }
-  lo = lo < 0 ? 0 : (lo > p.Sk ? p.Sk : lo);
-  hi = hi < lo ? lo : (hi > p.Sk ? p.Sk : hi);
+  k_attn_key_range(p.mask, p.prefix, p.window, p.Sq, p.Sk, i, lo, hi);
 }
 
 // rows x D halves of `src` from row `row0` into `dst` (row stride D + 8);
@@ -227,8 +213,7 @@ __device__ void flash_fwd(const unsigned short* q, const unsigned short* k,
             const k_i64 row = upper ? row_a : row_b;
             const k_i64 key = n0 + kr;
             if (p.mask == K_MASK_CUSTOM) {
-              const unsigned char* mk = static_cast<const unsigned char*>(extra);
-              ok = mk[(p.mask_per_query ? (b * p.Sq + row) * p.Sk : b * p.Sk) + key] != 0;
+              ok = k_attn_custom_keeps(extra, p.mask_per_query != 0, p.Sq, p.Sk, b, row, key);
             } else {
               const unsigned short* bias = static_cast<const unsigned short*>(extra);
               const unsigned short bits = bias[b * p.bias_stride[0] + h * p.bias_stride[1] +

@@ -1,6 +1,7 @@
 // Which attention kernel serves a shape on a CUDA device (no GPU needed):
-// the tensor-core kernel for f16/bf16 head dims 64 and 128, split-K for
-// decoding shapes, the row kernel for the rest.
+// the tensor-core kernel for f16/bf16 head dims 64 and 128, the tiled SIMT
+// kernel for f32 at those head dims, split-K for decoding shapes, the row
+// kernel for the rest.
 #include <gtest/gtest.h>
 
 #include "backends/cuda/attention_plan.h"
@@ -30,8 +31,8 @@ TEST(AttentionPlan, TensorCoresForHalfTypesAtHeadDims64And128) {
     EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 512, 512, 64, 128, caps).kind, AttentionPath::kRows);
     EXPECT_EQ(PlanAttentionPath(dt, 4, 32, 512, 512, 256, 256, caps).kind, AttentionPath::kRows);
   }
-  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 4, 32, 512, 512, 64, 64, caps).kind,
-            AttentionPath::kRows);
+  EXPECT_NE(PlanAttentionPath(v1::DTYPE_F32, 4, 32, 512, 512, 64, 64, caps).kind,
+            AttentionPath::kFlash);
   // Shared memory: three 64 x (D + 8) tiles of halves.
   EXPECT_EQ(FlashSharedBytes(128), 3 * 64 * 136 * 2);
   DeviceCaps small = caps;
@@ -44,6 +45,34 @@ TEST(AttentionPlan, TensorCoresForHalfTypesAtHeadDims64And128) {
   DeviceCaps narrow = caps;
   narrow.max_grid_x = 65535;
   EXPECT_EQ(PlanAttentionPath(v1::DTYPE_BF16, 64, 64, 8192, 8192, 64, 64, narrow).kind,
+            AttentionPath::kRows);
+}
+
+TEST(AttentionPlan, TiledSimtKernelForF32AtHeadDims64And128) {
+  const DeviceCaps caps = H100();
+  for (int64_t d : {64, 128}) {
+    EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 8, 12, 128, 128, d, d, caps).kind,
+              AttentionPath::kTiled);
+    EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 1, 1, 9, 9, d, d, caps).kind, AttentionPath::kTiled);
+    EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 2, 16, 4096, 4096, d, d, caps).kind,
+              AttentionPath::kTiled);
+  }
+  // Other head dims and Dv != D keep the row kernel; decoding still splits.
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 8, 12, 128, 128, 96, 96, caps).kind,
+            AttentionPath::kRows);
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 8, 12, 128, 128, 64, 128, caps).kind,
+            AttentionPath::kRows);
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 1, 32, 1, 4096, 64, 64, caps).kind,
+            AttentionPath::kSplit);
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 0, 12, 128, 128, 64, 64, caps).kind,
+            AttentionPath::kRows);
+  // Shared memory: Q 32 x (D + 4), K and V 64 x (D + 4), P 32 x 68 floats.
+  EXPECT_EQ(TiledSharedBytes(64), (32 * 68 + 2 * 64 * 68 + 32 * 68) * 4);
+  DeviceCaps small = caps;
+  small.max_shared_per_block_optin = 64 << 10;
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 1, 8, 256, 256, 64, 64, small).kind,
+            AttentionPath::kTiled);
+  EXPECT_EQ(PlanAttentionPath(v1::DTYPE_F32, 1, 8, 256, 256, 128, 128, small).kind,
             AttentionPath::kRows);
 }
 

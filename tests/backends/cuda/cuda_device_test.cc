@@ -4,6 +4,7 @@
 // cuBLASLt matmuls with every epilogue path against a double reference.
 // Every test skips cleanly where no CUDA device is present.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
 #include "backends/capture.h"
+#include "backends/host_memory.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "base/half.h"
 
@@ -115,6 +117,50 @@ TEST_F(CudaDeviceTest, CopiesRoundTripThroughStaging) {
       ASSERT_EQ(got[i], static_cast<char>(i * 7 + bytes)) << bytes << " bytes, at " << i;
     }
   }
+}
+
+// The device worker's staging region: registered host memory is copied to
+// and from directly (DMA on the stream, no staging); a copy that straddles
+// the range's end stages as before; overlapping registrations are refused.
+TEST_F(CudaDeviceTest, RegisteredHostMemoryCopiesDirectly) {
+  const int64_t bytes = int64_t{8} << 20;
+  void* mem = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  char* host = static_cast<char*>(mem);
+  auto* registrar = dynamic_cast<backend::HostMemoryRegistrar*>(dev_);
+  ASSERT_NE(registrar, nullptr);
+  {
+    auto reg = registrar->RegisterHostMemory(host, bytes / 2);
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    auto again = registrar->RegisterHostMemory(host + 4096, 4096);
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+    const int64_t n = (int64_t{3} << 20) + 5;  // inside the registered half
+    for (int64_t i = 0; i < n; ++i) host[i] = static_cast<char>(i * 13 + 1);
+    auto buf = dev_->Allocate(n);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    ASSERT_TRUE(dev_->CopyToDevice(*stream_, host, {buf->get(), 0, n}).ok());
+    // Into the registered range at another offset, and across its end.
+    char* back = host + (bytes / 2) - 4096;
+    ASSERT_TRUE(dev_->CopyToHost(*stream_, {buf->get(), 0, 4096}, back).ok());
+    ASSERT_TRUE(dev_->CopyToHost(*stream_, {buf->get(), 0, n}, host + bytes / 2 - 100).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(back[i], static_cast<char>(i * 13 + 1)) << i;
+    const char* straddle = host + bytes / 2 - 100;
+    for (int64_t i = 0; i < n; i += 997) {
+      ASSERT_EQ(straddle[i], static_cast<char>(i * 13 + 1)) << i;
+    }
+    // Registered sources: the bytes are read by the time the sync passes.
+    ASSERT_TRUE(dev_->CopyToDevice(*stream_, host + 64, {buf->get(), 0, 4096}).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    std::vector<char> got = Download(**buf, 4096);
+    for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(got[i], static_cast<char>((i + 64) * 13 + 1)) << i;
+  }
+  // Unregistered again: the same range can be registered anew.
+  auto reg = registrar->RegisterHostMemory(host, bytes);
+  EXPECT_TRUE(reg.ok()) << reg.status();
+  if (reg.ok()) reg->reset();
+  ::munmap(mem, static_cast<size_t>(bytes));
 }
 
 TEST_F(CudaDeviceTest, OverlappingDeviceCopy) {
@@ -632,6 +678,17 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
       {v1::DTYPE_F32, 1, 4, 4, 2, 700, 80, v1::MASK_CAUSAL, 0, "decode_split"},
       {v1::DTYPE_F16, 2, 4, 4, 1, 600, 64, v1::MASK_CUSTOM, 0, "decode_split"},
       {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "attention_rows"},
+      // f32 at head dims 64 and 128: the tiled SIMT kernel, every mask kind,
+      // softcap, GQA, ragged tiles (Sq not a multiple of 32, Sk of 64).
+      {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 2, 4, 4, 130, 130, 128, v1::MASK_CAUSAL, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 1, 4, 2, 70, 200, 64, v1::MASK_CAUSAL, 5, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 2, 2, 1, 64, 64, 64, v1::MASK_SLIDING_WINDOW, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 1, 2, 2, 90, 90, 128, v1::MASK_PREFIX, 30, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 2, 4, 1, 33, 77, 64, v1::MASK_CUSTOM, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 8, 12, 12, 128, 128, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F32, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "attention_rows_f32"},
   };
   int seed = 500;
   for (const AttnCase& c : cases) {

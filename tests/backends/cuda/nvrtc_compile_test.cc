@@ -116,6 +116,12 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     }
     wanted.push_back({"pad.cu", absl::StrCat("kiln_pad_e", e)});
   }
+  for (const char* d : {"64", "128"}) {
+    wanted.push_back({"attention_tiled.cu", absl::StrCat("kiln_attention_tiled_f32_d", d)});
+    for (const char* dt : {"f16", "bf16"}) {
+      wanted.push_back({"flash_attention.cu", absl::StrCat("kiln_flash_attn_fwd_", dt, "_d", d)});
+    }
+  }
   std::map<std::string, std::string> cubins;
   for (const auto& [source, entry] : wanted) {
     if (!cubins.contains(source)) {
