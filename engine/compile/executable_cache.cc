@@ -7,18 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/compile/lower.h"
+#include "engine/compile/stage_clock.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::compile {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
-}
-
-}  // namespace
 
 ExecutableCache::ExecutableCache(ExecutableCacheOptions options) : options_(std::move(options)) {}
 

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "engine/compile/executable_key.h"
 #include "engine/compile/lower.h"
+#include "engine/compile/stage_clock.h"
 #include "engine/ir/text.h"
 #include "engine/passes/pass.h"
 #include "spdlog/spdlog.h"
@@ -28,12 +29,6 @@ void AllowTf32(ir::Graph& g) {
     if (n->op == v1::OP_MATMUL) n->attrs.mutable_matmul()->set_allow_tf32(true);
     if (n->op == v1::OP_FUSED_MATMUL) n->attrs.mutable_fused_matmul()->set_allow_tf32(true);
   }
-}
-
-using Clock = std::chrono::steady_clock;
-
-double MicrosSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
 
 // Writes the graph's text form after a stage when dumping is on.

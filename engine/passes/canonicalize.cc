@@ -14,10 +14,6 @@
 namespace kiln::passes {
 namespace {
 
-bool IsSource(const ir::Node& n) {
-  return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
-}
-
 // A constant holding one value (any shape) equal to `v`.
 bool IsSplat(const ir::Graph& g, ir::ValueRef ref, double v) {
   const ir::Node* n = g.FindNode(ref.node);

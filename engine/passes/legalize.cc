@@ -21,10 +21,6 @@
 namespace kiln::passes {
 namespace {
 
-bool IsSource(const ir::Node& n) {
-  return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
-}
-
 // Estimated time of the whole graph on `device`, with nodes it cannot claim
 // run on the CPU plus the copies there and back.
 double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Device& cpu,

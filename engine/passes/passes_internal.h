@@ -18,4 +18,11 @@ std::unique_ptr<Pass> MakeFusePass();
 std::unique_ptr<Pass> MakePlacePass();
 std::unique_ptr<Pass> MakePlanMemoryPass();
 
+// Inputs, params and constants: the nodes that compute nothing (shared by
+// the passes that skip them; one definition, so the unity build's batches
+// see no duplicate).
+inline bool IsSource(const ir::Node& n) {
+  return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
+}
+
 }  // namespace kiln::passes

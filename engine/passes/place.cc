@@ -15,10 +15,6 @@
 namespace kiln::passes {
 namespace {
 
-bool IsSource(const ir::Node& n) {
-  return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
-}
-
 class PlacePass final : public Pass {
  public:
   std::string name() const override { return "place"; }

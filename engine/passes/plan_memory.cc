@@ -31,10 +31,6 @@ int64_t AlignmentOf(const PassContext& ctx, const std::string& device) {
   return kMinAlignment;
 }
 
-bool IsSource(const ir::Node& n) {
-  return n.op == v1::OP_INPUT || n.op == v1::OP_PARAM || n.op == v1::OP_CONSTANT;
-}
-
 // Ops whose kernels may write their output over an operand of the same shape
 // and element size (each element is read before it is written).
 bool AllowsInPlace(const ir::Node& n) {

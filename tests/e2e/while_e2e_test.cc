@@ -47,7 +47,7 @@ v1::Graph LoopGraph(int64_t max_iterations = 0) {
   return g.ok() ? *g : v1::Graph();
 }
 
-std::unique_ptr<Engine> MakeEngine(int64_t max_while_iterations = 1000000) {
+std::unique_ptr<Engine> MakeWhileEngine(int64_t max_while_iterations = 1000000) {
   EngineOptions o;
   o.max_while_iterations = max_while_iterations;
   auto e = Engine::Create(o);
@@ -65,7 +65,7 @@ absl::StatusOr<RunResult> RunLoop(Engine& engine, const v1::Graph& g, int32_t n,
 }
 
 TEST(WhileE2E, DataDependentTripCountOnEveryPlacement) {
-  auto engine = MakeEngine();
+  auto engine = MakeWhileEngine();
   const v1::Graph g = LoopGraph();
   std::vector<std::string> devices = {"auto"};
   for (const backend::DeviceInfo* d : engine->Devices()) devices.push_back(d->id);
@@ -104,7 +104,7 @@ TEST(WhileE2E, DataDependentTripCountOnEveryPlacement) {
 }
 
 TEST(WhileE2E, IterationLimitIsResourceExhaustedNamingTheNode) {
-  auto engine = MakeEngine(7);
+  auto engine = MakeWhileEngine(7);
   const v1::Graph g = LoopGraph();
   auto ok = RunLoop(*engine, g, 7);
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -131,7 +131,7 @@ TEST(WhileE2E, IterationLimitIsResourceExhaustedNamingTheNode) {
 }
 
 TEST(WhileE2E, DeadlineAndCancellationStopBetweenIterations) {
-  auto engine = MakeEngine(int64_t{1} << 40);
+  auto engine = MakeWhileEngine(int64_t{1} << 40);
   const v1::Graph g = LoopGraph();
   ASSERT_TRUE(RunLoop(*engine, g, 1).ok());  // compiled before the clock starts
   RunOptions ro;
@@ -160,7 +160,7 @@ TEST(WhileE2E, DeadlineAndCancellationStopBetweenIterations) {
 }
 
 TEST(WhileE2E, BodyThatChangesACarryShapeIsRefused) {
-  auto engine = MakeEngine();
+  auto engine = MakeWhileEngine();
   auto g = ir::ParseGraphProto(R"(graph "grow"
 input x: f32[2]
 let y = while(x, cond=graph "c" {

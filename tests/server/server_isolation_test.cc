@@ -30,7 +30,7 @@ using testing::TempDir;
 constexpr char kSteady[] = "steady-secret-key";
 constexpr char kFaulty[] = "faulty-secret-key";
 
-std::string Config() {
+std::string IsolationConfig() {
   using server::Sha256Hex;
   return absl::StrCat("device_wait_floor_seconds: 2\n", R"(
 tenants { name: "steady" api_key_sha256: ")", Sha256Hex(kSteady), R"(" }
@@ -73,7 +73,7 @@ TEST(ServerIsolation, TwoTenantsUnderLoadWhileAWorkerCrashesAndHangs) {
   TempDir cache;
   ::setenv("KILN_DEVICE_WORKER", KILN_FAULT_WORKER_PATH, 1);
   std::string error;
-  auto kilnd = KilndProcess::Start({.cache_dir = cache.path(), .config_text = Config()}, &error);
+  auto kilnd = KilndProcess::Start({.cache_dir = cache.path(), .config_text = IsolationConfig()}, &error);
   ::unsetenv("KILN_DEVICE_WORKER");
   ASSERT_NE(kilnd, nullptr) << error;
   auto stub = kilnd->Stub();

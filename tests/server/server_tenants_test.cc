@@ -23,7 +23,7 @@ constexpr char kAlice[] = "alice-secret-key";
 constexpr char kBob[] = "bob-secret-key";
 constexpr char kCarol[] = "carol-secret-key";
 
-std::string Config() {
+std::string TenantsConfig() {
   using server::Sha256Hex;
   return absl::StrCat(R"(
 tenants {
@@ -52,7 +52,7 @@ class ServerTenants : public ::testing::Test {
     cache_ = new TempDir();
     std::string error;
     kilnd_ = KilndProcess::Start({.cache_dir = cache_->path(),
-                                  .config_text = Config(),
+                                  .config_text = TenantsConfig(),
                                   .extra_flags = {"--max_concurrent_runs=1"}},
                                  &error)
                  .release();

@@ -30,7 +30,7 @@ out loss
 )";
 constexpr int64_t kParamBytes = 64 * 64 * 4 + 64 * 4;
 
-std::string Config() {
+std::string TrainConfig() {
   using server::Sha256Hex;
   return absl::StrCat(R"(
 tenants {
@@ -53,8 +53,9 @@ class ServerTrain : public ::testing::Test {
   static void SetUpTestSuite() {
     cache_ = new TempDir();
     std::string error;
-    kilnd_ = KilndProcess::Start({.cache_dir = cache_->path(), .config_text = Config()}, &error)
-                 .release();
+    kilnd_ =
+        KilndProcess::Start({.cache_dir = cache_->path(), .config_text = TrainConfig()}, &error)
+            .release();
     ASSERT_NE(kilnd_, nullptr) << error;
   }
   static void TearDownTestSuite() {

@@ -29,7 +29,8 @@ v1::Graph Mlp(bool use_tanh = false) {
   return g.Build();
 }
 
-std::unique_ptr<Engine> MakeEngine(const std::string& cache_dir = "", int64_t max_memory = 256) {
+std::unique_ptr<Engine> MakeCacheEngine(const std::string& cache_dir = "",
+                                        int64_t max_memory = 256) {
   EngineOptions o;
   o.cache_dir = cache_dir;
   o.max_memory_executables = max_memory;
@@ -47,14 +48,14 @@ v1::CompileReport Compile(Engine& engine, const v1::Graph& graph, int64_t batch,
 }
 
 TEST(ExecutableCacheTest, FirstCompileHasNothingToCompareWith) {
-  auto engine = MakeEngine();
+  auto engine = MakeCacheEngine();
   const v1::CompileReport r = Compile(*engine, Mlp(), 2);
   EXPECT_EQ(r.executable_cache(), v1::CACHE_DISABLED);
   EXPECT_EQ(r.miss_reason(), "no executable cached yet to compare with");
 }
 
 TEST(ExecutableCacheTest, HitsHaveNoMissReason) {
-  auto engine = MakeEngine();
+  auto engine = MakeCacheEngine();
   Compile(*engine, Mlp(), 2);
   const v1::CompileReport r = Compile(*engine, Mlp(), 2);
   EXPECT_EQ(r.executable_cache(), v1::CACHE_HIT_MEMORY);
@@ -62,7 +63,7 @@ TEST(ExecutableCacheTest, HitsHaveNoMissReason) {
 }
 
 TEST(ExecutableCacheTest, AnotherBatchSizeNamesTheShapes) {
-  auto engine = MakeEngine();
+  auto engine = MakeCacheEngine();
   const v1::CompileReport first = Compile(*engine, Mlp(), 2);
   const v1::CompileReport r = Compile(*engine, Mlp(), 3);
   const std::string& why = r.miss_reason();
@@ -77,7 +78,7 @@ TEST(ExecutableCacheTest, AnotherBatchSizeNamesTheShapes) {
 }
 
 TEST(ExecutableCacheTest, AnotherOptionNamesTheOptions) {
-  auto engine = MakeEngine();
+  auto engine = MakeCacheEngine();
   Compile(*engine, Mlp(), 2);
   CompileOptions no_fusion;
   no_fusion.enable_fusion = false;
@@ -91,7 +92,7 @@ TEST(ExecutableCacheTest, AnotherOptionNamesTheOptions) {
 }
 
 TEST(ExecutableCacheTest, ExplainsAgainstTheNearestNotTheLatest) {
-  auto engine = MakeEngine();
+  auto engine = MakeCacheEngine();
   const v1::CompileReport relu2 = Compile(*engine, Mlp(), 2);
   const v1::CompileReport tanh4 = Compile(*engine, Mlp(/*use_tanh=*/true), 4);
   EXPECT_NE(tanh4.miss_reason().find("graph: "), std::string::npos) << tanh4.miss_reason();
@@ -116,7 +117,7 @@ TEST(ExecutableCacheTest, ExplainsAgainstTheNearestNotTheLatest) {
 }
 
 TEST(ExecutableCacheTest, AnEvictedKeySaysSo) {
-  auto engine = MakeEngine("", /*max_memory=*/1);
+  auto engine = MakeCacheEngine("", /*max_memory=*/1);
   Compile(*engine, Mlp(), 2);
   Compile(*engine, Mlp(), 3);  // evicts batch 2 (no disk level)
   const v1::CompileReport r = Compile(*engine, Mlp(), 2);
@@ -130,7 +131,7 @@ TEST(ExecutableCacheTest, ADiscardedDiskEntrySaysWhy) {
   fs::remove_all(dir);
   std::string key;
   {
-    auto engine = MakeEngine(dir.string());
+    auto engine = MakeCacheEngine(dir.string());
     const v1::CompileReport r = Compile(*engine, Mlp(), 2);
     EXPECT_EQ(r.executable_cache(), v1::CACHE_MISS);
     key = r.executable_key();
@@ -142,12 +143,12 @@ TEST(ExecutableCacheTest, ADiscardedDiskEntrySaysWhy) {
     ++truncated;
   }
   ASSERT_EQ(truncated, 1);
-  auto engine = MakeEngine(dir.string());
+  auto engine = MakeCacheEngine(dir.string());
   const v1::CompileReport r = Compile(*engine, Mlp(), 2);
   EXPECT_EQ(r.executable_cache(), v1::CACHE_CORRUPT);
   EXPECT_EQ(r.miss_reason().rfind("the disk entry was discarded: ", 0), 0u) << r.miss_reason();
   // Stored again: the next engine loads it, with nothing to explain.
-  const v1::CompileReport again = Compile(*MakeEngine(dir.string()), Mlp(), 2);
+  const v1::CompileReport again = Compile(*MakeCacheEngine(dir.string()), Mlp(), 2);
   EXPECT_EQ(again.executable_cache(), v1::CACHE_HIT_DISK);
   EXPECT_EQ(again.miss_reason(), "");
   fs::remove_all(dir);

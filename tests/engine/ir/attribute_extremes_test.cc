@@ -19,11 +19,11 @@ namespace {
 
 namespace pb = google::protobuf;
 
-constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 const std::vector<int64_t> kExtremes = {
-    0, -1, 1, 2, kMax, kMin, kMax / 2 + 1, int64_t{1} << 62, int64_t{1} << 32, int64_t{1} << 31,
-    (int64_t{1} << 30) - 1, kMax - 1, kMin + 1, -2,
+    0, -1, 1, 2, kInt64Max, kInt64Min, kInt64Max / 2 + 1, int64_t{1} << 62, int64_t{1} << 32, int64_t{1} << 31,
+    (int64_t{1} << 30) - 1, kInt64Max - 1, kInt64Min + 1, -2,
 };
 
 // Each graph names the node under test "n". Symbolic variants reach the rules'

@@ -21,7 +21,7 @@
 namespace kiln {
 namespace {
 
-struct Case {
+struct AutodiffCase {
   std::string name;
   std::string text;  // "T" stands for the float dtype
   std::vector<std::string> wrt;
@@ -29,7 +29,7 @@ struct Case {
   bool f32_only = false;  // the op computes in f32 whatever the dtype (rope's tables)
 };
 
-std::unique_ptr<Engine> MakeEngine() {
+std::unique_ptr<Engine> MakeAutodiffEngine() {
   EngineOptions o;
   o.calibration = EngineOptions::Calibration::kNever;
   auto e = Engine::Create(o);
@@ -37,8 +37,8 @@ std::unique_ptr<Engine> MakeEngine() {
   return std::move(e).value();
 }
 
-Engine& SharedEngine() {
-  static std::unique_ptr<Engine> engine = MakeEngine();
+Engine& SharedAutodiffEngine() {
+  static std::unique_ptr<Engine> engine = MakeAutodiffEngine();
   return *engine;
 }
 
@@ -57,7 +57,7 @@ Dims DimsOf(const v1::TensorType& t) {
 
 class Harness {
  public:
-  explicit Harness(const Case& c) : c_(c), rng_(std::hash<std::string>()(c.name)) {}
+  explicit Harness(const AutodiffCase& c) : c_(c), rng_(std::hash<std::string>()(c.name)) {}
 
   // Picks the dtype, makes the inputs; false (with a failure) when the
   // graph does not run at all.
@@ -66,7 +66,7 @@ class Harness {
       if (c_.f32_only && dt == v1::DTYPE_F64) continue;
       dt_ = dt;
       graph_ = Parse(c_.text, dt);
-      auto sig = SharedEngine().Inspect(graph_);
+      auto sig = SharedAutodiffEngine().Inspect(graph_);
       if (!sig.ok()) {
         ADD_FAILURE() << sig.status();
         return false;
@@ -83,7 +83,7 @@ class Harness {
         co.transforms.mutable_autodiff()->set_mode(mode);
         co.transforms.mutable_autodiff()->set_output("y");
         for (const auto& w : c_.wrt) co.transforms.mutable_autodiff()->add_wrt(w);
-        s = SharedEngine().Compile(graph_, co, {}).status();
+        s = SharedAutodiffEngine().Compile(graph_, co, {}).status();
       }
       if (s.ok()) {
         y_ = std::move(y).value();
@@ -131,7 +131,7 @@ class Harness {
     CompileOptions co;
     co.device = "cpu:0";
     *co.transforms.mutable_autodiff() = spec;
-    return SharedEngine().RunGraph(g, refs, nullptr, co, {});
+    return SharedAutodiffEngine().RunGraph(g, refs, nullptr, co, {});
   }
 
   static double Dot(const HostTensor& a, const HostTensor& b) {
@@ -223,7 +223,7 @@ class Harness {
     return out;
   }
 
-  const Case& c_;
+  const AutodiffCase& c_;
   std::mt19937_64 rng_;
   DType dt_ = v1::DTYPE_F64;
   v1::Graph graph_;
@@ -235,8 +235,8 @@ std::string Unary(const std::string& op) {
   return "graph \"u\"\ninput x: T[2, 3]\nlet y = " + op + "(x)\nout y\n";
 }
 
-std::vector<Case> Cases() {
-  std::vector<Case> cases;
+std::vector<AutodiffCase> Cases() {
+  std::vector<AutodiffCase> cases;
   for (const char* op :
        {"identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "neg", "abs",
         "sin", "cos", "erf", "floor", "ceil", "round", "sign", "reciprocal", "softplus"}) {
@@ -440,18 +440,18 @@ std::vector<Case> Cases() {
                    "graph \"g\"\ninput x: T[2, 4, 3]\ninput s: T[4]\ninput b: T[4]\n"
                    "let y = group_norm(x, s, b, groups=2, epsilon=0.01)\nout y\n",
                    {"x", "s", "b"}});
-  Case rope{
+  AutodiffCase rope{
       "rope",
       "graph \"r\"\ninput x: T[1, 2, 3, 6]\nlet y = rope(x, rotary_dim=4, position_offset=2)\n"
       "out y\n",
       {"x"}};
   rope.f32_only = true;
   cases.push_back(rope);
-  Case rope_positions{"rope_positions_interleaved",
-                      "graph \"r\"\ninput x: T[2, 1, 3, 4]\ninput p: i32[2, 3]\n"
-                      "let y = rope(x, p, interleaved=true, theta=100)\nout y\n",
-                      {"x"},
-                      {{"p", {-3, 9}}}};
+  AutodiffCase rope_positions{"rope_positions_interleaved",
+                              "graph \"r\"\ninput x: T[2, 1, 3, 4]\ninput p: i32[2, 3]\n"
+                              "let y = rope(x, p, interleaved=true, theta=100)\nout y\n",
+                              {"x"},
+                              {{"p", {-3, 9}}}};
   rope_positions.f32_only = true;
   cases.push_back(rope_positions);
   cases.push_back(
@@ -462,9 +462,9 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const AutodiffCase& c, std::ostream* os) { *os << c.name; }
 
-class AutodiffRule : public ::testing::TestWithParam<Case> {};
+class AutodiffRule : public ::testing::TestWithParam<AutodiffCase> {};
 
 TEST_P(AutodiffRule, MatchesFiniteDifferences) {
   Harness h(GetParam());
@@ -474,7 +474,9 @@ TEST_P(AutodiffRule, MatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rules, AutodiffRule, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+                         [](const ::testing::TestParamInfo<AutodiffCase>& i) {
+                           return i.param.name;
+                         });
 
 absl::Status CompileWith(const std::string& text, const v1::TransformSpec& spec) {
   auto g = ir::ParseGraphProto(text);
@@ -482,7 +484,7 @@ absl::Status CompileWith(const std::string& text, const v1::TransformSpec& spec)
   CompileOptions co;
   co.device = "cpu:0";
   co.transforms = spec;
-  return SharedEngine().Compile(*g, co, {}).status();
+  return SharedAutodiffEngine().Compile(*g, co, {}).status();
 }
 
 v1::TransformSpec Grad(const std::string& output, std::vector<std::string> wrt) {
@@ -530,17 +532,17 @@ TEST(Autodiff, GradWithLossAndTheKeyDiffers) {
   CompileOptions co = plain;
   co.transforms = Grad("y", {"w"});
   co.transforms.mutable_autodiff()->set_mode(v1::AUTODIFF_GRAD_WITH_LOSS);
-  auto a = SharedEngine().Compile(g, plain, {});
-  auto b = SharedEngine().Compile(g, co, {});
+  auto a = SharedAutodiffEngine().Compile(g, plain, {});
+  auto b = SharedAutodiffEngine().Compile(g, co, {});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a->executable->key(), b->executable->key());
   HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {1, 2, 3});
   HostTensor w = HostTensor::FromVector<float>(v1::DTYPE_F32, {3}, {0.5, -1, 2});
   std::vector<TensorRef> params = {TensorRef::Of("w", w)};
-  auto ps = SharedEngine().CreateParams(params);
+  auto ps = SharedAutodiffEngine().CreateParams(params);
   ASSERT_TRUE(ps.ok());
   std::vector<TensorRef> in = {TensorRef::Of("x", x)};
-  auto r = SharedEngine().Run(*b->executable, in, ps->get(), {});
+  auto r = SharedAutodiffEngine().Run(*b->executable, in, ps->get(), {});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->outputs.size(), 2u);
   EXPECT_EQ(r->outputs[0].first, "y");
@@ -565,7 +567,7 @@ TEST(Autodiff, GroupNormDecompositionComputesGroupNorm) {
   std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("s", s), TensorRef::Of("b", b)};
   CompileOptions co;
   co.device = "cpu:0";
-  auto r = SharedEngine().RunGraph(g, in, nullptr, co, {});
+  auto r = SharedAutodiffEngine().RunGraph(g, in, nullptr, co, {});
   ASSERT_TRUE(r.ok()) << r.status();
   // Group 0 holds 1, 2, 3, 4 (mean 2.5, variance 1.25); group 1 holds 10, 10,
   // 20, 20 (mean 15, variance 25): channel 2 is -1 + 5, channel 3 is -(1) + 5.
@@ -619,7 +621,7 @@ TEST(Autodiff, HvpMatchesFiniteDifferencesOfTheGradient) {
   co.transforms.mutable_autodiff()->set_mode(v1::AUTODIFF_HVP);
   std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("w", w),
                                TensorRef::Of("tangent/w", v)};
-  auto r = SharedEngine().RunGraph(g, in, nullptr, co, {});
+  auto r = SharedAutodiffEngine().RunGraph(g, in, nullptr, co, {});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->outputs.size(), 3u);
   EXPECT_EQ(r->outputs[2].first, "hvp/w");
@@ -631,7 +633,11 @@ TEST(Autodiff, HvpMatchesFiniteDifferencesOfTheGradient) {
     CompileOptions gco = co;
     gco.transforms = Grad("y", {"w"});
     std::vector<TensorRef> gin = {TensorRef::Of("x", x), TensorRef::Of("w", ws)};
-    return SharedEngine().RunGraph(g, gin, nullptr, gco, {}).value().outputs[0].second.Clone();
+    return SharedAutodiffEngine()
+        .RunGraph(g, gin, nullptr, gco, {})
+        .value()
+        .outputs[0]
+        .second.Clone();
   };
   HostTensor gp = grad_at(1), gm = grad_at(-1);
   for (int i = 0; i < 2; ++i) {

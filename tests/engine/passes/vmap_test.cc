@@ -17,7 +17,7 @@
 namespace kiln {
 namespace {
 
-std::unique_ptr<Engine> MakeEngine() {
+std::unique_ptr<Engine> MakeVmapEngine() {
   EngineOptions o;
   o.calibration = EngineOptions::Calibration::kNever;
   auto e = Engine::Create(o);
@@ -25,8 +25,8 @@ std::unique_ptr<Engine> MakeEngine() {
   return std::move(e).value();
 }
 
-Engine& SharedEngine() {
-  static std::unique_ptr<Engine> engine = MakeEngine();
+Engine& SharedVmapEngine() {
+  static std::unique_ptr<Engine> engine = MakeVmapEngine();
   return *engine;
 }
 
@@ -54,7 +54,7 @@ HostTensor SliceAt(const HostTensor& t, int64_t axis, int64_t i) {
   return out;
 }
 
-struct Case {
+struct VmapCase {
   std::string name;
   std::string text;
   int64_t axis = 0;
@@ -63,11 +63,11 @@ struct Case {
   double tolerance = 1e-12;
 };
 
-void CheckAgainstSlices(const Case& c, int64_t size) {
+void CheckAgainstSlices(const VmapCase& c, int64_t size) {
   SCOPED_TRACE(c.name);
   auto graph = ir::ParseGraphProto(c.text);
   ASSERT_TRUE(graph.ok()) << graph.status();
-  auto sig = SharedEngine().Inspect(*graph);
+  auto sig = SharedVmapEngine().Inspect(*graph);
   ASSERT_TRUE(sig.ok()) << sig.status();
   std::mt19937 rng(std::hash<std::string>()(c.name));
   std::vector<HostTensor> param_values;
@@ -79,7 +79,7 @@ void CheckAgainstSlices(const Case& c, int64_t size) {
     param_values.push_back(Random(p.type.dtype(), d, rng));
     param_refs.push_back(TensorRef::Of(p.name, param_values.back()));
   }
-  auto params = SharedEngine().CreateParams(param_refs);
+  auto params = SharedVmapEngine().CreateParams(param_refs);
   ASSERT_TRUE(params.ok()) << params.status();
   // The batched inputs get the batch at the axis; the others are shared.
   std::map<std::string, HostTensor> inputs;
@@ -105,7 +105,7 @@ void CheckAgainstSlices(const Case& c, int64_t size) {
   for (const std::string& n : c.batched) vm->add_inputs(n);
   std::vector<TensorRef> refs;
   for (const auto& [n, t] : inputs) refs.push_back(TensorRef::Of(n, t));
-  auto all = SharedEngine().RunGraph(*graph, refs, params->get(), co, {});
+  auto all = SharedVmapEngine().RunGraph(*graph, refs, params->get(), co, {});
   ASSERT_TRUE(all.ok()) << all.status();
   CompileOptions plain;
   plain.device = "cpu:0";
@@ -119,7 +119,7 @@ void CheckAgainstSlices(const Case& c, int64_t size) {
       slices.push_back(it == batch_axis.end() ? t.Clone() : SliceAt(t, it->second, i));
       slice_refs.push_back(TensorRef::Of(n, slices.back()));
     }
-    auto one = SharedEngine().RunGraph(*graph, slice_refs, params->get(), plain, {});
+    auto one = SharedVmapEngine().RunGraph(*graph, slice_refs, params->get(), plain, {});
     ASSERT_TRUE(one.ok()) << one.status();
     ASSERT_EQ(one->outputs.size(), all->outputs.size());
     for (size_t k = 0; k < one->outputs.size(); ++k) {
@@ -142,7 +142,7 @@ void CheckAgainstSlices(const Case& c, int64_t size) {
 }
 
 TEST(Vmap, EqualsTheGraphRunPerSlice) {
-  std::vector<Case> cases;
+  std::vector<VmapCase> cases;
   cases.push_back({"elementwise_broadcast",
                    "graph \"e\"\ninput x: f64[3]\ninput y: f64[2, 3]\nparam w: f64[3]\n"
                    "let z = tanh(x * w) + y * 2.0\nlet c = clamp(z, min=-0.5, max=0.6)\n"
@@ -195,7 +195,7 @@ TEST(Vmap, EqualsTheGraphRunPerSlice) {
                    0,
                    {},
                    grad});
-  for (const Case& c : cases) CheckAgainstSlices(c, 5);
+  for (const VmapCase& c : cases) CheckAgainstSlices(c, 5);
   // A batch of one.
   CheckAgainstSlices(cases[0], 1);
 }
@@ -208,8 +208,8 @@ TEST(Vmap, RecordedInTheExecutableKey) {
   a.transforms.mutable_vmap()->set_size(4);
   b.transforms.mutable_vmap()->set_size(4);
   b.transforms.mutable_vmap()->set_axis(1);
-  auto ea = SharedEngine().Compile(*graph, a, {});
-  auto eb = SharedEngine().Compile(*graph, b, {});
+  auto ea = SharedVmapEngine().Compile(*graph, a, {});
+  auto eb = SharedVmapEngine().Compile(*graph, b, {});
   ASSERT_TRUE(ea.ok() && eb.ok()) << ea.status() << eb.status();
   EXPECT_NE(ea->executable->key(), eb->executable->key());
   const v1::TensorType& in = ea->executable->signature().inputs.at(0).type;
@@ -231,7 +231,7 @@ TEST(Vmap, ErrorsNameWhatIsWrong) {
       co.transforms.mutable_training()->mutable_optimizer()->set_kind(v1::OPTIMIZER_SGD);
       co.transforms.mutable_training()->mutable_optimizer()->set_lr(0.1);
     }
-    auto r = SharedEngine().Compile(*graph, co, {});
+    auto r = SharedVmapEngine().Compile(*graph, co, {});
     EXPECT_EQ(r.status().code(), code) << r.status();
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
   };

@@ -31,7 +31,7 @@ std::string FaultWorker() {
   return env != nullptr && *env != '\0' ? env : KILN_FAULT_WORKER_PATH;
 }
 
-std::unique_ptr<Engine> MakeEngine(EngineOptions o) {
+std::unique_ptr<Engine> MakeIsolatedEngine(EngineOptions o) {
   o.calibration = EngineOptions::Calibration::kNever;
   o.device_isolation = EngineOptions::DeviceIsolation::kProcess;
   auto e = Engine::Create(o);
@@ -86,7 +86,7 @@ DeviceStats AwaitRestart(const Engine& e, const std::string& device, int64_t res
 }
 
 TEST(DeviceIsolation, IsolatedDeviceComputesWhatTheCpuDoes) {
-  auto engine = MakeEngine({});
+  auto engine = MakeIsolatedEngine({});
   ASSERT_NE(engine, nullptr);
   if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   const DeviceStats vk = StatsOf(*engine, "vulkan:0");
@@ -143,7 +143,7 @@ TEST_P(WorkerFaults, FailOnlyTheirDeviceAndTheWorkerRestarts) {
   o.device_worker = FaultWorker();
   o.device_wait_floor = absl::Seconds(1);  // the hang is caught after 1 s + grace
   o.device_worker_grace = absl::Seconds(1);
-  auto engine = MakeEngine(o);
+  auto engine = MakeIsolatedEngine(o);
   ASSERT_NE(engine, nullptr);
   if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   const int64_t first_pid = StatsOf(*engine, "vulkan:0").worker_pid;
@@ -192,7 +192,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DeviceIsolation, KernelErrorIsNotAFault) {
   EngineOptions o;
   o.device_worker = FaultWorker();
-  auto engine = MakeEngine(o);
+  auto engine = MakeIsolatedEngine(o);
   ASSERT_NE(engine, nullptr);
   if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   const int64_t pid = StatsOf(*engine, "vulkan:0").worker_pid;

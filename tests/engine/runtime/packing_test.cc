@@ -17,7 +17,7 @@
 namespace kiln {
 namespace {
 
-std::unique_ptr<Engine> MakeEngine() {
+std::unique_ptr<Engine> MakePackingEngine() {
   EngineOptions o;
   o.calibration = EngineOptions::Calibration::kNever;
   auto e = Engine::Create(o);
@@ -55,7 +55,7 @@ class PackingTest : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(PackingTest, ParamsPackedOncePerParamSetAndAgainForANewSet) {
   const int64_t batch = GetParam();
-  auto engine = MakeEngine();
+  auto engine = MakePackingEngine();
   models::Model m1 = models::Mlp(1), m2 = models::Mlp(2);
   auto exe = CompileOnCpu(*engine, m1.graph, {batch, 784});
   ASSERT_NE(exe, nullptr);
@@ -92,7 +92,7 @@ TEST_P(PackingTest, ParamsPackedOncePerParamSetAndAgainForANewSet) {
 INSTANTIATE_TEST_SUITE_P(Batches, PackingTest, ::testing::Values(1, 64));
 
 TEST(PackingConstants, PackedOnceAtLoad) {
-  auto engine = MakeEngine();
+  auto engine = MakePackingEngine();
   std::mt19937_64 rng(3);
   const HostTensor w = models::RandomF32(rng, {96, 40}, 0.1);
   const HostTensor x = models::RandomF32(rng, {3, 96}, 1.0);

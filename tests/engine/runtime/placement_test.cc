@@ -21,14 +21,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool HasVulkan(const Engine& e) {
+bool PlacementHasVulkan(const Engine& e) {
   for (const auto* d : e.Devices()) {
     if (d->backend == "vulkan") return true;
   }
   return false;
 }
 
-std::unique_ptr<Engine> MakeEngine(const std::string& cache_dir = "",
+std::unique_ptr<Engine> MakePlacementEngine(const std::string& cache_dir = "",
                                    EngineOptions::Calibration cal = EngineOptions::Calibration::kNever) {
   EngineOptions o;
   o.cache_dir = cache_dir;
@@ -96,8 +96,8 @@ TEST(Placement, FollowsTheProfiles) {
 // With measured profiles, `auto` picks the device its own estimates rank
 // first, and the report lists every device's estimate.
 TEST(Placement, AutoChoosesTheLowestEstimate) {
-  auto engine = MakeEngine("", EngineOptions::Calibration::kAlways);
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakePlacementEngine("", EngineOptions::Calibration::kAlways);
+  if (!PlacementHasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   for (const v1::Graph& g : {TinyGraph(), MatMulChain(256, 2)}) {
     auto c = engine->Compile(g, {}, {});
     ASSERT_TRUE(c.ok()) << c.status();
@@ -117,8 +117,8 @@ TEST(Placement, AutoChoosesTheLowestEstimate) {
 // Pinned to Vulkan, an op it does not claim (cumsum) runs on the CPU with
 // copies either side, the report says so, and the result equals the CPU's.
 TEST(Placement, PinnedDeviceFallsBackToCpuWithCopies) {
-  auto engine = MakeEngine();
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakePlacementEngine();
+  if (!PlacementHasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   GraphBuilder g("fallback");
   auto x = g.input("x", v1::DTYPE_F32, {int64_t{8}, int64_t{64}});
   auto y = g.cumsum(g.exp(g.mul(x, g.scalar(0.1))), 1);
@@ -161,8 +161,8 @@ TEST(Placement, PinnedDeviceFallsBackToCpuWithCopies) {
 
 // Two long runs pinned to two devices overlap in time.
 TEST(Placement, RunsOnTwoDevicesOverlap) {
-  auto engine = MakeEngine();
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakePlacementEngine();
+  if (!PlacementHasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   const v1::Graph graph = MatMulChain(256, 12);
   std::mt19937_64 rng(2);
   HostTensor x = models::RandomF32(rng, {256, 256}, 0.1), w = models::RandomF32(rng, {256, 256}, 0.1);
@@ -210,8 +210,8 @@ TEST(Placement, RestartReusesEveryCache) {
   CompileOptions pinned;
   pinned.device = "vulkan:0";
   {
-    auto engine = MakeEngine(dir.string(), EngineOptions::Calibration::kIfCacheDir);
-    if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+    auto engine = MakePlacementEngine(dir.string(), EngineOptions::Calibration::kIfCacheDir);
+    if (!PlacementHasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
     auto c = engine->Compile(graph, pinned, {});
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->report.executable_cache(), v1::CACHE_MISS);
@@ -223,7 +223,7 @@ TEST(Placement, RestartReusesEveryCache) {
     pipeline_cache = pipeline_cache || e.path().filename().string().find("pipeline") != std::string::npos;
   }
   EXPECT_TRUE(pipeline_cache) << "no pipeline cache file under " << dir;
-  auto engine = MakeEngine(dir.string(), EngineOptions::Calibration::kIfCacheDir);
+  auto engine = MakePlacementEngine(dir.string(), EngineOptions::Calibration::kIfCacheDir);
   auto c = engine->Compile(graph, pinned, {});
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->report.executable_cache(), v1::CACHE_HIT_DISK);

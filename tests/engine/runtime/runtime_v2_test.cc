@@ -19,14 +19,14 @@
 namespace kiln {
 namespace {
 
-std::unique_ptr<Engine> MakeEngine(EngineOptions o = {}) {
+std::unique_ptr<Engine> MakeV2Engine(EngineOptions o = {}) {
   o.calibration = EngineOptions::Calibration::kNever;
   auto e = Engine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(e).value();
 }
 
-bool HasVulkan(const Engine& e) {
+bool V2HasVulkan(const Engine& e) {
   for (const auto* d : e.Devices()) {
     if (d->backend == "vulkan") return true;
   }
@@ -47,7 +47,7 @@ struct Chain {
   }
 };
 
-std::shared_ptr<Executable> CompileOn(Engine& e, const v1::Graph& g, const std::string& device) {
+std::shared_ptr<Executable> CompileOnV2(Engine& e, const v1::Graph& g, const std::string& device) {
   CompileOptions o;
   o.device = device;
   o.enable_fusion = false;  // keep one step per node: many points to stop between
@@ -67,10 +67,10 @@ DeviceStats StatsOf(const std::vector<DeviceStats>& all, const std::string& devi
 // N runs of one program at once on one device really run at once: each takes
 // its own run context, and their report intervals overlap.
 TEST(RuntimeV2, ConcurrentRunsOfOneProgramOverlap) {
-  auto engine = MakeEngine();
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakeV2Engine();
+  if (!V2HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   Chain c(192, 8);
-  auto exe = CompileOn(*engine, c.graph, "vulkan:0");
+  auto exe = CompileOnV2(*engine, c.graph, "vulkan:0");
   ASSERT_NE(exe, nullptr);
   auto reference = engine->Run(*exe, c.inputs, nullptr, {});
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -110,10 +110,10 @@ TEST(RuntimeV2, ConcurrentRunsOfOneProgramOverlap) {
 // Every step of a report starts inside the run (Vulkan timestamps are
 // modular: a step measured from a later origin wrapped to ~1.8e19 us).
 TEST(RuntimeV2, ReportStepTimesLieInsideTheRun) {
-  auto engine = MakeEngine();
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakeV2Engine();
+  if (!V2HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   Chain c(64, 3);
-  auto exe = CompileOn(*engine, c.graph, "vulkan:0");
+  auto exe = CompileOnV2(*engine, c.graph, "vulkan:0");
   ASSERT_NE(exe, nullptr);
   RunOptions ro;
   ro.report = true;
@@ -130,9 +130,9 @@ TEST(RuntimeV2, ReportStepTimesLieInsideTheRun) {
 // Two tenants with weights 1 and 3 keep a backlog on the CPU (one slot): the
 // device time splits 1:3 within 10%.
 TEST(RuntimeV2, TenantsShareADeviceByWeight) {
-  auto engine = MakeEngine();
+  auto engine = MakeV2Engine();
   Chain c(96, 2);
-  auto exe = CompileOn(*engine, c.graph, "cpu:0");
+  auto exe = CompileOnV2(*engine, c.graph, "cpu:0");
   ASSERT_NE(exe, nullptr);
   std::atomic<bool> stop = false;
   std::vector<std::thread> threads;
@@ -156,11 +156,11 @@ TEST(RuntimeV2, TenantsShareADeviceByWeight) {
 // A backlog on the CPU does not hold the Vulkan device: a Vulkan run finishes
 // while CPU runs still wait.
 TEST(RuntimeV2, BacklogOnOneDeviceDoesNotHoldAnother) {
-  auto engine = MakeEngine();
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakeV2Engine();
+  if (!V2HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   Chain big(256, 12), small(32, 1);
-  auto on_cpu = CompileOn(*engine, big.graph, "cpu:0");
-  auto on_vk = CompileOn(*engine, small.graph, "vulkan:0");
+  auto on_cpu = CompileOnV2(*engine, big.graph, "cpu:0");
+  auto on_vk = CompileOnV2(*engine, small.graph, "vulkan:0");
   ASSERT_TRUE(on_cpu && on_vk);
   ASSERT_TRUE(engine->Run(*on_vk, small.inputs, nullptr, {}).ok());
   std::vector<std::thread> backlog;
@@ -179,9 +179,9 @@ TEST(RuntimeV2, BacklogOnOneDeviceDoesNotHoldAnother) {
 // The chain takes ~100 ms or more here (1000 matmuls of 256^3); the stop comes
 // after 10 ms.
 TEST(RuntimeV2, CancellationStopsBetweenKernels) {
-  auto engine = MakeEngine();
+  auto engine = MakeV2Engine();
   Chain c(256, 1000);
-  auto exe = CompileOn(*engine, c.graph, "cpu:0");
+  auto exe = CompileOnV2(*engine, c.graph, "cpu:0");
   ASSERT_NE(exe, nullptr);
   const int steps = exe->lir().steps_size();
   std::atomic<bool> cancelled = false;
@@ -207,9 +207,9 @@ TEST(RuntimeV2, CancellationStopsBetweenKernels) {
 // A deadline that passes mid-run stops it between kernels; one already past
 // is not started.
 TEST(RuntimeV2, DeadlinesStopRunsBetweenKernels) {
-  auto engine = MakeEngine();
+  auto engine = MakeV2Engine();
   Chain c(256, 1000);
-  auto exe = CompileOn(*engine, c.graph, "cpu:0");
+  auto exe = CompileOnV2(*engine, c.graph, "cpu:0");
   ASSERT_NE(exe, nullptr);
   RunOptions ro;
   // The chain runs for about a second; 100 ms leaves a loaded host's wake-up
@@ -228,9 +228,9 @@ TEST(RuntimeV2, DeadlinesStopRunsBetweenKernels) {
 // While a run executes, its context's memory (here the CPU arena) is charged
 // to the run's tenant; once it ends, to nobody.
 TEST(RuntimeV2, RunContextMemoryIsChargedToTheRunsTenant) {
-  auto engine = MakeEngine();
+  auto engine = MakeV2Engine();
   Chain c(384, 24);
-  auto p = CompileOn(*engine, c.graph, "cpu:0");
+  auto p = CompileOnV2(*engine, c.graph, "cpu:0");
   ASSERT_NE(p, nullptr);
   RunOptions ro;
   ro.report = true;
@@ -269,11 +269,11 @@ TEST(RuntimeV2, HungDeviceFailsItsRunsAndIsRestarted) {
   EngineOptions o;
   o.device_wait_floor = absl::Microseconds(1);
   o.device_wait_slack = 1e-6;
-  auto engine = MakeEngine(o);
-  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  auto engine = MakeV2Engine(o);
+  if (!V2HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
   Chain c(256, 8);
-  auto on_vk = CompileOn(*engine, c.graph, "vulkan:0");
-  auto on_cpu = CompileOn(*engine, c.graph, "cpu:0");
+  auto on_vk = CompileOnV2(*engine, c.graph, "vulkan:0");
+  auto on_cpu = CompileOnV2(*engine, c.graph, "cpu:0");
   if (on_vk == nullptr) GTEST_SKIP() << "compile on vulkan:0 failed with a 1 us wait bound";
   ASSERT_NE(on_cpu, nullptr);
   auto r = engine->Run(*on_vk, c.inputs, nullptr, {});

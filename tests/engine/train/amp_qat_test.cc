@@ -21,7 +21,7 @@
 namespace kiln {
 namespace {
 
-Engine& SharedEngine() {
+Engine& SharedAmpQatEngine() {
   static std::unique_ptr<Engine> engine = [] {
     EngineOptions o;
     o.calibration = EngineOptions::Calibration::kNever;
@@ -30,7 +30,7 @@ Engine& SharedEngine() {
   return *engine;
 }
 
-HostTensor Uniform(const Dims& dims, double lo, double hi, std::mt19937& rng) {
+HostTensor AmpQatUniform(const Dims& dims, double lo, double hi, std::mt19937& rng) {
   HostTensor t = HostTensor::Create(v1::DTYPE_F32, dims).value();
   std::uniform_real_distribution<double> u(lo, hi);
   for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, u(rng));
@@ -53,11 +53,11 @@ absl::StatusOr<RunResult> CompileAndRun(const std::string& text, const v1::Trans
   CompileOptions co;
   co.device = "cpu:0";
   co.transforms = spec;
-  auto exe = SharedEngine().Compile(*graph, co, {});
+  auto exe = SharedAmpQatEngine().Compile(*graph, co, {});
   if (!exe.ok()) return exe.status();
   std::vector<TensorRef> refs;
   for (const auto& [n, t] : inputs) refs.push_back(TensorRef::Of(n, *t));
-  return SharedEngine().Run(*exe->executable, refs, nullptr, {});
+  return SharedAmpQatEngine().Run(*exe->executable, refs, nullptr, {});
 }
 
 // x [3, 5] quantized per channel (axis 1) on the signed 8-bit grid with scales
@@ -95,8 +95,8 @@ LsqReference LsqGrad(const HostTensor& x, const HostTensor& s, const HostTensor&
 
 TEST(FakeQuantGrad, LsqMatchesThePublishedGradient) {
   std::mt19937 rng(5);
-  HostTensor x = Uniform({3, 5}, -2, 2, rng), s = Uniform({5}, 0.008, 0.012, rng);
-  HostTensor c = Uniform({3, 5}, -1, 1, rng);
+  HostTensor x = AmpQatUniform({3, 5}, -2, 2, rng), s = AmpQatUniform({5}, 0.008, 0.012, rng);
+  HostTensor c = AmpQatUniform({3, 5}, -1, 1, rng);
   v1::TransformSpec spec;
   spec.mutable_autodiff()->set_mode(v1::AUTODIFF_GRAD);
   spec.mutable_autodiff()->set_output("loss");
@@ -156,9 +156,9 @@ let y = )",
 out y
 )");
     std::mt19937 rng(11);
-    HostTensor x = Uniform({3, 5}, -0.3, 0.3, rng), s = Uniform({5}, 0.02, 0.03, rng);
-    HostTensor u = Uniform({3, 5}, -1, 1, rng), tx = Uniform({3, 5}, -1, 1, rng);
-    HostTensor ts = Uniform({5}, -1, 1, rng);
+    HostTensor x = AmpQatUniform({3, 5}, -0.3, 0.3, rng), s = AmpQatUniform({5}, 0.02, 0.03, rng);
+    HostTensor u = AmpQatUniform({3, 5}, -1, 1, rng), tx = AmpQatUniform({3, 5}, -1, 1, rng);
+    HostTensor ts = AmpQatUniform({5}, -1, 1, rng);
     v1::TransformSpec vjp;
     vjp.mutable_autodiff()->set_mode(v1::AUTODIFF_VJP);
     vjp.mutable_autodiff()->set_output("y");
@@ -210,24 +210,24 @@ absl::StatusOr<std::shared_ptr<Executable>> CompileStep(const std::string& text,
   CompileOptions co;
   co.device = "cpu:0";
   co.transforms = spec;
-  auto exe = SharedEngine().Compile(*graph, co, {});
+  auto exe = SharedAmpQatEngine().Compile(*graph, co, {});
   if (!exe.ok()) return exe.status();
   return exe->executable;
 }
 
 std::map<std::string, HostTensor> SmallInit(std::mt19937& rng) {
   std::map<std::string, HostTensor> p;
-  p.emplace("w1", Uniform({6, 16}, -0.5, 0.5, rng));
-  p.emplace("b1", Uniform({16}, -0.1, 0.1, rng));
-  p.emplace("w2", Uniform({16, 3}, -0.5, 0.5, rng));
-  p.emplace("b2", Uniform({3}, -0.1, 0.1, rng));
+  p.emplace("w1", AmpQatUniform({6, 16}, -0.5, 0.5, rng));
+  p.emplace("b1", AmpQatUniform({16}, -0.1, 0.1, rng));
+  p.emplace("w2", AmpQatUniform({16, 3}, -0.5, 0.5, rng));
+  p.emplace("b2", AmpQatUniform({3}, -0.1, 0.1, rng));
   return p;
 }
 
 std::vector<std::pair<HostTensor, HostTensor>> SmallBatches(int n, std::mt19937& rng) {
   std::vector<std::pair<HostTensor, HostTensor>> out;
   for (int i = 0; i < n; ++i) {
-    HostTensor x = Uniform({8, 6}, -1, 1, rng);
+    HostTensor x = AmpQatUniform({8, 6}, -1, 1, rng);
     HostTensor y = HostTensor::Create(v1::DTYPE_I64, {8}).value();
     // A learnable rule: the class is the argmax of the first three features.
     for (int r = 0; r < 8; ++r) {
@@ -246,13 +246,13 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Params(const Executable& exe,
                                                  const std::map<std::string, HostTensor>& p) {
   std::vector<TensorRef> refs;
   for (const auto& [n, t] : p) refs.push_back(TensorRef::Of(n, t));
-  return SharedEngine().CreateTrainingParams(exe, refs);
+  return SharedAmpQatEngine().CreateTrainingParams(exe, refs);
 }
 
 absl::StatusOr<double> Step(Executable& exe, ParamSet& set,
                             const std::pair<HostTensor, HostTensor>& batch) {
   std::vector<TensorRef> in = {TensorRef::Of("x", batch.first), TensorRef::Of("y", batch.second)};
-  auto r = SharedEngine().Run(exe, in, &set, {});
+  auto r = SharedAmpQatEngine().Run(exe, in, &set, {});
   if (!r.ok()) return r.status();
   return r->outputs[0].second.GetAsDouble(0);
 }

@@ -19,7 +19,7 @@
 namespace kiln {
 namespace {
 
-Engine& SharedEngine() {
+Engine& SharedInt8Engine() {
   static std::unique_ptr<Engine> engine = [] {
     EngineOptions o;
     o.calibration = EngineOptions::Calibration::kNever;
@@ -31,18 +31,18 @@ Engine& SharedEngine() {
 absl::StatusOr<RunResult> CompileRun(const v1::Graph& graph, const CompileOptions& co,
                                      const std::map<std::string, const HostTensor*>& inputs,
                                      const std::map<std::string, HostTensor>& params) {
-  auto exe = SharedEngine().Compile(graph, co, {});
+  auto exe = SharedInt8Engine().Compile(graph, co, {});
   if (!exe.ok()) return exe.status();
   std::vector<TensorRef> in, ps;
   for (const auto& [n, t] : inputs) in.push_back(TensorRef::Of(n, *t));
   for (const auto& [n, t] : params) ps.push_back(TensorRef::Of(n, t));
   std::shared_ptr<ParamSet> set;
   if (!ps.empty()) {
-    auto s = SharedEngine().CreateParams(ps);
+    auto s = SharedInt8Engine().CreateParams(ps);
     if (!s.ok()) return s.status();
     set = *s;
   }
-  return SharedEngine().Run(*exe->executable, in, set.get(), {});
+  return SharedInt8Engine().Run(*exe->executable, in, set.get(), {});
 }
 
 HostTensor Ints(DType dt, const Dims& dims, int lo, int hi, std::mt19937& rng) {

@@ -1,0 +1,314 @@
+// The shared-memory registry (server/shm_regions.h) in process, under
+// concurrent use: client threads connect to its socket, register, use and
+// unregister memfd regions while other threads (kilnd's gRPC handlers in
+// the daemon) hand out tickets, look regions up, read and write their bytes
+// and read the usage counters; the registry's own thread serves the socket
+// throughout. The quota is never exceeded, a region held by a "run" stays
+// mapped after its connection unregisters it, every count returns to zero,
+// and the registry can be destroyed with connections still open. These run in
+// kiln_server_test and under ThreadSanitizer in kiln_tsan_test (make
+// test-tsan), where they check shm_regions.cc's locking between the socket
+// thread and its callers.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "kiln/v1/shm.pb.h"
+#include "server/shm_regions.h"
+
+namespace kiln::server {
+namespace {
+
+constexpr int kShmClients = 4;
+constexpr int64_t kShmRegionBytes = 4096;
+
+v1::TenantQuota ShmQuota(int regions, int64_t bytes) {
+  v1::TenantQuota q;
+  q.set_max_sessions(4);
+  q.set_max_param_bytes(1000);
+  q.set_max_in_flight(4);
+  q.set_max_request_bytes(1 << 20);
+  q.set_max_device_memory_bytes(2000);
+  q.set_max_queue(16);
+  q.set_max_concurrent_compiles(1);
+  q.set_max_shm_regions(regions);
+  q.set_max_shm_bytes(bytes);
+  return q;
+}
+
+// A client of the registry's socket, speaking kiln/v1/shm.proto by hand (the
+// C++ client's ShmConnection gets its ticket over gRPC; here the test is the
+// gRPC handler).
+class RawShmClient {
+ public:
+  explicit RawShmClient(const std::string& socket_name) {
+    sockaddr_un addr;
+    std::memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    socklen_t len;
+    if (socket_name[0] == '@') {
+      std::memcpy(addr.sun_path + 1, socket_name.data() + 1, socket_name.size() - 1);
+      len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + socket_name.size());
+    } else {
+      std::memcpy(addr.sun_path, socket_name.data(), socket_name.size());
+      len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + socket_name.size() + 1);
+    }
+    fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawShmClient() { Close(); }
+  RawShmClient(const RawShmClient&) = delete;
+  RawShmClient& operator=(const RawShmClient&) = delete;
+
+  bool connected() const { return fd_ >= 0; }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  // Sends `m` (with `fd` attached when >= 0) and returns kilnd's answer; code
+  // -1 when the socket failed or closed.
+  v1::ShmServerMessage Call(const v1::ShmClientMessage& m, int fd = -1) {
+    v1::ShmServerMessage answer;
+    answer.set_code(-1);
+    const std::string bytes = m.SerializeAsString();
+    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* h = CMSG_FIRSTHDR(&msg);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(h), &fd, sizeof(int));
+    }
+    if (::sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) return answer;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 30000) != 1) return answer;
+    char buffer[4096];
+    const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+    if (n <= 0 || !answer.ParseFromArray(buffer, static_cast<int>(n))) answer.set_code(-1);
+    return answer;
+  }
+
+  v1::ShmServerMessage Hello(const std::string& ticket) {
+    v1::ShmClientMessage m;
+    m.set_ticket(ticket);
+    return Call(m);
+  }
+  v1::ShmServerMessage Register(const std::string& id, int fd) {
+    v1::ShmClientMessage m;
+    m.mutable_register_region()->set_region_id(id);
+    return Call(m, fd);
+  }
+  v1::ShmServerMessage Unregister(const std::string& id) {
+    v1::ShmClientMessage m;
+    m.set_unregister_region(id);
+    return Call(m);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A sealed memfd of `bytes`, mapped here too; unmapped and closed at the end.
+class SealedMemfd {
+ public:
+  explicit SealedMemfd(int64_t bytes) : bytes_(bytes) {
+    fd_ = ::memfd_create("kiln-shm-registry-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0 || ::ftruncate(fd_, bytes) != 0 || ::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      return;
+    }
+    void* p =
+        ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p != MAP_FAILED) data_ = static_cast<char*>(p);
+  }
+  ~SealedMemfd() {
+    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(bytes_));
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SealedMemfd(const SealedMemfd&) = delete;
+  SealedMemfd& operator=(const SealedMemfd&) = delete;
+
+  int fd() const { return fd_; }
+  char* data() const { return data_; }
+
+ private:
+  const int64_t bytes_;
+  int fd_ = -1;
+  char* data_ = nullptr;
+};
+
+TEST(ShmRegistry, ConcurrentClientsRegisterUseAndUnregister) {
+  // Room for each client's region plus the one of its last connection that
+  // the socket thread may not have unregistered yet (closes are asynchronous).
+  constexpr int kQuotaRegions = 3 * kShmClients;
+  Tenant alice("alice", ShmQuota(kQuotaRegions, kQuotaRegions * kShmRegionBytes), 1.0);
+  Tenant bob("bob", ShmQuota(2, 2 * kShmRegionBytes), 1.0);
+  auto registry = ShmRegistry::Create(v1::ServerConfig());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ShmRegistry& reg = **registry;
+
+  std::atomic<bool> done = false;
+  std::atomic<int64_t> most_regions = 0, most_bytes = 0, bob_found = 0;
+  // Readers: the usage counters and another tenant's lookups, all the while.
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      while (!done.load()) {
+        const ShmUsage::Counts c = reg.Usage("alice");
+        int64_t seen = most_regions.load();
+        while (c.regions > seen && !most_regions.compare_exchange_weak(seen, c.regions)) {
+        }
+        seen = most_bytes.load();
+        while (c.bytes > seen && !most_bytes.compare_exchange_weak(seen, c.bytes)) {
+        }
+        for (const auto& [tenant, counts] : reg.UsageByTenant()) {
+          EXPECT_GE(counts.regions, 0) << tenant;
+        }
+        for (int i = 0; i < kShmClients; ++i) {
+          if (reg.Find(bob, absl::StrCat("r", i, "-0")).ok()) ++bob_found;
+        }
+        std::this_thread::yield();
+      }
+    });
+  }
+
+  std::atomic<int> failures = 0;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kShmClients; ++t) {
+    clients.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        // The gRPC handler's part: a ticket for this tenant.
+        const v1::ConnectSharedMemoryResponse ticket = reg.NewTicket(alice);
+        RawShmClient client(ticket.socket());
+        if (!client.connected() || client.Hello(ticket.ticket()).code() != 0) {
+          ++failures;
+          return;
+        }
+        SealedMemfd file(kShmRegionBytes);
+        if (file.data() == nullptr) {
+          ++failures;
+          return;
+        }
+        const std::string id = absl::StrCat("r", t, "-", round);
+        const v1::ShmServerMessage registered = client.Register(id, file.fd());
+        if (registered.code() != 0 || registered.bytes() != kShmRegionBytes) {
+          ADD_FAILURE() << id << ": " << registered.ShortDebugString();
+          ++failures;
+          return;
+        }
+        // A run's part: find the region, write through kilnd's mapping, read
+        // it back through the client's.
+        auto region = reg.Find(alice, id);
+        if (!region.ok()) {
+          ADD_FAILURE() << region.status();
+          ++failures;
+          return;
+        }
+        auto bytes = (*region)->Slice(0, kShmRegionBytes, "test");
+        if (!bytes.ok()) {
+          ADD_FAILURE() << bytes.status();
+          ++failures;
+          return;
+        }
+        std::memset(*bytes, 'a' + t, kShmRegionBytes);
+        EXPECT_EQ(file.data()[kShmRegionBytes - 1], 'a' + t);
+        // Unregistered while the run holds it: still mapped, still counted.
+        if (round % 2 == 0) {
+          EXPECT_EQ(client.Unregister(id).code(), 0);
+        } else {
+          client.Close();  // the connection's close unregisters it
+        }
+        (*bytes)[0] = 'z';
+        EXPECT_EQ(file.data()[0], 'z');
+        region->reset();  // the run ends: now unmapped
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  done = true;
+  for (std::thread& r : readers) r.join();
+
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(bob_found.load(), 0);
+  EXPECT_GE(most_regions.load(), 1);
+  EXPECT_LE(most_regions.load(), kQuotaRegions);
+  EXPECT_LE(most_bytes.load(), kQuotaRegions * kShmRegionBytes);
+  // The last closes are served by the socket thread: wait for them.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (reg.Usage("alice").regions != 0 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(reg.Usage("alice").regions, 0);
+  EXPECT_EQ(reg.Usage("alice").bytes, 0);
+}
+
+TEST(ShmRegistry, QuotaHoldsAcrossConnectionsRegisteringAtOnce) {
+  // Two regions allowed, four connections racing to register one each: two
+  // win, two get RESOURCE_EXHAUSTED (or the connection cap, which is
+  // max_shm_regions).
+  Tenant carol("carol", ShmQuota(2, 2 * kShmRegionBytes), 1.0);
+  auto registry = ShmRegistry::Create(v1::ServerConfig());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ShmRegistry& reg = **registry;
+  std::atomic<int> registered = 0, refused = 0;
+  std::vector<std::unique_ptr<RawShmClient>> kept(kShmClients);
+  std::vector<std::unique_ptr<SealedMemfd>> files(kShmClients);
+  std::atomic<bool> go = false;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kShmClients; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      const v1::ConnectSharedMemoryResponse ticket = reg.NewTicket(carol);
+      kept[t] = std::make_unique<RawShmClient>(ticket.socket());
+      files[t] = std::make_unique<SealedMemfd>(kShmRegionBytes);
+      const v1::ShmServerMessage hello = kept[t]->Hello(ticket.ticket());
+      if (hello.code() != 0) {
+        EXPECT_EQ(hello.code(), static_cast<int>(absl::StatusCode::kResourceExhausted))
+            << hello.ShortDebugString();
+        ++refused;
+        return;
+      }
+      const v1::ShmServerMessage r = kept[t]->Register(absl::StrCat("c", t), files[t]->fd());
+      if (r.code() == 0) {
+        ++registered;
+      } else {
+        EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted))
+            << r.ShortDebugString();
+        ++refused;
+      }
+    });
+  }
+  go = true;
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(registered.load(), 2);
+  EXPECT_EQ(refused.load(), kShmClients - 2);
+  EXPECT_EQ(reg.Usage("carol").regions, 2);
+  // Destroyed with its connections still open: they close, their regions go.
+  registry->reset();
+  for (auto& c : kept) c.reset();
+}
+
+}  // namespace
+}  // namespace kiln::server
