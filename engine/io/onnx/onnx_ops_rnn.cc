@@ -1,10 +1,12 @@
 // ONNX LSTM and GRU, decomposed onto a Kiln Scan over time: the input
 // projection X W^T (+ biases) is one MatMul over every step before the scan;
-// the body does the recurrent MatMul and the gates. Forward and reverse
-// directions, both layouts, initial states, LSTM peepholes and GRU's
-// linear_before_reset; the default activations only. Bidirectional,
-// sequence_lens shorter than the sequence, clip and custom activations are
-// UNIMPLEMENTED with the reason.
+// the body does the recurrent MatMul and the gates. Forward, reverse and
+// bidirectional (one scan per direction over that direction's slice of W, R,
+// B, the initial states and peepholes, the outputs concatenated along the
+// direction axis), both layouts, initial states, LSTM peepholes and GRU's
+// linear_before_reset; the default activations only. sequence_lens shorter
+// than the sequence, clip and custom activations are UNIMPLEMENTED with the
+// reason.
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,41 +94,44 @@ absl::StatusOr<ValueRef> Perm(Importer& c, ValueRef x, std::vector<int64_t> perm
   return c.Emit(v1::OP_TRANSPOSE, {x}, a);
 }
 
-absl::Status Recurrent(Importer& c, bool lstm) {
-  const int gates = lstm ? 4 : 3;
-  const std::string direction = c.AttrString("direction", "forward");
-  if (direction == "bidirectional") return c.Unsupported("bidirectional (one direction per node only)");
-  if (direction != "forward" && direction != "reverse") return c.Invalid("unknown direction " + direction);
-  if (c.Attr("activations") != nullptr) return c.Unsupported("custom activations (the defaults only)");
-  if (c.Attr("clip") != nullptr) return c.Unsupported("clip");
-  if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
-  const int64_t layout = c.AttrInt("layout", 0);
-  const bool lbr = !lstm && c.AttrInt("linear_before_reset", 0) != 0;
-  for (int i : {0, 1, 2}) KILN_RETURN_IF_ERROR(c.Need(i));
-  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
-  if (c.rank(0) != 3 || c.rank(1) != 3 || c.rank(2) != 3) return c.Invalid("X, W and R must be rank 3");
-  if (!IsFloat(c.dtype(0))) return c.Invalid("X must be float");
-  const DType dt = c.dtype(0);
-  if (layout == 1) {  // to [seq, batch, in]
-    KILN_ASSIGN_OR_RETURN(x, Perm(c, x, {1, 0, 2}));
-  }
-  const IrDims xd = c.TypeOf(x).dims;
-  const int64_t seq = xd[0], batch = xd[1];
-  const IrDims rd = c.type(2).dims;
-  const int64_t h = c.AttrInt("hidden_size", rd[2]);
-  if (seq < 0 || batch < 0 || h <= 0 || rd[2] != h || rd[1] != gates * h || rd[0] != 1) {
-    return c.Unsupported("the sequence length, batch and hidden size must be known at import, one direction");
-  }
-  if (c.has(4)) {
-    const HostTensor* lens = c.Const(4);
-    if (lens == nullptr) return c.Unsupported("sequence_lens must be known at import");
-    for (int64_t i = 0; i < lens->num_elements(); ++i) {
-      if (GetInt(*lens, i) != seq) return c.Unsupported("sequence_lens shorter than the sequence");
-    }
-  }
+absl::StatusOr<ValueRef> Concat(Importer& c, const std::vector<ValueRef>& parts, int64_t axis) {
+  if (parts.size() == 1) return parts[0];
+  v1::Attrs a;
+  a.mutable_concat()->set_axis(axis);
+  return c.Emit(v1::OP_CONCAT, parts, a);
+}
+
+// The node's shape and attributes, read once for every direction.
+struct RnnSpec {
+  bool lstm = false;
+  bool lbr = false;  // GRU linear_before_reset
+  int gates = 0;
+  int64_t layout = 0;
+  int64_t dirs = 1;  // 2 when bidirectional
+  int64_t seq = 0, batch = 0, h = 0, in = 0;
+  DType dt = v1::DTYPE_F32;
+};
+
+// Direction d's slice of a [dirs, ...] operand (the operand itself when there
+// is one direction).
+absl::StatusOr<ValueRef> OfDirection(Importer& c, const RnnSpec& sp, ValueRef v, int64_t d) {
+  if (sp.dirs == 1) return v;
+  return Slice1(c, v, 0, d, d + 1);
+}
+
+// The scan of one direction d over x [seq, batch, in]: its outputs are the
+// carries (h, [c], ...), then Y [seq, batch, H] at index `*y_index`.
+absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x, int64_t d,
+                                      bool reverse, int* y_index) {
+  const bool lstm = sp.lstm, lbr = sp.lbr;
+  const int gates = sp.gates;
+  const int64_t layout = sp.layout, batch = sp.batch, h = sp.h, seq = sp.seq;
+  const DType dt = sp.dt;
   KILN_ASSIGN_OR_RETURN(ValueRef w, c.Ref(1));
-  KILN_ASSIGN_OR_RETURN(w, c.Reshape(w, {gates * h, c.type(1).dims[2]}));
+  KILN_ASSIGN_OR_RETURN(w, OfDirection(c, sp, w, d));
+  KILN_ASSIGN_OR_RETURN(w, c.Reshape(w, {gates * h, sp.in}));
   KILN_ASSIGN_OR_RETURN(ValueRef r, c.Ref(2));
+  KILN_ASSIGN_OR_RETURN(r, OfDirection(c, sp, r, d));
   KILN_ASSIGN_OR_RETURN(r, c.Reshape(r, {gates * h, h}));
   // The input projection of every step at once: [seq, batch, G*H].
   v1::Attrs mm;
@@ -135,6 +140,7 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   ValueRef rb;
   if (c.has(3)) {
     KILN_ASSIGN_OR_RETURN(ValueRef b, c.Ref(3));
+    KILN_ASSIGN_OR_RETURN(b, OfDirection(c, sp, b, d));
     KILN_ASSIGN_OR_RETURN(b, c.Reshape(b, {2 * gates * h}));
     KILN_ASSIGN_OR_RETURN(ValueRef wb, Slice1(c, b, 0, 0, gates * h));
     KILN_ASSIGN_OR_RETURN(rb, Slice1(c, b, 0, gates * h, 2 * gates * h));
@@ -151,6 +157,7 @@ absl::Status Recurrent(Importer& c, bool lstm) {
     if (layout == 1) {
       KILN_ASSIGN_OR_RETURN(s, Perm(c, s, {1, 0, 2}));
     }
+    KILN_ASSIGN_OR_RETURN(s, OfDirection(c, sp, s, d));
     return c.Reshape(s, {batch, h});
   };
   KILN_ASSIGN_OR_RETURN(ValueRef h0, state(5));
@@ -164,10 +171,10 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   const bool peep = lstm && c.has(7);
   if (peep) {
     KILN_ASSIGN_OR_RETURN(ValueRef p, c.Ref(7));
+    KILN_ASSIGN_OR_RETURN(p, OfDirection(c, sp, p, d));
     KILN_ASSIGN_OR_RETURN(p, c.Reshape(p, {3 * h}));
     carries.push_back(p);
   }
-
   // The body: carries (h, [c], R, [Rb], [P]), then xw_t [batch, G*H].
   ir::Graph g;
   g.set_name(lstm ? "lstm_step" : "gru_step");
@@ -261,25 +268,86 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   *sa->mutable_body() = std::move(body);
   sa->set_num_carries(static_cast<int>(carries.size()));
   sa->set_length(seq);
-  sa->set_reverse(direction == "reverse");
-  KILN_ASSIGN_OR_RETURN(ValueRef s, c.Emit(v1::OP_SCAN, operands, a));
-  const ValueRef ys{s.node, static_cast<int>(carries.size())};  // [seq, batch, H]
-  // Y: [seq, 1, batch, H] (layout 1: [batch, seq, 1, H]); Y_h, Y_c: [1, batch, H]
-  // (layout 1: [batch, 1, H]).
+  sa->set_reverse(reverse);
+  *y_index = static_cast<int>(carries.size());
+  return c.Emit(v1::OP_SCAN, operands, a);
+}
+
+absl::Status Recurrent(Importer& c, bool lstm) {
+  RnnSpec sp;
+  sp.lstm = lstm;
+  sp.gates = lstm ? 4 : 3;
+  const std::string direction = c.AttrString("direction", "forward");
+  if (direction != "forward" && direction != "reverse" && direction != "bidirectional") {
+    return c.Invalid("unknown direction " + direction);
+  }
+  sp.dirs = direction == "bidirectional" ? 2 : 1;
+  if (c.Attr("activations") != nullptr) return c.Unsupported("custom activations (the defaults only)");
+  if (c.Attr("clip") != nullptr) return c.Unsupported("clip");
+  if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
+  sp.layout = c.AttrInt("layout", 0);
+  if (sp.layout != 0 && sp.layout != 1) return c.Invalid(absl::StrCat("layout ", sp.layout));
+  sp.lbr = !lstm && c.AttrInt("linear_before_reset", 0) != 0;
+  for (int i : {0, 1, 2}) KILN_RETURN_IF_ERROR(c.Need(i));
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  if (c.rank(0) != 3 || c.rank(1) != 3 || c.rank(2) != 3) return c.Invalid("X, W and R must be rank 3");
+  if (!IsFloat(c.dtype(0))) return c.Invalid("X must be float");
+  sp.dt = c.dtype(0);
+  if (sp.layout == 1) {  // to [seq, batch, in]
+    KILN_ASSIGN_OR_RETURN(x, Perm(c, x, {1, 0, 2}));
+  }
+  const IrDims xd = c.TypeOf(x).dims;
+  sp.seq = xd[0];
+  sp.batch = xd[1];
+  const IrDims rd = c.type(2).dims;
+  const IrDims wd = c.type(1).dims;
+  sp.h = c.AttrInt("hidden_size", rd[2]);
+  sp.in = wd[2];
+  const int64_t seq = sp.seq, batch = sp.batch, h = sp.h, dirs = sp.dirs;
+  if (seq < 0 || batch < 0 || h <= 0 || rd[2] != h || rd[1] != sp.gates * h || rd[0] != dirs) {
+    return c.Unsupported(absl::StrCat("the sequence length, batch and hidden size must be known at import, R [",
+                                      dirs, ", ", sp.gates, " * hidden, hidden]"));
+  }
+  if (wd[0] != dirs || wd[1] != sp.gates * h) {
+    return c.Invalid(absl::StrCat("W must be [", dirs, ", ", sp.gates * h, ", input size]"));
+  }
+  if (c.has(4)) {
+    const HostTensor* lens = c.Const(4);
+    if (lens == nullptr) return c.Unsupported("sequence_lens must be known at import");
+    for (int64_t i = 0; i < lens->num_elements(); ++i) {
+      if (GetInt(*lens, i) != seq) return c.Unsupported("sequence_lens shorter than the sequence");
+    }
+  }
+  // Y: [seq, dirs, batch, H] (layout 1: [batch, seq, dirs, H]); Y_h, Y_c:
+  // [dirs, batch, H] (layout 1: [batch, dirs, H]). Bidirectional: direction 0
+  // forward, 1 reverse.
+  std::vector<ValueRef> ys, hs, cs;
+  for (int64_t d = 0; d < dirs; ++d) {
+    const bool reverse = dirs == 2 ? d == 1 : direction == "reverse";
+    int y_index = 0;
+    KILN_ASSIGN_OR_RETURN(ValueRef s, OneDirection(c, sp, x, d, reverse, &y_index));
+    KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reshape(ValueRef{s.node, y_index}, {seq, 1, batch, h}));
+    ys.push_back(y);
+    KILN_ASSIGN_OR_RETURN(ValueRef hl, c.Reshape(ValueRef{s.node, 0}, {1, batch, h}));
+    hs.push_back(hl);
+    if (lstm) {
+      KILN_ASSIGN_OR_RETURN(ValueRef cl, c.Reshape(ValueRef{s.node, 1}, {1, batch, h}));
+      cs.push_back(cl);
+    }
+  }
   if (c.wants(0)) {
-    ValueRef y = ys;
-    if (layout == 1) {
-      KILN_ASSIGN_OR_RETURN(y, Perm(c, y, {1, 0, 2}));
-      KILN_ASSIGN_OR_RETURN(y, c.Reshape(y, {batch, seq, 1, h}));
-    } else {
-      KILN_ASSIGN_OR_RETURN(y, c.Reshape(y, {seq, 1, batch, h}));
+    KILN_ASSIGN_OR_RETURN(ValueRef y, Concat(c, ys, 1));
+    if (sp.layout == 1) {
+      KILN_ASSIGN_OR_RETURN(y, Perm(c, y, {2, 0, 1, 3}));
     }
     c.SetOutput(0, y);
   }
   for (int k : {1, 2}) {
     if (!c.wants(k) || (k == 2 && !lstm)) continue;
-    KILN_ASSIGN_OR_RETURN(ValueRef st,
-                          c.Reshape(ValueRef{s.node, k - 1}, layout == 1 ? IrDims{batch, 1, h} : IrDims{1, batch, h}));
+    KILN_ASSIGN_OR_RETURN(ValueRef st, Concat(c, k == 1 ? hs : cs, 0));
+    if (sp.layout == 1) {
+      KILN_ASSIGN_OR_RETURN(st, Perm(c, st, {1, 0, 2}));
+    }
     c.SetOutput(k, st);
   }
   return absl::OkStatus();

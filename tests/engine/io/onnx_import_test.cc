@@ -843,3 +843,114 @@ TEST(OnnxImport, ReverseLstmIsForwardOverReversedTime) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A bidirectional LSTM / GRU equals two one-direction nodes over each
+// direction's slice of W, R, B, the initial states (and LSTM peepholes):
+// Y[.., 0, ..] is the forward node's Y, Y[.., 1, ..] the reverse node's, Y_h
+// and Y_c alike. Layout 1 (batch first), with initial states, peepholes and
+// GRU's linear_before_reset, none of which the PyTorch exports use.
+void CheckBidirectional(bool lstm) {
+  constexpr int64_t kT = 4, kB = 2, kIn = 3, kH = 5;
+  const int64_t g = lstm ? 4 : 3;
+  // dirs: {0, 1} for the bidirectional node, {d} for one direction.
+  auto model = [&](const std::vector<int64_t>& dirs, const std::string& direction) {
+    const int64_t nd = static_cast<int64_t>(dirs.size());
+    Model m(14);
+    m.Input("X", {kB, kT, kIn});
+    auto fill = [&](int64_t per_dir, double a, double f) {
+      std::vector<float> v;
+      for (int64_t d : dirs) {
+        for (int64_t i = 0; i < per_dir; ++i) v.push_back(static_cast<float>(a * std::sin(f * i + d)));
+      }
+      return v;
+    };
+    m.Init("W", {nd, g * kH, kIn}, fill(g * kH * kIn, 0.3, 0.7));
+    m.Init("R", {nd, g * kH, kH}, fill(g * kH * kH, 0.2, 1.3));
+    m.Init("B", {nd, 2 * g * kH}, fill(2 * g * kH, 0.1, 2.1));
+    // Initial states [batch, dirs, H] (layout 1).
+    auto states = [&](double phase) {
+      std::vector<float> v;
+      for (int64_t b = 0; b < kB; ++b) {
+        for (int64_t d : dirs) {
+          for (int64_t k = 0; k < kH; ++k) v.push_back(static_cast<float>(0.5 * std::sin(0.3 * (b * 7 + d * 13 + k) + phase)));
+        }
+      }
+      return v;
+    };
+    m.Init("H0", {kB, nd, kH}, states(0.0));
+    std::vector<std::string> in = {"X", "W", "R", "B", "", "H0"};
+    std::vector<std::string> out = {"Y", "Y_h"};
+    if (lstm) {
+      m.Init("C0", {kB, nd, kH}, states(1.0));
+      m.Init("P", {nd, 3 * kH}, fill(3 * kH, 0.2, 0.9));
+      in.insert(in.end(), {"C0", "P"});
+      out.push_back("Y_c");
+    }
+    auto* n = m.Node(lstm ? "LSTM" : "GRU", in, out, "rnn");
+    auto* hs = n->add_attribute();
+    hs->set_name("hidden_size");
+    hs->set_type(onnx::AttributeProto::INT);
+    hs->set_i(kH);
+    auto* layout = n->add_attribute();
+    layout->set_name("layout");
+    layout->set_type(onnx::AttributeProto::INT);
+    layout->set_i(1);
+    if (!lstm) {
+      auto* lbr = n->add_attribute();
+      lbr->set_name("linear_before_reset");
+      lbr->set_type(onnx::AttributeProto::INT);
+      lbr->set_i(1);
+    }
+    auto* d = n->add_attribute();
+    d->set_name("direction");
+    d->set_type(onnx::AttributeProto::STRING);
+    d->set_s(direction);
+    for (const auto& o : out) m.Output(o);
+    return m;
+  };
+  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kB, kT, kIn});
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, std::sin(0.37 * i));
+  auto engine = MakeEngine();
+  auto run = [&](const Model& m) {
+    std::vector<HostTensor> outs;
+    auto imported = Import(m);
+    EXPECT_TRUE(imported.ok()) << imported.status();
+    if (!imported.ok()) return outs;
+    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return outs;
+    for (auto& [name, t] : r->outputs) outs.push_back(std::move(t));
+    return outs;
+  };
+  const std::vector<HostTensor> bi = run(model({0, 1}, "bidirectional"));
+  const std::vector<HostTensor> fwd = run(model({0}, "forward"));
+  const std::vector<HostTensor> rev = run(model({1}, "reverse"));
+  const size_t n_out = lstm ? 3 : 2;
+  ASSERT_EQ(bi.size(), n_out);
+  ASSERT_EQ(fwd.size(), n_out);
+  ASSERT_EQ(rev.size(), n_out);
+  ASSERT_EQ(bi[0].dims(), (Dims{kB, kT, 2, kH}));
+  ASSERT_EQ(bi[1].dims(), (Dims{kB, 2, kH}));
+  // Every output is [..., dirs, H] with the direction axis second to last.
+  for (size_t o = 0; o < n_out; ++o) {
+    const int64_t rows = bi[o].num_elements() / (2 * kH);
+    ASSERT_EQ(fwd[o].num_elements(), rows * kH) << o;
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t k = 0; k < kH; ++k) {
+        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 0) * kH + k), fwd[o].GetAsDouble(row * kH + k), 1e-5)
+            << "output " << o << " row " << row;
+        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 1) * kH + k), rev[o].GetAsDouble(row * kH + k), 1e-5)
+            << "output " << o << " row " << row;
+      }
+    }
+  }
+}
+
+TEST(OnnxImport, BidirectionalLstmIsForwardAndReverse) { CheckBidirectional(true); }
+TEST(OnnxImport, BidirectionalGruIsForwardAndReverse) { CheckBidirectional(false); }
+
+}  // namespace
+}  // namespace kiln
