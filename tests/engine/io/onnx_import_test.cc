@@ -4,11 +4,13 @@
 // initializers, bad and huge dims).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -951,6 +953,73 @@ void CheckBidirectional(bool lstm) {
 
 TEST(OnnxImport, BidirectionalLstmIsForwardAndReverse) { CheckBidirectional(true); }
 TEST(OnnxImport, BidirectionalGruIsForwardAndReverse) { CheckBidirectional(false); }
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ONNX's Range function body: a Loop stacking a scan output over the trip
+// count Relu(Ceil((limit - start) / delta)). With start, limit and delta known
+// at import the float arithmetic folds and the Loop is a Scan of that length;
+// with them graph inputs the trip count is a run-time value and the Loop is
+// refused with the reason (Kiln's While keeps carry shapes).
+Model RangeBodyModel() {
+  Model m(11);
+  for (const char* name : {"start", "limit", "delta"}) m.Input(name, {});
+  m.Node("Sub", {"limit", "start"}, {"diff"});
+  m.Node("Div", {"diff", "delta"}, {"q"});
+  m.Node("Ceil", {"q"}, {"qc"});
+  m.Node("Relu", {"qc"}, {"qr"});
+  for (auto [out, to] : {std::pair<const char*, int>{"trips", onnx::TensorProto::INT64},
+                         std::pair<const char*, int>{"cond", onnx::TensorProto::BOOL}}) {
+    auto* cast = m.Node("Cast", {"qr"}, {out});
+    auto* a = cast->add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(to);
+  }
+  auto* loop = m.Node("Loop", {"trips", "cond", "start"}, {"last", "range"}, "loop");
+  onnx::GraphProto& body = *GraphAttr(loop, "body");
+  SubInput(body, "i", onnx::TensorProto::INT64);
+  SubInput(body, "c", onnx::TensorProto::BOOL);
+  SubInput(body, "prev", onnx::TensorProto::FLOAT);
+  SubNode(body, "Identity", {"c"}, {"c_out"});
+  SubNode(body, "Add", {"prev", "delta"}, {"cur"});
+  SubNode(body, "Identity", {"prev"}, {"r"});
+  for (const char* o : {"c_out", "cur", "r"}) body.add_output()->set_name(o);
+  m.Output("range");
+  return m;
+}
+
+TEST(OnnxImport, RangeBodyLoopWithImportTimeBoundsIsAScan) {
+  const Model m = RangeBodyModel();
+  for (auto [start, limit, delta] : {std::tuple<float, float, float>{1, 5.5f, 1.5f}, {10, 2, -3}, {0, -1, 1}}) {
+    const HostTensor ts = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {start});
+    const HostTensor tl = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {limit});
+    const HostTensor td = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {delta});
+    io::OnnxImportOptions o;
+    o.input_values = {{"start", &ts}, {"limit", &tl}, {"delta", &td}};
+    auto r = Import(m, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto engine = MakeEngine();
+    auto out = engine->RunGraph(r->graph, std::vector<TensorRef>{}, nullptr, {}, {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    const int64_t n = static_cast<int64_t>(std::max(0.0, std::ceil((double{limit} - start) / delta)));
+    const HostTensor& y = out->outputs[0].second;
+    ASSERT_EQ(y.dims(), (Dims{n})) << start << " " << limit << " " << delta;
+    float want = start;
+    for (int64_t i = 0; i < n; ++i, want += delta) EXPECT_EQ(y.GetAsDouble(i), want) << i;
+  }
+}
+
+TEST(OnnxImport, RangeBodyLoopWithRunTimeBoundsIsRefused) {
+  auto r = Import(RangeBodyModel());
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "trip count known at import")) << r.status();
+}
 
 }  // namespace
 }  // namespace kiln
