@@ -4,9 +4,10 @@
 // bidirectional (one scan per direction over that direction's slice of W, R,
 // B, the initial states and peepholes, the outputs concatenated along the
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
-// linear_before_reset; the default activations only. sequence_lens shorter
-// than the sequence, clip and custom activations are UNIMPLEMENTED with the
-// reason.
+// linear_before_reset, and the activations ONNX lists for them (the
+// `activations` attribute with activation_alpha / activation_beta; all but
+// ThresholdedRelu). sequence_lens shorter than the sequence and clip are
+// UNIMPLEMENTED with the reason.
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,12 @@ namespace kiln::io::onnx_internal {
 namespace {
 
 // Builds the scan body: nodes added to `g`, each inferred at once.
+// One of ONNX's RNN activation functions with its alpha and beta.
+struct Activation {
+  std::string name;
+  float alpha = 0, beta = 0;
+};
+
 class Body {
  public:
   Body(ir::Graph& g, const Importer& c) : g_(g), c_(c) {}
@@ -59,9 +66,10 @@ class Body {
     a.mutable_slice()->add_axes(axis);
     return EmitIn(g_, c_, v1::OP_SLICE, {x}, a);
   }
-  absl::StatusOr<ValueRef> One(DType dt) {
+  absl::StatusOr<ValueRef> One(DType dt) { return Scalar(dt, 1.0); }
+  absl::StatusOr<ValueRef> Scalar(DType dt, double v) {
     KILN_ASSIGN_OR_RETURN(HostTensor t, HostTensor::Create(dt, {}));
-    t.SetFromDouble(0, 1.0);
+    t.SetFromDouble(0, v);
     auto n = std::make_unique<ir::Node>();
     n->op = v1::OP_CONSTANT;
     n->attrs.mutable_constant();
@@ -70,10 +78,98 @@ class Body {
     return g_.AddNode(std::move(n))->out();
   }
 
+  // a(x), x of dtype dt.
+  absl::StatusOr<ValueRef> Act(const Activation& a, DType dt, ValueRef x) {
+    const std::string& n = a.name;
+    if (n == "Sigmoid") return Unary(v1::UNARY_SIGMOID, x);
+    if (n == "Tanh") return Unary(v1::UNARY_TANH, x);
+    if (n == "Relu") return Unary(v1::UNARY_RELU, x);
+    if (n == "Softplus") return Unary(v1::UNARY_SOFTPLUS, x);
+    if (n == "Softsign") {  // x / (1 + |x|)
+      KILN_ASSIGN_OR_RETURN(ValueRef ax, Unary(v1::UNARY_ABS, x));
+      KILN_ASSIGN_OR_RETURN(ValueRef one, One(dt));
+      KILN_ASSIGN_OR_RETURN(ax, Binary(v1::BINARY_ADD, ax, one));
+      return Binary(v1::BINARY_DIV, x, ax);
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef alpha, Scalar(dt, a.alpha));
+    KILN_ASSIGN_OR_RETURN(ValueRef beta, Scalar(dt, a.beta));
+    if (n == "Affine" || n == "HardSigmoid") {  // alpha x + beta (clamped to [0, 1])
+      KILN_ASSIGN_OR_RETURN(ValueRef y, Binary(v1::BINARY_MUL, x, alpha));
+      KILN_ASSIGN_OR_RETURN(y, Binary(v1::BINARY_ADD, y, beta));
+      if (n == "Affine") return y;
+      KILN_ASSIGN_OR_RETURN(ValueRef zero, Scalar(dt, 0.0));
+      KILN_ASSIGN_OR_RETURN(ValueRef one, One(dt));
+      KILN_ASSIGN_OR_RETURN(y, Binary(v1::BINARY_MAX, y, zero));
+      return Binary(v1::BINARY_MIN, y, one);
+    }
+    if (n == "ScaledTanh") {  // alpha tanh(beta x)
+      KILN_ASSIGN_OR_RETURN(ValueRef y, Binary(v1::BINARY_MUL, x, beta));
+      KILN_ASSIGN_OR_RETURN(y, Unary(v1::UNARY_TANH, y));
+      return Binary(v1::BINARY_MUL, y, alpha);
+    }
+    if (n == "LeakyRelu" || n == "Elu") {
+      // relu(x) + alpha * (min(x, 0)) or alpha * (exp(min(x, 0)) - 1)
+      KILN_ASSIGN_OR_RETURN(ValueRef zero, Scalar(dt, 0.0));
+      KILN_ASSIGN_OR_RETURN(ValueRef pos, Unary(v1::UNARY_RELU, x));
+      KILN_ASSIGN_OR_RETURN(ValueRef neg, Binary(v1::BINARY_MIN, x, zero));
+      if (n == "Elu") {
+        KILN_ASSIGN_OR_RETURN(neg, Unary(v1::UNARY_EXP, neg));
+        KILN_ASSIGN_OR_RETURN(ValueRef one, One(dt));
+        KILN_ASSIGN_OR_RETURN(neg, Binary(v1::BINARY_SUB, neg, one));
+      }
+      KILN_ASSIGN_OR_RETURN(neg, Binary(v1::BINARY_MUL, neg, alpha));
+      return Binary(v1::BINARY_ADD, pos, neg);
+    }
+    return absl::InternalError("unchecked activation " + n);
+  }
+
  private:
   ir::Graph& g_;
   const Importer& c_;
 };
+
+// The activations of a node, per direction: (f, g, h) for LSTM, (f, g) for
+// GRU. alpha / beta are consumed in order by the activations that take them
+// (as ONNX Runtime), each defaulting to its ONNX operator's default.
+absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c, bool lstm, int64_t dirs) {
+  const size_t per = lstm ? 3 : 2;
+  std::vector<std::vector<Activation>> out(dirs);
+  const onnx::AttributeProto* attr = c.Attr("activations");
+  if (attr == nullptr) {
+    for (auto& d : out) {
+      d = {{"Sigmoid"}, {"Tanh"}};
+      if (lstm) d.push_back({"Tanh"});
+    }
+    return out;
+  }
+  if (static_cast<size_t>(attr->strings_size()) != per * dirs) {
+    return c.Invalid(absl::StrCat("activations lists ", attr->strings_size(), " functions; ", per * dirs,
+                                  " expected (", per, " per direction)"));
+  }
+  const std::vector<float> alphas = c.AttrFloats("activation_alpha").value_or(std::vector<float>{});
+  const std::vector<float> betas = c.AttrFloats("activation_beta").value_or(std::vector<float>{});
+  size_t ai = 0, bi = 0;
+  for (int64_t d = 0; d < dirs; ++d) {
+    for (size_t k = 0; k < per; ++k) {
+      Activation a{attr->strings(static_cast<int>(d * per + k))};
+      float da = -1, db = -1;  // defaults; < 0: the function takes none
+      if (a.name == "Affine") da = 1, db = 0;
+      else if (a.name == "LeakyRelu") da = 0.01f;
+      else if (a.name == "ScaledTanh") da = 1, db = 1;
+      else if (a.name == "HardSigmoid") da = 0.2f, db = 0.5f;
+      else if (a.name == "Elu") da = 1;
+      else if (a.name == "ThresholdedRelu") return c.Unsupported("the ThresholdedRelu activation");
+      else if (a.name != "Sigmoid" && a.name != "Tanh" && a.name != "Relu" && a.name != "Softsign" &&
+               a.name != "Softplus") {
+        return c.Invalid("unknown activation " + a.name);
+      }
+      if (da >= 0) a.alpha = ai < alphas.size() ? alphas[ai++] : da;
+      if (db >= 0) a.beta = bi < betas.size() ? betas[bi++] : db;
+      out[d].push_back(a);
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<ValueRef> Slice1(Importer& c, ValueRef x, int64_t axis, int64_t start, int64_t stop) {
   v1::Attrs a;
@@ -122,7 +218,7 @@ absl::StatusOr<ValueRef> OfDirection(Importer& c, const RnnSpec& sp, ValueRef v,
 // The scan of one direction d over x [seq, batch, in]: its outputs are the
 // carries (h, [c], ...), then Y [seq, batch, H] at index `*y_index`.
 absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x, int64_t d,
-                                      bool reverse, int* y_index) {
+                                      bool reverse, const std::vector<Activation>& act, int* y_index) {
   const bool lstm = sp.lstm, lbr = sp.lbr;
   const int gates = sp.gates;
   const int64_t layout = sp.layout, batch = sp.batch, h = sp.h, seq = sp.seq;
@@ -207,9 +303,9 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
       KILN_ASSIGN_OR_RETURN(t, bd.Binary(v1::BINARY_MUL, pf, cp));
       KILN_ASSIGN_OR_RETURN(gf, bd.Binary(v1::BINARY_ADD, gf, t));
     }
-    KILN_ASSIGN_OR_RETURN(ValueRef i, bd.Unary(v1::UNARY_SIGMOID, gi));
-    KILN_ASSIGN_OR_RETURN(ValueRef f, bd.Unary(v1::UNARY_SIGMOID, gf));
-    KILN_ASSIGN_OR_RETURN(ValueRef cc, bd.Unary(v1::UNARY_TANH, gc));
+    KILN_ASSIGN_OR_RETURN(ValueRef i, bd.Act(act[0], dt, gi));
+    KILN_ASSIGN_OR_RETURN(ValueRef f, bd.Act(act[0], dt, gf));
+    KILN_ASSIGN_OR_RETURN(ValueRef cc, bd.Act(act[1], dt, gc));
     KILN_ASSIGN_OR_RETURN(ValueRef fc, bd.Binary(v1::BINARY_MUL, f, cp));
     KILN_ASSIGN_OR_RETURN(ValueRef ic, bd.Binary(v1::BINARY_MUL, i, cc));
     KILN_ASSIGN_OR_RETURN(ValueRef c1, bd.Binary(v1::BINARY_ADD, fc, ic));
@@ -217,8 +313,8 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
       KILN_ASSIGN_OR_RETURN(ValueRef t, bd.Binary(v1::BINARY_MUL, po, c1));
       KILN_ASSIGN_OR_RETURN(go, bd.Binary(v1::BINARY_ADD, go, t));
     }
-    KILN_ASSIGN_OR_RETURN(ValueRef o, bd.Unary(v1::UNARY_SIGMOID, go));
-    KILN_ASSIGN_OR_RETURN(ValueRef tc, bd.Unary(v1::UNARY_TANH, c1));
+    KILN_ASSIGN_OR_RETURN(ValueRef o, bd.Act(act[0], dt, go));
+    KILN_ASSIGN_OR_RETURN(ValueRef tc, bd.Act(act[2], dt, c1));
     KILN_ASSIGN_OR_RETURN(h1, bd.Binary(v1::BINARY_MUL, o, tc));
     outs = {{"h", h1}, {"c", c1}, {"r", rr}};
     if (peep) outs.push_back({"p", in[3]});
@@ -233,7 +329,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(ValueRef xzr, bd.Part(xw_t, 1, 0, 2 * h));
     KILN_ASSIGN_OR_RETURN(ValueRef xh, bd.Part(xw_t, 1, 2, h));
     KILN_ASSIGN_OR_RETURN(ValueRef zr, bd.Binary(v1::BINARY_ADD, xzr, hzr));
-    KILN_ASSIGN_OR_RETURN(zr, bd.Unary(v1::UNARY_SIGMOID, zr));
+    KILN_ASSIGN_OR_RETURN(zr, bd.Act(act[0], dt, zr));
     KILN_ASSIGN_OR_RETURN(ValueRef z, bd.Part(zr, 1, 0, h));
     KILN_ASSIGN_OR_RETURN(ValueRef rg, bd.Part(zr, 1, 1, h));
     ValueRef hn;
@@ -247,7 +343,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
       KILN_ASSIGN_OR_RETURN(hn, bd.Binary(v1::BINARY_ADD, t, bh));
     }
     KILN_ASSIGN_OR_RETURN(ValueRef n, bd.Binary(v1::BINARY_ADD, xh, hn));
-    KILN_ASSIGN_OR_RETURN(n, bd.Unary(v1::UNARY_TANH, n));
+    KILN_ASSIGN_OR_RETURN(n, bd.Act(act[1], dt, n));
     // h1 = n + z * (h - n) = (1 - z) * n + z * h
     KILN_ASSIGN_OR_RETURN(ValueRef d, bd.Binary(v1::BINARY_SUB, hp, n));
     KILN_ASSIGN_OR_RETURN(d, bd.Binary(v1::BINARY_MUL, z, d));
@@ -282,7 +378,7 @@ absl::Status Recurrent(Importer& c, bool lstm) {
     return c.Invalid("unknown direction " + direction);
   }
   sp.dirs = direction == "bidirectional" ? 2 : 1;
-  if (c.Attr("activations") != nullptr) return c.Unsupported("custom activations (the defaults only)");
+  KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts, ReadActivations(c, lstm, sp.dirs));
   if (c.Attr("clip") != nullptr) return c.Unsupported("clip");
   if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
   sp.layout = c.AttrInt("layout", 0);
@@ -325,7 +421,7 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   for (int64_t d = 0; d < dirs; ++d) {
     const bool reverse = dirs == 2 ? d == 1 : direction == "reverse";
     int y_index = 0;
-    KILN_ASSIGN_OR_RETURN(ValueRef s, OneDirection(c, sp, x, d, reverse, &y_index));
+    KILN_ASSIGN_OR_RETURN(ValueRef s, OneDirection(c, sp, x, d, reverse, acts[d], &y_index));
     KILN_ASSIGN_OR_RETURN(ValueRef y, c.Reshape(ValueRef{s.node, y_index}, {seq, 1, batch, h}));
     ys.push_back(y);
     KILN_ASSIGN_OR_RETURN(ValueRef hl, c.Reshape(ValueRef{s.node, 0}, {1, batch, h}));

@@ -1023,3 +1023,153 @@ TEST(OnnxImport, RangeBodyLoopWithRunTimeBoundsIsRefused) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// ONNX's RNN activation functions, in f64 (alpha / beta as given).
+double RefAct(const std::string& n, double a, double b, double x) {
+  if (n == "Sigmoid") return 1 / (1 + std::exp(-x));
+  if (n == "Tanh") return std::tanh(x);
+  if (n == "Relu") return std::max(x, 0.0);
+  if (n == "Affine") return a * x + b;
+  if (n == "LeakyRelu") return x >= 0 ? x : a * x;
+  if (n == "ScaledTanh") return a * std::tanh(b * x);
+  if (n == "HardSigmoid") return std::clamp(a * x + b, 0.0, 1.0);
+  if (n == "Elu") return x >= 0 ? x : a * (std::exp(x) - 1);
+  if (n == "Softsign") return x / (1 + std::fabs(x));
+  if (n == "Softplus") return std::log1p(std::exp(x));
+  ADD_FAILURE() << n;
+  return 0;
+}
+
+struct ActCase {
+  bool lstm;
+  std::vector<std::string> names;
+  std::vector<float> alpha, beta;
+  // The (alpha, beta) each function gets: consumed in order by the functions
+  // that take them.
+  std::vector<std::pair<double, double>> expect;
+};
+
+// A one-direction LSTM / GRU with custom activations against an f64
+// reference of the ONNX equations (layout 0, biases, zero initial states).
+void CheckActivations(const ActCase& k) {
+  constexpr int64_t kT = 3, kB = 2, kIn = 3, kH = 4;
+  const int64_t g = k.lstm ? 4 : 3;
+  std::vector<float> w(g * kH * kIn), r(g * kH * kH), b(2 * g * kH);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.4f * std::sin(0.7f * i + 0.2f);
+  for (size_t i = 0; i < r.size(); ++i) r[i] = 0.3f * std::cos(1.3f * i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.2f * std::sin(2.1f * i);
+  Model m(14);
+  m.Input("X", {kT, kB, kIn});
+  m.Init("W", {1, g * kH, kIn}, w);
+  m.Init("R", {1, g * kH, kH}, r);
+  m.Init("B", {1, 2 * g * kH}, b);
+  auto* n = m.Node(k.lstm ? "LSTM" : "GRU", {"X", "W", "R", "B"}, {"Y"}, "rnn");
+  auto* hs = n->add_attribute();
+  hs->set_name("hidden_size");
+  hs->set_type(onnx::AttributeProto::INT);
+  hs->set_i(kH);
+  auto* acts = n->add_attribute();
+  acts->set_name("activations");
+  acts->set_type(onnx::AttributeProto::STRINGS);
+  for (const auto& s : k.names) acts->add_strings(s);
+  for (auto [name, v] : {std::pair{"activation_alpha", &k.alpha}, std::pair{"activation_beta", &k.beta}}) {
+    if (v->empty()) continue;
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOATS);
+    for (float f : *v) a->add_floats(f);
+  }
+  m.Output("Y");
+  auto imported = Import(m);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, 1.5 * std::sin(0.37 * i + 0.1));
+  auto engine = MakeEngine();
+  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const HostTensor& y = out->outputs[0].second;
+  ASSERT_EQ(y.dims(), (Dims{kT, 1, kB, kH}));
+  auto act = [&](int j, double v) { return RefAct(k.names[j], k.expect[j].first, k.expect[j].second, v); };
+  for (int64_t bb = 0; bb < kB; ++bb) {
+    std::vector<double> h(kH, 0.0), cs(kH, 0.0);
+    for (int64_t t = 0; t < kT; ++t) {
+      // pre[gate][j] = x W^T + Wb (+ h R^T + Rb, except GRU's hidden gate).
+      std::vector<std::vector<double>> xw(g, std::vector<double>(kH)), hr = xw;
+      for (int64_t q = 0; q < g; ++q) {
+        for (int64_t j = 0; j < kH; ++j) {
+          const int64_t row = q * kH + j;
+          double sx = b[row], sh = b[g * kH + row];
+          for (int64_t i = 0; i < kIn; ++i) sx += double{w[row * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
+          for (int64_t i = 0; i < kH; ++i) sh += double{r[row * kH + i]} * h[i];
+          xw[q][j] = sx;
+          hr[q][j] = sh;
+        }
+      }
+      std::vector<double> h1(kH);
+      if (k.lstm) {  // gates i, o, f, c
+        for (int64_t j = 0; j < kH; ++j) {
+          const double gi = act(0, xw[0][j] + hr[0][j]), go = act(0, xw[1][j] + hr[1][j]);
+          const double gf = act(0, xw[2][j] + hr[2][j]), gc = act(1, xw[3][j] + hr[3][j]);
+          cs[j] = gf * cs[j] + gi * gc;
+          h1[j] = go * act(2, cs[j]);
+        }
+      } else {  // gates z, r, h; linear_before_reset = 0
+        std::vector<double> z(kH), rg(kH);
+        for (int64_t j = 0; j < kH; ++j) {
+          z[j] = act(0, xw[0][j] + hr[0][j]);
+          rg[j] = act(0, xw[1][j] + hr[1][j]);
+        }
+        for (int64_t j = 0; j < kH; ++j) {
+          const int64_t row = 2 * kH + j;
+          double s = b[g * kH + row];
+          for (int64_t i = 0; i < kH; ++i) s += double{r[row * kH + i]} * rg[i] * h[i];
+          const double nn = act(1, xw[2][j] + s);
+          h1[j] = (1 - z[j]) * nn + z[j] * h[j];
+        }
+      }
+      h = h1;
+      for (int64_t j = 0; j < kH; ++j) {
+        EXPECT_NEAR(y.GetAsDouble((t * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j]))
+            << "t " << t << " batch " << bb << " j " << j;
+      }
+    }
+  }
+}
+
+TEST(OnnxImport, LstmCustomActivationsMatchF64Reference) {
+  CheckActivations({true, {"HardSigmoid", "LeakyRelu", "Softsign"}, {0.3f, 0.1f}, {0.4f},
+                    {{0.3f, 0.4f}, {0.1f, 0}, {0, 0}}});
+  CheckActivations({true, {"Sigmoid", "ScaledTanh", "Elu"}, {}, {}, {{0, 0}, {1, 1}, {1, 0}}});
+}
+
+TEST(OnnxImport, GruCustomActivationsMatchF64Reference) {
+  CheckActivations({false, {"Affine", "Elu"}, {0.25f, 0.7f}, {0.5f}, {{0.25f, 0.5f}, {0.7f, 0}}});
+  CheckActivations({false, {"Softplus", "Relu"}, {}, {}, {{0, 0}, {0, 0}}});
+}
+
+TEST(OnnxImport, RnnActivationListOfTheWrongLengthIsRefused) {
+  Model m(14);
+  m.Input("X", {2, 1, 3});
+  m.Init("W", {1, 12, 3}, std::vector<float>(36, 0.1f));
+  m.Init("R", {1, 12, 4}, std::vector<float>(48, 0.1f));
+  auto* n = m.Node("GRU", {"X", "W", "R"}, {"Y"}, "gru");
+  auto* hs = n->add_attribute();
+  hs->set_name("hidden_size");
+  hs->set_type(onnx::AttributeProto::INT);
+  hs->set_i(4);
+  auto* acts = n->add_attribute();
+  acts->set_name("activations");
+  acts->set_type(onnx::AttributeProto::STRINGS);
+  acts->add_strings("Sigmoid");
+  m.Output("Y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "2 per direction")) << r.status();
+}
+
+}  // namespace
+}  // namespace kiln
