@@ -6,8 +6,11 @@
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
 // linear_before_reset, and the activations ONNX lists for them (the
 // `activations` attribute with activation_alpha / activation_beta; all but
-// ThresholdedRelu). sequence_lens shorter than the sequence and clip are
+// ThresholdedRelu), and `clip` (every activation's input clamped to
+// [-clip, clip], as ONNX Runtime: the gates and, for LSTM's h, a clamped copy
+// of the cell state). sequence_lens shorter than the sequence is
 // UNIMPLEMENTED with the reason.
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,7 +35,8 @@ struct Activation {
 
 class Body {
  public:
-  Body(ir::Graph& g, const Importer& c) : g_(g), c_(c) {}
+  // clip > 0: activation inputs are clamped to [-clip, clip]; 0: no clip.
+  Body(ir::Graph& g, const Importer& c, double clip) : g_(g), c_(c), clip_(clip) {}
 
   absl::StatusOr<ValueRef> Input(const std::string& name, const TensorType& t) {
     auto n = std::make_unique<ir::Node>();
@@ -80,6 +84,12 @@ class Body {
 
   // a(x), x of dtype dt.
   absl::StatusOr<ValueRef> Act(const Activation& a, DType dt, ValueRef x) {
+    if (clip_ > 0) {
+      KILN_ASSIGN_OR_RETURN(ValueRef lo, Scalar(dt, -clip_));
+      KILN_ASSIGN_OR_RETURN(ValueRef hi, Scalar(dt, clip_));
+      KILN_ASSIGN_OR_RETURN(x, Binary(v1::BINARY_MAX, x, lo));
+      KILN_ASSIGN_OR_RETURN(x, Binary(v1::BINARY_MIN, x, hi));
+    }
     const std::string& n = a.name;
     if (n == "Sigmoid") return Unary(v1::UNARY_SIGMOID, x);
     if (n == "Tanh") return Unary(v1::UNARY_TANH, x);
@@ -126,6 +136,7 @@ class Body {
  private:
   ir::Graph& g_;
   const Importer& c_;
+  double clip_ = 0;
 };
 
 // The activations of a node, per direction: (f, g, h) for LSTM, (f, g) for
@@ -206,6 +217,7 @@ struct RnnSpec {
   int64_t dirs = 1;  // 2 when bidirectional
   int64_t seq = 0, batch = 0, h = 0, in = 0;
   DType dt = v1::DTYPE_F32;
+  double clip = 0;  // > 0: the clip attribute
 };
 
 // Direction d's slice of a [dirs, ...] operand (the operand itself when there
@@ -274,7 +286,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
   // The body: carries (h, [c], R, [Rb], [P]), then xw_t [batch, G*H].
   ir::Graph g;
   g.set_name(lstm ? "lstm_step" : "gru_step");
-  Body bd(g, c);
+  Body bd(g, c, sp.clip);
   std::vector<ValueRef> in;
   for (size_t i = 0; i < carries.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(ValueRef v, bd.Input(absl::StrCat("s", i), c.TypeOf(carries[i])));
@@ -379,7 +391,10 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   }
   sp.dirs = direction == "bidirectional" ? 2 : 1;
   KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts, ReadActivations(c, lstm, sp.dirs));
-  if (c.Attr("clip") != nullptr) return c.Unsupported("clip");
+  if (c.Attr("clip") != nullptr) {
+    sp.clip = c.AttrFloat("clip", 0);
+    if (!(sp.clip > 0) || !std::isfinite(sp.clip)) return c.Invalid(absl::StrCat("clip ", sp.clip, " (must be > 0)"));
+  }
   if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
   sp.layout = c.AttrInt("layout", 0);
   if (sp.layout != 0 && sp.layout != 1) return c.Invalid(absl::StrCat("layout ", sp.layout));

@@ -1050,6 +1050,8 @@ struct ActCase {
   // The (alpha, beta) each function gets: consumed in order by the functions
   // that take them.
   std::vector<std::pair<double, double>> expect;
+  double clip = 0;           // > 0: the clip attribute
+  bool write_names = true;   // false: the node has no activations attribute (the defaults)
 };
 
 // A one-direction LSTM / GRU with custom activations against an f64
@@ -1071,10 +1073,13 @@ void CheckActivations(const ActCase& k) {
   hs->set_name("hidden_size");
   hs->set_type(onnx::AttributeProto::INT);
   hs->set_i(kH);
-  auto* acts = n->add_attribute();
-  acts->set_name("activations");
-  acts->set_type(onnx::AttributeProto::STRINGS);
-  for (const auto& s : k.names) acts->add_strings(s);
+  if (k.write_names) {
+    auto* acts = n->add_attribute();
+    acts->set_name("activations");
+    acts->set_type(onnx::AttributeProto::STRINGS);
+    for (const auto& s : k.names) acts->add_strings(s);
+  }
+  if (k.clip > 0) Model::Float(n, "clip", static_cast<float>(k.clip));
   for (auto [name, v] : {std::pair{"activation_alpha", &k.alpha}, std::pair{"activation_beta", &k.beta}}) {
     if (v->empty()) continue;
     auto* a = n->add_attribute();
@@ -1092,7 +1097,12 @@ void CheckActivations(const ActCase& k) {
   ASSERT_TRUE(out.ok()) << out.status();
   const HostTensor& y = out->outputs[0].second;
   ASSERT_EQ(y.dims(), (Dims{kT, 1, kB, kH}));
-  auto act = [&](int j, double v) { return RefAct(k.names[j], k.expect[j].first, k.expect[j].second, v); };
+  // clip: every activation's input clamped (ONNX: "applied to the input of
+  // activations"; LSTM's cell state itself stays unclipped).
+  auto act = [&](int j, double v) {
+    if (k.clip > 0) v = std::clamp(v, -k.clip, k.clip);
+    return RefAct(k.names[j], k.expect[j].first, k.expect[j].second, v);
+  };
   for (int64_t bb = 0; bb < kB; ++bb) {
     std::vector<double> h(kH, 0.0), cs(kH, 0.0);
     for (int64_t t = 0; t < kT; ++t) {
@@ -1148,6 +1158,13 @@ TEST(OnnxImport, LstmCustomActivationsMatchF64Reference) {
 TEST(OnnxImport, GruCustomActivationsMatchF64Reference) {
   CheckActivations({false, {"Affine", "Elu"}, {0.25f, 0.7f}, {0.5f}, {{0.25f, 0.5f}, {0.7f, 0}}});
   CheckActivations({false, {"Softplus", "Relu"}, {}, {}, {{0, 0}, {0, 0}}});
+}
+
+TEST(OnnxImport, RnnClipMatchesF64Reference) {
+  const float clip = 0.5f;  // the inputs drive the gates and LSTM's cell state past it
+  CheckActivations({true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, clip, false});
+  CheckActivations({false, {"Sigmoid", "Tanh"}, {}, {}, {{0, 0}, {0, 0}}, clip, false});
+  CheckActivations({false, {"HardSigmoid", "Softsign"}, {0.5f}, {0.25f}, {{0.5f, 0.25f}, {0, 0}}, clip, true});
 }
 
 TEST(OnnxImport, RnnActivationListOfTheWrongLengthIsRefused) {
