@@ -6,7 +6,7 @@
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
 // linear_before_reset, and the activations ONNX lists for them (the
 // `activations` attribute with activation_alpha / activation_beta; all but
-// ThresholdedRelu), and `clip` (every activation's input clamped to
+// ThresholdedRelu), LSTM's input_forget (f = 1 - i), and `clip` (every activation's input clamped to
 // [-clip, clip], as ONNX Runtime: the gates and, for LSTM's h, a clamped copy
 // of the cell state). sequence_lens shorter than the sequence is
 // UNIMPLEMENTED with the reason.
@@ -212,6 +212,7 @@ absl::StatusOr<ValueRef> Concat(Importer& c, const std::vector<ValueRef>& parts,
 struct RnnSpec {
   bool lstm = false;
   bool lbr = false;  // GRU linear_before_reset
+  bool input_forget = false;  // LSTM: forget gate = 1 - input gate
   int gates = 0;
   int64_t layout = 0;
   int64_t dirs = 1;  // 2 when bidirectional
@@ -316,7 +317,13 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
       KILN_ASSIGN_OR_RETURN(gf, bd.Binary(v1::BINARY_ADD, gf, t));
     }
     KILN_ASSIGN_OR_RETURN(ValueRef i, bd.Act(act[0], dt, gi));
-    KILN_ASSIGN_OR_RETURN(ValueRef f, bd.Act(act[0], dt, gf));
+    ValueRef f;
+    if (sp.input_forget) {  // coupled gates: f = 1 - i (ONNX Runtime's reading)
+      KILN_ASSIGN_OR_RETURN(ValueRef one, bd.One(dt));
+      KILN_ASSIGN_OR_RETURN(f, bd.Binary(v1::BINARY_SUB, one, i));
+    } else {
+      KILN_ASSIGN_OR_RETURN(f, bd.Act(act[0], dt, gf));
+    }
     KILN_ASSIGN_OR_RETURN(ValueRef cc, bd.Act(act[1], dt, gc));
     KILN_ASSIGN_OR_RETURN(ValueRef fc, bd.Binary(v1::BINARY_MUL, f, cp));
     KILN_ASSIGN_OR_RETURN(ValueRef ic, bd.Binary(v1::BINARY_MUL, i, cc));
@@ -395,7 +402,7 @@ absl::Status Recurrent(Importer& c, bool lstm) {
     sp.clip = c.AttrFloat("clip", 0);
     if (!(sp.clip > 0) || !std::isfinite(sp.clip)) return c.Invalid(absl::StrCat("clip ", sp.clip, " (must be > 0)"));
   }
-  if (lstm && c.AttrInt("input_forget", 0) != 0) return c.Unsupported("input_forget");
+  sp.input_forget = lstm && c.AttrInt("input_forget", 0) != 0;
   sp.layout = c.AttrInt("layout", 0);
   if (sp.layout != 0 && sp.layout != 1) return c.Invalid(absl::StrCat("layout ", sp.layout));
   sp.lbr = !lstm && c.AttrInt("linear_before_reset", 0) != 0;

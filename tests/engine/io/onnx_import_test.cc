@@ -1052,6 +1052,7 @@ struct ActCase {
   std::vector<std::pair<double, double>> expect;
   double clip = 0;           // > 0: the clip attribute
   bool write_names = true;   // false: the node has no activations attribute (the defaults)
+  bool input_forget = false;  // LSTM: f = 1 - i
 };
 
 // A one-direction LSTM / GRU with custom activations against an f64
@@ -1080,6 +1081,12 @@ void CheckActivations(const ActCase& k) {
     for (const auto& s : k.names) acts->add_strings(s);
   }
   if (k.clip > 0) Model::Float(n, "clip", static_cast<float>(k.clip));
+  if (k.input_forget) {
+    auto* a = n->add_attribute();
+    a->set_name("input_forget");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(1);
+  }
   for (auto [name, v] : {std::pair{"activation_alpha", &k.alpha}, std::pair{"activation_beta", &k.beta}}) {
     if (v->empty()) continue;
     auto* a = n->add_attribute();
@@ -1122,7 +1129,8 @@ void CheckActivations(const ActCase& k) {
       if (k.lstm) {  // gates i, o, f, c
         for (int64_t j = 0; j < kH; ++j) {
           const double gi = act(0, xw[0][j] + hr[0][j]), go = act(0, xw[1][j] + hr[1][j]);
-          const double gf = act(0, xw[2][j] + hr[2][j]), gc = act(1, xw[3][j] + hr[3][j]);
+          const double gf = k.input_forget ? 1 - gi : act(0, xw[2][j] + hr[2][j]);
+          const double gc = act(1, xw[3][j] + hr[3][j]);
           cs[j] = gf * cs[j] + gi * gc;
           h1[j] = go * act(2, cs[j]);
         }
@@ -1165,6 +1173,10 @@ TEST(OnnxImport, RnnClipMatchesF64Reference) {
   CheckActivations({true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, clip, false});
   CheckActivations({false, {"Sigmoid", "Tanh"}, {}, {}, {{0, 0}, {0, 0}}, clip, false});
   CheckActivations({false, {"HardSigmoid", "Softsign"}, {0.5f}, {0.25f}, {{0.5f, 0.25f}, {0, 0}}, clip, true});
+}
+
+TEST(OnnxImport, LstmInputForgetMatchesF64Reference) {
+  CheckActivations({true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, 0, false, true});
 }
 
 TEST(OnnxImport, RnnActivationListOfTheWrongLengthIsRefused) {
