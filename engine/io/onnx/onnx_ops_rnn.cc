@@ -4,12 +4,12 @@
 // bidirectional (one scan per direction over that direction's slice of W, R,
 // B, the initial states and peepholes, the outputs concatenated along the
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
-// linear_before_reset, and the activations ONNX lists for them (the
+// linear_before_reset, the activations ONNX lists for them (the
 // `activations` attribute with activation_alpha / activation_beta; all but
-// ThresholdedRelu), LSTM's input_forget (f = 1 - i), and `clip` (every activation's input clamped to
-// [-clip, clip], as ONNX Runtime: the gates and, for LSTM's h, a clamped copy
-// of the cell state). sequence_lens shorter than the sequence is
-// UNIMPLEMENTED with the reason.
+// ThresholdedRelu), LSTM's input_forget (f = 1 - i) and `clip` (every
+// activation's input clamped to [-clip, clip], as ONNX Runtime: the gates
+// and, for LSTM's h, a clamped copy of the cell state). sequence_lens
+// shorter than the sequence is UNIMPLEMENTED with the reason.
 #include <cmath>
 #include <optional>
 #include <string>
