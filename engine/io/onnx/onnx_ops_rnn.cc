@@ -8,14 +8,17 @@
 // `activations` attribute with activation_alpha / activation_beta; all but
 // ThresholdedRelu), LSTM's input_forget (f = 1 - i) and `clip` (every
 // activation's input clamped to [-clip, clip], as ONNX Runtime: the gates
-// and, for LSTM's h, a clamped copy of the cell state). sequence_lens
-// shorter than the sequence is UNIMPLEMENTED with the reason.
+// and, for LSTM's h, a clamped copy of the cell state). sequence_lens known
+// at import: a row's steps past its length keep its state and give Y zeros
+// (an import-time mask scanned beside X; the reverse direction then starts at
+// the row's last step).
 #include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/checked_int.h"
 #include "base/status.h"
 #include "engine/io/onnx/onnx_internal.h"
 
@@ -56,6 +59,11 @@ class Body {
     v1::Attrs a;
     a.mutable_binary()->set_kind(k);
     return EmitIn(g_, c_, v1::OP_BINARY, {x, y}, a);
+  }
+  absl::StatusOr<ValueRef> Where(ValueRef cond, ValueRef x, ValueRef y) {
+    v1::Attrs a;
+    a.mutable_where();
+    return EmitIn(g_, c_, v1::OP_WHERE, {cond, x, y}, a);
   }
   absl::StatusOr<ValueRef> MatMulT(ValueRef x, ValueRef w) {  // x @ w^T
     v1::Attrs a;
@@ -219,6 +227,7 @@ struct RnnSpec {
   int64_t seq = 0, batch = 0, h = 0, in = 0;
   DType dt = v1::DTYPE_F32;
   double clip = 0;  // > 0: the clip attribute
+  std::vector<int64_t> lens;  // sequence_lens when some row is shorter than seq
 };
 
 // Direction d's slice of a [dirs, ...] operand (the operand itself when there
@@ -295,6 +304,16 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
   }
   const TensorType xt(dt, IrDims{batch, gates * h});
   KILN_ASSIGN_OR_RETURN(ValueRef xw_t, bd.Input("x", xt));
+  const bool masked = !sp.lens.empty();
+  ValueRef m_t;  // [batch, H] bool: this step is inside the row's sequence
+  if (masked) {
+    KILN_ASSIGN_OR_RETURN(m_t, bd.Input("m", TensorType(v1::DTYPE_BOOL, IrDims{batch, h})));
+  }
+  // A masked step keeps the state and gives Y zeros.
+  auto keep = [&](ValueRef next, ValueRef prev) -> absl::StatusOr<ValueRef> {
+    if (!masked) return next;
+    return bd.Where(m_t, next, prev);
+  };
   const ValueRef hp = in[0];
   std::vector<ir::GraphOutput> outs;
   ValueRef h1;
@@ -335,7 +354,9 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(ValueRef o, bd.Act(act[0], dt, go));
     KILN_ASSIGN_OR_RETURN(ValueRef tc, bd.Act(act[2], dt, c1));
     KILN_ASSIGN_OR_RETURN(h1, bd.Binary(v1::BINARY_MUL, o, tc));
-    outs = {{"h", h1}, {"c", c1}, {"r", rr}};
+    KILN_ASSIGN_OR_RETURN(ValueRef hk, keep(h1, hp));
+    KILN_ASSIGN_OR_RETURN(ValueRef ck, keep(c1, cp));
+    outs = {{"h", hk}, {"c", ck}, {"r", rr}};
     if (peep) outs.push_back({"p", in[3]});
   } else {
     const ValueRef rr = in[1], rbias = in[2];
@@ -367,17 +388,35 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(ValueRef d, bd.Binary(v1::BINARY_SUB, hp, n));
     KILN_ASSIGN_OR_RETURN(d, bd.Binary(v1::BINARY_MUL, z, d));
     KILN_ASSIGN_OR_RETURN(h1, bd.Binary(v1::BINARY_ADD, n, d));
-    outs = {{"h", h1}, {"r", rr}, {"rb", rbias}};
+    KILN_ASSIGN_OR_RETURN(ValueRef hk, keep(h1, hp));
+    outs = {{"h", hk}, {"r", rr}, {"rb", rbias}};
+  }
+  if (masked) {
+    KILN_ASSIGN_OR_RETURN(ValueRef zero, bd.Scalar(dt, 0.0));
+    KILN_ASSIGN_OR_RETURN(h1, bd.Where(m_t, h1, zero));
   }
   outs.push_back({"y", h1});
   g.outputs() = outs;
   std::vector<std::string> order;
   for (size_t i = 0; i < carries.size(); ++i) order.push_back(absl::StrCat("s", i));
   order.push_back("x");
+  if (masked) order.push_back("m");
   KILN_ASSIGN_OR_RETURN(v1::Graph body, ExportSubgraph(g, order));
 
   std::vector<ValueRef> operands = carries;
   operands.push_back(xw);
+  if (masked) {
+    const CheckedInt n = CheckedInt(seq) * batch * h;
+    KILN_RETURN_IF_ERROR(CheckTable(c, n.ok() ? n.get() : -1, "the sequence_lens mask"));
+    KILN_ASSIGN_OR_RETURN(HostTensor mask, HostTensor::Create(v1::DTYPE_BOOL, {seq, batch, h}));
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t k = 0; k < h; ++k) SetInt(mask, (t * batch + b) * h + k, t < sp.lens[b] ? 1 : 0);
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(ValueRef mv, c.Constant(std::move(mask)));
+    operands.push_back(mv);
+  }
   v1::Attrs a;
   auto* sa = a.mutable_scan();
   *sa->mutable_body() = std::move(body);
@@ -432,9 +471,17 @@ absl::Status Recurrent(Importer& c, bool lstm) {
   if (c.has(4)) {
     const HostTensor* lens = c.Const(4);
     if (lens == nullptr) return c.Unsupported("sequence_lens must be known at import");
-    for (int64_t i = 0; i < lens->num_elements(); ++i) {
-      if (GetInt(*lens, i) != seq) return c.Unsupported("sequence_lens shorter than the sequence");
+    if (lens->num_elements() != batch) {
+      return c.Invalid(absl::StrCat("sequence_lens has ", lens->num_elements(), " values for batch ", batch));
     }
+    bool whole = true;
+    for (int64_t i = 0; i < batch; ++i) {
+      const int64_t n = GetInt(*lens, i);
+      if (n < 0 || n > seq) return c.Invalid(absl::StrCat("sequence_lens[", i, "] = ", n, " is outside [0, ", seq, "]"));
+      whole = whole && n == seq;
+      sp.lens.push_back(n);
+    }
+    if (whole) sp.lens.clear();
   }
   // Y: [seq, dirs, batch, H] (layout 1: [batch, seq, dirs, H]); Y_h, Y_c:
   // [dirs, batch, H] (layout 1: [batch, dirs, H]). Bidirectional: direction 0

@@ -1202,3 +1202,124 @@ TEST(OnnxImport, RnnActivationListOfTheWrongLengthIsRefused) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// sequence_lens shorter than the sequence: each row of a batched LSTM / GRU
+// equals the same node run on that row alone, cut to its length (Y zero past
+// it, Y_h / Y_c the state at its last step), in every direction.
+void CheckSequenceLens(bool lstm, const std::string& direction) {
+  constexpr int64_t kT = 4, kIn = 3, kH = 3;
+  const std::vector<int32_t> lens = {4, 1, 3};
+  const int64_t kB = static_cast<int64_t>(lens.size());
+  const int64_t g = lstm ? 4 : 3, nd = direction == "bidirectional" ? 2 : 1;
+  auto model = [&](int64_t t_len, int64_t batch, const std::vector<int32_t>* seq_lens) {
+    Model m(14);
+    m.Input("X", {t_len, batch, kIn});
+    std::vector<float> w(nd * g * kH * kIn), r(nd * g * kH * kH), b(nd * 2 * g * kH);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.4f * std::sin(0.7f * i + 0.2f);
+    for (size_t i = 0; i < r.size(); ++i) r[i] = 0.3f * std::cos(1.3f * i);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.2f * std::sin(2.1f * i);
+    m.Init("W", {nd, g * kH, kIn}, w);
+    m.Init("R", {nd, g * kH, kH}, r);
+    m.Init("B", {nd, 2 * g * kH}, b);
+    std::vector<std::string> in = {"X", "W", "R", "B"};
+    if (seq_lens != nullptr) {
+      auto* t = m.g().add_initializer();
+      t->set_name("L");
+      t->set_data_type(onnx::TensorProto::INT32);
+      t->add_dims(static_cast<int64_t>(seq_lens->size()));
+      for (int32_t v : *seq_lens) t->add_int32_data(v);
+      in.push_back("L");
+    }
+    std::vector<std::string> out = {"Y", "Y_h"};
+    if (lstm) out.push_back("Y_c");
+    auto* n = m.Node(lstm ? "LSTM" : "GRU", in, out, "rnn");
+    auto* hs = n->add_attribute();
+    hs->set_name("hidden_size");
+    hs->set_type(onnx::AttributeProto::INT);
+    hs->set_i(kH);
+    auto* d = n->add_attribute();
+    d->set_name("direction");
+    d->set_type(onnx::AttributeProto::STRING);
+    d->set_s(direction);
+    for (const auto& o : out) m.Output(o);
+    return m;
+  };
+  auto engine = MakeEngine();
+  auto run = [&](const Model& m, const HostTensor& x) {
+    std::vector<HostTensor> outs;
+    auto imported = Import(m);
+    EXPECT_TRUE(imported.ok()) << imported.status();
+    if (!imported.ok()) return outs;
+    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return outs;
+    for (auto& [name, t] : r->outputs) outs.push_back(std::move(t));
+    return outs;
+  };
+  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, 1.2 * std::sin(0.37 * i + 0.1));
+  const std::vector<HostTensor> all = run(model(kT, kB, &lens), x);
+  const size_t n_out = lstm ? 3 : 2;
+  ASSERT_EQ(all.size(), n_out);
+  for (int64_t b = 0; b < kB; ++b) {
+    const int64_t len = lens[b];
+    HostTensor xb = *HostTensor::Create(v1::DTYPE_F32, {len, 1, kIn});
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t i = 0; i < kIn; ++i) xb.SetFromDouble(t * kIn + i, x.GetAsDouble((t * kB + b) * kIn + i));
+    }
+    const std::vector<HostTensor> one = run(model(len, 1, nullptr), xb);
+    ASSERT_EQ(one.size(), n_out);
+    // Y [T, dirs, B, H]
+    for (int64_t t = 0; t < kT; ++t) {
+      for (int64_t d = 0; d < nd; ++d) {
+        for (int64_t k = 0; k < kH; ++k) {
+          const double got = all[0].GetAsDouble(((t * nd + d) * kB + b) * kH + k);
+          const double want = t < len ? one[0].GetAsDouble((t * nd + d) * kH + k) : 0.0;
+          EXPECT_NEAR(got, want, 1e-5) << direction << " Y b " << b << " t " << t << " d " << d;
+        }
+      }
+    }
+    // Y_h, Y_c [dirs, B, H]
+    for (size_t o = 1; o < n_out; ++o) {
+      for (int64_t d = 0; d < nd; ++d) {
+        for (int64_t k = 0; k < kH; ++k) {
+          EXPECT_NEAR(all[o].GetAsDouble((d * kB + b) * kH + k), one[o].GetAsDouble(d * kH + k), 1e-5)
+              << direction << " output " << o << " b " << b << " d " << d;
+        }
+      }
+    }
+  }
+}
+
+TEST(OnnxImportHostile, RnnSequenceLensOutOfRangeIsRefused) {
+  for (std::vector<int64_t> lens : {std::vector<int64_t>{2, 5}, {2}, {-1, 1}}) {
+    Model m(14);
+    m.Input("X", {3, 2, 3});
+    m.Init("W", {1, 12, 3}, std::vector<float>(36, 0.1f));
+    m.Init("R", {1, 12, 4}, std::vector<float>(48, 0.1f));
+    m.InitInts("L", lens);
+    auto* n = m.Node("GRU", {"X", "W", "R", "", "L"}, {"Y"}, "gru");
+    auto* hs = n->add_attribute();
+    hs->set_name("hidden_size");
+    hs->set_type(onnx::AttributeProto::INT);
+    hs->set_i(4);
+    m.Output("Y");
+    auto r = Import(m);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "sequence_lens")) << r.status();
+  }
+}
+
+TEST(OnnxImport, LstmSequenceLensEachRowAsAlone) {
+  for (const char* dir : {"forward", "reverse", "bidirectional"}) CheckSequenceLens(true, dir);
+}
+TEST(OnnxImport, GruSequenceLensEachRowAsAlone) {
+  for (const char* dir : {"forward", "reverse", "bidirectional"}) CheckSequenceLens(false, dir);
+}
+
+}  // namespace
+}  // namespace kiln
