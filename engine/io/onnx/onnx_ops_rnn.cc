@@ -5,8 +5,7 @@
 // B, the initial states and peepholes, the outputs concatenated along the
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
 // linear_before_reset, the activations ONNX lists for them (the
-// `activations` attribute with activation_alpha / activation_beta; all but
-// ThresholdedRelu), LSTM's input_forget (f = 1 - i) and `clip` (every
+// `activations` attribute with activation_alpha / activation_beta), LSTM's input_forget (f = 1 - i) and `clip` (every
 // activation's input clamped to [-clip, clip], as ONNX Runtime: the gates
 // and, for LSTM's h, a clamped copy of the cell state). sequence_lens known
 // at import: a row's steps past its length keep its state and give Y zeros
@@ -138,6 +137,13 @@ class Body {
       KILN_ASSIGN_OR_RETURN(neg, Binary(v1::BINARY_MUL, neg, alpha));
       return Binary(v1::BINARY_ADD, pos, neg);
     }
+    if (n == "ThresholdedRelu") {  // x if x >= alpha else 0 (the RNN ops' definition)
+      v1::Attrs ca;
+      ca.mutable_compare()->set_kind(v1::COMPARE_GE);
+      KILN_ASSIGN_OR_RETURN(ValueRef ge, EmitIn(g_, c_, v1::OP_COMPARE, {x, alpha}, ca));
+      KILN_ASSIGN_OR_RETURN(ValueRef zero, Scalar(dt, 0.0));
+      return Where(ge, x, zero);
+    }
     return absl::InternalError("unchecked activation " + n);
   }
 
@@ -177,7 +183,7 @@ absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c
       else if (a.name == "ScaledTanh") da = 1, db = 1;
       else if (a.name == "HardSigmoid") da = 0.2f, db = 0.5f;
       else if (a.name == "Elu") da = 1;
-      else if (a.name == "ThresholdedRelu") return c.Unsupported("the ThresholdedRelu activation");
+      else if (a.name == "ThresholdedRelu") da = 1;
       else if (a.name != "Sigmoid" && a.name != "Tanh" && a.name != "Relu" && a.name != "Softsign" &&
                a.name != "Softplus") {
         return c.Invalid("unknown activation " + a.name);

@@ -1039,6 +1039,7 @@ double RefAct(const std::string& n, double a, double b, double x) {
   if (n == "Elu") return x >= 0 ? x : a * (std::exp(x) - 1);
   if (n == "Softsign") return x / (1 + std::fabs(x));
   if (n == "Softplus") return std::log1p(std::exp(x));
+  if (n == "ThresholdedRelu") return x >= a ? x : 0;
   ADD_FAILURE() << n;
   return 0;
 }
@@ -1166,6 +1167,7 @@ TEST(OnnxImport, LstmCustomActivationsMatchF64Reference) {
 TEST(OnnxImport, GruCustomActivationsMatchF64Reference) {
   CheckActivations({false, {"Affine", "Elu"}, {0.25f, 0.7f}, {0.5f}, {{0.25f, 0.5f}, {0.7f, 0}}});
   CheckActivations({false, {"Softplus", "Relu"}, {}, {}, {{0, 0}, {0, 0}}});
+  CheckActivations({false, {"Sigmoid", "ThresholdedRelu"}, {0.2f}, {}, {{0, 0}, {0.2f, 0}}});
 }
 
 TEST(OnnxImport, RnnClipMatchesF64Reference) {
