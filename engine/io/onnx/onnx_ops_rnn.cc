@@ -5,9 +5,10 @@
 // B, the initial states and peepholes, the outputs concatenated along the
 // direction axis), both layouts, initial states, LSTM peepholes and GRU's
 // linear_before_reset, the activations ONNX lists for them (the
-// `activations` attribute with activation_alpha / activation_beta), LSTM's input_forget (f = 1 - i) and `clip` (every
-// activation's input clamped to [-clip, clip], as ONNX Runtime: the gates
-// and, for LSTM's h, a clamped copy of the cell state). sequence_lens known
+// `activations` attribute with activation_alpha / activation_beta), LSTM's
+// input_forget (f = 1 - i) and `clip` (every activation's input clamped to
+// [-clip, clip], as ONNX Runtime: the gates and, for LSTM's h, a clamped copy
+// of the cell state). sequence_lens known
 // at import: a row's steps past its length keep its state and give Y zeros
 // (an import-time mask scanned beside X; the reverse direction then starts at
 // the row's last step).
