@@ -60,7 +60,7 @@ void RegisterTensorOps(ConverterTable& table);
 void RegisterNnOps(ConverterTable& table);
 void RegisterReduceOps(ConverterTable& table);   // softmax, Reduce*, Einsum, losses (onnx_ops_reduce.cc)
 void RegisterControlFlow(ConverterTable& table);  // If, Loop, Scan (onnx_ops_control.cc)
-void RegisterRecurrent(ConverterTable& table);    // LSTM, GRU (onnx_ops_rnn.cc)
+void RegisterRecurrent(ConverterTable& table);    // LSTM, GRU, RNN (onnx_ops_rnn.cc)
 // Folds `c`'s node at import when its inputs are known; false when it cannot
 // (the node is then converted to Kiln ops).
 absl::StatusOr<bool> TryFold(Importer& c);

@@ -1,4 +1,4 @@
-// ONNX LSTM and GRU, decomposed onto a Kiln Scan over time: the input
+// ONNX LSTM, GRU and RNN, decomposed onto a Kiln Scan over time: the input
 // projection X W^T (+ biases) is one MatMul over every step before the scan;
 // the body does the recurrent MatMul and the gates. Forward, reverse and
 // bidirectional (one scan per direction over that direction's slice of W, R,
@@ -155,16 +155,18 @@ class Body {
 };
 
 // The activations of a node, per direction: (f, g, h) for LSTM, (f, g) for
-// GRU. alpha / beta are consumed in order by the activations that take them
+// GRU, (f) for RNN. alpha / beta are consumed in order by the activations that take them
 // (as ONNX Runtime), each defaulting to its ONNX operator's default.
-absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c, bool lstm, int64_t dirs) {
-  const size_t per = lstm ? 3 : 2;
+absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c, bool lstm, bool rnn,
+                                                                      int64_t dirs) {
+  const size_t per = lstm ? 3 : rnn ? 1 : 2;
   std::vector<std::vector<Activation>> out(dirs);
   const onnx::AttributeProto* attr = c.Attr("activations");
   if (attr == nullptr) {
     for (auto& d : out) {
       d = {{"Sigmoid"}, {"Tanh"}};
       if (lstm) d.push_back({"Tanh"});
+      if (rnn) d = {{"Tanh"}};
     }
     return out;
   }
@@ -226,6 +228,7 @@ absl::StatusOr<ValueRef> Concat(Importer& c, const std::vector<ValueRef>& parts,
 // The node's shape and attributes, read once for every direction.
 struct RnnSpec {
   bool lstm = false;
+  bool rnn = false;  // the simple RNN: H = f(X W^T + H R^T + Wb + Rb)
   bool lbr = false;  // GRU linear_before_reset
   bool input_forget = false;  // LSTM: forget gate = 1 - input gate
   int gates = 0;
@@ -248,7 +251,7 @@ absl::StatusOr<ValueRef> OfDirection(Importer& c, const RnnSpec& sp, ValueRef v,
 // carries (h, [c], ...), then Y [seq, batch, H] at index `*y_index`.
 absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x, int64_t d,
                                       bool reverse, const std::vector<Activation>& act, int* y_index) {
-  const bool lstm = sp.lstm, lbr = sp.lbr;
+  const bool lstm = sp.lstm, rnn = sp.rnn, lbr = sp.lbr;
   const int gates = sp.gates;
   const int64_t layout = sp.layout, batch = sp.batch, h = sp.h, seq = sp.seq;
   const DType dt = sp.dt;
@@ -270,7 +273,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(ValueRef wb, Slice1(c, b, 0, 0, gates * h));
     KILN_ASSIGN_OR_RETURN(rb, Slice1(c, b, 0, gates * h, 2 * gates * h));
     KILN_ASSIGN_OR_RETURN(xw, c.Binary(v1::BINARY_ADD, xw, wb));
-    if (lstm) {
+    if (lstm || rnn) {
       KILN_ASSIGN_OR_RETURN(xw, c.Binary(v1::BINARY_ADD, xw, rb));
     }
   } else {
@@ -292,7 +295,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     carries.push_back(c0);
   }
   carries.push_back(r);
-  if (!lstm) carries.push_back(rb);
+  if (!lstm && !rnn) carries.push_back(rb);
   const bool peep = lstm && c.has(7);
   if (peep) {
     KILN_ASSIGN_OR_RETURN(ValueRef p, c.Ref(7));
@@ -302,7 +305,7 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
   }
   // The body: carries (h, [c], R, [Rb], [P]), then xw_t [batch, G*H].
   ir::Graph g;
-  g.set_name(lstm ? "lstm_step" : "gru_step");
+  g.set_name(lstm ? "lstm_step" : rnn ? "rnn_step" : "gru_step");
   Body bd(g, c, sp.clip);
   std::vector<ValueRef> in;
   for (size_t i = 0; i < carries.size(); ++i) {
@@ -365,6 +368,13 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(ValueRef ck, keep(c1, cp));
     outs = {{"h", hk}, {"c", ck}, {"r", rr}};
     if (peep) outs.push_back({"p", in[3]});
+  } else if (rnn) {
+    const ValueRef rr = in[1];
+    KILN_ASSIGN_OR_RETURN(ValueRef hr, bd.MatMulT(hp, rr));
+    KILN_ASSIGN_OR_RETURN(ValueRef sum, bd.Binary(v1::BINARY_ADD, xw_t, hr));
+    KILN_ASSIGN_OR_RETURN(h1, bd.Act(act[0], dt, sum));
+    KILN_ASSIGN_OR_RETURN(ValueRef hk, keep(h1, hp));
+    outs = {{"h", hk}, {"r", rr}};
   } else {
     const ValueRef rr = in[1], rbias = in[2];
     KILN_ASSIGN_OR_RETURN(ValueRef rzr, bd.Part(rr, 0, 0, 2 * h));  // zrh: z and r rows
@@ -434,16 +444,17 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
   return c.Emit(v1::OP_SCAN, operands, a);
 }
 
-absl::Status Recurrent(Importer& c, bool lstm) {
+absl::Status Recurrent(Importer& c, bool lstm, bool rnn = false) {
   RnnSpec sp;
   sp.lstm = lstm;
-  sp.gates = lstm ? 4 : 3;
+  sp.rnn = rnn;
+  sp.gates = lstm ? 4 : rnn ? 1 : 3;
   const std::string direction = c.AttrString("direction", "forward");
   if (direction != "forward" && direction != "reverse" && direction != "bidirectional") {
     return c.Invalid("unknown direction " + direction);
   }
   sp.dirs = direction == "bidirectional" ? 2 : 1;
-  KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts, ReadActivations(c, lstm, sp.dirs));
+  KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts, ReadActivations(c, lstm, rnn, sp.dirs));
   if (c.Attr("clip") != nullptr) {
     sp.clip = c.AttrFloat("clip", 0);
     if (!(sp.clip > 0) || !std::isfinite(sp.clip)) return c.Invalid(absl::StrCat("clip ", sp.clip, " (must be > 0)"));
@@ -527,12 +538,14 @@ absl::Status Recurrent(Importer& c, bool lstm) {
 
 absl::Status LstmOp(Importer& c) { return Recurrent(c, true); }
 absl::Status GruOp(Importer& c) { return Recurrent(c, false); }
+absl::Status RnnOp(Importer& c) { return Recurrent(c, false, true); }
 
 }  // namespace
 
 void RegisterRecurrent(ConverterTable& table) {
   table["LSTM"] = LstmOp;
   table["GRU"] = GruOp;
+  table["RNN"] = RnnOp;
 }
 
 }  // namespace kiln::io::onnx_internal

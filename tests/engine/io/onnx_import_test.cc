@@ -1325,3 +1325,79 @@ TEST(OnnxImport, GruSequenceLensEachRowAsAlone) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The simple RNN, bidirectional with a custom activation per direction,
+// against an f64 reference: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb).
+TEST(OnnxImport, BidirectionalRnnMatchesF64Reference) {
+  constexpr int64_t kT = 3, kB = 2, kIn = 3, kH = 4;
+  const std::vector<std::string> acts = {"Tanh", "LeakyRelu"};
+  const double alpha = 0.2;  // LeakyRelu's
+  std::vector<float> w(2 * kH * kIn), r(2 * kH * kH), b(2 * 2 * kH);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * std::sin(0.7f * i + 0.2f);
+  for (size_t i = 0; i < r.size(); ++i) r[i] = 0.3f * std::cos(1.3f * i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.2f * std::sin(2.1f * i);
+  Model m(14);
+  m.Input("X", {kT, kB, kIn});
+  m.Init("W", {2, kH, kIn}, w);
+  m.Init("R", {2, kH, kH}, r);
+  m.Init("B", {2, 2 * kH}, b);
+  auto* n = m.Node("RNN", {"X", "W", "R", "B"}, {"Y", "Y_h"}, "rnn");
+  auto* hs = n->add_attribute();
+  hs->set_name("hidden_size");
+  hs->set_type(onnx::AttributeProto::INT);
+  hs->set_i(kH);
+  auto* d = n->add_attribute();
+  d->set_name("direction");
+  d->set_type(onnx::AttributeProto::STRING);
+  d->set_s("bidirectional");
+  auto* a = n->add_attribute();
+  a->set_name("activations");
+  a->set_type(onnx::AttributeProto::STRINGS);
+  for (const auto& s : acts) a->add_strings(s);
+  auto* al = n->add_attribute();
+  al->set_name("activation_alpha");
+  al->set_type(onnx::AttributeProto::FLOATS);
+  al->add_floats(static_cast<float>(alpha));
+  m.Output("Y");
+  m.Output("Y_h");
+  auto imported = Import(m);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, 1.3 * std::sin(0.37 * i + 0.1));
+  auto engine = MakeEngine();
+  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const HostTensor& y = out->outputs[0].second;
+  const HostTensor& yh = out->outputs[1].second;
+  ASSERT_EQ(y.dims(), (Dims{kT, 2, kB, kH}));
+  ASSERT_EQ(yh.dims(), (Dims{2, kB, kH}));
+  for (int64_t dir = 0; dir < 2; ++dir) {
+    for (int64_t bb = 0; bb < kB; ++bb) {
+      std::vector<double> h(kH, 0.0);
+      for (int64_t s = 0; s < kT; ++s) {
+        const int64_t t = dir == 0 ? s : kT - 1 - s;
+        std::vector<double> h1(kH);
+        for (int64_t j = 0; j < kH; ++j) {
+          double v = double{b[dir * 2 * kH + j]} + b[dir * 2 * kH + kH + j];
+          for (int64_t i = 0; i < kIn; ++i) v += double{w[(dir * kH + j) * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
+          for (int64_t i = 0; i < kH; ++i) v += double{r[(dir * kH + j) * kH + i]} * h[i];
+          h1[j] = dir == 0 ? std::tanh(v) : (v >= 0 ? v : alpha * v);
+        }
+        h = h1;
+        for (int64_t j = 0; j < kH; ++j) {
+          EXPECT_NEAR(y.GetAsDouble(((t * 2 + dir) * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j]))
+              << "dir " << dir << " t " << t << " batch " << bb;
+        }
+      }
+      for (int64_t j = 0; j < kH; ++j) {
+        EXPECT_NEAR(yh.GetAsDouble((dir * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j])) << dir;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
