@@ -660,6 +660,18 @@ absl::StatusOr<bool> TryFoldImpl(Importer& c) {
     });
   }
   if (op == "Where") return FoldWhere(c);
+  // Float scalar arithmetic of a trip count (the Range function body:
+  // Relu(Ceil((limit - start) / delta))); exact, so folding matches the kernels.
+  if ((op == "Ceil" || op == "Floor" || op == "Relu") && c.num_inputs() == 1 && x.complete() &&
+      IsFloat(x.t->dtype())) {
+    return FoldElementwise(c, x.t->dtype(), [&](const std::vector<int64_t>&, const std::vector<double>& v,
+                                                int64_t*, double* r) {
+      if (op == "Ceil") *r = std::ceil(v[0]);
+      else if (op == "Floor") *r = std::floor(v[0]);
+      else *r = v[0] < 0 ? 0.0 : v[0];  // NaN stays NaN
+      return true;
+    });
+  }
   if (op == "ConstantOfShape") return FoldConstantOfShape(c);
   if (op == "Range") return FoldRange(c);
   if (op == "ReduceProd" || op == "ReduceSum") return FoldReduce(c, op);

@@ -58,8 +58,9 @@ using ConverterTable = absl::flat_hash_map<std::string, Converter>;
 void RegisterElementwise(ConverterTable& table);
 void RegisterTensorOps(ConverterTable& table);
 void RegisterNnOps(ConverterTable& table);
+void RegisterReduceOps(ConverterTable& table);   // softmax, Reduce*, Einsum, losses (onnx_ops_reduce.cc)
 void RegisterControlFlow(ConverterTable& table);  // If, Loop, Scan (onnx_ops_control.cc)
-void RegisterRecurrent(ConverterTable& table);    // LSTM, GRU (onnx_ops_rnn.cc)
+void RegisterRecurrent(ConverterTable& table);    // LSTM, GRU, RNN (onnx_ops_rnn.cc)
 // Folds `c`'s node at import when its inputs are known; false when it cannot
 // (the node is then converted to Kiln ops).
 absl::StatusOr<bool> TryFold(Importer& c);
@@ -200,5 +201,15 @@ absl::Status CheckTable(const Importer& c, int64_t elements, const std::string& 
 
 // Normalizes `axis` against `rank` (ONNX: negative counts from the end).
 absl::StatusOr<int64_t> NormAxis(const Importer& c, int64_t axis, int64_t rank);
+
+// Helpers of the nn converters (onnx_ops_nn.cc, onnx_ops_reduce.cc).
+namespace nn_util {
+// Sets output i to v, or returns v's error.
+absl::Status Out(Importer& c, int i, absl::StatusOr<ValueRef> v);
+// A scalar constant of like's dtype.
+absl::StatusOr<ValueRef> Scalar(Importer& c, ValueRef like, double v);
+// Input i present and floating point (else UNIMPLEMENTED).
+absl::Status NeedFloat(Importer& c, int i);
+}  // namespace nn_util
 
 }  // namespace kiln::io::onnx_internal

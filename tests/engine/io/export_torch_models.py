@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Exports the PyTorch models kiln_onnx_test imports (an MLP, a CNN with
 BatchNorm, a CNN whose flatten is a Shape -> Gather -> Concat -> Reshape
-subgraph, an LSTM and a GRU, and scripted control flow: a while loop with a data-dependent trip
+subgraph, an LSTM and a GRU (one direction and bidirectional), and scripted control flow: a while loop with a data-dependent trip
 count (ONNX Loop with an If in its body) and an if (ONNX If)) with torch.onnx.export, plus an input and PyTorch's output for each,
 as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 
@@ -75,6 +75,24 @@ class Recurrent(nn.Module):
         return self.fc(y[:, -1])
 
 
+class BiRecurrent(nn.Module):
+    """A bidirectional LSTM or GRU (ONNX direction="bidirectional"): the head reads
+    Y's first and last steps (both directions) and every final state."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(8, 16, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(32, 4)
+        self.fc_s = nn.Linear(32, 4)
+
+    def forward(self, x):
+        y, s = self.rnn(x)
+        out = self.fc(y[:, -1]) + self.fc(y[:, 0])
+        for st in (s if isinstance(s, tuple) else (s,)):  # each [2, batch, 16]
+            out = out + self.fc_s(torch.cat([st[0], st[1]], 1))
+        return out
+
+
 class IfBranch(nn.Module):
     def forward(self, x):
         if bool(x.sum() > 0):
@@ -135,6 +153,8 @@ def main():
         save(out, name, m, torch.randn(3, 3, 16, 16, generator=gen), opset)
     save(out, "lstm", Recurrent(nn.LSTM), torch.randn(3, 5, 8, generator=gen), 14)
     save(out, "gru", Recurrent(nn.GRU), torch.randn(3, 5, 8, generator=gen), 14)
+    save(out, "bilstm", BiRecurrent(nn.LSTM), torch.randn(3, 5, 8, generator=gen), 14)
+    save(out, "bigru", BiRecurrent(nn.GRU), torch.randn(3, 5, 8, generator=gen), 14)
     save_scripted(out, "while_small", WhileLoop(), torch.randn(2, 3, generator=gen) * 0.1, 13)
     save_scripted(out, "while_large", WhileLoop(), torch.randn(2, 3, generator=gen) * 100.0, 13)
     save_scripted(out, "if_pos", IfBranch(), torch.rand(2, 3, generator=gen) + 0.1, 13)

@@ -4,11 +4,13 @@
 // initializers, bad and huge dims).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,85 +20,14 @@
 #include "engine/ir/text.h"
 #include "engine/ir/verifier.h"
 #include "onnx/onnx_pb.h"
+#include "tests/engine/io/onnx_test_model.h"
 
 namespace kiln {
 namespace {
 
-// A small ONNX model builder.
-struct Model {
-  onnx::ModelProto m;
-  explicit Model(int opset) {
-    m.set_ir_version(8);
-    auto* o = m.add_opset_import();
-    o->set_domain("");
-    o->set_version(opset);
-    m.mutable_graph()->set_name("test");
-  }
-  onnx::GraphProto& g() { return *m.mutable_graph(); }
-  // dims: >= 0 sizes; -1 a dim_param "batch"; -2 no dim at all.
-  void Input(const std::string& name, std::vector<int64_t> dims, int type = onnx::TensorProto::FLOAT) {
-    auto* vi = g().add_input();
-    vi->set_name(name);
-    auto* tt = vi->mutable_type()->mutable_tensor_type();
-    tt->set_elem_type(type);
-    auto* shape = tt->mutable_shape();
-    for (int64_t d : dims) {
-      auto* dim = shape->add_dim();
-      if (d >= 0) dim->set_dim_value(d);
-      if (d == -1) dim->set_dim_param("batch");
-    }
-  }
-  void Output(const std::string& name) { g().add_output()->set_name(name); }
-  onnx::TensorProto* Init(const std::string& name, std::vector<int64_t> dims,
-                          std::vector<float> values) {
-    auto* t = g().add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::FLOAT);
-    for (int64_t d : dims) t->add_dims(d);
-    for (float v : values) t->add_float_data(v);
-    return t;
-  }
-  void InitInts(const std::string& name, std::vector<int64_t> values) {
-    auto* t = g().add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::INT64);
-    t->add_dims(static_cast<int64_t>(values.size()));
-    for (int64_t v : values) t->add_int64_data(v);
-  }
-  onnx::NodeProto* Node(const std::string& op, std::vector<std::string> in,
-                        std::vector<std::string> out, const std::string& name = "") {
-    auto* n = g().add_node();
-    n->set_op_type(op);
-    n->set_name(name.empty() ? out[0] : name);
-    for (auto& s : in) n->add_input(s);
-    for (auto& s : out) n->add_output(s);
-    return n;
-  }
-  static void Ints(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
-    auto* a = n->add_attribute();
-    a->set_name(name);
-    a->set_type(onnx::AttributeProto::INTS);
-    for (int64_t x : v) a->add_ints(x);
-  }
-  static void Float(onnx::NodeProto* n, const std::string& name, float v) {
-    auto* a = n->add_attribute();
-    a->set_name(name);
-    a->set_type(onnx::AttributeProto::FLOAT);
-    a->set_f(v);
-  }
-  std::string Bytes() const { return m.SerializeAsString(); }
-};
-
-absl::StatusOr<io::OnnxModel> Import(const Model& m, const io::OnnxImportOptions& o = {}) {
-  return io::ImportOnnxModel(m.Bytes(), o);
-}
-
-std::unique_ptr<Engine> MakeEngine() {
-  EngineOptions o;
-  o.calibration = EngineOptions::Calibration::kNever;
-  o.disabled_backends = {"vulkan", "cuda"};
-  return std::move(Engine::Create(o)).value();
-}
+using onnx_test::Import;
+using onnx_test::MakeEngine;
+using onnx_test::Model;
 
 HostTensor Iota(Dims dims) {
   auto t = std::move(HostTensor::Create(v1::DTYPE_F32, dims)).value();
@@ -784,61 +715,65 @@ TEST(OnnxImportHostile, UnsupportedNodeInsideASubgraphIsNamed) {
 namespace kiln {
 namespace {
 
-// LSTM direction=reverse over X equals direction=forward over X reversed in
-// time (the node tests cover forward only): Y_h alike, Y[t] = Y_fwd[T-1-t].
-TEST(OnnxImport, ReverseLstmIsForwardOverReversedTime) {
-  constexpr int64_t kT = 4, kB = 2, kIn = 3, kH = 5;
-  auto model = [&](const std::string& direction) {
-    Model m(14);
-    m.Input("X", {kT, kB, kIn});
-    std::vector<float> w(4 * kH * kIn), r(4 * kH * kH), b(8 * kH);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.3f * std::sin(0.7f * i);
-    for (size_t i = 0; i < r.size(); ++i) r[i] = 0.2f * std::cos(1.3f * i);
-    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * std::sin(2.1f * i);
-    m.Init("W", {1, 4 * kH, kIn}, w);
-    m.Init("R", {1, 4 * kH, kH}, r);
-    m.Init("B", {1, 8 * kH}, b);
-    auto* n = m.Node("LSTM", {"X", "W", "R", "B"}, {"Y", "Y_h", "Y_c"}, "lstm");
-    auto* hs = n->add_attribute();
-    hs->set_name("hidden_size");
-    hs->set_type(onnx::AttributeProto::INT);
-    hs->set_i(kH);
-    auto* d = n->add_attribute();
-    d->set_name("direction");
-    d->set_type(onnx::AttributeProto::STRING);
-    d->set_s(direction);
-    m.Output("Y");
-    m.Output("Y_h");
-    return m;
-  };
-  auto fwd = Import(model("forward"));
-  auto rev = Import(model("reverse"));
-  ASSERT_TRUE(fwd.ok()) << fwd.status();
-  ASSERT_TRUE(rev.ok()) << rev.status();
-  HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
-  HostTensor xr = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
-  const int64_t step = kB * kIn;
-  for (int64_t i = 0; i < kT * step; ++i) x.SetFromDouble(i, std::sin(0.37 * i));
-  for (int64_t t = 0; t < kT; ++t) {
-    for (int64_t k = 0; k < step; ++k) xr.SetFromDouble(t * step + k, x.GetAsDouble((kT - 1 - t) * step + k));
+// ONNX's Range function body: a Loop stacking a scan output over the trip
+// count Relu(Ceil((limit - start) / delta)). With start, limit and delta known
+// at import the float arithmetic folds and the Loop is a Scan of that length;
+// with them graph inputs the trip count is a run-time value and the Loop is
+// refused with the reason (Kiln's While keeps carry shapes).
+Model RangeBodyModel() {
+  Model m(11);
+  for (const char* name : {"start", "limit", "delta"}) m.Input(name, {});
+  m.Node("Sub", {"limit", "start"}, {"diff"});
+  m.Node("Div", {"diff", "delta"}, {"q"});
+  m.Node("Ceil", {"q"}, {"qc"});
+  m.Node("Relu", {"qc"}, {"qr"});
+  for (auto [out, to] : {std::pair<const char*, int>{"trips", onnx::TensorProto::INT64},
+                         std::pair<const char*, int>{"cond", onnx::TensorProto::BOOL}}) {
+    auto* cast = m.Node("Cast", {"qr"}, {out});
+    auto* a = cast->add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(to);
   }
-  auto engine = MakeEngine();
-  auto a = engine->RunGraph(rev->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
-  auto f = engine->RunGraph(fwd->graph, std::vector<TensorRef>{TensorRef::Of("X", xr)}, nullptr, {}, {});
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(f.ok()) << f.status();
-  const HostTensor& ya = a->outputs[0].second;
-  const HostTensor& yf = f->outputs[0].second;
-  ASSERT_EQ(ya.dims(), (Dims{kT, 1, kB, kH}));
-  const int64_t ystep = kB * kH;
-  for (int64_t t = 0; t < kT; ++t) {
-    for (int64_t k = 0; k < ystep; ++k) {
-      EXPECT_NEAR(ya.GetAsDouble(t * ystep + k), yf.GetAsDouble((kT - 1 - t) * ystep + k), 1e-5) << t;
-    }
+  auto* loop = m.Node("Loop", {"trips", "cond", "start"}, {"last", "range"}, "loop");
+  onnx::GraphProto& body = *GraphAttr(loop, "body");
+  SubInput(body, "i", onnx::TensorProto::INT64);
+  SubInput(body, "c", onnx::TensorProto::BOOL);
+  SubInput(body, "prev", onnx::TensorProto::FLOAT);
+  SubNode(body, "Identity", {"c"}, {"c_out"});
+  SubNode(body, "Add", {"prev", "delta"}, {"cur"});
+  SubNode(body, "Identity", {"prev"}, {"r"});
+  for (const char* o : {"c_out", "cur", "r"}) body.add_output()->set_name(o);
+  m.Output("range");
+  return m;
+}
+
+TEST(OnnxImport, RangeBodyLoopWithImportTimeBoundsIsAScan) {
+  const Model m = RangeBodyModel();
+  for (auto [start, limit, delta] : {std::tuple<float, float, float>{1, 5.5f, 1.5f}, {10, 2, -3}, {0, -1, 1}}) {
+    const HostTensor ts = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {start});
+    const HostTensor tl = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {limit});
+    const HostTensor td = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {delta});
+    io::OnnxImportOptions o;
+    o.input_values = {{"start", &ts}, {"limit", &tl}, {"delta", &td}};
+    auto r = Import(m, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto engine = MakeEngine();
+    auto out = engine->RunGraph(r->graph, std::vector<TensorRef>{}, nullptr, {}, {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    const int64_t n = static_cast<int64_t>(std::max(0.0, std::ceil((double{limit} - start) / delta)));
+    const HostTensor& y = out->outputs[0].second;
+    ASSERT_EQ(y.dims(), (Dims{n})) << start << " " << limit << " " << delta;
+    float want = start;
+    for (int64_t i = 0; i < n; ++i, want += delta) EXPECT_EQ(y.GetAsDouble(i), want) << i;
   }
-  for (int64_t k = 0; k < ystep; ++k) {
-    EXPECT_NEAR(a->outputs[1].second.GetAsDouble(k), f->outputs[1].second.GetAsDouble(k), 1e-5);
-  }
+}
+
+TEST(OnnxImport, RangeBodyLoopWithRunTimeBoundsIsRefused) {
+  auto r = Import(RangeBodyModel());
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "trip count known at import")) << r.status();
 }
 
 }  // namespace

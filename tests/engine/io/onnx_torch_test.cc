@@ -103,6 +103,10 @@ TEST_F(OnnxTorchTest, CnnViewFlattenPinnedBatch) { CheckModel("cnn_view", true);
 // nn.LSTM / nn.GRU (batch_first) onto a Scan of the recurrent step.
 TEST_F(OnnxTorchTest, LstmPinnedBatch) { CheckModel("lstm", true); }
 TEST_F(OnnxTorchTest, GruPinnedBatch) { CheckModel("gru", true); }
+// nn.LSTM / nn.GRU(bidirectional=True): one scan per direction, Y and the
+// final states concatenated along the direction axis.
+TEST_F(OnnxTorchTest, BidirectionalLstmPinnedBatch) { CheckModel("bilstm", true); }
+TEST_F(OnnxTorchTest, BidirectionalGruPinnedBatch) { CheckModel("bigru", true); }
 // Scripted control flow: ONNX Loop (a data-dependent trip count, an If in its
 // body reading the body's values and the outer graph's) onto While, and If.
 // Each model is exported once per input: the x the loop must grow for many
