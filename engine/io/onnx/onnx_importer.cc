@@ -59,9 +59,10 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> Importer::Ints(int i) {
   if (!has(i)) return std::optional<std::vector<int64_t>>();
   const HostTensor* t = Const(i);
   if (t == nullptr) {
-    return Unsupported(absl::StrCat("input ", i, " (\"", node_.input(i),
-                                    "\") must be known at import: a constant, or computed from "
-                                    "constants and input shapes (pin the input shapes to fold it)"));
+    return Unsupported(
+        absl::StrCat("input ", i, " (\"", node_.input(i),
+                     "\") must be known at import: a constant, or computed from "
+                     "constants and input shapes (pin the input shapes to fold it)"));
   }
   if (!IsInteger(t->dtype()) && t->dtype() != v1::DTYPE_BOOL) {
     return Invalid(absl::StrCat("input ", i, " must be integers, got ", DTypeName(t->dtype())));
@@ -193,7 +194,8 @@ absl::StatusOr<ValueRef> Importer::Emit(v1::OpKind op, std::vector<ValueRef> ope
 absl::StatusOr<ValueRef> Importer::Constant(HostTensor t) {
   auto n = std::make_unique<ir::Node>();
   n->op = v1::OP_CONSTANT;
-  n->name = absl::StrCat(node_.output_size() > 0 ? node_.output(0) : node_.name(), ".c", emitted_++);
+  n->name =
+      absl::StrCat(node_.output_size() > 0 ? node_.output(0) : node_.name(), ".c", emitted_++);
   n->attrs.mutable_constant();
   n->value = std::make_shared<const HostTensor>(std::move(t));
   KILN_RETURN_IF_ERROR(ir::InferNode(graph_, *n, options_.limits)) << "while importing " << Label();

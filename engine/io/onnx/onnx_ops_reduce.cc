@@ -206,7 +206,8 @@ absl::Status EinsumOp(Importer& c) {
   std::vector<ValueRef> vals;
   for (size_t i = 0; i < ins.size(); ++i) {
     if (static_cast<int64_t>(ins[i].size()) != c.rank(static_cast<int>(i))) {
-      return c.Invalid(absl::StrCat("Einsum operand ", i, " \"", ins[i], "\" does not match its rank"));
+      return c.Invalid(
+          absl::StrCat("Einsum operand ", i, " \"", ins[i], "\" does not match its rank"));
     }
     for (char ch : ins[i]) {
       if (std::count(ins[i].begin(), ins[i].end(), ch) > 1) {
@@ -260,11 +261,14 @@ absl::Status EinsumOp(Importer& c) {
     KILN_ASSIGN_OR_RETURN(y, c.Emit(v1::OP_DOT_GENERAL, {vals[0], vals[1]}, d));
     have = batch + afree + bfree;
   }
-  if (have.size() != out.size()) return c.Invalid("Einsum output letters do not match its operands");
+  if (have.size() != out.size())
+    return c.Invalid("Einsum output letters do not match its operands");
   std::vector<int64_t> perm;
   for (char ch : out) {
     const size_t k = have.find(ch);
-    if (k == std::string::npos) return c.Invalid(absl::StrCat("Einsum output letter '", std::string(1, ch), "' is in no operand"));
+    if (k == std::string::npos)
+      return c.Invalid(
+          absl::StrCat("Einsum output letter '", std::string(1, ch), "' is in no operand"));
     perm.push_back(static_cast<int64_t>(k));
   }
   bool identity = true;
@@ -374,9 +378,9 @@ absl::Status SoftmaxCrossEntropyOp(Importer& c) {
 void RegisterReduceOps(ConverterTable& t) {
   t["Softmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_SOFTMAX); };
   t["LogSoftmax"] = [](Importer& c) { return SoftmaxOp(c, v1::OP_LOG_SOFTMAX); };
-  for (const char* r : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-                        "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
-                        "ReduceLogSumExp"}) {
+  for (const char* r :
+       {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+        "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"}) {
     t[r] = ReduceOp;
   }
   t["ArgMax"] = [](Importer& c) { return ArgOp(c, false); };

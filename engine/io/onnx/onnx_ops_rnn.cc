@@ -157,8 +157,8 @@ class Body {
 // The activations of a node, per direction: (f, g, h) for LSTM, (f, g) for
 // GRU, (f) for RNN. alpha / beta are consumed in order by the activations that take them
 // (as ONNX Runtime), each defaulting to its ONNX operator's default.
-absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c, bool lstm, bool rnn,
-                                                                      int64_t dirs) {
+absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c, bool lstm,
+                                                                     bool rnn, int64_t dirs) {
   const size_t per = lstm ? 3 : rnn ? 1 : 2;
   std::vector<std::vector<Activation>> out(dirs);
   const onnx::AttributeProto* attr = c.Attr("activations");
@@ -171,8 +171,8 @@ absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c
     return out;
   }
   if (static_cast<size_t>(attr->strings_size()) != per * dirs) {
-    return c.Invalid(absl::StrCat("activations lists ", attr->strings_size(), " functions; ", per * dirs,
-                                  " expected (", per, " per direction)"));
+    return c.Invalid(absl::StrCat("activations lists ", attr->strings_size(), " functions; ",
+                                  per * dirs, " expected (", per, " per direction)"));
   }
   const std::vector<float> alphas = c.AttrFloats("activation_alpha").value_or(std::vector<float>{});
   const std::vector<float> betas = c.AttrFloats("activation_beta").value_or(std::vector<float>{});
@@ -181,14 +181,20 @@ absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c
     for (size_t k = 0; k < per; ++k) {
       Activation a{attr->strings(static_cast<int>(d * per + k))};
       float da = -1, db = -1;  // defaults; < 0: the function takes none
-      if (a.name == "Affine") da = 1, db = 0;
-      else if (a.name == "LeakyRelu") da = 0.01f;
-      else if (a.name == "ScaledTanh") da = 1, db = 1;
-      else if (a.name == "HardSigmoid") da = 0.2f, db = 0.5f;
-      else if (a.name == "Elu") da = 1;
-      else if (a.name == "ThresholdedRelu") da = 1;
-      else if (a.name != "Sigmoid" && a.name != "Tanh" && a.name != "Relu" && a.name != "Softsign" &&
-               a.name != "Softplus") {
+      if (a.name == "Affine")
+        da = 1, db = 0;
+      else if (a.name == "LeakyRelu")
+        da = 0.01f;
+      else if (a.name == "ScaledTanh")
+        da = 1, db = 1;
+      else if (a.name == "HardSigmoid")
+        da = 0.2f, db = 0.5f;
+      else if (a.name == "Elu")
+        da = 1;
+      else if (a.name == "ThresholdedRelu")
+        da = 1;
+      else if (a.name != "Sigmoid" && a.name != "Tanh" && a.name != "Relu" &&
+               a.name != "Softsign" && a.name != "Softplus") {
         return c.Invalid("unknown activation " + a.name);
       }
       if (da >= 0) a.alpha = ai < alphas.size() ? alphas[ai++] : da;
@@ -199,7 +205,8 @@ absl::StatusOr<std::vector<std::vector<Activation>>> ReadActivations(Importer& c
   return out;
 }
 
-absl::StatusOr<ValueRef> Slice1(Importer& c, ValueRef x, int64_t axis, int64_t start, int64_t stop) {
+absl::StatusOr<ValueRef> Slice1(Importer& c, ValueRef x, int64_t axis, int64_t start,
+                                int64_t stop) {
   v1::Attrs a;
   a.mutable_slice()->add_start(start);
   a.mutable_slice()->add_stop(stop);
@@ -228,15 +235,15 @@ absl::StatusOr<ValueRef> Concat(Importer& c, const std::vector<ValueRef>& parts,
 // The node's shape and attributes, read once for every direction.
 struct RnnSpec {
   bool lstm = false;
-  bool rnn = false;  // the simple RNN: H = f(X W^T + H R^T + Wb + Rb)
-  bool lbr = false;  // GRU linear_before_reset
+  bool rnn = false;           // the simple RNN: H = f(X W^T + H R^T + Wb + Rb)
+  bool lbr = false;           // GRU linear_before_reset
   bool input_forget = false;  // LSTM: forget gate = 1 - input gate
   int gates = 0;
   int64_t layout = 0;
   int64_t dirs = 1;  // 2 when bidirectional
   int64_t seq = 0, batch = 0, h = 0, in = 0;
   DType dt = v1::DTYPE_F32;
-  double clip = 0;  // > 0: the clip attribute
+  double clip = 0;            // > 0: the clip attribute
   std::vector<int64_t> lens;  // sequence_lens when some row is shorter than seq
 };
 
@@ -250,7 +257,8 @@ absl::StatusOr<ValueRef> OfDirection(Importer& c, const RnnSpec& sp, ValueRef v,
 // The scan of one direction d over x [seq, batch, in]: its outputs are the
 // carries (h, [c], ...), then Y [seq, batch, H] at index `*y_index`.
 absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x, int64_t d,
-                                      bool reverse, const std::vector<Activation>& act, int* y_index) {
+                                      bool reverse, const std::vector<Activation>& act,
+                                      int* y_index) {
   const bool lstm = sp.lstm, rnn = sp.rnn, lbr = sp.lbr;
   const int gates = sp.gates;
   const int64_t layout = sp.layout, batch = sp.batch, h = sp.h, seq = sp.seq;
@@ -428,7 +436,8 @@ absl::StatusOr<ValueRef> OneDirection(Importer& c, const RnnSpec& sp, ValueRef x
     KILN_ASSIGN_OR_RETURN(HostTensor mask, HostTensor::Create(v1::DTYPE_BOOL, {seq, batch, h}));
     for (int64_t t = 0; t < seq; ++t) {
       for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t k = 0; k < h; ++k) SetInt(mask, (t * batch + b) * h + k, t < sp.lens[b] ? 1 : 0);
+        for (int64_t k = 0; k < h; ++k)
+          SetInt(mask, (t * batch + b) * h + k, t < sp.lens[b] ? 1 : 0);
       }
     }
     KILN_ASSIGN_OR_RETURN(ValueRef mv, c.Constant(std::move(mask)));
@@ -454,10 +463,12 @@ absl::Status Recurrent(Importer& c, bool lstm, bool rnn = false) {
     return c.Invalid("unknown direction " + direction);
   }
   sp.dirs = direction == "bidirectional" ? 2 : 1;
-  KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts, ReadActivations(c, lstm, rnn, sp.dirs));
+  KILN_ASSIGN_OR_RETURN(const std::vector<std::vector<Activation>> acts,
+                        ReadActivations(c, lstm, rnn, sp.dirs));
   if (c.Attr("clip") != nullptr) {
     sp.clip = c.AttrFloat("clip", 0);
-    if (!(sp.clip > 0) || !std::isfinite(sp.clip)) return c.Invalid(absl::StrCat("clip ", sp.clip, " (must be > 0)"));
+    if (!(sp.clip > 0) || !std::isfinite(sp.clip))
+      return c.Invalid(absl::StrCat("clip ", sp.clip, " (must be > 0)"));
   }
   sp.input_forget = lstm && c.AttrInt("input_forget", 0) != 0;
   sp.layout = c.AttrInt("layout", 0);
@@ -465,7 +476,8 @@ absl::Status Recurrent(Importer& c, bool lstm, bool rnn = false) {
   sp.lbr = !lstm && c.AttrInt("linear_before_reset", 0) != 0;
   for (int i : {0, 1, 2}) KILN_RETURN_IF_ERROR(c.Need(i));
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
-  if (c.rank(0) != 3 || c.rank(1) != 3 || c.rank(2) != 3) return c.Invalid("X, W and R must be rank 3");
+  if (c.rank(0) != 3 || c.rank(1) != 3 || c.rank(2) != 3)
+    return c.Invalid("X, W and R must be rank 3");
   if (!IsFloat(c.dtype(0))) return c.Invalid("X must be float");
   sp.dt = c.dtype(0);
   if (sp.layout == 1) {  // to [seq, batch, in]
@@ -480,8 +492,9 @@ absl::Status Recurrent(Importer& c, bool lstm, bool rnn = false) {
   sp.in = wd[2];
   const int64_t seq = sp.seq, batch = sp.batch, h = sp.h, dirs = sp.dirs;
   if (seq < 0 || batch < 0 || h <= 0 || rd[2] != h || rd[1] != sp.gates * h || rd[0] != dirs) {
-    return c.Unsupported(absl::StrCat("the sequence length, batch and hidden size must be known at import, R [",
-                                      dirs, ", ", sp.gates, " * hidden, hidden]"));
+    return c.Unsupported(
+        absl::StrCat("the sequence length, batch and hidden size must be known at import, R [",
+                     dirs, ", ", sp.gates, " * hidden, hidden]"));
   }
   if (wd[0] != dirs || wd[1] != sp.gates * h) {
     return c.Invalid(absl::StrCat("W must be [", dirs, ", ", sp.gates * h, ", input size]"));
@@ -490,12 +503,15 @@ absl::Status Recurrent(Importer& c, bool lstm, bool rnn = false) {
     const HostTensor* lens = c.Const(4);
     if (lens == nullptr) return c.Unsupported("sequence_lens must be known at import");
     if (lens->num_elements() != batch) {
-      return c.Invalid(absl::StrCat("sequence_lens has ", lens->num_elements(), " values for batch ", batch));
+      return c.Invalid(
+          absl::StrCat("sequence_lens has ", lens->num_elements(), " values for batch ", batch));
     }
     bool whole = true;
     for (int64_t i = 0; i < batch; ++i) {
       const int64_t n = GetInt(*lens, i);
-      if (n < 0 || n > seq) return c.Invalid(absl::StrCat("sequence_lens[", i, "] = ", n, " is outside [0, ", seq, "]"));
+      if (n < 0 || n > seq)
+        return c.Invalid(
+            absl::StrCat("sequence_lens[", i, "] = ", n, " is outside [0, ", seq, "]"));
       whole = whole && n == seq;
       sp.lens.push_back(n);
     }

@@ -59,11 +59,14 @@ TEST(OnnxImport, ReverseLstmIsForwardOverReversedTime) {
   const int64_t step = kB * kIn;
   for (int64_t i = 0; i < kT * step; ++i) x.SetFromDouble(i, std::sin(0.37 * i));
   for (int64_t t = 0; t < kT; ++t) {
-    for (int64_t k = 0; k < step; ++k) xr.SetFromDouble(t * step + k, x.GetAsDouble((kT - 1 - t) * step + k));
+    for (int64_t k = 0; k < step; ++k)
+      xr.SetFromDouble(t * step + k, x.GetAsDouble((kT - 1 - t) * step + k));
   }
   auto engine = MakeEngine();
-  auto a = engine->RunGraph(rev->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
-  auto f = engine->RunGraph(fwd->graph, std::vector<TensorRef>{TensorRef::Of("X", xr)}, nullptr, {}, {});
+  auto a =
+      engine->RunGraph(rev->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  auto f =
+      engine->RunGraph(fwd->graph, std::vector<TensorRef>{TensorRef::Of("X", xr)}, nullptr, {}, {});
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(f.ok()) << f.status();
   const HostTensor& ya = a->outputs[0].second;
@@ -72,7 +75,8 @@ TEST(OnnxImport, ReverseLstmIsForwardOverReversedTime) {
   const int64_t ystep = kB * kH;
   for (int64_t t = 0; t < kT; ++t) {
     for (int64_t k = 0; k < ystep; ++k) {
-      EXPECT_NEAR(ya.GetAsDouble(t * ystep + k), yf.GetAsDouble((kT - 1 - t) * ystep + k), 1e-5) << t;
+      EXPECT_NEAR(ya.GetAsDouble(t * ystep + k), yf.GetAsDouble((kT - 1 - t) * ystep + k), 1e-5)
+          << t;
     }
   }
   for (int64_t k = 0; k < ystep; ++k) {
@@ -96,7 +100,8 @@ void CheckBidirectional(bool lstm) {
     auto fill = [&](int64_t per_dir, double a, double f) {
       std::vector<float> v;
       for (int64_t d : dirs) {
-        for (int64_t i = 0; i < per_dir; ++i) v.push_back(static_cast<float>(a * std::sin(f * i + d)));
+        for (int64_t i = 0; i < per_dir; ++i)
+          v.push_back(static_cast<float>(a * std::sin(f * i + d)));
       }
       return v;
     };
@@ -108,7 +113,8 @@ void CheckBidirectional(bool lstm) {
       std::vector<float> v;
       for (int64_t b = 0; b < kB; ++b) {
         for (int64_t d : dirs) {
-          for (int64_t k = 0; k < kH; ++k) v.push_back(static_cast<float>(0.5 * std::sin(0.3 * (b * 7 + d * 13 + k) + phase)));
+          for (int64_t k = 0; k < kH; ++k)
+            v.push_back(static_cast<float>(0.5 * std::sin(0.3 * (b * 7 + d * 13 + k) + phase)));
         }
       }
       return v;
@@ -152,7 +158,8 @@ void CheckBidirectional(bool lstm) {
     auto imported = Import(m);
     EXPECT_TRUE(imported.ok()) << imported.status();
     if (!imported.ok()) return outs;
-    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)},
+                              nullptr, {}, {});
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return outs;
     for (auto& [name, t] : r->outputs) outs.push_back(std::move(t));
@@ -173,9 +180,11 @@ void CheckBidirectional(bool lstm) {
     ASSERT_EQ(fwd[o].num_elements(), rows * kH) << o;
     for (int64_t row = 0; row < rows; ++row) {
       for (int64_t k = 0; k < kH; ++k) {
-        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 0) * kH + k), fwd[o].GetAsDouble(row * kH + k), 1e-5)
+        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 0) * kH + k), fwd[o].GetAsDouble(row * kH + k),
+                    1e-5)
             << "output " << o << " row " << row;
-        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 1) * kH + k), rev[o].GetAsDouble(row * kH + k), 1e-5)
+        EXPECT_NEAR(bi[o].GetAsDouble((row * 2 + 1) * kH + k), rev[o].GetAsDouble(row * kH + k),
+                    1e-5)
             << "output " << o << " row " << row;
       }
     }
@@ -209,8 +218,8 @@ struct ActCase {
   // The (alpha, beta) each function gets: consumed in order by the functions
   // that take them.
   std::vector<std::pair<double, double>> expect;
-  double clip = 0;           // > 0: the clip attribute
-  bool write_names = true;   // false: the node has no activations attribute (the defaults)
+  double clip = 0;            // > 0: the clip attribute
+  bool write_names = true;    // false: the node has no activations attribute (the defaults)
   bool input_forget = false;  // LSTM: f = 1 - i
 };
 
@@ -246,7 +255,8 @@ void CheckActivations(const ActCase& k) {
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(1);
   }
-  for (auto [name, v] : {std::pair{"activation_alpha", &k.alpha}, std::pair{"activation_beta", &k.beta}}) {
+  for (auto [name, v] :
+       {std::pair{"activation_alpha", &k.alpha}, std::pair{"activation_beta", &k.beta}}) {
     if (v->empty()) continue;
     auto* a = n->add_attribute();
     a->set_name(name);
@@ -259,7 +269,8 @@ void CheckActivations(const ActCase& k) {
   HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
   for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, 1.5 * std::sin(0.37 * i + 0.1));
   auto engine = MakeEngine();
-  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)},
+                              nullptr, {}, {});
   ASSERT_TRUE(out.ok()) << out.status();
   const HostTensor& y = out->outputs[0].second;
   ASSERT_EQ(y.dims(), (Dims{kT, 1, kB, kH}));
@@ -278,7 +289,8 @@ void CheckActivations(const ActCase& k) {
         for (int64_t j = 0; j < kH; ++j) {
           const int64_t row = q * kH + j;
           double sx = b[row], sh = b[g * kH + row];
-          for (int64_t i = 0; i < kIn; ++i) sx += double{w[row * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
+          for (int64_t i = 0; i < kIn; ++i)
+            sx += double{w[row * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
           for (int64_t i = 0; i < kH; ++i) sh += double{r[row * kH + i]} * h[i];
           xw[q][j] = sx;
           hr[q][j] = sh;
@@ -317,7 +329,10 @@ void CheckActivations(const ActCase& k) {
 }
 
 TEST(OnnxImport, LstmCustomActivationsMatchF64Reference) {
-  CheckActivations({true, {"HardSigmoid", "LeakyRelu", "Softsign"}, {0.3f, 0.1f}, {0.4f},
+  CheckActivations({true,
+                    {"HardSigmoid", "LeakyRelu", "Softsign"},
+                    {0.3f, 0.1f},
+                    {0.4f},
                     {{0.3f, 0.4f}, {0.1f, 0}, {0, 0}}});
   CheckActivations({true, {"Sigmoid", "ScaledTanh", "Elu"}, {}, {}, {{0, 0}, {1, 1}, {1, 0}}});
 }
@@ -330,13 +345,16 @@ TEST(OnnxImport, GruCustomActivationsMatchF64Reference) {
 
 TEST(OnnxImport, RnnClipMatchesF64Reference) {
   const float clip = 0.5f;  // the inputs drive the gates and LSTM's cell state past it
-  CheckActivations({true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, clip, false});
+  CheckActivations(
+      {true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, clip, false});
   CheckActivations({false, {"Sigmoid", "Tanh"}, {}, {}, {{0, 0}, {0, 0}}, clip, false});
-  CheckActivations({false, {"HardSigmoid", "Softsign"}, {0.5f}, {0.25f}, {{0.5f, 0.25f}, {0, 0}}, clip, true});
+  CheckActivations(
+      {false, {"HardSigmoid", "Softsign"}, {0.5f}, {0.25f}, {{0.5f, 0.25f}, {0, 0}}, clip, true});
 }
 
 TEST(OnnxImport, LstmInputForgetMatchesF64Reference) {
-  CheckActivations({true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, 0, false, true});
+  CheckActivations(
+      {true, {"Sigmoid", "Tanh", "Tanh"}, {}, {}, {{0, 0}, {0, 0}, {0, 0}}, 0, false, true});
 }
 
 TEST(OnnxImport, RnnActivationListOfTheWrongLengthIsRefused) {
@@ -407,7 +425,8 @@ void CheckSequenceLens(bool lstm, const std::string& direction) {
     auto imported = Import(m);
     EXPECT_TRUE(imported.ok()) << imported.status();
     if (!imported.ok()) return outs;
-    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+    auto r = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)},
+                              nullptr, {}, {});
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return outs;
     for (auto& [name, t] : r->outputs) outs.push_back(std::move(t));
@@ -422,7 +441,8 @@ void CheckSequenceLens(bool lstm, const std::string& direction) {
     const int64_t len = lens[b];
     HostTensor xb = *HostTensor::Create(v1::DTYPE_F32, {len, 1, kIn});
     for (int64_t t = 0; t < len; ++t) {
-      for (int64_t i = 0; i < kIn; ++i) xb.SetFromDouble(t * kIn + i, x.GetAsDouble((t * kB + b) * kIn + i));
+      for (int64_t i = 0; i < kIn; ++i)
+        xb.SetFromDouble(t * kIn + i, x.GetAsDouble((t * kB + b) * kIn + i));
     }
     const std::vector<HostTensor> one = run(model(len, 1, nullptr), xb);
     ASSERT_EQ(one.size(), n_out);
@@ -440,7 +460,8 @@ void CheckSequenceLens(bool lstm, const std::string& direction) {
     for (size_t o = 1; o < n_out; ++o) {
       for (int64_t d = 0; d < nd; ++d) {
         for (int64_t k = 0; k < kH; ++k) {
-          EXPECT_NEAR(all[o].GetAsDouble((d * kB + b) * kH + k), one[o].GetAsDouble(d * kH + k), 1e-5)
+          EXPECT_NEAR(all[o].GetAsDouble((d * kB + b) * kH + k), one[o].GetAsDouble(d * kH + k),
+                      1e-5)
               << direction << " output " << o << " b " << b << " d " << d;
         }
       }
@@ -514,7 +535,8 @@ TEST(OnnxImport, BidirectionalRnnMatchesF64Reference) {
   HostTensor x = *HostTensor::Create(v1::DTYPE_F32, {kT, kB, kIn});
   for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, 1.3 * std::sin(0.37 * i + 0.1));
   auto engine = MakeEngine();
-  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)}, nullptr, {}, {});
+  auto out = engine->RunGraph(imported->graph, std::vector<TensorRef>{TensorRef::Of("X", x)},
+                              nullptr, {}, {});
   ASSERT_TRUE(out.ok()) << out.status();
   const HostTensor& y = out->outputs[0].second;
   const HostTensor& yh = out->outputs[1].second;
@@ -528,18 +550,21 @@ TEST(OnnxImport, BidirectionalRnnMatchesF64Reference) {
         std::vector<double> h1(kH);
         for (int64_t j = 0; j < kH; ++j) {
           double v = double{b[dir * 2 * kH + j]} + b[dir * 2 * kH + kH + j];
-          for (int64_t i = 0; i < kIn; ++i) v += double{w[(dir * kH + j) * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
+          for (int64_t i = 0; i < kIn; ++i)
+            v += double{w[(dir * kH + j) * kIn + i]} * x.GetAsDouble((t * kB + bb) * kIn + i);
           for (int64_t i = 0; i < kH; ++i) v += double{r[(dir * kH + j) * kH + i]} * h[i];
           h1[j] = dir == 0 ? std::tanh(v) : (v >= 0 ? v : alpha * v);
         }
         h = h1;
         for (int64_t j = 0; j < kH; ++j) {
-          EXPECT_NEAR(y.GetAsDouble(((t * 2 + dir) * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j]))
+          EXPECT_NEAR(y.GetAsDouble(((t * 2 + dir) * kB + bb) * kH + j), h[j],
+                      1e-5 + 1e-5 * std::fabs(h[j]))
               << "dir " << dir << " t " << t << " batch " << bb;
         }
       }
       for (int64_t j = 0; j < kH; ++j) {
-        EXPECT_NEAR(yh.GetAsDouble((dir * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j])) << dir;
+        EXPECT_NEAR(yh.GetAsDouble((dir * kB + bb) * kH + j), h[j], 1e-5 + 1e-5 * std::fabs(h[j]))
+            << dir;
       }
     }
   }

@@ -24,7 +24,8 @@ struct Model {
   }
   onnx::GraphProto& g() { return *m.mutable_graph(); }
   // dims: >= 0 sizes; -1 a dim_param "batch"; -2 no dim at all.
-  void Input(const std::string& name, std::vector<int64_t> dims, int type = onnx::TensorProto::FLOAT) {
+  void Input(const std::string& name, std::vector<int64_t> dims,
+             int type = onnx::TensorProto::FLOAT) {
     auto* vi = g().add_input();
     vi->set_name(name);
     auto* tt = vi->mutable_type()->mutable_tensor_type();
