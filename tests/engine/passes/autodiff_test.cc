@@ -597,7 +597,7 @@ TEST(Autodiff, MaxPoolTiesGoToTheFirstMaximum) {
     CompileOptions co;
     co.device = "cpu:0";
     co.transforms = Grad("loss", {"x"});
-    auto r = SharedEngine().RunGraph(*g, in, nullptr, co, {});
+    auto r = SharedAutodiffEngine().RunGraph(*g, in, nullptr, co, {});
     ASSERT_TRUE(r.ok()) << r.status();
     const HostTensor& dx = r->outputs[0].second;
     ASSERT_EQ(dx.num_elements(), 16) << pool;
