@@ -113,7 +113,7 @@ TEST(Int8MatMul, BadOperandsAreNamed) {
       << g.status();
 }
 
-constexpr char kMlp[] = R"(graph "mlp"
+constexpr char kInt8Mlp[] = R"(graph "mlp"
 input x: f32[16, 12]
 param w1: f32[12, 24]
 param b1: f32[24]
@@ -147,7 +147,7 @@ TEST(Int8Export, MatchesTheFakeQuantizedGraph) {
       {"weights_only", [](auto& q) { q.set_weights_only(true); }},
       {"lsq", [](auto& q) { q.set_lsq(true), q.set_weight_per_channel(true); }},
   };
-  auto graph = ir::ParseGraphProto(kMlp);
+  auto graph = ir::ParseGraphProto(kInt8Mlp);
   ASSERT_TRUE(graph.ok()) << graph.status();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -198,7 +198,7 @@ TEST(Int8Export, MatchesTheFakeQuantizedGraph) {
 }
 
 TEST(Int8Export, UnsupportedSpecsAreNamed) {
-  auto graph = ir::ParseGraphProto(kMlp);
+  auto graph = ir::ParseGraphProto(kInt8Mlp);
   ASSERT_TRUE(graph.ok());
   v1::QatSpec q;
   q.set_weight_asymmetric(true);
