@@ -4,6 +4,7 @@
 
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
@@ -329,11 +330,16 @@ TEST_F(ServerTenants, LargeCompilesOfOneTenantDoNotDelayAnothersSmallOne) {
   const grpc::Status small_status = stub_->Compile(Context(kBob).get(), small, &small_resp);
   ASSERT_TRUE(small_status.ok()) << small_status.error_message();
   // Neither of Carol's compiles has finished (each takes seconds here): the
-  // small one did not wait for a thread they held.
-  for (auto& p : large) {
-    auto f = p->done.get_future();
+  // small one did not wait for a thread they held. Both are looked at before
+  // either is waited for: they may finish in either order, and waiting for
+  // one first would let the other finish in the meantime.
+  std::vector<std::future<grpc::Status>> futures;
+  for (auto& p : large) futures.push_back(p->done.get_future());
+  for (auto& f : futures) {
     EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
         << "the small compile waited for a large one";
+  }
+  for (auto& f : futures) {
     const grpc::Status st = f.get();
     EXPECT_TRUE(st.ok()) << st.error_message();
   }
