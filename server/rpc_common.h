@@ -64,6 +64,11 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
                                                     const std::vector<TensorRef>& inputs,
                                                     bool* reused, bool training = false);
 
+// Every param of `set` (none when null) read back to the host: `values` owns
+// the bytes, `refs` names them and points into `values`. (rpc_train.cc)
+absl::Status ReadAllParams(const ParamSet* set, std::vector<HostTensor>& values,
+                           std::vector<TensorRef>& refs);
+
 // A training session's params as a training set for `step` (rpc_train.cc):
 // the bound set converted on the first step (optimizer state zero unless
 // bound), its state bytes charged to the tenant; the same set afterwards.

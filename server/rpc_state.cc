@@ -102,13 +102,7 @@ absl::StatusOr<std::shared_ptr<const ParamSet>> StateParams(Engine& engine, Sess
   if (current && current->training()) return current;
   std::vector<HostTensor> values;
   std::vector<TensorRef> refs;
-  const std::vector<std::string> names = current ? current->names() : std::vector<std::string>();
-  values.reserve(names.size());
-  for (const std::string& name : names) {
-    KILN_ASSIGN_OR_RETURN(HostTensor t, current->Read(name));
-    values.push_back(std::move(t));
-    refs.push_back(TensorRef::Of(name, values.back()));
-  }
+  KILN_RETURN_IF_ERROR(ReadAllParams(current.get(), values, refs));
   absl::StatusOr<std::shared_ptr<ParamSet>> set = engine.CreateStateParams(executable, refs);
   if (!set.ok()) {
     return StatusBuilder(set.status())
@@ -120,7 +114,7 @@ absl::StatusOr<std::shared_ptr<const ParamSet>> StateParams(Engine& engine, Sess
   int64_t copied = 0;
   if (session.params_shared()) {
     for (const HostTensor& t : values) copied += t.num_bytes();
-    for (size_t i = 0; i < values.size(); ++i) bytes[names[i]] = values[i].num_bytes();
+    for (size_t i = 0; i < values.size(); ++i) bytes[refs[i].name] = values[i].num_bytes();
     KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(copied, copied))
         << "copying the model's params for this stateful session";
   }

@@ -337,6 +337,18 @@ absl::Status CheckTrainingSpec(const GraphSignature& signature, const v1::Traini
   return absl::OkStatus();
 }
 
+absl::Status ReadAllParams(const ParamSet* set, std::vector<HostTensor>& values,
+                           std::vector<TensorRef>& refs) {
+  const std::vector<std::string> names = set ? set->names() : std::vector<std::string>();
+  values.reserve(values.size() + names.size());  // refs point into values
+  for (const std::string& name : names) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, set->Read(name));
+    values.push_back(std::move(t));
+    refs.push_back(TensorRef::Of(name, values.back()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session& session,
                                                          const Executable& step) {
   absl::MutexLock lock(&session.update_mu());
@@ -344,13 +356,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session
   if (current && current->training()) return current;
   std::vector<HostTensor> values;
   std::vector<TensorRef> refs;
-  const std::vector<std::string> names = current ? current->names() : std::vector<std::string>();
-  values.reserve(names.size());
-  for (const std::string& name : names) {
-    KILN_ASSIGN_OR_RETURN(HostTensor t, current->Read(name));
-    values.push_back(std::move(t));
-    refs.push_back(TensorRef::Of(name, values.back()));
-  }
+  KILN_RETURN_IF_ERROR(ReadAllParams(current.get(), values, refs));
   absl::StatusOr<std::shared_ptr<ParamSet>> set = engine.CreateTrainingParams(step, refs);
   if (!set.ok()) {
     return StatusBuilder(set.status())
