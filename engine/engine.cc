@@ -30,6 +30,26 @@ double MicrosSince(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
 
+// The params a caller gives for an updating executable (a training step or a
+// stateful program), by name; INVALID_ARGUMENT for a name given twice.
+absl::StatusOr<std::map<std::string, const TensorRef*>> GivenByName(
+    std::span<const TensorRef> values) {
+  std::map<std::string, const TensorRef*> given;
+  for (const TensorRef& v : values) {
+    if (!given.emplace(v.name, &v).second) {
+      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
+    }
+  }
+  return given;
+}
+
+// The static dims of the executable's param `i`.
+Dims ParamDims(const v1::Executable& lir, int i) {
+  Dims dims;
+  for (const auto& d : lir.slots(lir.params(i).slot()).type().dims()) dims.push_back(d.size());
+  return dims;
+}
+
 }  // namespace
 
 // The facade's state: compiles go through compile/ (the pipeline and the
@@ -300,12 +320,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
     return absl::FailedPreconditionError(
         absl::StrCat("the training step's device \"", lir.placement().chosen(), "\" is gone"));
   }
-  std::map<std::string, const TensorRef*> given;
-  for (const TensorRef& v : values) {
-    if (!given.emplace(v.name, &v).second) {
-      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(auto given, GivenByName(values));
   const bool resumed = given.contains(train::kStepParam);
   std::vector<TensorRef> all;
   std::vector<HostTensor> zeros;
@@ -313,8 +328,7 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateTrainingParams(
   for (int i = 0; i < lir.params_size(); ++i) {
     const std::string& name = lir.params(i).name();
     const v1::TensorType& want = lir.slots(lir.params(i).slot()).type();
-    Dims dims;
-    for (const auto& d : want.dims()) dims.push_back(d.size());
+    const Dims dims = ParamDims(lir, i);
     auto it = given.find(name);
     if (it == given.end()) {
       if (!train::IsOptimizerState(name) && !passes::IsLsqScaleParam(name)) {
@@ -365,18 +379,12 @@ absl::StatusOr<std::shared_ptr<ParamSet>> Engine::CreateStateParams(
     return absl::FailedPreconditionError(
         absl::StrCat("the executable's device \"", lir.placement().chosen(), "\" is gone"));
   }
-  std::map<std::string, const TensorRef*> given;
-  for (const TensorRef& v : values) {
-    if (!given.emplace(v.name, &v).second) {
-      return absl::InvalidArgumentError(absl::StrCat("param \"", v.name, "\" given twice"));
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(auto given, GivenByName(values));
   std::vector<TensorRef> all;
   for (int i = 0; i < lir.params_size(); ++i) {
     const std::string& name = lir.params(i).name();
     const v1::TensorType& want = lir.slots(lir.params(i).slot()).type();
-    Dims dims;
-    for (const auto& d : want.dims()) dims.push_back(d.size());
+    const Dims dims = ParamDims(lir, i);
     auto it = given.find(name);
     if (it == given.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
