@@ -86,22 +86,27 @@ class Qat {
   // fake_quantize(v) with its scale (and zero point) from v's range.
   ValueRef FromRange(ir::Rewriter& r, ValueRef v, int64_t channel, bool symmetric) {
     const Grid grid = GridOf(bits_, symmetric);
+    // One new node per statement: the order in which a call's arguments are
+    // evaluated is unspecified (g++ and clang differ), and the nodes' ids follow
+    // the order they are created in. This is the order g++ used to give.
     if (symmetric) {
       ValueRef amax = Reduce(r, v1::REDUCE_MAX, r.Unary(v1::UNARY_ABS, v), channel);
-      amax = r.Binary(v1::BINARY_MAX, amax,
-                      r.Binary(v1::BINARY_MUL, Reduce(r, v1::REDUCE_MAX, amax, -1),
-                               r.Scalar(kMinRangeFraction, v1::DTYPE_F32)));
-      ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, amax), r.Scalar(grid.qmax, v1::DTYPE_F32));
+      const ValueRef fraction = r.Scalar(kMinRangeFraction, v1::DTYPE_F32);
+      const ValueRef whole = Reduce(r, v1::REDUCE_MAX, amax, -1);
+      amax = r.Binary(v1::BINARY_MAX, amax, r.Binary(v1::BINARY_MUL, whole, fraction));
+      const ValueRef qmax = r.Scalar(grid.qmax, v1::DTYPE_F32);
+      ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, amax), qmax);
       return r.Add(v1::OP_FAKE_QUANTIZE, {v, s}, FakeAttrs(channel, true));
     }
     const ValueRef zero = r.Scalar(0, v1::DTYPE_F32);
     ValueRef lo = r.Binary(v1::BINARY_MIN, Reduce(r, v1::REDUCE_MIN, v, channel), zero);
     ValueRef hi = r.Binary(v1::BINARY_MAX, Reduce(r, v1::REDUCE_MAX, v, channel), zero);
     ValueRef range = r.Binary(v1::BINARY_SUB, hi, lo);
-    range = r.Binary(v1::BINARY_MAX, range,
-                     r.Binary(v1::BINARY_MUL, Reduce(r, v1::REDUCE_MAX, range, -1),
-                              r.Scalar(kMinRangeFraction, v1::DTYPE_F32)));
-    ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, range), r.Scalar(grid.qmax, v1::DTYPE_F32));
+    const ValueRef fraction = r.Scalar(kMinRangeFraction, v1::DTYPE_F32);
+    const ValueRef whole = Reduce(r, v1::REDUCE_MAX, range, -1);
+    range = r.Binary(v1::BINARY_MAX, range, r.Binary(v1::BINARY_MUL, whole, fraction));
+    const ValueRef qmax = r.Scalar(grid.qmax, v1::DTYPE_F32);
+    ValueRef s = r.Binary(v1::BINARY_DIV, Positive(r, range), qmax);
     // zp = round(-lo / s), on [0, qmax] since lo <= 0 <= hi; clamped against rounding.
     ValueRef zp = r.Unary(v1::UNARY_ROUND, r.Binary(v1::BINARY_DIV, r.Unary(v1::UNARY_NEG, lo), s));
     zp = r.Binary(v1::BINARY_MIN, zp, r.Scalar(grid.qmax, v1::DTYPE_F32));
