@@ -4,10 +4,10 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 KILND_FLAGS ?=
 # RELEASE_UNITY=ON configures a new $(BUILD_DIR) as a unity build (batches of
-# UNITY_BATCH sources, as the ASan build): the same targets and flags, about
-# half the cold compile time. .ci/run sets it (CI starts with an empty ccache);
-# developers' default stays one file at a time (incremental rebuilds are
-# cheaper, and a compile error names its own file).
+# UNITY_BATCH sources, as the ASan build): the same targets and flags, less
+# cold compile time (docs/development.md has the figures). .ci/run sets it (CI
+# starts with an empty ccache); developers' default stays one file at a time
+# (incremental rebuilds are cheaper, and a compile error names its own file).
 RELEASE_UNITY ?= OFF
 # Sanitizer builds (docs/development.md, "Sanitizers and fuzzing"): clang, their
 # own build directories, only the targets their suites need.
