@@ -3,13 +3,13 @@
 //
 // The CPU kernels and oneDNN share libgomp's team. A thread that finds no work
 // spins GOMP_SPINCOUNT times before it sleeps on a futex: 300,000 by default
-// (milliseconds of spinning), forever under OMP_WAIT_POLICY=ACTIVE, not at all
-// under PASSIVE. On a host whose cores are shared (this project's 2-core
-// machines under builds) a long spin is the worst choice: the spinning thread
-// holds a core that the thread it waits for needs, and single kernels took up
-// to 20x longer (docs/benchmarks.md, "OpenMP wait policy"). A short spin keeps
-// the team warm across the back-to-back kernels of one run and puts it to
-// sleep right after the run ends.
+// (~3 ms), practically forever under OMP_WAIT_POLICY=ACTIVE, not at all under
+// PASSIVE. On a host whose cores are shared (this project's 2-core machines
+// under builds) a long spin is the worst choice: the spinning thread holds a
+// core that the thread it waits for needs; a oneDNN matmul called from one
+// thread took 12-36 ms p50 instead of ~1 ms (docs/benchmarks.md, issue 12
+// enc12). A short spin keeps the team warm across the back-to-back kernels of
+// one run and puts it to sleep right after the run ends.
 //
 // libgomp reads its environment once, when it is loaded, before main() runs;
 // so the policy is set by re-executing the process with the variable added
@@ -18,9 +18,10 @@
 
 namespace kiln {
 
-// GOMP_SPINCOUNT used when the environment names no policy: about 10 us of
-// spinning on the measured machines (docs/server.md, "CPU threads").
-inline constexpr char kDefaultOpenMpSpinCount[] = "10000";
+// GOMP_SPINCOUNT used when the environment names no policy: libgomp's manual
+// reckons ~100,000 spins a millisecond, so ~10 us, long enough for the next
+// kernel of a run to find the team awake (docs/engine.md, "OpenMP wait policy").
+inline constexpr char kDefaultOpenMpSpinCount[] = "1000";
 
 // Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (the operator's choice wins),
 // sets GOMP_SPINCOUNT=kDefaultOpenMpSpinCount and re-executes this program
