@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/openmp_policy.h"
 #include "server/config.h"
 #include "server/server.h"
 
@@ -83,6 +84,8 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: may re-execute kilnd with the OpenMP spin bounded.
+  kiln::UseBoundedOpenMpSpin(argv);
   absl::SetProgramUsageMessage(
       "kilnd: the Kiln ML compiler and runtime as a multi-tenant gRPC daemon.\n"
       "  kilnd [--config=configs/kilnd.textproto] [--listen=127.0.0.1:7450] ...\n"

@@ -1,11 +1,14 @@
 // In-process engine benchmarks. Each subcommand prints one JSON object.
 //
 //   kiln_bench encoder [--batch 1] [--iters 50] [--warmup 10] [--threads 2] [--export DIR]
+//                      [--layers L]  (L layers in a row: 12 is BERT-base's encoder)
+//                      [--kernels N]  (per-kernel medians over N reported runs)
 //   kiln_bench matmul  [--sizes 512,1024,2048] [--rounds 7] [--threads 2]
 //   kiln_bench compile [--rounds 5]
 //   kiln_bench memory
 //   kiln_bench placement [--reps 5] [--cache_dir DIR]
 //   kiln_bench mlp | fixed_cost: small_batch_bench.h
+//   kiln_bench timings [--threads 2]  (a worker: "mlp N" / "encoder N" on stdin)
 //
 // `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
 // included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "base/openmp_policy.h"
 #include "bench/engine/small_batch_bench.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
@@ -109,7 +113,9 @@ struct EncoderSetup {
   std::unique_ptr<Engine> engine;
   absl::StatusOr<std::shared_ptr<ParamSet>> params;
 
-  EncoderSetup(int64_t batch, int threads) : m(models::EncoderLayer(cfg)) {
+  // layers > 1: the stack of that many layers (models::EncoderStack).
+  EncoderSetup(int64_t batch, int threads, int layers = 1)
+      : m(layers > 1 ? models::EncoderStack(cfg, layers) : models::EncoderLayer(cfg)) {
     std::mt19937_64 rng(99);
     x = models::RandomF32(rng, {batch, cfg.seq, cfg.hidden}, 1.0);
     engine = MakeEngine(threads);
@@ -122,7 +128,8 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   const int64_t batch = Flag(flags, "batch", 1);
   const int iters = static_cast<int>(Flag(flags, "iters", 50));
   const int warmup = static_cast<int>(Flag(flags, "warmup", 10));
-  EncoderSetup setup(batch, threads);
+  const int layers = static_cast<int>(Flag(flags, "layers", 1));
+  EncoderSetup setup(batch, threads, layers);
   const models::EncoderConfig& cfg = setup.cfg;
   const models::Model& m = setup.m;
   const HostTensor& x = setup.x;
@@ -173,11 +180,50 @@ int Encoder(const std::map<std::string, std::string>& flags) {
       std::ofstream(flags.at("report_out")) << r->report.DebugString();
     }
   }
+  // --kernels N: N more runs with a report; per step the median time, and the
+  // median of the gaps between consecutive steps (threads waking, the
+  // executor's own work): where a run's time goes beyond its kernels.
+  json kernels = json::array();
+  double gaps_ms = 0, run_ms = 0;
+  if (const int n = static_cast<int>(Flag(flags, "kernels", 0)); n > 0) {
+    std::vector<std::vector<double>> step_us;
+    std::vector<double> gaps, runs;
+    RunResult first;
+    for (int i = 0; i < n; ++i) {
+      RunOptions ro;
+      ro.report = true;
+      auto r = engine->Run(*compiled->executable, inputs, params->get(), ro);
+      if (!r.ok()) return 1;
+      const auto& steps = r->report.steps();
+      step_us.resize(steps.size());
+      double gap = 0;
+      for (int s = 0; s < steps.size(); ++s) {
+        step_us[s].push_back(steps[s].duration_micros());
+        if (s > 0) {
+          gap += steps[s].start_micros() -
+                 (steps[s - 1].start_micros() + steps[s - 1].duration_micros());
+        }
+      }
+      gaps.push_back(gap / 1000.0);
+      runs.push_back(r->report.run_micros() / 1000.0);
+      if (i == 0) first = std::move(r).value();
+    }
+    for (int s = 0; s < first.report.steps().size(); ++s) {
+      const auto& step = first.report.steps(s);
+      const double us = Median(step_us[s]);
+      kernels.push_back({{"kernel", step.kernel()}, {"implementation", step.implementation()},
+                         {"us", us}, {"min_us", *std::min_element(step_us[s].begin(), step_us[s].end())},
+                         {"gflops", step.flops() / us / 1e3}});
+    }
+    gaps_ms = Median(gaps);
+    run_ms = Median(runs);
+  }
   if (flags.contains("export")) {
     const std::filesystem::path dir = flags.at("export");
     std::filesystem::create_directories(dir);
     json manifest = {{"config", {{"seq", cfg.seq}, {"hidden", cfg.hidden}, {"heads", cfg.heads},
-                                 {"ffn", cfg.ffn}, {"epsilon", cfg.epsilon}}},
+                                 {"ffn", cfg.ffn}, {"epsilon", cfg.epsilon},
+                                 {"layers", layers}}},
                      {"tensors", json::array()}};
     auto add = [&](const std::string& name, const HostTensor& t) {
       WriteRaw(dir / (name + ".bin"), t);
@@ -188,14 +234,60 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     add("y_kiln", last.outputs[0].second);
     std::ofstream(dir / "manifest.json") << manifest.dump(1);
   }
-  const json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
+  json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
                     {"device", compiled->executable->lir().placement().chosen()},
-                    {"batch", batch}, {"seq", cfg.seq}, {"iters", iters},
+                    {"batch", batch}, {"seq", cfg.seq}, {"layers", layers}, {"iters", iters},
                     {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
                     {"device_busy_ms", Median(busy)}, {"cuda_graphs", graphs},
                     {"cuda_graph", graph_state},
                     {"min_ms", *std::min_element(ms.begin(), ms.end())}};
+  if (!kernels.empty()) {
+    out["kernels"] = kernels;
+    out["kernel_gaps_ms"] = gaps_ms;
+    out["report_run_ms"] = run_ms;
+  }
   std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// kiln_bench timings: a worker for drivers that alternate processes started
+// with different environments (bench/openmp_wait_policy.py: one per OpenMP
+// wait policy, which libgomp reads only at start). Reads lines "mlp N" (the
+// 784-512-512-10 MLP at batch 1) or "encoder N" (the encoder layer) on stdin,
+// runs that model N times and prints one JSON line with each run's micros.
+int Timings(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  EncoderSetup enc(1, threads);
+  Engine* engine = enc.engine.get();
+  const models::Model mlp = models::Mlp();
+  std::mt19937_64 rng(7);
+  const HostTensor mlp_x = models::RandomF32(rng, {1, 784}, 1.0);
+  auto mlp_params = engine->CreateParams(models::ParamRefs(mlp));
+  auto mlp_compiled = engine->Compile(mlp.graph, {}, {{"x", mlp_x.dims()}});
+  auto enc_compiled = engine->Compile(enc.m.graph, {}, {{"x", enc.x.dims()}});
+  if (!enc.params.ok() || !mlp_params.ok() || !mlp_compiled.ok() || !enc_compiled.ok()) {
+    std::fprintf(stderr, "setup failed\n");
+    return 1;
+  }
+  const std::vector<TensorRef> mlp_in = {TensorRef::Of("x", mlp_x)};
+  const std::vector<TensorRef> enc_in = {TensorRef::Of("x", enc.x)};
+  std::printf("{\"ready\": true}\n");
+  std::fflush(stdout);
+  char what[32];
+  int n = 0;
+  while (std::scanf("%31s %d", what, &n) == 2) {
+    const bool is_mlp = std::string(what) == "mlp";
+    std::vector<double> us;
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = Clock::now();
+      auto r = is_mlp ? engine->Run(*mlp_compiled->executable, mlp_in, mlp_params->get(), {})
+                      : engine->Run(*enc_compiled->executable, enc_in, enc.params->get(), {});
+      if (!r.ok()) return 1;
+      us.push_back(Ms(t0, Clock::now()) * 1000.0);
+    }
+    std::printf("%s\n", json({{"us", us}}).dump().c_str());
+    std::fflush(stdout);
+  }
   return 0;
 }
 
@@ -697,10 +789,11 @@ int Isolation(const std::map<std::string, std::string>& flags) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  kiln::UseBoundedOpenMpSpin(argv);  // as kilnd does (base/openmp_policy.h)
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation|mlp|"
-                 "fixed_cost [flags]\n");
+                 "fixed_cost|timings [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -708,6 +801,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   const auto flags = kiln::ParseFlags(argc, argv);
   if (cmd == "encoder") return kiln::Encoder(flags);
+  if (cmd == "timings") return kiln::Timings(flags);
   if (cmd == "matmul") return kiln::MatMul(flags);
   if (cmd == "compile") return kiln::CompileBench(flags);
   if (cmd == "compile_once") return kiln::CompileOnce(flags);

@@ -1,5 +1,6 @@
 // Times an ONNX model under ONNX Runtime (CPU EP, all graph optimizations).
 // usage: node ort_run.js model.onnx inputs.json --iters N --warmup W --threads T [--out out.bin]
+//        [--spin 0]
 // inputs.json: [{"name": "x", "dims": [...], "file": "x.bin"}] (raw little-endian f32).
 // Prints one JSON object with per-iteration latency percentiles.
 'use strict';
@@ -17,12 +18,16 @@ async function main() {
   const warmup = parseInt(flag('warmup', '10'), 10);
   const threads = parseInt(flag('threads', '2'), 10);
   const outPath = flag('out', '');
-  const session = await ort.InferenceSession.create(modelPath, {
+  const options = {
     intraOpNumThreads: threads,
     interOpNumThreads: 1,
     executionMode: 'sequential',
     graphOptimizationLevel: 'all',
-  });
+  };
+  // --spin 0: intra-op threads sleep instead of spinning between ops
+  // (session config entry session.intra_op.allow_spinning).
+  if (flag('spin', '1') === '0') options.extra = {session: {intra_op: {allow_spinning: '0'}}};
+  const session = await ort.InferenceSession.create(modelPath, options);
   const feeds = {};
   for (const input of JSON.parse(fs.readFileSync(inputsPath, 'utf8'))) {
     const buf = fs.readFileSync(input.file);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "clients/cpp/graph_builder.h"
 
 namespace kiln::models {
@@ -113,43 +114,66 @@ HostTensor MlpReference(const Model& m, const HostTensor& x) {
   return FromF64(h, {rows, k});
 }
 
-Model EncoderLayer(const EncoderConfig& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Model m;
+namespace {
+
+// Appends one post-LN encoder layer reading x to `g`; its params go to
+// m.params named `prefix` + "wq" and so on, drawn from `rng` in a fixed order.
+V AddEncoderLayer(GraphBuilder& g, Model& m, std::mt19937_64& rng, const EncoderConfig& c, V x,
+                  const std::string& prefix) {
   const int64_t h = c.hidden, dh = c.hidden / c.heads;
   const double ws = 1.0 / std::sqrt(static_cast<double>(h));
-  auto param = [&](GraphBuilder& g, const std::string& name, const Dims& dims, double scale,
+  auto param = [&](const std::string& base, const Dims& dims, double scale,
                    double offset = 0.0) {
     HostTensor t = RandomF32(rng, dims, scale);
     if (offset != 0) {
       for (int64_t i = 0; i < t.num_elements(); ++i) t.data_as<float>()[i] += static_cast<float>(offset);
     }
+    const std::string name = prefix + base;
     m.params[name] = std::move(t);
     return g.param(name, v1::DTYPE_F32, dims);
   };
-  GraphBuilder g("encoder_layer");
-  V x = g.input("x", v1::DTYPE_F32, {std::string("batch"), c.seq, h});
   auto heads = [&](V t) {
     return g.transpose(g.reshape(t, {-1, c.seq, c.heads, dh}), {0, 2, 1, 3});
   };
-  V q = heads(g.add(g.matmul(x, param(g, "wq", {h, h}, ws)), param(g, "bq", {h}, 0.02)));
-  V k = heads(g.add(g.matmul(x, param(g, "wk", {h, h}, ws)), param(g, "bk", {h}, 0.02)));
-  V v = heads(g.add(g.matmul(x, param(g, "wv", {h, h}, ws)), param(g, "bv", {h}, 0.02)));
+  V q = heads(g.add(g.matmul(x, param("wq", {h, h}, ws)), param("bq", {h}, 0.02)));
+  V k = heads(g.add(g.matmul(x, param("wk", {h, h}, ws)), param("bk", {h}, 0.02)));
+  V v = heads(g.add(g.matmul(x, param("wv", {h, h}, ws)), param("bv", {h}, 0.02)));
   v1::AttentionAttrs attn;
   attn.set_mask(v1::MASK_BIDIRECTIONAL);
   V a = g.attention(q, k, v, attn);
-  g.named("attention");
+  g.named(prefix + "attention");
   V merged = g.reshape(g.transpose(a, {0, 2, 1, 3}), {-1, c.seq, h});
-  V o = g.add(g.matmul(merged, param(g, "wo", {h, h}, ws)), param(g, "bo", {h}, 0.02));
-  V h1 = g.layer_norm(g.add(o, x), param(g, "ln1_g", {h}, 0.1, 1.0), param(g, "ln1_b", {h}, 0.1),
+  V o = g.add(g.matmul(merged, param("wo", {h, h}, ws)), param("bo", {h}, 0.02));
+  V h1 = g.layer_norm(g.add(o, x), param("ln1_g", {h}, 0.1, 1.0), param("ln1_b", {h}, 0.1),
                       c.epsilon);
-  g.named("ln1");
-  V f = g.gelu(g.add(g.matmul(h1, param(g, "w1", {h, c.ffn}, ws)), param(g, "b1", {c.ffn}, 0.02)));
-  V f2 = g.add(g.matmul(f, param(g, "w2", {c.ffn, h}, 1.0 / std::sqrt(static_cast<double>(c.ffn)))),
-               param(g, "b2", {h}, 0.02));
-  V y = g.layer_norm(g.add(f2, h1), param(g, "ln2_g", {h}, 0.1, 1.0), param(g, "ln2_b", {h}, 0.1),
+  g.named(prefix + "ln1");
+  V f = g.gelu(g.add(g.matmul(h1, param("w1", {h, c.ffn}, ws)), param("b1", {c.ffn}, 0.02)));
+  V f2 = g.add(g.matmul(f, param("w2", {c.ffn, h}, 1.0 / std::sqrt(static_cast<double>(c.ffn)))),
+               param("b2", {h}, 0.02));
+  V y = g.layer_norm(g.add(f2, h1), param("ln2_g", {h}, 0.1, 1.0), param("ln2_b", {h}, 0.1),
                      c.epsilon);
-  g.named("ln2");
+  g.named(prefix + "ln2");
+  return y;
+}
+
+}  // namespace
+
+Model EncoderLayer(const EncoderConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Model m;
+  GraphBuilder g("encoder_layer");
+  V x = g.input("x", v1::DTYPE_F32, {std::string("batch"), c.seq, c.hidden});
+  g.output("y", AddEncoderLayer(g, m, rng, c, x, ""));
+  m.graph = g.Build();
+  return m;
+}
+
+Model EncoderStack(const EncoderConfig& c, int layers, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Model m;
+  GraphBuilder g(absl::StrCat("encoder_", layers, "_layers"));
+  V y = g.input("x", v1::DTYPE_F32, {std::string("batch"), c.seq, c.hidden});
+  for (int l = 0; l < layers; ++l) y = AddEncoderLayer(g, m, rng, c, y, absl::StrCat("l", l, "_"));
   g.output("y", y);
   m.graph = g.Build();
   return m;

@@ -34,6 +34,9 @@ struct EncoderConfig {
 // (batch symbolic), output "y".
 Model EncoderLayer(const EncoderConfig& config, uint64_t seed = 2);
 HostTensor EncoderLayerReference(const Model& m, const EncoderConfig& config, const HostTensor& x);
+// `layers` encoder layers in a row (BERT-base's encoder: 12), each with its own
+// params named "l<i>_wq" and so on; input "x", output "y".
+Model EncoderStack(const EncoderConfig& config, int layers, uint64_t seed = 2);
 
 // Uniform random f32 tensor in [-scale, scale).
 HostTensor RandomF32(std::mt19937_64& rng, const Dims& dims, double scale);
