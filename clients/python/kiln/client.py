@@ -201,6 +201,7 @@ class Client:
         # Whether the last run() / train_step() went through shared memory.
         self.last_run_shared_memory = False
         self.last_train_step_shared_memory = False
+        self._train_step_shm_refused = False  # kilnd refused a batch in shared memory
 
     def close(self):
         if self._shm is not None:
@@ -325,7 +326,8 @@ class Client:
         batch goes through shared memory when run() would use it (a local
         kilnd; last_train_step_shared_memory tells), else as bytes."""
         req = service_pb2.TrainStepRequest(session_id=_session_id(session))
-        resp = self._train_step_shm(req, batch) if self._shm is not None else None
+        use_shm = self._shm is not None and not self._train_step_shm_refused
+        resp = self._train_step_shm(req, batch) if use_shm else None
         self.last_train_step_shared_memory = resp is not None
         if resp is not None:
             return resp
@@ -353,6 +355,11 @@ class Client:
                 self._shm.reset(conn)
                 return None
             self._shm.release(conn, region)
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT and "names shared memory" in e.message:
+                # A kilnd from before TrainStep took shared memory: nothing
+                # ran; bytes from now on.
+                self._train_step_shm_refused = True
+                return None
             raise
         except BaseException:
             self._shm.release(conn, region)
