@@ -10,6 +10,10 @@ Prints one JSON object with the medians.
 
 With --inproc, each round also runs the same step in process (the engine alone,
 no gRPC; kiln_train_bench's median over its steps), for "kilnd vs in-process".
+
+The client sends each batch through shared memory when kilnd is local (its
+default; "kiln_kilnd"); a second session of a client with shared_memory=False
+sends it as bytes in the request ("kiln_kilnd_bytes"), in the same rounds.
 """
 
 import argparse
@@ -144,6 +148,9 @@ def bench_model(args, server, name):
     client = kiln.connect(server.addr)
     session = client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                    optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
+    bytes_client = kiln.Client(server.addr, shared_memory=False)
+    bytes_session = bytes_client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
+                                               optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
     tensors = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     opt = torch.optim.AdamW(tensors.values(), lr=1e-3)
 
@@ -156,13 +163,19 @@ def bench_model(args, server, name):
     def kiln_step(i):
         session.step({"x": xs[i], "y": ys[i]})
 
+    def kiln_bytes_step(i):
+        bytes_session.step({"x": xs[i], "y": ys[i]})
+
     for i in range(3):  # warm-up: compile, first allocations
         kiln_step(i)
+        kiln_bytes_step(i)
         torch_step(i)
-    times = {"kiln_kilnd": [], "torch": []}
+    shared_memory = client.last_train_step_shared_memory
+    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": []}
     inproc = []
     for _ in range(args.rounds):
-        for label, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step)):
+        for label, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step),
+                          ("kiln_kilnd_bytes", kiln_bytes_step)):
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 fn(i)
@@ -174,6 +187,8 @@ def bench_model(args, server, name):
             inproc.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
     session.close()
     client.close()
+    bytes_session.close()
+    bytes_client.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     if inproc:
         med["kiln_inproc"] = statistics.median(inproc)
@@ -183,10 +198,13 @@ def bench_model(args, server, name):
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0],
         "steps_per_series": args.steps, "rounds": args.rounds,
+        "batch_through_shared_memory": shared_memory,
         "median_ms": med,
         "kiln_over_torch": med["kiln_kilnd"] / med["torch"],
         "kiln_inproc_over_torch": med["kiln_inproc"] / med["torch"] if inproc else None,
         "kilnd_over_inproc": med["kiln_kilnd"] / med["kiln_inproc"] if inproc else None,
+        "kilnd_bytes_over_inproc":
+            med["kiln_kilnd_bytes"] / med["kiln_inproc"] if inproc else None,
     }), flush=True)
 
 

@@ -155,7 +155,7 @@ absl::StatusOr<std::vector<TensorRef>> CheckNamedTensors(
     if (nt.has_shm()) {
       if (!allow_shm) {
         return absl::InvalidArgumentError(absl::StrCat(
-            what, " names shared memory: only Run's inputs may; send the bytes in tensor.data"));
+            what, " names shared memory: only Run's inputs (and TrainStep's batch) may; send the bytes in tensor.data"));
       }
       const v1::Tensor& t = nt.tensor();
       KILN_ASSIGN_OR_RETURN(

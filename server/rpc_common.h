@@ -3,6 +3,7 @@
 
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <utility>
 
@@ -41,9 +42,16 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
 // An optimizer-state tensor set on a training session (a checkpoint's
 // restore): "opt/step" must be i64[]; "opt/<param>/<m|v|momentum>" must name a
 // param of the graph and have its dtype and dims. Which of them the optimizer
-// keeps is checked when the next step builds its training set.
+// keeps is checked when the next step builds its training set. With
+// `lsq_scales` (the session trains with QAT's learned scales), <param> may
+// also be a learned scale "<param of the graph>/lsq_scale" (f32; its dims are
+// the training step's to check).
 absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const std::string& name,
-                                        DType dtype, const Dims& dims);
+                                        DType dtype, const Dims& dims, bool lsq_scales = false);
+// Whether `name` is the learned QAT scale of a param of the graph
+// ("<param>/lsq_scale", engine/passes/qat.h); a session training with
+// QatSpec.lsq takes it as it takes its params (f32, dims checked by the step).
+bool IsLsqScaleOf(const GraphSignature& signature, std::string_view name);
 // A run's inputs against the graph's: every input given once, no others,
 // dtypes equal, ranks equal, concrete dims equal.
 absl::Status CheckInputsAgainst(const GraphSignature& signature,

@@ -131,10 +131,18 @@ class SetParamsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> 
           absl::StrCat("param ", QuoteClientString(c.name()), " is sent twice in one SetParams stream"));
     }
     const Dims dims(c.dims().begin(), c.dims().end());
-    // A training session also takes its optimizer state (a restored checkpoint).
+    // A training session also takes its optimizer state (a restored
+    // checkpoint), and with QAT's learned scales, those scales and their state.
+    const bool lsq = session_->training() && session_->options().transforms.qat().lsq();
     if (session_->training() && train::IsOptimizerState(c.name())) {
       KILN_RETURN_IF_ERROR(
-          CheckOptimizerStateAgainst(session_->signature(), c.name(), c.dtype(), dims));
+          CheckOptimizerStateAgainst(session_->signature(), c.name(), c.dtype(), dims, lsq));
+    } else if (lsq && IsLsqScaleOf(session_->signature(), c.name())) {
+      if (c.dtype() != v1::DTYPE_F32) {
+        return absl::InvalidArgumentError(absl::StrCat("learned QAT scale ",
+                                                       QuoteClientString(c.name()),
+                                                       " must be f32, got ", DTypeName(c.dtype())));
+      }
     } else {
       KILN_RETURN_IF_ERROR(CheckParamAgainst(session_->signature(), c.name(), c.dtype(), dims));
     }

@@ -22,6 +22,7 @@
 #include "engine/train/train_step.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
+#include "server/shm_run.h"
 
 namespace kiln::server {
 namespace {
@@ -43,8 +44,12 @@ class StepWork {
   absl::Status Admit(const grpc::ByteBuffer& bytes, std::shared_ptr<Session> session) {
     const ServiceDeps& d = service_.deps();
     KILN_RETURN_IF_ERROR(ParseMessage(bytes, request_, "the request"));
-    KILN_ASSIGN_OR_RETURN(inputs_,
-                          CheckNamedTensors(request_.inputs(), d.config->limits(), "input"));
+    KILN_ASSIGN_OR_RETURN(inputs_, CheckNamedTensors(request_.inputs(), d.config->limits(),
+                                                     "input", {}, /*allow_shm=*/true));
+    // The batch may sit in the tenant's shared memory (as Run's inputs do):
+    // bound here, held until the step is answered.
+    KILN_ASSIGN_OR_RETURN(shm_, RunShm::BindInputs(request_.inputs(), inputs_, d.shm,
+                                                   *call_.tenant));
     if (!session) {
       KILN_ASSIGN_OR_RETURN(session, d.sessions->Find(*call_.tenant, request_.session_id()));
     } else if (!request_.session_id().empty() && request_.session_id() != session->id()) {
@@ -131,7 +136,8 @@ class StepWork {
   KilnService::Call& call_;
   v1::TrainStepRequest request_;
   v1::TrainStepResponse response_;
-  std::vector<TensorRef> inputs_;  // views into request_
+  std::vector<TensorRef> inputs_;  // views into request_ or shm_'s regions
+  std::unique_ptr<RunShm> shm_;    // the batch's shared memory; null when in the request
   std::shared_ptr<Session> session_;
   std::shared_ptr<Executable> exe_;
   std::shared_ptr<ParamSet> params_;

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/passes/qat.h"
 #include "engine/train/train_step.h"
 #include "server/limits.h"
 #include "server/rpc_common.h"
@@ -259,8 +260,17 @@ absl::Status CheckParamAgainst(const GraphSignature& signature, const std::strin
                                                  "params: ", names.empty() ? "none" : names));
 }
 
+bool IsLsqScaleOf(const GraphSignature& signature, std::string_view name) {
+  if (!name.ends_with(passes::kLsqScaleSuffix)) return false;
+  const std::string_view param = name.substr(0, name.size() - std::strlen(passes::kLsqScaleSuffix));
+  for (const auto& p : signature.params) {
+    if (p.name == param) return true;
+  }
+  return false;
+}
+
 absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const std::string& name,
-                                        DType dtype, const Dims& dims) {
+                                        DType dtype, const Dims& dims, bool lsq_scales) {
   if (name == train::kStepParam || name == train::kGoodStepsParam ||
       name == train::kSkippedStepsParam) {
     if (dtype != v1::DTYPE_I64 || !dims.empty()) {
@@ -289,6 +299,14 @@ absl::Status CheckOptimizerStateAgainst(const GraphSignature& signature, const s
         "opt/loss_scale, opt/loss_scale_good_steps and opt/skipped_steps"));
   }
   const std::string param(rest.substr(0, slash));
+  if (lsq_scales && IsLsqScaleOf(signature, param)) {
+    if (dtype != v1::DTYPE_F32) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state ", QuoteClientString(name),
+                                                     " of a learned QAT scale must be f32, got ",
+                                                     DTypeName(dtype), DimsToString(dims)));
+    }
+    return absl::OkStatus();
+  }
   for (const auto& p : signature.params) {
     if (p.name != param) continue;
     if (p.type.dtype() != dtype || !DimsFit(p.type, dims)) {

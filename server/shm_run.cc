@@ -34,21 +34,17 @@ absl::StatusOr<const ShmRegion*> RunShm::Region(const ShmRegistry* shm, const Te
   return regions_.back().get();
 }
 
-absl::StatusOr<std::unique_ptr<RunShm>> RunShm::Bind(const v1::RunRequest& request,
-                                                     std::vector<TensorRef>& inputs,
-                                                     const ShmRegistry* shm, const Tenant& tenant) {
-  bool any = !request.shm_outputs().empty() || request.has_shm_output_area();
-  for (const v1::NamedTensor& in : request.inputs()) any = any || in.has_shm();
-  if (!any) return nullptr;
-  std::unique_ptr<RunShm> run(new RunShm(request));
-  for (int i = 0; i < request.inputs_size(); ++i) {
-    const v1::NamedTensor& in = request.inputs(i);
+absl::Status RunShm::BindNamed(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& named,
+                               std::vector<TensorRef>& inputs, const ShmRegistry* shm,
+                               const Tenant& tenant) {
+  for (int i = 0; i < named.size(); ++i) {
+    const v1::NamedTensor& in = named[i];
     if (!in.has_shm()) continue;
     TensorRef& ref = inputs[i];  // CheckNamedTensors keeps the request's order
     const std::string what = absl::StrCat("input ", QuoteClientString(in.name()));
-    KILN_ASSIGN_OR_RETURN(const ShmRegion* region, run->Region(shm, tenant, in.shm().region_id()));
+    KILN_ASSIGN_OR_RETURN(const ShmRegion* region, Region(shm, tenant, in.shm().region_id()));
     KILN_ASSIGN_OR_RETURN(char* data, region->Slice(in.shm().offset(), in.shm().bytes(), what));
-    run->input_spans_.push_back({in.name(), Span{region, in.shm().offset(), in.shm().bytes()}});
+    input_spans_.push_back({in.name(), Span{region, in.shm().offset(), in.shm().bytes()}});
     if (IsFloat(ref.dtype) || ref.bytes == 0) {
       ref.data = data;
       continue;
@@ -56,8 +52,30 @@ absl::StatusOr<std::unique_ptr<RunShm>> RunShm::Bind(const v1::RunRequest& reque
     auto copy = std::make_unique<char[]>(static_cast<size_t>(ref.bytes));
     std::memcpy(copy.get(), data, static_cast<size_t>(ref.bytes));
     ref.data = copy.get();
-    run->copies_.push_back(std::move(copy));
+    copies_.push_back(std::move(copy));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RunShm>> RunShm::BindInputs(
+    const google::protobuf::RepeatedPtrField<v1::NamedTensor>& named,
+    std::vector<TensorRef>& inputs, const ShmRegistry* shm, const Tenant& tenant) {
+  bool any = false;
+  for (const v1::NamedTensor& in : named) any = any || in.has_shm();
+  if (!any) return nullptr;
+  std::unique_ptr<RunShm> run(new RunShm(nullptr));
+  KILN_RETURN_IF_ERROR(run->BindNamed(named, inputs, shm, tenant));
+  return run;
+}
+
+absl::StatusOr<std::unique_ptr<RunShm>> RunShm::Bind(const v1::RunRequest& request,
+                                                     std::vector<TensorRef>& inputs,
+                                                     const ShmRegistry* shm, const Tenant& tenant) {
+  bool any = !request.shm_outputs().empty() || request.has_shm_output_area();
+  for (const v1::NamedTensor& in : request.inputs()) any = any || in.has_shm();
+  if (!any) return nullptr;
+  std::unique_ptr<RunShm> run(new RunShm(&request));
+  KILN_RETURN_IF_ERROR(run->BindNamed(request.inputs(), inputs, shm, tenant));
   for (const v1::NamedTensor& out : request.shm_outputs()) {
     const std::string what = absl::StrCat("shm_outputs ", QuoteClientString(out.name()));
     if (!out.has_shm()) return absl::InvalidArgumentError(absl::StrCat(what, " has no shm"));
@@ -74,6 +92,10 @@ absl::StatusOr<std::unique_ptr<RunShm>> RunShm::Bind(const v1::RunRequest& reque
 }
 
 absl::Status RunShm::PlanOutputs(const std::vector<OutputType>& outputs) {
+  if (request_ == nullptr) {
+    return absl::InternalError("output places planned for a request that has none");
+  }
+  const v1::RunRequest& request = *request_;
   planned_.clear();
   std::vector<int64_t> sizes;
   for (const OutputType& o : outputs) {
@@ -82,8 +104,8 @@ absl::Status RunShm::PlanOutputs(const std::vector<OutputType>& outputs) {
     sizes.push_back(b.value_or(-1));
   }
   std::vector<bool> explicit_output(outputs.size(), false);
-  for (int i = 0; i < request_.shm_outputs_size(); ++i) {
-    const v1::NamedTensor& want = request_.shm_outputs(i);
+  for (int i = 0; i < request.shm_outputs_size(); ++i) {
+    const v1::NamedTensor& want = request.shm_outputs(i);
     size_t o = 0;
     while (o < outputs.size() && outputs[o].name != want.name()) ++o;
     const std::string what = absl::StrCat("shm_outputs ", QuoteClientString(want.name()));
@@ -103,7 +125,7 @@ absl::Status RunShm::PlanOutputs(const std::vector<OutputType>& outputs) {
     planned_.push_back(Output{want.name(), data, want.shm().bytes(), want.shm()});
   }
   if (area_ != nullptr) {
-    const v1::SharedMemoryRef& a = request_.shm_output_area();
+    const v1::SharedMemoryRef& a = request.shm_output_area();
     int64_t cursor = a.offset();
     const int64_t end = a.offset() + a.bytes();  // inside the region: Bind checked
     for (size_t o = 0; o < outputs.size(); ++o) {

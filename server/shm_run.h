@@ -1,6 +1,8 @@
 // A Run call's shared memory (kiln/v1/shm.proto, server/shm_regions.h):
 // inputs named by (region, offset, bytes) bound to the region's bytes, and
-// the places outputs go (RunRequest.shm_outputs and shm_output_area).
+// the places outputs go (RunRequest.shm_outputs and shm_output_area). A
+// TrainStep's batch binds its inputs the same way (BindInputs; its outputs,
+// the loss and the learning rate, come back in the response).
 //
 // Float inputs are read in place; inputs of other dtypes (indices, masks,
 // shapes) are copied first, because the client may write its region while
@@ -35,6 +37,13 @@ class RunShm {
   static absl::StatusOr<std::unique_ptr<RunShm>> Bind(const v1::RunRequest& request,
                                                       std::vector<TensorRef>& inputs,
                                                       const ShmRegistry* shm, const Tenant& tenant);
+  // As Bind, for requests whose outputs come back as bytes (TrainStep's
+  // batch): binds the entries of `named` that name shared memory, with the
+  // same bounds checks and the tenant's own regions only. Null when none
+  // does. PlanOutputs must not be called on the result.
+  static absl::StatusOr<std::unique_ptr<RunShm>> BindInputs(
+      const google::protobuf::RepeatedPtrField<v1::NamedTensor>& named,
+      std::vector<TensorRef>& inputs, const ShmRegistry* shm, const Tenant& tenant);
   RunShm(const RunShm&) = delete;
   RunShm& operator=(const RunShm&) = delete;
 
@@ -45,7 +54,8 @@ class RunShm {
   };
   // Decides where each output goes, in graph order: its shm_outputs entry
   // (whose size must match), else the output area while it fits, else
-  // nowhere (bytes in the response). INVALID_ARGUMENT for an shm_outputs
+  // nowhere (bytes in the response). REQUIRES: made by Bind (a RunRequest).
+  // INVALID_ARGUMENT for an shm_outputs
   // name that is no output, a size that does not match, or outputs that
   // overlap each other or an input in shared memory.
   absl::Status PlanOutputs(const std::vector<OutputType>& outputs);
@@ -71,12 +81,15 @@ class RunShm {
     int64_t bytes;
     v1::SharedMemoryRef ref;
   };
-  explicit RunShm(const v1::RunRequest& request) : request_(request) {}
+  explicit RunShm(const v1::RunRequest* request) : request_(request) {}
+  absl::Status BindNamed(const google::protobuf::RepeatedPtrField<v1::NamedTensor>& named,
+                         std::vector<TensorRef>& inputs, const ShmRegistry* shm,
+                         const Tenant& tenant);
   absl::StatusOr<const ShmRegion*> Region(const ShmRegistry* shm, const Tenant& tenant,
                                           const std::string& id);
   const Output* Find(const std::string& name) const;
 
-  const v1::RunRequest& request_;  // outlives this (the call's)
+  const v1::RunRequest* request_;  // outlives this (the call's); null from BindInputs
   std::vector<std::shared_ptr<const ShmRegion>> regions_;
   std::vector<std::unique_ptr<char[]>> copies_;  // non-float inputs
   std::vector<std::pair<std::string, Span>> input_spans_;  // inputs read in place or copied

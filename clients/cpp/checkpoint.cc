@@ -1,5 +1,6 @@
 #include "clients/cpp/checkpoint.h"
 
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -21,6 +22,7 @@ namespace {
 
 constexpr char kStepTensor[] = "opt/step";
 constexpr char kStatePrefix[] = "opt/";
+constexpr char kLsqScaleSuffix[] = "/lsq_scale";  // QAT's learned scales (engine/passes/qat.h)
 
 // The metadata keys Kiln owns; the caller's may not reuse them.
 constexpr const char* kOwnKeys[] = {"format", "format_version", "step", "training_spec",
@@ -175,6 +177,17 @@ absl::StatusOr<RestoredCheckpoint> RestoreCheckpoint(const Client& client,
   bool has_state = false;
   for (const io::SafetensorsEntry& t : file.tensors()) {
     if (declared.contains(t.name)) continue;
+    if (absl::EndsWith(t.name, kLsqScaleSuffix) &&
+        declared.contains(t.name.substr(0, t.name.size() - std::strlen(kLsqScaleSuffix)))) {
+      // A QAT run's learned weight scale: trained state, as the optimizer's
+      // is; kilnd checks its shape.
+      if (t.dtype != v1::DTYPE_F32) {
+        return Invalid(path, absl::StrCat(io::QuotedName(t.name), " is ", TypeOf(t.dtype, t.dims),
+                                          ", not f32"));
+      }
+      has_state = true;
+      continue;
+    }
     if (!absl::StartsWith(t.name, kStatePrefix)) {
       return Invalid(path, absl::StrCat("tensor ", io::QuotedName(t.name),
                                         " is neither a param of the graph nor optimizer state"));

@@ -414,7 +414,23 @@ void ConvGroupVjp(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueR
   const IrDims xd = b.T(x).dims, wd = b.T(w).dims;
   std::vector<int64_t> perm = {1, 0};
   for (int i = 0; i < c.sp; ++i) perm.push_back(2 + i);
-  if (need_x) {
+  if (need_x && c.sp == 2) {
+    // A 2-D conv's input gradient is the transposed conv of g with the same
+    // weights, geometry and padding; the output padding gives back the rows
+    // and columns the conv's stride skipped at the end (below the stride).
+    v1::Attrs a;
+    auto* t = a.mutable_conv_transpose2d();
+    const IrDims gd = b.T(g).dims;
+    for (int i = 0; i < c.sp; ++i) {
+      const int64_t eff = c.dilation[i] * (wd[2 + i] - 1) + 1;
+      t->add_stride(c.stride[i]);
+      t->add_dilation(c.dilation[i]);
+      t->add_pad_low(c.lo[i]);
+      t->add_pad_high(c.hi[i]);
+      t->add_output_padding(xd[2 + i] + c.lo[i] + c.hi[i] - eff - (gd[2 + i] - 1) * c.stride[i]);
+    }
+    *dx = b.r().Add(v1::OP_CONV_TRANSPOSE2D, {g, w}, std::move(a));
+  } else if (need_x) {
     ValueRef gi = g;
     for (int i = 0; i < c.sp; ++i) gi = Interleave(b, gi, 2 + i, c.stride[i]);
     ValueRef wf = b.r().Transpose(w, perm);
@@ -486,6 +502,64 @@ absl::Status ConvVjp(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
   };
   if (need[0]) grads[0] = concat(dxs, 1);
   if (need[1]) grads[1] = concat(dws, 0);
+  return b.status();
+}
+
+// ConvTranspose2d is the input gradient of the conv with its weights and
+// geometry (ConvGroupVjp above), so its x-gradient is that conv (forward) of
+// the cotangent, and its w-gradient that conv's weight gradient with the
+// cotangent as the conv's input and x as its output's cotangent. Output
+// padding at or over the stride (rows no tap reaches) has no rule.
+absl::Status ConvTransposeVjp(Builder& b, const ir::Node& n, ValueRef g,
+                              const std::vector<bool>& need, std::vector<ValueRef>& grads) {
+  const auto& a = n.attrs.conv_transpose2d();
+  const ValueRef x = n.operands[0], w = n.operands[1];
+  const int64_t groups = a.groups() == 0 ? 1 : a.groups();
+  if (groups > kMaxConvGradGroups) {
+    return NoRule(n, absl::StrCat("conv_transpose2d with ", groups, " groups (over ",
+                                  kMaxConvGradGroups, ") has no gradient rule"));
+  }
+  ConvShape c;
+  c.sp = 2;
+  auto get = [&](const google::protobuf::RepeatedField<int64_t>& f, int64_t dflt) {
+    std::vector<int64_t> v(2, dflt);  // the verifier checked: empty or one per dim
+    for (int i = 0; i < 2 && i < f.size(); ++i) v[i] = f[i];
+    return v;
+  };
+  c.stride = get(a.stride(), 1);
+  c.dilation = get(a.dilation(), 1);
+  c.lo = get(a.pad_low(), 0);
+  c.hi = get(a.pad_high(), 0);
+  const std::vector<int64_t> op = get(a.output_padding(), 0);
+  for (int i = 0; i < 2; ++i) {
+    if (op[i] >= c.stride[i]) {
+      return NoRule(n, absl::StrCat("conv_transpose2d with output_padding ", op[i],
+                                    " at or over its stride ", c.stride[i], " has no gradient rule"));
+    }
+  }
+  if (n.operands.size() == 3 && need[2]) grads[2] = b.r().Reduce(v1::REDUCE_SUM, g, {0, 2, 3}, false);
+  if (!need[0] && !need[1]) return b.status();
+  const int64_t cg = b.T(x).dims[1] / groups, og = b.T(w).dims[1];
+  std::vector<ValueRef> dxs, dws;
+  for (int64_t k = 0; k < groups; ++k) {
+    const ValueRef xk = groups == 1 ? x : b.Slice(x, 1, k * cg, (k + 1) * cg);
+    const ValueRef wk = groups == 1 ? w : b.Slice(w, 0, k * cg, (k + 1) * cg);
+    const ValueRef gk = groups == 1 ? g : b.Slice(g, 1, k * og, (k + 1) * og);
+    if (need[0]) dxs.push_back(ConvNode(b, gk, wk, c.stride, c.dilation, c.lo, c.hi));
+    if (need[1]) {
+      ValueRef unused, dw;
+      ConvGroupVjp(b, c, gk, wk, xk, false, true, &unused, &dw);
+      dws.push_back(dw);
+    }
+  }
+  auto join = [&](std::vector<ValueRef> parts, int64_t axis) {
+    if (parts.size() == 1) return parts[0];
+    v1::Attrs at;
+    at.mutable_concat()->set_axis(axis);
+    return b.r().Add(v1::OP_CONCAT, std::move(parts), std::move(at));
+  };
+  if (need[0]) grads[0] = join(dxs, 1);
+  if (need[1]) grads[1] = join(dws, 0);
   return b.status();
 }
 
@@ -829,7 +903,7 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_CLAMP: case v1::OP_MATMUL: case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX:
     case v1::OP_RESHAPE: case v1::OP_TRANSPOSE: case v1::OP_SLICE: case v1::OP_CONCAT:
     case v1::OP_EXPAND: case v1::OP_GATHER: case v1::OP_CUMSUM: case v1::OP_ROPE:
-    case v1::OP_CONV:
+    case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D:
     case v1::OP_SOFTMAX_CROSS_ENTROPY: case v1::OP_MEAN_SQUARED_ERROR:
       return true;
     case v1::OP_PAD:
@@ -949,6 +1023,8 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       break;
     case v1::OP_CONV:
       return ConvVjp(b, n, g, need, grads);
+    case v1::OP_CONV_TRANSPOSE2D:
+      return ConvTransposeVjp(b, n, g, need, grads);
     case v1::OP_POOL:
       return PoolVjp(b, n, g, grads);
     case v1::OP_CUMSUM: {
@@ -1135,7 +1211,7 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       });
       break;
     }
-    case v1::OP_CONV: {
+    case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D: {
       // Bilinear in (x, w), plus the bias.
       ValueRef l = Valid(t[0]) ? b.Same(n, {t[0], n.operands[1]}) : ValueRef{};
       ValueRef r = Valid(t[1]) ? b.Same(n, {n.operands[0], t[1]}) : ValueRef{};

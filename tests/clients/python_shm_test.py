@@ -54,6 +54,40 @@ class ShmTest(unittest.TestCase):
             out = s.run({"x": x[:10]})
             np.testing.assert_array_equal(out["z"], x[:10] + 1)
 
+    def test_train_step_batch_through_shared_memory(self):
+        # The same steps, batch through shared memory and as bytes: equal
+        # losses; bad offsets and other tenants' regions are kilnd's to refuse
+        # (tests/server/shm/shm_test.cc TrainStepBatchThroughSharedMemory).
+        g = kiln.parse("graph \"t\"\ninput x: f32[16, 8]\ninput y: i64[16]\n"
+                       "param w: f32[8, 3]\nlet loss = softmax_cross_entropy(x @ w, y)\nout loss\n")
+        rng = np.random.default_rng(3)
+        init = {"w": rng.standard_normal((8, 3)).astype(np.float32) * 0.1}
+        batches = [{"x": rng.standard_normal((16, 8)).astype(np.float32),
+                    "y": rng.integers(0, 3, 16).astype(np.int64)} for _ in range(4)]
+        with kiln.Client(KILND_PROC.addr) as c, kiln.Client(KILND_PROC.addr, shared_memory=False) as b:
+            sc = c.train_session(g, loss="loss", params=init, optimizer=kiln.Adam(lr=0.05))
+            sb = b.train_session(g, loss="loss", params=init, optimizer=kiln.Adam(lr=0.05))
+            for batch in batches:
+                lc, lb = sc.step(batch), sb.step(batch)
+                self.assertTrue(c.last_train_step_shared_memory)
+                self.assertFalse(b.last_train_step_shared_memory)
+                self.assertEqual(lc, lb)
+            self.assertEqual(sc.last.step, len(batches))
+            # A batch outside its region is refused by kilnd, and no step runs.
+            conn = shm.ShmConnection(c._call("ConnectSharedMemory",
+                                              shm_pb2.ConnectSharedMemoryRequest()))
+            r = conn.create_region("py-train-bad", 4096)
+            req = service_pb2.TrainStepRequest(session_id=sc.id)
+            shm.fill_inputs(req, r, batches[0])
+            req.inputs[0].shm.offset = 4096 - 64
+            with self.assertRaises(kiln.KilnError) as e:
+                c._call("TrainStep", req)
+            self.assertEqual(e.exception.code.name, "OUT_OF_RANGE")
+            sc.step(batches[0])
+            self.assertEqual(sc.last.step, len(batches) + 1)
+            r.close()
+            conn.close()
+
     def test_env_turns_it_off(self):
         os.environ["KILN_SHM"] = "0"
         try:

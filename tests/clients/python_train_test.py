@@ -250,6 +250,32 @@ class CheckpointTest(unittest.TestCase):
         for name in a:
             self.assertEqual(a[name].tobytes(), b[name].tobytes(), name)
 
+    def test_qat_lsq_resume_keeps_the_learned_scales(self):
+        # QAT with learned (LSQ) weight scales: the scales are params the
+        # steps move; they ride in the checkpoint with their Adam state, and
+        # the resumed run equals the uninterrupted one bit for bit.
+        init, batches = _mlp_setup()
+        qat = kiln.Qat(bits=8, per_channel=True, lsq=True)
+        full = self.session(params=init, optimizer=kiln.Adam(lr=0.02), qat=qat)
+        want = [full.step(b) for b in batches]
+        cut = self.session(params=init, optimizer=kiln.Adam(lr=0.02), qat=qat)
+        for b in batches[:3]:
+            cut.step(b)
+        cut.save(self.path("lsq.safetensors"))
+        tensors, _ = kiln.checkpoint.read(self.path("lsq.safetensors"))
+        self.assertIn("w1/lsq_scale", tensors)
+        self.assertIn("opt/w1/lsq_scale/m", tensors)
+        # Learned: the scale at step 3 is not the one at step 6.
+        self.assertNotEqual(np.asarray(tensors["w1/lsq_scale"]).tobytes(),
+                            full.get_params()["w1/lsq_scale"].tobytes())
+        resumed = self.session(resume=self.path("lsq.safetensors"),
+                               optimizer=kiln.Adam(lr=0.02), qat=qat)
+        self.assertEqual([resumed.step(b) for b in batches[3:]], want[3:])
+        a, b = full.get_params(), resumed.get_params()
+        self.assertEqual(sorted(a), sorted(b))
+        for name in a:
+            self.assertEqual(a[name].tobytes(), b[name].tobytes(), name)
+
     def test_qat_session_trains(self):
         init, batches = _mlp_setup()
         s = self.session(params=init, optimizer=kiln.Adam(lr=0.02),

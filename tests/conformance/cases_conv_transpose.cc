@@ -61,6 +61,11 @@ std::vector<Case> ConvTransposeCases() {
       {{1, 3, 4, 6}, {3, 5, 2, 3}, 3, 2, 0, 2, 0, 1, true},   // dilation 2, asymmetric pads
       {{1, 1, 1, 1}, {1, 1, 4, 4}, 1, 1, 0, 0, 0, 1, false},  // one pixel in, the kernel out
       {{2, 8, 7, 7}, {8, 4, 4, 4}, 2, 1, 1, 1, 0, 1, true},   // a DCGAN-style up-sampling layer
+      // The input gradient of the Fashion CNN's second conv (3x3, pad 1), 4 images.
+      {{4, 32, 7, 7}, {32, 16, 3, 3}, 1, 1, 1, 1, 0, 1, false},
+      // Output padding at the stride: rows no tap reaches hold the bias
+      // (computed in gather form; oneDNN's size rule does not cover it).
+      {{1, 2, 3, 3}, {2, 2, 2, 2}, 2, 1, 0, 0, 2, 1, true},
   };
   for (DType dt : ref::FloatTypes()) {
     for (size_t k = 0; k < specs.size(); ++k) {

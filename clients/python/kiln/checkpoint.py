@@ -32,6 +32,7 @@ VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
 _OWN_KEYS = ("format", "format_version", "step", "training_spec", "graph_sha256")
 _STEP = "opt/step"
+_LSQ_SUFFIX = "/lsq_scale"  # QAT's learned weight scales (engine/passes/qat.h)
 _COUNT = re.compile(r"[0-9]{1,18}")  # fits int64; no signs, spaces or other scripts' digits
 
 # safetensors dtype names <-> numpy (bf16 as uint16 bit patterns, as _dtypes).
@@ -274,6 +275,13 @@ def check(path, spec, graph_sha256, signature):
     has_state = False
     for name in tensors:
         if name in declared:
+            continue
+        if name.endswith(_LSQ_SUFFIX) and name[:-len(_LSQ_SUFFIX)] in declared:
+            # A QAT run's learned weight scale (kiln.Qat(lsq=True)): trained
+            # state as the optimizer's is; kilnd checks its shape.
+            if tensors[name].dtype != np.float32:
+                raise CheckpointError(f"{where}: {name!r} is {tensors[name].dtype}, not float32")
+            has_state = True
             continue
         if not name.startswith("opt/"):
             raise CheckpointError(f"{where}: tensor {name!r} is neither a param of the graph nor "

@@ -198,8 +198,10 @@ class Client:
         if shared_memory and not env_off and shm.is_local_target(self.addr):
             self._shm = shm.ShmPool(lambda: self._call(
                 "ConnectSharedMemory", shm_pb2.ConnectSharedMemoryRequest()))
-        # Whether the last run() went through shared memory.
+        # Whether the last run() / train_step() went through shared memory.
         self.last_run_shared_memory = False
+        self.last_train_step_shared_memory = False
+        self._train_step_shm_refused = False  # kilnd refused a batch in shared memory
 
     def close(self):
         if self._shm is not None:
@@ -320,10 +322,50 @@ class Client:
             raise KilnError(e.code(), e.details() or "", "TrainSteps") from None
 
     def train_step(self, session, batch) -> service_pb2.TrainStepResponse:
-        """One training step of a training session: loss, step and lr."""
+        """One training step of a training session: loss, step and lr. The
+        batch goes through shared memory when run() would use it (a local
+        kilnd; last_train_step_shared_memory tells), else as bytes."""
         req = service_pb2.TrainStepRequest(session_id=_session_id(session))
+        use_shm = self._shm is not None and not self._train_step_shm_refused
+        resp = self._train_step_shm(req, batch) if use_shm else None
+        self.last_train_step_shared_memory = resp is not None
+        if resp is not None:
+            return resp
         _named(batch, req.inputs)
         return self._call("TrainStep", req)
+
+    def _train_step_shm(self, req, batch):
+        """The step's response with the batch in shared memory, or None when
+        that is not possible this time (the caller sends bytes)."""
+        arrays = {name: np.asarray(v) for name, v in batch.items()}
+        got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
+        if got is None:
+            return None
+        conn, region = got
+        shm_req = service_pb2.TrainStepRequest()
+        shm_req.CopyFrom(req)
+        try:
+            shm.fill_inputs(shm_req, region, arrays)
+            resp = self._call("TrainStep", shm_req)
+        except KilnError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
+                # kilnd lost the region (restarted, connection dropped): the
+                # step did not run; bytes this time, a new connection next.
+                region.close(unregister=False)
+                self._shm.reset(conn)
+                return None
+            self._shm.release(conn, region)
+            if e.code == grpc.StatusCode.INVALID_ARGUMENT and "names shared memory" in e.message:
+                # A kilnd from before TrainStep took shared memory: nothing
+                # ran; bytes from now on.
+                self._train_step_shm_refused = True
+                return None
+            raise
+        except BaseException:
+            self._shm.release(conn, region)
+            raise
+        self._shm.release(conn, region)
+        return resp
 
     def set_params(self, session, params, progress=None) -> service_pb2.SetParamsResponse:
         """Streams `params` ({name: array}) in chunks; applied atomically at

@@ -250,6 +250,17 @@ class ShmPool:
 def fill_request(req, region, inputs) -> int:
     """Puts `inputs` ({name: array}) into `region` and names them in `req`,
     with the rest of the region as the output area. Returns the input bytes."""
+    offset = fill_inputs(req, region, inputs)
+    req.shm_output_area.region_id = region.id
+    req.shm_output_area.offset = offset
+    req.shm_output_area.bytes = region.size - offset
+    return offset
+
+
+def fill_inputs(req, region, inputs) -> int:
+    """Puts `inputs` ({name: array}) into `region` and names them in
+    `req.inputs` (a RunRequest's or a TrainStepRequest's), each 64-byte
+    aligned. Returns the bytes used."""
     offset = 0
     for name, value in inputs.items():
         arr = np.asarray(value)
@@ -263,9 +274,6 @@ def fill_request(req, region, inputs) -> int:
         nt.shm.offset = offset
         nt.shm.bytes = n
         offset += _align64(n)
-    req.shm_output_area.region_id = region.id
-    req.shm_output_area.offset = offset
-    req.shm_output_area.bytes = region.size - offset
     return offset
 
 

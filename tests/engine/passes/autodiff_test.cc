@@ -397,6 +397,17 @@ std::vector<AutodiffCase> Cases() {
                    "graph \"c\"\ninput x: T[2, 4, 4, 4]\ninput w: T[6, 2, 3, 3]\n"
                    "let y = conv(x, w, groups=2, pad_low=[1, 1], pad_high=[1, 1])\nout y\n",
                    {"x", "w"}});
+  // A 2-D conv's input gradient is a conv_transpose2d: with an output
+  // padding (rows the stride skipped at the end) and dilation.
+  cases.push_back({"conv2d_stride_dilation_output_padding",
+                   "graph \"c\"\ninput x: T[1, 2, 7, 5]\ninput w: T[3, 2, 3, 2]\n"
+                   "let y = conv(x, w, stride=[2, 2], dilation=[2, 1], pad_low=[1, 0])\nout y\n",
+                   {"x", "w"}});
+  cases.push_back({"conv_transpose2d_groups_bias_output_padding",
+                   "graph \"c\"\ninput x: T[1, 4, 3, 3]\ninput w: T[4, 3, 3, 2]\ninput b: T[6]\n"
+                   "let y = conv_transpose2d(x, w, b, stride=[2, 1], pad_low=[1, 0], "
+                   "pad_high=[0, 1], output_padding=[1, 0], groups=2)\nout y\n",
+                   {"x", "w", "b"}});
   cases.push_back(
       {"max_pool_tiles_crop",
        "graph \"p\"\ninput x: T[2, 2, 5, 4]\nlet y = max_pool(x, window=[2, 2])\nout y\n",

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <future>
 #include <limits>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -321,6 +323,112 @@ TEST_F(ShmTest, AnotherTenantsRegionIsNotFound) {
   EXPECT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(Run(req, &resp, kBob).ok());
   EXPECT_TRUE(Run(req, &resp, kAlice).ok());
+}
+
+// A TrainStep's batch through shared memory (x f32 read in place, y i64
+// copied first): the same losses as the same steps with the batch as bytes;
+// a batch outside the region, of the wrong size, or in another tenant's
+// region is refused with the status Run gives, and the step does not run.
+TEST_F(ShmTest, TrainStepBatchThroughSharedMemory) {
+  constexpr char kTrain[] = R"(graph "shm_train"
+input x: f32[4, 8]
+input y: i64[4]
+param w: f32[8, 3]
+let loss = softmax_cross_entropy(x @ w, y)
+out loss
+)";
+  auto stub = kilnd_->Stub();
+  auto create = [&](const std::string& key) {
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->set_text(kTrain);
+    req.mutable_options()->set_device("cpu:0");
+    v1::TrainingSpec* t = req.mutable_options()->mutable_transforms()->mutable_training();
+    t->set_loss("loss");
+    t->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAM);
+    t->mutable_optimizer()->set_lr(0.1);
+    HostTensor w = HostTensor::Create(v1::DTYPE_F32, {8, 3}).value();
+    for (int i = 0; i < 24; ++i) w.data_as<float>()[i] = 0.05f * static_cast<float>(i % 7) - 0.1f;
+    v1::NamedTensor* nw = req.add_params();
+    nw->set_name("w");
+    *nw->mutable_tensor() = testing::ToProto(w);
+    v1::CreateSessionResponse resp;
+    grpc::Status s = stub->CreateSession(Context(key).get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.session_id();
+  };
+  HostTensor x = HostTensor::Create(v1::DTYPE_F32, {4, 8}).value();
+  HostTensor y = HostTensor::Create(v1::DTYPE_I64, {4}).value();
+  for (int i = 0; i < 32; ++i) x.data_as<float>()[i] = std::sin(0.7f * static_cast<float>(i));
+  for (int i = 0; i < 4; ++i) y.data_as<int64_t>()[i] = i % 3;
+
+  auto c = Connect(kAlice);
+  ASSERT_NE(c, nullptr);
+  auto region = c->CreateRegion("batch", 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::memcpy((*region)->data(), x.data(), 128);
+  std::memcpy((*region)->data() + 128, y.data(), 32);
+  auto shm_step = [&](const std::string& session, const v1::SharedMemoryRef& xr,
+                      const v1::SharedMemoryRef& yr) {
+    v1::TrainStepRequest req;
+    req.set_session_id(session);
+    for (const auto& [name, dtype, dims, ref] :
+         {std::tuple{"x", v1::DTYPE_F32, Dims{4, 8}, xr}, std::tuple{"y", v1::DTYPE_I64, Dims{4}, yr}}) {
+      v1::NamedTensor* t = req.add_inputs();
+      t->set_name(name);
+      t->mutable_tensor()->set_dtype(dtype);
+      for (int64_t d : dims) t->mutable_tensor()->add_dims(d);
+      *t->mutable_shm() = ref;
+    }
+    return req;
+  };
+  const std::string by_shm = create(kAlice), by_bytes = create(kAlice);
+  for (int step = 1; step <= 3; ++step) {
+    v1::TrainStepResponse a, b;
+    grpc::Status s = stub->TrainStep(Context(kAlice).get(),
+                                     shm_step(by_shm, Ref("batch", 0, 128), Ref("batch", 128, 32)), &a);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    v1::TrainStepRequest bytes_req;
+    bytes_req.set_session_id(by_bytes);
+    v1::NamedTensor* nx = bytes_req.add_inputs();
+    nx->set_name("x");
+    *nx->mutable_tensor() = testing::ToProto(x);
+    v1::NamedTensor* ny = bytes_req.add_inputs();
+    ny->set_name("y");
+    *ny->mutable_tensor() = testing::ToProto(y);
+    s = stub->TrainStep(Context(kAlice).get(), bytes_req, &b);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(a.step(), step);
+    EXPECT_EQ(a.loss(), b.loss()) << "step " << step;
+  }
+  struct Case {
+    v1::SharedMemoryRef x;
+    std::string key;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Ref("batch", 4000, 128), kAlice, grpc::OUT_OF_RANGE, "not inside shared-memory region"},
+      {Ref("batch", -64, 128), kAlice, grpc::OUT_OF_RANGE, "not inside"},
+      {Ref("batch", 0, 124), kAlice, grpc::INVALID_ARGUMENT, "shm.bytes 128"},
+      {Ref("nope", 0, 128), kAlice, grpc::NOT_FOUND, "no shared-memory region \"nope\""},
+      // Bob's own session, Alice's region: not his to name.
+      {Ref("batch", 0, 128), kBob, grpc::NOT_FOUND, "no shared-memory region \"batch\""},
+  };
+  const std::string bobs = create(kBob);
+  for (const Case& k : cases) {
+    v1::TrainStepResponse resp;
+    grpc::Status s = stub->TrainStep(Context(k.key).get(),
+                                     shm_step(k.key == kBob ? bobs : by_shm, k.x, Ref("batch", 128, 32)),
+                                     &resp);
+    EXPECT_EQ(s.error_code(), k.code) << k.x.ShortDebugString() << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(k.message), std::string::npos) << s.error_message();
+  }
+  // None of the refused steps ran.
+  v1::TrainStepResponse last;
+  ASSERT_TRUE(stub->TrainStep(Context(kAlice).get(),
+                              shm_step(by_shm, Ref("batch", 0, 128), Ref("batch", 128, 32)), &last)
+                  .ok());
+  EXPECT_EQ(last.step(), 4);
 }
 
 TEST_F(ShmTest, RegisteredTwiceAndBadFds) {
