@@ -40,7 +40,24 @@ struct Value {
   ValueRef ref;
   TensorType type;
   std::shared_ptr<const Known> known;
+  // A one-element integer value computed at run time that is another one's
+  // plus a constant (`i`, Unsqueeze(i), Add(i, 1) in a Loop body): its
+  // elements equal base's + offset. A Slice whose starts and ends share a
+  // base has an extent known at import (end - start) and becomes a Gather.
+  struct Affine {
+    ValueRef base;
+    int64_t offset = 0;
+  };
+  std::optional<Affine> affine;
 };
+
+// `v`'s affine form when it is a one-element integer value not known at
+// import: its own, or {v.ref, 0}; nullopt otherwise.
+std::optional<Value::Affine> AffineOf(const Value& v);
+// Sets the affine form of a node's output from its inputs (Identity, Cast,
+// Unsqueeze, Squeeze, Reshape, Flatten pass it on; Add / Sub of a known
+// one-element integer shift it).
+void PropagateAffine(const onnx::NodeProto& n, const std::vector<const Value*>& inputs, Value& out);
 
 // Element i of an integer or bool tensor as int64.
 int64_t GetInt(const HostTensor& t, int64_t i);
