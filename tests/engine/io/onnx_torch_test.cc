@@ -70,6 +70,13 @@ class OnnxTorchTest : public ::testing::Test {
       EXPECT_EQ(dims[0].symbol(), "batch") << model->graph.nodes(0).DebugString();
     }
     std::vector<TensorRef> inputs = {TensorRef::Of("x", *x)};
+    // A second input, n (a loop's trip count), when the export wrote one.
+    absl::StatusOr<HostTensor> n = absl::NotFoundError("no n");
+    if (fs::exists(*dir_ / (name + ".n.pb"))) {
+      n = io::ParseOnnxTensor(ReadFile(*dir_ / (name + ".n.pb")));
+      ASSERT_TRUE(n.ok()) << n.status();
+      inputs.push_back(TensorRef::Of("n", *n));
+    }
     auto r = engine_->RunGraph(model->graph, inputs, nullptr, {}, {});
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->outputs.size(), 1u);
@@ -115,6 +122,17 @@ TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsManyIterations) { CheckModel("while_s
 TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsNone) { CheckModel("while_large", true); }
 TEST_F(OnnxTorchTest, ScriptedIfThenBranch) { CheckModel("if_pos", true); }
 TEST_F(OnnxTorchTest, ScriptedIfElseBranch) { CheckModel("if_neg", true); }
+// nn.TransformerEncoderLayer (post-norm, GELU, 4 heads): traced at opset 13
+// (LayerNorm and GELU decomposed into elementwise ops and reductions) and 17
+// (LayerNormalization), the batch symbolic and pinned; then looped by a
+// script, 3 times (Loop with a constant trip count) and n times with n an
+// input (a Loop whose trip count is known only at run time: a While).
+TEST_F(OnnxTorchTest, TransformerEncoderSymbolicBatch) { CheckModel("encoder", false); }
+TEST_F(OnnxTorchTest, TransformerEncoderPinnedBatch) { CheckModel("encoder", true); }
+TEST_F(OnnxTorchTest, TransformerEncoderOpset17SymbolicBatch) { CheckModel("encoder17", false); }
+TEST_F(OnnxTorchTest, TransformerEncoderOpset17PinnedBatch) { CheckModel("encoder17", true); }
+TEST_F(OnnxTorchTest, TransformerEncoderScriptedLoop) { CheckModel("encoder_loop", true); }
+TEST_F(OnnxTorchTest, TransformerEncoderLoopWithTripCountInput) { CheckModel("encoder_loop_n", true); }
 
 }  // namespace
 }  // namespace kiln
