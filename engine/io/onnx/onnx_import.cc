@@ -210,12 +210,18 @@ absl::Status ConvertNodes(const onnx::GraphProto& graph, ir::Graph& g, const Onn
     const std::vector<const Value*> input_values(inputs.begin(), inputs.end());
     Importer c(g, options, n, opset, std::move(inputs));
     c.set_scope(&values);
+    c.set_producers(&graph, &producer);
     absl::Status s;
     auto folded = TryFold(c);
     if (!folded.ok()) {
       s = folded.status();
     } else if (!*folded) {
-      s = table.at(n.op_type())(c);
+      auto pattern = TryPattern(c);
+      if (!pattern.ok()) {
+        s = pattern.status();
+      } else if (!*pattern) {
+        s = table.at(n.op_type())(c);
+      }
     }
     if (absl::IsUnimplemented(s)) {
       unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset), ": ", s.message())});
@@ -416,6 +422,7 @@ absl::StatusOr<ValueRef> EmitIn(ir::Graph& g, const Importer& c, v1::OpKind op,
 }
 
 absl::StatusOr<v1::Graph> ExportSubgraph(ir::Graph& g, const std::vector<std::string>& order) {
+  g.RemoveDeadNodes();  // what a pattern (onnx_patterns.cc) left behind
   v1::Graph exported;
   ir::ExportGraph(g, &exported);
   v1::Graph out = exported;

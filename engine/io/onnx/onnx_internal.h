@@ -153,6 +153,14 @@ class Importer {
                                   bool keepdims);
   const TensorType& TypeOf(ValueRef v) const { return graph_.TypeOf(v); }
 
+  // The ONNX node producing each value of the graph this node is in (what
+  // the pattern converters of onnx_patterns.cc walk back through).
+  void set_producers(const onnx::GraphProto* graph, const absl::flat_hash_map<std::string, int>* producer) {
+    onnx_graph_ = graph;
+    producer_ = producer;
+  }
+  // The node producing `name` when it is of type `op`, else nullptr.
+  const onnx::NodeProto* Producer(const std::string& name, const char* op) const;
   // The values of the graph this node is in (a subgraph reads some of them).
   void set_scope(ValueMap* scope) { scope_ = scope; }
   const ValueMap* scope() const { return scope_; }
@@ -181,7 +189,15 @@ class Importer {
   std::vector<std::optional<Value>> outputs_;
   int emitted_ = 0;
   ValueMap* scope_ = nullptr;
+  const onnx::GraphProto* onnx_graph_ = nullptr;
+  const absl::flat_hash_map<std::string, int>* producer_ = nullptr;
 };
+
+// Converts `c`'s node together with the nodes before it when they form a
+// pattern a Kiln op computes in one (onnx_patterns.cc): the decomposed
+// LayerNorm and exact GELU of PyTorch's exports, and Pow(x, 2) as x * x.
+// False when no pattern ends at this node (it is then converted alone).
+absl::StatusOr<bool> TryPattern(Importer& c);
 
 // Control flow (onnx_import.cc): the names a subgraph reads from enclosing
 // graphs (graphs nested in it included), in first-use order.
