@@ -159,7 +159,8 @@ class Importer {
     onnx_graph_ = graph;
     producer_ = producer;
   }
-  // The node producing `name` when it is of type `op`, else nullptr.
+  // The node producing `name` when it is of type `op` (with one output and at
+  // least one input), else nullptr.
   const onnx::NodeProto* Producer(const std::string& name, const char* op) const;
   // The values of the graph this node is in (a subgraph reads some of them).
   void set_scope(ValueMap* scope) { scope_ = scope; }

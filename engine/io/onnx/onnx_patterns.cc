@@ -24,7 +24,10 @@ const onnx::NodeProto* Importer::Producer(const std::string& name, const char* o
   auto it = producer_->find(name);
   if (it == producer_->end()) return nullptr;
   const onnx::NodeProto& n = onnx_graph_->node(it->second);
-  if (n.op_type() != op || !(n.domain().empty() || n.domain() == "ai.onnx")) return nullptr;
+  if (n.op_type() != op || !(n.domain().empty() || n.domain() == "ai.onnx") || n.input_size() < 1 ||
+      n.output_size() != 1) {
+    return nullptr;  // (every pattern reads input 0 of the nodes it walks through)
+  }
   return &n;
 }
 
