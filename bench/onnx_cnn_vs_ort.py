@@ -5,7 +5,7 @@ alternating Kiln / ORT round by round; prints one JSON line per model with the
 medians, their ratio and the largest output difference from PyTorch.
 
     bench/onnx_cnn_vs_ort.py BUILD_DIR [--rounds 5] [--iters 40] [--batch 8]
-        [--model cnn|encoder|encoder17|encoder_loop|all] [--report]
+        [--model cnn|encoder|encoder17|encoder_loop|all] [--report] [--baseline BUILD_DIR]
 
 --model picks the export (default cnn, the figures of docs/benchmarks.md):
   encoder       nn.TransformerEncoderLayer at BERT-base size (768 wide, 12
@@ -130,6 +130,9 @@ def main():
     ap.add_argument("--model", default="cnn",
                     choices=["cnn", "encoder", "encoder17", "encoder_loop", "all"])
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--baseline", metavar="BUILD_DIR",
+                    help="also run this build's kiln_onnx_bench each round (e.g. main's), "
+                         "interleaved with the others")
     args = ap.parse_args()
     models = ["cnn", "encoder", "encoder17", "encoder_loop"] if args.model == "all" else [args.model]
     for which in models:
@@ -147,8 +150,13 @@ def run_model(args, which):
         else:
             model, y_torch, shape = export_encoder(tmp, which)
         kiln_out, ort_out = os.path.join(tmp, "y_kiln.bin"), os.path.join(tmp, "y_ort.bin")
-        kiln, ortr = [], []
+        kiln, ortr, base = [], [], []
         for r in range(args.rounds):
+            if args.baseline:
+                cmd = [os.path.join(args.baseline, "bench", "engine", "kiln_onnx_bench"), model,
+                       os.path.join(tmp, "x.pb"), "--iters", str(args.iters), "--threads",
+                       str(args.threads)]
+                base.append(run_json(cmd, env)["p50_ms"])
             cmd = [bench, model, os.path.join(tmp, "x.pb"), "--iters", str(args.iters),
                    "--threads", str(args.threads)]
             if r == 0:
@@ -167,6 +175,10 @@ def run_model(args, which):
         y_kiln = np.fromfile(kiln_out, dtype=np.float32)
         y_ort = np.fromfile(ort_out, dtype=np.float32)
     k, o = statistics.median(kiln), statistics.median(ortr)
+    extra = {}
+    if base:
+        extra = {"baseline_p50_ms_rounds": base, "baseline_p50_ms": statistics.median(base),
+                 "baseline_over_ort": statistics.median(base) / o}
     print(json.dumps({
         "bench": f"onnx_{which}_fp32_vs_onnxruntime", "threads": args.threads,
         "input": shape, "rounds": args.rounds, "iters_per_round": args.iters,
@@ -174,6 +186,7 @@ def run_model(args, which):
         "kiln_p50_ms": k, "ort_p50_ms": o, "kiln_over_ort": k / o,
         "max_abs_diff_kiln_torch": float(np.max(np.abs(y_kiln - y_torch.reshape(-1)))),
         "max_abs_diff_ort_torch": float(np.max(np.abs(y_ort - y_torch.reshape(-1)))),
+        **extra,
     }), flush=True)
 
 
