@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "engine/io/onnx/onnx_import.h"
+#include "engine/io/onnx/onnx_specialize.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -103,6 +104,29 @@ absl::StatusOr<v1::GraphSource> LoadGraphFile(const std::string& path) {
       absl::StrCat(path,
                    ": not a graph: expected `.kiln` text, a binary kiln.v1.Graph (.pb) or a "
                    "kiln.v1.Graph in protobuf text format (.pbtxt)"));
+}
+
+absl::StatusOr<v1::GraphSource> LoadGraphFileForInputs(const std::string& path,
+                                                       const std::map<std::string, HostTensor>& inputs,
+                                                       std::vector<std::string>* fixed) {
+  fixed->clear();
+  absl::StatusOr<v1::GraphSource> plain = LoadGraphFile(path);
+  if (plain.ok() || !absl::IsUnimplemented(plain.status()) || !absl::EndsWith(path, ".onnx")) return plain;
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  auto specializer = io::OnnxSpecializer::Create(ss.str(), {});
+  if (!specializer.ok()) return plain.status();
+  std::vector<std::pair<std::string, const HostTensor*>> values;
+  for (const auto& [name, t] : inputs) values.emplace_back(name, &t);
+  auto model = (*specializer)->For(values);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
+  }
+  *fixed = (*specializer)->value_inputs();
+  v1::GraphSource src;
+  *src.mutable_graph() = (*model)->graph;
+  return src;
 }
 
 }  // namespace kiln

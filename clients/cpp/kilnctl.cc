@@ -313,14 +313,18 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
     return absl::InvalidArgumentError(
         "kilnctl run needs a graph file or --model NAME[:VERSION], not both");
   }
+  TensorMap inputs, params;
+  KILN_RETURN_IF_ERROR(LoadTensors(f.inputs, "--input", inputs));
   v1::GraphSource graph;
   if (!f.model.empty()) {
     KILN_ASSIGN_OR_RETURN(*graph.mutable_model(), ParseModelRef(f.model));
   } else {
-    KILN_ASSIGN_OR_RETURN(graph, LoadGraphFile(f.graph));
+    // An ONNX model whose shapes depend on an input's value is imported for
+    // the value given; that input is then part of the graph, not sent.
+    std::vector<std::string> fixed;
+    KILN_ASSIGN_OR_RETURN(graph, LoadGraphFileForInputs(f.graph, inputs, &fixed));
+    for (const std::string& name : fixed) inputs.erase(name);
   }
-  TensorMap inputs, params;
-  KILN_RETURN_IF_ERROR(LoadTensors(f.inputs, "--input", inputs));
   KILN_RETURN_IF_ERROR(LoadTensors(f.params, "--param", params));
   if (!f.params_dir.empty()) KILN_RETURN_IF_ERROR(LoadParamsDir(f.params_dir, params));
   KILN_RETURN_IF_ERROR(LoadWeightFiles(f.weights, params));

@@ -97,6 +97,55 @@ std::string NodeDescription(const onnx::NodeProto& n, int index, int opset) {
                       ", opset ", opset, ")");
 }
 
+bool RunTimeInteger(const Value& v) {
+  return v.ref.node >= 0 && (v.known == nullptr || !v.known->complete()) && IsInteger(v.type.dtype) &&
+         v.type.is_static() && v.type.num_elements() == 1;
+}
+
+}  // namespace
+
+std::optional<Value::Affine> AffineOf(const Value& v) {
+  if (!RunTimeInteger(v)) return std::nullopt;
+  if (v.affine) return v.affine;
+  return Value::Affine{v.ref, 0};
+}
+
+void PropagateAffine(const onnx::NodeProto& n, const std::vector<const Value*>& inputs, Value& out) {
+  if (!RunTimeInteger(out) || inputs.empty() || inputs[0] == nullptr) return;
+  const std::string& op = n.op_type();
+  const std::optional<Value::Affine> a = AffineOf(*inputs[0]);
+  if (op == "Identity" || op == "Cast" || op == "Unsqueeze" || op == "Squeeze" || op == "Reshape" ||
+      op == "Flatten") {
+    out.affine = a;
+    return;
+  }
+  if ((op != "Add" && op != "Sub") || inputs.size() != 2 || inputs[1] == nullptr) return;
+  // A known one-element integer as an int64.
+  auto known = [](const Value& v) -> std::optional<int64_t> {
+    if (v.known == nullptr || !v.known->complete() || v.known->t->num_elements() != 1 ||
+        !IsInteger(v.known->t->dtype())) {
+      return std::nullopt;
+    }
+    return GetInt(*v.known->t, 0);
+  };
+  const std::optional<int64_t> k1 = known(*inputs[1]);
+  if (a && k1) {
+    int64_t off = 0;
+    const bool overflow = op == "Add" ? __builtin_add_overflow(a->offset, *k1, &off)
+                                      : __builtin_sub_overflow(a->offset, *k1, &off);
+    if (!overflow) out.affine = Value::Affine{a->base, off};
+    return;
+  }
+  const std::optional<int64_t> k0 = known(*inputs[0]);
+  const std::optional<Value::Affine> b = AffineOf(*inputs[1]);
+  int64_t off = 0;
+  if (op == "Add" && k0 && b && !__builtin_add_overflow(b->offset, *k0, &off)) {
+    out.affine = Value::Affine{b->base, off};
+  }
+}
+
+namespace {
+
 // A node output that a hook may claim (a Constant the user wants as a param):
 // true = taken, not a value of the graph.
 using OutputHook = std::function<absl::StatusOr<bool>(const std::string& name, const Value& v)>;
@@ -158,14 +207,21 @@ absl::Status ConvertNodes(const onnx::GraphProto& graph, ir::Graph& g, const Onn
       for (const auto& o : n.output()) poisoned.insert(o);
       continue;
     }
+    const std::vector<const Value*> input_values(inputs.begin(), inputs.end());
     Importer c(g, options, n, opset, std::move(inputs));
     c.set_scope(&values);
+    c.set_producers(&graph, &producer);
     absl::Status s;
     auto folded = TryFold(c);
     if (!folded.ok()) {
       s = folded.status();
     } else if (!*folded) {
-      s = table.at(n.op_type())(c);
+      auto pattern = TryPattern(c);
+      if (!pattern.ok()) {
+        s = pattern.status();
+      } else if (!*pattern) {
+        s = table.at(n.op_type())(c);
+      }
     }
     if (absl::IsUnimplemented(s)) {
       unsupported.push_back({i, absl::StrCat(NodeDescription(n, i, opset), ": ", s.message())});
@@ -192,6 +248,7 @@ absl::Status ConvertNodes(const onnx::GraphProto& graph, ir::Graph& g, const Onn
         KILN_ASSIGN_OR_RETURN(bool taken, hook(name, *c.outputs()[k]));
         if (taken) continue;
       }
+      if (k == 0) PropagateAffine(n, input_values, *c.outputs()[k]);
       values[name] = std::make_unique<Value>(std::move(*c.outputs()[k]));
     }
   }
@@ -365,6 +422,7 @@ absl::StatusOr<ValueRef> EmitIn(ir::Graph& g, const Importer& c, v1::OpKind op,
 }
 
 absl::StatusOr<v1::Graph> ExportSubgraph(ir::Graph& g, const std::vector<std::string>& order) {
+  g.RemoveDeadNodes();  // what a pattern (onnx_patterns.cc) left behind
   v1::Graph exported;
   ir::ExportGraph(g, &exported);
   v1::Graph out = exported;

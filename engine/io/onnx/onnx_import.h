@@ -58,6 +58,10 @@ struct OnnxImportOptions {
   // Constants computed at import (folded shape arithmetic) above this many
   // elements are left to the graph instead.
   int64_t max_folded_elements = 1 << 16;
+  // A Loop whose trip count is known at import (and so becomes a Scan) may
+  // run at most this many iterations (RESOURCE_EXHAUSTED past it); kilnd
+  // passes its limits.max_while_iterations, the bound its While runs have.
+  int64_t max_loop_iterations = 1000000;
 };
 
 struct OnnxModel {

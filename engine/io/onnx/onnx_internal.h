@@ -40,7 +40,24 @@ struct Value {
   ValueRef ref;
   TensorType type;
   std::shared_ptr<const Known> known;
+  // A one-element integer value computed at run time that is another one's
+  // plus a constant (`i`, Unsqueeze(i), Add(i, 1) in a Loop body): its
+  // elements equal base's + offset. A Slice whose starts and ends share a
+  // base has an extent known at import (end - start) and becomes a Gather.
+  struct Affine {
+    ValueRef base;
+    int64_t offset = 0;
+  };
+  std::optional<Affine> affine;
 };
+
+// `v`'s affine form when it is a one-element integer value not known at
+// import: its own, or {v.ref, 0}; nullopt otherwise.
+std::optional<Value::Affine> AffineOf(const Value& v);
+// Sets the affine form of a node's output from its inputs (Identity, Cast,
+// Unsqueeze, Squeeze, Reshape, Flatten pass it on; Add / Sub of a known
+// one-element integer shift it).
+void PropagateAffine(const onnx::NodeProto& n, const std::vector<const Value*>& inputs, Value& out);
 
 // Element i of an integer or bool tensor as int64.
 int64_t GetInt(const HostTensor& t, int64_t i);
@@ -136,6 +153,15 @@ class Importer {
                                   bool keepdims);
   const TensorType& TypeOf(ValueRef v) const { return graph_.TypeOf(v); }
 
+  // The ONNX node producing each value of the graph this node is in (what
+  // the pattern converters of onnx_patterns.cc walk back through).
+  void set_producers(const onnx::GraphProto* graph, const absl::flat_hash_map<std::string, int>* producer) {
+    onnx_graph_ = graph;
+    producer_ = producer;
+  }
+  // The node producing `name` when it is of type `op` (with one output and at
+  // least one input), else nullptr.
+  const onnx::NodeProto* Producer(const std::string& name, const char* op) const;
   // The values of the graph this node is in (a subgraph reads some of them).
   void set_scope(ValueMap* scope) { scope_ = scope; }
   const ValueMap* scope() const { return scope_; }
@@ -164,7 +190,15 @@ class Importer {
   std::vector<std::optional<Value>> outputs_;
   int emitted_ = 0;
   ValueMap* scope_ = nullptr;
+  const onnx::GraphProto* onnx_graph_ = nullptr;
+  const absl::flat_hash_map<std::string, int>* producer_ = nullptr;
 };
+
+// Converts `c`'s node together with the nodes before it when they form a
+// pattern a Kiln op computes in one (onnx_patterns.cc): the decomposed
+// LayerNorm and exact GELU of PyTorch's exports, and Pow(x, 2) as x * x.
+// False when no pattern ends at this node (it is then converted alone).
+absl::StatusOr<bool> TryPattern(Importer& c);
 
 // Control flow (onnx_import.cc): the names a subgraph reads from enclosing
 // graphs (graphs nested in it included), in first-use order.

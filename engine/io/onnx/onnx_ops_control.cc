@@ -11,7 +11,9 @@
 //   Loop  -> While, carries (iteration, cond, v..., M, outer values...),
 //            when the body has no scan outputs; with scan outputs, Scan of
 //            length M when M and cond are known at import and the body
-//            passes cond through (so the trip count is M).
+//            passes cond through (so the trip count is M). M and cond
+//            given as graph inputs are known at import through value
+//            specialisation (onnx_specialize.h: one import per value).
 #include <optional>
 #include <string>
 #include <vector>
@@ -322,6 +324,11 @@ absl::Status LoopOp(Importer& c) {
           "passing cond through); Kiln's While keeps carry shapes");
     }
     trip = cond_false ? 0 : std::max<int64_t>(0, GetInt(*m_known, 0));
+    if (trip > c.options().max_loop_iterations) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          c.Label(), ": the Loop's trip count M = ", trip, " is over the iteration limit of ",
+          c.options().max_loop_iterations, " (max_while_iterations)"));
+    }
   }
   // The body's wrapper: iteration + 1, cond_out as a scalar, v_out, then
   // M and the passed values unchanged, then the scan outputs.

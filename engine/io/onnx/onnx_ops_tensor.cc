@@ -260,7 +260,62 @@ absl::StatusOr<ValueRef> GatherAxis(Importer& c, ValueRef x, int64_t axis,
   return c.Emit(v1::OP_GATHER, {x, i}, a);
 }
 
+// Slice whose start and end are computed at run time from one value (the
+// Loop body's x[i:i+k]): end - start is known at import, so the result has a
+// static extent k and is Gather(x, s + arange(k)) along the axis. ONNX clamps
+// out-of-range bounds, which would shorten the result; Kiln's extent cannot
+// change at run time, so those runs fail on the gather's range check instead
+// (the index pushed past the dim when a negative start meets an end >= 0,
+// where ONNX counts them from different ends).
+absl::Status DynamicSliceOp(Importer& c) {
+  const std::optional<Value::Affine> start = AffineOf(c.in(1));
+  const std::optional<Value::Affine> end = AffineOf(c.in(2));
+  if (!start || !end || !(start->base == end->base)) {
+    return c.Unsupported(
+        "Slice's starts and ends are computed at run time and their difference is not known at "
+        "import (Kiln's shapes are static: the end must be the start plus a constant)");
+  }
+  KILN_ASSIGN_OR_RETURN(auto axes, c.Ints(3));
+  KILN_ASSIGN_OR_RETURN(auto steps, c.Ints(4));
+  if (axes && axes->size() != 1) return c.Invalid("starts, ends and axes differ in length");
+  if (steps && (steps->size() != 1 || (*steps)[0] != 1)) {
+    return c.Unsupported("a run-time Slice start with a step other than 1");
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, axes ? (*axes)[0] : 0, c.rank(0)));
+  const int64_t n = c.type(0).dims[axis];
+  if (n < 0) return c.Unsupported("a run-time Slice start over a run-time dim");
+  const int64_t k = std::clamp<int64_t>(end->offset - start->offset, 0, n);
+  KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
+  // s: the start as an int64 [1].
+  KILN_ASSIGN_OR_RETURN(ValueRef s, c.Ref(1));
+  KILN_ASSIGN_OR_RETURN(s, c.Cast(s, v1::DTYPE_I64));
+  KILN_ASSIGN_OR_RETURN(s, c.Reshape(s, {1}));
+  std::vector<int64_t> iota(k);
+  for (int64_t j = 0; j < k; ++j) iota[j] = j;
+  KILN_ASSIGN_OR_RETURN(ValueRef offsets, IndexConst(c, iota));
+  KILN_ASSIGN_OR_RETURN(ValueRef idx, c.Binary(v1::BINARY_ADD, s, offsets));
+  // A negative start with end = start + k >= 0: ONNX's range is empty or
+  // wraps differently; push every index out of range so the run fails.
+  KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(v1::DTYPE_I64, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef neg_k, c.ScalarConst(v1::DTYPE_I64, static_cast<double>(-k)));
+  KILN_ASSIGN_OR_RETURN(ValueRef negative, c.Compare(v1::COMPARE_LT, s, zero));
+  KILN_ASSIGN_OR_RETURN(ValueRef crosses, c.Compare(v1::COMPARE_GE, s, neg_k));
+  KILN_ASSIGN_OR_RETURN(ValueRef f, c.ScalarConst(v1::DTYPE_BOOL, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef bad, c.Where(negative, crosses, f));
+  KILN_ASSIGN_OR_RETURN(ValueRef past, c.ScalarConst(v1::DTYPE_I64, static_cast<double>(2 * n + 2 * k)));
+  KILN_ASSIGN_OR_RETURN(ValueRef pushed, c.Binary(v1::BINARY_ADD, idx, past));
+  KILN_ASSIGN_OR_RETURN(idx, c.Where(bad, pushed, idx));
+  v1::Attrs a;
+  a.mutable_gather()->set_axis(axis);
+  KILN_ASSIGN_OR_RETURN(ValueRef y, c.Emit(v1::OP_GATHER, {x, idx}, a));
+  c.SetOutput(0, y);
+  return absl::OkStatus();
+}
+
 absl::Status SliceOp(Importer& c) {
+  if (c.opset() >= 10 && c.has(1) && c.has(2) && (c.Const(1) == nullptr || c.Const(2) == nullptr)) {
+    return DynamicSliceOp(c);
+  }
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
   KILN_ASSIGN_OR_RETURN(Importer::SliceArgs args, c.SliceOperands());
   std::vector<int64_t>& starts = args.starts;

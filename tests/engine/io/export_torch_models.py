@@ -2,7 +2,9 @@
 """Exports the PyTorch models kiln_onnx_test imports (an MLP, a CNN with
 BatchNorm, a CNN whose flatten is a Shape -> Gather -> Concat -> Reshape
 subgraph, an LSTM and a GRU (one direction and bidirectional), and scripted control flow: a while loop with a data-dependent trip
-count (ONNX Loop with an If in its body) and an if (ONNX If)) with torch.onnx.export, plus an input and PyTorch's output for each,
+count (ONNX Loop with an If in its body) and an if (ONNX If); an nn.TransformerEncoderLayer
+traced at opsets 13 and 17, and looped by a script 3 times or n times, n an input) with
+torch.onnx.export, plus an input and PyTorch's output for each (and n's value, <name>.n.pb),
 as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 
 Run by the test with Debian's /usr/bin/python3 (python3-torch 1.13, python3-onnx).
@@ -102,6 +104,77 @@ class IfBranch(nn.Module):
         return y
 
 
+def encoder_layer():
+    """nn.TransformerEncoderLayer as a BERT-style block (post-norm, GELU), small."""
+    return nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, activation="gelu",
+                                      batch_first=True).eval()
+
+
+class EncoderLoop(nn.Module):
+    """The same encoder layer applied `depth` times by a scripted for loop (ONNX
+    Loop with a constant trip count), or n times with n an input (a Loop whose
+    trip count is a graph input)."""
+
+    def __init__(self, layer, depth: int):
+        super().__init__()
+        self.layer = layer
+        self.depth = depth
+
+    def forward(self, x):
+        for _ in range(self.depth):
+            x = self.layer(x)
+        return x
+
+
+class EncoderLoopN(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, n: torch.Tensor):
+        for _ in range(int(n)):
+            x = self.layer(x)
+        return x
+
+
+def save_encoder(out, name, x, opset):
+    """Exported with autograd on: under no_grad an eval TransformerEncoderLayer
+    takes its fused fast path (aten::_transformer_encoder_layer_fwd), which has
+    no ONNX export. PyTorch's reference output takes that path."""
+    model = encoder_layer()
+    path = os.path.join(out, name + ".onnx")
+    torch.onnx.export(model, x, path, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=opset)
+    with torch.no_grad():
+        y = model(x)
+    onnx.checker.check_model(onnx.load(path))
+    for suffix, t in (("input", x), ("output", y)):
+        with open(os.path.join(out, f"{name}.{suffix}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy().astype(np.float32), suffix).SerializeToString())
+
+
+def save_encoder_loops(out, gen):
+    """Scripting nn.TransformerEncoderLayer itself fails (its fast path calls
+    aten::is_autocast_enabled, which has no ONNX export), so the layer is traced
+    and the loop around it scripted: the usual mix of the two."""
+    layer = encoder_layer()
+    x = torch.randn(2, 16, 64, generator=gen)
+    traced = torch.jit.trace(layer, (x,), check_trace=False)
+    save_scripted(out, "encoder_loop", EncoderLoop(traced, 3), x, 13)
+    n = torch.tensor(2, dtype=torch.int64)
+    path = os.path.join(out, "encoder_loop_n.onnx")
+    with torch.no_grad():
+        torch.onnx.export(torch.jit.script(EncoderLoopN(traced)), (x, n), path,
+                          input_names=["x", "n"], output_names=["y"], opset_version=13)
+        y = layer(layer(x))
+    onnx.checker.check_model(onnx.load(path))
+    for suffix, t in (("input", x), ("output", y)):
+        with open(os.path.join(out, f"encoder_loop_n.{suffix}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(t.numpy().astype(np.float32), suffix).SerializeToString())
+    with open(os.path.join(out, "encoder_loop_n.n.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(n.numpy(), "n").SerializeToString())
+
+
 def save_scripted(out, name, model, x, opset):
     path = os.path.join(out, name + ".onnx")
     scripted = torch.jit.script(model)
@@ -159,6 +232,12 @@ def main():
     save_scripted(out, "while_large", WhileLoop(), torch.randn(2, 3, generator=gen) * 100.0, 13)
     save_scripted(out, "if_pos", IfBranch(), torch.rand(2, 3, generator=gen) + 0.1, 13)
     save_scripted(out, "if_neg", IfBranch(), -torch.rand(2, 3, generator=gen) - 0.1, 13)
+    # The encoder layer traced (Loop-free): opset 13 decomposes LayerNorm
+    # (ReduceMean, Sub, Pow, Sqrt, Div), opset 17 keeps LayerNormalization.
+    x = torch.randn(2, 16, 64, generator=gen)
+    save_encoder(out, "encoder", x, 13)
+    save_encoder(out, "encoder17", x, 17)
+    save_encoder_loops(out, gen)
 
 
 if __name__ == "__main__":

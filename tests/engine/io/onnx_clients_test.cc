@@ -53,6 +53,53 @@ std::string LinearModel() {
   return m.SerializeAsString();
 }
 
+// ys[k] = x + k + 1 for k < M (a Loop with a scan output), M an input.
+std::string LoopModel() {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  auto* g = m.mutable_graph();
+  g->set_name("loop");
+  auto input = [](onnx::GraphProto* g, const char* name, int type, bool scalar) {
+    auto* in = g->add_input();
+    in->set_name(name);
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(type);
+    auto* shape = tt->mutable_shape();
+    if (!scalar) shape->add_dim()->set_dim_value(2);
+  };
+  input(g, "M", onnx::TensorProto::INT64, true);
+  input(g, "x", onnx::TensorProto::FLOAT, false);
+  auto* loop = g->add_node();
+  loop->set_op_type("Loop");
+  for (const char* i : {"M", "", "x"}) loop->add_input(i);
+  for (const char* o : {"last", "ys"}) loop->add_output(o);
+  auto* a = loop->add_attribute();
+  a->set_name("body");
+  a->set_type(onnx::AttributeProto::GRAPH);
+  onnx::GraphProto* body = a->mutable_g();
+  body->set_name("body");
+  input(body, "i", onnx::TensorProto::INT64, true);
+  input(body, "c", onnx::TensorProto::BOOL, true);
+  input(body, "v", onnx::TensorProto::FLOAT, false);
+  auto* one = body->add_initializer();
+  one->set_name("one");
+  one->set_data_type(onnx::TensorProto::FLOAT);
+  one->add_float_data(1);
+  auto node = [&](const char* op, std::vector<std::string> ins, const char* out) {
+    auto* n = body->add_node();
+    n->set_op_type(op);
+    for (auto& s : ins) n->add_input(s);
+    n->add_output(out);
+  };
+  node("Identity", {"c"}, "c_out");
+  node("Add", {"v", "one"}, "v_out");
+  node("Identity", {"v_out"}, "y");
+  for (const char* o : {"c_out", "v_out", "y"}) body->add_output()->set_name(o);
+  g->add_output()->set_name("ys");
+  return m.SerializeAsString();
+}
+
 class OnnxClientsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -86,6 +133,34 @@ TEST_F(OnnxClientsTest, GraphFileLoadsOnnx) {
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StartsWith(bad.status().message(), (dir_ / "bad.onnx").string()))
       << bad.status();
+}
+
+TEST_F(OnnxClientsTest, GraphFileForInputsSpecialisesALoopOnItsTripCount) {
+  const std::string path = (dir_ / "loop.onnx").string();
+  std::ofstream(path, std::ios::binary) << LoopModel();
+  auto plain = LoadGraphFile(path);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(plain.status())) << plain.status();
+  std::map<std::string, HostTensor> inputs;
+  inputs.emplace("M", HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {3}));
+  inputs.emplace("x", HostTensor::FromVector<float>(v1::DTYPE_F32, {2}, {0, 1}));
+  std::vector<std::string> fixed;
+  auto src = LoadGraphFileForInputs(path, inputs, &fixed);
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(fixed, (std::vector<std::string>{"M"}));
+  bool scan = false;
+  std::vector<std::string> graph_inputs;
+  for (const auto& n : src->graph().nodes()) {
+    scan |= n.op() == v1::OP_SCAN && n.attrs().scan().length() == 3;
+    if (n.op() == v1::OP_INPUT) graph_inputs.push_back(n.name());
+  }
+  EXPECT_TRUE(scan) << "a Scan of M = 3 steps";
+  EXPECT_EQ(graph_inputs, (std::vector<std::string>{"x"}));
+  // Without M the error names it.
+  inputs.erase("M");
+  auto missing = LoadGraphFileForInputs(path, inputs, &fixed);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "\"M\"")) << missing.status();
 }
 
 TEST_F(OnnxClientsTest, KilnctlImportToTextAndToBinaryWithParams) {

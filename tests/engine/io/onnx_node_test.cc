@@ -23,6 +23,7 @@
 #include "absl/strings/str_replace.h"
 #include "engine/engine.h"
 #include "engine/io/onnx/onnx_import.h"
+#include "engine/io/onnx/onnx_specialize.h"
 #include "onnx/onnx_pb.h"
 
 namespace kiln {
@@ -175,10 +176,27 @@ class OnnxNodeTest : public ::testing::Test {
         inputs.emplace_back(name, std::move(t).value());
       }
       auto model_result = io::ImportOnnxModel(bytes, options);
-      // Node tests feed axes, pads, shapes and scalar bounds as graph inputs;
-      // Kiln needs them at import, so such a case imports again with its
-      // integer and one-element inputs fixed, then with all but its first.
+      // Node tests feed axes, pads, shapes, trip counts and scalar bounds as
+      // graph inputs; Kiln needs them at import. Such a case is first
+      // specialised on the values of its small integer inputs
+      // (io::OnnxSpecializer, what a server does with such a model), then
+      // imports again with its integer and one-element inputs fixed, then
+      // with all but its first.
       std::set<std::string> fixed;
+      if (!model_result.ok() && absl::IsUnimplemented(model_result.status())) {
+        io::OnnxSpecializer::Options so;
+        so.import = options;
+        auto sp = io::OnnxSpecializer::Create(bytes, so);
+        if (sp.ok()) {
+          std::vector<std::pair<std::string, const HostTensor*>> values;
+          for (const auto& [name, t] : inputs) values.emplace_back(name, &t);
+          auto m = (*sp)->For(values);
+          if (m.ok()) {
+            model_result = **m;
+            for (const std::string& name : (*sp)->value_inputs()) fixed.insert(name);
+          }
+        }
+      }
       if (!model_result.ok() && absl::IsUnimplemented(model_result.status())) {
         for (const auto& [name, t] : inputs) {
           if (IsInteger(t.dtype()) || t.num_elements() == 1) {

@@ -70,6 +70,13 @@ class OnnxTorchTest : public ::testing::Test {
       EXPECT_EQ(dims[0].symbol(), "batch") << model->graph.nodes(0).DebugString();
     }
     std::vector<TensorRef> inputs = {TensorRef::Of("x", *x)};
+    // A second input, n (a loop's trip count), when the export wrote one.
+    absl::StatusOr<HostTensor> n = absl::NotFoundError("no n");
+    if (fs::exists(*dir_ / (name + ".n.pb"))) {
+      n = io::ParseOnnxTensor(ReadFile(*dir_ / (name + ".n.pb")));
+      ASSERT_TRUE(n.ok()) << n.status();
+      inputs.push_back(TensorRef::Of("n", *n));
+    }
     auto r = engine_->RunGraph(model->graph, inputs, nullptr, {}, {});
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->outputs.size(), 1u);
@@ -115,6 +122,39 @@ TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsManyIterations) { CheckModel("while_s
 TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsNone) { CheckModel("while_large", true); }
 TEST_F(OnnxTorchTest, ScriptedIfThenBranch) { CheckModel("if_pos", true); }
 TEST_F(OnnxTorchTest, ScriptedIfElseBranch) { CheckModel("if_neg", true); }
+// nn.TransformerEncoderLayer (post-norm, GELU, 4 heads): traced at opset 13
+// (LayerNorm and GELU decomposed into elementwise ops and reductions) and 17
+// (LayerNormalization), the batch symbolic and pinned; then looped by a
+// script, 3 times (Loop with a constant trip count) and n times with n an
+// input (a Loop whose trip count is known only at run time: a While).
+TEST_F(OnnxTorchTest, TransformerEncoderSymbolicBatch) { CheckModel("encoder", false); }
+TEST_F(OnnxTorchTest, TransformerEncoderPinnedBatch) { CheckModel("encoder", true); }
+TEST_F(OnnxTorchTest, TransformerEncoderOpset17SymbolicBatch) { CheckModel("encoder17", false); }
+TEST_F(OnnxTorchTest, TransformerEncoderOpset17PinnedBatch) { CheckModel("encoder17", true); }
+// The opset-13 export's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean,
+// Add, Sqrt, Div, Mul, Add) and exact GELU (Div, Erf, Add, Mul, Mul) import as
+// Kiln's LayerNorm and GELU (onnx_patterns.cc), so the engine's residual-norm
+// and matmul-epilogue fusions see them; opset 17's GELU too.
+TEST_F(OnnxTorchTest, TransformerEncoderDecomposedNormAndGeluImportAsKilnOps) {
+  ASSERT_EQ(export_status_, 0) << ReadFile(dir_->string() + ".log");
+  for (const char* name : {"encoder", "encoder17"}) {
+    auto model = io::ImportOnnxModel(ReadFile(*dir_ / (std::string(name) + ".onnx")), {});
+    ASSERT_TRUE(model.ok()) << model.status();
+    int norms = 0, gelus = 0, erfs = 0, pows = 0, reduces = 0;
+    for (const auto& n : model->graph.nodes()) {
+      norms += n.op() == v1::OP_LAYER_NORM;
+      reduces += n.op() == v1::OP_REDUCE;
+      gelus += n.op() == v1::OP_UNARY && n.attrs().unary().kind() == v1::UNARY_GELU;
+      erfs += n.op() == v1::OP_UNARY && n.attrs().unary().kind() == v1::UNARY_ERF;
+      pows += n.op() == v1::OP_BINARY && n.attrs().binary().kind() == v1::BINARY_POW;
+    }
+    EXPECT_EQ(norms, 2) << name;
+    EXPECT_EQ(gelus, 1) << name;
+    EXPECT_EQ(erfs + pows + reduces, 0) << name << ": the decomposed ops are left in the graph";
+  }
+}
+TEST_F(OnnxTorchTest, TransformerEncoderScriptedLoop) { CheckModel("encoder_loop", true); }
+TEST_F(OnnxTorchTest, TransformerEncoderLoopWithTripCountInput) { CheckModel("encoder_loop_n", true); }
 
 }  // namespace
 }  // namespace kiln
