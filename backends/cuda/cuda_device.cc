@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -116,7 +117,9 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
   info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16", "graphs"};
   if (c.cc_major >= 7) info.features.push_back("tensor_cores");
   // cuDNN is optional: without it attention stays on Kiln's own kernels.
-  if (absl::Status cudnn = LoadCudnn(); cudnn.ok()) {
+  if (CudnnDisabledBy(std::getenv("KILN_CUDNN"))) {
+    cudnn_missing_ = "disabled by KILN_CUDNN";
+  } else if (absl::Status cudnn = LoadCudnn(); cudnn.ok()) {
     cudnn_version_ = CudnnVersion();
     info.features.push_back(absl::StrCat("cudnn-", CudnnVersionText(cudnn_version_)));
   } else {

@@ -2,8 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "absl/strings/ascii.h"
@@ -19,9 +17,6 @@ absl::Status g_status;
 size_t g_version = 0;
 
 absl::Status DoLoad() {
-  if (CudnnDisabledBy(std::getenv("KILN_CUDNN"))) {
-    return absl::FailedPreconditionError("cudnn: disabled by KILN_CUDNN");
-  }
   void* lib = nullptr;
   std::string error;
   for (const char* name : {"libcudnn.so.9", "libcudnn.so"}) {

@@ -6,9 +6,9 @@
 // without it keeps Kiln's own attention kernels, and the device's features
 // say whether cuDNN was found and its version ("cudnn-9.14.0").
 //
-// KILN_CUDNN=0 (or "off") in the environment makes LoadCudnn fail as if the
-// library were absent: benchmarks time Kiln's own kernels beside cuDNN's in
-// one call (a device reads it once, at creation).
+// KILN_CUDNN=0 (or "off") in the environment when a CUDA device is created
+// makes that device use no cuDNN, as if the library were absent: benchmarks
+// and tests time and check Kiln's own kernels beside cuDNN's in one process.
 //
 // Thread safety: the table is loaded once (LoadCudnn is thread-safe and
 // idempotent) and immutable afterwards.
@@ -45,7 +45,7 @@ struct CudnnApi {
 };
 
 // Loads libcudnn.so.9 once and resolves every entry point; FAILED_PRECONDITION
-// naming what was missing (or "disabled by KILN_CUDNN") otherwise, the same
+// naming what was missing otherwise, the same
 // status on every later call. A library older than 9.0 is refused.
 absl::Status LoadCudnn();
 // REQUIRES: LoadCudnn() returned OK.
