@@ -57,10 +57,12 @@ std::string CudnnVersionText(size_t version) {
   return absl::StrCat(version / 10000, ".", (version % 10000) / 100, ".", version % 100);
 }
 
-bool CudnnDisabledBy(const char* env_value) {
-  if (env_value == nullptr) return false;
+CudnnUse CudnnUseFrom(const char* env_value) {
+  if (env_value == nullptr) return CudnnUse::kWherePreferred;
   const std::string v = absl::AsciiStrToLower(env_value);
-  return v == "0" || v == "off" || v == "false" || v == "no";
+  if (v == "0" || v == "off" || v == "false" || v == "no") return CudnnUse::kOff;
+  if (v == "always") return CudnnUse::kAlways;
+  return CudnnUse::kWherePreferred;
 }
 
 absl::Status CudnnCheck(cudnnStatus_t r, const char* call, const std::string& device) {

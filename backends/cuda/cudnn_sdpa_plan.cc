@@ -20,7 +20,7 @@ absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
   if (cudnn_version < 90000) return no("needs cuDNN 9");
   if (cc_major < 8) return no("needs compute capability 8.0 or newer");
   if (s.dtype != v1::DTYPE_F16 && s.dtype != v1::DTYPE_BF16) return no("serves f16 and bf16");
-  if (s.mask != v1::MASK_NONE && s.mask != v1::MASK_CAUSAL) {
+  if (s.mask != v1::MASK_NONE && s.mask != v1::MASK_BIDIRECTIONAL && s.mask != v1::MASK_CAUSAL) {
     return no("serves no mask or a causal mask, not ", v1::MaskKind_Name(
                                                            static_cast<v1::MaskKind>(s.mask)));
   }

@@ -27,7 +27,7 @@ inline constexpr int kCudnnSdpaGraphVersion = 1;
 // OK when cuDNN's fused attention can serve `s` on a device of compute
 // capability `cc_major`.`cc_minor` with cuDNN `cudnn_version` (91400 for
 // 9.14.0); otherwise UNIMPLEMENTED saying why, and Kiln's own kernels serve
-// the shape. cuDNN serves f16/bf16, no mask or a causal mask (aligned to the
+// the shape. cuDNN serves f16/bf16, no mask (NONE, BIDIRECTIONAL) or a causal mask (aligned to the
 // end of the keys, as Kiln's kernels align it, with Sq <= Sk so every query
 // row sees a key), no softcap, head dims that are multiples of 8 up to 128
 // (256 on sm_90), GQA/MQA (Hq a multiple of Hkv), on sm_80 and newer, and not

@@ -333,7 +333,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
   shape.mask = static_cast<int>(p.mask);
   shape.softcap = p.softcap;
   if (!CudnnSdpaServes(shape, d.caps().cc_major, d.caps().cc_minor, d.cudnn_version()).ok() ||
-      !PreferCudnnSdpa(shape)) {
+      !(PreferCudnnSdpa(shape) || d.cudnn_always())) {
     return nullptr;
   }
   KILN_ASSIGN_OR_RETURN(CudnnContext * cudnn, d.cudnn_context());

@@ -29,7 +29,7 @@ SdpaShape Shape(DType dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_
 
 TEST(CudnnSdpaPlan, ServesHalfTypesWithoutMaskOrCausal) {
   for (DType dt : {v1::DTYPE_BF16, v1::DTYPE_F16}) {
-    for (int mask : {v1::MASK_NONE, v1::MASK_CAUSAL}) {
+    for (int mask : {v1::MASK_NONE, v1::MASK_BIDIRECTIONAL, v1::MASK_CAUSAL}) {
       for (int64_t d : {64, 128, 96, 8, 256}) {
         EXPECT_TRUE(CudnnSdpaServes(Shape(dt, 4, 32, 32, 2048, 2048, d, mask), 9, 0, k914).ok())
             << d;
@@ -130,11 +130,15 @@ TEST(CudnnSdpaPlan, KeyNamesEveryComponentAndSeparatesWhatDiffers) {
   EXPECT_EQ(CudnnSdpaKey(base, k914), key);
 }
 
-TEST(CudnnSdpaPlan, KilnCudnnOffSwitch) {
-  EXPECT_FALSE(CudnnDisabledBy(nullptr));
-  EXPECT_FALSE(CudnnDisabledBy("1"));
-  EXPECT_FALSE(CudnnDisabledBy(""));
-  for (const char* off : {"0", "off", "OFF", "false", "no"}) EXPECT_TRUE(CudnnDisabledBy(off)) << off;
+TEST(CudnnSdpaPlan, KilnCudnnSwitch) {
+  EXPECT_EQ(CudnnUseFrom(nullptr), CudnnUse::kWherePreferred);
+  EXPECT_EQ(CudnnUseFrom("1"), CudnnUse::kWherePreferred);
+  EXPECT_EQ(CudnnUseFrom(""), CudnnUse::kWherePreferred);
+  for (const char* off : {"0", "off", "OFF", "false", "no"}) {
+    EXPECT_EQ(CudnnUseFrom(off), CudnnUse::kOff) << off;
+  }
+  EXPECT_EQ(CudnnUseFrom("always"), CudnnUse::kAlways);
+  EXPECT_EQ(CudnnUseFrom("Always"), CudnnUse::kAlways);
   EXPECT_EQ(CudnnVersionText(91400), "9.14.0");
   EXPECT_EQ(CudnnVersionText(91901), "9.19.1");
 }
