@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
@@ -867,15 +868,32 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
       {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_split"},
       {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
   };
+  auto cudnn = cuda->cudnn_context();
+  ASSERT_TRUE(cudnn.ok()) << cudnn.status();
   int seed = 900;
   for (const AttnCase& c : cases) {
+    if (absl::StartsWith(c.path, "cudnn:")) {
+      // The plan on its own first: cuDNN's reason when it refuses the graph.
+      SdpaShape shape;
+      shape.dtype = c.dt;
+      shape.B = c.B, shape.Hq = c.Hq, shape.Hkv = c.Hkv, shape.Sq = c.Sq, shape.Sk = c.Sk;
+      shape.D = shape.Dv = c.D;
+      shape.mask = c.mask;
+      auto plan = (*cudnn)->SdpaPlan(shape);
+      EXPECT_TRUE(plan.ok()) << CudnnSdpaKey(shape, cuda->cudnn_version()) << ": "
+                             << plan.status();
+      if (plan.ok()) {
+        std::printf("cudnn plan %s: engine %lld, workspace %lld bytes\n",
+                    CudnnSdpaKey(shape, cuda->cudnn_version()).c_str(),
+                    static_cast<long long>((*plan)->engine()),
+                    static_cast<long long>((*plan)->workspace_bytes()));
+      }
+    }
     CheckAttention(c, seed);
     seed += 8;
   }
 
   // The plan cache: the same shape again builds nothing new.
-  auto cudnn = cuda->cudnn_context();
-  ASSERT_TRUE(cudnn.ok()) << cudnn.status();
   const int64_t built = (*cudnn)->plans_built();
   EXPECT_GE(built, 6);
   KernelSpec s;
