@@ -25,7 +25,8 @@ enum Uid : int64_t {
   kO = 4,
   kScale = 5,
   kNegInf = 6,
-  kShift = 7,
+  kSeqKv = 7,
+  kSeqQ = 8,
   kVirtual = 100,  // virtual tensors count up from here
 };
 
@@ -260,21 +261,26 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
   KILN_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, f32, scores, scale, scaled));
   auto logits = scaled;
   if (s.mask == v1::MASK_CAUSAL) {
-    // Key j is kept for query row i when i + (Sk - Sq) >= j: the causal
-    // diagonal aligned to the end of the keys, as Kiln's kernels align it.
+    // Key j is kept for query row i when i + Sk - Sq >= j: the causal
+    // diagonal aligned to the end of the keys, as Kiln's kernels align it
+    // (the row index plus Sk, minus Sq: the form cuDNN's fusion engine
+    // recognises for a bottom-right diagonal; nothing when Sq == Sk).
     KILN_ASSIGN_OR_RETURN(auto row, g.Virtual(i32, sd, ss));
     KILN_RETURN_IF_ERROR(
         g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, f32, scaled, nullptr, row, nullptr, 2));
-    if (const int64_t shift = s.Sk - s.Sq; shift != 0) {
-      KILN_ASSIGN_OR_RETURN(auto by, g.Tensor(kShift, i32, one, one, false, true));
-      KILN_ASSIGN_OR_RETURN(auto shifted, g.Virtual(i32, sd, ss));
-      KILN_RETURN_IF_ERROR(
-          g.Pointwise(CUDNN_POINTWISE_ADD, i32, row, by, shifted, nullptr, 3));
-      row = shifted;
-    }
     KILN_ASSIGN_OR_RETURN(auto col, g.Virtual(i32, sd, ss));
     KILN_RETURN_IF_ERROR(
         g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, f32, scaled, nullptr, col, nullptr, 3));
+    if (s.Sk != s.Sq) {
+      KILN_ASSIGN_OR_RETURN(auto sk, g.Tensor(kSeqKv, i32, one, one, false, true));
+      KILN_ASSIGN_OR_RETURN(auto sq, g.Tensor(kSeqQ, i32, one, one, false, true));
+      KILN_ASSIGN_OR_RETURN(auto plus_sk, g.Virtual(i32, sd, ss));
+      KILN_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, i32, row, sk, plus_sk, nullptr, 3));
+      KILN_ASSIGN_OR_RETURN(auto minus_sq, g.Virtual(i32, sd, ss));
+      KILN_RETURN_IF_ERROR(
+          g.Pointwise(CUDNN_POINTWISE_SUB, i32, plus_sk, sq, minus_sq, nullptr, 3));
+      row = minus_sq;
+    }
     KILN_ASSIGN_OR_RETURN(auto keep, g.Virtual(boolean, sd, ss));
     KILN_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, boolean, row, col, keep));
     KILN_ASSIGN_OR_RETURN(auto neg_inf, g.Tensor(kNegInf, f32, one, one, false, true));
@@ -376,16 +382,17 @@ absl::Status CudnnContext::ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream strea
                                        CUdeviceptr workspace, float scale) {
   const CudnnApi& api = Cudnn();
   float neg_inf = -std::numeric_limits<float>::infinity();
-  int32_t shift = static_cast<int32_t>(plan.shape().Sk - plan.shape().Sq);
+  int32_t seq_kv = static_cast<int32_t>(plan.shape().Sk);
+  int32_t seq_q = static_cast<int32_t>(plan.shape().Sq);
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kScale};
   std::vector<void*> ptrs = {reinterpret_cast<void*>(q), reinterpret_cast<void*>(k),
                              reinterpret_cast<void*>(v), reinterpret_cast<void*>(o), &scale};
   if (plan.shape().mask == v1::MASK_CAUSAL) {
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
-    if (shift != 0) {
-      uids.push_back(kShift);
-      ptrs.push_back(&shift);
+    if (seq_kv != seq_q) {
+      uids.insert(uids.end(), {kSeqKv, kSeqQ});
+      ptrs.insert(ptrs.end(), {&seq_kv, &seq_q});
     }
   }
   void* ws = reinterpret_cast<void*>(workspace);
