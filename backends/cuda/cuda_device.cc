@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cuda_stream.h"
+#include "backends/cuda/cudnn_sdpa.h"
 #include "backends/cuda/nvrtc_compiler.h"
 #include "base/status.h"
 
@@ -114,6 +116,17 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
   info.host_memory = false;
   info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16", "graphs"};
   if (c.cc_major >= 7) info.features.push_back("tensor_cores");
+  // cuDNN is optional: without it attention stays on Kiln's own kernels.
+  const CudnnUse use = CudnnUseFrom(std::getenv("KILN_CUDNN"));
+  cudnn_always_ = use == CudnnUse::kAlways;
+  if (use == CudnnUse::kOff) {
+    cudnn_missing_ = "disabled by KILN_CUDNN";
+  } else if (absl::Status cudnn = LoadCudnn(); cudnn.ok()) {
+    cudnn_version_ = CudnnVersion();
+    info.features.push_back(absl::StrCat("cudnn-", CudnnVersionText(cudnn_version_)));
+  } else {
+    cudnn_missing_ = std::string(cudnn.message());
+  }
   // Nominal until the engine calibrates: FP32 lanes x clock, HBM bus x clock.
   const double lanes = c.cc_major >= 8 && !(c.cc_major == 8 && c.cc_minor == 0) ? 128 : 64;
   backend::DeviceProfile& p = info.profile;
@@ -140,6 +153,10 @@ CudaDevice::~CudaDevice() {
     }
   }
   modules_.reset();
+  {
+    absl::MutexLock lock(&cudnn_mu_);
+    cudnn_.reset();
+  }
   {
     absl::MutexLock lock(&lt_mu_);
     if (lt_ != nullptr) CublasLt().cublasLtDestroy(lt_);
@@ -400,6 +417,17 @@ absl::StatusOr<cublasLtHandle_t> CudaDevice::LtHandle() {
     KILN_RETURN_IF_ERROR(CheckCublas(CublasLt().cublasLtCreate(&lt_), "cublasLtCreate"));
   }
   return lt_;
+}
+
+absl::StatusOr<CudnnContext*> CudaDevice::cudnn_context() {
+  if (cudnn_version_ == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(info_.id, ": no cuDNN: ", cudnn_missing_));
+  }
+  absl::MutexLock lock(&cudnn_mu_);
+  if (cudnn_ == nullptr) {
+    KILN_ASSIGN_OR_RETURN(cudnn_, CudnnContext::Create(*this));
+  }
+  return cudnn_.get();
 }
 
 backend::Claim CudaDevice::Supports(const backend::KernelSpec& spec) const {

@@ -12,12 +12,17 @@
 //   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
 //   SIMT units, online softmax;
 // - nvrtc:attention_rows_<dt>: a warp per query row, everything else.
+// Where cuDNN is present and serves the shape (cudnn_sdpa_plan.h: f16/bf16,
+// no mask or causal, no softcap, head dims multiples of 8), and its plan
+// finalizes, cudnn:sdpa_fwd_<dt> (cudnn_sdpa.h) runs it instead, with the
+// kernel above kept for operands that are not 16-byte aligned.
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/cudnn_sdpa.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -209,6 +214,12 @@ Claim SupportsAttention(const CudaDevice&, const KernelSpec& spec) {
 
 class AttentionKernel final : public CudaKernel {
  public:
+  // Enqueue for the cuDNN kernel's fallback (resolved device addresses).
+  absl::Status EnqueueOwn(CudaStream& s, std::span<const CUdeviceptr> in,
+                          std::span<const CUdeviceptr> out) {
+    return Enqueue(s, in, out);
+  }
+
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
                   LoadedFunction fast, LoadedFunction combine, AttnParams params, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
@@ -274,9 +285,87 @@ class AttentionKernel final : public CudaKernel {
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
 };
 
+// cudnn:sdpa_fwd_<dt>: cuDNN's fused attention (cudnn_sdpa.h) with a plan
+// shared through the device's cache and a workspace of its own; operands
+// that are not 16-byte aligned (the plan's promise) run Kiln's kernel.
+class CudnnAttentionKernel final : public CudaKernel {
+ public:
+  CudnnAttentionKernel(CudaDevice& d, const KernelSpec& spec, CudnnContext& cudnn,
+                       std::shared_ptr<const CudnnSdpaPlan> plan,
+                       std::unique_ptr<backend::Buffer> workspace, float scale,
+                       std::unique_ptr<AttentionKernel> own)
+      : CudaKernel(d, spec, absl::StrCat("cudnn:sdpa_fwd_", DTypeSuffix(spec.inputs[0].dtype))),
+        cudnn_(cudnn),
+        plan_(std::move(plan)),
+        workspace_(std::move(workspace)),
+        scale_(scale),
+        own_(std::move(own)) {}
+
+ protected:
+  absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
+                       std::span<const CUdeviceptr> out) override {
+    if (((in[0] | in[1] | in[2] | out[0]) & 15) != 0) return own_->EnqueueOwn(s, in, out);
+    const CUdeviceptr ws =
+        workspace_ != nullptr ? static_cast<CudaBuffer*>(workspace_.get())->ptr() : 0;
+    return cudnn_.ExecuteSdpa(*plan_, s.stream(), in[0], in[1], in[2], out[0], ws, scale_);
+  }
+
+ private:
+  CudnnContext& cudnn_;
+  const std::shared_ptr<const CudnnSdpaPlan> plan_;
+  const std::unique_ptr<backend::Buffer> workspace_;
+  const float scale_;
+  const std::unique_ptr<AttentionKernel> own_;
+};
+
+// The cuDNN kernel for `spec` when the device has cuDNN, the shape is one it
+// serves and should take (PreferCudnnSdpa), and its plan finalizes; nullptr
+// otherwise (the report names the kernel that runs). Errors only for device
+// faults and failed allocations.
+absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
+    CudaDevice& d, const KernelSpec& spec, const AttnParams& p,
+    std::unique_ptr<AttentionKernel>& own) {
+  if (d.cudnn_version() == 0) return nullptr;
+  SdpaShape shape;
+  shape.dtype = spec.inputs[0].dtype;
+  shape.B = p.B, shape.Hq = p.Hq, shape.Hkv = p.Hkv, shape.Sq = p.Sq, shape.Sk = p.Sk;
+  shape.D = p.D, shape.Dv = p.Dv;
+  shape.mask = static_cast<int>(p.mask);
+  shape.softcap = p.softcap;
+  if (!CudnnSdpaServes(shape, d.caps().cc_major, d.caps().cc_minor, d.cudnn_version()).ok() ||
+      !(PreferCudnnSdpa(shape) || d.cudnn_always())) {
+    return nullptr;
+  }
+  KILN_ASSIGN_OR_RETURN(CudnnContext * cudnn, d.cudnn_context());
+  absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> plan = cudnn->SdpaPlan(shape);
+  if (!plan.ok()) {
+    if (backend::FaultedDevice(plan.status())) return plan.status();
+    return nullptr;  // cuDNN refused the graph: Kiln's kernel serves it
+  }
+  std::unique_ptr<backend::Buffer> workspace;
+  if ((*plan)->workspace_bytes() > 0) {
+    KILN_ASSIGN_OR_RETURN(workspace, d.Allocate((*plan)->workspace_bytes()));
+  }
+  return std::unique_ptr<backend::Kernel>(std::make_unique<CudnnAttentionKernel>(
+      d, spec, *cudnn, std::move(plan).value(), std::move(workspace), p.scale, std::move(own)));
+}
+
+absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
+    CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context);
+
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                                                  const KernelSpec& spec,
                                                                  backend::PrepareContext& context) {
+  KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AttentionKernel> own, CreateOwnAttention(d, spec, context));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Kernel> cudnn,
+                        MaybeCudnnAttention(d, spec, p, own));
+  if (cudnn != nullptr) return cudnn;
+  return std::unique_ptr<backend::Kernel>(std::move(own));
+}
+
+absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
+    CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
   const DType dtype = spec.inputs[0].dtype;
   const std::string dt = DTypeSuffix(dtype);
@@ -316,9 +405,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
   }
-  return std::unique_ptr<backend::Kernel>(
-      std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
-                                        std::move(combine), p, std::move(impl)));
+  return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
+                                           std::move(combine), p, std::move(impl));
 }
 
 const CudaOpRegistration kRegistration({

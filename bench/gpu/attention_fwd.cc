@@ -8,6 +8,12 @@
 // One JSON line per case: ms, TFLOP/s (4 B H Sq Sk D, halved under a causal
 // mask; for decode GB/s of K and V read), the implementation, and the max
 // |error| of 64 sampled rows against an f64 reference of the stored inputs.
+// Where the device found cuDNN, each case runs twice: "impl": "kiln" is what
+// the backend chooses (cudnn:sdpa_fwd_<dt> where cuDNN serves the shape),
+// "impl": "kiln_own" a second device of the same GPU created with
+// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
+// "kiln_cudnn" one created with KILN_CUDNN=always (cuDNN wherever it serves
+// the shape) where the choice was Kiln's kernel.
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
 #include <algorithm>
 #include <cmath>
@@ -98,11 +104,37 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;
   }
+  // The same GPU without cuDNN (Kiln's own kernels) and with cuDNN for every
+  // shape it serves (decoding too), timed beside the backend's choice.
+  auto device_with = [&](const char* cudnn) -> kiln::backend::Device* {
+    kiln::backend::Device* found = nullptr;
+    setenv("KILN_CUDNN", cudnn, 1);
+    for (const auto& reg : kiln::backend::RegisteredBackends()) {
+      if (device_id.rfind(reg.name + ":", 0) != 0) continue;
+      auto b = reg.factory({});
+      if (!b.ok()) continue;
+      for (kiln::backend::Device* d : (*b)->devices()) {
+        if (d->info().id == device_id) found = d;
+      }
+      backends.push_back(std::move(b).value());
+    }
+    unsetenv("KILN_CUDNN");
+    return found;
+  };
+  kiln::backend::Device* own = device_with("0");
+  kiln::backend::Device* forced = device_with("always");
+  for (const std::string& f : dev->info().features) {
+    if (f.rfind("cudnn-", 0) == 0) std::fprintf(stderr, "%s: %s\n", device_id.c_str(), f.c_str());
+  }
   std::vector<Case> cases;
   if (which == "all" || which == "big") {
     cases.push_back({"causal_B4_H32_S2048_D128", v1::DTYPE_BF16, 4, 32, 32, 2048, 2048, 128, true});
     cases.push_back({"full_B4_H32_S4096_D128", v1::DTYPE_BF16, 4, 32, 32, 4096, 4096, 128, false});
     cases.push_back({"full_B16_H16_S2048_D64", v1::DTYPE_BF16, 16, 16, 16, 2048, 2048, 64, false});
+    // The bf16 BERT-base layer's attention (B32 S512) and the 7B-style decoder layer's
+    // with grouped KV heads.
+    cases.push_back({"bert_bf16_B32_H12_S512_D64", v1::DTYPE_BF16, 32, 12, 12, 512, 512, 64, false});
+    cases.push_back({"gqa_causal_B4_H32_KV8_S2048_D128", v1::DTYPE_BF16, 4, 32, 8, 2048, 2048, 128, true});
   }
   if (which == "all" || which == "decode") {
     cases.push_back({"decode_B8_H32_KV8_S1_Sk8192_D128", v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, true});
@@ -112,10 +144,13 @@ int main(int argc, char** argv) {
     cases.push_back({"bert_f32_B8_H12_S128_D64", v1::DTYPE_F32, 8, 12, 12, 128, 128, 64, false});
     cases.push_back({"f32_B4_H16_S512_D64", v1::DTYPE_F32, 4, 16, 16, 512, 512, 64, false});
   }
-  auto stream_or = dev->CreateStream();
-  if (!stream_or.ok()) return 1;
-  auto& stream = *stream_or;
-  for (const Case& c : cases) {
+  std::string last_impl;
+  // Times `c` on `dev` (returns false on a failure); `label` is the JSON impl.
+  auto measure = [&](const Case& c, kiln::backend::Device* target, const char* label) -> bool {
+    kiln::backend::Device* dev = target;
+    auto stream_or = dev->CreateStream();
+    if (!stream_or.ok()) return false;
+    auto& stream = *stream_or;
     kiln::backend::KernelSpec s;
     s.name = s.label = "bench_attention";
     s.op = v1::OP_ATTENTION;
@@ -127,7 +162,7 @@ int main(int argc, char** argv) {
     auto kernel = dev->PrepareKernel(s, ctx);
     if (!kernel.ok()) {
       std::fprintf(stderr, "%s: %s\n", c.name.c_str(), std::string(kernel.status().message()).c_str());
-      return 1;
+      return false;
     }
     const int64_t nq = c.B * c.Hq * c.Sq * c.D, nk = c.B * c.Hkv * c.Sk * c.D;
     const auto q = Random(c.dt, nq, 1, 1.0f), k = Random(c.dt, nk, 2, 1.0f), v = Random(c.dt, nk, 3, 1.0f);
@@ -136,33 +171,33 @@ int main(int argc, char** argv) {
     const int64_t es = ElementBytes(c.dt);
     for (const auto* h : {&q, &k, &v}) {
       auto b = dev->Allocate(static_cast<int64_t>(h->size()));
-      if (!b.ok()) return 1;
+      if (!b.ok()) return false;
       bufs.push_back(std::move(b).value());
       views.push_back({bufs.back().get(), 0, static_cast<int64_t>(h->size())});
-      if (!dev->CopyToDevice(*stream, h->data(), views.back()).ok()) return 1;
+      if (!dev->CopyToDevice(*stream, h->data(), views.back()).ok()) return false;
     }
     auto ob = dev->Allocate(nq * es);
-    if (!ob.ok()) return 1;
+    if (!ob.ok()) return false;
     const std::vector<kiln::backend::BufferView> ins = views, outs = {{ob->get(), 0, nq * es}};
     auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
     for (int i = 0; i < 3; ++i) {
-      if (!launch()) return 1;
+      if (!launch()) return false;
     }
-    if (!stream->Synchronize().ok()) return 1;
+    if (!stream->Synchronize().ok()) return false;
     std::vector<double> ms;
     for (int r = 0; r < rounds; ++r) {
       auto e0 = stream->Record();
       for (int i = 0; i < reps; ++i) {
-        if (!launch()) return 1;
+        if (!launch()) return false;
       }
       auto e1 = stream->Record();
-      if (!e0.ok() || !e1.ok() || !stream->Synchronize().ok()) return 1;
+      if (!e0.ok() || !e1.ok() || !stream->Synchronize().ok()) return false;
       auto us = (*e1)->MicrosSince(**e0);
-      if (!us.ok()) return 1;
+      if (!us.ok()) return false;
       ms.push_back(*us / 1000.0 / reps);
     }
     std::vector<char> out(nq * es);
-    if (!dev->CopyToHost(*stream, outs[0], out.data()).ok() || !stream->Synchronize().ok()) return 1;
+    if (!dev->CopyToHost(*stream, outs[0], out.data()).ok() || !stream->Synchronize().ok()) return false;
     // 64 sampled rows against an f64 reference.
     double worst = 0;
     std::mt19937_64 rng(9);
@@ -192,12 +227,22 @@ int main(int argc, char** argv) {
     const double med = Median(ms);
     double flops = 4.0 * c.B * c.Hq * c.Sq * c.Sk * c.D;
     if (c.causal && c.Sq == c.Sk) flops /= 2;
-    json j = {{"bench", "attention_fwd"}, {"impl", "kiln"}, {"case", c.name},
+    json j = {{"bench", "attention_fwd"}, {"impl", label}, {"case", c.name},
               {"implementation", (*kernel)->implementation()}, {"ms", med},
               {"tflops", flops / (med * 1e-3) / 1e12}, {"max_abs_err", worst}};
     if (c.Sq == 1) j["kv_gbps"] = 2.0 * nk * es / (med * 1e-3) / 1e9;
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
+    last_impl = (*kernel)->implementation();
+    return true;
+  };
+  for (const Case& c : cases) {
+    if (!measure(c, dev, "kiln")) return 1;
+    if (last_impl.rfind("cudnn:", 0) == 0) {
+      if (own != nullptr && !measure(c, own, "kiln_own")) return 1;
+    } else if (forced != nullptr) {
+      if (!measure(c, forced, "kiln_cudnn")) return 1;
+    }
   }
   return 0;
 }

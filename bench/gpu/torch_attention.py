@@ -16,6 +16,9 @@ CASES = [
     ("causal_B4_H32_S2048_D128", 4, 32, 32, 2048, 2048, 128, True, "big"),
     ("full_B4_H32_S4096_D128", 4, 32, 32, 4096, 4096, 128, False, "big"),
     ("full_B16_H16_S2048_D64", 16, 16, 16, 2048, 2048, 64, False, "big"),
+    # The bf16 BERT-base layer's attention and the decoder layer's with grouped KV heads.
+    ("bert_bf16_B32_H12_S512_D64", 32, 12, 12, 512, 512, 64, False, "big"),
+    ("gqa_causal_B4_H32_KV8_S2048_D128", 4, 32, 8, 2048, 2048, 128, True, "big"),
     ("decode_B8_H32_KV8_S1_Sk8192_D128", 8, 32, 8, 1, 8192, 128, True, "decode"),
     ("decode_B1_H32_S1_Sk32768_D128", 1, 32, 32, 1, 32768, 128, True, "decode"),
     # f32 (TF32 off), as Kiln's f32 layer runs it.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,12 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
 #include "backends/capture.h"
 #include "backends/host_memory.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/cudnn_api.h"
+#include "backends/cuda/cudnn_sdpa.h"
 #include "base/half.h"
 
 namespace kiln::cuda {
@@ -60,6 +64,8 @@ class MemoryBinaryCache final : public backend::KernelBinaryCache {
   std::map<std::string, std::string> entries_ ABSL_GUARDED_BY(mu_);
 };
 
+struct AttnCase;
+
 class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,6 +89,22 @@ class CudaDeviceTest : public ::testing::Test {
     EXPECT_TRUE(stream_->Synchronize().ok());
     return out;
   }
+
+  // Replaces the fixture's backend with one whose device uses no cuDNN
+  // (KILN_CUDNN=0 while it is created): tests of Kiln's own kernels.
+  void UseKilnKernelsOnly() {
+    stream_.reset();
+    backend_.reset();
+    setenv("KILN_CUDNN", "0", 1);
+    backend_ = MakeBackend();
+    unsetenv("KILN_CUDNN");
+    ASSERT_NE(backend_, nullptr);
+    dev_ = backend_->devices()[0];
+    auto s = dev_->CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream_ = std::move(s).value();
+  }
+  void CheckAttention(const AttnCase& c, int seed);
 
   std::unique_ptr<backend::Backend> backend_;
   backend::Device* dev_ = nullptr;
@@ -670,6 +692,7 @@ struct AttnCase {
 };
 
 TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
+  UseKilnKernelsOnly();
   const AttnCase cases[] = {
       {v1::DTYPE_BF16, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_fwd_bf16"},
       {v1::DTYPE_BF16, 2, 4, 2, 130, 130, 128, v1::MASK_CAUSAL, 0, "flash_attn_fwd_bf16"},
@@ -696,117 +719,223 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
   };
   int seed = 500;
   for (const AttnCase& c : cases) {
-    SCOPED_TRACE(absl::StrCat(DTypeName(c.dt), " B", c.B, " Hq", c.Hq, " Hkv", c.Hkv, " Sq", c.Sq,
-                              " Sk", c.Sk, " D", c.D, " ", v1::MaskKind_Name(c.mask)));
-    KernelSpec s;
-    s.name = s.label = "attn";
-    s.op = v1::OP_ATTENTION;
-    auto* a = s.attrs.mutable_attention();
-    a->set_mask(c.mask);
-    a->set_scale(0.3);
-    if (c.softcap > 0) a->set_softcap(c.softcap);
-    if (c.mask == v1::MASK_SLIDING_WINDOW) a->set_window(17);
-    if (c.mask == v1::MASK_PREFIX) a->set_prefix(20);
-    s.inputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}},
-                {c.dt, {c.B, c.Hkv, c.Sk, c.D}},
-                {c.dt, {c.B, c.Hkv, c.Sk, c.D}}};
-    const bool per_query = c.Sq > 1;
-    if (c.mask == v1::MASK_CUSTOM) {
-      s.inputs.push_back(per_query ? backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sq, c.Sk}}
-                                   : backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sk}});
-    }
-    if (c.mask == v1::MASK_BIAS) s.inputs.push_back({c.dt, {c.Hq, c.Sq, c.Sk}});
-    s.outputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}}};
-    ASSERT_TRUE(dev_->Supports(s).native) << dev_->Supports(s).reason;
-    backend::PrepareContext ctx;
-    auto k = dev_->PrepareKernel(s, ctx);
-    ASSERT_TRUE(k.ok()) << k.status();
-    EXPECT_NE((*k)->implementation().find(c.path), std::string::npos) << (*k)->implementation();
+    CheckAttention(c, seed);
+    seed += 8;
+  }
+}
 
-    std::vector<std::vector<double>> vals;
-    std::vector<std::unique_ptr<backend::Buffer>> bufs;
-    std::vector<backend::BufferView> ins;
-    std::vector<unsigned char> custom;
-    for (size_t i = 0; i < s.inputs.size(); ++i) {
-      const int64_t n = Count(s.inputs[i].dims);
-      if (s.inputs[i].dtype == v1::DTYPE_BOOL) {
-        std::mt19937_64 rng(seed++);
-        custom.resize(n);
-        for (auto& m : custom) m = (rng() % 4) != 0;
-        custom[0] = 0;
-        bufs.push_back(Upload(custom.data(), n));
-        ins.push_back({bufs.back().get(), 0, n});
-        vals.emplace_back();
-        continue;
-      }
-      vals.push_back(Random(c.dt, n, seed++));
-      if (i == 0) {  // spread the logits
-        for (double& v : vals.back()) v = Decode(c.dt, Encode(c.dt, {4 * v}).data());
-      }
-      const std::vector<char> enc = Encode(c.dt, vals.back());
-      bufs.push_back(Upload(enc.data(), static_cast<int64_t>(enc.size())));
-      ins.push_back({bufs.back().get(), 0, static_cast<int64_t>(enc.size())});
-    }
-    const int64_t es = ElementSize(c.dt);
-    const int64_t out_n = c.B * c.Hq * c.Sq * c.D;
-    auto out = dev_->Allocate(out_n * es);
-    ASSERT_TRUE(out.ok());
-    const std::vector<backend::BufferView> outs = {{out->get(), 0, out_n * es}};
-    // Twice: the split path's partials are the kernel's own and reused.
-    for (int rep = 0; rep < 2; ++rep) ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
-    const std::vector<char> got = Download(**out, out_n * es);
+// Prepares `c` on dev_, runs it twice and checks the result against an f64
+// reference of the inputs as stored; `seed` seeds the inputs.
+void CudaDeviceTest::CheckAttention(const AttnCase& c, int seed) {
+  SCOPED_TRACE(absl::StrCat(DTypeName(c.dt), " B", c.B, " Hq", c.Hq, " Hkv", c.Hkv, " Sq", c.Sq,
+                            " Sk", c.Sk, " D", c.D, " ", v1::MaskKind_Name(c.mask)));
+  KernelSpec s;
+  s.name = s.label = "attn";
+  s.op = v1::OP_ATTENTION;
+  auto* a = s.attrs.mutable_attention();
+  a->set_mask(c.mask);
+  a->set_scale(0.3);
+  if (c.softcap > 0) a->set_softcap(c.softcap);
+  if (c.mask == v1::MASK_SLIDING_WINDOW) a->set_window(17);
+  if (c.mask == v1::MASK_PREFIX) a->set_prefix(20);
+  s.inputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}},
+              {c.dt, {c.B, c.Hkv, c.Sk, c.D}},
+              {c.dt, {c.B, c.Hkv, c.Sk, c.D}}};
+  const bool per_query = c.Sq > 1;
+  if (c.mask == v1::MASK_CUSTOM) {
+    s.inputs.push_back(per_query ? backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sq, c.Sk}}
+                                 : backend::TensorDesc{v1::DTYPE_BOOL, {c.B, c.Sk}});
+  }
+  if (c.mask == v1::MASK_BIAS) s.inputs.push_back({c.dt, {c.Hq, c.Sq, c.Sk}});
+  s.outputs = {{c.dt, {c.B, c.Hq, c.Sq, c.D}}};
+  ASSERT_TRUE(dev_->Supports(s).native) << dev_->Supports(s).reason;
+  backend::PrepareContext ctx;
+  auto k = dev_->PrepareKernel(s, ctx);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_NE((*k)->implementation().find(c.path), std::string::npos) << (*k)->implementation();
 
-    const int64_t group = c.Hq / c.Hkv;
-    const double tol = c.dt == v1::DTYPE_F32 ? 1e-5 : c.dt == v1::DTYPE_F16 ? 4e-3 : 2e-2;
-    double worst = 0;
-    for (int64_t b = 0; b < c.B; ++b) {
-      for (int64_t h = 0; h < c.Hq; ++h) {
-        const int64_t hk = h / group;
-        for (int64_t i = 0; i < c.Sq; ++i) {
-          const int64_t pos = i + c.Sk - c.Sq;
-          int64_t lo = 0, hi = c.Sk;
-          if (c.mask == v1::MASK_CAUSAL) hi = pos + 1;
-          if (c.mask == v1::MASK_PREFIX) hi = std::max<int64_t>(pos + 1, 20);
-          if (c.mask == v1::MASK_SLIDING_WINDOW) hi = pos + 1, lo = pos - 17 + 1;
-          lo = std::clamp<int64_t>(lo, 0, c.Sk);
-          hi = std::clamp<int64_t>(hi, lo, c.Sk);
-          std::vector<double> logits;
-          std::vector<int64_t> keys;
-          for (int64_t j = lo; j < hi; ++j) {
-            double dot = 0;
-            for (int64_t d = 0; d < c.D; ++d) {
-              dot += vals[0][((b * c.Hq + h) * c.Sq + i) * c.D + d] *
-                     vals[1][((b * c.Hkv + hk) * c.Sk + j) * c.D + d];
-            }
-            double x = 0.3 * dot;
-            if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
-            if (c.mask == v1::MASK_CUSTOM &&
-                custom[(per_query ? (b * c.Sq + i) * c.Sk : b * c.Sk) + j] == 0) {
-              continue;
-            }
-            if (c.mask == v1::MASK_BIAS) x += vals[3][(h * c.Sq + i) * c.Sk + j];
-            logits.push_back(x);
-            keys.push_back(j);
-          }
-          double mx = -INFINITY, sum = 0;
-          for (double x : logits) mx = std::max(mx, x);
-          for (double& x : logits) sum += (x = std::exp(x - mx));
+  std::vector<std::vector<double>> vals;
+  std::vector<std::unique_ptr<backend::Buffer>> bufs;
+  std::vector<backend::BufferView> ins;
+  std::vector<unsigned char> custom;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    const int64_t n = Count(s.inputs[i].dims);
+    if (s.inputs[i].dtype == v1::DTYPE_BOOL) {
+      std::mt19937_64 rng(seed++);
+      custom.resize(n);
+      for (auto& m : custom) m = (rng() % 4) != 0;
+      custom[0] = 0;
+      bufs.push_back(Upload(custom.data(), n));
+      ins.push_back({bufs.back().get(), 0, n});
+      vals.emplace_back();
+      continue;
+    }
+    vals.push_back(Random(c.dt, n, seed++));
+    if (i == 0) {  // spread the logits
+      for (double& v : vals.back()) v = Decode(c.dt, Encode(c.dt, {4 * v}).data());
+    }
+    const std::vector<char> enc = Encode(c.dt, vals.back());
+    bufs.push_back(Upload(enc.data(), static_cast<int64_t>(enc.size())));
+    ins.push_back({bufs.back().get(), 0, static_cast<int64_t>(enc.size())});
+  }
+  const int64_t es = ElementSize(c.dt);
+  const int64_t out_n = c.B * c.Hq * c.Sq * c.D;
+  auto out = dev_->Allocate(out_n * es);
+  ASSERT_TRUE(out.ok());
+  const std::vector<backend::BufferView> outs = {{out->get(), 0, out_n * es}};
+  // Twice: the split path's partials are the kernel's own and reused.
+  for (int rep = 0; rep < 2; ++rep) ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+  const std::vector<char> got = Download(**out, out_n * es);
+
+  const int64_t group = c.Hq / c.Hkv;
+  const double tol = c.dt == v1::DTYPE_F32 ? 1e-5 : c.dt == v1::DTYPE_F16 ? 4e-3 : 2e-2;
+  double worst = 0;
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        const int64_t pos = i + c.Sk - c.Sq;
+        int64_t lo = 0, hi = c.Sk;
+        if (c.mask == v1::MASK_CAUSAL) hi = pos + 1;
+        if (c.mask == v1::MASK_PREFIX) hi = std::max<int64_t>(pos + 1, 20);
+        if (c.mask == v1::MASK_SLIDING_WINDOW) hi = pos + 1, lo = pos - 17 + 1;
+        lo = std::clamp<int64_t>(lo, 0, c.Sk);
+        hi = std::clamp<int64_t>(hi, lo, c.Sk);
+        std::vector<double> logits;
+        std::vector<int64_t> keys;
+        for (int64_t j = lo; j < hi; ++j) {
+          double dot = 0;
           for (int64_t d = 0; d < c.D; ++d) {
-            double want = 0;
-            for (size_t t = 0; t < keys.size(); ++t) {
-              want += logits[t] * vals[2][((b * c.Hkv + hk) * c.Sk + keys[t]) * c.D + d];
-            }
-            want = sum > 0 ? want / sum : 0;
-            const int64_t at = ((b * c.Hq + h) * c.Sq + i) * c.D + d;
-            const double g = Decode(c.dt, &got[at * es]);
-            worst = std::max(worst, std::fabs(g - want));
-            ASSERT_NEAR(g, want, tol) << "b " << b << " h " << h << " row " << i << " d " << d;
+            dot += vals[0][((b * c.Hq + h) * c.Sq + i) * c.D + d] *
+                   vals[1][((b * c.Hkv + hk) * c.Sk + j) * c.D + d];
           }
+          double x = 0.3 * dot;
+          if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
+          if (c.mask == v1::MASK_CUSTOM &&
+              custom[(per_query ? (b * c.Sq + i) * c.Sk : b * c.Sk) + j] == 0) {
+            continue;
+          }
+          if (c.mask == v1::MASK_BIAS) x += vals[3][(h * c.Sq + i) * c.Sk + j];
+          logits.push_back(x);
+          keys.push_back(j);
+        }
+        double mx = -INFINITY, sum = 0;
+        for (double x : logits) mx = std::max(mx, x);
+        for (double& x : logits) sum += (x = std::exp(x - mx));
+        for (int64_t d = 0; d < c.D; ++d) {
+          double want = 0;
+          for (size_t t = 0; t < keys.size(); ++t) {
+            want += logits[t] * vals[2][((b * c.Hkv + hk) * c.Sk + keys[t]) * c.D + d];
+          }
+          want = sum > 0 ? want / sum : 0;
+          const int64_t at = ((b * c.Hq + h) * c.Sq + i) * c.D + d;
+          const double g = Decode(c.dt, &got[at * es]);
+          worst = std::max(worst, std::fabs(g - want));
+          ASSERT_NEAR(g, want, tol) << "b " << b << " h " << h << " row " << i << " d " << d;
         }
       }
     }
-    std::printf("%-28s max |error| %.2e\n", (*k)->implementation().c_str(), worst);
   }
+  std::printf("%-28s max |error| %.2e\n", (*k)->implementation().c_str(), worst);
+}
+
+// cuDNN's fused attention (cudnn:sdpa_fwd_<dt>, where the device found
+// cuDNN) against the same f64 reference: no mask and causal (aligned to the
+// end of the keys when Sq < Sk), GQA and MQA, S not a multiple of 64 or 128,
+// head dims 64, 96 and 128; the cases cuDNN cannot express (other masks,
+// softcap, f32) and decoding shapes run Kiln's kernels; a second kernel of
+// the same shape reuses the device's cached plan; a captured CUDA graph of
+// the cuDNN launch replays to the same output.
+TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
+  auto* cuda = dynamic_cast<CudaDevice*>(dev_);
+  ASSERT_NE(cuda, nullptr);
+  if (cuda->cudnn_version() == 0) GTEST_SKIP() << "no cuDNN: " << cuda->cudnn_missing();
+  const std::string feature = absl::StrCat("cudnn-", CudnnVersionText(cuda->cudnn_version()));
+  const auto& features = dev_->info().features;
+  EXPECT_NE(std::find(features.begin(), features.end(), feature), features.end()) << feature;
+  std::printf("%s: %s\n", dev_->info().id.c_str(), feature.c_str());
+  const AttnCase cases[] = {
+      {v1::DTYPE_BF16, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_bf16"},
+      {v1::DTYPE_BF16, 2, 4, 4, 130, 130, 128, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_bf16"},
+      {v1::DTYPE_F16, 1, 4, 4, 70, 200, 128, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_f16"},
+      {v1::DTYPE_F16, 2, 8, 1, 65, 129, 64, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_f16"},
+      {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_bf16"},
+      {v1::DTYPE_BF16, 2, 4, 2, 256, 256, 128, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_bf16"},
+      // Kiln's kernels: masks and softcap cuDNN is not given, f32, decoding.
+      {v1::DTYPE_F16, 2, 2, 1, 64, 64, 64, v1::MASK_SLIDING_WINDOW, 0, "flash_attn_fwd_f16"},
+      {v1::DTYPE_BF16, 1, 2, 2, 90, 90, 64, v1::MASK_CAUSAL, 30, "flash_attn_fwd_bf16"},
+      {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_split"},
+      {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
+  };
+  auto cudnn = cuda->cudnn_context();
+  ASSERT_TRUE(cudnn.ok()) << cudnn.status();
+  int seed = 900;
+  for (const AttnCase& c : cases) {
+    if (absl::StartsWith(c.path, "cudnn:")) {
+      // The plan on its own first: cuDNN's reason when it refuses the graph.
+      SdpaShape shape;
+      shape.dtype = c.dt;
+      shape.B = c.B, shape.Hq = c.Hq, shape.Hkv = c.Hkv, shape.Sq = c.Sq, shape.Sk = c.Sk;
+      shape.D = shape.Dv = c.D;
+      shape.mask = c.mask;
+      auto plan = (*cudnn)->SdpaPlan(shape);
+      EXPECT_TRUE(plan.ok()) << CudnnSdpaKey(shape, cuda->cudnn_version()) << ": "
+                             << plan.status();
+      if (plan.ok()) {
+        std::printf("cudnn plan %s: engine %lld, workspace %lld bytes\n",
+                    CudnnSdpaKey(shape, cuda->cudnn_version()).c_str(),
+                    static_cast<long long>((*plan)->engine()),
+                    static_cast<long long>((*plan)->workspace_bytes()));
+      }
+    }
+    CheckAttention(c, seed);
+    seed += 8;
+  }
+
+  // The plan cache: the same shape again builds nothing new.
+  const int64_t built = (*cudnn)->plans_built();
+  EXPECT_GE(built, 6);
+  KernelSpec s;
+  s.name = s.label = "attn";
+  s.op = v1::OP_ATTENTION;
+  s.attrs.mutable_attention()->set_mask(v1::MASK_CAUSAL);
+  s.attrs.mutable_attention()->set_scale(0.3);
+  const int64_t B = 2, H = 4, S = 130, D = 128;
+  s.inputs = {{v1::DTYPE_BF16, {B, H, S, D}}, {v1::DTYPE_BF16, {B, H, S, D}},
+              {v1::DTYPE_BF16, {B, H, S, D}}};
+  s.outputs = {{v1::DTYPE_BF16, {B, H, S, D}}};
+  backend::PrepareContext ctx;
+  auto k = dev_->PrepareKernel(s, ctx);
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ((*k)->implementation(), "cudnn:sdpa_fwd_bf16");
+  EXPECT_EQ((*cudnn)->plans_built(), built);
+
+  // Under stream capture: the replay writes what a direct launch wrote.
+  const int64_t n = B * H * S * D;
+  std::vector<std::unique_ptr<backend::Buffer>> bufs;
+  std::vector<BufferView> ins;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<char> enc = Encode(v1::DTYPE_BF16, Random(v1::DTYPE_BF16, n, seed++));
+    bufs.push_back(Upload(enc.data(), n * 2));
+    ins.push_back({bufs.back().get(), 0, n * 2});
+  }
+  auto direct = dev_->Allocate(n * 2);
+  auto replayed = dev_->Allocate(n * 2);
+  ASSERT_TRUE(direct.ok() && replayed.ok());
+  const std::vector<BufferView> to_direct = {{direct->get(), 0, n * 2}},
+                                to_replayed = {{replayed->get(), 0, n * 2}};
+  ASSERT_TRUE((*k)->Launch(*stream_, ins, to_direct).ok());
+  auto* capture = dynamic_cast<backend::CapturingStream*>(stream_.get());
+  ASSERT_NE(capture, nullptr);
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  ASSERT_TRUE(capture->BeginCapture().ok());
+  const absl::Status launched = (*k)->Launch(*stream_, ins, to_replayed);
+  auto work = capture->EndCapture();
+  ASSERT_TRUE(launched.ok()) << launched;
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_TRUE((*work)->Replay(*stream_).ok());
+  EXPECT_EQ(Download(**direct, n * 2), Download(**replayed, n * 2));
 }
 
 // CUDA graphs on a stream: a capture runs nothing; each replay runs the

@@ -1,0 +1,197 @@
+// Issue 8's bf16 layer targets on cuda:0, Kiln's side (bench/gpu/torch_layers.py is
+// PyTorch eager's, run in the same device call by cudnn_layers.sh):
+// - bert: the BERT-base encoder layer (post-LN, biases, GELU (erf), no mask),
+//   bf16, B32 S512 (issue: <= 0.8x eager's time);
+// - decoder: a 7B-style decoder layer (d 4096, 32 heads, ffn 16384, causal,
+//   pre-norm with RmsNorm, no biases, GELU (erf) MLP), bf16, B4 S2048
+//   (issue: <= 0.95x eager's time).
+// The engine compiles the graph for cuda:0 and runs it (CUDA graphs as asked); the
+// JSON line gives the p50 wall time of Engine::Run (with the host upload of x and the
+// download of y) and the device busy time of the dispatch report (the kernels alone),
+// plus the kernels' implementations. --export DIR writes the weights, x and Kiln's y
+// (as f32 .bin files, the bf16 values exactly) for the PyTorch peer.
+//   layers_bf16 --layer bert|decoder [--iters 20] [--cuda_graphs auto|on|off] [--export DIR]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "clients/cpp/graph_builder.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using kiln::GraphBuilder;
+using kiln::HostTensor;
+using V = GraphBuilder::Value;
+namespace v1 = kiln::v1;
+
+struct Layer {
+  v1::Graph graph;
+  std::map<std::string, HostTensor> params;
+  HostTensor x;
+  json config;
+};
+
+HostTensor RandomBf16(std::mt19937_64& rng, const kiln::Dims& dims, double scale, double offset) {
+  auto t = HostTensor::Create(v1::DTYPE_BF16, dims);
+  std::uniform_real_distribution<double> u(-scale, scale);
+  for (int64_t i = 0; i < t->num_elements(); ++i) t->SetFromDouble(i, offset + u(rng));
+  return std::move(t).value();
+}
+
+Layer Build(const std::string& which, int64_t batch) {
+  Layer L;
+  std::mt19937_64 rng(7);
+  const bool bert = which == "bert";
+  const int64_t seq = bert ? 512 : 2048, h = bert ? 768 : 4096, heads = bert ? 12 : 32,
+                ffn = bert ? 3072 : 16384, dh = h / heads;
+  const double eps = bert ? 1e-12 : 1e-6;
+  L.config = {{"layer", which}, {"batch", batch}, {"seq", seq}, {"hidden", h},
+              {"heads", heads}, {"ffn", ffn}, {"epsilon", eps}};
+  GraphBuilder g(bert ? "bert_layer_bf16" : "decoder_layer_bf16");
+  auto param = [&](const std::string& name, const kiln::Dims& dims, double scale,
+                   double offset = 0) {
+    L.params[name] = RandomBf16(rng, dims, scale, offset);
+    return g.param(name, v1::DTYPE_BF16, dims);
+  };
+  const double ws = 1.0 / std::sqrt(static_cast<double>(h));
+  V x = g.input("x", v1::DTYPE_BF16, {batch, seq, h});
+  L.x = RandomBf16(rng, {batch, seq, h}, 1.0, 0);
+  auto heads_of = [&](V t) { return g.transpose(g.reshape(t, {batch, seq, heads, dh}), {0, 2, 1, 3}); };
+  auto merge = [&](V t) { return g.reshape(g.transpose(t, {0, 2, 1, 3}), {batch, seq, h}); };
+  v1::AttentionAttrs attn;
+  if (bert) {
+    attn.set_mask(v1::MASK_BIDIRECTIONAL);
+    V q = heads_of(g.add(g.matmul(x, param("wq", {h, h}, ws)), param("bq", {h}, 0.02)));
+    V k = heads_of(g.add(g.matmul(x, param("wk", {h, h}, ws)), param("bk", {h}, 0.02)));
+    V v = heads_of(g.add(g.matmul(x, param("wv", {h, h}, ws)), param("bv", {h}, 0.02)));
+    V a = merge(g.attention(q, k, v, attn));
+    V o = g.add(g.matmul(a, param("wo", {h, h}, ws)), param("bo", {h}, 0.02));
+    V h1 = g.layer_norm(g.add(o, x), param("ln1_g", {h}, 0.1, 1.0), param("ln1_b", {h}, 0.1), eps);
+    V f = g.gelu(g.add(g.matmul(h1, param("w1", {h, ffn}, ws)), param("b1", {ffn}, 0.02)));
+    V f2 = g.add(g.matmul(f, param("w2", {ffn, h}, 1.0 / std::sqrt(double(ffn)))),
+                 param("b2", {h}, 0.02));
+    g.output("y", g.layer_norm(g.add(f2, h1), param("ln2_g", {h}, 0.1, 1.0),
+                               param("ln2_b", {h}, 0.1), eps));
+  } else {
+    attn.set_mask(v1::MASK_CAUSAL);
+    V n1 = g.rms_norm(x, param("norm1", {h}, 0.1, 1.0), eps);
+    V q = heads_of(g.matmul(n1, param("wq", {h, h}, ws)));
+    V k = heads_of(g.matmul(n1, param("wk", {h, h}, ws)));
+    V v = heads_of(g.matmul(n1, param("wv", {h, h}, ws)));
+    V h1 = g.add(x, g.matmul(merge(g.attention(q, k, v, attn)), param("wo", {h, h}, ws)));
+    V n2 = g.rms_norm(h1, param("norm2", {h}, 0.1, 1.0), eps);
+    V f = g.gelu(g.matmul(n2, param("w1", {h, ffn}, ws)));
+    g.output("y", g.add(h1, g.matmul(f, param("w2", {ffn, h}, 1.0 / std::sqrt(double(ffn))))));
+  }
+  L.graph = g.Build();
+  return L;
+}
+
+void WriteF32(const std::filesystem::path& path, const HostTensor& t) {
+  std::vector<float> f(t.num_elements());
+  for (int64_t i = 0; i < t.num_elements(); ++i) f[i] = static_cast<float>(t.GetAsDouble(i));
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(f.data()),
+                                              static_cast<std::streamsize>(f.size() * 4));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flags;
+  for (int i = 1; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
+  auto flag = [&](const char* name, const std::string& def) {
+    return flags.contains(name) ? flags.at(name) : def;
+  };
+  const std::string which = flag("--layer", "bert");
+  const int iters = std::stoi(flag("--iters", "20"));
+  const std::string graphs = flag("--cuda_graphs", "auto");
+  const int64_t batch = std::stoll(flag("--batch", which == "bert" ? "32" : "4"));
+  if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0) return 2;
+  Layer L = Build(which, batch);
+  kiln::EngineOptions eo;
+  eo.cpu_threads = 4;
+  auto engine = kiln::Engine::Create(eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "engine: %s\n", std::string(engine.status().message()).c_str());
+    return 1;
+  }
+  kiln::CompileOptions co;
+  co.device = flag("--device", "cuda:0");
+  co.cuda_graphs = graphs == "on"    ? v1::CUDA_GRAPHS_ON
+                   : graphs == "off" ? v1::CUDA_GRAPHS_OFF
+                                     : v1::CUDA_GRAPHS_AUTO;
+  auto compiled = (*engine)->Compile(L.graph, co, {});
+  if (!compiled.ok()) {
+    std::fprintf(stderr, "compile: %s\n", std::string(compiled.status().message()).c_str());
+    return 1;
+  }
+  std::vector<kiln::TensorRef> prefs;
+  for (const auto& [name, t] : L.params) prefs.push_back(kiln::TensorRef::Of(name, t));
+  auto params = (*engine)->CreateParams(prefs);
+  if (!params.ok()) {
+    std::fprintf(stderr, "params: %s\n", std::string(params.status().message()).c_str());
+    return 1;
+  }
+  const std::vector<kiln::TensorRef> inputs = {kiln::TensorRef::Of("x", L.x)};
+  std::vector<double> wall, busy;
+  kiln::RunResult last;
+  std::map<std::string, double> by_impl;
+  std::string graph_state;
+  for (int i = 0; i < 3 + iters; ++i) {
+    kiln::RunOptions ro;
+    ro.report = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = (*engine)->Run(*compiled->executable, inputs, params->get(), ro);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!r.ok()) {
+      std::fprintf(stderr, "run: %s\n", std::string(r.status().message()).c_str());
+      return 1;
+    }
+    if (i < 3) continue;
+    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    double us = 0;
+    for (const auto& t : r->report.totals()) us += t.busy_micros();
+    busy.push_back(us / 1000.0);
+    graph_state = r->report.cuda_graph();
+    if (i + 1 == 3 + iters) {
+      for (const auto& step : r->report.steps()) {
+        by_impl[step.implementation()] += step.duration_micros() / 1000.0;
+      }
+      last = std::move(r).value();
+    }
+  }
+  if (flags.contains("--export")) {
+    const std::filesystem::path dir = flags.at("--export");
+    std::filesystem::create_directories(dir);
+    json manifest = {{"config", L.config}, {"tensors", json::array()}};
+    auto add = [&](const std::string& name, const HostTensor& t) {
+      WriteF32(dir / (name + ".bin"), t);
+      manifest["tensors"].push_back({{"name", name}, {"dims", t.dims()}});
+    };
+    for (const auto& [name, t] : L.params) add(name, t);
+    add("x", L.x);
+    add("y_kiln", last.outputs[0].second);
+    std::ofstream(dir / "manifest.json") << manifest.dump(1);
+  }
+  std::sort(wall.begin(), wall.end());
+  std::sort(busy.begin(), busy.end());
+  json kernels = json::object();
+  for (const auto& [impl, ms] : by_impl) kernels[impl] = ms;
+  const json out = {{"bench", "layer_bf16"}, {"impl", "kiln"}, {"layer", which},
+                    {"config", L.config}, {"cuda_graphs", graphs}, {"cuda_graph", graph_state},
+                    {"iters", iters}, {"p50_ms", wall[wall.size() / 2]},
+                    {"device_busy_ms", busy[busy.size() / 2]}, {"kernels_ms", kernels}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
