@@ -334,12 +334,14 @@ std::string LayoutKey(const dnnl::memory::desc& md) {
   const dnnl_memory_desc_t& d = md.data;
   std::string key = absl::StrCat("dt", static_cast<int>(d.data_type), ":dims");
   for (int i = 0; i < d.ndims; ++i) absl::StrAppend(&key, "_", d.dims[i]);
-  if (d.format_kind != dnnl_blocked) return absl::StrCat(key, ":format", static_cast<int>(d.format_kind));
+  if (d.format_kind != dnnl_blocked)
+    return absl::StrCat(key, ":format", static_cast<int>(d.format_kind));
   const dnnl_blocking_desc_t& b = d.format_desc.blocking;
   absl::StrAppend(&key, ":strides");
   for (int i = 0; i < d.ndims; ++i) absl::StrAppend(&key, "_", b.strides[i]);
   absl::StrAppend(&key, ":blocks");
-  for (int i = 0; i < b.inner_nblks; ++i) absl::StrAppend(&key, "_", b.inner_idxs[i], "x", b.inner_blks[i]);
+  for (int i = 0; i < b.inner_nblks; ++i)
+    absl::StrAppend(&key, "_", b.inner_idxs[i], "x", b.inner_blks[i]);
   return key;
 }
 
@@ -399,8 +401,8 @@ class MatMulKernel final : public CpuKernel, public backend::PackingKernel {
       return absl::InvalidArgumentError(absl::StrCat("input ", input, " is not packable"));
     }
     if (value.bytes != plan_.k * plan_.n * static_cast<int64_t>(sizeof(float))) {
-      return absl::InvalidArgumentError(absl::StrCat("packing b: ", value.bytes, " bytes for k=",
-                                                     plan_.k, " n=", plan_.n));
+      return absl::InvalidArgumentError(
+          absl::StrCat("packing b: ", value.bytes, " bytes for k=", plan_.k, " n=", plan_.n));
     }
     std::shared_ptr<OneDnnPackedB> packed;
     KILN_RETURN_IF_ERROR(DnnlTry("packing matmul weights", [&] {
@@ -582,12 +584,14 @@ class MatMulKernel final : public CpuKernel, public backend::PackingKernel {
     const dnnl::memory::desc any({plan_.k, plan_.n}, dt::f32, dnnl::memory::format_tag::any);
     const dnnl::memory::desc a = plain.src_desc(), c = plain.dst_desc();
     dnnl::post_ops ops;
-    if (parts_.act.present) ops.append_eltwise(1.0f, parts_.act.alg, parts_.act.alpha, parts_.act.beta);
+    if (parts_.act.present)
+      ops.append_eltwise(1.0f, parts_.act.alg, parts_.act.alpha, parts_.act.beta);
     if (parts_.has_residual) ops.append_binary(dnnl::algorithm::binary_add, c);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    const dnnl::matmul::desc desc =
-        parts_.has_bias ? dnnl::matmul::desc(a, any, bias_.get_desc(), c) : dnnl::matmul::desc(a, any, c);
+    const dnnl::matmul::desc desc = parts_.has_bias
+                                        ? dnnl::matmul::desc(a, any, bias_.get_desc(), c)
+                                        : dnnl::matmul::desc(a, any, c);
     std::optional<dnnl::matmul::primitive_desc> pd;
     try {
       pd.emplace(desc, attr, DnnlEngine());

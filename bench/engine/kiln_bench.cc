@@ -213,8 +213,10 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     for (int s = 0; s < first.report.steps().size(); ++s) {
       const auto& step = first.report.steps(s);
       const double us = Median(step_us[s]);
-      kernels.push_back({{"kernel", step.kernel()}, {"implementation", step.implementation()},
-                         {"us", us}, {"min_us", *std::min_element(step_us[s].begin(), step_us[s].end())},
+      kernels.push_back({{"kernel", step.kernel()},
+                         {"implementation", step.implementation()},
+                         {"us", us},
+                         {"min_us", *std::min_element(step_us[s].begin(), step_us[s].end())},
                          {"gflops", step.flops() / us / 1e3}});
     }
     gaps_ms = Median(gaps);
@@ -223,9 +225,13 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   if (flags.contains("export")) {
     const std::filesystem::path dir = flags.at("export");
     std::filesystem::create_directories(dir);
-    json manifest = {{"config", {{"seq", cfg.seq}, {"hidden", cfg.hidden}, {"heads", cfg.heads},
-                                 {"ffn", cfg.ffn}, {"epsilon", cfg.epsilon},
-                                 {"layers", layers}}},
+    json manifest = {{"config",
+                      {{"seq", cfg.seq},
+                       {"hidden", cfg.hidden},
+                       {"heads", cfg.heads},
+                       {"ffn", cfg.ffn},
+                       {"epsilon", cfg.epsilon},
+                       {"layers", layers}}},
                      {"tensors", json::array()}};
     auto add = [&](const std::string& name, const HostTensor& t) {
       WriteRaw(dir / (name + ".bin"), t);
@@ -236,13 +242,20 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     add("y_kiln", last.outputs[0].second);
     std::ofstream(dir / "manifest.json") << manifest.dump(1);
   }
-  json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
-                    {"device", compiled->executable->lir().placement().chosen()},
-                    {"batch", batch}, {"seq", cfg.seq}, {"layers", layers}, {"iters", iters},
-                    {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
-                    {"device_busy_ms", Median(busy)}, {"cuda_graphs", graphs},
-                    {"cuda_graph", graph_state},
-                    {"min_ms", *std::min_element(ms.begin(), ms.end())}};
+  json out = {{"bench", "encoder_layer_fp32"},
+              {"impl", "kiln"},
+              {"threads", threads},
+              {"device", compiled->executable->lir().placement().chosen()},
+              {"batch", batch},
+              {"seq", cfg.seq},
+              {"layers", layers},
+              {"iters", iters},
+              {"p50_ms", Median(ms)},
+              {"p90_ms", Percentile(ms, 0.9)},
+              {"device_busy_ms", Median(busy)},
+              {"cuda_graphs", graphs},
+              {"cuda_graph", graph_state},
+              {"min_ms", *std::min_element(ms.begin(), ms.end())}};
   if (!kernels.empty()) {
     out["kernels"] = kernels;
     out["kernel_gaps_ms"] = gaps_ms;
@@ -262,7 +275,8 @@ int OneDnnMatMulAlone(const std::map<std::string, std::string>& flags) {
   omp_set_num_threads(static_cast<int>(Flag(flags, "threads", 2)));
   const int64_t m = 128, k = 768, n = 768;
   std::mt19937_64 rng(11);
-  const HostTensor a = models::RandomF32(rng, {m, k}, 1.0), b = models::RandomF32(rng, {k, n}, 0.05);
+  const HostTensor a = models::RandomF32(rng, {m, k}, 1.0),
+                   b = models::RandomF32(rng, {k, n}, 0.05);
   std::vector<float> c(m * n);
   std::vector<double> us;
   for (int i = 0; i < iters + 5; ++i) {
@@ -271,10 +285,11 @@ int OneDnnMatMulAlone(const std::map<std::string, std::string>& flags) {
                c.data(), n);
     if (i >= 5) us.push_back(Ms(t0, Clock::now()) * 1000.0);
   }
-  std::printf("%s\n", json({{"bench", "onednn_matmul_alone"}, {"p50_us", Median(us)},
-                             {"p10_us", Percentile(us, 0.1)}})
-                           .dump()
-                           .c_str());
+  std::printf("%s\n", json({{"bench", "onednn_matmul_alone"},
+                            {"p50_us", Median(us)},
+                            {"p10_us", Percentile(us, 0.1)}})
+                          .dump()
+                          .c_str());
   return 0;
 }
 
