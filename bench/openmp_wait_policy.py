@@ -6,7 +6,10 @@ GOMP_SPINCOUNT only when it loads, so each policy is a process of its own), all 
 first; then, round by round, each worker in turn runs a block of the batch-1 MLP and a
 block of the BERT-base encoder layer while the others are stopped (SIGSTOP: an idle
 worker that spins must not take the core from the one being timed). Policies alternate
-block by block, so the host's load phases hit them alike. Then an idle kilnd per policy
+block by block, so the host's load phases hit them alike. Then the encoder's 128x768x768
+product through dnnl_sgemm in a process with no engine (kiln_bench onednn_matmul: one
+thread launches all OpenMP work, as in a plain application), policies alternating
+process by process. Then an idle kilnd per policy
 (started with it, engine calibrated, so its OpenMP team exists): CPU seconds from
 /proc/PID/stat over --idle_seconds. Prints one JSON object: per policy the median (and
 p90) over every timed run, and `uptime`'s load before and after.
@@ -62,14 +65,20 @@ class Worker:
         self.p.send_signal(signal.SIGCONT)
         self.p.stdin.write(f"{what} {n}\n")
         self.p.stdin.flush()
-        us = json.loads(self.p.stdout.readline())["us"]
+        reply = json.loads(self.p.stdout.readline())
         self.p.send_signal(signal.SIGSTOP)
-        return us
+        self.cpu_us_per_run = reply["cpu_us_per_run"]
+        return reply["us"]
 
     def close(self):
         self.p.send_signal(signal.SIGCONT)
         self.p.stdin.close()
         self.p.wait(timeout=60)
+
+
+def run_json(cmd, env):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def percentile(v, q):
@@ -114,6 +123,7 @@ def main():
     ap.add_argument("--mlp_runs", type=int, default=100)
     ap.add_argument("--encoder_runs", type=int, default=3)
     ap.add_argument("--idle_seconds", type=float, default=4)
+    ap.add_argument("--alone_rounds", type=int, default=3)
     ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args()
     bench = os.path.join(args.build_dir, "bench", "engine", "kiln_bench")
@@ -132,6 +142,13 @@ def main():
     finally:
         for w in workers.values():
             w.close()
+    # The same product through oneDNN alone, in a process of its own with no
+    # engine: one thread launches all the OpenMP work, as in a plain
+    # application (libgomp keeps the policy's full spin count there).
+    alone = {p: [] for p in policies}
+    for r in range(args.alone_rounds):
+        for p in policies:
+            alone[p].append(run_json([bench, "onednn_matmul", "--iters", "100"], env_for(p)))
     load_timed = load()
     idle = {p: idle_kilnd_cpu_percent(kilnd, env_for(p), args.idle_seconds)
             if os.path.exists(kilnd) else None for p in policies}
@@ -146,7 +163,9 @@ def main():
             "mlp_b1_us_p10": percentile(mlp[p], 0.1), "encoder_ms_p10": percentile(enc[p], 0.1) / 1000,
             "encoder_ms_p50": statistics.median(enc[p]) / 1000,
             "encoder_ms_p90": percentile(enc[p], 0.9) / 1000,
-            "idle_kilnd_cpu_percent": idle[p]}
+            "idle_kilnd_cpu_percent": idle[p],
+            "onednn_matmul_alone_us_p50": statistics.median(x["p50_us"] for x in alone[p]),
+            "onednn_matmul_alone_us_p10": statistics.median(x["p10_us"] for x in alone[p])}
     print(json.dumps(out))
     return 0
 

@@ -19,11 +19,13 @@
 // on the integer values (OneDnnInt8IsExact).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -308,11 +310,57 @@ bool Overlaps(const BufferView& x, const BufferView& y) {
   return a < b + y.bytes && b < a + x.bytes;
 }
 
-class MatMulKernel final : public CpuKernel {
+// B of an f32 oneDNN matmul reordered once into the blocked layout the
+// primitive chose for it (MatMulKernel's packed path).
+class OneDnnPackedB final : public backend::PackedOperand {
  public:
-  static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(const KernelSpec& spec) {
+  explicit OneDnnPackedB(dnnl::memory m) : memory(std::move(m)) {}
+  int64_t bytes() const override { return static_cast<int64_t>(memory.get_desc().get_size()); }
+  dnnl::memory memory;
+};
+
+// KILN_CPU_ONEDNN_PACKED=0 turns the packed path off (read once).
+bool OneDnnPackedEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_CPU_ONEDNN_PACKED");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+
+// A memory descriptor as text: dims and the blocking (strides, inner blocks),
+// so equal text means equal layout.
+std::string LayoutKey(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  std::string key = absl::StrCat("dt", static_cast<int>(d.data_type), ":dims");
+  for (int i = 0; i < d.ndims; ++i) absl::StrAppend(&key, "_", d.dims[i]);
+  if (d.format_kind != dnnl_blocked)
+    return absl::StrCat(key, ":format", static_cast<int>(d.format_kind));
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  absl::StrAppend(&key, ":strides");
+  for (int i = 0; i < d.ndims; ++i) absl::StrAppend(&key, "_", b.strides[i]);
+  absl::StrAppend(&key, ":blocks");
+  for (int i = 0; i < b.inner_nblks; ++i)
+    absl::StrAppend(&key, "_", b.inner_idxs[i], "x", b.inner_blks[i]);
+  return key;
+}
+
+// The oneDNN matmul (every f32 product the small-M kernel does not take, and
+// the other types). An f32 product whose B the engine packs (a constant or an
+// inference param: backends/packing.h) also gets a second primitive built
+// with B in the layout oneDNN prefers (format `any`: brgemm's blocked panels
+// on AVX-512), and reads B reordered into it once instead of re-packing it
+// inside every call. Measured on the encoder layer's M = 128 products
+// (docs/benchmarks.md, issue 12 enc12).
+class MatMulKernel final : public CpuKernel, public backend::PackingKernel {
+ public:
+  // `packable`: build the packed path where it applies (not for the
+  // unpacked fallback of SmallMatMulKernel, which packs B its own way).
+  static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(const KernelSpec& spec,
+                                                              bool packable = true) {
     KILN_ASSIGN_OR_RETURN(auto v, Validate(spec));
     auto kernel = std::unique_ptr<MatMulKernel>(new MatMulKernel());
+    kernel->packable_ = packable;
     kernel->parts_ = std::move(v.first);
     kernel->plan_ = std::move(v.second);
     kernel->dtype_ = spec.outputs[0].dtype;
@@ -334,12 +382,47 @@ class MatMulKernel final : public CpuKernel {
     if (parts_.has_bias) absl::StrAppend(&s, "+bias");
     if (parts_.act.present) absl::StrAppend(&s, "+", parts_.act.name);
     if (parts_.has_residual) absl::StrAppend(&s, "+residual");
+    if (packed_b_ != nullptr) absl::StrAppend(&s, "+packed_b");
     return s;
+  }
+
+  std::vector<int> packable_inputs() const override {
+    if (packing_key_.empty()) return {};
+    return {1};
+  }
+
+  std::string packing_key(int input) const override {
+    return absl::StrCat("cpu:onednn_f32_weights:", packing_key_, ":input=", input);
+  }
+
+  absl::StatusOr<std::shared_ptr<const backend::PackedOperand>> Pack(
+      int input, const BufferView& value) const override {
+    if (input != 1 || packing_key_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", input, " is not packable"));
+    }
+    if (value.bytes != plan_.k * plan_.n * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("packing b: ", value.bytes, " bytes for k=", plan_.k, " n=", plan_.n));
+    }
+    std::shared_ptr<OneDnnPackedB> packed;
+    KILN_RETURN_IF_ERROR(DnnlTry("packing matmul weights", [&] {
+      dnnl::memory plain(weights_.get_desc(), DnnlEngine(), value.host());
+      packed = std::make_shared<OneDnnPackedB>(dnnl::memory(packed_b_desc_, DnnlEngine()));
+      dnnl::stream stream(DnnlEngine());
+      dnnl::reorder(plain, packed->memory).execute(stream, plain, packed->memory);
+      stream.wait();
+    }));
+    return std::shared_ptr<const backend::PackedOperand>(std::move(packed));
+  }
+
+  void UsePacked(int input, const backend::PackedOperand* packed) override {
+    if (input == 1) packed_b_ = dynamic_cast<const OneDnnPackedB*>(packed);
   }
 
   absl::Status Run(std::span<const BufferView> inputs,
                    std::span<const BufferView> outputs) override {
     if (plan_.out_elements == 0) return absl::OkStatus();
+    if (packed_b_ != nullptr) return RunPacked(inputs, outputs);
     const void* a = inputs[0].host();
     const void* b = inputs[1].host();
     const void* bias = parts_.has_bias ? inputs[2].host() : nullptr;
@@ -458,6 +541,70 @@ class MatMulKernel final : public CpuKernel {
     return dnnl::memory::desc(dims, type, strides);
   }
 
+  // An f32 launch reading B from the packed copy bound by UsePacked.
+  absl::Status RunPacked(std::span<const BufferView> inputs, std::span<const BufferView> outputs) {
+    const void* res = nullptr;
+    if (parts_.has_residual) {
+      const BufferView& residual = inputs[2 + parts_.has_bias];
+      res = residual.host();
+      if (Overlaps(residual, outputs[0])) {  // as in Run: read an in-place residual from a copy
+        res_copy_.resize(residual.bytes);
+        ParallelMemcpy(res_copy_.data(), res, residual.bytes);
+        res = res_copy_.data();
+      }
+    }
+    return DnnlTry("matmul", [&] {
+      src_.set_data_handle(inputs[0].host());
+      packed_weights_.set_data_handle(packed_b_->memory.get_data_handle());
+      dst_.set_data_handle(outputs[0].host());
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, packed_weights_}, {DNNL_ARG_DST, dst_}};
+      if (parts_.has_bias) {
+        bias_.set_data_handle(inputs[2].host());
+        args.emplace(DNNL_ARG_BIAS, bias_);
+      }
+      if (res != nullptr) {
+        residual_.set_data_handle(const_cast<void*>(res));
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(residual_post_op_) | DNNL_ARG_SRC_1, residual_);
+      }
+      packed_primitive_.execute(stream_, args);
+      stream_.wait();
+    });
+  }
+
+  // The packed path (see the class comment) for an f32 product without
+  // batch dims or a per-row bias: a primitive whose B is `any`, when oneDNN
+  // then wants a layout other than the plain one. Leaves packing_key_ empty
+  // otherwise. Throws dnnl::error.
+  void BuildPacked(const dnnl::matmul::primitive_desc& plain) {
+    if (!packable_ || !OneDnnPackedEnabled() || dtype_ != v1::DTYPE_F32 || convert_ || zero_k_ ||
+        !plan_.batch.empty() || plan_.bias_per_row) {
+      return;
+    }
+    const dnnl::memory::desc any({plan_.k, plan_.n}, dt::f32, dnnl::memory::format_tag::any);
+    const dnnl::memory::desc a = plain.src_desc(), c = plain.dst_desc();
+    dnnl::post_ops ops;
+    if (parts_.act.present)
+      ops.append_eltwise(1.0f, parts_.act.alg, parts_.act.alpha, parts_.act.beta);
+    if (parts_.has_residual) ops.append_binary(dnnl::algorithm::binary_add, c);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const dnnl::matmul::desc desc = parts_.has_bias
+                                        ? dnnl::matmul::desc(a, any, bias_.get_desc(), c)
+                                        : dnnl::matmul::desc(a, any, c);
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      pd.emplace(desc, attr, DnnlEngine());
+    } catch (const dnnl::error&) {
+      return;  // no implementation for this epilogue with B `any`: unpacked only
+    }
+    if (pd->weights_desc() == weights_.get_desc()) return;  // it wants B as given
+    packed_b_desc_ = pd->weights_desc();
+    packed_weights_ = dnnl::memory(packed_b_desc_, DnnlEngine(), DNNL_MEMORY_NONE);
+    packed_primitive_ = dnnl::matmul(*pd);
+    packing_key_ = absl::StrCat(LayoutKey(packed_b_desc_), plan_.tb ? ":from_transposed" : "");
+  }
+
   // Creates the primitive for compute type `type`; throws dnnl::error.
   dnnl::matmul::primitive_desc MakeDesc(dt type) { return MakeDesc(type, type, type); }
   // Operand and result types of their own (the integer product).
@@ -558,6 +705,7 @@ class MatMulKernel final : public CpuKernel {
     }
     if (zero_k_) zeros_.assign((plan_.m + plan_.n) * sizeof(float), 0);
     primitive_ = dnnl::matmul(*pd);
+    BuildPacked(*pd);
   }
 
   FusedParts parts_;
@@ -574,6 +722,14 @@ class MatMulKernel final : public CpuKernel {
   dnnl::stream stream_;
   dnnl::matmul primitive_;
   dnnl::memory src_, weights_, dst_, bias_, residual_;
+  // The packed path: empty key = none. packed_b_ is bound by UsePacked and
+  // owned by the engine.
+  bool packable_ = true;
+  std::string packing_key_;
+  dnnl::memory::desc packed_b_desc_;
+  dnnl::memory packed_weights_;
+  dnnl::matmul packed_primitive_;
+  const OneDnnPackedB* packed_b_ = nullptr;
   // Scratch reused by every launch (Launch is not reentrant).
   std::vector<float> a32_, b32_, bias32_, res32_, c32_;
   std::vector<char> zeros_, res_copy_;
@@ -624,7 +780,7 @@ class SmallMatMulKernel final : public CpuKernel, public backend::PackingKernel 
     kernel->act_ = act;
     kernel->isa_ = BestSmallMatMulIsa();
     if (p.m > kUnpackedMaxM) {
-      KILN_ASSIGN_OR_RETURN(kernel->unpacked_, MatMulKernel::Create(spec));
+      KILN_ASSIGN_OR_RETURN(kernel->unpacked_, MatMulKernel::Create(spec, /*packable=*/false));
     }
     return kernel;
   }

@@ -9,6 +9,7 @@
 //   kiln_bench placement [--reps 5] [--cache_dir DIR]
 //   kiln_bench mlp | fixed_cost: small_batch_bench.h
 //   kiln_bench timings [--threads 2]  (a worker: "mlp N" / "encoder N" on stdin)
+//   kiln_bench onednn_matmul [--iters 100]  (dnnl_sgemm alone, no engine)
 //
 // `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
 // included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
@@ -17,6 +18,7 @@
 // bench/encoder_vs_ort.py turns into the same model for ONNX Runtime.
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -211,8 +213,10 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     for (int s = 0; s < first.report.steps().size(); ++s) {
       const auto& step = first.report.steps(s);
       const double us = Median(step_us[s]);
-      kernels.push_back({{"kernel", step.kernel()}, {"implementation", step.implementation()},
-                         {"us", us}, {"min_us", *std::min_element(step_us[s].begin(), step_us[s].end())},
+      kernels.push_back({{"kernel", step.kernel()},
+                         {"implementation", step.implementation()},
+                         {"us", us},
+                         {"min_us", *std::min_element(step_us[s].begin(), step_us[s].end())},
                          {"gflops", step.flops() / us / 1e3}});
     }
     gaps_ms = Median(gaps);
@@ -221,9 +225,13 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   if (flags.contains("export")) {
     const std::filesystem::path dir = flags.at("export");
     std::filesystem::create_directories(dir);
-    json manifest = {{"config", {{"seq", cfg.seq}, {"hidden", cfg.hidden}, {"heads", cfg.heads},
-                                 {"ffn", cfg.ffn}, {"epsilon", cfg.epsilon},
-                                 {"layers", layers}}},
+    json manifest = {{"config",
+                      {{"seq", cfg.seq},
+                       {"hidden", cfg.hidden},
+                       {"heads", cfg.heads},
+                       {"ffn", cfg.ffn},
+                       {"epsilon", cfg.epsilon},
+                       {"layers", layers}}},
                      {"tensors", json::array()}};
     auto add = [&](const std::string& name, const HostTensor& t) {
       WriteRaw(dir / (name + ".bin"), t);
@@ -234,13 +242,20 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     add("y_kiln", last.outputs[0].second);
     std::ofstream(dir / "manifest.json") << manifest.dump(1);
   }
-  json out = {{"bench", "encoder_layer_fp32"}, {"impl", "kiln"}, {"threads", threads},
-                    {"device", compiled->executable->lir().placement().chosen()},
-                    {"batch", batch}, {"seq", cfg.seq}, {"layers", layers}, {"iters", iters},
-                    {"p50_ms", Median(ms)}, {"p90_ms", Percentile(ms, 0.9)},
-                    {"device_busy_ms", Median(busy)}, {"cuda_graphs", graphs},
-                    {"cuda_graph", graph_state},
-                    {"min_ms", *std::min_element(ms.begin(), ms.end())}};
+  json out = {{"bench", "encoder_layer_fp32"},
+              {"impl", "kiln"},
+              {"threads", threads},
+              {"device", compiled->executable->lir().placement().chosen()},
+              {"batch", batch},
+              {"seq", cfg.seq},
+              {"layers", layers},
+              {"iters", iters},
+              {"p50_ms", Median(ms)},
+              {"p90_ms", Percentile(ms, 0.9)},
+              {"device_busy_ms", Median(busy)},
+              {"cuda_graphs", graphs},
+              {"cuda_graph", graph_state},
+              {"min_ms", *std::min_element(ms.begin(), ms.end())}};
   if (!kernels.empty()) {
     out["kernels"] = kernels;
     out["kernel_gaps_ms"] = gaps_ms;
@@ -250,11 +265,46 @@ int Encoder(const std::map<std::string, std::string>& flags) {
   return 0;
 }
 
+// kiln_bench onednn_matmul [--iters 100] [--threads 2]: the encoder's
+// 128x768 @ 768x768 product through dnnl_sgemm, called from this one thread,
+// with no engine in the process (so libgomp's team is the only one and keeps
+// its configured spin): p50 and p10 micros. bench/openmp_wait_policy.py runs it
+// under each OpenMP wait policy.
+int OneDnnMatMulAlone(const std::map<std::string, std::string>& flags) {
+  const int iters = static_cast<int>(Flag(flags, "iters", 100));
+  omp_set_num_threads(static_cast<int>(Flag(flags, "threads", 2)));
+  const int64_t m = 128, k = 768, n = 768;
+  std::mt19937_64 rng(11);
+  const HostTensor a = models::RandomF32(rng, {m, k}, 1.0),
+                   b = models::RandomF32(rng, {k, n}, 0.05);
+  std::vector<float> c(m * n);
+  std::vector<double> us;
+  for (int i = 0; i < iters + 5; ++i) {
+    const auto t0 = Clock::now();
+    dnnl_sgemm('N', 'N', m, n, k, 1.0f, a.data_as<float>(), k, b.data_as<float>(), n, 0.0f,
+               c.data(), n);
+    if (i >= 5) us.push_back(Ms(t0, Clock::now()) * 1000.0);
+  }
+  std::printf("%s\n", json({{"bench", "onednn_matmul_alone"},
+                            {"p50_us", Median(us)},
+                            {"p10_us", Percentile(us, 0.1)}})
+                          .dump()
+                          .c_str());
+  return 0;
+}
+
+double ProcessCpuMicros() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6 + u.ru_utime.tv_usec + u.ru_stime.tv_usec;
+}
+
 // kiln_bench timings: a worker for drivers that alternate processes started
 // with different environments (bench/openmp_wait_policy.py: one per OpenMP
 // wait policy, which libgomp reads only at start). Reads lines "mlp N" (the
 // 784-512-512-10 MLP at batch 1) or "encoder N" (the encoder layer) on stdin,
-// runs that model N times and prints one JSON line with each run's micros.
+// runs that model N times and prints one JSON line with each run's micros and
+// the process's CPU micros per run.
 int Timings(const std::map<std::string, std::string>& flags) {
   const int threads = static_cast<int>(Flag(flags, "threads", 2));
   EncoderSetup enc(1, threads);
@@ -278,6 +328,7 @@ int Timings(const std::map<std::string, std::string>& flags) {
   while (std::scanf("%31s %d", what, &n) == 2) {
     const bool is_mlp = std::string(what) == "mlp";
     std::vector<double> us;
+    const double cpu0 = ProcessCpuMicros();
     for (int i = 0; i < n; ++i) {
       const auto t0 = Clock::now();
       auto r = is_mlp ? engine->Run(*mlp_compiled->executable, mlp_in, mlp_params->get(), {})
@@ -285,7 +336,12 @@ int Timings(const std::map<std::string, std::string>& flags) {
       if (!r.ok()) return 1;
       us.push_back(Ms(t0, Clock::now()) * 1000.0);
     }
-    std::printf("%s\n", json({{"us", us}}).dump().c_str());
+    // CPU time of the whole process per run: unlike wall time, it leaves out
+    // the time other processes held the cores (spinning threads count).
+    std::printf("%s\n",
+                json({{"us", us}, {"cpu_us_per_run", (ProcessCpuMicros() - cpu0) / std::max(n, 1)}})
+                    .dump()
+                    .c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -793,7 +849,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation|mlp|"
-                 "fixed_cost|timings [flags]\n");
+                 "fixed_cost|timings|onednn_matmul [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -802,6 +858,7 @@ int main(int argc, char** argv) {
   const auto flags = kiln::ParseFlags(argc, argv);
   if (cmd == "encoder") return kiln::Encoder(flags);
   if (cmd == "timings") return kiln::Timings(flags);
+  if (cmd == "onednn_matmul") return kiln::OneDnnMatMulAlone(flags);
   if (cmd == "matmul") return kiln::MatMul(flags);
   if (cmd == "compile") return kiln::CompileBench(flags);
   if (cmd == "compile_once") return kiln::CompileOnce(flags);

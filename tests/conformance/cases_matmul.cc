@@ -448,7 +448,49 @@ std::vector<Case> SmallMCases() {
   return cases;
 }
 
+// Products with more rows than the small-M kernel takes (M = 65, 128, 130),
+// B plain and transposed, read as given and packed beforehand: on the CPU the
+// packed copy is B reordered into oneDNN's preferred layout (MatMulKernel's
+// packed path), with every epilogue fused into that primitive.
+std::vector<Case> PackedCases() {
+  std::vector<Case> cases;
+  auto both = [&](const Shape& s, const Epilogue* e) {
+    cases.push_back(MakeCase("matmul_packed", s, v1::DTYPE_F32, e));
+    Case packed = MakeCase("matmul_packed", s, v1::DTYPE_F32, e);
+    packed.name += "/packed";
+    packed.spec.name = packed.name;
+    packed.pack_inputs = true;
+    cases.push_back(std::move(packed));
+  };
+  const std::vector<Epilogue> epilogues = {{true, false, v1::UNARY_KIND_UNSPECIFIED},
+                                           {true, false, v1::UNARY_GELU},
+                                           {true, true, v1::UNARY_KIND_UNSPECIFIED},
+                                           {false, true, v1::UNARY_RELU},
+                                           {true, true, v1::UNARY_GELU}};
+  for (int64_t m : {65, 128, 130}) {
+    for (auto [k, n] : std::vector<std::pair<int64_t, int64_t>>{{33, 47}, {96, 130}}) {
+      for (bool tb : {false, true}) {
+        const Shape s = {{m, k}, tb ? Dims{n, k} : Dims{k, n}, false, tb};
+        both(s, nullptr);
+        for (const Epilogue& e : epilogues) both(s, &e);
+      }
+    }
+  }
+  // The residual overwritten by the result (an in-place plan).
+  const Epilogue all = {true, true, v1::UNARY_GELU};
+  for (bool packed : {false, true}) {
+    Case c = MakeCase("matmul_packed", {{128, 40}, {40, 24}}, v1::DTYPE_F32, &all);
+    c.name += packed ? "/in_place_residual/packed" : "/in_place_residual";
+    c.spec.name = c.name;
+    c.in_place_input = 3;  // a, b, bias, residual
+    c.pack_inputs = packed;
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 const FamilyRegistration kMatMul("matmul", MatMulCases);
+const FamilyRegistration kPacked("matmul_packed", PackedCases);
 const FamilyRegistration kSmallM("matmul_small_m", SmallMCases);
 const FamilyRegistration kFusedMatMul("fused_matmul", FusedMatMulCases);
 

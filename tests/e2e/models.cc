@@ -122,11 +122,11 @@ V AddEncoderLayer(GraphBuilder& g, Model& m, std::mt19937_64& rng, const Encoder
                   const std::string& prefix) {
   const int64_t h = c.hidden, dh = c.hidden / c.heads;
   const double ws = 1.0 / std::sqrt(static_cast<double>(h));
-  auto param = [&](const std::string& base, const Dims& dims, double scale,
-                   double offset = 0.0) {
+  auto param = [&](const std::string& base, const Dims& dims, double scale, double offset = 0.0) {
     HostTensor t = RandomF32(rng, dims, scale);
     if (offset != 0) {
-      for (int64_t i = 0; i < t.num_elements(); ++i) t.data_as<float>()[i] += static_cast<float>(offset);
+      for (int64_t i = 0; i < t.num_elements(); ++i)
+        t.data_as<float>()[i] += static_cast<float>(offset);
     }
     const std::string name = prefix + base;
     m.params[name] = std::move(t);
@@ -144,8 +144,8 @@ V AddEncoderLayer(GraphBuilder& g, Model& m, std::mt19937_64& rng, const Encoder
   g.named(prefix + "attention");
   V merged = g.reshape(g.transpose(a, {0, 2, 1, 3}), {-1, c.seq, h});
   V o = g.add(g.matmul(merged, param("wo", {h, h}, ws)), param("bo", {h}, 0.02));
-  V h1 = g.layer_norm(g.add(o, x), param("ln1_g", {h}, 0.1, 1.0), param("ln1_b", {h}, 0.1),
-                      c.epsilon);
+  V h1 =
+      g.layer_norm(g.add(o, x), param("ln1_g", {h}, 0.1, 1.0), param("ln1_b", {h}, 0.1), c.epsilon);
   g.named(prefix + "ln1");
   V f = g.gelu(g.add(g.matmul(h1, param("w1", {h, c.ffn}, ws)), param("b1", {c.ffn}, 0.02)));
   V f2 = g.add(g.matmul(f, param("w2", {c.ffn, h}, 1.0 / std::sqrt(static_cast<double>(c.ffn)))),

@@ -5,6 +5,7 @@
 // packing kernels are the small-M matmuls (backends/cpu/small_matmul.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -90,6 +91,51 @@ TEST_P(PackingTest, ParamsPackedOncePerParamSetAndAgainForANewSet) {
 // M = 1 (the micro-kernel reads an unpacked B too) and M = 64 (an unpacked B
 // would go to oneDNN: the packed one stays on the micro-kernel).
 INSTANTIATE_TEST_SUITE_P(Batches, PackingTest, ::testing::Values(1, 64));
+
+// Above the small-M kernel's 64 rows the oneDNN matmul packs a param B into
+// the blocked layout its primitive prefers: once per ParamSet, with bias, GELU
+// and residual still fused, and the results those of the f64 reference.
+TEST(PackingOneDnn, LargeMParamsPackedOnceAndExact) {
+  auto engine = MakePackingEngine();
+  std::mt19937_64 rng(9);
+  const int64_t m = 130, k = 96, n = 72;
+  models::Model model;
+  model.params["w"] = models::RandomF32(rng, {k, n}, 0.1);
+  model.params["b"] = models::RandomF32(rng, {n}, 0.1);
+  model.params["r"] = models::RandomF32(rng, {m, n}, 1.0);
+  GraphBuilder g("packed_fc");
+  auto x = g.input("x", v1::DTYPE_F32, {m, k});
+  auto w = g.param("w", v1::DTYPE_F32, {k, n});
+  auto b = g.param("b", v1::DTYPE_F32, {n});
+  auto r = g.param("r", v1::DTYPE_F32, {m, n});
+  g.output("y", g.add(g.gelu(g.add(g.matmul(x, w), b)), r));
+  model.graph = g.Build();
+  auto exe = CompileOnCpu(*engine, model.graph, {m, k});
+  ASSERT_NE(exe, nullptr);
+  auto params = engine->CreateParams(models::ParamRefs(model));
+  ASSERT_TRUE(params.ok()) << params.status();
+  const HostTensor xt = models::RandomF32(rng, {m, k}, 1.0);
+  std::vector<double> want(m * n);
+  const float* xv = xt.data_as<float>();
+  const float* wv = model.params["w"].data_as<float>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = model.params["b"].data_as<float>()[j];
+      for (int64_t kk = 0; kk < k; ++kk) s += double(xv[i * k + kk]) * wv[kk * n + j];
+      want[i * n + j] = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0))) +
+                        model.params["r"].data_as<float>()[i * n + j];
+    }
+  }
+  for (int run = 0; run < 3; ++run) {
+    auto [y, packed] = RunCounting(*engine, *exe, xt, params->get());
+    EXPECT_EQ(packed, 1) << "run " << run;
+    EXPECT_EQ(Packs(*exe), 1) << "run " << run;
+    ASSERT_EQ(y.num_elements(), m * n);
+    for (int64_t i = 0; i < m * n; ++i) {
+      ASSERT_NEAR(y.data_as<float>()[i], want[i], 1e-4 + 1e-4 * std::abs(want[i])) << i;
+    }
+  }
+}
 
 TEST(PackingConstants, PackedOnceAtLoad) {
   auto engine = MakePackingEngine();
