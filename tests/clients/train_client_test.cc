@@ -651,6 +651,40 @@ TEST(TrainClientTest, KilnctlResumesBitExactly) {
   EXPECT_THAT(bad.err, HasSubstr("nothing to train"));
 }
 
+// QAT with learned weight scales (--qat-lsq): the scales ("<w>/lsq_scale")
+// and their Adam state ride in the checkpoint, and kilnctl's resume continues
+// bit for bit (the clients and kilnd refused those tensors before).
+TEST(TrainClientTest, KilnctlResumesQatLsqBitExactly) {
+  testing::ScratchDir dir;
+  const std::string graph = WriteNpyProblem(dir.path());
+  auto kilnctl = [&](std::vector<std::string> more) {
+    std::vector<std::string> argv = {
+        KILNCTL_PATH, "--addr=" + SharedKilnd().addr(), "train", graph,
+        "--data", "x=" + dir.path() + "/x.npy", "--data", "y=" + dir.path() + "/y.npy",
+        "--optimizer", "adam", "--lr", "0.01", "--batch", "32", "--epochs", "2",
+        "--shuffle-seed", "3", "--device", "cpu:0", "--qat", "int8", "--qat-per-channel",
+        "--qat-lsq", "--log-every", "1"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return testing::RunProcess(argv);
+  };
+  const std::string full = dir.path() + "/full.safetensors", cut = dir.path() + "/cut.safetensors";
+  testing::ProcessResult a = kilnctl({"--checkpoint", full});
+  ASSERT_EQ(a.status, 0) << a.out << a.err;
+  testing::ProcessResult b1 = kilnctl({"--checkpoint", cut, "--steps", "7"});
+  ASSERT_EQ(b1.status, 0) << b1.out << b1.err;
+  auto file = io::SafetensorsFile::Open(cut);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_NE(file->Find("w1/lsq_scale"), nullptr);
+  ASSERT_NE(file->Find("opt/w1/lsq_scale/m"), nullptr);
+  testing::ProcessResult b2 = kilnctl({"--resume", cut, "--checkpoint", cut});
+  ASSERT_EQ(b2.status, 0) << b2.out << b2.err;
+  EXPECT_THAT(b2.out, HasSubstr("resumed from " + cut + " at step 7"));
+  const std::map<int64_t, std::string> want = StepLines(a.out), rest = StepLines(b2.out);
+  ASSERT_FALSE(rest.empty()) << b2.out;
+  for (const auto& [step, line] : rest) EXPECT_EQ(line, want.at(step)) << "step " << step;
+  EXPECT_TRUE(FileBytes(full) == FileBytes(cut)) << "the checkpoints differ";
+}
+
 // kilnctl's progress without a terminal: plain lines, about 20 over the run
 // (every 2nd of 48 steps) plus the last, each with every field.
 TEST(TrainClientTest, KilnctlProgressIsPlainLinesWithoutATerminal) {
