@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view b
   }
   onnx::ModelProto model;
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::InvalidArgumentError("not an ONNX model: the bytes do not parse as onnx.ModelProto");
+    return absl::InvalidArgumentError(
+        "not an ONNX model: the bytes do not parse as onnx.ModelProto");
   }
   absl::flat_hash_set<std::string> initializers;
   for (const auto& i : model.graph().initializer()) initializers.insert(i.name());
@@ -36,7 +37,8 @@ absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view b
     if (!dt || !(IsInteger(*dt) || *dt == v1::DTYPE_BOOL) || !tt.has_shape()) continue;
     int64_t n = 1;
     for (const auto& d : tt.shape().dim()) {
-      const int64_t size = d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : kMaxValueElements + 1;
+      const int64_t size =
+          d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : kMaxValueElements + 1;
       n = std::min(n * std::min(size, kMaxValueElements + 1), kMaxValueElements + 1);
     }
     if (n <= kMaxValueElements) out.push_back(vi.name());
@@ -112,14 +114,18 @@ absl::StatusOr<std::shared_ptr<const OnnxModel>> OnnxSpecializer::For(
       if (n == name) t = v;
     }
     if (t == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input \"", name, "\" is missing: the model's shapes depend on its value (Kiln "
-          "compiles one specialisation per value)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", name,
+                       "\" is missing: the model's shapes depend on its value (Kiln "
+                       "compiles one specialisation per value)"));
     }
-    if (!(IsInteger(t->dtype()) || t->dtype() == v1::DTYPE_BOOL) || t->num_elements() > kMaxValueElements) {
+    if (!(IsInteger(t->dtype()) || t->dtype() == v1::DTYPE_BOOL) ||
+        t->num_elements() > kMaxValueElements) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input \"", name, "\" must be a small integer or bool tensor (the model's shapes depend on its "
-          "value), got ", DTypeName(t->dtype()), DimsToString(t->dims())));
+          "input \"", name,
+          "\" must be a small integer or bool tensor (the model's shapes depend on its "
+          "value), got ",
+          DTypeName(t->dtype()), DimsToString(t->dims())));
     }
     fixed.emplace_back(name, t);
   }

@@ -51,7 +51,8 @@ class OnnxSpecializer {
   // Parses and imports `bytes` once without fixed values: a model that needs
   // none is served by that one import. Fails with the import's error when it
   // is not UNIMPLEMENTED, or when no input could be specialised on.
-  static absl::StatusOr<std::unique_ptr<OnnxSpecializer>> Create(std::string bytes, Options options);
+  static absl::StatusOr<std::unique_ptr<OnnxSpecializer>> Create(std::string bytes,
+                                                                 Options options);
 
   // True when the model imports without any fixed value.
   bool generic() const { return generic_ != nullptr; }

@@ -2,6 +2,8 @@
 // engine/io/onnx/onnx_specialize.h) and Slices whose start is computed at run
 // time (a Gather of an import-time extent). Outputs are checked against f64
 // references computed here.
+#include "engine/io/onnx/onnx_specialize.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 
 #include "absl/strings/match.h"
 #include "base/status.h"
-#include "engine/io/onnx/onnx_specialize.h"
 #include "tests/engine/io/onnx_test_model.h"
 
 namespace kiln::onnx_specialize_test {
@@ -34,7 +35,8 @@ void BodyInput(onnx::GraphProto& g, const std::string& name, int type) {
   vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
 }
 
-void TensorAttr(onnx::NodeProto* n, int type, std::vector<int64_t> dims, std::vector<double> values) {
+void TensorAttr(onnx::NodeProto* n, int type, std::vector<int64_t> dims,
+                std::vector<double> values) {
   auto* a = n->add_attribute();
   a->set_name("value");
   a->set_type(onnx::AttributeProto::TENSOR);
@@ -102,7 +104,8 @@ absl::StatusOr<RunResult> RunLoop(Engine& engine, io::OnnxSpecializer& s, const 
   std::vector<TensorRef> refs;
   const std::vector<std::string> fixed = s.value_inputs();
   for (const auto& [name, t] : all) {
-    if (std::find(fixed.begin(), fixed.end(), name) == fixed.end()) refs.push_back(TensorRef::Of(name, *t));
+    if (std::find(fixed.begin(), fixed.end(), name) == fixed.end())
+      refs.push_back(TensorRef::Of(name, *t));
   }
   return engine.RunGraph(model->graph, refs, nullptr, {}, {});
 }
@@ -200,7 +203,8 @@ TEST(OnnxSpecializer, ModelWithoutValueInputsImportsOnce) {
   // is not past the clamped start, and shorter when the end is past the dim.
   for (int64_t start : {0, 1, 4, -3, -2, -1, 5, -7}) {
     const HostTensor st = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {start});
-    auto model = (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &st}});
+    auto model =
+        (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &st}});
     ASSERT_TRUE(model.ok()) << model.status();
     const std::vector<TensorRef> refs = {TensorRef::Of("x", x), TensorRef::Of("s", st)};
     auto out = engine->RunGraph((*model)->graph, refs, nullptr, {}, {});
@@ -215,7 +219,8 @@ TEST(OnnxSpecializer, ModelWithoutValueInputsImportsOnce) {
     ASSERT_TRUE(out.ok()) << "start " << start << ": " << out.status();
     const HostTensor& y = out->outputs[0].second;
     ASSERT_EQ(y.dims(), (Dims{2}));
-    for (int64_t j = 0; j < 2; ++j) EXPECT_EQ(y.GetAsDouble(j), static_cast<double>(b + j)) << start;
+    for (int64_t j = 0; j < 2; ++j)
+      EXPECT_EQ(y.GetAsDouble(j), static_cast<double>(b + j)) << start;
   }
   EXPECT_EQ((*sp)->imports(), 1);
 }
@@ -230,18 +235,21 @@ TEST(OnnxSpecializer, RunTimeSliceWithUnknownExtentIsRefused) {
   auto r = io::ImportOnnxModel(m.Bytes(), {});
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "end must be the start plus a constant")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "end must be the start plus a constant"))
+      << r.status();
   // Specialised on s and e (both small integer inputs), it runs.
   auto sp = io::OnnxSpecializer::Create(m.Bytes(), {});
   ASSERT_TRUE(sp.ok()) << sp.status();
   const HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {6}, {0, 1, 2, 3, 4, 5});
   const HostTensor s = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {1});
   const HostTensor e = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {4});
-  auto model = (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &s}, {"e", &e}});
+  auto model = (*sp)->For(
+      std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &s}, {"e", &e}});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*sp)->value_inputs(), (std::vector<std::string>{"s", "e"}));
   auto engine = MakeEngine();
-  auto out = engine->RunGraph((*model)->graph, std::vector<TensorRef>{TensorRef::Of("x", x)}, nullptr, {}, {});
+  auto out = engine->RunGraph((*model)->graph, std::vector<TensorRef>{TensorRef::Of("x", x)},
+                              nullptr, {}, {});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->outputs[0].second.dims(), (Dims{3}));
   EXPECT_EQ(out->outputs[0].second.GetAsDouble(2), 3.0);
