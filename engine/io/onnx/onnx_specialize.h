@@ -76,6 +76,8 @@ class OnnxSpecializer {
       const std::vector<std::pair<std::string, const HostTensor*>>& fixed);
 
   std::string bytes_;
+  // The candidates' declared types: a value given must have its input's.
+  std::map<std::string, std::pair<DType, Dims>> declared_;
   Options options_;
   std::shared_ptr<const OnnxModel> generic_;
 

@@ -169,6 +169,16 @@ TEST(OnnxSpecializer, MissingOrWrongValueInputIsInvalidArgument) {
   r = (*s)->For(in);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  // An integer M of another type or shape than the model declares (i64[]).
+  const HostTensor m32 = HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {}, {3});
+  const HostTensor m2 = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {2}, {3, 3});
+  for (const HostTensor* m : {&m32, &m2}) {
+    in.back().second = m;
+    r = (*s)->For(in);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "must be i64[]")) << r.status();
+  }
 }
 
 TEST(OnnxSpecializer, TripCountPastTheSlicedTableFailsTheRun) {
