@@ -235,6 +235,23 @@ TEST(OnnxSpecializer, ModelWithoutValueInputsImportsOnce) {
   EXPECT_EQ((*sp)->imports(), 1);
 }
 
+TEST(OnnxSpecializer, RunTimeSliceEndingBeforeItsStartIsRefused) {
+  // x[s : s - 1]: empty for most s, but ONNX counts a negative end from the
+  // dim (s = 1, end = 0: empty; s = 0, end = -1: five elements), so the
+  // extent is not known at import.
+  Model m(13);
+  m.Input("x", {6});
+  m.Input("s", {1}, onnx::TensorProto::INT64);
+  m.InitInts("one", {1});
+  m.Node("Sub", {"s", "one"}, {"e"});
+  m.Node("Slice", {"x", "s", "e"}, {"y"});
+  m.Output("y");
+  auto r = io::ImportOnnxModel(m.Bytes(), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "end is before its start")) << r.status();
+}
+
 TEST(OnnxSpecializer, RunTimeSliceWithUnknownExtentIsRefused) {
   Model m(13);
   m.Input("x", {6});
