@@ -284,7 +284,14 @@ absl::Status DynamicSliceOp(Importer& c) {
   KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(c, axes ? (*axes)[0] : 0, c.rank(0)));
   const int64_t n = c.type(0).dims[axis];
   if (n < 0) return c.Unsupported("a run-time Slice start over a run-time dim");
-  const int64_t k = std::clamp<int64_t>(end->offset - start->offset, 0, n);
+  int64_t extent = 0;
+  if (__builtin_sub_overflow(end->offset, start->offset, &extent)) return c.Invalid("slice bounds overflow");
+  if (extent < 0) {
+    // ONNX's range may still be non-empty (a start >= 0 with a negative
+    // end counts that end from the dim), so its extent is not known here.
+    return c.Unsupported("a run-time Slice whose end is before its start");
+  }
+  const int64_t k = std::min(extent, n);
   KILN_ASSIGN_OR_RETURN(ValueRef x, c.Ref(0));
   // s: the start as an int64 [1].
   KILN_ASSIGN_OR_RETURN(ValueRef s, c.Ref(1));

@@ -42,7 +42,8 @@ const Value* Find(const Importer& c, const std::string& name) {
 // A known float value whose every element is one number.
 std::optional<double> Splat(const Importer& c, const std::string& name) {
   const Value* v = Find(c, name);
-  if (v == nullptr || v->known == nullptr || !v->known->complete() || !IsFloat(v->known->t->dtype())) {
+  if (v == nullptr || v->known == nullptr || !v->known->complete() ||
+      !IsFloat(v->known->t->dtype())) {
     return std::nullopt;
   }
   const HostTensor& t = *v->known->t;
@@ -77,7 +78,8 @@ bool MeanOverLastAxis(const Importer& c, const onnx::NodeProto& n, int64_t rank)
   if (n.input_size() > 1 && !n.input(1).empty()) {  // opset 18: axes as an input
     const Value* v = Find(c, n.input(1));
     if (v == nullptr || v->known == nullptr || !v->known->complete()) return false;
-    for (int64_t i = 0; i < v->known->t->num_elements(); ++i) axes.push_back(GetInt(*v->known->t, i));
+    for (int64_t i = 0; i < v->known->t->num_elements(); ++i)
+      axes.push_back(GetInt(*v->known->t, i));
   }
   return axes.size() == 1 && (axes[0] == -1 || axes[0] == rank - 1);
 }
@@ -110,7 +112,8 @@ absl::StatusOr<bool> LayerNorm(Importer& c) {
       }
       if (var == nullptr || !eps || *eps < 0) continue;
       const onnx::NodeProto* pow = c.Producer(var->input(0), "Pow");
-      if (pow == nullptr || pow->input_size() != 2 || pow->input(0) != d || !Near(Splat(c, pow->input(1)), 2)) {
+      if (pow == nullptr || pow->input_size() != 2 || pow->input(0) != d ||
+          !Near(Splat(c, pow->input(1)), 2)) {
         continue;
       }
       const std::string& x = sub->input(0);
@@ -119,15 +122,17 @@ absl::StatusOr<bool> LayerNorm(Importer& c) {
       const Value* xv = Find(c, x);
       const Value* gv = Find(c, gamma);
       const Value* bv = Find(c, beta);
-      if (xv == nullptr || gv == nullptr || bv == nullptr || !IsFloat(xv->type.dtype) || xv->type.rank() < 1) {
+      if (xv == nullptr || gv == nullptr || bv == nullptr || !IsFloat(xv->type.dtype) ||
+          xv->type.rank() < 1) {
         continue;
       }
       const int64_t rank = xv->type.rank();
       const int64_t dim = xv->type.dims.back();
-      if (!MeanOverLastAxis(c, *mean, rank) || !MeanOverLastAxis(c, *var, rank) || dim < 0) continue;
+      if (!MeanOverLastAxis(c, *mean, rank) || !MeanOverLastAxis(c, *var, rank) || dim < 0)
+        continue;
       const IrDims normalized = {dim};
-      if (gv->type.dims != normalized || bv->type.dims != normalized || gv->type.dtype != xv->type.dtype ||
-          bv->type.dtype != xv->type.dtype) {
+      if (gv->type.dims != normalized || bv->type.dims != normalized ||
+          gv->type.dtype != xv->type.dtype || bv->type.dtype != xv->type.dtype) {
         continue;
       }
       // The result's type is x's: the pattern's own broadcasting adds nothing.
@@ -174,7 +179,8 @@ absl::StatusOr<bool> Gelu(Importer& c) {
         ok = other != nullptr && Near(Splat(c, *other), 1 / std::sqrt(2.0));
       }
       const Value* xv = Find(c, x);
-      if (!ok || xv == nullptr || !IsFloat(xv->type.dtype) || !(c.in(order).type == xv->type)) continue;
+      if (!ok || xv == nullptr || !IsFloat(xv->type.dtype) || !(c.in(order).type == xv->type))
+        continue;
       KILN_ASSIGN_OR_RETURN(ValueRef xr, c.RefOf(x));
       KILN_ASSIGN_OR_RETURN(ValueRef y, c.Unary(v1::UNARY_GELU, xr));
       c.SetOutput(0, y);

@@ -16,32 +16,49 @@ namespace {
 // A value input holds at most this many elements (a key, not data).
 constexpr int64_t kMaxValueElements = 16;
 
-}  // namespace
+struct Candidate {
+  std::string name;
+  DType dtype;
+  Dims dims;
+};
 
-absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view bytes) {
+absl::StatusOr<std::vector<Candidate>> Candidates(std::string_view bytes) {
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return absl::ResourceExhaustedError("ONNX model over 2 GiB");
   }
   onnx::ModelProto model;
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::InvalidArgumentError("not an ONNX model: the bytes do not parse as onnx.ModelProto");
+    return absl::InvalidArgumentError(
+        "not an ONNX model: the bytes do not parse as onnx.ModelProto");
   }
   absl::flat_hash_set<std::string> initializers;
   for (const auto& i : model.graph().initializer()) initializers.insert(i.name());
-  std::vector<std::string> out;
+  std::vector<Candidate> out;
   for (const auto& vi : model.graph().input()) {
     if (initializers.contains(vi.name()) || !vi.type().has_tensor_type()) continue;
     const auto& tt = vi.type().tensor_type();
     const std::optional<DType> dt = onnx_internal::DTypeFromOnnx(tt.elem_type());
     if (!dt || !(IsInteger(*dt) || *dt == v1::DTYPE_BOOL) || !tt.has_shape()) continue;
     int64_t n = 1;
+    Dims dims;
     for (const auto& d : tt.shape().dim()) {
-      const int64_t size = d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : kMaxValueElements + 1;
+      const int64_t size =
+          d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : kMaxValueElements + 1;
       n = std::min(n * std::min(size, kMaxValueElements + 1), kMaxValueElements + 1);
+      dims.push_back(size);
     }
-    if (n <= kMaxValueElements) out.push_back(vi.name());
+    if (n <= kMaxValueElements) out.push_back({vi.name(), *dt, std::move(dims)});
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view bytes) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Candidate> c, Candidates(bytes));
+  std::vector<std::string> names;
+  for (const Candidate& k : c) names.push_back(k.name);
+  return names;
 }
 
 absl::StatusOr<std::unique_ptr<OnnxSpecializer>> OnnxSpecializer::Create(std::string bytes,
@@ -55,7 +72,12 @@ absl::StatusOr<std::unique_ptr<OnnxSpecializer>> OnnxSpecializer::Create(std::st
   std::unique_ptr<OnnxSpecializer> s(new OnnxSpecializer());
   s->bytes_ = std::move(bytes);
   s->options_ = std::move(options);
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> candidates, ValueInputCandidates(s->bytes_));
+  KILN_ASSIGN_OR_RETURN(std::vector<Candidate> found, Candidates(s->bytes_));
+  std::vector<std::string> candidates;
+  for (Candidate& k : found) {
+    candidates.push_back(k.name);
+    s->declared_[k.name] = {k.dtype, std::move(k.dims)};
+  }
   absl::StatusOr<std::shared_ptr<const OnnxModel>> generic = s->Import({});
   if (generic.ok()) {
     s->generic_ = *std::move(generic);
@@ -112,14 +134,24 @@ absl::StatusOr<std::shared_ptr<const OnnxModel>> OnnxSpecializer::For(
       if (n == name) t = v;
     }
     if (t == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input \"", name, "\" is missing: the model's shapes depend on its value (Kiln "
-          "compiles one specialisation per value)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", name,
+                       "\" is missing: the model's shapes depend on its value (Kiln "
+                       "compiles one specialisation per value)"));
     }
-    if (!(IsInteger(t->dtype()) || t->dtype() == v1::DTYPE_BOOL) || t->num_elements() > kMaxValueElements) {
+    if (!(IsInteger(t->dtype()) || t->dtype() == v1::DTYPE_BOOL) ||
+        t->num_elements() > kMaxValueElements) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input \"", name, "\" must be a small integer or bool tensor (the model's shapes depend on its "
-          "value), got ", DTypeName(t->dtype()), DimsToString(t->dims())));
+          "input \"", name,
+          "\" must be a small integer or bool tensor (the model's shapes depend on its "
+          "value), got ",
+          DTypeName(t->dtype()), DimsToString(t->dims())));
+    }
+    const auto& [dtype, dims] = declared_.at(name);
+    if (t->dtype() != dtype || t->dims() != dims) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input \"", name, "\" must be ", DTypeName(dtype), DimsToString(dims),
+          " as the model declares it, got ", DTypeName(t->dtype()), DimsToString(t->dims())));
     }
     fixed.emplace_back(name, t);
   }

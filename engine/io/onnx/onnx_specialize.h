@@ -51,7 +51,8 @@ class OnnxSpecializer {
   // Parses and imports `bytes` once without fixed values: a model that needs
   // none is served by that one import. Fails with the import's error when it
   // is not UNIMPLEMENTED, or when no input could be specialised on.
-  static absl::StatusOr<std::unique_ptr<OnnxSpecializer>> Create(std::string bytes, Options options);
+  static absl::StatusOr<std::unique_ptr<OnnxSpecializer>> Create(std::string bytes,
+                                                                 Options options);
 
   // True when the model imports without any fixed value.
   bool generic() const { return generic_ != nullptr; }
@@ -75,6 +76,8 @@ class OnnxSpecializer {
       const std::vector<std::pair<std::string, const HostTensor*>>& fixed);
 
   std::string bytes_;
+  // The candidates' declared types: a value given must have its input's.
+  std::map<std::string, std::pair<DType, Dims>> declared_;
   Options options_;
   std::shared_ptr<const OnnxModel> generic_;
 

@@ -2,6 +2,8 @@
 // engine/io/onnx/onnx_specialize.h) and Slices whose start is computed at run
 // time (a Gather of an import-time extent). Outputs are checked against f64
 // references computed here.
+#include "engine/io/onnx/onnx_specialize.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 
 #include "absl/strings/match.h"
 #include "base/status.h"
-#include "engine/io/onnx/onnx_specialize.h"
 #include "tests/engine/io/onnx_test_model.h"
 
 namespace kiln::onnx_specialize_test {
@@ -34,7 +35,8 @@ void BodyInput(onnx::GraphProto& g, const std::string& name, int type) {
   vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
 }
 
-void TensorAttr(onnx::NodeProto* n, int type, std::vector<int64_t> dims, std::vector<double> values) {
+void TensorAttr(onnx::NodeProto* n, int type, std::vector<int64_t> dims,
+                std::vector<double> values) {
   auto* a = n->add_attribute();
   a->set_name("value");
   a->set_type(onnx::AttributeProto::TENSOR);
@@ -102,7 +104,8 @@ absl::StatusOr<RunResult> RunLoop(Engine& engine, io::OnnxSpecializer& s, const 
   std::vector<TensorRef> refs;
   const std::vector<std::string> fixed = s.value_inputs();
   for (const auto& [name, t] : all) {
-    if (std::find(fixed.begin(), fixed.end(), name) == fixed.end()) refs.push_back(TensorRef::Of(name, *t));
+    if (std::find(fixed.begin(), fixed.end(), name) == fixed.end())
+      refs.push_back(TensorRef::Of(name, *t));
   }
   return engine.RunGraph(model->graph, refs, nullptr, {}, {});
 }
@@ -166,6 +169,16 @@ TEST(OnnxSpecializer, MissingOrWrongValueInputIsInvalidArgument) {
   r = (*s)->For(in);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  // An integer M of another type or shape than the model declares (i64[]).
+  const HostTensor m32 = HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {}, {3});
+  const HostTensor m2 = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {2}, {3, 3});
+  for (const HostTensor* m : {&m32, &m2}) {
+    in.back().second = m;
+    r = (*s)->For(in);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "must be i64[]")) << r.status();
+  }
 }
 
 TEST(OnnxSpecializer, TripCountPastTheSlicedTableFailsTheRun) {
@@ -200,7 +213,8 @@ TEST(OnnxSpecializer, ModelWithoutValueInputsImportsOnce) {
   // is not past the clamped start, and shorter when the end is past the dim.
   for (int64_t start : {0, 1, 4, -3, -2, -1, 5, -7}) {
     const HostTensor st = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {start});
-    auto model = (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &st}});
+    auto model =
+        (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &st}});
     ASSERT_TRUE(model.ok()) << model.status();
     const std::vector<TensorRef> refs = {TensorRef::Of("x", x), TensorRef::Of("s", st)};
     auto out = engine->RunGraph((*model)->graph, refs, nullptr, {}, {});
@@ -215,9 +229,27 @@ TEST(OnnxSpecializer, ModelWithoutValueInputsImportsOnce) {
     ASSERT_TRUE(out.ok()) << "start " << start << ": " << out.status();
     const HostTensor& y = out->outputs[0].second;
     ASSERT_EQ(y.dims(), (Dims{2}));
-    for (int64_t j = 0; j < 2; ++j) EXPECT_EQ(y.GetAsDouble(j), static_cast<double>(b + j)) << start;
+    for (int64_t j = 0; j < 2; ++j)
+      EXPECT_EQ(y.GetAsDouble(j), static_cast<double>(b + j)) << start;
   }
   EXPECT_EQ((*sp)->imports(), 1);
+}
+
+TEST(OnnxSpecializer, RunTimeSliceEndingBeforeItsStartIsRefused) {
+  // x[s : s - 1]: empty for most s, but ONNX counts a negative end from the
+  // dim (s = 1, end = 0: empty; s = 0, end = -1: five elements), so the
+  // extent is not known at import.
+  Model m(13);
+  m.Input("x", {6});
+  m.Input("s", {1}, onnx::TensorProto::INT64);
+  m.InitInts("one", {1});
+  m.Node("Sub", {"s", "one"}, {"e"});
+  m.Node("Slice", {"x", "s", "e"}, {"y"});
+  m.Output("y");
+  auto r = io::ImportOnnxModel(m.Bytes(), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "end is before its start")) << r.status();
 }
 
 TEST(OnnxSpecializer, RunTimeSliceWithUnknownExtentIsRefused) {
@@ -230,18 +262,21 @@ TEST(OnnxSpecializer, RunTimeSliceWithUnknownExtentIsRefused) {
   auto r = io::ImportOnnxModel(m.Bytes(), {});
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "end must be the start plus a constant")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "end must be the start plus a constant"))
+      << r.status();
   // Specialised on s and e (both small integer inputs), it runs.
   auto sp = io::OnnxSpecializer::Create(m.Bytes(), {});
   ASSERT_TRUE(sp.ok()) << sp.status();
   const HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {6}, {0, 1, 2, 3, 4, 5});
   const HostTensor s = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {1});
   const HostTensor e = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {4});
-  auto model = (*sp)->For(std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &s}, {"e", &e}});
+  auto model = (*sp)->For(
+      std::vector<std::pair<std::string, const HostTensor*>>{{"x", &x}, {"s", &s}, {"e", &e}});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*sp)->value_inputs(), (std::vector<std::string>{"s", "e"}));
   auto engine = MakeEngine();
-  auto out = engine->RunGraph((*model)->graph, std::vector<TensorRef>{TensorRef::Of("x", x)}, nullptr, {}, {});
+  auto out = engine->RunGraph((*model)->graph, std::vector<TensorRef>{TensorRef::Of("x", x)},
+                              nullptr, {}, {});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->outputs[0].second.dims(), (Dims{3}));
   EXPECT_EQ(out->outputs[0].second.GetAsDouble(2), 3.0);
