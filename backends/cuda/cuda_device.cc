@@ -117,9 +117,7 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
   info.features = {c.arch, "memory_pools", "cublaslt", "nvrtc", "fp16", "bf16", "graphs"};
   if (c.cc_major >= 7) info.features.push_back("tensor_cores");
   // cuDNN is optional: without it attention stays on Kiln's own kernels.
-  const CudnnUse use = CudnnUseFrom(std::getenv("KILN_CUDNN"));
-  cudnn_always_ = use == CudnnUse::kAlways;
-  if (use == CudnnUse::kOff) {
+  if (CudnnDisabledBy(std::getenv("KILN_CUDNN"))) {
     cudnn_missing_ = "disabled by KILN_CUDNN";
   } else if (absl::Status cudnn = LoadCudnn(); cudnn.ok()) {
     cudnn_version_ = CudnnVersion();

@@ -115,8 +115,6 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
   // cuDNN's version (91400 for 9.14.0) when libcudnn was found at creation,
   // else 0; the device's features then list "cudnn-9.14.0".
   size_t cudnn_version() const { return cudnn_version_; }
-  // KILN_CUDNN=always at creation: cuDNN for every attention shape it serves.
-  bool cudnn_always() const { return cudnn_always_; }
   // Why cuDNN is not used (no library, KILN_CUDNN=0, ...); empty when it is.
   const std::string& cudnn_missing() const { return cudnn_missing_; }
   // The device's cuDNN handle and plan cache, created at first use.
@@ -151,7 +149,6 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
   cublasLtHandle_t lt_ ABSL_GUARDED_BY(lt_mu_) = nullptr;
 
   size_t cudnn_version_ = 0;
-  bool cudnn_always_ = false;
   std::string cudnn_missing_;
   absl::Mutex cudnn_mu_;
   std::unique_ptr<CudnnContext> cudnn_ ABSL_GUARDED_BY(cudnn_mu_);

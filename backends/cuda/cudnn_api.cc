@@ -57,12 +57,10 @@ std::string CudnnVersionText(size_t version) {
   return absl::StrCat(version / 10000, ".", (version % 10000) / 100, ".", version % 100);
 }
 
-CudnnUse CudnnUseFrom(const char* env_value) {
-  if (env_value == nullptr) return CudnnUse::kWherePreferred;
+bool CudnnDisabledBy(const char* env_value) {
+  if (env_value == nullptr) return false;
   const std::string v = absl::AsciiStrToLower(env_value);
-  if (v == "0" || v == "off" || v == "false" || v == "no") return CudnnUse::kOff;
-  if (v == "always") return CudnnUse::kAlways;
-  return CudnnUse::kWherePreferred;
+  return v == "0" || v == "off" || v == "false" || v == "no";
 }
 
 absl::Status CudnnCheck(cudnnStatus_t r, const char* call, const std::string& device) {

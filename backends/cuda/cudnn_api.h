@@ -6,11 +6,9 @@
 // without it keeps Kiln's own attention kernels, and the device's features
 // say whether cuDNN was found and its version ("cudnn-9.14.0").
 //
-// KILN_CUDNN in the environment when a CUDA device is created: "0" (or "off")
-// makes that device use no cuDNN, as if the library were absent; "always"
-// makes it take cuDNN for every shape cuDNN serves, also where Kiln's kernel
-// is preferred (PreferCudnnSdpa). Benchmarks and tests time and check each
-// side in one process.
+// KILN_CUDNN=0 (or "off") in the environment when a CUDA device is created
+// makes that device use no cuDNN, as if the library were absent: benchmarks
+// and tests time and check Kiln's own kernels beside cuDNN's in one process.
 //
 // Thread safety: the table is loaded once (LoadCudnn is thread-safe and
 // idempotent) and immutable afterwards.
@@ -57,9 +55,8 @@ size_t CudnnVersion();
 // "9.14.0" for 91400.
 std::string CudnnVersionText(size_t version);
 
-// What KILN_CUDNN's value `env_value` (nullptr when unset) asks for.
-enum class CudnnUse { kWherePreferred, kOff, kAlways };
-CudnnUse CudnnUseFrom(const char* env_value);
+// Whether KILN_CUDNN's value `env_value` (nullptr when unset) turns cuDNN off.
+bool CudnnDisabledBy(const char* env_value);
 
 // OK for CUDNN_STATUS_SUCCESS; otherwise a status naming `call` and cuDNN's
 // text (and its last error message), whose code follows the status' category:

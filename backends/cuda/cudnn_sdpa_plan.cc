@@ -35,15 +35,14 @@ absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
   for (int64_t d : {s.D, s.Dv}) {
     if (d % 8 != 0 || d > most) return no("head dims must be multiples of 8 up to ", most);
   }
-  // cuDNN indexes the score matrix with int32 (GEN_INDEX) and its operands' strides.
-  if (s.B * s.Hq * s.Sq * std::max(s.Sk, std::max(s.D, s.Dv)) >= (int64_t{1} << 31)) {
-    return no("operands past 2^31 elements");
-  }
+  // The operands' strides are int64, but keep every element offset in 32 bits,
+  // as the engine's kernels index (the score matrix is never stored).
+  const int64_t widest = std::max({s.B * s.Hq * s.Sq * std::max(s.D, s.Dv),
+                                   s.B * s.Hkv * s.Sk * std::max(s.D, s.Dv)});
+  if (widest >= (int64_t{1} << 31)) return no("operands past 2^31 elements");
   (void)cc_minor;
   return absl::OkStatus();
 }
-
-bool PreferCudnnSdpa(const SdpaShape& s) { return !(s.Sq <= 8 && s.Sk >= 256); }
 
 std::string CudnnSdpaKey(const SdpaShape& s, size_t cudnn_version) {
   const int64_t shift = s.mask == v1::MASK_CAUSAL ? s.Sk - s.Sq : 0;

@@ -31,15 +31,11 @@ inline constexpr int kCudnnSdpaGraphVersion = 1;
 // end of the keys, as Kiln's kernels align it, with Sq <= Sk so every query
 // row sees a key), no softcap, head dims that are multiples of 8 up to 128
 // (256 on sm_90), GQA/MQA (Hq a multiple of Hkv), on sm_80 and newer, and not
-// Sq == Sk == 1.
+// Sq == Sk == 1. Every shape it serves goes to cuDNN: it was faster than
+// Kiln's kernels on every shape measured, decoding included (docs/cuda.md,
+// "cuDNN attention").
 absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
                              size_t cudnn_version);
-
-// Whether a shape cuDNN serves should take it rather than Kiln's own kernel
-// (measured on an H100, docs/cuda.md "cuDNN attention"): every served shape
-// except decoding (Sq <= 8 over Sk >= 256 keys), where the split-K kernel
-// keeps it.
-bool PreferCudnnSdpa(const SdpaShape& s);
 
 // The plan-cache key: the ordered, named components {graph version, cuDNN
 // version, dtype, B, Hq, Hkv, Sq, Sk, D, Dv, the four operands' strides,

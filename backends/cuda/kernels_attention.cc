@@ -319,7 +319,7 @@ class CudnnAttentionKernel final : public CudaKernel {
 };
 
 // The cuDNN kernel for `spec` when the device has cuDNN, the shape is one it
-// serves and should take (PreferCudnnSdpa), and its plan finalizes; nullptr
+// serves, and its plan finalizes; nullptr
 // otherwise (the report names the kernel that runs). Errors only for device
 // faults and failed allocations.
 absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
@@ -332,8 +332,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
   shape.D = p.D, shape.Dv = p.Dv;
   shape.mask = static_cast<int>(p.mask);
   shape.softcap = p.softcap;
-  if (!CudnnSdpaServes(shape, d.caps().cc_major, d.caps().cc_minor, d.cudnn_version()).ok() ||
-      !(PreferCudnnSdpa(shape) || d.cudnn_always())) {
+  if (!CudnnSdpaServes(shape, d.caps().cc_major, d.caps().cc_minor, d.cudnn_version()).ok()) {
     return nullptr;
   }
   KILN_ASSIGN_OR_RETURN(CudnnContext * cudnn, d.cudnn_context());

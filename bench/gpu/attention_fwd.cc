@@ -11,9 +11,7 @@
 // Where the device found cuDNN, each case runs twice: "impl": "kiln" is what
 // the backend chooses (cudnn:sdpa_fwd_<dt> where cuDNN serves the shape),
 // "impl": "kiln_own" a second device of the same GPU created with
-// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
-// "kiln_cudnn" one created with KILN_CUDNN=always (cuDNN wherever it serves
-// the shape) where the choice was Kiln's kernel.
+// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN.
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
 #include <algorithm>
 #include <cmath>
@@ -104,8 +102,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;
   }
-  // The same GPU without cuDNN (Kiln's own kernels) and with cuDNN for every
-  // shape it serves (decoding too), timed beside the backend's choice.
+  // The same GPU without cuDNN (Kiln's own kernels), timed beside the backend's choice.
   auto device_with = [&](const char* cudnn) -> kiln::backend::Device* {
     kiln::backend::Device* found = nullptr;
     setenv("KILN_CUDNN", cudnn, 1);
@@ -122,7 +119,6 @@ int main(int argc, char** argv) {
     return found;
   };
   kiln::backend::Device* own = device_with("0");
-  kiln::backend::Device* forced = device_with("always");
   for (const std::string& f : dev->info().features) {
     if (f.rfind("cudnn-", 0) == 0) std::fprintf(stderr, "%s: %s\n", device_id.c_str(), f.c_str());
   }
@@ -238,10 +234,8 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     if (!measure(c, dev, "kiln")) return 1;
-    if (last_impl.rfind("cudnn:", 0) == 0) {
-      if (own != nullptr && !measure(c, own, "kiln_own")) return 1;
-    } else if (forced != nullptr) {
-      if (!measure(c, forced, "kiln_cudnn")) return 1;
+    if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
+      return 1;
     }
   }
   return 0;

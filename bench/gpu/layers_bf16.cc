@@ -11,6 +11,7 @@
 // plus the kernels' implementations. --export DIR writes the weights, x and Kiln's y
 // (as f32 .bin files, the bf16 values exactly) for the PyTorch peer.
 //   layers_bf16 --layer bert|decoder [--iters 20] [--cuda_graphs auto|on|off] [--export DIR]
+//               [--label kiln]   (the JSON "impl": say kiln_own for a KILN_CUDNN=0 run)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
   std::sort(busy.begin(), busy.end());
   json kernels = json::object();
   for (const auto& [impl, ms] : by_impl) kernels[impl] = ms;
-  const json out = {{"bench", "layer_bf16"}, {"impl", "kiln"}, {"layer", which},
+  const json out = {{"bench", "layer_bf16"}, {"impl", flag("--label", "kiln")}, {"layer", which},
                     {"config", L.config}, {"cuda_graphs", graphs}, {"cuda_graph", graph_state},
                     {"iters", iters}, {"p50_ms", wall[wall.size() / 2]},
                     {"device_busy_ms", busy[busy.size() / 2]}, {"kernels_ms", kernels}};

@@ -1,6 +1,8 @@
 // Strided copies (Transpose, Slice, Expand, Concat): dst[dst_base + sum c_k
 // dst[k]] = src[src_base + sum c_k src[k]] over the index space `dims`, for
-// elements of 1, 2, 4 or 8 bytes (the bytes are moved, not interpreted).
+// elements of 1, 2, 4 or 8 bytes (the bytes are moved, not interpreted), or of
+// 16 bytes: a copy whose innermost run is contiguous on both sides and whose
+// offsets are multiples of 16 bytes, moved as k_v16 vectors.
 // The index type I is 32-bit where every offset fits (cheaper division).
 struct StridedParams {
   k_i64 count, rank, src_base, dst_base;
@@ -41,3 +43,4 @@ KILN_STRIDED(1, unsigned char)
 KILN_STRIDED(2, unsigned short)
 KILN_STRIDED(4, unsigned)
 KILN_STRIDED(8, unsigned long long)
+KILN_STRIDED(16, k_v16)

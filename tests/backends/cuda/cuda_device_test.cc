@@ -843,7 +843,7 @@ void CudaDeviceTest::CheckAttention(const AttnCase& c, int seed) {
 // cuDNN) against the same f64 reference: no mask and causal (aligned to the
 // end of the keys when Sq < Sk), GQA and MQA, S not a multiple of 64 or 128,
 // head dims 64, 96 and 128; the cases cuDNN cannot express (other masks,
-// softcap, f32) and decoding shapes run Kiln's kernels; a second kernel of
+// softcap, f32, head dims not multiples of 8) run Kiln's kernels; a second kernel of
 // the same shape reuses the device's cached plan; a captured CUDA graph of
 // the cuDNN launch replays to the same output.
 TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
@@ -861,12 +861,14 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
       {v1::DTYPE_F16, 2, 8, 1, 65, 129, 64, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_f16"},
       {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_bf16"},
       {v1::DTYPE_BF16, 2, 4, 2, 256, 256, 128, v1::MASK_CAUSAL, 0, "cudnn:sdpa_fwd_bf16"},
-      // Kiln's kernels: masks and softcap cuDNN is not given, f32, decoding.
+      // Decoding (cuDNN too), then Kiln's kernels: masks and softcap cuDNN is
+      // not given, f32, a head dim that is not a multiple of 8.
       {v1::DTYPE_F16, 2, 2, 1, 64, 64, 64, v1::MASK_SLIDING_WINDOW, 0, "flash_attn_fwd_f16"},
       {v1::DTYPE_BF16, 1, 2, 2, 90, 90, 64, v1::MASK_CAUSAL, 30, "flash_attn_fwd_bf16"},
       {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
-      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_split"},
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_bf16"},
       {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
+      {v1::DTYPE_F16, 2, 4, 2, 64, 64, 60, v1::MASK_NONE, 0, "attention_rows_f16"},
   };
   auto cudnn = cuda->cudnn_context();
   ASSERT_TRUE(cudnn.ok()) << cudnn.status();
@@ -895,7 +897,7 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
 
   // The plan cache: the same shape again builds nothing new.
   const int64_t built = (*cudnn)->plans_built();
-  EXPECT_GE(built, 6);
+  EXPECT_GE(built, 7);
   KernelSpec s;
   s.name = s.label = "attn";
   s.op = v1::OP_ATTENTION;
@@ -936,6 +938,81 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
   ASSERT_TRUE(work.ok()) << work.status();
   ASSERT_TRUE((*work)->Replay(*stream_).ok());
   EXPECT_EQ(Download(**direct, n * 2), Download(**replayed, n * 2));
+}
+
+// Transposes and slices through the strided-copy kernel, on the 16-byte
+// vector path (the innermost run contiguous on both sides and every offset a
+// whole number of vectors: the head transposes around attention) and off it
+// (rows of 24 bytes, f32 with a permuted last dim, an odd slice start),
+// byte-exact against the same permutation on the host.
+TEST_F(CudaDeviceTest, StridedCopiesMatchTheHost) {
+  struct Case {
+    DType dt;
+    Dims in;
+    std::vector<int64_t> perm;  // transpose; empty: slice rows [1, 3) and columns [start, end)
+    int64_t start = 0;
+  };
+  const Case cases[] = {
+      {v1::DTYPE_BF16, {2, 5, 3, 64}, {0, 2, 1, 3}},   // vectors (128-byte rows)
+      {v1::DTYPE_BF16, {2, 3, 5, 12}, {0, 2, 1, 3}},   // 24-byte rows: elements
+      {v1::DTYPE_F32, {3, 7, 5}, {2, 0, 1}},           // last dim moves: elements
+      {v1::DTYPE_F16, {4, 72}, {}, 8},                 // slice at 16 bytes: vectors
+      {v1::DTYPE_F16, {4, 72}, {}, 3},                 // slice at 6 bytes: elements
+  };
+  std::mt19937_64 rng(77);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(c.dt), " rank ", c.in.size(), " start ", c.start));
+    const int64_t es = ElementSize(c.dt), n = Count(c.in);
+    std::vector<char> src(n * es);
+    for (char& b : src) b = static_cast<char>(rng());
+    KernelSpec s;
+    s.name = s.label = "copy";
+    s.inputs = {{c.dt, c.in}};
+    Dims out_dims;
+    std::vector<int64_t> src_index;  // element of src for each element of the output
+    if (!c.perm.empty()) {
+      s.op = v1::OP_TRANSPOSE;
+      for (int64_t p : c.perm) {
+        s.attrs.mutable_transpose()->add_perm(p);
+        out_dims.push_back(c.in[p]);
+      }
+      const std::vector<int64_t> in_strides = RowMajorStrides(c.in);
+      for (int64_t o = 0; o < n; ++o) {
+        int64_t rem = o, at = 0;
+        for (int k = static_cast<int>(out_dims.size()) - 1; k >= 0; --k) {
+          at += (rem % out_dims[k]) * in_strides[c.perm[k]];
+          rem /= out_dims[k];
+        }
+        src_index.push_back(at);
+      }
+    } else {
+      s.op = v1::OP_SLICE;
+      auto* a = s.attrs.mutable_slice();
+      a->add_start(1), a->add_start(c.start);
+      a->add_stop(3), a->add_stop(c.in[1] - 8);
+      out_dims = {2, c.in[1] - 8 - c.start};
+      for (int64_t r = 0; r < out_dims[0]; ++r) {
+        for (int64_t col = 0; col < out_dims[1]; ++col) {
+          src_index.push_back((1 + r) * c.in[1] + c.start + col);
+        }
+      }
+    }
+    s.outputs = {{c.dt, out_dims}};
+    ASSERT_TRUE(dev_->Supports(s).native) << dev_->Supports(s).reason;
+    backend::PrepareContext ctx;
+    auto k = dev_->PrepareKernel(s, ctx);
+    ASSERT_TRUE(k.ok()) << k.status();
+    auto in = Upload(src.data(), n * es);
+    const int64_t out_bytes = static_cast<int64_t>(src_index.size()) * es;
+    auto out = dev_->Allocate(out_bytes);
+    ASSERT_TRUE(out.ok());
+    const std::vector<BufferView> ins = {{in.get(), 0, n * es}}, outs = {{out->get(), 0, out_bytes}};
+    ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+    const std::vector<char> got = Download(**out, out_bytes);
+    for (size_t e = 0; e < src_index.size(); ++e) {
+      ASSERT_EQ(std::memcmp(&got[e * es], &src[src_index[e] * es], es), 0) << "element " << e;
+    }
+  }
 }
 
 // CUDA graphs on a stream: a capture runs nothing; each replay runs the

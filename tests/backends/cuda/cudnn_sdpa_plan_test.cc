@@ -1,8 +1,8 @@
 // Which attention shapes go to cuDNN's fused attention and the key its plans
 // are cached under (no GPU, no cuDNN needed): f16/bf16 with no mask or a
-// causal one, head dims multiples of 8, GQA; everything else (other masks,
-// softcap, f32, odd head dims, causal with more queries than keys) falls
-// back to Kiln's kernels, as do decoding shapes by preference.
+// causal one, head dims multiples of 8, GQA, decoding; everything else (other
+// masks, softcap, f32, odd head dims, causal with more queries than keys)
+// falls back to Kiln's kernels.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -89,12 +89,18 @@ TEST(CudnnSdpaPlan, FallsBackWhereCudnnCannotExpressTheCase) {
   EXPECT_TRUE(refused(s));
 }
 
-TEST(CudnnSdpaPlan, DecodingShapesKeepTheSplitKernel) {
-  EXPECT_FALSE(PreferCudnnSdpa(Shape(v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, v1::MASK_CAUSAL)));
-  EXPECT_FALSE(PreferCudnnSdpa(Shape(v1::DTYPE_BF16, 1, 32, 32, 8, 256, 128, v1::MASK_NONE)));
-  EXPECT_TRUE(PreferCudnnSdpa(Shape(v1::DTYPE_BF16, 1, 32, 32, 9, 256, 128, v1::MASK_NONE)));
-  EXPECT_TRUE(PreferCudnnSdpa(Shape(v1::DTYPE_BF16, 1, 32, 32, 4, 255, 128, v1::MASK_NONE)));
-  EXPECT_TRUE(PreferCudnnSdpa(Shape(v1::DTYPE_BF16, 4, 32, 32, 2048, 2048, 128, v1::MASK_CAUSAL)));
+TEST(CudnnSdpaPlan, ServesDecodingAndLongSequences) {
+  // One query row over a long cache (GQA), and S 4096 whose score matrix has
+  // 2^31 elements (never stored, so no limit) while the operands fit 32 bits.
+  EXPECT_TRUE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, v1::MASK_CAUSAL), 9,
+                              0, k914)
+                  .ok());
+  EXPECT_TRUE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 4, 32, 32, 4096, 4096, 128, v1::MASK_NONE), 9,
+                              0, k914)
+                  .ok());
+  EXPECT_FALSE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 64, 64, 64, 4096, 4096, 128, v1::MASK_NONE),
+                               9, 0, k914)
+                   .ok());
 }
 
 TEST(CudnnSdpaPlan, KeyNamesEveryComponentAndSeparatesWhatDiffers) {
@@ -130,15 +136,13 @@ TEST(CudnnSdpaPlan, KeyNamesEveryComponentAndSeparatesWhatDiffers) {
   EXPECT_EQ(CudnnSdpaKey(base, k914), key);
 }
 
-TEST(CudnnSdpaPlan, KilnCudnnSwitch) {
-  EXPECT_EQ(CudnnUseFrom(nullptr), CudnnUse::kWherePreferred);
-  EXPECT_EQ(CudnnUseFrom("1"), CudnnUse::kWherePreferred);
-  EXPECT_EQ(CudnnUseFrom(""), CudnnUse::kWherePreferred);
+TEST(CudnnSdpaPlan, KilnCudnnOffSwitch) {
+  EXPECT_FALSE(CudnnDisabledBy(nullptr));
+  EXPECT_FALSE(CudnnDisabledBy("1"));
+  EXPECT_FALSE(CudnnDisabledBy(""));
   for (const char* off : {"0", "off", "OFF", "false", "no"}) {
-    EXPECT_EQ(CudnnUseFrom(off), CudnnUse::kOff) << off;
+    EXPECT_TRUE(CudnnDisabledBy(off)) << off;
   }
-  EXPECT_EQ(CudnnUseFrom("always"), CudnnUse::kAlways);
-  EXPECT_EQ(CudnnUseFrom("Always"), CudnnUse::kAlways);
   EXPECT_EQ(CudnnVersionText(91400), "9.14.0");
   EXPECT_EQ(CudnnVersionText(91901), "9.19.1");
 }
