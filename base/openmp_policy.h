@@ -7,8 +7,7 @@
 // PASSIVE. On a host whose cores are shared (this project's 2-core machines
 // under builds) a long spin is the worst choice: the spinning thread holds a
 // core that the thread it waits for needs; a oneDNN matmul called from one
-// thread took 12-36 ms p50 instead of ~1 ms (docs/benchmarks.md, issue 12
-// enc12). A short spin keeps the team warm across the back-to-back kernels of
+// thread took 24 ms p50 instead of 0.9 ms (docs/benchmarks.md, enc12). A short spin keeps the team warm across the back-to-back kernels of
 // one run and puts it to sleep right after the run ends.
 //
 // libgomp reads its environment once, when it is loaded, before main() runs;
@@ -20,7 +19,7 @@ namespace kiln {
 
 // GOMP_SPINCOUNT used when the environment names no policy: libgomp's manual
 // reckons ~100,000 spins a millisecond, so ~10 us, long enough for the next
-// kernel of a run to find the team awake (docs/engine.md, "OpenMP wait policy").
+// kernel of a run to find the team awake (docs/cpu.md, "OpenMP wait policy").
 inline constexpr char kDefaultOpenMpSpinCount[] = "1000";
 
 // Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (the operator's choice wins),

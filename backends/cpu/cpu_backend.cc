@@ -20,6 +20,9 @@ namespace {
 
 using backend::BufferView;
 
+// UseCpuThreads' count; 0 until a CPU backend is made.
+std::atomic<int> g_cpu_threads{0};
+
 absl::flat_hash_map<int, CpuOpEntry>& OpTable() {
   static auto* table = new absl::flat_hash_map<int, CpuOpEntry>();
   return *table;
@@ -125,7 +128,8 @@ class CpuBackend final : public backend::Backend {
           "the CPU backend is built for x86-64-v3 (AVX2 + FMA); this CPU lacks them");
     }
     int threads = options.cpu_threads > 0 ? options.cpu_threads : omp_get_num_procs();
-    omp_set_num_threads(threads);
+    g_cpu_threads.store(threads, std::memory_order_relaxed);
+    UseCpuThreads();
     backend::DeviceInfo info;
     info.id = "cpu:0";
     // What our kernels reach of the roofline on the reference machines
@@ -169,6 +173,11 @@ class CpuBackend final : public backend::Backend {
 const backend::BackendRegistration kRegistration("cpu", 0, &CpuBackend::Create);
 
 }  // namespace
+
+void UseCpuThreads() {
+  const int threads = g_cpu_threads.load(std::memory_order_relaxed);
+  if (threads > 0 && omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
 
 bool IsHostStream(const backend::Stream& stream) {
   return dynamic_cast<const HostStream*>(&stream) != nullptr;
@@ -237,6 +246,7 @@ backend::Claim CpuDevice::Supports(const backend::KernelSpec& spec) const {
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CpuDevice::PrepareKernel(
     const backend::KernelSpec& spec, backend::PrepareContext&) {
+  UseCpuThreads();
   backend::Claim claim = Supports(spec);
   if (!claim.native) {
     return absl::UnimplementedError(absl::StrCat(spec.label, ": ", claim.reason));

@@ -20,11 +20,21 @@ namespace kiln::cpu {
 bool IsHostStream(const backend::Stream& stream);
 absl::Status CheckHostStream(const backend::Stream& stream, const char* what);
 
+// OpenMP's thread count (omp_set_num_threads) is a per-thread setting, and
+// kernels are prepared and launched on whatever thread compiles or runs
+// (kilnd's work pool, not the thread that made the backend). So the count the
+// backend was made with (BackendOptions::cpu_threads, else every core) is
+// applied on the calling thread wherever kernels are prepared (oneDNN sizes
+// its primitives then) and launched. Process-wide: the last CPU backend made
+// sets it.
+void UseCpuThreads();
+
 class CpuKernel : public backend::Kernel {
  public:
   absl::Status Launch(backend::Stream& stream, std::span<const backend::BufferView> inputs,
                       std::span<const backend::BufferView> outputs) final {
     if (absl::Status s = CheckHostStream(stream, "cpu kernel launch"); !s.ok()) return s;
+    UseCpuThreads();
     return Run(inputs, outputs);
   }
   virtual absl::Status Run(std::span<const backend::BufferView> inputs,
