@@ -2,7 +2,9 @@
 // neighbours merged), then one of two paths runs:
 // - the input's last axis stays last ([B,S,H,D] <-> [B,H,S,D]): row copies;
 // - otherwise a blocked 2-D transpose of the two innermost axes (32x32 tiles,
-//   8x8 AVX2 register transposes for 4-byte elements) under an outer loop.
+//   8x8 AVX2 register transposes for 4-byte elements) under an outer loop;
+//   when the output's last axis holds 2 elements and the one before it reads
+//   the input's last axis, one interleaving pass per output row.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -103,6 +105,51 @@ void Tile(const T* in, T* out, int64_t ni, int64_t nj, int64_t is_j, int64_t os_
   }
 }
 
+// Output rows that interleave two input rows, out[i * 2 + j] = in[j * is_j + i]
+// (the output's last axis has 2 elements and the one before it reads the
+// input's last axis): how the max pool's derivative interleaves its window
+// offsets back. A 32x2 tile per 2x14 elements spent its time on index
+// arithmetic, so each output row is one pass here, and rows are stepped, not
+// re-derived. 4-byte elements (floats' bits).
+void InterleaveTwo(const uint32_t* in, uint32_t* out, const std::vector<int64_t>& od,
+                   const std::vector<int64_t>& is, int64_t ni, int64_t is_j) {
+  const int64_t outer_axes = static_cast<int64_t>(od.size()) - 2;
+  int64_t rows = 1;
+  for (int64_t a = 0; a < outer_axes; ++a) rows *= od[a];
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / (2 * ni));
+  ParallelFor(rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> idx(outer_axes);
+    int64_t rem = begin, src = 0;
+    for (int64_t a = outer_axes - 1; a >= 0; --a) {
+      idx[a] = rem % od[a];
+      rem /= od[a];
+      src += idx[a] * is[a];
+    }
+    for (int64_t row = begin; row < end; ++row) {
+      const float* a0 = reinterpret_cast<const float*>(in + src);
+      const float* a1 = a0 + is_j;
+      float* o = reinterpret_cast<float*>(out + row * 2 * ni);
+      int64_t i = 0;
+      for (; i + 8 <= ni; i += 8) {
+        const __m256 x = _mm256_loadu_ps(a0 + i), y = _mm256_loadu_ps(a1 + i);
+        const __m256 lo = _mm256_unpacklo_ps(x, y), hi = _mm256_unpackhi_ps(x, y);
+        _mm256_storeu_ps(o + 2 * i, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(o + 2 * i + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+      }
+      for (; i < ni; ++i) {
+        o[2 * i] = a0[i];
+        o[2 * i + 1] = a1[i];
+      }
+      for (int64_t a = outer_axes - 1; a >= 0; --a) {
+        src += is[a];
+        if (++idx[a] < od[a]) break;
+        src -= od[a] * is[a];
+        idx[a] = 0;
+      }
+    }
+  });
+}
+
 template <typename T>
 void TiledTranspose(const T* in, T* out, const Layout& l) {
   constexpr int64_t kTile = 32;
@@ -119,6 +166,14 @@ void TiledTranspose(const T* in, T* out, const Layout& l) {
   }
   int64_t outer_count = 1;
   for (int64_t a : outer) outer_count *= od[a];
+  if constexpr (sizeof(T) == 4) {
+    // Enough rows to share out; two long rows keep the tiles' parallelism.
+    if (nj == 2 && p == r - 2 && outer_count >= 8) {
+      InterleaveTwo(reinterpret_cast<const uint32_t*>(in), reinterpret_cast<uint32_t*>(out), od,
+                    is, ni, is_j);
+      return;
+    }
+  }
   const int64_t tiles_i = (ni + kTile - 1) / kTile;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kTile * nj + 1));
   ParallelFor(outer_count * tiles_i, grain, [&](int64_t begin, int64_t end) {

@@ -110,6 +110,11 @@ std::vector<Case> TransposeCases() {
       {{16, 16}, {1, 0}},
       {{2, 3, 4, 5, 6}, {4, 0, 3, 1, 2}},
       {{33, 31}, {1, 0}},
+      // Interleaves of two rows (the max pool derivative's window offsets):
+      // rows of 8+ (vector) and of fewer elements, outer axes merged or not.
+      {{2, 2, 3, 4, 14}, {2, 3, 0, 4, 1}},
+      {{2, 2, 5, 7}, {2, 0, 3, 1}},
+      {{9, 2, 9}, {0, 2, 1}},
   };
   for (DType dt : MoveTypes()) {
     for (const auto& [in, perm] : perms) {
@@ -131,7 +136,9 @@ std::vector<Case> TransposeCases() {
   // Encoder layouts, large enough to run in parallel: [B,S,H,D] <-> [B,H,S,D],
   // k^T, and a plain 2-D transpose.
   const std::vector<std::pair<Dims, std::vector<int64_t>>> big = {
-      {{2, 128, 12, 64}, {0, 2, 1, 3}}, {{2, 12, 128, 64}, {0, 1, 3, 2}}, {{768, 513}, {1, 0}}};
+      {{2, 128, 12, 64}, {0, 2, 1, 3}}, {{2, 12, 128, 64}, {0, 1, 3, 2}}, {{768, 513}, {1, 0}},
+      // The Fashion CNN's max-pool derivative interleave, 8 images.
+      {{2, 2, 8, 16, 14, 14}, {2, 3, 4, 0, 5, 1}}};
   for (const auto& [in, perm] : big) {
     const std::string name =
         absl::StrCat("transpose/large_", Shape(in), "_p", absl::StrJoin(perm, ""));
