@@ -42,8 +42,8 @@ class GraphBuilder {
 
   absl::StatusOr<cudnnBackendDescriptor_t> Make(cudnnBackendDescriptorType_t type) {
     cudnnBackendDescriptor_t d = nullptr;
-    KILN_RETURN_IF_ERROR(Check(Cudnn().cudnnBackendCreateDescriptor(type, &d),
-                               "cudnnBackendCreateDescriptor"));
+    KILN_RETURN_IF_ERROR(
+        Check(Cudnn().cudnnBackendCreateDescriptor(type, &d), "cudnnBackendCreateDescriptor"));
     owned_.push_back(d);
     return d;
   }
@@ -65,12 +65,10 @@ class GraphBuilder {
     KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data()));
     KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data()));
     KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-    KILN_RETURN_IF_ERROR(
-        Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
+    KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment));
     KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual));
     if (by_value) {
-      KILN_RETURN_IF_ERROR(
-          Set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value));
+      KILN_RETURN_IF_ERROR(Set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value));
     }
     KILN_RETURN_IF_ERROR(Finalize(t, "cudnnBackendFinalize(tensor)"));
     return t;
@@ -315,15 +313,15 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
 
   KILN_ASSIGN_OR_RETURN(auto heur, g.Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR));
   const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  KILN_RETURN_IF_ERROR(g.Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
+  KILN_RETURN_IF_ERROR(
+      g.Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph));
   KILN_RETURN_IF_ERROR(g.Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode));
   KILN_RETURN_IF_ERROR(g.Finalize(heur, "cudnnBackendFinalize(engine heuristic)"));
   int64_t count = 0;
-  KILN_RETURN_IF_ERROR(Check(Cudnn().cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                                              &count, nullptr),
-                             "cudnnBackendGetAttribute(heuristic result count)"));
+  KILN_RETURN_IF_ERROR(
+      Check(Cudnn().cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+            "cudnnBackendGetAttribute(heuristic result count)"));
   if (count <= 0) {
     return absl::UnimplementedError(
         absl::StrCat(device_.info().id, ": cudnn sdpa: no engine for ", CudnnSdpaKey(s, 0)));
@@ -350,10 +348,10 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
       continue;
     }
     int64_t ws = 0, n = 0;
-    KILN_RETURN_IF_ERROR(Check(
-        Cudnn().cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                         CUDNN_TYPE_INT64, 1, &n, &ws),
-        "cudnnBackendGetAttribute(workspace size)"));
+    KILN_RETURN_IF_ERROR(
+        Check(Cudnn().cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                               CUDNN_TYPE_INT64, 1, &n, &ws),
+              "cudnnBackendGetAttribute(workspace size)"));
     // Which engine: the config's engine's global index (for the report).
     cudnnBackendDescriptor_t engine = nullptr;
     if (auto made = g.Make(CUDNN_BACKEND_ENGINE_DESCRIPTOR); made.ok()) {
@@ -362,9 +360,8 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
       if (Cudnn().cudnnBackendGetAttribute(configs[i], CUDNN_ATTR_ENGINECFG_ENGINE,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
                                            &engine) == CUDNN_STATUS_SUCCESS &&
-          Cudnn().cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
-                                           CUDNN_TYPE_INT64, 1, &n,
-                                           &index) == CUDNN_STATUS_SUCCESS) {
+          Cudnn().cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64,
+                                           1, &n, &index) == CUDNN_STATUS_SUCCESS) {
         plan.engine_ = index;
       }
     }
@@ -373,8 +370,8 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
     return absl::OkStatus();
   }
   return absl::UnimplementedError(absl::StrCat(device_.info().id, ": cudnn sdpa: none of ", got,
-                                               " engine configs finalized (last: ",
-                                               last.message(), ")"));
+                                               " engine configs finalized (last: ", last.message(),
+                                               ")"));
 }
 
 absl::Status CudnnContext::ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream stream, CUdeviceptr q,
@@ -397,22 +394,20 @@ absl::Status CudnnContext::ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream strea
   }
   void* ws = reinterpret_cast<void*>(workspace);
   cudnnBackendDescriptor_t pack = nullptr;
-  KILN_RETURN_IF_ERROR(Check(api.cudnnBackendCreateDescriptor(
-                                 CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
-                             "cudnnBackendCreateDescriptor(variant pack)"));
+  KILN_RETURN_IF_ERROR(
+      Check(api.cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
+            "cudnnBackendCreateDescriptor(variant pack)"));
   absl::Status s = [&]() -> absl::Status {
     KILN_RETURN_IF_ERROR(Check(
         api.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
                                      static_cast<int64_t>(uids.size()), uids.data()),
         "cudnnBackendSetAttribute(variant pack ids)"));
-    KILN_RETURN_IF_ERROR(Check(
-        api.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                     CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()),
-                                     ptrs.data()),
-        "cudnnBackendSetAttribute(variant pack pointers)"));
     KILN_RETURN_IF_ERROR(Check(api.cudnnBackendSetAttribute(
-                                   pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
-                                   1, &ws),
+                                   pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                                   static_cast<int64_t>(ptrs.size()), ptrs.data()),
+                               "cudnnBackendSetAttribute(variant pack pointers)"));
+    KILN_RETURN_IF_ERROR(Check(api.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                                                            CUDNN_TYPE_VOID_PTR, 1, &ws),
                                "cudnnBackendSetAttribute(variant pack workspace)"));
     KILN_RETURN_IF_ERROR(
         Check(api.cudnnBackendFinalize(pack), "cudnnBackendFinalize(variant pack)"));

@@ -76,9 +76,8 @@ class CudnnContext {
 
   // Enqueues `plan` on `stream`: O = attention(Q, K, V) with `scale`, the
   // workspace at `workspace` (plan.workspace_bytes() bytes; 0 when none).
-  absl::Status ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream stream, CUdeviceptr q,
-                           CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr workspace,
-                           float scale);
+  absl::Status ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream stream, CUdeviceptr q, CUdeviceptr k,
+                           CUdeviceptr v, CUdeviceptr o, CUdeviceptr workspace, float scale);
 
   // How many plans were built (not served from the cache); for tests.
   int64_t plans_built() const;

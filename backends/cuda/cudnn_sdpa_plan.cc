@@ -14,15 +14,16 @@ std::string Strides(int64_t H, int64_t S, int64_t D) {
 
 }  // namespace
 
-absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
-                             size_t cudnn_version) {
-  auto no = [](auto&&... why) { return absl::UnimplementedError(absl::StrCat("cudnn sdpa: ", why...)); };
+absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor, size_t cudnn_version) {
+  auto no = [](auto&&... why) {
+    return absl::UnimplementedError(absl::StrCat("cudnn sdpa: ", why...));
+  };
   if (cudnn_version < 90000) return no("needs cuDNN 9");
   if (cc_major < 8) return no("needs compute capability 8.0 or newer");
   if (s.dtype != v1::DTYPE_F16 && s.dtype != v1::DTYPE_BF16) return no("serves f16 and bf16");
   if (s.mask != v1::MASK_NONE && s.mask != v1::MASK_BIDIRECTIONAL && s.mask != v1::MASK_CAUSAL) {
-    return no("serves no mask or a causal mask, not ", v1::MaskKind_Name(
-                                                           static_cast<v1::MaskKind>(s.mask)));
+    return no("serves no mask or a causal mask, not ",
+              v1::MaskKind_Name(static_cast<v1::MaskKind>(s.mask)));
   }
   if (s.softcap != 0) return no("serves no softcap");
   if (s.B <= 0 || s.Hq <= 0 || s.Hkv <= 0 || s.Sq <= 0 || s.Sk <= 0) return no("empty operands");
@@ -37,8 +38,8 @@ absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
   }
   // The operands' strides are int64, but keep every element offset in 32 bits,
   // as the engine's kernels index (the score matrix is never stored).
-  const int64_t widest = std::max({s.B * s.Hq * s.Sq * std::max(s.D, s.Dv),
-                                   s.B * s.Hkv * s.Sk * std::max(s.D, s.Dv)});
+  const int64_t widest =
+      std::max({s.B * s.Hq * s.Sq * std::max(s.D, s.Dv), s.B * s.Hkv * s.Sk * std::max(s.D, s.Dv)});
   if (widest >= (int64_t{1} << 31)) return no("operands past 2^31 elements");
   (void)cc_minor;
   return absl::OkStatus();

@@ -34,8 +34,7 @@ inline constexpr int kCudnnSdpaGraphVersion = 1;
 // Sq == Sk == 1. Every shape it serves goes to cuDNN: it was faster than
 // Kiln's kernels on every shape measured, decoding included (docs/cuda.md,
 // "cuDNN attention").
-absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor,
-                             size_t cudnn_version);
+absl::Status CudnnSdpaServes(const SdpaShape& s, int cc_major, int cc_minor, size_t cudnn_version);
 
 // The plan-cache key: the ordered, named components {graph version, cuDNN
 // version, dtype, B, Hq, Hkv, Sq, Sk, D, Dv, the four operands' strides,

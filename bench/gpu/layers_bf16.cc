@@ -57,8 +57,8 @@ Layer Build(const std::string& which, int64_t batch) {
   const int64_t seq = bert ? 512 : 2048, h = bert ? 768 : 4096, heads = bert ? 12 : 32,
                 ffn = bert ? 3072 : 16384, dh = h / heads;
   const double eps = bert ? 1e-12 : 1e-6;
-  L.config = {{"layer", which}, {"batch", batch}, {"seq", seq}, {"hidden", h},
-              {"heads", heads}, {"ffn", ffn}, {"epsilon", eps}};
+  L.config = {{"layer", which}, {"batch", batch}, {"seq", seq},    {"hidden", h},
+              {"heads", heads}, {"ffn", ffn},     {"epsilon", eps}};
   GraphBuilder g(bert ? "bert_layer_bf16" : "decoder_layer_bf16");
   auto param = [&](const std::string& name, const kiln::Dims& dims, double scale,
                    double offset = 0) {
@@ -68,7 +68,9 @@ Layer Build(const std::string& which, int64_t batch) {
   const double ws = 1.0 / std::sqrt(static_cast<double>(h));
   V x = g.input("x", v1::DTYPE_BF16, {batch, seq, h});
   L.x = RandomBf16(rng, {batch, seq, h}, 1.0, 0);
-  auto heads_of = [&](V t) { return g.transpose(g.reshape(t, {batch, seq, heads, dh}), {0, 2, 1, 3}); };
+  auto heads_of = [&](V t) {
+    return g.transpose(g.reshape(t, {batch, seq, heads, dh}), {0, 2, 1, 3});
+  };
   auto merge = [&](V t) { return g.reshape(g.transpose(t, {0, 2, 1, 3}), {batch, seq, h}); };
   v1::AttentionAttrs attn;
   if (bert) {
@@ -102,8 +104,8 @@ Layer Build(const std::string& which, int64_t batch) {
 void WriteF32(const std::filesystem::path& path, const HostTensor& t) {
   std::vector<float> f(t.num_elements());
   for (int64_t i = 0; i < t.num_elements(); ++i) f[i] = static_cast<float>(t.GetAsDouble(i));
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(f.data()),
-                                              static_cast<std::streamsize>(f.size() * 4));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(f.data()), static_cast<std::streamsize>(f.size() * 4));
 }
 
 }  // namespace
@@ -189,10 +191,16 @@ int main(int argc, char** argv) {
   std::sort(busy.begin(), busy.end());
   json kernels = json::object();
   for (const auto& [impl, ms] : by_impl) kernels[impl] = ms;
-  const json out = {{"bench", "layer_bf16"}, {"impl", flag("--label", "kiln")}, {"layer", which},
-                    {"config", L.config}, {"cuda_graphs", graphs}, {"cuda_graph", graph_state},
-                    {"iters", iters}, {"p50_ms", wall[wall.size() / 2]},
-                    {"device_busy_ms", busy[busy.size() / 2]}, {"kernels_ms", kernels}};
+  const json out = {{"bench", "layer_bf16"},
+                    {"impl", flag("--label", "kiln")},
+                    {"layer", which},
+                    {"config", L.config},
+                    {"cuda_graphs", graphs},
+                    {"cuda_graph", graph_state},
+                    {"iters", iters},
+                    {"p50_ms", wall[wall.size() / 2]},
+                    {"device_busy_ms", busy[busy.size() / 2]},
+                    {"kernels_ms", kernels}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -3,6 +3,8 @@
 // causal one, head dims multiples of 8, GQA, decoding; everything else (other
 // masks, softcap, f32, odd head dims, causal with more queries than keys)
 // falls back to Kiln's kernels.
+#include "backends/cuda/cudnn_sdpa_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/match.h"
 #include "backends/cuda/cudnn_api.h"
-#include "backends/cuda/cudnn_sdpa_plan.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::cuda {
@@ -82,8 +83,8 @@ TEST(CudnnSdpaPlan, FallsBackWhereCudnnCannotExpressTheCase) {
   s = base;
   s.Sq = s.Sk = 1;
   EXPECT_TRUE(refused(s));
-  EXPECT_TRUE(refused(base, 7));             // Turing
-  EXPECT_TRUE(refused(base, 9, 80906));      // cuDNN 8
+  EXPECT_TRUE(refused(base, 7));         // Turing
+  EXPECT_TRUE(refused(base, 9, 80906));  // cuDNN 8
   s = base;
   s.B = 0;
   EXPECT_TRUE(refused(s));
@@ -92,15 +93,15 @@ TEST(CudnnSdpaPlan, FallsBackWhereCudnnCannotExpressTheCase) {
 TEST(CudnnSdpaPlan, ServesDecodingAndLongSequences) {
   // One query row over a long cache (GQA), and S 4096 whose score matrix has
   // 2^31 elements (never stored, so no limit) while the operands fit 32 bits.
-  EXPECT_TRUE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, v1::MASK_CAUSAL), 9,
-                              0, k914)
-                  .ok());
-  EXPECT_TRUE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 4, 32, 32, 4096, 4096, 128, v1::MASK_NONE), 9,
-                              0, k914)
-                  .ok());
-  EXPECT_FALSE(CudnnSdpaServes(Shape(v1::DTYPE_BF16, 64, 64, 64, 4096, 4096, 128, v1::MASK_NONE),
-                               9, 0, k914)
-                   .ok());
+  EXPECT_TRUE(
+      CudnnSdpaServes(Shape(v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, v1::MASK_CAUSAL), 9, 0, k914)
+          .ok());
+  EXPECT_TRUE(
+      CudnnSdpaServes(Shape(v1::DTYPE_BF16, 4, 32, 32, 4096, 4096, 128, v1::MASK_NONE), 9, 0, k914)
+          .ok());
+  EXPECT_FALSE(
+      CudnnSdpaServes(Shape(v1::DTYPE_BF16, 64, 64, 64, 4096, 4096, 128, v1::MASK_NONE), 9, 0, k914)
+          .ok());
 }
 
 TEST(CudnnSdpaPlan, KeyNamesEveryComponentAndSeparatesWhatDiffers) {
