@@ -192,7 +192,12 @@ class OnnxNodeTest : public ::testing::Test {
           for (const auto& [name, t] : inputs) values.emplace_back(name, &t);
           auto m = (*sp)->For(values);
           if (m.ok()) {
-            model_result = **m;
+            // The specializer keeps its model (shared, const); the case
+            // takes its own copy (HostTensor is move-only: Clone()).
+            io::OnnxModel copy;
+            copy.graph = (*m)->graph;
+            for (const auto& [pn, pt] : (*m)->params) copy.params.emplace_back(pn, pt.Clone());
+            model_result = std::move(copy);
             for (const std::string& name : (*sp)->value_inputs()) fixed.insert(name);
           }
         }
