@@ -6,6 +6,7 @@ medians, their ratio and the largest output difference from PyTorch.
 
     bench/onnx_cnn_vs_ort.py BUILD_DIR [--rounds 5] [--iters 40] [--batch 8]
         [--model cnn|encoder|encoder17|encoder_loop|all] [--report] [--baseline BUILD_DIR]
+        [--no-patterns-too]
 
 --model picks the export (default cnn, the figures of docs/benchmarks.md):
   encoder       nn.TransformerEncoderLayer at BERT-base size (768 wide, 12
@@ -130,6 +131,9 @@ def main():
     ap.add_argument("--model", default="cnn",
                     choices=["cnn", "encoder", "encoder17", "encoder_loop", "all"])
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--no-patterns-too", action="store_true",
+                    help="also run Kiln importing without the LayerNorm / GELU patterns "
+                         "(kiln_onnx_bench --no-patterns) each round")
     ap.add_argument("--baseline", metavar="BUILD_DIR",
                     help="also run this build's kiln_onnx_bench each round (e.g. main's), "
                          "interleaved with the others")
@@ -150,8 +154,12 @@ def run_model(args, which):
         else:
             model, y_torch, shape = export_encoder(tmp, which)
         kiln_out, ort_out = os.path.join(tmp, "y_kiln.bin"), os.path.join(tmp, "y_ort.bin")
-        kiln, ortr, base = [], [], []
+        kiln, ortr, base, nopat = [], [], [], []
         for r in range(args.rounds):
+            if args.no_patterns_too:
+                cmd = [bench, model, os.path.join(tmp, "x.pb"), "--iters", str(args.iters),
+                       "--threads", str(args.threads), "--no-patterns"]
+                nopat.append(run_json(cmd, env)["p50_ms"])
             if args.baseline:
                 cmd = [os.path.join(args.baseline, "bench", "engine", "kiln_onnx_bench"), model,
                        os.path.join(tmp, "x.pb"), "--iters", str(args.iters), "--threads",
@@ -179,6 +187,9 @@ def run_model(args, which):
     if base:
         extra = {"baseline_p50_ms_rounds": base, "baseline_p50_ms": statistics.median(base),
                  "baseline_over_ort": statistics.median(base) / o}
+    if nopat:
+        extra.update({"no_patterns_p50_ms_rounds": nopat, "no_patterns_p50_ms": statistics.median(nopat),
+                      "no_patterns_over_ort": statistics.median(nopat) / o})
     print(json.dumps({
         "bench": f"onnx_{which}_fp32_vs_onnxruntime", "threads": args.threads,
         "input": shape, "rounds": args.rounds, "iters_per_round": args.iters,

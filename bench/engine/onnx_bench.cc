@@ -3,6 +3,8 @@
 // side of the comparison is bench/ort/ort_run.js on the same file
 // (bench/onnx_cnn_vs_ort.py runs both, alternating).
 //   kiln_onnx_bench model.onnx input.pb [--iters N] [--warmup W] [--threads T] [--out y.bin]
+//                   [--report] [--no-patterns]
+// --no-patterns: import without onnx_patterns.cc (every ONNX node alone).
 // input.pb: an onnx.TensorProto for the model's one input.
 #include <algorithm>
 #include <chrono>
@@ -41,8 +43,10 @@ int main(int argc, char** argv) {
   int iters = 50, warmup = 10, threads = 2;
   std::string out;
   bool report = false;
+  bool patterns = true;
   for (int i = 3; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--report")) report = true;
+    if (!std::strcmp(argv[i], "--no-patterns")) patterns = false;
   }
   for (int i = 3; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--iters")) iters = std::atoi(argv[i + 1]);
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
   if (!x.ok()) return Fail(x.status());
   kiln::io::OnnxImportOptions io;
   io.input_shapes.emplace_back(input_name, x->dims());
+  io.patterns = patterns;
   const auto t0 = std::chrono::steady_clock::now();
   auto model = kiln::io::ImportOnnxModel(ReadFile(argv[1]), io);
   if (!model.ok()) return Fail(model.status());

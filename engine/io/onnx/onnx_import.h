@@ -62,6 +62,10 @@ struct OnnxImportOptions {
   // run at most this many iterations (RESOURCE_EXHAUSTED past it); kilnd
   // passes its limits.max_while_iterations, the bound its While runs have.
   int64_t max_loop_iterations = 1000000;
+  // Import PyTorch's decomposed LayerNorm and exact GELU as Kiln's layer_norm
+  // and gelu, and Pow(x, 2) as x * x (onnx_patterns.cc). Off: every node is
+  // converted alone (what a benchmark compares against).
+  bool patterns = true;
 };
 
 struct OnnxModel {

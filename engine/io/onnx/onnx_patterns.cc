@@ -208,7 +208,7 @@ absl::StatusOr<bool> Square(Importer& c) {
 
 absl::StatusOr<bool> TryPattern(Importer& c) {
   const std::string& op = c.node().op_type();
-  if (c.num_outputs() != 1) return false;
+  if (!c.options().patterns || c.num_outputs() != 1) return false;
   if (op == "Add") return LayerNorm(c);
   if (op == "Mul") return Gelu(c);
   if (op == "Pow") return Square(c);
