@@ -42,6 +42,17 @@ F Real(const char* symbol) {
 
 constexpr unsigned kRead = __tsan_mutex_read_lock;
 
+// Abseil's own deadlock detector (on in Debian's build) keeps one lock graph
+// for the process, guarded by an internal SpinLock that TSan cannot see: two
+// threads destroying mutexes at once (~Mutex removes the mutex's node) were
+// reported as a race inside GraphCycles::RemoveNode (kiln_tsan_server_test,
+// 2026-12-07). TSan finds lock-order inversions itself from the annotations
+// below, so TSan builds turn Abseil's detector off before main: with kIgnore,
+// neither Lock nor ~Mutex touches the graph.
+__attribute__((constructor)) void KilnTsanAbslDeadlockDetectionOff() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
 }  // namespace
 
 // One interposer: `name` is the C++ symbol, the body sees `real` (the library's).
