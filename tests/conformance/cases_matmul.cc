@@ -392,21 +392,26 @@ std::vector<Case> FusedMatMulCases() {
 }
 
 // Products with few rows (the CPU's own small-M micro-kernel takes M <= 64):
+// The f32 case of `family` twice: as given, and with B packed ("/packed";
+// the same inputs, which MakeCase draws from the case's name).
+void AddPlainAndPacked(std::vector<Case>& cases, const char* family, const Shape& s,
+                       const Epilogue* e) {
+  cases.push_back(MakeCase(family, s, v1::DTYPE_F32, e));
+  Case packed = MakeCase(family, s, v1::DTYPE_F32, e);
+  packed.name += "/packed";
+  packed.spec.name = packed.name;
+  packed.pack_inputs = true;
+  cases.push_back(std::move(packed));
+}
+
 // M = 1, 2, 3, 7, 16, 64 against odd and even K and N (a partial last
 // column panel or none), every epilogue the micro-kernel computes in
 // registers, B plain and transposed, read as given and packed beforehand (as
 // the engine packs constants and params).
 std::vector<Case> SmallMCases() {
   std::vector<Case> cases;
-  // Each case twice: as given, and with B packed ("/packed"; the same inputs,
-  // which MakeCase draws from the case's name).
   auto both = [&](const Shape& s, const Epilogue* e) {
-    cases.push_back(MakeCase("matmul_small_m", s, v1::DTYPE_F32, e));
-    Case packed = MakeCase("matmul_small_m", s, v1::DTYPE_F32, e);
-    packed.name += "/packed";
-    packed.spec.name = packed.name;
-    packed.pack_inputs = true;
-    cases.push_back(std::move(packed));
+    AddPlainAndPacked(cases, "matmul_small_m", s, e);
   };
   const std::vector<std::pair<int64_t, int64_t>> kn = {{33, 47}, {64, 96}, {784, 130}};
   const std::vector<Epilogue> epilogues = {
@@ -455,12 +460,7 @@ std::vector<Case> SmallMCases() {
 std::vector<Case> PackedCases() {
   std::vector<Case> cases;
   auto both = [&](const Shape& s, const Epilogue* e) {
-    cases.push_back(MakeCase("matmul_packed", s, v1::DTYPE_F32, e));
-    Case packed = MakeCase("matmul_packed", s, v1::DTYPE_F32, e);
-    packed.name += "/packed";
-    packed.spec.name = packed.name;
-    packed.pack_inputs = true;
-    cases.push_back(std::move(packed));
+    AddPlainAndPacked(cases, "matmul_packed", s, e);
   };
   const std::vector<Epilogue> epilogues = {{true, false, v1::UNARY_KIND_UNSPECIFIED},
                                            {true, false, v1::UNARY_GELU},

@@ -337,35 +337,51 @@ class Client:
     def _train_step_shm(self, req, batch):
         """The step's response with the batch in shared memory, or None when
         that is not possible this time (the caller sends bytes)."""
-        arrays = {name: np.asarray(v) for name, v in batch.items()}
-        got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
-        if got is None:
-            return None
-        conn, region = got
-        shm_req = service_pb2.TrainStepRequest()
-        shm_req.CopyFrom(req)
-        try:
-            shm.fill_inputs(shm_req, region, arrays)
-            resp = self._call("TrainStep", shm_req)
-        except KilnError as e:
-            if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
-                # kilnd lost the region (restarted, connection dropped): the
-                # step did not run; bytes this time, a new connection next.
-                region.close(unregister=False)
-                self._shm.reset(conn)
-                return None
-            self._shm.release(conn, region)
+        def refused(e):
             if e.code == grpc.StatusCode.INVALID_ARGUMENT and "names shared memory" in e.message:
                 # A kilnd from before TrainStep took shared memory: nothing
                 # ran; bytes from now on.
                 self._train_step_shm_refused = True
+                return True
+            return False
+        sent = self._shm_call("TrainStep", req, batch, shm.fill_inputs, refused)
+        if sent is None:
+            return None
+        resp, conn, region = sent
+        self._shm.release(conn, region)
+        return resp
+
+    def _shm_call(self, method, req, tensors, fill, refused=None):
+        """Calls `method` with a copy of `req` whose `tensors` ({name: array})
+        `fill` placed in a shared-memory region: (response, conn, region), the
+        region still held by the caller, or None when shared memory is not
+        possible this time (nothing ran; the caller sends bytes). `refused(e)`
+        says whether an error means this kilnd does not take shared memory
+        for `method`."""
+        arrays = {name: np.asarray(v) for name, v in tensors.items()}
+        got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
+        if got is None:
+            return None
+        conn, region = got
+        shm_req = type(req)()
+        shm_req.CopyFrom(req)
+        try:
+            fill(shm_req, region, arrays)
+            return self._call(method, shm_req), conn, region
+        except KilnError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
+                # kilnd lost the region (restarted, connection dropped):
+                # nothing ran; bytes this time, a new connection next time.
+                region.close(unregister=False)
+                self._shm.reset(conn)
+                return None
+            self._shm.release(conn, region)
+            if refused is not None and refused(e):
                 return None
             raise
         except BaseException:
             self._shm.release(conn, region)
             raise
-        self._shm.release(conn, region)
-        return resp
 
     def set_params(self, session, params, progress=None) -> service_pb2.SetParamsResponse:
         """Streams `params` ({name: array}) in chunks; applied atomically at
@@ -481,28 +497,10 @@ class Client:
     def _run_shm(self, req, inputs):
         """(response, outputs) through shared memory, or (None, None) when it
         is not possible this time (the caller sends bytes)."""
-        arrays = {name: np.asarray(v) for name, v in inputs.items()}
-        got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
-        if got is None:
+        sent = self._shm_call("Run", req, inputs, shm.fill_request)
+        if sent is None:
             return None, None
-        conn, region = got
-        shm_req = service_pb2.RunRequest()
-        shm_req.CopyFrom(req)
-        try:
-            shm.fill_request(shm_req, region, arrays)
-            resp = self._call("Run", shm_req)
-        except KilnError as e:
-            if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
-                # kilnd lost the region (restarted, connection dropped):
-                # nothing ran; bytes this time, a new connection next time.
-                region.close(unregister=False)
-                self._shm.reset(conn)
-                return None, None
-            self._shm.release(conn, region)
-            raise
-        except BaseException:
-            self._shm.release(conn, region)
-            raise
+        resp, conn, region = sent
         try:
             outputs, missed = shm.read_outputs(resp, region)
         finally:

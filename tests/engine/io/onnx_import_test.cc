@@ -28,6 +28,8 @@ namespace {
 using onnx_test::Import;
 using onnx_test::MakeEngine;
 using onnx_test::Model;
+using onnx_test::SubInput;
+using onnx_test::SubNode;
 
 HostTensor Iota(Dims dims) {
   auto t = std::move(HostTensor::Create(v1::DTYPE_F32, dims)).value();
@@ -559,22 +561,6 @@ namespace kiln {
 namespace {
 
 // ---- control flow: If / Scan / Loop onto If / Scan / While ----
-
-onnx::NodeProto* SubNode(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in,
-                         std::vector<std::string> out) {
-  auto* n = g.add_node();
-  n->set_op_type(op);
-  n->set_name(out[0]);
-  for (auto& s : in) n->add_input(s);
-  for (auto& s : out) n->add_output(s);
-  return n;
-}
-
-void SubInput(onnx::GraphProto& g, const std::string& name, int type) {
-  auto* vi = g.add_input();
-  vi->set_name(name);
-  vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
-}
 
 onnx::GraphProto* GraphAttr(onnx::NodeProto* n, const std::string& name) {
   auto* a = n->add_attribute();

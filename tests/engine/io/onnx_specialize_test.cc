@@ -18,22 +18,8 @@ namespace {
 
 using onnx_test::MakeEngine;
 using onnx_test::Model;
-
-onnx::NodeProto* BodyNode(onnx::GraphProto& g, const std::string& op, std::vector<std::string> in,
-                          std::vector<std::string> out) {
-  auto* n = g.add_node();
-  n->set_op_type(op);
-  n->set_name(out[0]);
-  for (auto& s : in) n->add_input(s);
-  for (auto& s : out) n->add_output(s);
-  return n;
-}
-
-void BodyInput(onnx::GraphProto& g, const std::string& name, int type) {
-  auto* vi = g.add_input();
-  vi->set_name(name);
-  vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
-}
+using onnx_test::SubInput;
+using onnx_test::SubNode;
 
 void TensorAttr(onnx::NodeProto* n, int type, std::vector<int64_t> dims,
                 std::vector<double> values) {
@@ -66,18 +52,18 @@ Model LoopModel() {
   a->set_type(onnx::AttributeProto::GRAPH);
   onnx::GraphProto& body = *a->mutable_g();
   body.set_name("body");
-  BodyInput(body, "i", onnx::TensorProto::INT64);
-  BodyInput(body, "c", onnx::TensorProto::BOOL);
-  BodyInput(body, "y_in", onnx::TensorProto::FLOAT);
-  BodyNode(body, "Identity", {"c"}, {"c_out"});
-  TensorAttr(BodyNode(body, "Constant", {}, {"table"}), onnx::TensorProto::FLOAT, {5}, kTable);
-  TensorAttr(BodyNode(body, "Constant", {}, {"one"}), onnx::TensorProto::INT64, {}, {1});
-  BodyNode(body, "Add", {"i", "one"}, {"end"});
-  Model::Ints(BodyNode(body, "Unsqueeze", {"i"}, {"start1"}), "axes", {0});
-  Model::Ints(BodyNode(body, "Unsqueeze", {"end"}, {"end1"}), "axes", {0});
-  BodyNode(body, "Slice", {"table", "start1", "end1"}, {"s"});
-  BodyNode(body, "Add", {"y_in", "s"}, {"y_out"});
-  BodyNode(body, "Identity", {"y_out"}, {"scan"});
+  SubInput(body, "i", onnx::TensorProto::INT64);
+  SubInput(body, "c", onnx::TensorProto::BOOL);
+  SubInput(body, "y_in", onnx::TensorProto::FLOAT);
+  SubNode(body, "Identity", {"c"}, {"c_out"});
+  TensorAttr(SubNode(body, "Constant", {}, {"table"}), onnx::TensorProto::FLOAT, {5}, kTable);
+  TensorAttr(SubNode(body, "Constant", {}, {"one"}), onnx::TensorProto::INT64, {}, {1});
+  SubNode(body, "Add", {"i", "one"}, {"end"});
+  Model::Ints(SubNode(body, "Unsqueeze", {"i"}, {"start1"}), "axes", {0});
+  Model::Ints(SubNode(body, "Unsqueeze", {"end"}, {"end1"}), "axes", {0});
+  SubNode(body, "Slice", {"table", "start1", "end1"}, {"s"});
+  SubNode(body, "Add", {"y_in", "s"}, {"y_out"});
+  SubNode(body, "Identity", {"y_out"}, {"scan"});
   for (const char* o : {"c_out", "y_out", "scan"}) body.add_output()->set_name(o);
   m.Init("weights", {3}, {10, 20, 30});
   m.Node("Gather", {"weights", "pick"}, {"picked"});

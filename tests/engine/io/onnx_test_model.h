@@ -78,6 +78,23 @@ struct Model {
   std::string Bytes() const { return m.SerializeAsString(); }
 };
 
+// A node and a typed input of a subgraph (an If branch, a Loop or Scan body).
+inline onnx::NodeProto* SubNode(onnx::GraphProto& g, const std::string& op,
+                                std::vector<std::string> in, std::vector<std::string> out) {
+  auto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(out[0]);
+  for (auto& s : in) n->add_input(s);
+  for (auto& s : out) n->add_output(s);
+  return n;
+}
+
+inline void SubInput(onnx::GraphProto& g, const std::string& name, int type) {
+  auto* vi = g.add_input();
+  vi->set_name(name);
+  vi->mutable_type()->mutable_tensor_type()->set_elem_type(type);
+}
+
 inline absl::StatusOr<io::OnnxModel> Import(const Model& m, const io::OnnxImportOptions& o = {}) {
   return io::ImportOnnxModel(m.Bytes(), o);
 }
