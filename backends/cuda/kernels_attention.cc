@@ -408,7 +408,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                            std::move(combine), p, std::move(impl));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kAttentionRegistration({
     {v1::OP_ATTENTION, &SupportsAttention, &CreateAttention},
 });
 

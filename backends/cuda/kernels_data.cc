@@ -548,7 +548,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreatePad(CudaDevice& d, const 
       d, spec, std::move(fn), p, PadValueBits(spec.attrs.pad().value(), dt)));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kDataRegistration({
     {v1::OP_PAD, &SupportsPad, &CreatePad},
     {v1::OP_GATHER, &SupportsGather, &CreateGather},
     {v1::OP_TRANSPOSE, &SupportsStrided, &CreateStrided},

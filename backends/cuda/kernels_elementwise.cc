@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateElementwise(
       std::make_unique<ElementwiseKernel>(d, spec, std::move(fn), absl::StrCat("nvrtc:", name)));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kElementwiseRegistration({
     {v1::OP_UNARY, &SupportsElementwise, &CreateElementwise},
     {v1::OP_BINARY, &SupportsElementwise, &CreateElementwise},
     {v1::OP_COMPARE, &SupportsElementwise, &CreateElementwise},

@@ -281,7 +281,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateLoss(CudaDevice& d, const
       std::make_unique<MseKernel>(d, spec, std::move(mse), std::move(sum), params));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kLossRegistration({
     {v1::OP_SOFTMAX_CROSS_ENTROPY, &SupportsXent, &CreateLoss},
     {v1::OP_MEAN_SQUARED_ERROR, &SupportsMse, &CreateLoss},
 });

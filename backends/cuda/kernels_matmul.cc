@@ -337,7 +337,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(CudaDevice& d, con
   return std::unique_ptr<backend::Kernel>(std::move(k));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kMatmulRegistration({
     {v1::OP_MATMUL, &SupportsMatMul, &CreateMatMul},
     {v1::OP_FUSED_MATMUL, &SupportsMatMul, &CreateMatMul},
 });

@@ -289,7 +289,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateSoftmax(CudaDevice& d,
       absl::StrCat("nvrtc:", log ? "log_softmax_" : "softmax_", dt, vec.nv != 0 ? "_vec" : "")));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kNormRegistration({
     {v1::OP_LAYER_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_RMS_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_FUSED_RESIDUAL_NORM, &SupportsNorm, &CreateNorm},

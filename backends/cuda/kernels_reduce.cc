@@ -330,7 +330,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateScan(CudaDevice& d, const
       d, spec, std::move(fn), split, absl::StrCat("nvrtc:", argmax ? "argmax_" : "cumsum_", dt)));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kReduceRegistration({
     {v1::OP_REDUCE, &SupportsReduce, &CreateReduce},
     {v1::OP_ARGMAX, &SupportsArgMax, &CreateScan},
     {v1::OP_CUMSUM, &SupportsCumsum, &CreateScan},

@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateRope(CudaDevice& d, const
       std::make_unique<RopeKernel>(d, spec, std::move(fn), plan));
 }
 
-const CudaOpRegistration kRegistration({
+const CudaOpRegistration kRopeRegistration({
     {v1::OP_ROPE, &SupportsRope, &CreateRope},
 });
 

@@ -170,7 +170,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(VulkanDevice& d
       absl::StrCat("spirv:attention_", DTypeSuffix(dt), "_", mask, "_d", cfg->dmax)));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kAttentionRegistration({
     {v1::OP_ATTENTION, &SupportsAttention, &CreateAttention},
 });
 

@@ -353,7 +353,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGather(VulkanDevice& d,
       absl::StrCat("spirv:gather_", DTypeSuffix(dt), "_", DTypeSuffix(it))));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kDataRegistration({
     {v1::OP_TRANSPOSE, &SupportsStrided, &CreateStrided},
     {v1::OP_SLICE, &SupportsStrided, &CreateStrided},
     {v1::OP_EXPAND, &SupportsStrided, &CreateStrided},

@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateElementwise(
       d, spec, std::move(pipeline), wg, absl::StrCat("spirv:", name)));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kElementwiseRegistration({
     {v1::OP_UNARY, &SupportsElementwise, &CreateElementwise},
     {v1::OP_BINARY, &SupportsElementwise, &CreateElementwise},
     {v1::OP_COMPARE, &SupportsElementwise, &CreateElementwise},

@@ -342,7 +342,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(VulkanDevice& d,
       absl::StrCat("spirv:matmul_", DTypeSuffix(dt), "_", t.bm, "x", t.bn, epilogue)));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kMatmulRegistration({
     {v1::OP_MATMUL, &SupportsMatMul, &CreateMatMul},
     {v1::OP_FUSED_MATMUL, &SupportsMatMul, &CreateMatMul},
 });

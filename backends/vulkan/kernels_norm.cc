@@ -21,7 +21,7 @@ struct NormPlan {
   double eps = 0;
 };
 
-absl::StatusOr<NormPlan> Plan(const KernelSpec& spec) {
+absl::StatusOr<NormPlan> NormPlanFor(const KernelSpec& spec) {
   NormPlan p;
   bool has_axis = false, has_eps = false;
   switch (spec.op) {
@@ -66,7 +66,7 @@ absl::StatusOr<NormPlan> Plan(const KernelSpec& spec) {
 
 Claim SupportsNorm(const VulkanDevice& d, const KernelSpec& spec) {
   if (spec.inputs.empty() || spec.outputs.empty()) return Claim::No("malformed spec");
-  absl::StatusOr<NormPlan> p = Plan(spec);
+  absl::StatusOr<NormPlan> p = NormPlanFor(spec);
   if (!p.ok()) return Claim::No(absl::StrCat("vulkan norm: ", p.status().message()));
   const DType dt = spec.inputs[0].dtype;
   for (const auto& t : spec.inputs) {
@@ -106,7 +106,7 @@ class NormKernel final : public VulkanKernel {
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, const KernelSpec& spec,
                                                             backend::PrepareContext&) {
-  KILN_ASSIGN_OR_RETURN(NormPlan plan, Plan(spec));
+  KILN_ASSIGN_OR_RETURN(NormPlan plan, NormPlanFor(spec));
   const Dims& dims = spec.inputs[0].dims;
   NormPush push{1, 1, static_cast<float>(plan.eps)};
   for (int64_t k = 0; k < plan.axis; ++k) push.rows *= static_cast<uint32_t>(dims[k]);
@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, con
       d, spec, std::move(pipeline), plan, push, absl::StrCat("spirv:", what, DTypeSuffix(dt))));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kNormRegistration({
     {v1::OP_LAYER_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_RMS_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_FUSED_RESIDUAL_NORM, &SupportsNorm, &CreateNorm},

@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateSoftmax(VulkanDevice& d,
       absl::StrCat("spirv:", log ? "log_softmax_" : "softmax_", DTypeSuffix(dt))));
 }
 
-const VulkanOpRegistration kRegistration({
+const VulkanOpRegistration kReduceRegistration({
     {v1::OP_REDUCE, &SupportsReduce, &CreateReduce},
     {v1::OP_SOFTMAX, &SupportsSoftmax, &CreateSoftmax},
     {v1::OP_LOG_SOFTMAX, &SupportsSoftmax, &CreateSoftmax},

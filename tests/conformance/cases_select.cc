@@ -15,9 +15,8 @@
 namespace kiln::conformance {
 namespace {
 
+using ref::Axis;
 using ref::Shape;
-
-int64_t Axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
 
 std::vector<HostTensor> TopKReference(const backend::KernelSpec& spec, const std::vector<HostTensor>& in) {
   const auto& a = spec.attrs.topk();

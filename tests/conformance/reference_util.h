@@ -182,6 +182,11 @@ struct Tensors {
   std::vector<HostTensor> v;
 };
 
+// A possibly negative axis of a rank-`rank` tensor as a non-negative one.
+inline int64_t Axis(int64_t axis, size_t rank) {
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
+
 inline Dims RandomDims(std::mt19937_64& rng, int rank, int64_t max_dim) {
   std::uniform_int_distribution<int64_t> u(1, max_dim);
   Dims d(rank);
