@@ -17,7 +17,7 @@
 namespace kiln::cuda {
 namespace {
 
-struct Shape {
+struct PlanShape {
   Dims a, b;
   bool ta = false, tb = false;
 };
@@ -54,7 +54,7 @@ std::vector<Triple> Expected(Dims a, Dims b, bool ta, bool tb, int64_t* m, int64
 }
 
 TEST(MatMulPlan, CallsCoverExactlyTheBroadcastPairs) {
-  const Shape shapes[] = {
+  const PlanShape shapes[] = {
       {{1, 1}, {1, 1}},
       {{3, 17}, {17, 65}},
       {{17}, {17, 5}},
@@ -78,7 +78,7 @@ TEST(MatMulPlan, CallsCoverExactlyTheBroadcastPairs) {
       {{8, 1, 128, 64}, {8, 12, 64, 128}},
       {{6, 5, 4, 3}, {1, 5, 3, 2}},
   };
-  for (const Shape& s : shapes) {
+  for (const PlanShape& s : shapes) {
     SCOPED_TRACE(absl::StrCat("[", absl::StrJoin(s.a, ","), "] @ [", absl::StrJoin(s.b, ","),
                               "] ta=", s.ta, " tb=", s.tb));
     int64_t m, n, k;
