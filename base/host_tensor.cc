@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/checked_int.h"
+#include "base/host_buffer_pool.h"
 #include "base/half.h"
 
 namespace kiln {
@@ -29,7 +30,10 @@ std::string DimsToString(std::span<const int64_t> dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
-void HostTensor::FreeDeleter::operator()(void* p) const { std::free(p); }
+void HostTensor::FreeDeleter::operator()(void* p) const {
+  // Large buffers came from the pool (CreateUninitialized) and go back to it.
+  if (!HostBufferPool::Default().Release(p)) std::free(p);
+}
 
 absl::StatusOr<HostTensor> HostTensor::Create(DType dtype, Dims dims) {
   auto t = CreateUninitialized(dtype, std::move(dims));
@@ -54,7 +58,8 @@ absl::StatusOr<HostTensor> HostTensor::CreateUninitialized(DType dtype, Dims dim
   t.num_elements_ = *n;
   t.num_bytes_ = *bytes;
   const size_t alloc = (static_cast<size_t>(*bytes) + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
+  void* p = alloc >= HostBufferPool::kMinBytes ? HostBufferPool::Default().Allocate(alloc)
+                                                : std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", *bytes, " bytes"));
   }

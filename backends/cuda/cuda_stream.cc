@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/host_copy.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -14,8 +15,9 @@ namespace {
 // than a chunk kept by the stream.
 constexpr int64_t kMaxKeptStaging = int64_t{64} << 20;
 constexpr int64_t kMinStaging = int64_t{64} << 10;
-// Uploads through staging are copied and enqueued in pieces of this size.
-constexpr int64_t kUploadPiece = int64_t{1} << 20;
+// Uploads through staging are copied and enqueued in pieces of this size
+// (each piece's host copy split over HostCopier's threads).
+constexpr int64_t kUploadPiece = int64_t{4} << 20;
 // How long a stream's destructor waits for its work.
 constexpr absl::Duration kTeardownWait = absl::Seconds(10);
 
@@ -87,7 +89,7 @@ absl::Status CudaStream::SynchronizeFor(absl::Duration timeout) {
     return failed_;
   }
   for (const PendingDownload& d : downloads_) {
-    std::memcpy(d.dst, d.staging->host, static_cast<size_t>(d.bytes));
+    HostCopy(d.dst, d.staging->host, d.bytes);
     d.staging->busy = false;
   }
   downloads_.clear();
@@ -253,7 +255,7 @@ absl::Status CudaStream::Upload(const void* src, CUdeviceptr dst, int64_t bytes)
   for (int64_t at = 0; at < bytes; at += kUploadPiece) {
     const size_t n = static_cast<size_t>(std::min(kUploadPiece, bytes - at));
     char* staged = static_cast<char*>(s->host) + at;
-    std::memcpy(staged, static_cast<const char*>(src) + at, n);
+    HostCopy(staged, static_cast<const char*>(src) + at, static_cast<int64_t>(n));
     const absl::Status st = device_.Check(
         api.cuMemcpyHtoDAsync(dst + static_cast<CUdeviceptr>(at), staged, n, stream_),
         "cuMemcpyHtoDAsync");

@@ -18,6 +18,8 @@
 // kernel above kept for operands that are not 16-byte aligned.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/attention_plan.h"
@@ -159,6 +161,14 @@ TiledParams ToTiled(const AttnParams& a) {
   return t;
 }
 
+// The split path's 16-byte kernel serves f16/bf16 with D == Dv in {64, 128,
+// 256} and no custom mask or bias (attention_decode16 reads neither).
+bool DecodeVectorized(DType dtype, const AttnParams& p) {
+  const bool half = dtype == v1::DTYPE_F16 || dtype == v1::DTYPE_BF16;
+  return half && p.D == p.Dv && (p.D == 64 || p.D == 128 || p.D == 256) &&
+         p.mask != v1::MASK_CUSTOM && p.mask != v1::MASK_BIAS;
+}
+
 }  // namespace
 
 AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, int64_t Sk,
@@ -219,14 +229,20 @@ class AttentionKernel final : public CudaKernel {
                           std::span<const CUdeviceptr> out) {
     return Enqueue(s, in, out);
   }
+  // Whether the split path runs the 16-byte decode kernel (aligned operands).
+  bool decode_vectorized() const { return vec_.fn != nullptr; }
 
+  // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
+  // launched when the operands are 16-byte aligned, `fast` otherwise.
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
-                  LoadedFunction fast, LoadedFunction combine, AttnParams params, std::string impl)
+                  LoadedFunction fast, LoadedFunction combine, LoadedFunction vec,
+                  AttnParams params, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         path_(path),
         rows_(std::move(rows)),
         fast_(std::move(fast)),
         combine_(std::move(combine)),
+        vec_(std::move(vec)),
         params_(params) {}
 
  protected:
@@ -264,8 +280,9 @@ class AttentionKernel final : public CudaKernel {
       void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
       const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
                                                  device_.caps().max_grid_x);
-      KILN_RETURN_IF_ERROR(LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1,
-                                        32 * kWarps, 0, args));
+      const bool vec = vec_.fn != nullptr && aligned;
+      KILN_RETURN_IF_ERROR(LaunchKernel(s, vec ? vec_.fn : fast_.fn, static_cast<unsigned>(blocks),
+                                        1, 1, 32 * kWarps, 0, args));
       void* cargs[] = {&part, &o, &p, &splits};
       const int64_t cblocks =
           std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
@@ -280,7 +297,7 @@ class AttentionKernel final : public CudaKernel {
 
  private:
   const AttentionPath path_;
-  LoadedFunction rows_, fast_, combine_;
+  LoadedFunction rows_, fast_, combine_, vec_;
   AttnParams params_;
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
 };
@@ -322,10 +339,19 @@ class CudnnAttentionKernel final : public CudaKernel {
 // serves, and its plan finalizes; nullptr
 // otherwise (the report names the kernel that runs). Errors only for device
 // faults and failed allocations.
+bool CudnnKeptForDecode() {
+  const char* env = std::getenv("KILN_CUDNN");
+  return env != nullptr && std::string_view(env) == "always";
+}
+
 absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
     CudaDevice& d, const KernelSpec& spec, const AttnParams& p,
     std::unique_ptr<AttentionKernel>& own) {
   if (d.cudnn_version() == 0) return nullptr;
+  // Decoding on the 16-byte split-K kernel rather than cuDNN (faster there:
+  // docs/cuda.md, "Single-row decode attention"); KILN_CUDNN=always when the
+  // kernel is prepared keeps cuDNN (benchmarks time both in one process).
+  if (own->decode_vectorized() && !CudnnKeptForDecode()) return nullptr;
   SdpaShape shape;
   shape.dtype = spec.inputs[0].dtype;
   shape.B = p.B, shape.Hq = p.Hq, shape.Hkv = p.Hkv, shape.Sq = p.Sq, shape.Sk = p.Sk;
@@ -372,7 +398,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
   KILN_ASSIGN_OR_RETURN(LoadedFunction rows,
                         LoadFunction(d, "attention", KernelSource("attention.cu"),
                                      absl::StrCat("kiln_attention_", dt), context));
-  LoadedFunction fast, combine;
+  LoadedFunction fast, combine, vec;
   std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
   if (path.kind == AttentionPath::kFlash) {
     KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "flash_attention",
@@ -403,9 +429,15 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                           LoadFunction(d, "attention", KernelSource("attention.cu"),
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
+    if (DecodeVectorized(dtype, p)) {
+      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
+                                              absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D),
+                                              context));
+      impl = absl::StrCat("nvrtc:attention_decode16_split", path.splits, "_", dt);
+    }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
-                                           std::move(combine), p, std::move(impl));
+                                           std::move(combine), std::move(vec), p, std::move(impl));
 }
 
 const CudaOpRegistration kAttentionRegistration({

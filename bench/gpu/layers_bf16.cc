@@ -10,7 +10,12 @@
 // download of y) and the device busy time of the dispatch report (the kernels alone),
 // plus the kernels' implementations. --export DIR writes the weights, x and Kiln's y
 // (as f32 .bin files, the bf16 values exactly) for the PyTorch peer.
+// --outputs reused hands Run a destination for y (RunOptions::output_destinations,
+// one buffer written every run, as kilnd writes a local client's outputs into its
+// shared memory) instead of a fresh HostTensor per run (whose pages are new each
+// time: y is 25 / 64 MiB, above glibc's mmap threshold).
 //   layers_bf16 --layer bert|decoder [--iters 20] [--cuda_graphs auto|on|off] [--export DIR]
+//               [--outputs fresh|reused]
 //               [--label kiln]   (the JSON "impl": say kiln_own for a KILN_CUDNN=0 run)
 //   layers_bf16 --layer decoder --compile_once DIR
 //     issue 8's compile target: one Engine::Compile of the layer for the device with the
@@ -126,8 +131,13 @@ int main(int argc, char** argv) {
   const std::string which = flag("--layer", "bert");
   const int iters = std::stoi(flag("--iters", "20"));
   const std::string graphs = flag("--cuda_graphs", "auto");
+  const std::string outputs = flag("--outputs", "fresh");
   const int64_t batch = std::stoll(flag("--batch", which == "bert" ? "32" : "4"));
-  if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0) return 2;
+  if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0 ||
+      (outputs != "fresh" && outputs != "reused") ||
+      (outputs == "reused" && flags.contains("--export"))) {  // y is not kept then
+    return 2;
+  }
   Layer L = Build(which, batch);
   kiln::EngineOptions eo;
   eo.cpu_threads = 4;
@@ -188,9 +198,15 @@ int main(int argc, char** argv) {
   kiln::RunResult last;
   std::map<std::string, double> by_impl;
   std::string graph_state;
+  // y has x's shape and dtype in both layers.
+  std::vector<char> y_destination(outputs == "reused" ? L.x.num_bytes() : 0, 0);
   for (int i = 0; i < 3 + iters; ++i) {
     kiln::RunOptions ro;
     ro.report = true;
+    if (outputs == "reused") {
+      ro.output_destinations.push_back(
+          {"y", y_destination.data(), static_cast<int64_t>(y_destination.size())});
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto r = (*engine)->Run(*compiled->executable, inputs, params->get(), ro);
     const auto t1 = std::chrono::steady_clock::now();
@@ -234,6 +250,7 @@ int main(int argc, char** argv) {
                     {"config", L.config},
                     {"cuda_graphs", graphs},
                     {"cuda_graph", graph_state},
+                    {"outputs", outputs},
                     {"iters", iters},
                     {"p50_ms", wall[wall.size() / 2]},
                     {"device_busy_ms", busy[busy.size() / 2]},

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -18,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "backends/capture.h"
+#include "base/host_copy.h"
 #include "base/status.h"
 #include "engine/runtime/worker_protocol.h"
 #include "spdlog/spdlog.h"
@@ -462,19 +465,33 @@ absl::Status RemoteStream::Append(wp::Command command) {
 }
 
 absl::Status RemoteStream::CopyIn(const void* src, const wp::View& dst, int64_t bytes) {
-  wp::Command c;
-  wp::CopyIn* in = c.mutable_copy_in();
-  *in->mutable_dst() = dst;
-  if (std::optional<int64_t> off = bytes > 0 ? w_->shm().Allocate(bytes) : std::nullopt) {
-    std::memcpy(w_->shm().at(*off), src, static_cast<size_t>(bytes));
-    in->set_shm_offset(*off);
-    staging_.push_back(*off);
-  } else {
+  std::optional<int64_t> off = bytes > 0 ? w_->shm().Allocate(bytes) : std::nullopt;
+  if (!off) {
+    wp::Command c;
+    wp::CopyIn* in = c.mutable_copy_in();
+    *in->mutable_dst() = dst;
     in->set_inline_data(true);
     in->mutable_data()->assign(static_cast<const char*>(src), static_cast<size_t>(bytes));
     pending_inline_bytes_ += bytes;
+    return Append(std::move(c));
   }
-  return Append(std::move(c));
+  // The block stays ours until the answer to the synchronization that passes
+  // the copy (the worker's device may DMA from it until then).
+  staging_.push_back(*off);
+  const std::vector<UploadPiece> pieces = UploadPieces(bytes, options_.upload_piece_bytes);
+  for (const UploadPiece& p : pieces) {
+    HostCopy(w_->shm().at(*off + p.offset), static_cast<const char*>(src) + p.offset, p.bytes);
+    wp::Command c;
+    wp::CopyIn* in = c.mutable_copy_in();
+    *in->mutable_dst() = dst;
+    in->mutable_dst()->set_offset(dst.offset() + p.offset);
+    in->mutable_dst()->set_bytes(p.bytes);
+    in->set_shm_offset(*off + p.offset);
+    KILN_RETURN_IF_ERROR(Append(std::move(c)));
+    // Sent now: the worker starts this piece's DMA while the next is copied.
+    if (pieces.size() > 1) KILN_RETURN_IF_ERROR(Flush());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RemoteStream::CopyOut(const wp::View& src, void* dst, int64_t bytes) {
@@ -554,7 +571,7 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
     int next_inline = 0;
     for (const Out& o : outs_) {
       if (o.shm >= 0) {
-        std::memcpy(o.dst, w_->shm().at(o.shm), static_cast<size_t>(o.bytes));
+        HostCopy(o.dst, w_->shm().at(o.shm), o.bytes);
         continue;
       }
       if (next_inline >= reply->copy_out_size() ||
@@ -862,7 +879,24 @@ std::string DefaultWorkerBinary() {
   return "";
 }
 
-absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& options) {
+std::vector<UploadPiece> UploadPieces(int64_t bytes, int64_t piece_bytes) {
+  std::vector<UploadPiece> out;
+  if (bytes <= 0) return out;
+  if (piece_bytes <= 0 || bytes <= piece_bytes) {
+    out.push_back({0, bytes});
+    return out;
+  }
+  for (int64_t at = 0; at < bytes; at += piece_bytes) {
+    out.push_back({at, std::min(piece_bytes, bytes - at)});
+  }
+  return out;
+}
+
+absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given) {
+  WorkerOptions options = given;
+  if (const char* env = std::getenv("KILN_WORKER_UPLOAD_PIECE_BYTES"); env != nullptr && *env != '\0') {
+    options.upload_piece_bytes = std::strtoll(env, nullptr, 10);
+  }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Worker> first,
                         Worker::Start(options, 0, absl::StrCat(options.backend, " device 0")));
   IsolatedBackend out;

@@ -38,6 +38,12 @@ struct WorkerOptions {
   // copies that do not fit go inline (much slower: through the socket). Freed
   // pages above the first 256 MiB return to the kernel (ShmRegion::Create).
   int64_t staging_bytes = int64_t{4} << 30;
+  // A staged upload longer than this crosses in pieces of this size, each sent
+  // to the worker as soon as it is in the region, so the worker's DMA of one
+  // piece overlaps kilnd's copy of the next (issue 8: 25-64 MiB inputs);
+  // 0 = one piece, sent with the stream's next flush (the earlier path).
+  // KILN_WORKER_UPLOAD_PIECE_BYTES, when set, overrides it (StartIsolatedBackend).
+  int64_t upload_piece_bytes = int64_t{4} << 20;
   // Starting the worker and its backend (driver initialisation).
   absl::Duration start_timeout = absl::Seconds(60);
   // Beyond a synchronize's own bound before the worker counts as hung.
@@ -63,6 +69,16 @@ struct IsolatedBackend {
 // the worker cannot start or its backend cannot be created (the message is
 // the backend's, as an in-process factory's would be).
 absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& options);
+
+// How an upload of `bytes` through the staging region is cut
+// (WorkerOptions::upload_piece_bytes): consecutive [offset, offset + bytes)
+// pieces covering it, every one `piece_bytes` long but the last; one piece
+// when piece_bytes <= 0 or bytes <= piece_bytes; none for 0 bytes.
+struct UploadPiece {
+  int64_t offset;
+  int64_t bytes;
+};
+std::vector<UploadPiece> UploadPieces(int64_t bytes, int64_t piece_bytes);
 
 // The pid of the worker now serving `device` (an IsolatedDevice), else 0.
 int64_t WorkerPid(const backend::Device& device);

@@ -188,3 +188,120 @@ KILN_ATTENTION(bf16, k_bf16)
 KILN_ATTENTION_SPLIT(f32, float)
 KILN_ATTENTION_SPLIT(f16, k_f16)
 KILN_ATTENTION_SPLIT(bf16, k_bf16)
+
+// Decoding over 16-byte vectors (f16/bf16, D == Dv in {64, 128, 256}, 16-byte
+// aligned operands, no custom mask or bias): as attention_split, a warp per
+// (row, split) writes the same (m, l, o) record for attention_combine, but a
+// group of G = D / 8 lanes takes one key (each lane 8 elements: one 16-byte
+// load of K and one of V), so a warp folds 32 / G keys per step with G-lane
+// shuffles instead of one warp-wide sum per key, and the loads of U steps are
+// issued before the first is used. Each group keeps its own online softmax
+// over its keys; the groups are merged with shuffles at the end. The query
+// heads that share a kv head are adjacent warps (one block when the group is
+// 4), so they read the same K/V range at about the same time.
+template <typename T, int G>
+__device__ void attention_decode16(const T* q, const T* k, const T* v, float* part,
+                                   const AttnParams& p, k_i64 splits) {
+  constexpr int KP = 32 / G;  // keys per warp step
+  constexpr int U = 4;        // steps whose loads are in flight together
+  const int lane = threadIdx.x & 31;
+  const int slot = lane / G, c = lane % G;  // this lane's key of a step, its 8 elements
+  const k_i64 warps = static_cast<k_i64>(gridDim.x) * (blockDim.x >> 5);
+  const k_i64 group = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
+  const k_i64 per_kv = group * p.Sq;  // rows that read one kv head
+  const k_i64 items = p.B * p.Hq * p.Sq * splits;
+  for (k_i64 w = static_cast<k_i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       w < items; w += warps) {
+    // w = ((b * Hkv + hk) * splits + sp) * per_kv + (gi * Sq + i)
+    const k_i64 inner = w % per_kv, sp = (w / per_kv) % splits, bk = w / (per_kv * splits);
+    const k_i64 i = inner % p.Sq, gi = inner / p.Sq;
+    const k_i64 hk = bk % p.Hkv, b = bk / p.Hkv;
+    const k_i64 h = hk * group + gi;
+    const k_i64 r = (b * p.Hq + h) * p.Sq + i;
+    k_i64 lo, hi;
+    attn_key_range(p, i, lo, hi);
+    const k_i64 chunk = (hi - lo + splits - 1) / splits;
+    const k_i64 a = lo + sp * chunk < hi ? lo + sp * chunk : hi;
+    const k_i64 z = a + chunk < hi ? a + chunk : hi;
+    float qv[8];
+    k_ldv(q + r * p.D, c * 8, qv);
+    const T* kb = k + bk * p.Sk * p.D + c * 8;
+    const T* vb = v + bk * p.Sk * p.D + c * 8;
+    float m = -K_INF, l = 0.0f, o[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) o[t] = 0.0f;
+    for (k_i64 j0 = a; j0 < z; j0 += KP * U) {
+      k_v16 kw[U], vw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const k_i64 j = j0 + u * KP + slot;
+        kw[u] = k_v16{0u, 0u, 0u, 0u};
+        vw[u] = k_v16{0u, 0u, 0u, 0u};
+        if (j < z) {
+          kw[u] = k_ldraw(kb, j * p.D);
+          vw[u] = k_ldraw(vb, j * p.D);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const k_i64 j = j0 + u * KP + slot;
+        float kf[8];
+        k_unpack(k, kw[u], kf);
+        float dot = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) dot += qv[t] * kf[t];
+        // Every lane shuffles (the group's lanes share j, so they agree below).
+#pragma unroll
+        for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (j >= z) continue;
+        float s = dot * p.scale;
+        if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+        if (s == -K_INF) continue;
+        const float m_new = fmaxf(m, s);
+        const float corr = m == -K_INF ? 0.0f : expf(m - m_new);
+        const float e = expf(s - m_new);
+        l = l * corr + e;
+        m = m_new;
+        float vf[8];
+        k_unpack(v, vw[u], vf);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) o[t] = o[t] * corr + e * vf[t];
+      }
+    }
+    // Merge the KP groups' states (lanes c of every group hold the same elements).
+#pragma unroll
+    for (int off = G; off < 32; off <<= 1) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, m, off);
+      const float l_o = __shfl_xor_sync(0xffffffffu, l, off);
+      const float mx = fmaxf(m, m_o);
+      const float ca = m == -K_INF ? 0.0f : expf(m - mx);
+      const float cb = m_o == -K_INF ? 0.0f : expf(m_o - mx);
+      l = l * ca + l_o * cb;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) o[t] = o[t] * ca + __shfl_xor_sync(0xffffffffu, o[t], off) * cb;
+      m = mx;
+    }
+    float* rec = part + (r * splits + sp) * (2 + p.Dv);
+    if (lane == 0) {
+      rec[0] = m;
+      rec[1] = l;
+    }
+    if (slot == 0) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) rec[2 + c * 8 + t] = o[t];
+    }
+  }
+}
+
+#define KILN_ATTENTION_DECODE16(S, T, D)                                                      \
+  extern "C" __global__ void kiln_attention_decode16_##S##_d##D(                              \
+      const T* q, const T* k, const T* v, const void* extra, float* part, AttnParams p,       \
+      k_i64 splits) {                                                                         \
+    attention_decode16<T, D / 8>(q, k, v, part, p, splits);                                   \
+  }
+KILN_ATTENTION_DECODE16(f16, k_f16, 64)
+KILN_ATTENTION_DECODE16(f16, k_f16, 128)
+KILN_ATTENTION_DECODE16(f16, k_f16, 256)
+KILN_ATTENTION_DECODE16(bf16, k_bf16, 64)
+KILN_ATTENTION_DECODE16(bf16, k_bf16, 128)
+KILN_ATTENTION_DECODE16(bf16, k_bf16, 256)

@@ -118,6 +118,16 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     }
     wanted.push_back({"pad.cu", absl::StrCat("kiln_pad_e", e)});
   }
+  // The split-K decode path: the scalar pair and the 16-byte kernel per head dim.
+  for (const char* dt : floats) {
+    wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_split_", dt)});
+    wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_combine_", dt)});
+  }
+  for (const char* dt : {"f16", "bf16"}) {
+    for (const char* d : {"64", "128", "256"}) {
+      wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_decode16_", dt, "_d", d)});
+    }
+  }
   for (const char* d : {"64", "128"}) {
     wanted.push_back({"attention_tiled.cu", absl::StrCat("kiln_attention_tiled_f32_d", d)});
     for (const char* dt : {"f16", "bf16"}) {
