@@ -124,6 +124,14 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
       wanted.push_back({"flash_attention.cu", absl::StrCat("kiln_flash_attn_fwd_", dt, "_d", d)});
     }
   }
+  for (const char* wt : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {
+    for (const char* dt : floats) {
+      for (const char* path : {"matvec", "matmul"}) {
+        wanted.push_back(
+            {"dequant_matmul.cu", absl::StrCat("kiln_dequant_", path, "_", wt, "_", dt)});
+      }
+    }
+  }
   std::map<std::string, std::string> cubins;
   for (const auto& [source, entry] : wanted) {
     if (!cubins.contains(source)) {
