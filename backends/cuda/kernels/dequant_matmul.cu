@@ -118,6 +118,50 @@ __device__ __forceinline__ void dq_group(const k_u8* b, int g, float v[32]) {
   }
 }
 
+// sum_l v[l] * x[l] over 32 activations: 16-byte loads where x is so
+// aligned (x rows of a multiple of 32 elements at a 16-byte aligned base),
+// element loads otherwise.
+__device__ __forceinline__ float dq_dot32(const float* x, const float v[32]) {
+  float s = 0.0f;
+  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 a = reinterpret_cast<const float4*>(x)[i];
+      s = fmaf(v[4 * i], a.x, s);
+      s = fmaf(v[4 * i + 1], a.y, s);
+      s = fmaf(v[4 * i + 2], a.z, s);
+      s = fmaf(v[4 * i + 3], a.w, s);
+    }
+    return s;
+  }
+#pragma unroll
+  for (int l = 0; l < 32; ++l) s = fmaf(v[l], x[l], s);
+  return s;
+}
+// f16 / bf16: eight 16-bit values per 16-byte load.
+template <typename T>
+__device__ __forceinline__ float dq_dot32(const T* x, const float v[32]) {
+  float s = 0.0f;
+  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 a = reinterpret_cast<const uint4*>(x)[i];
+      const unsigned w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const T lo = {static_cast<unsigned short>(w[j] & 0xffffu)};
+        const T hi = {static_cast<unsigned short>(w[j] >> 16)};
+        s = fmaf(v[8 * i + 2 * j], k_load(&lo, 0), s);
+        s = fmaf(v[8 * i + 2 * j + 1], k_load(&hi, 0), s);
+      }
+    }
+    return s;
+  }
+#pragma unroll
+  for (int l = 0; l < 32; ++l) s = fmaf(v[l], k_load(x, l), s);
+  return s;
+}
+
 template <int WT, typename T>
 __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
                                k_i64 row_bytes) {
@@ -138,11 +182,7 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 #pragma unroll
         for (int r = 0; r < DQ_ROWS; ++r) {
           if (r >= rows) break;
-          const T* xr = x + (m0 + r) * K + 32 * g;
-          float s = 0.0f;
-#pragma unroll
-          for (int l = 0; l < 32; ++l) s = fmaf(v[l], k_load(xr, l), s);
-          acc[r] += s;
+          acc[r] += dq_dot32(x + (m0 + r) * K + 32 * g, v);
         }
       }
 #pragma unroll
