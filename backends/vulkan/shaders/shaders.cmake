@@ -52,3 +52,9 @@ foreach(dt f32 f16 bf16)
   kiln_vk_shader(dequant_matvec_${dt} dequant_matvec.comp DT_${DT})
   kiln_vk_shader(dequant_matmul_${dt} dequant_matmul.comp DT_${DT})
 endforeach()
+
+# TopK: the key type of the stored values.
+foreach(dt f32 f16 bf16 i32)
+  string(TOUPPER ${dt} DT)
+  kiln_vk_shader(topk_${dt} topk.comp KEY_${DT})
+endforeach()
