@@ -106,6 +106,7 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     wanted.push_back({"scan.cu", absl::StrCat("kiln_cumsum_", dt)});
     for (const char* it : {"i32", "i64"}) {
       wanted.push_back({"scan.cu", absl::StrCat("kiln_argmax_", dt, "_", it)});
+      wanted.push_back({"topk.cu", absl::StrCat("kiln_topk_", dt, "_", it)});
     }
   }
   wanted.push_back({"strided_copy.cu", "kiln_strided_copy_e16"});
