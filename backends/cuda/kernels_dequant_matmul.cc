@@ -18,7 +18,7 @@ using backend::Claim;
 using backend::DequantMatMulShape;
 using backend::KernelSpec;
 
-constexpr int64_t kMatVecRows = 4;  // dequant_matmul.cu's DQ_ROWS
+constexpr int64_t kMatVecRows = 8;  // dequant_matmul.cu's DQ_ROWS
 constexpr unsigned kMatVecThreads = 256;  // 8 warps, a weight row each
 constexpr int64_t kTileM = 32, kTileN = 64;
 constexpr unsigned kTileThreads = 256;

@@ -5,15 +5,16 @@
 // each 32-element quant group is decoded in registers straight from the
 // blocks (16-byte loads where the address allows, narrower where a block
 // size leaves it 4- or 2-byte aligned) and the f32 weights are never stored.
-// - kiln_dequant_matvec_<w>_<x>: [N, K] and a few rows of x (decoding): a
-//   warp per weight row, lanes over its quant groups (a warp's loads cover a
-//   contiguous stretch of the row), each group decoded once and multiplied
-//   into up to DQ_ROWS rows of x, then a warp reduction.
+// - kiln_dequant_matvec_<w>_<x>: [N, K] and up to DQ_ROWS rows of x
+//   (decoding, small batches): a warp per weight row, 8 quant groups per
+//   step with 4 lanes per group and 8 weights per lane (the warp's loads of
+//   blocks and activations contiguous), each weight decoded once in
+//   registers and multiplied into every row of x, then a warp reduction.
 // - kiln_dequant_matmul_<w>_<x>: any M and either layout: 32 x 64 tiles of
 //   y, K staged 32 at a time; the weight tile is decoded into shared memory
 //   once per block (one quant group per weight row for [N, K], BN / 32
 //   groups per K row for [K, N]) and multiplied with FMA.
-#define DQ_ROWS 4
+#define DQ_ROWS 8
 
 // Block types, as the host numbers them (kernels_dequant_matmul.cc).
 #define DQ_Q8_0 0
@@ -118,55 +119,120 @@ __device__ __forceinline__ void dq_group(const k_u8* b, int g, float v[32]) {
   }
 }
 
-// sum_l v[l] * x[l] over 32 activations: 16-byte loads where x is so
-// aligned (x rows of a multiple of 32 elements at a 16-byte aligned base),
-// element loads otherwise.
-__device__ __forceinline__ float dq_dot32(const float* x, const float v[32]) {
-  float s = 0.0f;
-  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 a = reinterpret_cast<const float4*>(x)[i];
-      s = fmaf(v[4 * i], a.x, s);
-      s = fmaf(v[4 * i + 1], a.y, s);
-      s = fmaf(v[4 * i + 2], a.z, s);
-      s = fmaf(v[4 * i + 3], a.w, s);
-    }
-    return s;
+// 8 bytes at p (at least 2-byte aligned) as two little-endian words.
+__device__ __forceinline__ uint2 dq_ld8(const k_u8* p) {
+  const k_u64 a = reinterpret_cast<k_u64>(p);
+  if ((a & 7u) == 0) return *reinterpret_cast<const uint2*>(p);
+  if ((a & 3u) == 0) {
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
+    return make_uint2(q[0], q[1]);
   }
+  const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
+  return make_uint2(s[0] | (unsigned(s[1]) << 16), s[2] | (unsigned(s[3]) << 16));
+}
+// Byte t (0..7) of the 8 bytes in u.
+__device__ __forceinline__ unsigned dq_byte8(uint2 u, int t) {
+  return ((t < 4 ? u.x : u.y) >> (8 * (t & 3))) & 0xffu;
+}
+
+// Weights e0 .. e0 + 7 (e0 in {0, 8, 16, 24}) of quant group g of the block
+// at b: the matvec kernel's share of a group per lane, so that the lanes of
+// a warp read consecutive bytes of the blocks and consecutive activations.
+template <int WT>
+__device__ __forceinline__ void dq_part8(const k_u8* b, int g, int e0, float v[8]) {
+  if (WT == DQ_Q8_0) {
+    const float d = k_f16_to_f32(dq_u16(b));
+    const uint2 q = dq_ld8(b + 2 + e0);
 #pragma unroll
-  for (int l = 0; l < 32; ++l) s = fmaf(v[l], x[l], s);
+    for (int t = 0; t < 8; ++t) v[t] = d * static_cast<float>(dq_i8(dq_byte8(q, t)));
+  } else if (WT == DQ_Q4_0) {
+    const float d = k_f16_to_f32(dq_u16(b));
+    const uint2 q = dq_ld8(b + 2 + (e0 & 15));
+    const int shift = e0 < 16 ? 0 : 4;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      v[t] = d * static_cast<float>(static_cast<int>((dq_byte8(q, t) >> shift) & 15u) - 8);
+    }
+  } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
+    const k_u8* sc = b + 4;
+    unsigned s, m;
+    if (g < 4) {
+      s = sc[g] & 63u;
+      m = sc[g + 4] & 63u;
+    } else {
+      s = (sc[g + 4] & 15u) | ((sc[g - 4] >> 6) << 4);
+      m = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
+    }
+    const float dg = k_f16_to_f32(dq_u16(b)) * static_cast<float>(s);
+    const float mg = k_f16_to_f32(dq_u16(b + 2)) * static_cast<float>(m);
+    const uint2 q = dq_ld8(b + (WT == DQ_Q4_K ? 16 : 48) + 32 * (g >> 1) + e0);
+    const int shift = 4 * (g & 1);
+    uint2 qh = make_uint2(0u, 0u);
+    if (WT == DQ_Q5_K) qh = dq_ld8(b + 16 + e0);
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      unsigned c = (dq_byte8(q, t) >> shift) & 15u;
+      if (WT == DQ_Q5_K) c |= ((dq_byte8(qh, t) >> g) & 1u) << 4;
+      v[t] = dg * static_cast<float>(c) - mg;
+    }
+  } else {  // q6_k
+    const int half = g >> 2, j = g & 3;
+    const float s = k_f16_to_f32(dq_u16(b + 208)) *
+                    static_cast<float>(static_cast<signed char>(b[192 + 2 * g + (e0 >> 4)]));
+    const uint2 ql = dq_ld8(b + 64 * half + 32 * (j & 1) + e0);
+    const uint2 qh = dq_ld8(b + 128 + 32 * half + e0);
+    const int lshift = 4 * (j >> 1), hshift = 2 * j;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int q = static_cast<int>(((dq_byte8(ql, t) >> lshift) & 15u) |
+                                     (((dq_byte8(qh, t) >> hshift) & 3u) << 4)) - 32;
+      v[t] = s * static_cast<float>(q);
+    }
+  }
+}
+
+// sum_t v[t] * x[t] over 8 activations: 16-byte loads where x is so aligned.
+__device__ __forceinline__ float dq_dot8(const float* x, const float v[8]) {
+  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
+    const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+    return fmaf(v[0], a.x, fmaf(v[1], a.y, fmaf(v[2], a.z, fmaf(v[3], a.w,
+           fmaf(v[4], b.x, fmaf(v[5], b.y, fmaf(v[6], b.z, v[7] * b.w)))))));
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) s = fmaf(v[t], x[t], s);
   return s;
 }
-// f16 / bf16: eight 16-bit values per 16-byte load.
-template <typename T>
-__device__ __forceinline__ float dq_dot32(const T* x, const float v[32]) {
+template <typename T>  // f16 / bf16: eight 16-bit values in one 16-byte load
+__device__ __forceinline__ float dq_dot8(const T* x, const float v[8]) {
   float s = 0.0f;
   if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
+    const uint4 a = reinterpret_cast<const uint4*>(x)[0];
+    const unsigned w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 a = reinterpret_cast<const uint4*>(x)[i];
-      const unsigned w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const T lo = {static_cast<unsigned short>(w[j] & 0xffffu)};
-        const T hi = {static_cast<unsigned short>(w[j] >> 16)};
-        s = fmaf(v[8 * i + 2 * j], k_load(&lo, 0), s);
-        s = fmaf(v[8 * i + 2 * j + 1], k_load(&hi, 0), s);
-      }
+    for (int j = 0; j < 4; ++j) {
+      const T lo = {static_cast<unsigned short>(w[j] & 0xffffu)};
+      const T hi = {static_cast<unsigned short>(w[j] >> 16)};
+      s = fmaf(v[2 * j], k_load(&lo, 0), s);
+      s = fmaf(v[2 * j + 1], k_load(&hi, 0), s);
     }
     return s;
   }
 #pragma unroll
-  for (int l = 0; l < 32; ++l) s = fmaf(v[l], k_load(x, l), s);
+  for (int t = 0; t < 8; ++t) s = fmaf(v[t], k_load(x, t), s);
   return s;
 }
 
+// A warp per weight row; each step the warp takes 8 consecutive quant groups
+// of the row, 4 lanes per group and 8 weights per lane, so a warp's loads of
+// blocks and of activations are contiguous. Up to DQ_ROWS rows of x share
+// each decoded weight (more rows: the weights are read again per DQ_ROWS).
 template <int WT, typename T>
 __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
                                k_i64 row_bytes) {
   constexpr int GPB = dq_traits<WT>::elems / 32, BB = dq_traits<WT>::bytes;
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int sub = lane >> 2, e0 = 8 * (lane & 3);
   const k_i64 groups = K / 32;
   for (k_i64 n = static_cast<k_i64>(blockIdx.x) * warps + (threadIdx.x >> 5); n < N;
        n += static_cast<k_i64>(gridDim.x) * warps) {
@@ -176,13 +242,14 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
       float acc[DQ_ROWS];
 #pragma unroll
       for (int r = 0; r < DQ_ROWS; ++r) acc[r] = 0.0f;
-      for (k_i64 g = lane; g < groups; g += 32) {
-        float v[32];
-        dq_group<WT>(row + (g / GPB) * BB, static_cast<int>(g % GPB), v);
+#pragma unroll 2
+      for (k_i64 g = sub; g < groups; g += 8) {
+        float v[8];
+        dq_part8<WT>(row + (g / GPB) * BB, static_cast<int>(g % GPB), e0, v);
+        const T* xg = x + m0 * K + 32 * g + e0;
 #pragma unroll
         for (int r = 0; r < DQ_ROWS; ++r) {
-          if (r >= rows) break;
-          acc[r] += dq_dot32(x + (m0 + r) * K + 32 * g, v);
+          if (r < rows) acc[r] += dq_dot8(xg + r * K, v);
         }
       }
 #pragma unroll
