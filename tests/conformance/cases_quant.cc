@@ -145,6 +145,10 @@ std::vector<Case> DequantMatMulCases() {
       cases.push_back(DequantMatMulCase(v1::DTYPE_F32, wt, {3}, 1, k, true));
       cases.push_back(DequantMatMulCase(v1::DTYPE_F32, wt, {2, 20}, 9, k, true));
     }
+    // The GPU kernels' edges: M = 3 (a partly filled group of the matvec
+    // kernels' 4 rows) and M = 8 (the tiled kernels) with odd N.
+    cases.push_back(DequantMatMulCase(v1::DTYPE_F32, wt, {3}, 33, ks[1], true));
+    cases.push_back(DequantMatMulCase(v1::DTYPE_F32, wt, {8}, 65, ks[0], true));
     // [K, N]: blocks along N; K is any length. N past one 256-column chunk.
     const int64_t n_wide = be == 32 ? 288 : 512;
     for (int64_t k : {int64_t{5}, int64_t{64}, int64_t{1100}}) {

@@ -44,3 +44,17 @@ foreach(dt f32 f16 bf16)
   string(TOUPPER ${dt} DT)
   kiln_vk_shader(matvec_${dt} matvec.comp DT_${DT})
 endforeach()
+
+# DequantMatMul (block-quantized weights; the block type is a specialization
+# constant): per activation dtype, the matvec and the tiled kernel.
+foreach(dt f32 f16 bf16)
+  string(TOUPPER ${dt} DT)
+  kiln_vk_shader(dequant_matvec_${dt} dequant_matvec.comp DT_${DT})
+  kiln_vk_shader(dequant_matmul_${dt} dequant_matmul.comp DT_${DT})
+endforeach()
+
+# TopK: the key type of the stored values.
+foreach(dt f32 f16 bf16 i32)
+  string(TOUPPER ${dt} DT)
+  kiln_vk_shader(topk_${dt} topk.comp KEY_${DT})
+endforeach()

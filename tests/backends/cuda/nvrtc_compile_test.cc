@@ -106,6 +106,7 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     wanted.push_back({"scan.cu", absl::StrCat("kiln_cumsum_", dt)});
     for (const char* it : {"i32", "i64"}) {
       wanted.push_back({"scan.cu", absl::StrCat("kiln_argmax_", dt, "_", it)});
+      wanted.push_back({"topk.cu", absl::StrCat("kiln_topk_", dt, "_", it)});
     }
   }
   wanted.push_back({"strided_copy.cu", "kiln_strided_copy_e16"});
@@ -132,6 +133,14 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     wanted.push_back({"attention_tiled.cu", absl::StrCat("kiln_attention_tiled_f32_d", d)});
     for (const char* dt : {"f16", "bf16"}) {
       wanted.push_back({"flash_attention.cu", absl::StrCat("kiln_flash_attn_fwd_", dt, "_d", d)});
+    }
+  }
+  for (const char* wt : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {
+    for (const char* dt : floats) {
+      for (const char* path : {"matvec", "matmul"}) {
+        wanted.push_back(
+            {"dequant_matmul.cu", absl::StrCat("kiln_dequant_", path, "_", wt, "_", dt)});
+      }
     }
   }
   std::map<std::string, std::string> cubins;

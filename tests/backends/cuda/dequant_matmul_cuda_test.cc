@@ -1,0 +1,231 @@
+// DequantMatMul on cuda:0 (kernels/dequant_matmul.cu) against an f64
+// dequantize-then-matmul reference: every block type on the matvec path
+// (decode shapes, a weight as large as an LLM's layer) and the tiled path
+// (batches, [K, N] weights), weights at offsets that leave the blocks only
+// 2- or 4-byte aligned (the kernel's narrower loads), bf16 activations, and a
+// weight at an odd address refused with a clear status. Skips where no CUDA
+// device is present (the conformance family covers the small shapes too).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/backend.h"
+#include "backends/common/quant_blocks.h"
+#include "base/half.h"
+
+namespace kiln::cuda {
+namespace {
+
+using backend::BufferView;
+using backend::KernelSpec;
+
+constexpr DType kBlockTypes[] = {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0, v1::DTYPE_Q4_K, v1::DTYPE_Q5_K,
+                                 v1::DTYPE_Q6_K};
+
+void PutHalf(uint8_t* p, double v) {
+  const uint16_t h = FloatToHalf(static_cast<float>(v));
+  p[0] = static_cast<uint8_t>(h & 0xff);
+  p[1] = static_cast<uint8_t>(h >> 8);
+}
+
+// Random blocks decoding to about [-1, 1]: random bytes, then super-scales
+// sized for each type's integer range.
+std::vector<uint8_t> RandomBlocks(std::mt19937_64& rng, DType wt, int64_t elements) {
+  const DTypeLayout l = LayoutOf(wt);
+  const int64_t blocks = elements / l.block_elems;
+  std::vector<uint8_t> w(blocks * l.block_bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<double> u(0.5, 1.0);
+  for (int64_t i = 0; i < blocks; ++i) {
+    uint8_t* b = w.data() + i * l.block_bytes;
+    const double sign = (rng() & 3) == 0 ? -1 : 1;
+    switch (wt) {
+      case v1::DTYPE_Q8_0: PutHalf(b, sign * u(rng) / 128); break;
+      case v1::DTYPE_Q4_0: PutHalf(b, sign * u(rng) / 8); break;
+      case v1::DTYPE_Q4_K: PutHalf(b, u(rng) / (63 * 15)), PutHalf(b + 2, u(rng) / 126); break;
+      case v1::DTYPE_Q5_K: PutHalf(b, u(rng) / (63 * 31)), PutHalf(b + 2, u(rng) / 126); break;
+      default: PutHalf(b + 208, sign * u(rng) / (128 * 32)); break;
+    }
+  }
+  return w;
+}
+
+struct Problem {
+  DType wt = v1::DTYPE_Q8_0;
+  DType act = v1::DTYPE_F32;
+  int64_t m = 1, n = 1, k = 32;
+  bool transpose_b = true;
+  int64_t weight_offset = 0;  // bytes into the weight's buffer
+};
+
+std::string Name(const Problem& p) {
+  return absl::StrCat(DTypeName(p.wt), "_", DTypeName(p.act), "_m", p.m, "_n", p.n, "_k", p.k,
+                      p.transpose_b ? "_NK" : "_KN", "_at", p.weight_offset);
+}
+
+KernelSpec SpecOf(const Problem& p) {
+  KernelSpec s;
+  s.name = s.label = Name(p);
+  s.op = v1::OP_DEQUANT_MATMUL;
+  s.attrs.mutable_dequant_matmul()->set_transpose_b(p.transpose_b);
+  s.inputs = {{p.act, {p.m, p.k}},
+              {p.wt, p.transpose_b ? Dims{p.n, p.k} : Dims{p.k, p.n}}};
+  s.outputs = {{p.act, {p.m, p.n}}};
+  return s;
+}
+
+std::unique_ptr<backend::Backend> MakeBackend() {
+  for (const auto& reg : backend::RegisteredBackends()) {
+    if (reg.name != "cuda") continue;
+    auto b = reg.factory({});
+    if (b.ok() && !(*b)->devices().empty()) return std::move(b).value();
+  }
+  return nullptr;
+}
+
+class CudaDequantMatMulTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = MakeBackend();
+    if (backend_ == nullptr) GTEST_SKIP() << "no CUDA device";
+    dev_ = backend_->devices()[0];
+    auto s = dev_->CreateStream();
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream_ = std::move(s).value();
+  }
+
+  std::unique_ptr<backend::Buffer> Upload(const void* data, int64_t bytes, int64_t offset) {
+    auto b = dev_->Allocate(offset + bytes);
+    EXPECT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(dev_->CopyToDevice(*stream_, data, {b->get(), offset, bytes}).ok());
+    return std::move(b).value();
+  }
+
+  // Runs p on the device and compares with the f64 reference: each output
+  // within 1e-5 (f32) or 2^-8 (f16/bf16 storage) of sum_k |x w|, the scale
+  // of its rounding error.
+  void Check(const Problem& p) {
+    SCOPED_TRACE(Name(p));
+    std::mt19937_64 rng(std::hash<std::string>()(Name(p)));
+    const std::vector<uint8_t> w = RandomBlocks(rng, p.wt, p.n * p.k);
+    std::vector<double> wd(p.n * p.k);
+    quant::DequantizeBlocks(p.wt, w.data(), p.n * p.k / LayoutOf(p.wt).block_elems, wd.data());
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> x(p.m * p.k);
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = u(rng);
+      if (p.act == v1::DTYPE_BF16) x16[i] = FloatToBf16(x[i]), x[i] = Bf16ToFloat(x16[i]);
+    }
+    const KernelSpec spec = SpecOf(p);
+    ASSERT_TRUE(dev_->Supports(spec).native) << dev_->Supports(spec).reason;
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(spec, ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    const int64_t esize = p.act == v1::DTYPE_F32 ? 4 : 2;
+    auto xb = Upload(p.act == v1::DTYPE_F32 ? static_cast<const void*>(x.data()) : x16.data(),
+                     p.m * p.k * esize, 0);
+    auto wb = Upload(w.data(), static_cast<int64_t>(w.size()), p.weight_offset);
+    auto yb = dev_->Allocate(p.m * p.n * esize);
+    ASSERT_TRUE(yb.ok());
+    const BufferView in[] = {{xb.get(), 0, p.m * p.k * esize},
+                             {wb.get(), p.weight_offset, static_cast<int64_t>(w.size())}};
+    const BufferView out[] = {{yb->get(), 0, p.m * p.n * esize}};
+    ASSERT_TRUE((*kernel)->Launch(*stream_, in, out).ok());
+    std::vector<char> y(p.m * p.n * esize);
+    ASSERT_TRUE(dev_->CopyToHost(*stream_, out[0], y.data()).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    const double rel = p.act == v1::DTYPE_F32 ? 1e-5 : 1.0 / 256;
+    int bad = 0;
+    for (int64_t r = 0; r < p.m; ++r) {
+      for (int64_t c = 0; c < p.n; ++c) {
+        double ref = 0, scale = 0;
+        for (int64_t j = 0; j < p.k; ++j) {
+          const double wv = p.transpose_b ? wd[c * p.k + j] : wd[j * p.n + c];
+          ref += double{x[r * p.k + j]} * wv;
+          scale += std::fabs(double{x[r * p.k + j]} * wv);
+        }
+        float got;
+        if (p.act == v1::DTYPE_F32) {
+          std::memcpy(&got, y.data() + 4 * (r * p.n + c), 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, y.data() + 2 * (r * p.n + c), 2);
+          got = Bf16ToFloat(h);
+        }
+        if (!(std::fabs(got - ref) <= rel * scale + 1e-30) && ++bad <= 5) {
+          ADD_FAILURE() << "y[" << r << ", " << c << "] = " << got << ", want " << ref
+                        << " (sum |x w| " << scale << ")";
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    std::printf("%s: %s\n", Name(p).c_str(), (*kernel)->implementation().c_str());
+  }
+
+  std::unique_ptr<backend::Backend> backend_;
+  backend::Device* dev_ = nullptr;
+  std::unique_ptr<backend::Stream> stream_;
+};
+
+TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
+  for (DType wt : kBlockTypes) {
+    Check({wt, v1::DTYPE_F32, 1, 1031, 1024, true, 0});
+    Check({wt, v1::DTYPE_F32, 3, 257, 512, true, 0});
+  }
+  // An LLM layer's shape (4096 x 4096), decode.
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
+  Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
+}
+
+TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
+  for (DType wt : kBlockTypes) {
+    for (int64_t offset : {2, 4, 6}) {
+      Check({wt, v1::DTYPE_F32, 1, 65, 768, true, offset});
+      Check({wt, v1::DTYPE_F32, 9, 65, 768, true, offset});
+    }
+  }
+}
+
+TEST_F(CudaDequantMatMulTest, TiledEveryBlockTypeAndLayout) {
+  for (DType wt : kBlockTypes) {
+    const int64_t be = LayoutOf(wt).block_elems;
+    Check({wt, v1::DTYPE_F32, 8, 300, 1024, true, 0});
+    Check({wt, v1::DTYPE_F32, 17, 129, 512, true, 0});
+    Check({wt, v1::DTYPE_F32, 70, 64, 256, true, 0});
+    Check({wt, v1::DTYPE_F32, 1, 2 * be, 77, false, 0});
+    Check({wt, v1::DTYPE_F32, 5, 3 * be, 300, false, 0});
+  }
+}
+
+TEST_F(CudaDequantMatMulTest, Bf16Activations) {
+  for (DType wt : kBlockTypes) {
+    Check({wt, v1::DTYPE_BF16, 1, 100, 512, true, 0});
+    Check({wt, v1::DTYPE_BF16, 8, 100, 512, true, 0});
+  }
+}
+
+TEST_F(CudaDequantMatMulTest, OddWeightAddressIsRefused) {
+  const Problem p{v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4, 32, true, 1};
+  backend::PrepareContext ctx;
+  auto kernel = dev_->PrepareKernel(SpecOf(p), ctx);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  auto x = dev_->Allocate(128), w = dev_->Allocate(4 * 34 + 1), y = dev_->Allocate(16);
+  ASSERT_TRUE(x.ok() && w.ok() && y.ok());
+  const BufferView in[] = {{x->get(), 0, 128}, {w->get(), 1, 4 * 34}};
+  const BufferView out[] = {{y->get(), 0, 16}};
+  const absl::Status s = (*kernel)->Launch(*stream_, in, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("2-byte aligned"), std::string::npos) << s;
+  EXPECT_TRUE(stream_->Synchronize().ok());
+}
+
+}  // namespace
+}  // namespace kiln::cuda
