@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +25,7 @@
 #include "spdlog/spdlog.h"
 #ifdef KILN_SERVER_HAVE_ONNX
 #include "engine/io/onnx/onnx_import.h"
+#include "engine/io/onnx/onnx_specialize.h"
 #endif
 
 namespace kiln::server {
@@ -32,6 +34,11 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kGraphFiles[] = {"model.kiln", "model.pb", "model.onnx"};
+// A value-specialised model keeps this many imports (the most recent values),
+// as `kilnctl run model.onnx` does.
+[[maybe_unused]] constexpr int kMaxSpecializations = 16;
+// A value input holds at most 16 elements of at most 8 bytes.
+[[maybe_unused]] constexpr int64_t kMaxValueBytes = 16 * 8;
 
 std::optional<int64_t> ParseVersion(const std::string& s) {
   if (s.empty() || s.size() > 18 || s[0] == '0') return std::nullopt;
@@ -332,16 +339,51 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
     io::OnnxImportOptions options;
     options.all_initializers_as_params = true;
     options.max_model_bytes = max_bytes;
+    // A Loop whose trip count is known at import runs at most as many
+    // iterations as kilnd's While does.
+    if (limits_.max_while_iterations() > 0) options.max_loop_iterations = limits_.max_while_iterations();
     absl::StatusOr<io::OnnxModel> onnx = io::ImportOnnxModel(bytes, options);
-    if (!onnx.ok()) return StatusBuilder(onnx.status()) << "in model.onnx";
-    model->graph = std::move(onnx->graph);
-    onnx_params = std::move(onnx->params);
-    KILN_RETURN_IF_ERROR(CheckGraph(model->graph, limits_)) << "in model.onnx";
+    if (!onnx.ok() && absl::IsUnimplemented(onnx.status())) {
+      // Maybe its shapes depend on an input's value (a Loop's trip count as an
+      // input): then it is imported per value on the runs (SpecializeFor).
+      absl::StatusOr<io::OnnxInterface> iface = io::ReadOnnxInterface(bytes, options.limits);
+      if (!iface.ok()) return StatusBuilder(iface.status()) << "in model.onnx";
+      io::OnnxSpecializer::Options so;
+      so.import = options;
+      so.max_specializations = kMaxSpecializations;
+      absl::StatusOr<std::unique_ptr<io::OnnxSpecializer>> spec = io::OnnxSpecializer::Create(bytes, so);
+      if (spec.ok() && !(*spec)->generic()) {
+        model->specializer = *std::move(spec);
+        auto type_of = [](const HostTensor& t) {
+          v1::TensorType type;
+          type.set_dtype(t.dtype());
+          for (int64_t d : t.dims()) type.add_dims()->set_size(d);
+          return type;
+        };
+        for (auto& [name, type] : iface->inputs) model->signature.inputs.push_back({name, std::move(type)});
+        for (auto& [name, type] : iface->outputs) model->signature.outputs.push_back({name, std::move(type)});
+        for (auto& [name, t] : iface->initializers) {
+          model->signature.params.push_back({name, type_of(t)});
+          onnx_params.emplace_back(name, std::move(t));
+        }
+        spdlog::info("model {} version {}: model.onnx is value-specialised on {} (imported per distinct value "
+                     "on the runs, the {} most recent kept)",
+                     name, version, absl::StrJoin(model->specializer->value_inputs(), ", "), kMaxSpecializations);
+      }
+    }
+    if (model->specializer == nullptr) {
+      if (!onnx.ok()) return StatusBuilder(onnx.status()) << "in model.onnx";
+      model->graph = std::move(onnx->graph);
+      onnx_params = std::move(onnx->params);
+      KILN_RETURN_IF_ERROR(CheckGraph(model->graph, limits_)) << "in model.onnx";
+    }
 #else
     return absl::UnimplementedError("this kilnd was built without the ONNX importer (libonnx-dev)");
 #endif
   }
-  KILN_ASSIGN_OR_RETURN(model->signature, engine_.Inspect(model->graph));
+  if (model->specializer == nullptr) {
+    KILN_ASSIGN_OR_RETURN(model->signature, engine_.Inspect(model->graph));
+  }
 
   // The weights, by tensor name; every param needs one.
   for (const std::string& file : safetensors) {
@@ -413,7 +455,7 @@ absl::StatusOr<std::shared_ptr<ModelVersion>> ModelRepository::LoadFromDisk(cons
   }
   // A graph whose inputs are all concrete compiles now, so its errors surface
   // at load and the first session finds the executable cached.
-  bool symbolic = false;
+  bool symbolic = model->specializer != nullptr;  // compiled per value on the runs
   for (const auto& in : model->signature.inputs) {
     for (const v1::Dim& dim : in.type.dims()) symbolic = symbolic || !dim.has_size();
   }
@@ -540,9 +582,99 @@ std::vector<v1::ModelVersionInfo> ModelRepository::List(const std::string& name)
   return out;
 }
 
+std::vector<ModelRepository::SpecializedInfo> ModelRepository::Specialized() const {
+  std::vector<std::shared_ptr<const ModelVersion>> loaded;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [n, versions] : models_) {
+      for (const auto& [v, e] : versions) {
+        if (e.loaded && e.loaded->specializer) loaded.push_back(e.loaded);
+      }
+    }
+  }
+  std::vector<SpecializedInfo> out;
+  for (const auto& m : loaded) {
+    SpecializedInfo info{m->name, m->version, {}, SpecializationsHeld(*m), SpecializationImports(*m)};
+#ifdef KILN_SERVER_HAVE_ONNX
+    info.value_inputs = m->specializer->value_inputs();
+#endif
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 std::map<std::pair<std::string, std::string>, int64_t> ModelRepository::LoadCounts() const {
   absl::MutexLock lock(&mu_);
   return load_counts_;
 }
+
+std::vector<TensorRef> WithoutFixed(const std::vector<TensorRef>& inputs, const std::vector<std::string>& fixed) {
+  std::vector<TensorRef> out;
+  for (const TensorRef& t : inputs) {
+    if (std::find(fixed.begin(), fixed.end(), t.name) == fixed.end()) out.push_back(t);
+  }
+  return out;
+}
+
+#ifdef KILN_SERVER_HAVE_ONNX
+std::string ValueKey(const ModelVersion& model, const std::vector<TensorRef>& inputs) {
+  std::string key;
+  for (const std::string& name : model.specializer->value_inputs()) {
+    for (const TensorRef& t : inputs) {
+      if (t.name != name) continue;
+      const int64_t n = std::min(t.bytes, kMaxValueBytes);
+      absl::StrAppend(&key, name, ":", t.dtype, DimsToString(t.dims), "=",
+                      absl::BytesToHexString(absl::string_view(static_cast<const char*>(t.data), static_cast<size_t>(n))), ";");
+    }
+  }
+  return key;
+}
+
+absl::StatusOr<Specialization> SpecializeFor(const ModelVersion& model, const std::vector<TensorRef>& inputs) {
+  io::OnnxSpecializer& s = *model.specializer;
+  const std::vector<std::string> names = s.value_inputs();
+  std::vector<HostTensor> held;
+  std::vector<std::string> held_names;
+  for (const TensorRef& t : inputs) {
+    if (std::find(names.begin(), names.end(), t.name) == names.end()) continue;
+    if (t.bytes > kMaxValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input \"", t.name, "\" must be a small integer or bool tensor (the model's shapes depend on its value), got ",
+          DTypeName(t.dtype), DimsToString(t.dims)));
+    }
+    KILN_ASSIGN_OR_RETURN(HostTensor h, HostTensor::FromBytes(t.dtype, t.dims,
+                                                              std::string_view(static_cast<const char*>(t.data),
+                                                                               static_cast<size_t>(t.bytes))));
+    held.push_back(std::move(h));
+    held_names.push_back(t.name);
+  }
+  std::vector<std::pair<std::string, const HostTensor*>> values;
+  for (size_t i = 0; i < held.size(); ++i) values.emplace_back(held_names[i], &held[i]);
+  absl::StatusOr<std::shared_ptr<const io::OnnxModel>> m = s.For(values);
+  if (!m.ok()) {
+    return absl::Status(m.status().code(), absl::StrCat("model ", model.name, " version ", model.version,
+                                                        " (value-specialised): ", m.status().message()));
+  }
+  Specialization out;
+  out.graph = std::shared_ptr<const v1::Graph>(*m, &(*m)->graph);
+  out.fixed = s.value_inputs();
+  out.value_key = ValueKey(model, inputs);
+  return out;
+}
+
+int64_t SpecializationsHeld(const ModelVersion& model) {
+  return model.specializer ? model.specializer->cached() : 0;
+}
+int64_t SpecializationImports(const ModelVersion& model) {
+  return model.specializer ? model.specializer->imports() : 0;
+}
+#else
+std::string ValueKey(const ModelVersion&, const std::vector<TensorRef>&) { return ""; }
+absl::StatusOr<Specialization> SpecializeFor(const ModelVersion&, const std::vector<TensorRef>&) {
+  return absl::UnimplementedError("this kilnd was built without the ONNX importer (libonnx-dev)");
+}
+int64_t SpecializationsHeld(const ModelVersion&) { return 0; }
+int64_t SpecializationImports(const ModelVersion&) { return 0; }
+#endif
 
 }  // namespace kiln::server

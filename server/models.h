@@ -25,6 +25,15 @@
 // once it is ready the older versions that were loaded automatically unload
 // (a version loaded by LoadModel stays until UnloadModel).
 //
+// Value-specialised models: a model.onnx whose shapes depend on an input's
+// value (a Loop's trip count given as an input: io::OnnxSpecializer) cannot be
+// imported once at load. Its version keeps the specializer instead (ModelVersion::
+// specializer; its graph is then empty and its signature the ONNX model's
+// declared inputs, outputs and initializers), and a session opened on it
+// imports and compiles once per distinct value on its runs (SpecializeFor),
+// bounded like `kilnctl run model.onnx` (the 16 most recent values, the
+// import's limits). Its initializers are one ParamSet shared like any model's.
+//
 // Thread safety: thread-safe. Loads run on the caller's thread (kilnd's work
 // pool) or the poll thread; one load per version at a time, other callers of
 // that version wait for it.
@@ -46,6 +55,10 @@
 #include "kiln/v1/config.pb.h"
 #include "kiln/v1/service.pb.h"
 
+namespace kiln::io {
+class OnnxSpecializer;
+}
+
 namespace kiln::server {
 
 // One loaded model version. Immutable; shared by the repository and every
@@ -60,7 +73,31 @@ struct ModelVersion {
   std::string graph_file;
   std::vector<std::string> weight_files;
   mutable std::atomic<int64_t> sessions{0};
+  // Set for a value-specialised model.onnx (see above); null otherwise.
+  std::shared_ptr<io::OnnxSpecializer> specializer;
 };
+
+// A value-specialised model's graph for one run: imported for the values of
+// `inputs` (the model's inputs by name, as a session's run has them) or found
+// among the ones imported before. `fixed` names the inputs whose values the
+// graph holds (the run binds only the others); `value_key` identifies those
+// values. Errors are the specializer's: INVALID_ARGUMENT for a value input
+// missing or of the wrong dtype or shape, RESOURCE_EXHAUSTED naming the Loop
+// for a trip count over the limit, the import's error otherwise.
+struct Specialization {
+  std::shared_ptr<const v1::Graph> graph;
+  std::vector<std::string> fixed;
+  std::string value_key;
+};
+absl::StatusOr<Specialization> SpecializeFor(const ModelVersion& model, const std::vector<TensorRef>& inputs);
+// The value key of `inputs` under the value inputs known now (no import): what
+// a session looks its executables up by.
+std::string ValueKey(const ModelVersion& model, const std::vector<TensorRef>& inputs);
+// `inputs` without those named in `fixed`.
+std::vector<TensorRef> WithoutFixed(const std::vector<TensorRef>& inputs, const std::vector<std::string>& fixed);
+// Specialisations a value-specialised model holds now, and imports done.
+int64_t SpecializationsHeld(const ModelVersion& model);
+int64_t SpecializationImports(const ModelVersion& model);
 
 // Held by a session opened on a model: counts it in ListModels and keeps the
 // version (and so its weights) alive until the session closes.
@@ -73,6 +110,7 @@ class ModelLease {
   ModelLease(const ModelLease&) = delete;
   ModelLease& operator=(const ModelLease&) = delete;
   const ModelVersion& model() const { return *model_; }
+  const std::shared_ptr<const ModelVersion>& shared() const { return model_; }
 
  private:
   std::shared_ptr<const ModelVersion> model_;
@@ -106,6 +144,17 @@ class ModelRepository {
 
   // One scan of the root (what the poll thread does each period).
   void Rescan();
+
+  // The loaded value-specialised versions: their value inputs, the
+  // specialisations held now and the imports done, for /metrics.
+  struct SpecializedInfo {
+    std::string name;
+    int64_t version = 0;
+    std::vector<std::string> value_inputs;
+    int64_t held = 0;
+    int64_t imports = 0;
+  };
+  std::vector<SpecializedInfo> Specialized() const;
 
   // Loads by outcome ("ok", "failed") and model, for /metrics.
   std::map<std::pair<std::string, std::string>, int64_t> LoadCounts() const;

@@ -64,6 +64,11 @@ absl::Status CheckInputsAgainst(const GraphSignature& signature,
 // (rpc_params.cc)
 absl::Status BindParams(Engine& engine, Session& session, std::span<const TensorRef> updates);
 
+// The key a session remembers the executable for these inputs by: their
+// shapes when the session is symbolic, plus the value inputs' values on a
+// value-specialised model (ModelVersion::specializer). (rpc_run.cc)
+std::string SessionRunKey(const Session& session, const std::vector<TensorRef>& inputs);
+
 // The session's executable for these inputs' shapes: remembered, or
 // compiled (its arena charged to the tenant's device memory). `reused` is
 // set to whether it was remembered. `training`: the training step of a

@@ -51,6 +51,12 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* ctx,
     const ServiceDeps& d = deps();
     std::shared_ptr<const ModelVersion> model;
     KILN_ASSIGN_OR_RETURN(v1::Graph graph, GraphOf(d, request.graph(), &model));
+    if (model && model->specializer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model ", model->name, " version ", model->version,
+          " is value-specialised (its shapes depend on input values): it compiles per value on a "
+          "session's runs; open a session on it and Run"));
+    }
     if (request.options().has_batching()) {
       return absl::InvalidArgumentError(
           "options.batching is a session's: set it in CreateSession's options, not Compile's");
@@ -112,6 +118,14 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     CompileOptions options = ToEngineOptions(request.options());
     KILN_RETURN_IF_ERROR(CheckDevice(*d.engine, options.device));
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, model ? model->signature : d.engine->Inspect(graph));
+    if (model && model->specializer &&
+        (request.state_size() > 0 || options.transforms.has_training() ||
+         options.transforms.autodiff().mode() != v1::AUTODIFF_NONE)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", model->name, " version ", model->version,
+          " is value-specialised (its graph is imported per input value on the runs): a session on it "
+          "runs it forward only (no state bindings, training or autodiff)"));
+    }
     KILN_RETURN_IF_ERROR(ApplyStateBindings(request.state(), sig, options));
     if (options.transforms.has_vmap()) {
       // A session checks its runs against the graph's own signature.
@@ -141,7 +155,10 @@ grpc::ServerUnaryReactor* KilnService::CreateSession(grpc::CallbackServerContext
     auto session = std::make_shared<Session>(SessionStore::NewId(), *call.tenant, std::move(graph),
                                              sig, options);
     if (model) session->AttachModel(std::make_unique<ModelLease>(model));
-    session->SetBatching(batching, InputsBatchReason(sig));
+    session->SetBatching(batching, model && model->specializer
+                                       ? "its model is value-specialised (each run's graph depends on its "
+                                         "input values)"
+                                       : InputsBatchReason(sig));
     absl::Status bound = [&]() -> absl::Status {
       if (!params.empty()) {
         int64_t bytes = 0;

@@ -64,8 +64,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     // anything to resolve or compile goes to the work pool's compile account
     // first, never to a run slot.
     if (session_) {
-      const std::string key = session_->symbolic() ? ShapeKey(inputs_) : "";
-      if (std::optional<Session::Compiled> c = session_->FindExecutable(key)) {
+      if (std::optional<Session::Compiled> c = session_->FindExecutable(SessionRunKey(*session_, inputs_))) {
+        if (session_->value_specialized()) inputs_ = WithoutFixed(inputs_, c->fixed);
         exe_ = c->executable;
         compile_ = std::move(c->report);
         MarkReused();
@@ -306,6 +306,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       bool reused = false;
       KILN_ASSIGN_OR_RETURN(Session::Compiled c,
                             SessionExecutable(service_, *session_, inputs_, &reused));
+      if (session_->value_specialized()) inputs_ = WithoutFixed(inputs_, c.fixed);
       exe_ = c.executable;
       compile_ = std::move(c.report);
       if (reused) MarkReused();
@@ -543,30 +544,57 @@ class RunReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+std::string SessionRunKey(const Session& session, const std::vector<TensorRef>& inputs) {
+  if (session.value_specialized()) {
+    const std::shared_ptr<const ModelVersion> m = session.specialized();
+    return m ? absl::StrCat("values|", ValueKey(*m, inputs), "|", ShapeKey(inputs)) : "closed";
+  }
+  return session.symbolic() ? ShapeKey(inputs) : "";
+}
+
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
                                                     bool* reused, bool training) {
   const ServiceDeps& d = service.deps();
-  const std::string key =
-      absl::StrCat(training ? "train|" : "", session.symbolic() ? ShapeKey(inputs) : "");
+  std::string key = absl::StrCat(training ? "train|" : "", SessionRunKey(session, inputs));
   if (std::optional<Session::Compiled> c = session.FindExecutable(key)) {
     if (reused) *reused = true;
     return *c;
   }
   if (reused) *reused = false;
+  // A value-specialised model's graph for these values (imported now, or
+  // found among the model's recent imports).
+  std::optional<Specialization> spec;
+  if (session.value_specialized()) {
+    const std::shared_ptr<const ModelVersion> m = session.specialized();
+    if (m == nullptr) return absl::NotFoundError("the session was closed");
+    KILN_ASSIGN_OR_RETURN(spec, SpecializeFor(*m, inputs));
+    key = absl::StrCat(training ? "train|" : "", SessionRunKey(session, inputs));  // the value inputs may narrow
+    // Its params must be the model's (by name, dtype and shape).
+    KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(*spec->graph));
+    for (const GraphSignature::Entry& p : sig.params) {
+      Dims dims;
+      for (const v1::Dim& dim : p.type.dims()) dims.push_back(dim.has_size() ? dim.size() : -1);
+      KILN_RETURN_IF_ERROR(CheckParamAgainst(session.signature(), p.name, p.type.dtype(), dims))
+          << "model " << m->name << " version " << m->version << " imported for these values";
+    }
+  }
   std::vector<std::pair<std::string, Dims>> shapes;
   if (session.symbolic()) {
-    for (const TensorRef& t : inputs) shapes.emplace_back(t.name, t.dims);
+    for (const TensorRef& t : spec ? WithoutFixed(inputs, spec->fixed) : inputs) {
+      shapes.emplace_back(t.name, t.dims);
+    }
   }
   const absl::Time t0 = absl::Now();
   KILN_ASSIGN_OR_RETURN(CompileResult r,
-                        d.engine->Compile(session.graph(),
+                        d.engine->Compile(spec ? *spec->graph : session.graph(),
                                           training ? session.training_options() : session.options(),
                                           shapes));
   d.metrics->ObserveCompile(session.owner().name(), r.executable->lir().placement().chosen(),
                             r.report.executable_cache(), absl::Now() - t0);
   ScopeCacheReport(*d.tenants, session.owner(), r.report);
-  Session::Compiled c{std::move(r.executable), std::move(r.report), 0};
+  Session::Compiled c{std::move(r.executable), std::move(r.report), 0, {}};
+  if (spec) c.fixed = spec->fixed;
   c.arena_bytes = ArenaBytes(c.report);
   KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(0, c.arena_bytes));
   if (const int64_t release = session.AddExecutable(key, c); release > 0) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/custom_ops.h"
 #include "server/config.h"
 #include "server/tls.h"
@@ -47,6 +48,21 @@ void ScrapeModels(const ModelRepository& models, std::vector<prometheus::MetricF
                                 MetricType::Gauge, sessions));
   out.push_back(Metrics::Family("kiln_model_loads_total", "Model version loads, by outcome",
                                 MetricType::Counter, loads));
+  Samples held, imports;
+  for (const ModelRepository::SpecializedInfo& m : models.Specialized()) {
+    const Metrics::Labels labels{{"model", m.name},
+                                 {"version", std::to_string(m.version)},
+                                 {"value_inputs", absl::StrJoin(m.value_inputs, ",")}};
+    held.push_back({labels, static_cast<double>(m.held)});
+    imports.push_back({labels, static_cast<double>(m.imports)});
+  }
+  out.push_back(Metrics::Family("kiln_model_value_specializations",
+                                "Imports a value-specialised model version holds now (one per distinct value of "
+                                "its value inputs, the most recent kept)",
+                                MetricType::Gauge, held));
+  out.push_back(Metrics::Family("kiln_model_value_imports_total",
+                                "Imports of a value-specialised model version (per new value, and at load)",
+                                MetricType::Counter, imports));
 }
 
 std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantRegistry& tenants,

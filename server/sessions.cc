@@ -124,7 +124,14 @@ void Session::AttachModel(std::unique_ptr<ModelLease> lease) {
   params_ = lease->model().params;
   param_bytes_.clear();
   params_shared_ = true;
+  value_specialized_ = lease->model().specializer != nullptr;
   model_ = std::move(lease);
+}
+
+std::shared_ptr<const ModelVersion> Session::specialized() const {
+  if (!value_specialized_) return nullptr;
+  absl::MutexLock lock(&state_mu_);
+  return model_ ? model_->shared() : nullptr;
 }
 
 bool Session::params_shared() const {

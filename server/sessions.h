@@ -49,13 +49,23 @@ class Session {
   // True when runs update params in place (CreateSessionRequest.state:
   // options().state_updates); such runs are serialized on the session.
   bool stateful() const { return !options_.state_updates.empty(); }
-  // True when some input has a symbolic dim: executables are per shape.
-  bool symbolic() const { return symbolic_; }
+  // True when some input has a symbolic dim, or the session is on a
+  // value-specialised model: executables are per shape (and value).
+  bool symbolic() const { return symbolic_ || value_specialized_; }
+  // Whether the session is on a value-specialised model
+  // (ModelVersion::specializer): each run's graph is SpecializeFor its inputs.
+  bool value_specialized() const { return value_specialized_; }
+  // That model while the session is open (null once closed, or when the
+  // session is not value-specialised).
+  std::shared_ptr<const ModelVersion> specialized() const;
 
   struct Compiled {
     std::shared_ptr<Executable> executable;
     v1::CompileReport report;  // as compiled (or loaded) the first time
     int64_t arena_bytes = 0;   // charged to the tenant's device memory
+    // A value-specialised model's: the inputs whose values the executable
+    // holds (the run binds only the others). Empty otherwise.
+    std::vector<std::string> fixed;
   };
   // The executable remembered for `shape_key`, if any.
   std::optional<Compiled> FindExecutable(const std::string& shape_key) const;
@@ -120,6 +130,7 @@ class Session {
   const std::optional<v1::TrainingSpec> training_;
   const CompileOptions options_;
   const bool symbolic_;
+  bool value_specialized_ = false;  // set by AttachModel, then const
 
   absl::Mutex update_mu_;
   BatchingConfig batching_;

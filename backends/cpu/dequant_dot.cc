@@ -50,6 +50,13 @@ bool HasAvx512() {
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 }
 
+bool Avx2Allowed() {
+  const char* off = std::getenv("KILN_CPU_DQ_GENERIC");
+  if (off != nullptr && std::string_view(off) == "1") return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 }  // namespace
 
 const Kernels& Generic() {
@@ -58,8 +65,9 @@ const Kernels& Generic() {
 }
 
 const Kernels& Best() {
-  static const Kernels k =
-      HasAvx512() ? Kernels{"avx512", &DotRowsAvx512, &DecodeAvx512} : Generic();
+  static const Kernels k = HasAvx512()    ? Kernels{"avx512", &DotRowsAvx512, &DecodeAvx512}
+                           : Avx2Allowed() ? Kernels{"avx2", &DotRowsAvx2, &DecodeGeneric}
+                                           : Generic();
   return k;
 }
 

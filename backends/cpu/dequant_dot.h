@@ -3,10 +3,12 @@
 // dot products of weight rows with a few activation rows that decode each
 // block in registers and never write the f32 weights anywhere.
 //
-// Two implementations with one contract: AVX-512 (F, BW, DQ, VL; compiled in
+// Three implementations with one contract: AVX-512 (F, BW, DQ, VL; compiled in
 // dequant_dot_avx512.cc with those flags and chosen at run time when the CPU
-// and OS have them) and a portable one over quant_blocks.h. Both accumulate
-// in f32. Thread-safe (pure functions over the caller's memory).
+// and OS have them), AVX2 (dequant_dot_avx2.cc: the one-row matvec streamed
+// in registers, the CPU backend's baseline ISA; several rows and decoding go
+// to the portable loops) and a portable one over quant_blocks.h. All
+// accumulate in f32. Thread-safe (pure functions over the caller's memory).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +38,9 @@ struct Kernels {
   DecodeFn decode;
 };
 
-// The fastest implementation this CPU runs (the portable one when the
-// environment sets KILN_CPU_NO_AVX512=1); the same object every call.
+// The fastest implementation this CPU runs (not AVX-512 when the environment
+// sets KILN_CPU_NO_AVX512=1; the portable one when it sets
+// KILN_CPU_DQ_GENERIC=1); the same object every call.
 const Kernels& Best();
 // The portable implementation (tests compare the two).
 const Kernels& Generic();
@@ -47,5 +50,8 @@ const Kernels& Generic();
 void DotRowsAvx512(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                    int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy);
 void DecodeAvx512(DType dtype, const uint8_t* src, int64_t blocks, float* dst);
+// Defined in dequant_dot_avx2.cc (AVX2, FMA, F16C: the backend's baseline).
+void DotRowsAvx2(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                 int64_t k, const float* x, int64_t ldx, int rows, float* y, int64_t ldy);
 
 }  // namespace kiln::cpu::dq

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "backends/common/quant_blocks.h"
 #include "backends/cpu/dequant_dot.h"
@@ -320,6 +321,72 @@ void DotRowsT(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64
   }
 }
 
+// q4_k, one activation row: the table lookups above cost a permute per 16
+// weights plus eight table builds per super-block, and bound the matvec at
+// about half of what a core reads. Here (as in dequant_dot_avx2.cc) the mins
+// come out of the per-weight work: sum_i (d sc_j q_i - dmin m_j) x_i =
+// d sc_j sum_i q_i x_i - dmin m_j sum_i x_i, with the sub-block sums of x (xs)
+// computed once per call for all the rows; the eight scales and mins are
+// unpacked together; each sub-block's quants are converted and multiplied
+// into a partial sum that its scale multiplies once. The products d sc and
+// dmin m are exact in f32, so only the order of f32 additions differs.
+float DotQ4KRow(const uint8_t* row, int64_t blocks, const float* x, const float* xs) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m256 mins_acc = _mm256_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi32(15);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * 144;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
+    // The scales and mins as in K4Or5::Block.
+    uint32_t w[3];
+    std::memcpy(w, blk + 4, 12);
+    const uint32_t six = 0x3f3f3f3f, nib = 0x0f0f0f0f, two = 0x03030303;
+    const uint64_t sc =
+        (w[0] & six) | static_cast<uint64_t>((w[2] & nib) | (((w[0] >> 6) & two) << 4)) << 32;
+    const uint64_t mn =
+        (w[1] & six) | static_cast<uint64_t>(((w[2] >> 4) & nib) | (((w[1] >> 6) & two) << 4)) << 32;
+    const __m256 scf = _mm256_mul_ps(
+        _mm256_set1_ps(Half(blk)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc)))));
+    const __m256 mnf = _mm256_mul_ps(
+        _mm256_set1_ps(Half(blk + 2)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn)))));
+    mins_acc = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(xs + 8 * b), mins_acc);
+    alignas(32) float scales[8];
+    _mm256_store_ps(scales, scf);
+    const uint8_t* qs = blk + 16;
+    const float* xb = x + 256 * b;
+    for (int p = 0; p < 4; ++p) {
+      // Sub-block 2p: the low nibbles of qs[32p, 32p + 32); 2p + 1: the high ones.
+      const __m512i v0 = Bytes16(qs + 32 * p), v1 = Bytes16(qs + 32 * p + 16);
+      __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v0, low4)), _mm512_loadu_ps(xb + 64 * p));
+      __m512 s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v0, 4)), _mm512_loadu_ps(xb + 64 * p + 32));
+      s0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v1, low4)), _mm512_loadu_ps(xb + 64 * p + 16), s0);
+      s1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v1, 4)), _mm512_loadu_ps(xb + 64 * p + 48), s1);
+      acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * p]), s0, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * p + 1]), s1, acc1);
+    }
+  }
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(mins_acc), _mm256_extractf128_ps(mins_acc, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm_cvtss_f32(m);
+}
+
+void DotQ4KRows(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k, const float* x,
+                float* y) {
+  // The sub-block sums of x, once for every row of the range.
+  thread_local std::vector<float> xs;
+  if (static_cast<int64_t>(xs.size()) < k / 32 + 8) xs.resize(k / 32 + 8);
+  for (int64_t j = 0; j < k / 32; ++j) {
+    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + 32 * j), _mm512_loadu_ps(x + 32 * j + 16));
+    xs[j] = _mm512_reduce_add_ps(s);
+  }
+  for (int64_t n = n0; n < n1; ++n) y[n] = DotQ4KRow(w + n * row_bytes, k / 256, x, xs.data());
+}
+
 template <typename B>
 void DotRowsFor(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t k,
                 const float* x, int64_t ldx, int rows, float* y, int64_t ldy) {
@@ -358,6 +425,7 @@ void DotRowsAvx512(DType dtype, const uint8_t* w, int64_t row_bytes, int64_t n0,
     case v1::DTYPE_Q4_0:
       return DotRowsFor<Q4_0>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q4_K:
+      if (rows == 1) return DotQ4KRows(w, row_bytes, n0, n1, k, x, y);
       return DotRowsFor<K4Or5<false>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);
     case v1::DTYPE_Q5_K:
       return DotRowsFor<K4Or5<true>>(w, row_bytes, n0, n1, k, x, ldx, rows, y, ldy);

@@ -208,6 +208,14 @@ class DequantMatMulKernel final : public CpuKernel {
 
   void RunNK(const uint8_t* w, const float* x, float* y) {
     const Plan& p = plan_;
+    if (p.m <= dq::kMaxDotRows) {
+      // One call per thread for its whole range: a kernel's per-call work
+      // (the AVX2 k-quant loop's activation sums) is done once.
+      ParallelFor(p.n, kRowTile, [&](int64_t n0, int64_t n1) {
+        kernels_.dot_rows(p.wtype, w, p.row_bytes, n0, n1, p.k, x, p.k, static_cast<int>(p.m), y, p.n);
+      });
+      return;
+    }
     if (p.m <= kDotBatch) {
       ParallelFor(p.n, kRowTile, [&](int64_t n0, int64_t n1) {
         for (int64_t t = n0; t < n1; t += kRowTile) {

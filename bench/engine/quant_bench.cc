@@ -11,7 +11,12 @@
 // scheduler ticks, which the median of a short call often includes). Runs at
 // 1 thread and at every power of two up to OMP's limit.
 //
-//   kiln_quant_bench [--n 4096] [--k 4096] [--samples 40] [--set_mib 700]
+// For M = 1 a fourth contender is the portable matvec loop (dq::Generic(),
+// what a CPU without AVX-512 ran before the AVX2 loop of dequant_dot_avx2.cc),
+// called on the same rows with the same split over threads: the before and
+// after of that loop in one run. --ktypes 1 adds q5_k and q6_k.
+//
+//   kiln_quant_bench [--n 4096] [--k 4096] [--samples 40] [--set_mib 700] [--ktypes 0]
 #include <immintrin.h>
 #include <omp.h>
 
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "backends/common/quant_blocks.h"
+#include "backends/cpu/dequant_dot.h"
 #include "base/half.h"
 #include "engine/runtime/device_registry.h"
 #include "nlohmann/json.hpp"
@@ -206,6 +212,24 @@ double TimeOne(Prepared& p, backend::Stream& stream) {
   return Seconds(t0, t1);
 }
 
+// The portable matvec (dq::Generic()) on the next weight copy of p (M = 1),
+// its rows split over the threads as the kernel splits them.
+double TimePortable(Prepared& p, DType wt, int64_t n, int64_t k, size_t& next) {
+  const backend::Buffer* w = p.weights[next++ % p.weights.size()].get();
+  const uint8_t* wq = static_cast<const uint8_t*>(w->host_ptr());
+  const float* x = static_cast<const float*>(p.x->host_ptr());
+  float* y = static_cast<float*>(p.y->host_ptr());
+  const int64_t row_bytes = p.weight_bytes / n;
+  const auto t0 = Clock::now();
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t n0 = n * t / nt, n1 = n * (t + 1) / nt;
+    if (n0 < n1) cpu::dq::Generic().dot_rows(wt, wq, row_bytes, n0, n1, k, x, k, 1, y, n);
+  }
+  return Seconds(t0, Clock::now());
+}
+
 // A plain read of one of p's weight copies (the next in its own rotation),
 // with the kernels' threads: the bandwidth this machine gives those bytes at
 // this moment, alternated with the kernels so preemption hits all alike.
@@ -225,7 +249,7 @@ double TimeSweep(Prepared& p, size_t& next) {
 
 int main(int argc, char** argv) {
   using namespace kiln;
-  int64_t n = 4096, k = 4096, samples = 40, set_mib = 700;
+  int64_t n = 4096, k = 4096, samples = 40, set_mib = 700, ktypes = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -237,6 +261,8 @@ int main(int argc, char** argv) {
       samples = v;
     else if (a == "--set_mib")
       set_mib = v;
+    else if (a == "--ktypes")
+      ktypes = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -274,7 +300,9 @@ int main(int argc, char** argv) {
     run["memory_bandwidth"] = {{"read_gbps", bw.read_gbps},
                                {"memcpy_read_plus_write_gbps", bw.copy_gbps},
                                {"method", "summing a 1 GiB buffer; memcpy of 1 GiB; best of 5"}};
-    for (DType wt : {v1::DTYPE_Q4_K, v1::DTYPE_Q8_0}) {
+    std::vector<DType> types = {v1::DTYPE_Q4_K, v1::DTYPE_Q8_0};
+    if (ktypes != 0) types.insert(types.end(), {v1::DTYPE_Q5_K, v1::DTYPE_Q6_K});
+    for (DType wt : types) {
       std::mt19937_64 rng(11);
       const DTypeLayout l = LayoutOf(wt);
       const std::vector<uint8_t> wq =
@@ -283,12 +311,14 @@ int main(int argc, char** argv) {
         Prepared q = Prepare(cpu, v1::OP_DEQUANT_MATMUL, wt, m, n, k, wq, set_bytes);
         Prepared f = Prepare(cpu, v1::OP_MATMUL, wt, m, n, k, wq, set_bytes);
         for (int i = 0; i < 3; ++i) TimeOne(q, **stream), TimeOne(f, **stream);  // warm up
-        std::vector<double> tq, tf, tr;
+        std::vector<double> tq, tf, tr, tp;
         size_t sweep_next = q.weights.size() / 2;  // a copy the kernel did not just read
+        size_t portable_next = q.weights.size() / 4;
         for (int64_t s = 0; s < samples; ++s) {
           tq.push_back(TimeOne(q, **stream));
           tf.push_back(TimeOne(f, **stream));
           tr.push_back(TimeSweep(q, sweep_next));
+          if (m == 1) tp.push_back(TimePortable(q, wt, n, k, portable_next));
         }
         auto figures = [&](const Prepared& p, const std::vector<double>& t) {
           const double med = Quantile(t, 0.5), best = Quantile(t, 0), p10 = Quantile(t, 0.1);
@@ -314,6 +344,20 @@ int main(int argc, char** argv) {
                             {"best_ms", Quantile(tr, 0) * 1e3},
                             {"gbps_median", q.weight_bytes / Quantile(tr, 0.5) / 1e9},
                             {"gbps_best", q.weight_bytes / Quantile(tr, 0) / 1e9}});
+        if (m == 1) {
+          const double med = Quantile(tp, 0.5), best = Quantile(tp, 0);
+          r["portable_matvec"] = nlohmann::json{
+              {"median_ms", med * 1e3},
+              {"best_ms", best * 1e3},
+              {"weights_gbps_median", q.weight_bytes / med / 1e9},
+              {"weights_gbps_best", q.weight_bytes / best / 1e9},
+              {"pct_of_read_sweep_median", 100 * Quantile(tr, 0.5) / med},
+              {"pct_of_read_sweep_best", 100 * Quantile(tr, 0) / best}};
+          r["speedup_vs_portable_median"] = med / Quantile(tq, 0.5);
+          std::fprintf(stderr, "threads=%d %s m=1: portable matvec median %.3f ms (%.1f GB/s, %.0f%% of the read)\n",
+                       threads, DTypeName(wt).c_str(), med * 1e3, q.weight_bytes / med / 1e9,
+                       100 * Quantile(tr, 0.5) / med);
+        }
         r["speedup_vs_onednn_f32_median"] = Quantile(tf, 0.5) / Quantile(tq, 0.5);
         r["speedup_vs_onednn_f32_best"] = Quantile(tf, 0) / Quantile(tq, 0);
         std::fprintf(stderr,

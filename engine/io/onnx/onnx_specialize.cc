@@ -54,6 +54,74 @@ absl::StatusOr<std::vector<Candidate>> Candidates(std::string_view bytes) {
 
 }  // namespace
 
+absl::StatusOr<OnnxInterface> ReadOnnxInterface(std::string_view bytes, const ir::InferLimits& limits) {
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::ResourceExhaustedError("ONNX model over 2 GiB");
+  }
+  onnx::ModelProto model;
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(
+        "not an ONNX model: the bytes do not parse as onnx.ModelProto");
+  }
+  OnnxInterface out;
+  absl::flat_hash_set<std::string> initializers;
+  for (const auto& init : model.graph().initializer()) {
+    if (!initializers.insert(init.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ONNX initializer \"", init.name(), "\" appears twice"));
+    }
+    absl::StatusOr<HostTensor> t = onnx_internal::TensorFromProto(init, limits);
+    if (!t.ok()) return StatusBuilder(t.status()) << "ONNX initializer \"" << init.name() << "\"";
+    out.initializers.emplace_back(init.name(), *std::move(t));
+  }
+  // An output may leave its type out (the import infers it): then its
+  // entry has no dtype and no dims.
+  auto type_of = [&](const onnx::ValueInfoProto& vi, bool output) -> absl::StatusOr<v1::TensorType> {
+    if (output && (!vi.type().has_tensor_type() || vi.type().tensor_type().elem_type() == 0)) {
+      return v1::TensorType();
+    }
+    if (!vi.type().has_tensor_type()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", vi.name(), "\" is not a tensor"));
+    }
+    const auto& tt = vi.type().tensor_type();
+    const std::optional<DType> dt = onnx_internal::DTypeFromOnnx(tt.elem_type());
+    if (!dt) {
+      return absl::UnimplementedError(absl::StrCat("\"", vi.name(), "\": element type ",
+                                                   tt.elem_type(), " has no Kiln dtype"));
+    }
+    v1::TensorType t;
+    t.set_dtype(*dt);
+    if (tt.shape().dim_size() > limits.max_rank) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", vi.name(), "\": rank ",
+                                                     tt.shape().dim_size(), " exceeds the limit ",
+                                                     limits.max_rank));
+    }
+    for (int i = 0; i < tt.shape().dim_size(); ++i) {
+      const auto& d = tt.shape().dim(i);
+      if (d.has_dim_value() && d.dim_value() >= 0) {
+        t.add_dims()->set_size(d.dim_value());
+      } else if (d.has_dim_param() && !d.dim_param().empty()) {
+        t.add_dims()->set_symbol(d.dim_param());
+      } else {
+        t.add_dims()->set_symbol(absl::StrCat(vi.name(), ".", i));
+      }
+    }
+    return t;
+  };
+  for (const auto& vi : model.graph().input()) {
+    if (initializers.contains(vi.name())) continue;
+    absl::StatusOr<v1::TensorType> t = type_of(vi, false);
+    if (!t.ok()) return StatusBuilder(t.status()) << "ONNX graph input";
+    out.inputs.emplace_back(vi.name(), *std::move(t));
+  }
+  for (const auto& vi : model.graph().output()) {
+    absl::StatusOr<v1::TensorType> t = type_of(vi, true);
+    if (!t.ok()) return StatusBuilder(t.status()) << "ONNX graph output";
+    out.outputs.emplace_back(vi.name(), *std::move(t));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view bytes) {
   KILN_ASSIGN_OR_RETURN(std::vector<Candidate> c, Candidates(bytes));
   std::vector<std::string> names;

@@ -92,6 +92,19 @@ class OnnxSpecializer {
       ABSL_GUARDED_BY(mu_);
 };
 
+// What a server needs of a model it serves through an OnnxSpecializer before
+// any value is known: the graph's inputs (initializers excluded) and outputs
+// as declared (a dim_param is a symbol of that name; an unknown dim a symbol
+// named "<value>.<axis>"; an output declared without a type has no dtype
+// and no dims), and the initializers' values by name (every
+// specialisation imported with all_initializers_as_params binds params of
+// these names, so one param set serves them all).
+struct OnnxInterface {
+  std::vector<std::pair<std::string, v1::TensorType>> inputs, outputs;
+  std::vector<std::pair<std::string, HostTensor>> initializers;
+};
+absl::StatusOr<OnnxInterface> ReadOnnxInterface(std::string_view bytes, const ir::InferLimits& limits);
+
 // The graph inputs (initializers excluded) of an integer or bool dtype whose
 // declared shape is static with at most 16 elements: what a specialiser may fix.
 absl::StatusOr<std::vector<std::string>> ValueInputCandidates(std::string_view bytes);

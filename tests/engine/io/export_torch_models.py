@@ -7,6 +7,10 @@ traced at opsets 13 and 17, and looped by a script 3 times or n times, n an inpu
 torch.onnx.export, plus an input and PyTorch's output for each (and n's value, <name>.n.pb),
 as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 
+`--models loop_scan` writes only the model kilnd's repository test serves
+(save_loop_scan): a Loop whose trip count n is a graph input and whose scan
+output stacks every step, so its shapes depend on n's value.
+
 Run by the test with Debian's /usr/bin/python3 (python3-torch 1.13, python3-onnx).
 """
 import argparse
@@ -212,13 +216,100 @@ def save(out, name, model, x, opset):
             f.write(numpy_helper.from_array(t.numpy().astype(np.float32), suffix).SerializeToString())
 
 
+class RecurrentStep(nn.Module):
+    """One step of a small recurrence: h' = tanh(W h + b) + 0.5 h."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, h):
+        return torch.tanh(self.lin(h)) + 0.5 * h
+
+
+def save_loop_scan(out, gen, trip_counts=(3, 5)):
+    """A Loop over a traced RecurrentStep whose trip count n is a graph input
+    and whose scan output `ys` stacks every step's h ([n, 2, 8]): the shape
+    of ys depends on n's value. torch.onnx.export of a scripted loop that
+    stacks a list emits ONNX sequence ops (SequenceInsert in the body,
+    ConcatFromSequence after it) rather than a scan output, so the step is
+    exported by torch and the Loop around it written here with onnx.helper:
+    the body is the exported step graph, its initializers (lin.weight,
+    lin.bias) in the outer graph, read by the body from the outer scope.
+    PyTorch runs the same step n times for the reference outputs, written as
+    .npy (kilnd's test reads them with engine/io/npy.h): loop_scan.x.npy, and
+    per n: loop_scan.n<n>.npy (n), loop_scan.last<n>.npy and loop_scan.ys<n>.npy."""
+    from onnx import helper, TensorProto
+    step = RecurrentStep().eval()
+    with torch.no_grad():
+        step.lin.weight.copy_(torch.randn(8, 8, generator=gen) * 0.5)
+        step.lin.bias.copy_(torch.randn(8, generator=gen) * 0.1)
+    h0 = torch.randn(2, 8, generator=gen)
+    step_path = os.path.join(out, "loop_scan_step.onnx")
+    with torch.no_grad():
+        torch.onnx.export(step, (h0,), step_path, input_names=["h"], output_names=["h_next"],
+                          opset_version=13, do_constant_folding=False)
+    sg = onnx.load(step_path).graph
+    os.remove(step_path)
+    rename = {"h": "h_in", "h_next": "h_out"}
+    body_nodes = [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    for n in sg.node:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        for i, name in enumerate(m.input):
+            m.input[i] = rename.get(name, name)
+        for i, name in enumerate(m.output):
+            m.output[i] = rename.get(name, name)
+        body_nodes.append(m)
+    body_nodes.append(helper.make_node("Identity", ["h_out"], ["scan_out"]))
+    body = helper.make_graph(
+        body_nodes, "step",
+        [helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [2, 8]),
+         helper.make_tensor_value_info("scan_out", TensorProto.FLOAT, [2, 8])])
+    loop = helper.make_node("Loop", ["n", "", "x"], ["last", "ys"], name="recurrence", body=body)
+    graph = helper.make_graph(
+        [loop], "loop_scan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("last", TensorProto.FLOAT, [2, 8]),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, ["steps", 2, 8])],
+        initializer=list(sg.initializer))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="export_torch_models.py")
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(out, "loop_scan.onnx"))
+
+    def write(name, t):
+        np.save(os.path.join(out, f"loop_scan.{name}.npy"), t)
+
+    write("x", h0.numpy().astype(np.float32))
+    for trips in trip_counts:
+        h, ys = h0, []
+        with torch.no_grad():
+            for _ in range(trips):
+                h = step(h)
+                ys.append(h)
+        write(f"n{trips}", np.array(trips, dtype=np.int64))
+        write(f"last{trips}", h.numpy().astype(np.float32))
+        write(f"ys{trips}", torch.stack(ys).numpy().astype(np.float32))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    out = p.parse_args().out
+    p.add_argument("--models", default="all", choices=["all", "loop_scan"])
+    args = p.parse_args()
+    out = args.out
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
+    if args.models == "loop_scan":
+        save_loop_scan(out, gen)
+        return
     save(out, "mlp", Mlp(), torch.randn(5, 64, generator=gen), 13)
     for name, view, opset in (("cnn", False, 13), ("cnn_view", True, 11)):
         m = Cnn(view)

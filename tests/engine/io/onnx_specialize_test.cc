@@ -141,6 +141,25 @@ TEST(OnnxSpecializer, TripCountOverTheIterationLimitIsAClearError) {
   EXPECT_TRUE(absl::StrContains(out.status().message(), "iteration limit of 4")) << out.status();
 }
 
+TEST(OnnxSpecializer, InterfaceIsTheDeclaredInputsOutputsAndInitializers) {
+  auto i = io::ReadOnnxInterface(LoopModel().Bytes(), {});
+  ASSERT_TRUE(i.ok()) << i.status();
+  ASSERT_EQ(i->inputs.size(), 4u);  // "weights" is an initializer, not an input
+  EXPECT_EQ(i->inputs[0].first, "M");
+  EXPECT_EQ(i->inputs[0].second.dtype(), v1::DTYPE_I64);
+  EXPECT_EQ(i->inputs[0].second.dims_size(), 0);
+  EXPECT_EQ(i->inputs[2].first, "y");
+  ASSERT_EQ(i->inputs[2].second.dims_size(), 1);
+  EXPECT_EQ(i->inputs[2].second.dims(0).size(), 1);
+  ASSERT_EQ(i->outputs.size(), 3u);
+  EXPECT_EQ(i->outputs[1].first, "res_scan");
+  ASSERT_EQ(i->initializers.size(), 1u);
+  EXPECT_EQ(i->initializers[0].first, "weights");
+  EXPECT_EQ(i->initializers[0].second.dims(), (Dims{3}));
+  EXPECT_EQ(i->initializers[0].second.GetAsDouble(2), 30.0);
+  EXPECT_FALSE(io::ReadOnnxInterface("not a model", {}).ok());
+}
+
 TEST(OnnxSpecializer, MissingOrWrongValueInputIsInvalidArgument) {
   auto s = io::OnnxSpecializer::Create(LoopModel().Bytes(), {});
   ASSERT_TRUE(s.ok()) << s.status();
