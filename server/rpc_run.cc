@@ -41,12 +41,16 @@ std::optional<GraphSignature> DeclaredInputs(const v1::Graph& graph) {
   return sig;
 }
 
+}  // namespace
+
 void MarkReusedReport(v1::CompileReport& report) {
   report.set_executable_cache(v1::CACHE_HIT_MEMORY);
   report.clear_stages();
   report.set_total_micros(0);
   report.add_notes("executable reused by the session");
 }
+
+namespace {
 
 class RunReactor final : public grpc::ServerUnaryReactor {
  public:
@@ -543,12 +547,31 @@ class RunReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+namespace {
+
+// The key a session remembers an executable under: the training step's apart
+// from the forward graph's, and per shape when an input's dim is symbolic.
+std::string SessionExecutableKey(const Session& session, const std::vector<TensorRef>& inputs,
+                                 bool training) {
+  return absl::StrCat(training ? "train|" : "", session.symbolic() ? ShapeKey(inputs) : "");
+}
+
+}  // namespace
+
+std::optional<Session::Compiled> RememberedSessionExecutable(const Session& session,
+                                                             const std::vector<TensorRef>& inputs,
+                                                             bool training) {
+  std::optional<Session::Compiled> c =
+      session.FindExecutable(SessionExecutableKey(session, inputs, training));
+  if (c) MarkReusedReport(c->report);
+  return c;
+}
+
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
                                                     bool* reused, bool training) {
   const ServiceDeps& d = service.deps();
-  const std::string key =
-      absl::StrCat(training ? "train|" : "", session.symbolic() ? ShapeKey(inputs) : "");
+  const std::string key = SessionExecutableKey(session, inputs, training);
   if (std::optional<Session::Compiled> c = session.FindExecutable(key)) {
     if (reused) *reused = true;
     return *c;
