@@ -13,7 +13,9 @@ no gRPC; kiln_train_bench's median over its steps), for "kilnd vs in-process".
 
 The client sends each batch through shared memory when kilnd is local (its
 default; "kiln_kilnd"); a second session of a client with shared_memory=False
-sends it as bytes in the request ("kiln_kilnd_bytes"), in the same rounds.
+sends it as bytes in the request ("kiln_kilnd_bytes"), in the same rounds; a
+third trains on each round's batches through one streaming TrainSteps call
+("kiln_kilnd_stream", the series' mean per step).
 """
 
 import argparse
@@ -151,6 +153,9 @@ def bench_model(args, server, name):
     bytes_client = kiln.Client(server.addr, shared_memory=False)
     bytes_session = bytes_client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                                optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
+    stream_session = client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
+                                          optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
+    batches = [{"x": xs[i], "y": ys[i]} for i in range(args.steps)]
     tensors = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     opt = torch.optim.AdamW(tensors.values(), lr=1e-3)
 
@@ -170,8 +175,9 @@ def bench_model(args, server, name):
         kiln_step(i)
         kiln_bytes_step(i)
         torch_step(i)
+    list(stream_session.steps(batches[:3]))
     shared_memory = client.last_train_step_shared_memory
-    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": []}
+    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": [], "kiln_kilnd_stream": []}
     inproc = []
     for _ in range(args.rounds):
         for label, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step),
@@ -180,12 +186,18 @@ def bench_model(args, server, name):
                 t0 = time.perf_counter()
                 fn(i)
                 times[label].append((time.perf_counter() - t0) * 1e3)
+        # The streaming TrainSteps: one call for the series; its mean per step
+        # (a stream's steps are not timed one by one).
+        t0 = time.perf_counter()
+        n = sum(1 for _ in stream_session.steps(batches))
+        times["kiln_kilnd_stream"].append((time.perf_counter() - t0) * 1e3 / n)
         if args.inproc:
             out = subprocess.run([args.inproc, "--model", name, "--steps", str(args.steps),
                                   "--threads", "2"],
                                  check=True, capture_output=True, text=True).stdout
             inproc.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
     session.close()
+    stream_session.close()
     client.close()
     bytes_session.close()
     bytes_client.close()
@@ -205,6 +217,9 @@ def bench_model(args, server, name):
         "kilnd_over_inproc": med["kiln_kilnd"] / med["kiln_inproc"] if inproc else None,
         "kilnd_bytes_over_inproc":
             med["kiln_kilnd_bytes"] / med["kiln_inproc"] if inproc else None,
+        "kilnd_stream_over_inproc":
+            med["kiln_kilnd_stream"] / med["kiln_inproc"] if inproc else None,
+        "kilnd_stream_over_torch": med["kiln_kilnd_stream"] / med["torch"],
     }), flush=True)
 
 

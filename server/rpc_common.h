@@ -11,6 +11,7 @@
 
 #include <climits>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
@@ -76,6 +77,17 @@ std::string SessionRunKey(const Session& session, const std::vector<TensorRef>& 
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
                                                     bool* reused, bool training = false);
+
+// The session's executable for these inputs' shapes if it is remembered
+// (nothing compiles: callers on gRPC's threads use it to skip the work pool),
+// its report marked reused (MarkReusedReport). (rpc_run.cc)
+std::optional<Session::Compiled> RememberedSessionExecutable(const Session& session,
+                                                             const std::vector<TensorRef>& inputs,
+                                                             bool training);
+
+// A remembered executable's compile report as a run reports it: a memory
+// hit, its compile stages dropped (they were the first run's). (rpc_run.cc)
+void MarkReusedReport(v1::CompileReport& report);
 
 // Every param of `set` (none when null) read back to the host: `values` owns
 // the bytes, `refs` names them and points into `values`. (rpc_train.cc)

@@ -41,12 +41,16 @@ std::optional<GraphSignature> DeclaredInputs(const v1::Graph& graph) {
   return sig;
 }
 
+}  // namespace
+
 void MarkReusedReport(v1::CompileReport& report) {
   report.set_executable_cache(v1::CACHE_HIT_MEMORY);
   report.clear_stages();
   report.set_total_micros(0);
   report.add_notes("executable reused by the session");
 }
+
+namespace {
 
 class RunReactor final : public grpc::ServerUnaryReactor {
  public:
@@ -552,11 +556,32 @@ std::string SessionRunKey(const Session& session, const std::vector<TensorRef>& 
   return session.symbolic() ? ShapeKey(inputs) : "";
 }
 
+namespace {
+
+// The key a session remembers an executable under: the training step's apart
+// from the forward graph's, per shape when an input's dim is symbolic, and per
+// value for a value-specialised model.
+std::string SessionExecutableKey(const Session& session, const std::vector<TensorRef>& inputs,
+                                 bool training) {
+  return absl::StrCat(training ? "train|" : "", SessionRunKey(session, inputs));
+}
+
+}  // namespace
+
+std::optional<Session::Compiled> RememberedSessionExecutable(const Session& session,
+                                                             const std::vector<TensorRef>& inputs,
+                                                             bool training) {
+  std::optional<Session::Compiled> c =
+      session.FindExecutable(SessionExecutableKey(session, inputs, training));
+  if (c) MarkReusedReport(c->report);
+  return c;
+}
+
 absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Session& session,
                                                     const std::vector<TensorRef>& inputs,
                                                     bool* reused, bool training) {
   const ServiceDeps& d = service.deps();
-  std::string key = absl::StrCat(training ? "train|" : "", SessionRunKey(session, inputs));
+  std::string key = SessionExecutableKey(session, inputs, training);
   if (std::optional<Session::Compiled> c = session.FindExecutable(key)) {
     if (reused) *reused = true;
     return *c;
@@ -569,7 +594,7 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
     const std::shared_ptr<const ModelVersion> m = session.specialized();
     if (m == nullptr) return absl::NotFoundError("the session was closed");
     KILN_ASSIGN_OR_RETURN(spec, SpecializeFor(*m, inputs));
-    key = absl::StrCat(training ? "train|" : "", SessionRunKey(session, inputs));  // the value inputs may narrow
+    key = SessionExecutableKey(session, inputs, training);  // the value inputs may narrow
     // Its params must be the model's (by name, dtype and shape).
     KILN_ASSIGN_OR_RETURN(GraphSignature sig, d.engine->Inspect(*spec->graph));
     for (const GraphSignature::Entry& p : sig.params) {

@@ -14,6 +14,7 @@
 // training set on the first step, whose optimizer-state bytes are charged to
 // the tenant's param and device quotas), then queued on its device's
 // scheduler and answered from there.
+#include <deque>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -64,18 +65,42 @@ class StepWork {
                        " is not a training session: create it with options.transforms.training"));
     }
     KILN_RETURN_IF_ERROR(CheckInputsAgainst(session_->signature(), inputs_));
+    return absl::OkStatus();
+  }
+
+  // Takes the tenant's in-flight quota for the step (held until it is
+  // answered). REQUIRES: Admit succeeded.
+  absl::Status Acquire() {
     KILN_RETURN_IF_ERROR(call_.tenant->AcquireRun());
     holds_run_ = true;
     start_ = absl::Now();
     return absl::OkStatus();
   }
 
+  // Takes the session's remembered training executable and its training
+  // set when both exist (every step after the first): then nothing needs the
+  // work pool, and the step goes from gRPC's thread straight to its device's
+  // scheduler (one cross-thread wake fewer per step). False: Prepare.
+  bool PrepareIfReady() {
+    std::shared_ptr<ParamSet> params = session_->params();
+    if (!params || !params->training()) return false;
+    std::optional<Session::Compiled> c = RememberedSessionExecutable(*session_, inputs_, true);
+    if (!c) return false;
+    exe_ = std::move(c->executable);
+    compile_ = std::move(c->report);
+    params_ = std::move(params);
+    return true;
+  }
+
   // On the work pool.
   absl::Status Prepare() {
+    bool reused = false;
     KILN_ASSIGN_OR_RETURN(Session::Compiled c,
-                          SessionExecutable(service_, *session_, inputs_, nullptr, true));
+                          SessionExecutable(service_, *session_, inputs_, &reused, true));
     exe_ = c.executable;
     compile_ = std::move(c.report);
+    // The compile stages are the first step's: not copied into every report.
+    if (reused) MarkReusedReport(compile_);
     KILN_ASSIGN_OR_RETURN(params_, TrainingParams(*service_.deps().engine, *session_, *exe_));
     return absl::OkStatus();
   }
@@ -170,9 +195,16 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
                                                    static_cast<int64_t>(request_bytes->Length()));
       s = step_.Admit(*request_bytes, nullptr);
     }
+    if (s.ok()) s = step_.Acquire();
     if (step_.session()) call_.detail = absl::StrCat("session=", step_.session()->id());
     if (!s.ok()) {
       Complete(s);
+      return;
+    }
+    if (step_.PrepareIfReady()) {
+      // On success the step's outcome answers the call, maybe already.
+      s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+      if (!s.ok()) Complete(s);
       return;
     }
     Tenant& t = *call_.tenant;
@@ -213,94 +245,250 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
   std::atomic<bool> cancelled_ = false;
 };
 
-// TrainSteps: a stream of steps of one session, one at a time: a message is
-// read only after the previous step's answer was written, so steps keep their
-// order and the tenant's quotas apply per step. The first failed step ends
-// the call with its status (the steps before it stay applied).
+// TrainSteps: a stream of steps of one session. Steps run one at a time and
+// are answered in order, each holding the tenant's in-flight quota while it
+// runs; the first failed step (or refused message) ends the call with its
+// status after the steps before it were answered (they stay applied).
+//
+// Pipelined: while step N runs, message N+1 is read and checked, and when N
+// ends its answer is queued for writing and N+1 is started right there, on
+// the thread that ended N (the device's), so the device goes from step to
+// step without waiting for the answer's write or the next message's read and
+// parse. At most one step runs and one more waits.
+//
+// Threads: gRPC's reactions (OnReadDone, OnWriteDone), the device thread that
+// ends a step, and the work pool (a step whose executable is not ready) all
+// change the stream's state under its lock, and one of them at a time (the
+// pump) turns the state into actions (start a step, write, read, end).
 class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   TrainStepsReactor(KilnService& service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx) {
+      : service_(service), ctx_(ctx), stream_(std::make_shared<Stream>()) {
     if (absl::Status s = service_.Begin(ctx, "TrainSteps", 0, call_); !s.ok()) {
-      End(s);
+      stream_->ended = true;
+      absl::StrAppend(&call_.detail, " steps=0");
+      service_.End(call_, s);
+      Finish(ToGrpc(s));
       return;
     }
+    stream_->reading = true;
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client closed its side: every step it sent was answered
-      End(ctx_->IsCancelled() ? absl::CancelledError("the client went away") : absl::OkStatus());
-      return;
+    std::unique_ptr<StepWork> step;
+    absl::Status s;
+    if (ok) {  // checked outside the lock: a step may be running meanwhile
+      const int64_t bytes = static_cast<int64_t>(in_.Length());
+      step = std::make_unique<StepWork>(service_, call_);
+      s = call_.tenant->CheckRequestBytes(bytes, "TrainSteps message");
+      if (s.ok()) {
+        service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "TrainSteps", bytes);
+        s = step->Admit(in_, session_);
+      }
+      if (s.ok() && !session_) {  // the first message: nothing runs or ends meanwhile
+        session_ = step->session();
+        call_.detail = absl::StrCat("session=", session_->id());
+      }
     }
-    const int64_t bytes = static_cast<int64_t>(in_.Length());
-    step_ = std::make_unique<StepWork>(service_, call_);
-    absl::Status s = call_.tenant->CheckRequestBytes(bytes, "TrainSteps message");
-    if (s.ok()) {
-      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "TrainSteps", bytes);
-      s = step_->Admit(in_, session_);
-    }
-    if (!s.ok()) {
-      End(StatusBuilder(s) << "at step " << steps_ + 1 << " of the stream");
-      return;
-    }
-    if (!session_) {
-      session_ = step_->session();
-      call_.detail = absl::StrCat("session=", session_->id());
-    }
-    Tenant& t = *call_.tenant;
-    service_.deps().pool->Post(
-        CompileAccount(t), static_cast<double>(bytes), t.quota().max_concurrent_compiles(), [this] {
-          absl::Status s = cancelled_.load() ? NotStarted(ctx_) : step_->Prepare();
-          if (s.ok()) {
-            s = step_->Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Answer(r); });
-          }
-          if (!s.ok()) Answer(s);
-        });
+    const bool cancelled = !ok && ctx_->IsCancelled();
+    Update([&](Stream& st) {
+      st.reading = false;
+      if (st.ended || st.failed) return;  // a message past the end: dropped
+      if (!ok) {
+        st.reads_done = true;
+        if (cancelled) st.failed = absl::CancelledError("the client went away");
+        return;
+      }
+      const int64_t index = ++st.received;
+      if (!s.ok()) {
+        st.failed = absl::Status(StatusBuilder(s) << "at step " << index << " of the stream");
+        return;
+      }
+      st.next = std::move(step);
+      st.next_index = index;
+    });
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      End(absl::CancelledError("the client stopped reading the answers"));
-      return;
-    }
-    in_.Clear();
-    StartRead(&in_);
+    Update([&](Stream& st) {
+      st.writing = false;
+      st.answers.pop_front();
+      if (!ok && !st.failed) {
+        st.failed = absl::CancelledError("the client stopped reading the answers");
+      }
+      if (!ok) st.answers.clear();
+    });
   }
 
   void OnCancel() override { cancelled_.store(true); }
   void OnDone() override { delete this; }
 
  private:
-  void Answer(absl::Status s) {
-    out_.Clear();  // the previous answer's bytes (gRPC serializes into an empty buffer only)
-    if (s.ok()) s = SerializeMessage(step_->response(), &out_);
-    if (!s.ok()) {
-      End(StatusBuilder(s) << "at step " << steps_ + 1 << " of the stream");
-      return;
+  // The stream's state, shared with the callbacks of its running step so that
+  // it outlives the reactor (which gRPC deletes once the call is finished).
+  struct Stream {
+    absl::Mutex mu;
+    bool pumping ABSL_GUARDED_BY(mu) = false;  // a thread is turning state into actions
+    bool ended ABSL_GUARDED_BY(mu) = false;    // Finish was called (or is being called)
+    bool reading ABSL_GUARDED_BY(mu) = false;  // a read is outstanding
+    bool reads_done ABSL_GUARDED_BY(mu) = false;
+    bool writing ABSL_GUARDED_BY(mu) = false;  // answers.front() is being written
+    std::deque<grpc::ByteBuffer> answers ABSL_GUARDED_BY(mu);
+    std::unique_ptr<StepWork> running ABSL_GUARDED_BY(mu);  // started, not yet answered
+    int64_t running_index ABSL_GUARDED_BY(mu) = 0;
+    std::optional<absl::Status> running_outcome ABSL_GUARDED_BY(mu);
+    std::unique_ptr<StepWork> next ABSL_GUARDED_BY(mu);  // admitted, waits for `running`
+    int64_t next_index ABSL_GUARDED_BY(mu) = 0;
+    std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);  // the call ends with it
+    int64_t received ABSL_GUARDED_BY(mu) = 0;                // messages read
+    int64_t answered ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  enum class Action { kNone, kStart, kWrite, kRead, kEnd };
+
+  // Applies `change` to the state, then pumps unless another thread does
+  // (that one sees the change). Touches nothing of the reactor after the
+  // state's lock is released unless this thread became the pump.
+  template <typename Change>
+  void Update(Change change) {
+    const std::shared_ptr<Stream> st = stream_;
+    {
+      absl::MutexLock lock(&st->mu);
+      change(*st);
+      if (st->pumping || st->ended) return;
+      st->pumping = true;
     }
-    ++steps_;
-    StartWrite(&out_);
+    Pump();
   }
 
-  // Ends the call once; later calls do nothing.
-  void End(const absl::Status& s) {
-    if (ended_) return;
-    ended_ = true;
-    absl::StrAppend(&call_.detail, " steps=", steps_);
-    service_.End(call_, s);
-    if (step_) step_->ReleaseRun();
-    Finish(ToGrpc(s));
+  // The running step ended (on its device's thread, the work pool, or inline
+  // in Start on the pump's own thread).
+  static void StepEnded(TrainStepsReactor* self, const std::shared_ptr<Stream>& st,
+                        absl::Status outcome) {
+    {
+      absl::MutexLock lock(&st->mu);
+      st->running_outcome = std::move(outcome);
+      if (st->pumping || st->ended) return;
+      st->pumping = true;
+    }
+    self->Pump();  // alive: the call does not end while a step runs
+  }
+
+  // REQUIRES: this thread set `pumping`.
+  void Pump() {
+    const std::shared_ptr<Stream> st = stream_;
+    for (;;) {
+      Action action = Action::kNone;
+      StepWork* start = nullptr;
+      grpc::ByteBuffer* write = nullptr;
+      absl::Status end;
+      {
+        absl::MutexLock lock(&st->mu);
+        action = NextLocked(*st, start, write, end);
+        if (action == Action::kNone) {
+          st->pumping = false;
+          return;
+        }
+      }
+      switch (action) {
+        case Action::kStart:
+          StartStep(st, *start);
+          break;
+        case Action::kWrite:
+          StartWrite(write);
+          break;
+        case Action::kRead:
+          in_.Clear();
+          StartRead(&in_);
+          break;
+        case Action::kEnd:
+          service_.End(call_, end);
+          Finish(ToGrpc(end));
+          return;  // the reactor may be gone; `pumping` stays set
+        case Action::kNone:
+          break;
+      }
+    }
+  }
+
+  // The next thing to do, the state updated as if it were done.
+  Action NextLocked(Stream& st, StepWork*& start, grpc::ByteBuffer*& write, absl::Status& end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+    if (st.ended) return Action::kNone;
+    if (st.running && st.running_outcome) {  // the running step ended: its answer
+      absl::Status s = *std::move(st.running_outcome);
+      st.running_outcome.reset();
+      if (s.ok() && !st.failed) {
+        s = SerializeMessage(st.running->response(), &st.answers.emplace_back());
+        if (s.ok()) {
+          ++st.answered;
+        } else {
+          st.answers.pop_back();
+        }
+      }
+      if (!s.ok()) {  // an earlier failure than a refused next message
+        st.failed =
+            absl::Status(StatusBuilder(s) << "at step " << st.running_index << " of the stream");
+        st.next.reset();
+      }
+      st.running->ReleaseRun();
+      st.running.reset();
+    }
+    if (!st.writing && !st.answers.empty()) {
+      st.writing = true;
+      write = &st.answers.front();  // deque: stays put while others are added
+      return Action::kWrite;
+    }
+    if (!st.running && st.next && !st.failed) {
+      st.running = std::move(st.next);
+      st.running_index = st.next_index;
+      start = st.running.get();
+      return Action::kStart;
+    }
+    if (!st.reading && !st.reads_done && !st.next && !st.failed) {
+      st.reading = true;
+      return Action::kRead;
+    }
+    const bool idle = !st.running && !st.writing && st.answers.empty();
+    if (idle && (st.failed || (st.reads_done && !st.next))) {
+      st.ended = true;
+      st.next.reset();
+      end = st.failed.value_or(absl::OkStatus());
+      absl::StrAppend(&call_.detail, " steps=", st.answered);
+      return Action::kEnd;
+    }
+    return Action::kNone;
+  }
+
+  // Starts `step` (st->running): straight to its device's scheduler when its
+  // executable is ready, else prepared on the work pool first. Its outcome
+  // comes back through StepEnded, maybe before this returns.
+  void StartStep(const std::shared_ptr<Stream>& st, StepWork& step) {
+    auto ended = [this, st](absl::Status r) { StepEnded(this, st, std::move(r)); };
+    absl::Status s = step.Acquire();
+    if (s.ok() && step.PrepareIfReady()) {
+      s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+    } else if (s.ok()) {
+      Tenant& t = *call_.tenant;
+      service_.deps().pool->Post(CompileAccount(t), 1, t.quota().max_concurrent_compiles(),
+                                 [this, &step, ended] {
+                                   absl::Status s =
+                                       cancelled_.load() ? NotStarted(ctx_) : step.Prepare();
+                                   if (s.ok()) s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+                                   if (!s.ok()) ended(s);
+                                 });
+      return;
+    }
+    if (!s.ok()) ended(s);
   }
 
   KilnService& service_;
   grpc::CallbackServerContext* const ctx_;
   KilnService::Call call_;
-  grpc::ByteBuffer in_, out_;
-  std::shared_ptr<Session> session_;
-  std::unique_ptr<StepWork> step_;
-  int64_t steps_ = 0;
-  bool ended_ = false;
+  grpc::ByteBuffer in_;  // the message being read
+  std::shared_ptr<Session> session_;  // set by the first message
+  const std::shared_ptr<Stream> stream_;
   std::atomic<bool> cancelled_ = false;
 };
 

@@ -360,16 +360,14 @@ absl::StatusOr<Client::RunResult> Client::DoRun(v1::RunRequest& req, const Tenso
   return RunWithBytes(req, inputs, params);
 }
 
-std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunRequest& req,
-                                                                    const TensorMap& inputs) const {
-  int64_t input_bytes = 0;
-  for (const auto& [name, t] : inputs) input_bytes += Align64(t.num_bytes());
+std::optional<Client::ShmLease> Client::AcquireShm(int64_t input_bytes, bool outputs) const {
   std::unique_ptr<ShmRegion> region;
   std::shared_ptr<ShmConnection> connection;
   int64_t want = 0;
   {
     absl::MutexLock lock(&shm_->mu);
-    want = input_bytes + std::max<int64_t>(shm_->output_bytes_hint, input_bytes);
+    want = input_bytes +
+           (outputs ? std::max<int64_t>(shm_->output_bytes_hint, input_bytes) : int64_t{0});
     if (!shm_->connection) {
       if (absl::Now() < shm_->retry_after) return std::nullopt;
       auto ctx = NewContext();
@@ -405,19 +403,58 @@ std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunReque
     }
     region = *std::move(r);
   }
+  return ShmLease{std::move(region), std::move(connection)};
+}
+
+int64_t Client::PlaceInShm(const TensorMap& inputs, ShmRegion& region,
+                           google::protobuf::RepeatedPtrField<v1::NamedTensor>& named) {
   int64_t offset = 0;
   for (const auto& [name, t] : inputs) {
-    v1::NamedTensor* nt = req.add_inputs();
+    v1::NamedTensor* nt = named.Add();
     nt->set_name(name);
     nt->mutable_tensor()->set_dtype(t.dtype());
     for (int64_t d : t.dims()) nt->mutable_tensor()->add_dims(d);
-    if (t.num_bytes() > 0) std::memcpy(region->data() + offset, t.data(), t.num_bytes());
+    if (t.num_bytes() > 0) std::memcpy(region.data() + offset, t.data(), t.num_bytes());
     v1::SharedMemoryRef* ref = nt->mutable_shm();
-    ref->set_region_id(region->id());
+    ref->set_region_id(region.id());
     ref->set_offset(offset);
     ref->set_bytes(t.num_bytes());
     offset += Align64(t.num_bytes());
   }
+  return offset;
+}
+
+bool Client::ShmLost(const absl::Status& s, const ShmLease& lease) const {
+  if (s.ok() || s.code() != absl::StatusCode::kNotFound ||
+      !absl::StrContains(s.message(), "shared-memory region")) {
+    return false;
+  }
+  // kilnd lost the region (it restarted, or the connection dropped):
+  // nothing ran; again as bytes, with a new connection next time.
+  absl::MutexLock lock(&shm_->mu);
+  if (shm_->connection == lease.connection) {
+    shm_->connection.reset();
+    shm_->idle.clear();
+  }
+  return true;
+}
+
+void Client::ReleaseShm(ShmLease lease) const {
+  absl::MutexLock lock(&shm_->mu);
+  if (shm_->connection == lease.connection) {
+    shm_->idle.push_back(std::move(lease.region));
+    if (shm_->idle.size() > Shm::kMaxIdle) shm_->idle.erase(shm_->idle.begin());
+  }
+}
+
+std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunRequest& req,
+                                                                    const TensorMap& inputs) const {
+  int64_t input_bytes = 0;
+  for (const auto& [name, t] : inputs) input_bytes += Align64(t.num_bytes());
+  std::optional<ShmLease> lease = AcquireShm(input_bytes, /*outputs=*/true);
+  if (!lease) return std::nullopt;
+  const std::unique_ptr<ShmRegion>& region = lease->region;
+  const int64_t offset = PlaceInShm(inputs, *region, *req.mutable_inputs());
   v1::SharedMemoryRef* area = req.mutable_shm_output_area();
   area->set_region_id(region->id());
   area->set_offset(offset);
@@ -425,15 +462,7 @@ std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunReque
   v1::RunResponse resp;
   auto ctx = NewContext();
   absl::Status s = FromGrpcStatus(stub_->Run(ctx.get(), req, &resp));
-  if (!s.ok() && s.code() == absl::StatusCode::kNotFound &&
-      absl::StrContains(s.message(), "shared-memory region")) {
-    // kilnd lost the region (it restarted, or the connection dropped):
-    // nothing ran; again as bytes, with a new connection next time.
-    absl::MutexLock lock(&shm_->mu);
-    if (shm_->connection == connection) {
-      shm_->connection.reset();
-      shm_->idle.clear();
-    }
+  if (ShmLost(s, *lease)) {
     req.clear_inputs();
     req.clear_shm_output_area();
     return std::nullopt;
@@ -476,11 +505,7 @@ std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunReque
     absl::MutexLock lock(&shm_->mu);
     if (!all_in_shm) shm_->output_bytes_hint = std::max(shm_->output_bytes_hint, output_bytes);
   }
-  absl::MutexLock lock(&shm_->mu);
-  if (shm_->connection == connection) {
-    shm_->idle.push_back(std::move(region));
-    if (shm_->idle.size() > Shm::kMaxIdle) shm_->idle.erase(shm_->idle.begin());
-  }
+  ReleaseShm(*std::move(lease));
   return result;
 }
 
@@ -600,12 +625,39 @@ absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, cons
 }
 
 absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& session_id,
-                                                        const TensorMap& batch) const {
+                                                        const TensorMap& batch,
+                                                        bool* shared_memory) const {
+  if (shared_memory) *shared_memory = false;
   if (session_id.empty()) return absl::InvalidArgumentError("TrainStep: empty session id");
   v1::TrainStepRequest req;
   req.set_session_id(session_id);
-  ToNamedTensors(batch, req.mutable_inputs());
   v1::TrainStepResponse resp;
+  if (shm_ && !train_step_shm_refused_.load()) {
+    int64_t batch_bytes = 0;
+    for (const auto& [name, t] : batch) batch_bytes += Align64(t.num_bytes());
+    // The answer is a few scalars: the region holds the batch only.
+    if (std::optional<ShmLease> lease = AcquireShm(batch_bytes, /*outputs=*/false)) {
+      PlaceInShm(batch, *lease->region, *req.mutable_inputs());
+      auto ctx = NewContext();
+      absl::Status s = FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp));
+      if (!ShmLost(s, *lease)) {
+        ReleaseShm(*std::move(lease));
+        if (s.ok()) {
+          if (shared_memory) *shared_memory = true;
+          return resp;
+        }
+        if (s.code() != absl::StatusCode::kInvalidArgument ||
+            !absl::StrContains(s.message(), "names shared memory")) {
+          return s;
+        }
+        // A kilnd from before TrainStep took shared memory: nothing ran;
+        // bytes from now on.
+        train_step_shm_refused_.store(true);
+      }
+      req.clear_inputs();
+    }
+  }
+  ToNamedTensors(batch, req.mutable_inputs());
   auto ctx = NewContext();
   KILN_RETURN_IF_ERROR(FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp)));
   return resp;
@@ -618,16 +670,19 @@ absl::StatusOr<std::vector<v1::TrainStepResponse>> Client::TrainSteps(
   auto ctx = NewContext();
   auto stream = stub_->TrainSteps(ctx.get());
   std::vector<v1::TrainStepResponse> answers;
-  bool broken = false;
-  for (size_t i = 0; i < batches.size() && !broken; ++i) {
+  // One batch ahead of the answers: kilnd reads and checks batch i+1 while
+  // step i runs, and starts it as soon as step i ends.
+  auto write = [&](size_t i) {
     v1::TrainStepRequest req;
     if (i == 0) req.set_session_id(session_id);
     ToNamedTensors(batches[i], req.mutable_inputs());
+    return stream->Write(req);
+  };
+  bool writing = !batches.empty() && write(0);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (writing && i + 1 < batches.size()) writing = write(i + 1);
     v1::TrainStepResponse resp;
-    if (!stream->Write(req) || !stream->Read(&resp)) {
-      broken = true;  // the server ended the call: its status says why
-      break;
-    }
+    if (!stream->Read(&resp)) break;  // the server ended the call: its status says why
     if (on_step) on_step(resp);
     answers.push_back(std::move(resp));
   }

@@ -12,6 +12,7 @@
 // called from many threads at once (the gRPC channel multiplexes calls).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -29,6 +30,9 @@
 #include "kiln/v1/service.grpc.pb.h"
 
 namespace kiln {
+
+class ShmConnection;  // clients/cpp/shm.h
+class ShmRegion;
 
 // Tensors by name (inputs, params). Names are unique by construction.
 using TensorMap = std::map<std::string, HostTensor>;
@@ -164,10 +168,17 @@ class Client {
   // options.transforms.training): `batch` holds every input of the graph.
   // Answers the loss (before the step's update), the step count and the
   // learning rate; the trained params stay on the server (GetParams).
+  // The batch goes through shared memory when Run's inputs would (a local
+  // kilnd, ClientOptions::shared_memory), else as bytes; `shared_memory`
+  // (may be null) is set to whether it did. Against a kilnd that refuses a
+  // batch in shared memory the step is sent again as bytes (nothing ran),
+  // and every later step goes as bytes.
   absl::StatusOr<v1::TrainStepResponse> TrainStep(const std::string& session_id,
-                                                  const TensorMap& batch) const;
+                                                  const TensorMap& batch,
+                                                  bool* shared_memory = nullptr) const;
   // Many steps in one call (TrainSteps, a bidirectional stream): batches are
-  // sent one at a time, each after the previous step's answer, and
+  // sent one ahead of the answers (kilnd checks the next batch while a step
+  // runs and starts it when the step ends), steps run in order, and
   // `on_step` (may be empty) sees each answer. Returns the answers; the first
   // failed step ends the call with its status (earlier steps stay applied).
   absl::StatusOr<std::vector<v1::TrainStepResponse>> TrainSteps(
@@ -207,6 +218,23 @@ class Client {
   // Nullopt when shared memory is not used for this call.
   std::optional<absl::StatusOr<RunResult>> RunWithShm(v1::RunRequest& request,
                                                       const TensorMap& inputs) const;
+  // A region of the pool (or a new one) with room for `input_bytes` of
+  // tensors, plus room for outputs when `outputs`; nullopt when shared
+  // memory does not work now (no kilnd socket, the tenant's quota full).
+  struct ShmLease {
+    std::unique_ptr<ShmRegion> region;
+    std::shared_ptr<ShmConnection> connection;
+  };
+  std::optional<ShmLease> AcquireShm(int64_t input_bytes, bool outputs) const;
+  // Copies `inputs` to the start of `region`, 64-byte aligned, naming each in
+  // `named`; returns the bytes used.
+  static int64_t PlaceInShm(const TensorMap& inputs, ShmRegion& region,
+                            google::protobuf::RepeatedPtrField<v1::NamedTensor>& named);
+  // True when `s` says kilnd lost the lease's region (nothing ran): the
+  // connection is dropped, the region must not go back to the pool.
+  bool ShmLost(const absl::Status& s, const ShmLease& lease) const;
+  // Returns the region to the pool (unless its connection was replaced).
+  void ReleaseShm(ShmLease lease) const;
 
   const std::string addr_;
   const ClientOptions options_;
@@ -216,6 +244,8 @@ class Client {
   // Shared memory with a local kilnd (client.cc); null when off.
   struct Shm;
   const std::unique_ptr<Shm> shm_;
+  // kilnd answered that TrainStep's batch may not name shared memory.
+  mutable std::atomic<bool> train_step_shm_refused_ = false;
 };
 
 // gRPC status -> absl::Status with the same code and message.

@@ -553,6 +553,29 @@ TEST(TrainClientTest, StreamedStepsEqualSingleSteps) {
   auto step = (*client)->GetParams(streamed, {"opt/step"});
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(step->at("opt/step").GetAsDouble(0), 10.0);
+
+  // kilnd reads and checks the next batch while a step runs: a bad second
+  // batch, refused while the first step runs, still lets the first step be
+  // answered and applied before the call fails at step 2.
+  std::vector<TensorMap> early;
+  for (int i = 0; i < 3; ++i) {
+    TensorMap m;
+    for (const auto& [n, t] : batches[i]) m.emplace(n, t.Clone());
+    early.push_back(std::move(m));
+  }
+  early[1].erase("x");
+  int answered = 0;
+  auto early_failed = (*client)->TrainSteps(streamed, early, [&](const v1::TrainStepResponse& r) {
+    ++answered;
+    EXPECT_EQ(r.step(), 11);
+  });
+  EXPECT_EQ(early_failed.status().code(), absl::StatusCode::kInvalidArgument)
+      << early_failed.status();
+  EXPECT_THAT(std::string(early_failed.status().message()), HasSubstr("at step 2 of the stream"));
+  EXPECT_EQ(answered, 1);
+  step = (*client)->GetParams(streamed, {"opt/step"});
+  ASSERT_TRUE(step.ok());
+  EXPECT_EQ(step->at("opt/step").GetAsDouble(0), 11.0);
 }
 
 // The plain progress lines of a kilnctl run (stdout is a pipe here), keyed by

@@ -7,6 +7,8 @@
 #include <omp.h>
 
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -97,6 +99,82 @@ TEST(CpuThreads, EveryThreadThatRunsUsesTheEnginesCount) {
       }
       EXPECT_EQ(got[0], threads) << "cpu_threads " << threads << ", caller " << caller;
       EXPECT_EQ(got[1], threads) << "cpu_threads " << threads << ", caller " << caller;
+    }
+  }
+}
+
+// The threads that ran kiln_test.thread_probe's kernel since the last Clear.
+std::mutex probe_threads_mu;
+std::set<std::thread::id> probe_threads;
+
+int ThreadKernel(const void* attrs, size_t attrs_size, const KilnTensor* inputs,
+                 int32_t num_inputs, KilnTensor* outputs, int32_t num_outputs, char* error,
+                 size_t error_size) {
+  {
+    std::lock_guard<std::mutex> lock(probe_threads_mu);
+    probe_threads.insert(std::this_thread::get_id());
+  }
+  return Kernel(attrs, attrs_size, inputs, num_inputs, outputs, num_outputs, error, error_size);
+}
+
+constexpr char kThreadOp[] = "kiln_test.thread_probe";
+
+// A run too long to run inline executes on its device's thread whoever asks
+// for it (kilnd asks from gRPC's and the work pool's threads): libgomp keeps
+// one OpenMP team per thread that opens a parallel region, so the device's
+// kernels find the same warm team on every run instead of one team per
+// caller (docs/benchmarks.md, "mlp9").
+TEST(CpuThreads, RunsOfADeviceExecuteOnItsOwnThread) {
+  static const KilnCustomOp ops[] = {{kThreadOp, &Shape, &ThreadKernel, {}}};
+  static const KilnPlugin plugin{
+      KILN_PLUGIN_ABI_VERSION, sizeof(KilnPlugin), "thread_probe", "1", 1, ops};
+  static const absl::Status registered = CustomOpRegistry::Global().Register(plugin, "", "");
+  ASSERT_TRUE(registered.ok()) << registered;
+  EngineOptions o;
+  o.cpu_threads = 2;
+  o.calibration = EngineOptions::Calibration::kNever;
+  o.inline_run_micros = 0;  // no run is short enough to run on its caller's thread
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  v1::Graph g = ProbeGraph();
+  for (v1::Node& n : *g.mutable_nodes()) {
+    if (n.op() == v1::OP_CUSTOM) n.mutable_attrs()->mutable_custom()->set_name(kThreadOp);
+  }
+  CompileOptions co;
+  co.device = "cpu:0";
+  auto compiled = (*engine)->Compile(g, co, {});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  const HostTensor xt = HostTensor::FromVector<float>(v1::DTYPE_F32, {1}, {1.0f});
+  const std::vector<TensorRef> inputs = {TensorRef::Of("x", xt)};
+  {
+    std::lock_guard<std::mutex> lock(probe_threads_mu);
+    probe_threads.clear();
+  }
+  std::set<std::thread::id> callers = {std::this_thread::get_id()};
+  auto run = [&] {
+    auto r = (*engine)->Run(*compiled->executable, inputs, nullptr, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+  };
+  run();
+  std::vector<std::thread> threads;
+  std::mutex callers_mu;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      {
+        std::lock_guard<std::mutex> lock(callers_mu);
+        callers.insert(std::this_thread::get_id());
+      }
+      for (int k = 0; k < 3; ++k) run();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::lock_guard<std::mutex> lock(probe_threads_mu);
+  ASSERT_EQ(probe_threads.size(), 1u) << "13 runs from 5 threads ran on " << probe_threads.size()
+                                      << " threads";
+  EXPECT_FALSE(callers.contains(*probe_threads.begin())) << "a run ran on its caller's thread";
+  for (const DeviceStats& d : (*engine)->DeviceStatistics()) {
+    if (d.device == "cpu:0") {
+      EXPECT_EQ(d.inline_runs, 0) << "runs on cpu:0: " << d.runs;
     }
   }
 }

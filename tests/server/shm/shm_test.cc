@@ -431,6 +431,85 @@ out loss
   EXPECT_EQ(last.step(), 4);
 }
 
+// The C++ client's TrainStep puts the batch in shared memory by itself (as
+// its Run does): the same losses, step for step, and the same trained params
+// as a client sending the batch as bytes; regions go back to the pool (the
+// tenant's shared memory is released when the client goes).
+TEST_F(ShmTest, ClientTrainStepUsesSharedMemory) {
+  constexpr char kTrain[] = R"(graph "client_shm_train"
+input x: f32[16, 12]
+input y: i64[16]
+param w: f32[12, 4]
+param b: f32[4]
+let loss = softmax_cross_entropy(x @ w + b, y)
+out loss
+)";
+  ClientOptions options;
+  options.api_key = kAlice;
+  auto shm_client = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(shm_client.ok()) << shm_client.status();
+  options.shared_memory = false;
+  auto bytes_client = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(bytes_client.ok()) << bytes_client.status();
+  v1::CompileOptions training;
+  training.set_device("cpu:0");
+  v1::TrainingSpec* spec = training.mutable_transforms()->mutable_training();
+  spec->set_loss("loss");
+  spec->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+  spec->mutable_optimizer()->set_lr(0.05);
+  auto init = [] {
+    TensorMap p;
+    HostTensor w = HostTensor::Create(v1::DTYPE_F32, {12, 4}).value();
+    for (int i = 0; i < 48; ++i) w.data_as<float>()[i] = 0.03f * static_cast<float>(i % 11) - 0.15f;
+    p.emplace("w", std::move(w));
+    p.emplace("b", HostTensor::FromVector<float>(v1::DTYPE_F32, {4}, {0.1f, -0.2f, 0.f, 0.3f}));
+    return p;
+  };
+  auto by_shm = (*shm_client)->CreateSession(GraphFromText(kTrain), training, init());
+  auto by_bytes = (*bytes_client)->CreateSession(GraphFromText(kTrain), training, init());
+  ASSERT_TRUE(by_shm.ok()) << by_shm.status();
+  ASSERT_TRUE(by_bytes.ok()) << by_bytes.status();
+  for (int step = 1; step <= 5; ++step) {
+    TensorMap batch;
+    HostTensor x = HostTensor::Create(v1::DTYPE_F32, {16, 12}).value();
+    for (int i = 0; i < 192; ++i) x.data_as<float>()[i] = std::sin(0.37f * static_cast<float>(i * step));
+    HostTensor y = HostTensor::Create(v1::DTYPE_I64, {16}).value();
+    for (int i = 0; i < 16; ++i) y.data_as<int64_t>()[i] = (i + step) % 4;
+    batch.emplace("x", std::move(x));
+    batch.emplace("y", std::move(y));
+    bool shm_used = false, bytes_used_shm = true;
+    auto a = (*shm_client)->TrainStep(by_shm->session_id(), batch, &shm_used);
+    auto b = (*bytes_client)->TrainStep(by_bytes->session_id(), batch, &bytes_used_shm);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(shm_used) << "step " << step;
+    EXPECT_FALSE(bytes_used_shm) << "step " << step;
+    EXPECT_EQ(a->step(), step);
+    EXPECT_EQ(a->loss(), b->loss()) << "step " << step;
+    EXPECT_EQ(a->lr(), b->lr()) << "step " << step;
+  }
+  // A batch that does not fit the graph is refused as it is as bytes, and
+  // does not run.
+  TensorMap bad;
+  bad.emplace("x", HostTensor::Create(v1::DTYPE_F32, {16, 11}).value());
+  bad.emplace("y", HostTensor::Create(v1::DTYPE_I64, {16}).value());
+  bool bad_shm = true;
+  auto refused = (*shm_client)->TrainStep(by_shm->session_id(), bad, &bad_shm);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_FALSE(bad_shm);
+  auto a = (*shm_client)->GetParams(by_shm->session_id());
+  auto b = (*bytes_client)->GetParams(by_bytes->session_id());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->at("opt/step").GetAsDouble(0), 5.0);
+  for (const char* name : {"w", "b", "opt/w/m", "opt/w/v"}) {
+    EXPECT_EQ(a->at(name).bytes(), b->at(name).bytes()) << name;
+  }
+  shm_client->reset();
+  bytes_client->reset();
+  ExpectQuotaBackToZero("alice");
+}
+
 TEST_F(ShmTest, RegisteredTwiceAndBadFds) {
   auto c = Connect(kAlice);
   ASSERT_NE(c, nullptr);
