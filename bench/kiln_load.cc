@@ -8,8 +8,10 @@
 //       (session with params, batch 1, seq 128);
 //   (c) the encoder layer through kilnd vs the in-process Engine in this
 //       process, alternating blocks of runs A B A B; overhead of the medians;
-//   (d) with --batching, only: batch-1 encoder-layer requests from 16 callers
-//       with dynamic batching on vs off, alternating blocks; the ratio.
+//   (d) with --batching, only: batch-1 requests from 16 callers with dynamic
+//       batching on vs off, alternating blocks; the ratio. --batching-model
+//       picks the model: the BERT-base encoder layer (each batch-1 request is
+//       already 128 rows) or the MLP 784-512-512-10 (one row per request).
 //
 // Starts its own kilnd (temp cache dir, ephemeral ports, a queue quota that
 // admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
@@ -162,19 +164,22 @@ struct Flags {
   int64_t delay_us = 2000;
   double batching_seconds = 4.0;
   int batching_blocks = 3;
+  std::string batching_model = "encoder";  // or "mlp"
 };
 
-// (d) Batch-1 encoder-layer requests from `callers` closed-loop callers
-// through two sessions of one kilnd, dynamic batching on (max_batch,
-// delay_us) and off, in alternating blocks A B A B after a warm-up that
-// compiles the batch sizes. Prints one JSON line.
+// (d) Batch-1 requests of the encoder layer or the MLP from `callers`
+// closed-loop callers through two sessions of one kilnd, dynamic batching on
+// (max_batch, delay_us) and off, in alternating blocks A B A B after a
+// warm-up that compiles the batch sizes. Prints one JSON line.
 int Batching(const Client& client, const Flags& f, json out) {
+  const bool mlp = f.batching_model == "mlp";
   const models::EncoderConfig config;
-  models::Model m = models::EncoderLayer(config);
+  models::Model m = mlp ? models::Mlp() : models::EncoderLayer(config);
   std::mt19937_64 rng(5);
   std::vector<TensorMap> inputs(static_cast<size_t>(f.callers));
   for (TensorMap& in : inputs) {
-    in.emplace("x", models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
+    in.emplace("x", mlp ? models::RandomF32(rng, {1, 784}, 1.0)
+                        : models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
   }
   std::string ids[2];  // 0: batching off, 1: on
   for (int on = 0; on < 2; ++on) {
@@ -188,12 +193,23 @@ int Batching(const Client& client, const Flags& f, json out) {
     ids[on] = session->session_id();
     Die(client.SetParams(ids[on], m.params).status(), "encoder params");
   }
-  // Each caller sends its own input (and checks nothing: the tests do).
+  // Each caller sends its own input (and checks nothing: the tests do). The
+  // report (asked for in both modes alike) says how many rows each run's
+  // batch had.
   std::atomic<int> next{0};
+  std::atomic<int64_t> batch_rows{0}, batched_runs{0};
+  Client::RunOptions with_report;
+  with_report.report = true;
   auto caller_call = [&](int on) {
     thread_local int me = -1;
     if (me < 0) me = next.fetch_add(1) % f.callers;
-    return client.Run(ids[on], inputs[static_cast<size_t>(me)]).status();
+    absl::StatusOr<Client::RunResult> r =
+        client.Run(ids[on], inputs[static_cast<size_t>(me)], with_report);
+    if (r.ok() && on) {
+      batch_rows.fetch_add(std::max<int64_t>(1, r->report.batch().batch_rows()));
+      batched_runs.fetch_add(1);
+    }
+    return r.status();
   };
   std::fprintf(stderr, "kiln_load: batching warm-up (compiles each batch size)\n");
   for (int on = 0; on < 2; ++on) {
@@ -204,14 +220,20 @@ int Batching(const Client& client, const Flags& f, json out) {
   for (int b = 0; b < f.batching_blocks; ++b) {
     for (int on = 0; on < 2; ++on) {
       std::fprintf(stderr, "kiln_load: batching %s, block %d\n", on ? "on" : "off", b);
+      batch_rows.store(0);
+      batched_runs.store(0);
       json j = Throughput(f.callers, f.batching_seconds, [&] { return caller_call(on); });
+      if (on && batched_runs.load() > 0) {
+        j["mean_batch_rows"] = static_cast<double>(batch_rows.load()) / batched_runs.load();
+      }
       rates[on].push_back(j["runs_per_s"].get<double>());
       blocks[on].push_back(std::move(j));
     }
   }
   std::vector<double> ratio;
   for (int b = 0; b < f.batching_blocks; ++b) ratio.push_back(rates[1][b] / rates[0][b]);
-  out["batching"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+  out["batching"] = {{"model", mlp ? "MLP 784-512-512-10, f32, batch 1"
+                                   : "BERT-base encoder layer, f32, batch 1, seq 128"},
                      {"callers", f.callers},
                      {"max_batch", f.max_batch},
                      {"max_queue_delay_us", f.delay_us},
@@ -254,6 +276,9 @@ int Main(int argc, char** argv) {
   app.add_option("--batching-seconds", f.batching_seconds, "(d) seconds per block")
       ->capture_default_str();
   app.add_option("--batching-blocks", f.batching_blocks, "(d) blocks each of on and off")
+      ->capture_default_str();
+  app.add_option("--batching-model", f.batching_model, "(d) the model: encoder or mlp")
+      ->check(CLI::IsMember({"encoder", "mlp"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // The in-process engine logs through spdlog: to stderr, keeping stdout JSON.
