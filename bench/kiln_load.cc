@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/openmp_policy.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
@@ -610,6 +611,9 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // The in-process engine's OpenMP team waits as kilnd's does (base/openmp_policy.h);
+  // the kilnd this starts inherits the same environment.
+  kiln::UseBoundedOpenMpSpin(argv);
   // As kilnctl: both the client and the in-process engine of this process
   // keep their freed buffers (see TuneMallocForLargeTensors).
   kiln::TuneMallocForLargeTensors();

@@ -32,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/openmp_policy.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
@@ -252,6 +253,8 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // The in-process engine's OpenMP team waits as kilnd's does (base/openmp_policy.h).
+  kiln::UseBoundedOpenMpSpin(argv);
   kiln::TuneMallocForLargeTensors();
   return kiln::Main(argc, argv);
 }
