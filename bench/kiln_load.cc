@@ -8,12 +8,15 @@
 //       (session with params, batch 1, seq 128);
 //   (c) the encoder layer through kilnd vs the in-process Engine in this
 //       process, alternating blocks of runs A B A B; overhead of the medians;
-//   (d) with --batching, only: batch-1 encoder-layer requests from 16 callers
-//       with dynamic batching on vs off, alternating blocks; the ratio.
+//   (d) with --batching, only: batch-1 requests from 16 callers with dynamic
+//       batching on vs off, alternating blocks; the ratio. --batching-model
+//       picks the model: the BERT-base encoder layer (each batch-1 request is
+//       already 128 rows) or the MLP 784-512-512-10 (one row per request).
 //
 // Starts its own kilnd (temp cache dir, ephemeral ports, a queue quota that
 // admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
 // stdout (bench/run_all.sh collects one per line); progress goes to stderr.
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -24,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,9 +36,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/openmp_policy.h"
 #include "clients/cpp/client.h"
-#include "engine/engine.h"
 #include "clients/cpp/graph_builder.h"
+#include "engine/engine.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -101,6 +106,28 @@ json Machine() {
           {"date", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())}};
 }
 
+// CPU seconds (user + system) used so far by this process and by `pid`
+// (kilnd; -1: none, e.g. --addr), so a block's CPU per run can be compared
+// across modes: unlike runs/s it does not depend on what else the host runs.
+double CpuSeconds(pid_t pid) {
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  double s = self.ru_utime.tv_sec + self.ru_stime.tv_sec +
+             1e-6 * (self.ru_utime.tv_usec + self.ru_stime.tv_usec);
+  if (pid <= 0) return s;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields 14 and 15 (utime, stime, in clock ticks) follow the ")" of the name.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);
+  }
+  return s + ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // One closed loop per thread for `seconds`: each thread issues its next call
 // when the previous one returns.
 template <typename Call>
@@ -162,19 +189,24 @@ struct Flags {
   int64_t delay_us = 2000;
   double batching_seconds = 4.0;
   int batching_blocks = 3;
+  std::string batching_model = "encoder";  // or "mlp"
+  // --encoder-overhead: only (c).
+  bool encoder_overhead = false;
 };
 
-// (d) Batch-1 encoder-layer requests from `callers` closed-loop callers
-// through two sessions of one kilnd, dynamic batching on (max_batch,
-// delay_us) and off, in alternating blocks A B A B after a warm-up that
-// compiles the batch sizes. Prints one JSON line.
-int Batching(const Client& client, const Flags& f, json out) {
+// (d) Batch-1 requests of the encoder layer or the MLP from `callers`
+// closed-loop callers through two sessions of one kilnd, dynamic batching on
+// (max_batch, delay_us) and off, in alternating blocks A B A B after a
+// warm-up that compiles the batch sizes. Prints one JSON line.
+int Batching(const Client& client, const Flags& f, pid_t kilnd_pid, json out) {
+  const bool mlp = f.batching_model == "mlp";
   const models::EncoderConfig config;
-  models::Model m = models::EncoderLayer(config);
+  models::Model m = mlp ? models::Mlp() : models::EncoderLayer(config);
   std::mt19937_64 rng(5);
   std::vector<TensorMap> inputs(static_cast<size_t>(f.callers));
   for (TensorMap& in : inputs) {
-    in.emplace("x", models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
+    in.emplace("x", mlp ? models::RandomF32(rng, {1, 784}, 1.0)
+                        : models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
   }
   std::string ids[2];  // 0: batching off, 1: on
   for (int on = 0; on < 2; ++on) {
@@ -188,30 +220,52 @@ int Batching(const Client& client, const Flags& f, json out) {
     ids[on] = session->session_id();
     Die(client.SetParams(ids[on], m.params).status(), "encoder params");
   }
-  // Each caller sends its own input (and checks nothing: the tests do).
+  // Each caller sends its own input (and checks nothing: the tests do). The
+  // report (asked for in both modes alike) says how many rows each run's
+  // batch had.
   std::atomic<int> next{0};
+  std::atomic<int64_t> batch_rows{0}, batched_runs{0};
+  Client::RunOptions with_report;
+  with_report.report = true;
   auto caller_call = [&](int on) {
     thread_local int me = -1;
     if (me < 0) me = next.fetch_add(1) % f.callers;
-    return client.Run(ids[on], inputs[static_cast<size_t>(me)]).status();
+    absl::StatusOr<Client::RunResult> r =
+        client.Run(ids[on], inputs[static_cast<size_t>(me)], with_report);
+    if (r.ok() && on) {
+      batch_rows.fetch_add(std::max<int64_t>(1, r->report.batch().batch_rows()));
+      batched_runs.fetch_add(1);
+    }
+    return r.status();
   };
   std::fprintf(stderr, "kiln_load: batching warm-up (compiles each batch size)\n");
   for (int on = 0; on < 2; ++on) {
     Throughput(f.callers, on ? 3 * f.batching_seconds : 1.0, [&] { return caller_call(on); });
   }
   std::vector<json> blocks[2];
-  std::vector<double> rates[2];
+  std::vector<double> rates[2], cpu_per_run[2];
   for (int b = 0; b < f.batching_blocks; ++b) {
     for (int on = 0; on < 2; ++on) {
       std::fprintf(stderr, "kiln_load: batching %s, block %d\n", on ? "on" : "off", b);
+      batch_rows.store(0);
+      batched_runs.store(0);
+      const double cpu0 = CpuSeconds(kilnd_pid);
       json j = Throughput(f.callers, f.batching_seconds, [&] { return caller_call(on); });
+      const double cpu = CpuSeconds(kilnd_pid) - cpu0;
+      const double runs = j["runs"].get<double>();
+      j["cpu_us_per_run"] = runs > 0 ? 1e6 * cpu / runs : 0;
+      cpu_per_run[on].push_back(j["cpu_us_per_run"].get<double>());
+      if (on && batched_runs.load() > 0) {
+        j["mean_batch_rows"] = static_cast<double>(batch_rows.load()) / batched_runs.load();
+      }
       rates[on].push_back(j["runs_per_s"].get<double>());
       blocks[on].push_back(std::move(j));
     }
   }
   std::vector<double> ratio;
   for (int b = 0; b < f.batching_blocks; ++b) ratio.push_back(rates[1][b] / rates[0][b]);
-  out["batching"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+  out["batching"] = {{"model", mlp ? "MLP 784-512-512-10, f32, batch 1"
+                                   : "BERT-base encoder layer, f32, batch 1, seq 128"},
                      {"callers", f.callers},
                      {"max_batch", f.max_batch},
                      {"max_queue_delay_us", f.delay_us},
@@ -221,10 +275,78 @@ int Batching(const Client& client, const Flags& f, json out) {
                      {"off_runs_per_s_median", Median(rates[0])},
                      {"on_runs_per_s_median", Median(rates[1])},
                      {"ratio_median_of_blocks", Median(ratio)},
+                     // client + kilnd CPU per run: what throughput on an
+                     // otherwise idle host follows
+                     {"off_cpu_us_per_run_median", Median(cpu_per_run[0])},
+                     {"on_cpu_us_per_run_median", Median(cpu_per_run[1])},
+                     {"cpu_per_run_off_over_on", Median(cpu_per_run[0]) / Median(cpu_per_run[1])},
                      {"target_ratio", 2.0}};
   std::printf("%s\n", out.dump().c_str());
   for (const std::string& id : ids) Die(client.CloseSession(id), "close");
   return 0;
+}
+
+// (c) The encoder layer `m` through kilnd's session `enc_id` vs the same
+// layer in this process, alternating blocks A B A B; sets out["encoder_overhead"].
+void EncoderOverhead(const Client& client, const models::Model& m, const std::string& enc_id,
+                     const TensorMap& enc_in, const Flags& f, json& out) {
+  const models::EncoderConfig config;
+  auto run_encoder = [&] { return client.Run(enc_id, enc_in).status(); };
+  std::fprintf(stderr, "kiln_load: encoder layer, in-process vs kilnd\n");
+  testing::ScratchDir engine_cache;
+  EngineOptions eo;
+  eo.cache_dir = engine_cache.path();
+  auto engine = Engine::Create(eo);
+  Die(engine.status(), "engine");
+  auto compiled = (*engine)->Compile(m.graph, {}, {{"x", {1, config.seq, config.hidden}}});
+  Die(compiled.status(), "in-process compile");
+  const std::vector<TensorRef> param_refs = models::ParamRefs(m);
+  auto params = (*engine)->CreateParams(param_refs);
+  Die(params.status(), "in-process params");
+  const std::vector<TensorRef> in_refs = {TensorRef::Of("x", enc_in.at("x"))};
+  auto run_inproc = [&] {
+    return (*engine)->Run(*compiled->executable, in_refs, params->get(), {}).status();
+  };
+  for (int i = 0; i < 5; ++i) Die(run_inproc(), "in-process warm-up");
+  // Blocks alternate A B A B; the first run of each block is dropped, so the
+  // other side's spinning OpenMP threads and cold caches do not count.
+  // kilnd's own report of each timed run splits its latency into the engine
+  // run inside kilnd and the rest (gRPC, copies, request handling).
+  std::vector<double> a, b, ratio, served_engine, served_rest;
+  for (int block = 0; block < f.encoder_blocks; ++block) {
+    for (const bool inproc : {block % 2 == 0, block % 2 != 0}) {
+      std::vector<double> kept;
+      for (int i = 0; i <= f.block_runs; ++i) {
+        const auto t0 = Clock::now();
+        Die(inproc ? run_inproc() : run_encoder(), "encoder A/B");
+        if (i > 0) kept.push_back(MicrosSince(t0));
+      }
+      (inproc ? a : b).insert((inproc ? a : b).end(), kept.begin(), kept.end());
+      if (inproc) continue;
+      auto reports = client.GetReports(f.block_runs);  // this block's timed runs, oldest first
+      Die(reports.status(), "reports");
+      for (size_t i = 0; i < reports->size() && i < kept.size(); ++i) {
+        served_engine.push_back((*reports)[i].run_micros());
+        served_rest.push_back(kept[i] - (*reports)[i].run_micros());
+      }
+    }
+    // Ratio of this block pair's medians.
+    const size_t n = static_cast<size_t>(f.block_runs);
+    ratio.push_back(Median({b.end() - n, b.end()}) / Median({a.end() - n, a.end()}));
+  }
+  const double ma = Median(a), mb = Median(b);
+  out["encoder_overhead"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
+                             {"blocks", f.encoder_blocks},
+                             {"runs_per_block", f.block_runs},
+                             {"in_process", Summary(a)},
+                             {"kilnd", Summary(b)},
+                             {"overhead_pct_of_medians", 100.0 * (mb - ma) / ma},
+                             {"overhead_pct_median_of_block_ratios", 100.0 * (Median(ratio) - 1.0)},
+                             {"kilnd_engine_run_p50_us", Median(served_engine)},
+                             {"kilnd_non_engine_p50_us", Median(served_rest)},
+                             {"non_engine_pct_of_in_process", 100.0 * Median(served_rest) / ma},
+                             {"shared_memory", client.Run(enc_id, enc_in)->shared_memory},
+                             {"target_pct", 5}};
 }
 
 int Main(int argc, char** argv) {
@@ -255,6 +377,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batching-blocks", f.batching_blocks, "(d) blocks each of on and off")
       ->capture_default_str();
+  app.add_flag("--encoder-overhead", f.encoder_overhead,
+               "only (c): the encoder layer through kilnd vs in this process");
+  app.add_option("--batching-model", f.batching_model, "(d) the model: encoder or mlp")
+      ->check(CLI::IsMember({"encoder", "mlp"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // The in-process engine logs through spdlog: to stderr, keeping stdout JSON.
   spdlog::set_default_logger(spdlog::stderr_color_mt("kiln_load"));
@@ -284,7 +411,22 @@ int Main(int argc, char** argv) {
   auto client_or = Client::Create(f.addr);
   Die(client_or.status(), "connecting");
   const Client& client = **client_or;
-  if (f.batching) return Batching(client, f, std::move(out));
+  if (f.batching) return Batching(client, f, kilnd ? kilnd->pid() : -1, std::move(out));
+  if (f.encoder_overhead) {
+    const models::EncoderConfig config;
+    models::Model m = models::EncoderLayer(config);
+    std::mt19937_64 rng(1);
+    TensorMap enc_in;
+    enc_in.emplace("x", models::RandomF32(rng, {1, config.seq, config.hidden}, 1.0));
+    auto session = client.CreateSession(GraphFromProto(m.graph));
+    Die(session.status(), "encoder session");
+    Die(client.SetParams(session->session_id(), m.params).status(), "encoder params");
+    for (int i = 0; i < 5; ++i) Die(client.Run(session->session_id(), enc_in).status(), "warm-up");
+    EncoderOverhead(client, m, session->session_id(), enc_in, f, out);
+    std::printf("%s\n", out.dump().c_str());
+    Die(client.CloseSession(session->session_id()), "close");
+    return 0;
+  }
 
   // (a) The tiny graph: x f32[1] -> x + 1.
   std::fprintf(stderr, "kiln_load: tiny graph, concurrency 1\n");
@@ -458,61 +600,7 @@ int Main(int argc, char** argv) {
   }
   out["encoder_throughput"] = enc_curve;
 
-  // (c) The same encoder layer in this process.
-  std::fprintf(stderr, "kiln_load: encoder layer, in-process vs kilnd\n");
-  testing::ScratchDir engine_cache;
-  EngineOptions eo;
-  eo.cache_dir = engine_cache.path();
-  auto engine = Engine::Create(eo);
-  Die(engine.status(), "engine");
-  auto compiled = (*engine)->Compile(m.graph, {}, {{"x", {1, config.seq, config.hidden}}});
-  Die(compiled.status(), "in-process compile");
-  const std::vector<TensorRef> param_refs = models::ParamRefs(m);
-  auto params = (*engine)->CreateParams(param_refs);
-  Die(params.status(), "in-process params");
-  const std::vector<TensorRef> in_refs = {TensorRef::Of("x", enc_in.at("x"))};
-  auto run_inproc = [&] {
-    return (*engine)->Run(*compiled->executable, in_refs, params->get(), {}).status();
-  };
-  for (int i = 0; i < 5; ++i) Die(run_inproc(), "in-process warm-up");
-  // Blocks alternate A B A B; the first run of each block is dropped, so the
-  // other side's spinning OpenMP threads and cold caches do not count.
-  // kilnd's own report of each timed run splits its latency into the engine
-  // run inside kilnd and the rest (gRPC, copies, request handling).
-  std::vector<double> a, b, ratio, served_engine, served_rest;
-  for (int block = 0; block < f.encoder_blocks; ++block) {
-    for (const bool inproc : {block % 2 == 0, block % 2 != 0}) {
-      std::vector<double> kept;
-      for (int i = 0; i <= f.block_runs; ++i) {
-        const auto t0 = Clock::now();
-        Die(inproc ? run_inproc() : run_encoder(), "encoder A/B");
-        if (i > 0) kept.push_back(MicrosSince(t0));
-      }
-      (inproc ? a : b).insert((inproc ? a : b).end(), kept.begin(), kept.end());
-      if (inproc) continue;
-      auto reports = client.GetReports(f.block_runs);  // this block's timed runs, oldest first
-      Die(reports.status(), "reports");
-      for (size_t i = 0; i < reports->size() && i < kept.size(); ++i) {
-        served_engine.push_back((*reports)[i].run_micros());
-        served_rest.push_back(kept[i] - (*reports)[i].run_micros());
-      }
-    }
-    // Ratio of this block pair's medians.
-    const size_t n = static_cast<size_t>(f.block_runs);
-    ratio.push_back(Median({b.end() - n, b.end()}) / Median({a.end() - n, a.end()}));
-  }
-  const double ma = Median(a), mb = Median(b);
-  out["encoder_overhead"] = {{"model", "BERT-base encoder layer, f32, batch 1, seq 128"},
-                             {"blocks", f.encoder_blocks},
-                             {"runs_per_block", f.block_runs},
-                             {"in_process", Summary(a)},
-                             {"kilnd", Summary(b)},
-                             {"overhead_pct_of_medians", 100.0 * (mb - ma) / ma},
-                             {"overhead_pct_median_of_block_ratios", 100.0 * (Median(ratio) - 1.0)},
-                             {"kilnd_engine_run_p50_us", Median(served_engine)},
-                             {"kilnd_non_engine_p50_us", Median(served_rest)},
-                             {"non_engine_pct_of_in_process", 100.0 * Median(served_rest) / ma},
-                             {"target_pct", 5}};
+  EncoderOverhead(client, m, enc_id, enc_in, f, out);
   std::printf("%s\n", out.dump().c_str());
   Die(client.CloseSession(enc_id), "close");
   Die(client.CloseSession(tiny_id), "close");
@@ -523,6 +611,9 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // The in-process engine's OpenMP team waits as kilnd's does (base/openmp_policy.h);
+  // the kilnd this starts inherits the same environment.
+  kiln::UseBoundedOpenMpSpin(argv);
   // As kilnctl: both the client and the in-process engine of this process
   // keep their freed buffers (see TuneMallocForLargeTensors).
   kiln::TuneMallocForLargeTensors();

@@ -6,6 +6,8 @@
 // own work (one pass over 4 MiB) is not counted for either transport.
 //
 //   grpc       kiln::Client with shared memory off: tensors in the messages
+//   grpc_unix  the same as grpc over kilnd's Unix-domain-socket listener
+//              (HTTP/2 without TCP), when there is one
 //   shm_copy   kiln::Client with shared memory on: the client copies the
 //              input into its region and the outputs out of it (what a
 //              caller holding HostTensors gets)
@@ -13,13 +15,14 @@
 //              region the caller filled once, outputs read in place (what
 //              a caller that lays out its tensors in shared memory gets)
 //
-// Blocks of runs alternate grpc, shm_copy, shm_inplace; medians and p90 per
+// Blocks of runs alternate grpc, shm_copy, shm_inplace, grpc_unix; medians and p90 per
 // mode. Starts its own kilnd unless --addr is given. Prints one JSON object
 // on stdout.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -59,6 +62,11 @@ struct Samples {
   }
 };
 
+double Load() {
+  double load[3] = {0, 0, 0};
+  return getloadavg(load, 3) < 0 ? -1 : load[0];
+}
+
 int Main(int argc, char** argv) {
   CLI::App app("kiln_shm_bench: 4 MiB in / 4 MiB out through kilnd, gRPC vs shared memory");
   std::string addr;
@@ -67,6 +75,9 @@ int Main(int argc, char** argv) {
   app.add_option("--blocks", blocks, "alternating blocks per mode");
   app.add_option("--runs", runs, "runs per block");
   app.add_option("--n", n, "x is f32[n, n]");
+  std::string unix_socket;
+  app.add_option("--unix-socket", unix_socket,
+                 "with --addr: kilnd's Unix socket path, for the grpc_unix mode");
   CLI11_PARSE(app, argc, argv);
   TuneMallocForLargeTensors();
 
@@ -74,7 +85,9 @@ int Main(int argc, char** argv) {
   std::unique_ptr<testing::KilndChild> kilnd;
   if (addr.empty()) {
     cache = std::make_unique<testing::ScratchDir>();
-    auto k = testing::KilndChild::Start(cache->path());
+    unix_socket = cache->path() + "/kilnd.sock";
+    auto k = testing::KilndChild::Start(cache->path() + "/cache", "",
+                                        {"--listen=127.0.0.1:0,unix:" + unix_socket});
     if (!k.ok()) {
       std::fprintf(stderr, "kilnd: %s\n", std::string(k.status().message()).c_str());
       return 1;
@@ -87,6 +100,13 @@ int Main(int argc, char** argv) {
   auto shm_client = Client::Create(addr, on);
   auto grpc_client = Client::Create(addr, off);
   if (!shm_client.ok() || !grpc_client.ok()) return 1;
+  std::unique_ptr<Client> unix_client;
+  if (!unix_socket.empty()) {
+    auto c = Client::Create("unix:" + unix_socket, off);
+    if (!c.ok()) return 1;
+    unix_client = *std::move(c);
+  }
+  const int modes = unix_client ? 4 : 3;
   const std::string text = "graph \"identity\"\ninput x: f32[" + std::to_string(n) + ", " +
                            std::to_string(n) + "]\nlet y = x * 1\nout y\n";
   auto session = (*grpc_client)->CreateSession(GraphFromText(text));
@@ -128,7 +148,7 @@ int Main(int argc, char** argv) {
 
   Client::RunOptions with_report;
   with_report.report = true;
-  Samples grpc, shm_copy, shm_inplace;
+  Samples grpc, shm_copy, shm_inplace, grpc_unix;
   bool checked = false;
   auto one = [&](int mode, bool record) -> bool {
     const auto t0 = Clock::now();
@@ -150,7 +170,7 @@ int Main(int argc, char** argv) {
       }
       engine_us = resp.report().run_micros();
     } else {
-      const Client& client = mode == 0 ? **grpc_client : **shm_client;
+      const Client& client = mode == 0 ? **grpc_client : mode == 1 ? **shm_client : *unix_client;
       auto r = client.Run(sid, inputs, with_report);
       if (!r.ok() || r->shared_memory != (mode == 1)) {
         std::fprintf(stderr, "mode %d: %s\n", mode, r.ok() ? "transport" : std::string(r.status().message()).c_str());
@@ -160,17 +180,23 @@ int Main(int argc, char** argv) {
       engine_us = r->report.run_micros();
     }
     const double total_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    if (record) (mode == 0 ? grpc : mode == 1 ? shm_copy : shm_inplace).Add(total_us, engine_us);
+    if (record) {
+      (mode == 0   ? grpc
+       : mode == 1 ? shm_copy
+       : mode == 2 ? shm_inplace
+                   : grpc_unix)
+          .Add(total_us, engine_us);
+    }
     return true;
   };
-  for (int mode = 0; mode < 3; ++mode) {
+  for (int mode = 0; mode < modes; ++mode) {
     for (int i = 0; i < 5; ++i) {
       if (!one(mode, false)) return 1;
     }
   }
   checked = true;
   for (int b = 0; b < blocks; ++b) {
-    for (int mode = 0; mode < 3; ++mode) {
+    for (int mode = 0; mode < modes; ++mode) {
       for (int i = 0; i < runs; ++i) {
         if (!one(mode, true)) return 1;
       }
@@ -186,8 +212,15 @@ int Main(int argc, char** argv) {
       {"shm_copy", shm_copy.Json()},
       {"shm_inplace", shm_inplace.Json()},
       {"grpc_over_shm_inplace_added", p > 0 ? g / p : 0},
-      {"targets", {{"grpc_added_ms<=2", g <= 2}, {"shm_added_ms<=0.2", p <= 0.2},
-                   {"shm_copy_added_ms", c}}}};
+      {"load_1min", Load()},
+      {"targets",
+       {{"grpc_added_ms<=2", g <= 2}, {"shm_added_ms<=0.2", p <= 0.2}, {"shm_copy_added_ms", c}}}};
+  if (unix_client) {
+    const double u = Percentile(grpc_unix.added_us, 0.5) / 1000;
+    out["grpc_unix"] = grpc_unix.Json();
+    out["grpc_tcp_over_unix_added"] = u > 0 ? g / u : 0;
+    out["targets"]["grpc_unix_added_ms<=2"] = u <= 2;
+  }
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -12,8 +12,10 @@
 //       trip (target: <= the peer's in-process time + 60 us, i.e. added <=
 //       round trip + 60 us when the in-process engine matches the peer).
 //
-// Starts its own kilnd (temp cache dir, ephemeral ports). Prints one JSON
-// object on one line of stdout; progress goes to stderr.
+// The client sends tensors as bytes in the gRPC messages (shared memory
+// off: kiln_shm_bench measures that transport). --cases picks (a), (b) or
+// both. Starts its own kilnd (temp cache dir, ephemeral ports). Prints one
+// JSON object on one line of stdout; progress goes to stderr.
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/openmp_policy.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
@@ -89,6 +92,7 @@ struct Flags {
   int blocks = 10;
   int runs = 20;  // per block (the first of each block is dropped)
   int warmup = 150;  // kilnd calls before timing
+  std::vector<std::string> cases = {"four_mib", "mlp_b1"};
 };
 
 // One graph through kilnd and in-process, alternating blocks.
@@ -149,12 +153,21 @@ int Main(int argc, char** argv) {
   app.add_option("--blocks", f.blocks, "alternating blocks");
   app.add_option("--runs", f.runs, "timed runs per block");
   app.add_option("--warmup", f.warmup, "untimed kilnd calls first");
+  app.add_option("--cases", f.cases, "four_mib, mlp_b1 (default both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"four_mib", "mlp_b1"}));
   CLI11_PARSE(app, argc, argv);
+  auto wanted = [&](const char* c) {
+    return std::find(f.cases.begin(), f.cases.end(), c) != f.cases.end();
+  };
 
   testing::ScratchDir cache, engine_cache;
   auto kilnd = testing::KilndChild::Start(cache.path(), f.kilnd);
   Die(kilnd.status(), "kilnd");
-  auto client = Client::Create((*kilnd)->addr());
+  // Tensor bytes in the messages: what this bench measures.
+  ClientOptions grpc_bytes;
+  grpc_bytes.shared_memory = false;
+  auto client = Client::Create((*kilnd)->addr(), grpc_bytes);
   Die(client.status(), "client");
   EngineOptions eo;
   eo.cache_dir = engine_cache.path();
@@ -163,7 +176,7 @@ int Main(int argc, char** argv) {
   json out = {{"bench", "kiln_wire"}, {"machine", Machine()}};
 
   // (a) 4 MiB each way.
-  {
+  if (wanted("four_mib")) {
     constexpr int64_t n = int64_t{1} << 20;
     GraphBuilder g("times_one");
     g.output("y", g.mul(g.input("x", v1::DTYPE_F32, {n}), g.scalar(1.0)));
@@ -195,7 +208,7 @@ int Main(int argc, char** argv) {
   }
 
   // (b) MLP batch 1.
-  {
+  if (wanted("mlp_b1")) {
     models::Model m = models::Mlp();
     v1::CompileOptions cpu;
     cpu.set_device("cpu:0");
@@ -240,6 +253,8 @@ int Main(int argc, char** argv) {
 }  // namespace kiln
 
 int main(int argc, char** argv) {
+  // The in-process engine's OpenMP team waits as kilnd's does (base/openmp_policy.h).
+  kiln::UseBoundedOpenMpSpin(argv);
   kiln::TuneMallocForLargeTensors();
   return kiln::Main(argc, argv);
 }

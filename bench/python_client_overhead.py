@@ -67,7 +67,9 @@ def main():
     proc, addr = start_kilnd(args.kilnd, d)
     results = []
     try:
-        client = kiln.Client(addr)
+        # Tensor bytes in the messages, as the bare call sends them (a local
+        # client would otherwise pass them through shared memory).
+        client = kiln.Client(addr, shared_memory=False)
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         channel = grpc.insecure_channel(addr, options=options)
         bare = channel.unary_unary("/kiln.v1.Kiln/Run")  # bytes in, bytes out: no (de)serialization

@@ -241,6 +241,8 @@ int Encoder(const std::map<std::string, std::string>& flags) {
     add("x", x);
     add("y_kiln", last.outputs[0].second);
     std::ofstream(dir / "manifest.json") << manifest.dump(1);
+    // The graph itself (a serialized kiln.v1.Graph), for clients that send it to kilnd.
+    std::ofstream(dir / "graph.pb", std::ios::binary) << m.graph.SerializeAsString();
   }
   json out = {{"bench", "encoder_layer_fp32"},
               {"impl", "kiln"},

@@ -41,6 +41,8 @@ class KilndChild {
 
   // "127.0.0.1:<port>"
   const std::string& addr() const { return addr_; }
+  // The kilnd process (benchmarks read its CPU time from /proc).
+  pid_t pid() const { return pid_; }
   // SIGTERM and wait; the exit status (-1 when killed by a signal).
   int Stop();
   std::string Log() const;
