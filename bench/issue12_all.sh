@@ -91,7 +91,8 @@ GLIBC_TUNABLES=$malloc run python_client_overhead "$py" bench/python_client_over
   --kilnd "$build/server/kilnd" --calls 1000
 run batching_mlp "$build/bench/kiln_load" --batching --batching-model mlp --batching-seconds 3 \
   --batching-blocks 3
+# 5 s blocks: the warm-up (3 x 5 s) must compile every batch size first.
 run batching_encoder "$build/bench/kiln_load" --batching --batching-model encoder \
-  --batching-seconds 3 --batching-blocks 2
+  --batching-seconds 5 --batching-blocks 2
 echo "(JSON of each bench in $out)"
 exit $failed
