@@ -303,6 +303,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       const int64_t index = ++st.received;
       if (!s.ok()) {
         st.failed = absl::Status(StatusBuilder(s) << "at step " << index << " of the stream");
+        st.failed_index = index;
         return;
       }
       st.next = std::move(step);
@@ -314,10 +315,10 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     Update([&](Stream& st) {
       st.writing = false;
       st.answers.pop_front();
-      if (!ok && !st.failed) {
-        st.failed = absl::CancelledError("the client stopped reading the answers");
-      }
-      if (!ok) st.answers.clear();
+      if (ok) return;
+      st.broken = true;
+      st.answers.clear();
+      if (!st.failed) st.failed = absl::CancelledError("the client stopped reading the answers");
     });
   }
 
@@ -341,6 +342,8 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     std::unique_ptr<StepWork> next ABSL_GUARDED_BY(mu);  // admitted, waits for `running`
     int64_t next_index ABSL_GUARDED_BY(mu) = 0;
     std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);  // the call ends with it
+    int64_t failed_index ABSL_GUARDED_BY(mu) = 0;  // the step it names; 0: none (the client)
+    bool broken ABSL_GUARDED_BY(mu) = false;       // a write failed: no more answers
     int64_t received ABSL_GUARDED_BY(mu) = 0;                // messages read
     int64_t answered ABSL_GUARDED_BY(mu) = 0;
   };
@@ -419,7 +422,9 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     if (st.running && st.running_outcome) {  // the running step ended: its answer
       absl::Status s = *std::move(st.running_outcome);
       st.running_outcome.reset();
-      if (s.ok() && !st.failed) {
+      // A step that ran is answered even when the message after it was
+      // refused meanwhile: the refusal ends the call after this answer.
+      if (s.ok() && !st.broken) {
         s = SerializeMessage(st.running->response(), &st.answers.emplace_back());
         if (s.ok()) {
           ++st.answered;
@@ -427,9 +432,11 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
           st.answers.pop_back();
         }
       }
-      if (!s.ok()) {  // an earlier failure than a refused next message
+      // This step's failure comes before a refused later message's.
+      if (!s.ok() && (!st.failed || st.failed_index > st.running_index)) {
         st.failed =
             absl::Status(StatusBuilder(s) << "at step " << st.running_index << " of the stream");
+        st.failed_index = st.running_index;
         st.next.reset();
       }
       st.running->ReleaseRun();

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/openmp_policy.h"
 #include "engine/engine.h"
 #include "engine/io/gguf.h"
 
@@ -159,4 +160,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kiln
 
-int main(int argc, char** argv) { return kiln::Main(argc, argv); }
+int main(int argc, char** argv) {
+  kiln::UseBoundedOpenMpSpin(argv);  // as kilnd does (base/openmp_policy.h)
+  return kiln::Main(argc, argv);
+}

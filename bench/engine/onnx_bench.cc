@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "base/openmp_policy.h"
 #include "engine/engine.h"
 #include "engine/io/onnx/onnx_import.h"
 #include "nlohmann/json.hpp"
@@ -35,6 +36,7 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kiln::UseBoundedOpenMpSpin(argv);  // as kilnd does (base/openmp_policy.h)
   if (argc < 3) {
     std::fprintf(stderr, "usage: kiln_onnx_bench model.onnx input.pb [--iters N] [--warmup W] "
                          "[--threads T] [--out y.bin]\n");

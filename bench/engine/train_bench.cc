@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/openmp_policy.h"
 #include "engine/engine.h"
 #include "engine/io/npy.h"
 #include "engine/ir/text.h"
@@ -242,4 +243,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace kiln
 
-int main(int argc, char** argv) { return kiln::Main(argc, argv); }
+int main(int argc, char** argv) {
+  kiln::UseBoundedOpenMpSpin(argv);  // as kilnd does (base/openmp_policy.h)
+  return kiln::Main(argc, argv);
+}

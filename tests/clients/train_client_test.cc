@@ -578,6 +578,112 @@ TEST(TrainClientTest, StreamedStepsEqualSingleSteps) {
   EXPECT_EQ(step->at("opt/step").GetAsDouble(0), 11.0);
 }
 
+// A step long enough to run on its device's thread (over the engine's inline
+// bound): kilnd refuses the next message while the step runs, and still
+// answers the step (applied) before the call fails at the refused message.
+TEST(TrainClientTest, StreamRefusalWhileAStepRunsAnswersThatStepFirst) {
+  constexpr char kWide[] = R"(graph "train_wide"
+input x: f32[256, 512]
+input y: i64[256]
+param w: f32[512, 512]
+let loss = softmax_cross_entropy(x @ w, y)
+out loss
+)";
+  auto client = Client::Create(SharedKilnd().addr());
+  ASSERT_TRUE(client.ok());
+  TensorMap init;
+  HostTensor w = HostTensor::Create(v1::DTYPE_F32, {512, 512}).value();
+  for (int64_t i = 0; i < w.num_elements(); ++i) w.SetFromDouble(i, 0.001 * static_cast<double>(i % 17));
+  init.emplace("w", std::move(w));
+  auto session = (*client)->CreateSession(Source(kWide), Training(v1::OPTIMIZER_ADAM, 0.01), init);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto batch = [](bool with_x) {
+    TensorMap b;
+    HostTensor x = HostTensor::Create(v1::DTYPE_F32, {256, 512}).value();
+    for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, std::cos(0.01 * static_cast<double>(i)));
+    HostTensor y = HostTensor::Create(v1::DTYPE_I64, {256}).value();
+    for (int64_t i = 0; i < 256; ++i) y.SetFromDouble(i, static_cast<double>(i * 7 % 512));
+    if (with_x) b.emplace("x", std::move(x));
+    b.emplace("y", std::move(y));
+    return b;
+  };
+  for (int round = 1; round <= 3; ++round) {
+    std::vector<TensorMap> batches;
+    batches.push_back(batch(true));
+    batches.push_back(batch(false));
+    batches.push_back(batch(true));
+    int answered = 0;
+    auto r = (*client)->TrainSteps(session->session_id(), batches,
+                                   [&](const v1::TrainStepResponse& a) {
+                                     ++answered;
+                                     EXPECT_EQ(a.step(), round);
+                                   });
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("at step 2 of the stream"));
+    EXPECT_EQ(answered, 1) << "round " << round;
+    auto step = (*client)->GetParams(session->session_id(), {"opt/step"});
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(step->at("opt/step").GetAsDouble(0), static_cast<double>(round));
+  }
+  EXPECT_TRUE((*client)->CloseSession(session->session_id()).ok());
+}
+
+// A client that goes away in the middle of a TrainSteps stream (batches sent
+// ahead, a step running, its answer unread): kilnd ends the call once the
+// running step is done and keeps serving; the session's step count is every
+// step that ran, and the next step continues from it.
+TEST(TrainClientTest, StreamCancelledMidwayLeavesTheSessionConsistent) {
+  auto client = Client::Create(SharedKilnd().addr());
+  ASSERT_TRUE(client.ok());
+  TensorMap init;
+  for (const auto& [n, d] :
+       std::map<std::string, Dims>{{"w1", {10, 24}}, {"b1", {24}}, {"w2", {24, 3}}, {"b2", {3}}}) {
+    HostTensor t = HostTensor::Create(v1::DTYPE_F32, d).value();
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.SetFromDouble(i, 0.01 * static_cast<double>(i % 13));
+    init.emplace(n, std::move(t));
+  }
+  auto session = (*client)->CreateSession(Source(kMlp), Training(v1::OPTIMIZER_ADAM, 0.01), init);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string id = session->session_id();
+  HostTensor x = HostTensor::Create(v1::DTYPE_F32, {32, 10}).value();
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.SetFromDouble(i, std::sin(0.1 * static_cast<double>(i)));
+  HostTensor y = HostTensor::Create(v1::DTYPE_I64, {32}).value();
+  for (int64_t i = 0; i < 32; ++i) y.SetFromDouble(i, static_cast<double>(i % 3));
+  int64_t answered = 0;
+  for (int round = 0; round < 6; ++round) {
+    auto ctx = (*client)->NewContext();
+    auto stream = (*client)->stub().TrainSteps(ctx.get());
+    for (int i = 0; i < 3; ++i) {
+      v1::TrainStepRequest req;
+      if (i == 0) req.set_session_id(id);
+      for (const auto& [name, t] : {std::pair<const char*, const HostTensor*>{"x", &x}, {"y", &y}}) {
+        v1::NamedTensor* nt = req.add_inputs();
+        nt->set_name(name);
+        t->ToProto(nt->mutable_tensor());
+      }
+      ASSERT_TRUE(stream->Write(req)) << "round " << round << " batch " << i;
+    }
+    v1::TrainStepResponse first;
+    ASSERT_TRUE(stream->Read(&first)) << "round " << round;
+    ++answered;
+    ctx->TryCancel();
+    (void)stream->Finish();  // CANCELLED, or OK when every step was answered first
+  }
+  // The steps that ran are at least the answered ones and at most all sent;
+  // the session goes on from there.
+  TensorMap batch;
+  batch.emplace("x", x.Clone());
+  batch.emplace("y", y.Clone());
+  auto next = (*client)->TrainStep(id, batch);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(next->step(), answered);
+  EXPECT_LE(next->step(), 6 * 3 + 1);
+  auto step = (*client)->GetParams(id, {"opt/step"});
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->at("opt/step").GetAsDouble(0), static_cast<double>(next->step()));
+  EXPECT_TRUE((*client)->CloseSession(id).ok());
+}
+
 // The plain progress lines of a kilnctl run (stdout is a pipe here), keyed by
 // step: "<step> e<epoch> loss <loss> lr <lr>", without the run's end and the
 // timing fields (steps/s, eta), which differ from run to run.
