@@ -1,5 +1,6 @@
 // Decoding GGUF block-quantized weights (backends/common/quant_blocks.h has
-// the layouts) in 32-element quant groups. A q8_0 / q4_0 block is one group;
+// the layouts) in 32-element quant groups (dq_group) or eighths of one
+// (dq_part8). A q8_0 / q4_0 block is one group;
 // a k-quant super-block of 256 is eight. Every block type's size is even, so
 // the weights are read as 16-bit words (16-bit storage) and every f16 scale
 // is one aligned word.
@@ -86,6 +87,55 @@ void dq_group(uint b, uint g, out float v[32]) {
       const float s = i < 8u ? s0 : s1;
       v[2u * i] = s * float(q0);
       v[2u * i + 1u] = s * float(q1);
+    }
+  }
+}
+
+// Weights e0 .. e0 + 7 (e0 in {0, 8, 16, 24}) of quant group g of the block
+// at byte b: the matvec kernel's share of a group per invocation, so that
+// neighbouring invocations read neighbouring bytes of the blocks.
+void dq_part8(uint b, uint g, uint e0, out float v[8]) {
+  if (WTYPE == DQ_Q8_0) {
+    const float d = dq_half(b);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint h = dq_word(b + 2u + e0 + 2u * i);
+      v[2u * i] = d * float(dq_i8(h & 0xffu));
+      v[2u * i + 1u] = d * float(dq_i8(h >> 8));
+    }
+  } else if (WTYPE == DQ_Q4_0) {
+    const float d = dq_half(b);
+    const uint shift = e0 < 16u ? 0u : 4u;
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint h = dq_word(b + 2u + (e0 & 15u) + 2u * i);
+      v[2u * i] = d * float(int((h >> shift) & 15u) - 8);
+      v[2u * i + 1u] = d * float(int((h >> (8u + shift)) & 15u) - 8);
+    }
+  } else if (WTYPE == DQ_Q4_K || WTYPE == DQ_Q5_K) {
+    const uvec2 sm = dq_scale_min_k4(b + 4u, g);
+    const float dg = dq_half(b) * float(sm.x), mg = dq_half(b + 2u) * float(sm.y);
+    const uint qs = b + (WTYPE == DQ_Q4_K ? 16u : 48u) + 32u * (g >> 1) + e0;
+    const uint shift = 4u * (g & 1u);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint h = dq_word(qs + 2u * i);
+      uint q0 = (h >> shift) & 15u, q1 = (h >> (8u + shift)) & 15u;
+      if (WTYPE == DQ_Q5_K) {
+        const uint hb = dq_word(b + 16u + e0 + 2u * i);
+        q0 |= ((hb >> g) & 1u) << 4;
+        q1 |= ((hb >> (8u + g)) & 1u) << 4;
+      }
+      v[2u * i] = dg * float(q0) - mg;
+      v[2u * i + 1u] = dg * float(q1) - mg;
+    }
+  } else {  // DQ_Q6_K
+    const uint half_ = g >> 2, j = g & 3u;
+    const float s = dq_half(b + 208u) * float(dq_i8(dq_byte(b + 192u + 2u * g + (e0 >> 4))));
+    const uint ql = b + 64u * half_ + 32u * (j & 1u) + e0, qh = b + 128u + 32u * half_ + e0;
+    const uint lshift = 4u * (j >> 1), hshift = 2u * j;
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint hl = dq_word(ql + 2u * i), hh = dq_word(qh + 2u * i);
+      v[2u * i] = s * float(int(((hl >> lshift) & 15u) | (((hh >> hshift) & 3u) << 4)) - 32);
+      v[2u * i + 1u] =
+          s * float(int(((hl >> (8u + lshift)) & 15u) | (((hh >> (8u + hshift)) & 3u) << 4)) - 32);
     }
   }
 }

@@ -28,19 +28,20 @@ shared float partial[ROWS][gl_WorkGroupSize.x];
 void main() {
   const uint lid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
   const uint groups = pc.K / 32u;
+  const uint e0 = 8u * (lid & 3u), per_step = WG / 4u;
   for (uint n = gl_WorkGroupID.x; n < pc.N; n += gl_NumWorkGroups.x) {
     const uint row = n * pc.row_bytes;
     for (uint m0 = 0u; m0 < pc.M; m0 += ROWS) {
       const uint rows = min(ROWS, pc.M - m0);
       float acc[ROWS];
       for (uint r = 0u; r < ROWS; ++r) acc[r] = 0.0;
-      for (uint g = lid; g < groups; g += WG) {
-        float v[32];
-        dq_group(row + (g / DQ_GROUPS) * DQ_BLOCK_BYTES, g % DQ_GROUPS, v);
+      for (uint g = lid / 4u; g < groups; g += per_step) {
+        float v[8];
+        dq_part8(row + (g / DQ_GROUPS) * DQ_BLOCK_BYTES, g % DQ_GROUPS, e0, v);
         for (uint r = 0u; r < rows; ++r) {
-          const uint xo = (m0 + r) * pc.K + 32u * g;
+          const uint xo = (m0 + r) * pc.K + 32u * g + e0;
           float s = 0.0;
-          for (uint l = 0u; l < 32u; ++l) s = fma(v[l], LOAD_VAL(x[xo + l]), s);
+          for (uint l = 0u; l < 8u; ++l) s = fma(v[l], LOAD_VAL(x[xo + l]), s);
           acc[r] += s;
         }
       }
