@@ -10,6 +10,10 @@
 // thread took 24 ms p50 instead of 0.9 ms (docs/benchmarks.md, enc12). A short spin keeps the team warm across the back-to-back kernels of
 // one run and puts it to sleep right after the run ends.
 //
+// These are libgomp's variables (g++ builds, what kilnd ships as). LLVM's libomp
+// (clang's -fopenmp: the sanitizer builds) ignores GOMP_SPINCOUNT and keeps its
+// own KMP_BLOCKTIME; the process still re-executes once with the variable set.
+//
 // libgomp reads its environment once, when it is loaded, before main() runs;
 // so the policy is set by re-executing the process with the variable added
 // (same pid, same arguments) when the environment names none.
