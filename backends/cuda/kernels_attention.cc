@@ -417,9 +417,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
-      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
-                                              absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D),
-                                              context));
+      KILN_ASSIGN_OR_RETURN(
+          vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
+                            absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D), context));
       impl = absl::StrCat("nvrtc:attention_decode16_split", path.splits, "_", dt);
     }
   }
