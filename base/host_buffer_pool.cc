@@ -13,7 +13,8 @@ HostBufferPool::~HostBufferPool() {
 HostBufferPool& HostBufferPool::Default() {
   static HostBufferPool* const pool = [] {
     size_t limit = kDefaultLimit;
-    if (const char* env = std::getenv("KILN_HOST_BUFFER_POOL_BYTES"); env != nullptr && *env != '\0') {
+    if (const char* env = std::getenv("KILN_HOST_BUFFER_POOL_BYTES");
+        env != nullptr && *env != '\0') {
       const long long v = std::atoll(env);
       limit = v > 0 ? static_cast<size_t>(v) : 0;
     }

@@ -58,8 +58,8 @@ void HostCopier::Copy(void* dst, const void* src, int64_t bytes) {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     return;
   }
-  auto job = std::make_shared<Job>(static_cast<char*>(dst), static_cast<const char*>(src), bytes,
-                                   pieces);
+  auto job =
+      std::make_shared<Job>(static_cast<char*>(dst), static_cast<const char*>(src), bytes, pieces);
   {
     absl::MutexLock lock(&jobs_mu_);
     jobs_.push_back(job);
@@ -102,6 +102,8 @@ void HostCopier::HelperLoop() {
   }
 }
 
-void HostCopy(void* dst, const void* src, int64_t bytes) { HostCopier::Default().Copy(dst, src, bytes); }
+void HostCopy(void* dst, const void* src, int64_t bytes) {
+  HostCopier::Default().Copy(dst, src, bytes);
+}
 
 }  // namespace kiln

@@ -18,8 +18,6 @@
 // kernel above kept for operands that are not 16-byte aligned.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/attention_plan.h"
@@ -229,8 +227,6 @@ class AttentionKernel final : public CudaKernel {
                           std::span<const CUdeviceptr> out) {
     return Enqueue(s, in, out);
   }
-  // Whether the split path runs the 16-byte decode kernel (aligned operands).
-  bool decode_vectorized() const { return vec_.fn != nullptr; }
 
   // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
   // launched when the operands are 16-byte aligned, `fast` otherwise.
@@ -339,19 +335,10 @@ class CudnnAttentionKernel final : public CudaKernel {
 // serves, and its plan finalizes; nullptr
 // otherwise (the report names the kernel that runs). Errors only for device
 // faults and failed allocations.
-bool CudnnKeptForDecode() {
-  const char* env = std::getenv("KILN_CUDNN");
-  return env != nullptr && std::string_view(env) == "always";
-}
-
 absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
     CudaDevice& d, const KernelSpec& spec, const AttnParams& p,
     std::unique_ptr<AttentionKernel>& own) {
   if (d.cudnn_version() == 0) return nullptr;
-  // Decoding on the 16-byte split-K kernel rather than cuDNN (faster there:
-  // docs/cuda.md, "Single-row decode attention"); KILN_CUDNN=always when the
-  // kernel is prepared keeps cuDNN (benchmarks time both in one process).
-  if (own->decode_vectorized() && !CudnnKeptForDecode()) return nullptr;
   SdpaShape shape;
   shape.dtype = spec.inputs[0].dtype;
   shape.B = p.B, shape.Hq = p.Hq, shape.Hkv = p.Hkv, shape.Sq = p.Sq, shape.Sk = p.Sk;
@@ -430,9 +417,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
-      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
-                                              absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D),
-                                              context));
+      KILN_ASSIGN_OR_RETURN(
+          vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
+                            absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D), context));
       impl = absl::StrCat("nvrtc:attention_decode16_split", path.splits, "_", dt);
     }
   }

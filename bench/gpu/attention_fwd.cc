@@ -11,9 +11,7 @@
 // Where the device found cuDNN, each case runs twice: "impl": "kiln" is what
 // the backend chooses (cudnn:sdpa_fwd_<dt> where cuDNN serves the shape),
 // "impl": "kiln_own" a second device of the same GPU created with
-// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN; "impl": "kiln_cudnn"
-// the same device with KILN_CUDNN=always at prepare (cuDNN) where the choice was
-// Kiln's 16-byte decode kernel.
+// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN.
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
 #include <algorithm>
 #include <cmath>
@@ -238,14 +236,6 @@ int main(int argc, char** argv) {
     if (!measure(c, dev, "kiln")) return 1;
     if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
       return 1;
-    }
-    // Decoding runs Kiln's 16-byte split-K kernel: cuDNN beside it (KILN_CUDNN=always
-    // at prepare keeps cuDNN on decode shapes).
-    if (last_impl.find("decode16") != std::string::npos) {
-      setenv("KILN_CUDNN", "always", 1);
-      const bool ok = measure(c, dev, "kiln_cudnn");
-      unsetenv("KILN_CUDNN");
-      if (!ok) return 1;
     }
   }
   return 0;

@@ -52,8 +52,10 @@ int main(int argc, char** argv) {
         if (pooled) dst = static_cast<char*>(pool.Allocate(static_cast<size_t>(bytes)));
         if (dst == nullptr) return 1;
         const auto t0 = std::chrono::steady_clock::now();
-        if (use_copier) copier.Copy(dst, src.data(), bytes);
-        else std::memcpy(dst, src.data(), static_cast<size_t>(bytes));
+        if (use_copier)
+          copier.Copy(dst, src.data(), bytes);
+        else
+          std::memcpy(dst, src.data(), static_cast<size_t>(bytes));
         const auto t1 = std::chrono::steady_clock::now();
         if (dst[bytes - 1] != src[static_cast<size_t>(bytes - 1)]) return 1;
         if (fresh) std::free(dst);

@@ -2,8 +2,8 @@
 # Issue 8, io8 item 2: single-row decode attention. On the GPU machine, in one call:
 # the whole kiln_cuda_test (the NVRTC compile of every entry point, the 16-byte split-K
 # decode kernel against the f64 reference, cuDNN's cases, the copies), then attention_fwd --cases decode
-# (Kiln's choice, nvrtc:attention_decode16_split<n>_bf16, beside cuDNN on the same
-# device: KILN_CUDNN=always at prepare) and PyTorch SDPA (torch_attention.py)
+# (Kiln's choice, cudnn:sdpa_fwd_bf16, beside Kiln's own kernel on a KILN_CUDNN=0
+# device: nvrtc:attention_decode16_split<n>_bf16) and PyTorch SDPA (torch_attention.py)
 # on the same shapes; prints ms, GB/s of K and V, and the ratios.
 #   KILN_GPU_BUNDLE=.gpu/io8 bash .gpu/io8/io8_decode.sh
 set -u
@@ -42,7 +42,7 @@ for case, d in by.items():
     line = f"{case}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in med.items())
     if t:
         line += " | speed vs SDPA: " + ", ".join(f"{k} {t / v:.3f}" for k, v in med.items() if k != "torch_sdpa")
-    if "kiln" in med and "kiln_cudnn" in med:
-        line += f" | Kiln's kernel vs cuDNN speed {med['kiln_cudnn'] / med['kiln']:.3f}"
+    if "kiln" in med and "kiln_own" in med:
+        line += f" | Kiln's kernel vs cuDNN speed {med['kiln'] / med['kiln_own']:.3f}"
     print(line)
 PY

@@ -894,7 +894,8 @@ std::vector<UploadPiece> UploadPieces(int64_t bytes, int64_t piece_bytes) {
 
 absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given) {
   WorkerOptions options = given;
-  if (const char* env = std::getenv("KILN_WORKER_UPLOAD_PIECE_BYTES"); env != nullptr && *env != '\0') {
+  if (const char* env = std::getenv("KILN_WORKER_UPLOAD_PIECE_BYTES");
+      env != nullptr && *env != '\0') {
     options.upload_piece_bytes = std::strtoll(env, nullptr, 10);
   }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Worker> first,

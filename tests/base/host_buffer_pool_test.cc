@@ -77,7 +77,8 @@ TEST(HostBufferPool, ALimitOfZeroKeepsNothing) {
 }
 
 TEST(HostBufferPool, LargeHostTensorsReuseTheirBuffers) {
-  if (std::getenv("KILN_HOST_BUFFER_POOL_BYTES") != nullptr) GTEST_SKIP() << "pool set from the environment";
+  if (std::getenv("KILN_HOST_BUFFER_POOL_BYTES") != nullptr)
+    GTEST_SKIP() << "pool set from the environment";
   void* first = nullptr;
   {
     auto t = HostTensor::CreateUninitialized(v1::DTYPE_F32, {1024, 1536});  // 6 MiB

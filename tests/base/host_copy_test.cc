@@ -29,9 +29,9 @@ TEST(HostCopier, PiecesFollowTheThreadsAndTheMinimumPiece) {
   EXPECT_EQ(HostCopier::PiecesFor(64 * kMiB, 1), 1);
   EXPECT_EQ(HostCopier::PiecesFor(HostCopier::kMinSplitBytes - 1, 8), 1);
   EXPECT_EQ(HostCopier::PiecesFor(HostCopier::kMinSplitBytes, 8), 2);
-  EXPECT_EQ(HostCopier::PiecesFor(3 * kMiB, 8), 3);          // none under 1 MiB
+  EXPECT_EQ(HostCopier::PiecesFor(3 * kMiB, 8), 3);  // none under 1 MiB
   EXPECT_EQ(HostCopier::PiecesFor(25 * kMiB, 8), 25);
-  EXPECT_EQ(HostCopier::PiecesFor(64 * kMiB, 8), 32);        // 4 per thread at most
+  EXPECT_EQ(HostCopier::PiecesFor(64 * kMiB, 8), 32);  // 4 per thread at most
   EXPECT_EQ(HostCopier::PiecesFor(int64_t{1} << 40, 2), 8);
 }
 
@@ -45,11 +45,13 @@ TEST(HostCopier, CopiesEveryByteAtAnyOffset) {
     for (int shift : {0, 1, 7, 63}) {
       std::vector<uint8_t> dst(static_cast<size_t>(n + 128), 0xAB);
       copier.Copy(dst.data() + 64 - shift, src.data() + shift, bytes);
-      ASSERT_EQ(std::memcmp(dst.data() + 64 - shift, src.data() + shift, static_cast<size_t>(bytes)), 0)
+      ASSERT_EQ(
+          std::memcmp(dst.data() + 64 - shift, src.data() + shift, static_cast<size_t>(bytes)), 0)
           << bytes << " bytes, shift " << shift;
       // Nothing written outside the destination.
       for (int64_t i = 0; i < 64 - shift; ++i) ASSERT_EQ(dst[static_cast<size_t>(i)], 0xAB);
-      for (int64_t i = 64 - shift + bytes; i < n + 128; ++i) ASSERT_EQ(dst[static_cast<size_t>(i)], 0xAB);
+      for (int64_t i = 64 - shift + bytes; i < n + 128; ++i)
+        ASSERT_EQ(dst[static_cast<size_t>(i)], 0xAB);
     }
   }
 }
