@@ -15,41 +15,41 @@
 namespace kiln {
 namespace {
 
-constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kPoolMiB = size_t{1} << 20;
 
 TEST(HostBufferPool, AReleasedBufferServesTheSameSizeAgain) {
-  HostBufferPool pool(64 * kMiB);
-  void* a = pool.Allocate(5 * kMiB + 3);
+  HostBufferPool pool(64 * kPoolMiB);
+  void* a = pool.Allocate(5 * kPoolMiB + 3);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
-  std::memset(a, 7, HostBufferPool::Rounded(5 * kMiB + 3));  // the whole rounded size is ours
+  std::memset(a, 7, HostBufferPool::Rounded(5 * kPoolMiB + 3));  // the whole rounded size is ours
   EXPECT_TRUE(pool.Release(a));
-  EXPECT_EQ(pool.kept_bytes(), 6 * kMiB);
-  void* other = pool.Allocate(8 * kMiB);  // another size: a fresh buffer
+  EXPECT_EQ(pool.kept_bytes(), 6 * kPoolMiB);
+  void* other = pool.Allocate(8 * kPoolMiB);  // another size: a fresh buffer
   EXPECT_NE(other, a);
-  EXPECT_EQ(pool.kept_bytes(), 6 * kMiB);
-  void* again = pool.Allocate(5 * kMiB + 100);  // rounds to the same 6 MiB
+  EXPECT_EQ(pool.kept_bytes(), 6 * kPoolMiB);
+  void* again = pool.Allocate(5 * kPoolMiB + 100);  // rounds to the same 6 MiB
   EXPECT_EQ(again, a);
   EXPECT_EQ(pool.kept_bytes(), 0u);
   EXPECT_TRUE(pool.Release(again));
   EXPECT_TRUE(pool.Release(other));
-  EXPECT_EQ(pool.kept_bytes(), 14 * kMiB);
+  EXPECT_EQ(pool.kept_bytes(), 14 * kPoolMiB);
 }
 
 TEST(HostBufferPool, KeepsAtMostItsLimitOldestFreedFirst) {
-  HostBufferPool pool(20 * kMiB);
-  void* a = pool.Allocate(8 * kMiB);
-  void* b = pool.Allocate(8 * kMiB);
-  void* c = pool.Allocate(8 * kMiB);
+  HostBufferPool pool(20 * kPoolMiB);
+  void* a = pool.Allocate(8 * kPoolMiB);
+  void* b = pool.Allocate(8 * kPoolMiB);
+  void* c = pool.Allocate(8 * kPoolMiB);
   EXPECT_TRUE(pool.Release(a));
   EXPECT_TRUE(pool.Release(b));
-  EXPECT_EQ(pool.kept_bytes(), 16 * kMiB);
+  EXPECT_EQ(pool.kept_bytes(), 16 * kPoolMiB);
   EXPECT_TRUE(pool.Release(c));  // a goes to make room
-  EXPECT_EQ(pool.kept_bytes(), 16 * kMiB);
-  void* x = pool.Allocate(8 * kMiB);
-  void* y = pool.Allocate(8 * kMiB);
+  EXPECT_EQ(pool.kept_bytes(), 16 * kPoolMiB);
+  void* x = pool.Allocate(8 * kPoolMiB);
+  void* y = pool.Allocate(8 * kPoolMiB);
   EXPECT_TRUE((x == b && y == c) || (x == c && y == b));
-  void* big = pool.Allocate(32 * kMiB);  // above the limit: never kept
+  void* big = pool.Allocate(32 * kPoolMiB);  // above the limit: never kept
   EXPECT_TRUE(pool.Release(big));
   EXPECT_EQ(pool.kept_bytes(), 0u);
   EXPECT_TRUE(pool.Release(x));
@@ -57,20 +57,20 @@ TEST(HostBufferPool, KeepsAtMostItsLimitOldestFreedFirst) {
 }
 
 TEST(HostBufferPool, ReleaseTakesBackOnlyItsOwnBuffers) {
-  HostBufferPool pool(64 * kMiB);
+  HostBufferPool pool(64 * kPoolMiB);
   void* foreign = std::malloc(16);
   EXPECT_FALSE(pool.Release(foreign));  // none out: the fast path
-  void* a = pool.Allocate(4 * kMiB);
+  void* a = pool.Allocate(4 * kPoolMiB);
   EXPECT_FALSE(pool.Release(foreign));  // one out, not this one
   std::free(foreign);
   EXPECT_TRUE(pool.Release(a));
   EXPECT_FALSE(pool.Release(a));  // kept now, not out: a second release is refused
-  EXPECT_EQ(pool.kept_bytes(), 4 * kMiB);
+  EXPECT_EQ(pool.kept_bytes(), 4 * kPoolMiB);
 }
 
 TEST(HostBufferPool, ALimitOfZeroKeepsNothing) {
   HostBufferPool pool(0);
-  void* a = pool.Allocate(4 * kMiB);
+  void* a = pool.Allocate(4 * kPoolMiB);
   ASSERT_NE(a, nullptr);
   EXPECT_TRUE(pool.Release(a));
   EXPECT_EQ(pool.kept_bytes(), 0u);
