@@ -31,8 +31,8 @@ using testing::MetricValue;
 using testing::TempDir;
 using testing::ToProto;
 
-constexpr char kAdmin[] = "admin-secret";
-constexpr char kUser[] = "user-secret";
+constexpr char kOnnxAdmin[] = "admin-secret";
+constexpr char kOnnxUser[] = "user-secret";
 constexpr int64_t kMaxIterations = 50;  // limits.max_while_iterations
 
 class ServerRepositoryOnnx : public ::testing::Test {
@@ -58,8 +58,8 @@ class ServerRepositoryOnnx : public ::testing::Test {
     cache_ = std::make_unique<TempDir>();
     WriteVersion(1);
     const std::string config = absl::StrCat(R"(
-tenants { name: "ops" api_key_sha256: ")", server::Sha256Hex(kAdmin), R"(" admin: true }
-tenants { name: "user" api_key_sha256: ")", server::Sha256Hex(kUser), R"("
+tenants { name: "ops" api_key_sha256: ")", server::Sha256Hex(kOnnxAdmin), R"(" admin: true }
+tenants { name: "user" api_key_sha256: ")", server::Sha256Hex(kOnnxUser), R"("
           quota { max_param_bytes: 64 } }
 limits { max_while_iterations: )", kMaxIterations, R"( }
 model_repository { root: ")", repo_->path(), R"(" poll_seconds: 0.2 }
@@ -89,7 +89,7 @@ model_repository { root: ")", repo_->path(), R"(" poll_seconds: 0.2 }
 
   v1::ListModelsResponse List() {
     v1::ListModelsResponse r;
-    grpc::Status s = stub_->ListModels(Context(kUser).get(), {}, &r);
+    grpc::Status s = stub_->ListModels(Context(kOnnxUser).get(), {}, &r);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return r;
   }
@@ -188,14 +188,14 @@ TEST_F(ServerRepositoryOnnx, LoopWithTripCountInputCompilesPerValueAndMatchesPyT
 
   // Two tenants on one shared copy of the weights ("user" may hold 64 bytes
   // of params: the 288 bytes are the repository's), two trip counts each.
-  const std::string a = Open(kAdmin);
-  const std::string u = Open(kUser);
+  const std::string a = Open(kOnnxAdmin);
+  const std::string u = Open(kOnnxUser);
   ASSERT_FALSE(a.empty() || u.empty());
-  ExpectPyTorch(kAdmin, a, 3);
-  ExpectPyTorch(kAdmin, a, 5);
-  ExpectPyTorch(kUser, u, 5);
-  ExpectPyTorch(kUser, u, 3);
-  ExpectPyTorch(kAdmin, a, 3);  // the session's executable for n = 3, again
+  ExpectPyTorch(kOnnxAdmin, a, 3);
+  ExpectPyTorch(kOnnxAdmin, a, 5);
+  ExpectPyTorch(kOnnxUser, u, 5);
+  ExpectPyTorch(kOnnxUser, u, 3);
+  ExpectPyTorch(kOnnxAdmin, a, 3);  // the session's executable for n = 3, again
   EXPECT_EQ(Find(List(), 1)->sessions(), 2);
   // One import per distinct value, shared by both sessions (and tenants).
   EXPECT_EQ(Metric("kiln_model_value_specializations", 1), 2);
@@ -203,51 +203,51 @@ TEST_F(ServerRepositoryOnnx, LoopWithTripCountInputCompilesPerValueAndMatchesPyT
   const HostTensor x = Load("x");
   // n of the wrong dtype or shape, or missing: INVALID_ARGUMENT naming n.
   const HostTensor n32 = HostTensor::FromVector<int32_t>(v1::DTYPE_I32, {}, {3});
-  grpc::Status s = Run(kUser, u, x, &n32, nullptr);
+  grpc::Status s = Run(kOnnxUser, u, x, &n32, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_NE(s.error_message().find("\"n\""), std::string::npos) << s.error_message();
   const HostTensor n1 = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {1}, {3});
-  s = Run(kUser, u, x, &n1, nullptr);
+  s = Run(kOnnxUser, u, x, &n1, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  s = Run(kUser, u, x, nullptr, nullptr);
+  s = Run(kOnnxUser, u, x, nullptr, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   // A trip count over limits.max_while_iterations: RESOURCE_EXHAUSTED naming the Loop.
   const HostTensor big = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {kMaxIterations + 1});
-  s = Run(kUser, u, x, &big, nullptr);
+  s = Run(kOnnxUser, u, x, &big, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_NE(s.error_message().find("recurrence"), std::string::npos) << s.error_message();
   // n = 0: no iteration, an empty scan output.
   const HostTensor zero = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {0});
   std::map<std::string, HostTensor> out;
-  s = Run(kUser, u, x, &zero, &out);
+  s = Run(kOnnxUser, u, x, &zero, &out);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ASSERT_TRUE(out.contains("ys"));
   EXPECT_EQ(out.at("ys").dims(), (Dims{0, 2, 8}));
   // The session still serves after the errors.
-  ExpectPyTorch(kUser, u, 5);
+  ExpectPyTorch(kOnnxUser, u, 5);
 
   // Compile cannot take it: its graph depends on the values.
   v1::CompileRequest compile;
   compile.mutable_graph()->mutable_model()->set_name("loop");
   v1::CompileResponse cr;
-  s = stub_->Compile(Context(kUser).get(), compile, &cr);
+  s = stub_->Compile(Context(kOnnxUser).get(), compile, &cr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("value-specialised"), std::string::npos) << s.error_message();
 }
 
 TEST_F(ServerRepositoryOnnx, HotReloadKeepsTheOldVersionsSessionRunning) {
   ASSERT_TRUE(WaitState(1, v1::MODEL_STATE_READY));
-  const std::string old_session = Open(kUser);
+  const std::string old_session = Open(kOnnxUser);
   ASSERT_FALSE(old_session.empty());
-  ExpectPyTorch(kUser, old_session, 3);
+  ExpectPyTorch(kOnnxUser, old_session, 3);
 
   WriteVersion(2);
   ASSERT_TRUE(WaitState(2, v1::MODEL_STATE_READY));
   ASSERT_TRUE(WaitState(1, v1::MODEL_STATE_UNLOADING));
-  ExpectPyTorch(kUser, old_session, 5);  // a new value on the unloading version still imports
-  const std::string new_session = Open(kUser);
+  ExpectPyTorch(kOnnxUser, old_session, 5);  // a new value on the unloading version still imports
+  const std::string new_session = Open(kOnnxUser);
   ASSERT_FALSE(new_session.empty());
-  ExpectPyTorch(kUser, new_session, 5);
+  ExpectPyTorch(kOnnxUser, new_session, 5);
   EXPECT_EQ(Find(List(), 1)->sessions(), 1);
   EXPECT_EQ(Find(List(), 2)->sessions(), 1);
   EXPECT_EQ(Metric("kiln_model_value_specializations", 2), 1);
@@ -255,9 +255,9 @@ TEST_F(ServerRepositoryOnnx, HotReloadKeepsTheOldVersionsSessionRunning) {
   v1::CloseSessionRequest close;
   v1::CloseSessionResponse closed;
   close.set_session_id(old_session);
-  ASSERT_TRUE(stub_->CloseSession(Context(kUser).get(), close, &closed).ok());
+  ASSERT_TRUE(stub_->CloseSession(Context(kOnnxUser).get(), close, &closed).ok());
   EXPECT_EQ(Find(List(), 1)->state(), v1::MODEL_STATE_AVAILABLE);
-  ExpectPyTorch(kUser, new_session, 3);
+  ExpectPyTorch(kOnnxUser, new_session, 3);
 }
 
 }  // namespace
