@@ -25,6 +25,7 @@
 #include "backends/cuda/cudnn_api.h"
 #include "backends/cuda/cudnn_sdpa.h"
 #include "base/half.h"
+#include "tests/backends/cuda/cuda_test_backend.h"
 
 namespace kiln::cuda {
 namespace {
@@ -32,15 +33,7 @@ namespace {
 using backend::BufferView;
 using backend::KernelSpec;
 
-// A fresh backend instance: its devices have their own module caches.
-std::unique_ptr<backend::Backend> MakeBackend() {
-  for (const auto& reg : backend::RegisteredBackends()) {
-    if (reg.name != "cuda") continue;
-    auto b = reg.factory({});
-    if (b.ok() && !(*b)->devices().empty()) return std::move(b).value();
-  }
-  return nullptr;
-}
+using testing::MakeBackend;
 
 class MemoryBinaryCache final : public backend::KernelBinaryCache {
  public:

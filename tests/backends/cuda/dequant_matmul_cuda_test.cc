@@ -18,6 +18,7 @@
 #include "backends/backend.h"
 #include "backends/common/quant_blocks.h"
 #include "base/half.h"
+#include "tests/backends/cuda/cuda_test_backend.h"
 
 namespace kiln::cuda {
 namespace {
@@ -81,14 +82,7 @@ KernelSpec SpecOf(const Problem& p) {
   return s;
 }
 
-std::unique_ptr<backend::Backend> MakeBackend() {
-  for (const auto& reg : backend::RegisteredBackends()) {
-    if (reg.name != "cuda") continue;
-    auto b = reg.factory({});
-    if (b.ok() && !(*b)->devices().empty()) return std::move(b).value();
-  }
-  return nullptr;
-}
+using testing::MakeBackend;
 
 class CudaDequantMatMulTest : public ::testing::Test {
  protected:
