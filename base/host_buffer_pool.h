@@ -61,6 +61,7 @@ class HostBufferPool {
     absl::MutexLock lock(&mu_);
     return kept_bytes_;
   }
+  size_t limit() const { return limit_; }
 
  private:
   const size_t limit_;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/host_buffer_pool.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 
@@ -81,6 +82,15 @@ class Metrics::ProcessCollectable : public prometheus::Collectable {
       out.push_back(Family("kiln_process_virtual_memory_bytes", "Virtual memory of kilnd",
                            MetricType::Gauge, {{{}, vm_pages * page}}));
     }
+    // Large host buffers kept for reuse (base/host_buffer_pool.h): resident,
+    // in no tenant's quota, bounded by the limit.
+    const HostBufferPool& pool = HostBufferPool::Default();
+    out.push_back(Family("kiln_host_buffer_pool_bytes",
+                         "Large host buffers kilnd keeps for reuse (resident, in no quota)",
+                         MetricType::Gauge, {{{}, static_cast<double>(pool.kept_bytes())}}));
+    out.push_back(Family("kiln_host_buffer_pool_limit_bytes",
+                         "The most kiln_host_buffer_pool_bytes may reach (KILN_HOST_BUFFER_POOL_BYTES)",
+                         MetricType::Gauge, {{{}, static_cast<double>(pool.limit())}}));
     // /proc/self/stat: fields after the parenthesised name, which may hold spaces.
     std::ifstream stat_file("/proc/self/stat");
     std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());

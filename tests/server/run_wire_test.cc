@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "tests/server/kilnd_process.h"
@@ -266,6 +268,18 @@ TEST_F(ServerWire, LargeInputReadInPlaceLargeOutputNotCopied) {
   EXPECT_EQ(Bytes("input", "copied") - in_copied, 0);
   EXPECT_EQ(Bytes("output", "sliced") - sliced, 4 * n);
   EXPECT_EQ(Bytes("output", "copied") - out_copied, 0);
+  // The 4 MiB output's buffer is kept for the next run once the response is
+  // sent, and /metrics shows it (resident memory in no quota) and the bound.
+  double kept = 0, limit = 0;
+  for (int i = 0; i < 50 && kept < 4.0 * n; ++i) {
+    const std::string m = testing::HttpGet(kilnd_->metrics_port(), "/metrics");
+    kept = testing::MetricValue(m, "kiln_host_buffer_pool_bytes");
+    limit = testing::MetricValue(m, "kiln_host_buffer_pool_limit_bytes");
+    if (kept < 4.0 * n) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(kept, 4.0 * n);
+  EXPECT_LE(kept, limit);
+  EXPECT_EQ(limit, double{1 << 30});
 }
 
 TEST_F(ServerWire, SmallOutputIsCopiedIntoTheMessage) {
