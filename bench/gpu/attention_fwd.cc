@@ -26,6 +26,7 @@
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_util.h"
 
 namespace {
 
@@ -33,10 +34,7 @@ using json = nlohmann::json;
 using kiln::DType;
 namespace v1 = kiln::v1;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kiln::bench::Median;
 
 struct Case {
   std::string name;

@@ -27,6 +27,7 @@
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_util.h"
 
 namespace {
 
@@ -34,19 +35,7 @@ using json = nlohmann::json;
 using kiln::DType;
 namespace v1 = kiln::v1;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-#define CHECK_CUDA(x)                                                          \
-  do {                                                                         \
-    auto e = (x);                                                              \
-    if (e != 0) {                                                              \
-      std::fprintf(stderr, "%s failed: %d (line %d)\n", #x, int(e), __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+using kiln::bench::Median;
 
 int64_t Size(DType dt) { return dt == v1::DTYPE_F32 ? 4 : 2; }
 

@@ -31,6 +31,7 @@
 #include "backends/common/quant_blocks.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_util.h"
 
 ABSL_FLAG(std::string, device, "cuda:0", "device id");
 ABSL_FLAG(std::vector<std::string>, types, std::vector<std::string>({"q4_k", "q8_0"}),
@@ -49,19 +50,7 @@ using json = nlohmann::json;
 using kiln::DType;
 namespace v1 = kiln::v1;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-#define CHECK_CUDA(x)                                                          \
-  do {                                                                         \
-    auto e = (x);                                                              \
-    if (e != 0) {                                                              \
-      std::fprintf(stderr, "%s failed: %d (line %d)\n", #x, int(e), __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+using kiln::bench::Median;
 
 void PutHalf(uint8_t* p, double v) {
   const uint16_t h = kiln::FloatToHalf(static_cast<float>(v));

@@ -20,13 +20,11 @@
 #include "base/host_buffer_pool.h"
 #include "base/host_copy.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_util.h"
 
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kiln::bench::Median;
 
 }  // namespace
 

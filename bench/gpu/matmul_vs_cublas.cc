@@ -41,24 +41,13 @@
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_util.h"
 
 namespace {
 
 using json = nlohmann::json;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-#define CHECK_CUDA(x)                                                          \
-  do {                                                                         \
-    auto e = (x);                                                              \
-    if (e != 0) {                                                              \
-      std::fprintf(stderr, "%s failed: %d (line %d)\n", #x, int(e), __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+using kiln::bench::Median;
 
 std::vector<std::string> Split(const std::string& s) {
   std::vector<std::string> out;
