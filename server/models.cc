@@ -568,6 +568,9 @@ v1::ModelVersionInfo ModelRepository::InfoLocked(const std::string& name, int64_
     info.set_param_bytes(m->param_bytes);
     info.set_sessions(m->sessions.load());
     if (e.loaded) SignatureToProto(m->signature, info.mutable_signature());
+    if (m->specializer) {
+      for (const std::string& in : m->specializer->value_inputs()) info.add_value_inputs(in);
+    }
   }
   return info;
 }

@@ -28,6 +28,10 @@ void PrintModels(const std::vector<const v1::ModelVersionInfo*>& models) {
     std::string inputs;
     for (const v1::SignatureEntry& e : m->signature().inputs()) {
       absl::StrAppend(&inputs, inputs.empty() ? "" : ", ", e.name());
+      // An input the import needs by value: each distinct value compiles its own program.
+      for (const std::string& v : m->value_inputs()) {
+        if (v == e.name()) absl::StrAppend(&inputs, " (by value)");
+      }
     }
     rows.push_back({m->name(), absl::StrCat(m->version()), StateName(m->state()), m->graph_file(),
                     absl::StrJoin(m->weight_files(), " "),

@@ -181,6 +181,9 @@ TEST_F(ServerRepositoryOnnx, LoopWithTripCountInputCompilesPerValueAndMatchesPyT
   EXPECT_EQ(m->signature().inputs(0).name(), "x");
   EXPECT_EQ(m->signature().inputs(1).name(), "n");
   EXPECT_EQ(m->signature().inputs(1).type().dtype(), v1::DTYPE_I64);
+  // ListModels says which input specialises the model, so a client knows n is read by value.
+  ASSERT_EQ(m->value_inputs_size(), 1);
+  EXPECT_EQ(m->value_inputs(0), "n");
   ASSERT_EQ(m->signature().outputs_size(), 2);
   EXPECT_EQ(m->signature().outputs(1).type().dims(0).symbol(), "steps");
   // No value seen yet: only the load's import.
