@@ -24,6 +24,19 @@
 
 namespace kiln {
 
+// Ops Kiln itself provides through this registry: the in-process plugin
+// "kiln" that the CPU backend registers at static init, holding kernels the
+// passes emit where the IR has no op kind for them yet. Their names are taken
+// before any plugin loads, so no plugin can provide them.
+//
+// kiln.max_pool_backward(x, y, g) -> dx: the derivative of y = max_pool(x)
+// (payload: a serialized kiln.v1.PoolAttrs of kind POOL_MAX) with cotangent g,
+// given to the first maximum of each window in row-major order (torch's
+// rule), summed where windows overlap. The autodiff pass emits it; legalize
+// turns it back into slices and compares for a device that does not claim it
+// (passes/decompose.h).
+inline constexpr char kMaxPoolBackwardOp[] = "kiln.max_pool_backward";
+
 struct CustomOp {
   std::string name;
   std::string plugin;          // the plugin's own name
