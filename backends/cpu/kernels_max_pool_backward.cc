@@ -149,21 +149,42 @@ int Shape(const void* payload, size_t payload_size, const KilnTensorType* inputs
   return 0;
 }
 
-// Eight 2x2 windows of a tiling pool: r0 / r1 the two input rows (16
-// floats each), m / g the eight results and cotangents, d0 / d1 dx's rows.
-// The first of the window's four elements (row-major) equal to m takes g;
+// n (1..8) 2x2 windows of a tiling pool: r0 / r1 the two input rows (2n
+// floats each), m / g the n results and cotangents, d0 / d1 dx's rows. The
+// first of the window's four elements (row-major) equal to m takes g;
 // compares are ordered (NaN matches nothing), as the scalar path's ==.
-inline void Tile2x2Eight(const float* r0, const float* r1, const float* m, const float* g, float* d0,
-                         float* d1) {
+// Fewer than eight (a row's tail, or the whole row of a small plane: the
+// CNN's second pool has seven) go through masked loads and stores.
+inline __m256i FirstLanes(int64_t k) {  // lanes [0, k) set, k in [0, 8]
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline void Tile2x2Windows(int64_t n, const float* r0, const float* r1, const float* m,
+                           const float* g, float* d0, float* d1) {
+  const bool full = n == 8;
+  const __m256i lo = full ? _mm256_set1_epi32(-1) : FirstLanes(std::min<int64_t>(2 * n, 8));
+  const __m256i hi = full ? lo : FirstLanes(std::max<int64_t>(2 * n - 8, 0));
+  const __m256i mn = full ? lo : FirstLanes(n);
+  auto load = [full](const float* p, __m256i k) {
+    return full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, k);
+  };
+  auto store = [full](float* p, __m256i k, __m256 v) {
+    if (full) {
+      _mm256_storeu_ps(p, v);
+    } else {
+      _mm256_maskstore_ps(p, k, v);
+    }
+  };
   // Even / odd columns of each row, in the order shuffle gives: lane 0 holds
   // windows 0, 1, 4, 5 and lane 1 windows 2, 3, 6, 7; m and g are permuted to
   // match, and unpacklo / unpackhi undo the shuffle on the way out.
-  const __m256 a0 = _mm256_loadu_ps(r0), a1 = _mm256_loadu_ps(r0 + 8);
-  const __m256 b0 = _mm256_loadu_ps(r1), b1 = _mm256_loadu_ps(r1 + 8);
+  const __m256 a0 = load(r0, lo), a1 = load(r0 + 8, hi);
+  const __m256 b0 = load(r1, lo), b1 = load(r1 + 8, hi);
   const __m256 e0 = _mm256_shuffle_ps(a0, a1, 0x88), o0 = _mm256_shuffle_ps(a0, a1, 0xDD);
   const __m256 e1 = _mm256_shuffle_ps(b0, b1, 0x88), o1 = _mm256_shuffle_ps(b0, b1, 0xDD);
-  const __m256 mm = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_loadu_ps(m)), 0xD8));
-  const __m256 gg = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_loadu_ps(g)), 0xD8));
+  const __m256 mm = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(load(m, mn)), 0xD8));
+  const __m256 gg = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(load(g, mn)), 0xD8));
   const __m256 ka = _mm256_cmp_ps(e0, mm, _CMP_EQ_OQ);
   const __m256 kb = _mm256_andnot_ps(ka, _mm256_cmp_ps(o0, mm, _CMP_EQ_OQ));
   const __m256 taken = _mm256_or_ps(ka, kb);
@@ -171,10 +192,10 @@ inline void Tile2x2Eight(const float* r0, const float* r1, const float* m, const
   const __m256 kf = _mm256_andnot_ps(_mm256_or_ps(taken, ke), _mm256_cmp_ps(o1, mm, _CMP_EQ_OQ));
   const __m256 ga = _mm256_and_ps(ka, gg), gb = _mm256_and_ps(kb, gg);
   const __m256 ge = _mm256_and_ps(ke, gg), gf = _mm256_and_ps(kf, gg);
-  _mm256_storeu_ps(d0, _mm256_unpacklo_ps(ga, gb));
-  _mm256_storeu_ps(d0 + 8, _mm256_unpackhi_ps(ga, gb));
-  _mm256_storeu_ps(d1, _mm256_unpacklo_ps(ge, gf));
-  _mm256_storeu_ps(d1 + 8, _mm256_unpackhi_ps(ge, gf));
+  store(d0, lo, _mm256_unpacklo_ps(ga, gb));
+  store(d0 + 8, hi, _mm256_unpackhi_ps(ga, gb));
+  store(d1, lo, _mm256_unpacklo_ps(ge, gf));
+  store(d1 + 8, hi, _mm256_unpackhi_ps(ge, gf));
 }
 
 // One [H, W] plane: dx from x, y, g (see the top for the rule).
@@ -185,8 +206,8 @@ void BackwardPlane(const Geo& c, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
       c.lo[0] == 0 && c.lo[1] == 0 && 2 * oh == ih && 2 * ow == iw) {
     // The CNN's 2x2 / stride 2 pool tiling the input: every dx element is
     // written once, no zero fill, no bounds; f32 eight windows at a time
-    // without branches (which window element is the maximum is data: a
-    // branch per element mispredicts most of the time).
+    // (masked at a row's end) without branches (which window element is the
+    // maximum is data: a branch per element mispredicts most of the time).
     for (int64_t oy = 0; oy < oh; ++oy) {
       const T* r0 = x + 2 * oy * iw;
       const T* r1 = r0 + iw;
@@ -194,9 +215,9 @@ void BackwardPlane(const Geo& c, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
       T* d1 = d0 + iw;
       int64_t ox = 0;
       if constexpr (std::is_same_v<T, float>) {
-        for (; ox + 8 <= ow; ox += 8) {
-          Tile2x2Eight(r0 + 2 * ox, r1 + 2 * ox, y + oy * ow + ox, g + oy * ow + ox, d0 + 2 * ox,
-                       d1 + 2 * ox);
+        for (; ox < ow; ox += 8) {
+          Tile2x2Windows(std::min<int64_t>(8, ow - ox), r0 + 2 * ox, r1 + 2 * ox, y + oy * ow + ox,
+                         g + oy * ow + ox, d0 + 2 * ox, d1 + 2 * ox);
         }
       }
       for (; ox < ow; ++ox) {
