@@ -37,6 +37,15 @@ namespace kiln {
 // (passes/decompose.h).
 inline constexpr char kMaxPoolBackwardOp[] = "kiln.max_pool_backward";
 
+// kiln.conv2d_backward_weights(x, g, w) -> dw: the weight gradient of the
+// 2-D conv y = conv(x, w) (groups 1; payload: a serialized kiln.v1.ConvAttrs)
+// for the cotangent g of y; w is read for its type only (dw has it). The
+// autodiff pass emits it for f32 / f16 / bf16 convs with 4 or more input
+// channels; the CPU runs oneDNN's backward-weights on x and g as they are,
+// and legalize decomposes it into the transposes and conv autodiff writes
+// otherwise (passes/decompose.h).
+inline constexpr char kConvBackwardWeightsOp[] = "kiln.conv2d_backward_weights";
+
 struct CustomOp {
   std::string name;
   std::string plugin;          // the plugin's own name

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "kiln/plugin.h"
 
 namespace kiln::cpu {
 
@@ -31,6 +32,17 @@ bool IsWeightGradientShaped(const backend::KernelSpec& spec);
 
 // The kernel for such a spec. REQUIRES: IsWeightGradientShaped(spec).
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateConvAsWeightGradient(
+    const backend::KernelSpec& spec);
+
+// kiln.conv2d_backward_weights (base/custom_ops.h): the built-in op's shape
+// function (the plugin ABI's signature: checks x, g, w and the payload's
+// ConvAttrs; dw has w's type) and the CPU kernel the custom-op path creates
+// for it (kernels_custom.cc): oneDNN's backward-weights on x and g as they
+// lie (plain NCHW), no transposes.
+int ConvBackwardWeightsShape(const void* payload, size_t payload_size, const KilnTensorType* inputs,
+                             int32_t num_inputs, KilnTensorType* outputs, int32_t* num_outputs,
+                             char* error, size_t error_size);
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateConvBackwardWeights(
     const backend::KernelSpec& spec);
 
 }  // namespace kiln::cpu

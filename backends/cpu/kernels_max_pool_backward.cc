@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/cpu/conv_wgrad.h"
 #include "backends/cpu/onednn_util.h"
 #include "backends/cpu/parallel.h"
 #include "base/custom_ops.h"
@@ -333,9 +334,20 @@ int Kernel(const void* payload, size_t payload_size, const KilnTensor* inputs, i
   return 0;
 }
 
-const KilnCustomOp kOps[] = {{kMaxPoolBackwardOp, &Shape, &Kernel, {nullptr, nullptr, nullptr, nullptr}}};
+// kiln.conv2d_backward_weights runs as the CPU backend's own kernel
+// (kernels_custom.cc creates it, conv_wgrad.h); the ABI entry only says so.
+int ConvBackwardWeightsThroughAbi(const void*, size_t, const KilnTensor*, int32_t, KilnTensor*, int32_t,
+                                  char* error, size_t error_size) {
+  return Fail(error, error_size, "runs as the CPU backend's own kernel, not through the plugin ABI");
+}
+
+const KilnCustomOp kOps[] = {
+    {kMaxPoolBackwardOp, &Shape, &Kernel, {nullptr, nullptr, nullptr, nullptr}},
+    {kConvBackwardWeightsOp, &ConvBackwardWeightsShape, &ConvBackwardWeightsThroughAbi,
+     {nullptr, nullptr, nullptr, nullptr}},
+};
 const KilnPlugin kBuiltinPlugin = {KILN_PLUGIN_ABI_VERSION, sizeof(KilnPlugin), "kiln", "builtin-1",
-                                   1, kOps};
+                                   2, kOps};
 
 // Registered before main, so before kilnd loads any plugin directory.
 [[maybe_unused]] const bool kRegistered = [] {

@@ -76,6 +76,13 @@ ValueRef MaxPoolVjpComposition(Builder& b, ValueRef x, ValueRef y, const v1::Poo
 ValueRef MaxPoolJvpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
                                ValueRef t);
 
+// A 2-D conv's weight gradient (groups 1, `attrs` its geometry) for the
+// cotangent g of y = conv(x, w), as transposes and a conv of x with g as the
+// kernel: what kiln.conv2d_backward_weights computes in one kernel
+// (base/custom_ops.h) and what legalize decomposes it into.
+ValueRef ConvWeightGradComposition(Builder& b, ValueRef x, ValueRef g, ValueRef w,
+                                   const v1::ConvAttrs& attrs);
+
 // Reverse rule: `g` is the cotangent of n's (single) result. Sets grads[i]
 // for every operand i with need[i] (an invalid ref means zero).
 // UNIMPLEMENTED when the op (or this use of it) has no rule.

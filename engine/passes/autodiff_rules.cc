@@ -378,8 +378,7 @@ struct ConvShape {
   int64_t groups = 1;
 };
 
-ConvShape ConvShapeOf(const ir::Node& n, int sp) {
-  const auto& a = n.attrs.conv();
+ConvShape ConvShapeOf(const v1::ConvAttrs& a, int sp) {
   auto get = [&](const google::protobuf::RepeatedField<int64_t>& f, int64_t dflt) {
     std::vector<int64_t> v(sp, dflt);  // the verifier checked: empty or one per dim
     for (int i = 0; i < sp && i < f.size(); ++i) v[i] = f[i];
@@ -395,6 +394,8 @@ ConvShape ConvShapeOf(const ir::Node& n, int sp) {
   return c;
 }
 
+ConvShape ConvShapeOf(const ir::Node& n, int sp) { return ConvShapeOf(n.attrs.conv(), sp); }
+
 ValueRef ConvNode(Builder& b, ValueRef x, ValueRef w, const std::vector<int64_t>& stride,
                   const std::vector<int64_t>& dilation, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi) {
@@ -404,6 +405,52 @@ ValueRef ConvNode(Builder& b, ValueRef x, ValueRef w, const std::vector<int64_t>
   for (int64_t v : lo) a.mutable_conv()->add_pad_low(v);
   for (int64_t v : hi) a.mutable_conv()->add_pad_high(v);
   return b.r().Add(v1::OP_CONV, {x, w}, std::move(a));
+}
+
+v1::ConvAttrs ConvAttrsOf(const ConvShape& c) {
+  v1::ConvAttrs a;
+  for (int i = 0; i < c.sp; ++i) {
+    a.add_stride(c.stride[i]);
+    a.add_dilation(c.dilation[i]);
+    a.add_pad_low(c.lo[i]);
+    a.add_pad_high(c.hi[i]);
+  }
+  return a;
+}
+
+// Input channels from which the CPU's backward-weights kernel beats the
+// transposed forward conv (docs/benchmarks.md, train9d: not with 1).
+constexpr int64_t kNativeWeightGradMinChannels = 4;
+
+// One group's weight gradient: kiln.conv2d_backward_weights where `native`,
+// the op is registered (the CPU backend is linked), the conv is 2-D with 4 or
+// more input channels and f32 / f16 / bf16; else the correlation of x
+// (channels as the batch) with g (the batch as channels), stride and
+// dilation swapped, cropped to the kernel and transposed back.
+ValueRef ConvWeightGrad(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueRef g,
+                        bool native) {
+  const IrDims wd = b.T(w).dims;
+  const DType dt = b.T(x).dtype;
+  if (native && c.sp == 2 && b.T(x).dims[1] >= kNativeWeightGradMinChannels &&
+      (dt == v1::DTYPE_F32 || dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16) &&
+      CustomOpRegistry::Global().Find(kConvBackwardWeightsOp) != nullptr) {
+    v1::Attrs a;
+    a.mutable_custom()->set_name(kConvBackwardWeightsOp);
+    a.mutable_custom()->set_payload(ConvAttrsOf(c).SerializeAsString());
+    return b.r().Add(v1::OP_CUSTOM, {x, g, w}, std::move(a));
+  }
+  std::vector<int64_t> perm = {1, 0};
+  for (int i = 0; i < c.sp; ++i) perm.push_back(2 + i);
+  ValueRef xt = b.r().Transpose(x, perm);  // [C, N, S..]
+  ValueRef gt = b.r().Transpose(g, perm);  // [O, N, S_out..]
+  ValueRef corr = ConvNode(b, xt, gt, c.dilation, c.stride, c.lo, c.hi);  // [C, O, >= K..]
+  v1::Attrs a;
+  for (int i = 0; i < c.sp; ++i) {
+    a.mutable_slice()->add_axes(2 + i);
+    a.mutable_slice()->add_start(0);
+    a.mutable_slice()->add_stop(wd[2 + i]);
+  }
+  return b.r().Transpose(b.r().Add(v1::OP_SLICE, {corr}, std::move(a)), perm);
 }
 
 // The cotangents of one group's conv (groups = 1): x [N, C, S..], w [O, C, K..],
@@ -452,18 +499,7 @@ void ConvGroupVjp(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueR
     }
     *dx = b.r().Add(v1::OP_SLICE, {full}, std::move(a));
   }
-  if (need_w) {
-    ValueRef xt = b.r().Transpose(x, perm);  // [C, N, S..]
-    ValueRef gt = b.r().Transpose(g, perm);  // [O, N, S_out..]
-    ValueRef corr = ConvNode(b, xt, gt, c.dilation, c.stride, c.lo, c.hi);  // [C, O, >= K..]
-    v1::Attrs a;
-    for (int i = 0; i < c.sp; ++i) {
-      a.mutable_slice()->add_axes(2 + i);
-      a.mutable_slice()->add_start(0);
-      a.mutable_slice()->add_stop(wd[2 + i]);
-    }
-    *dw = b.r().Transpose(b.r().Add(v1::OP_SLICE, {corr}, std::move(a)), perm);
-  }
+  if (need_w) *dw = ConvWeightGrad(b, c, x, w, g, /*native=*/true);
 }
 
 constexpr int64_t kMaxConvGradGroups = 64;
@@ -765,6 +801,12 @@ ValueRef MaxPoolVjpComposition(Builder& b, ValueRef x, ValueRef y, const v1::Poo
   return pad ? b.Pad(dx, lo, hi) : dx;
 }
 
+ValueRef ConvWeightGradComposition(Builder& b, ValueRef x, ValueRef g, ValueRef w,
+                                   const v1::ConvAttrs& attrs) {
+  return ConvWeightGrad(b, ConvShapeOf(attrs, static_cast<int>(b.T(x).rank()) - 2), x, w, g,
+                        /*native=*/false);
+}
+
 ValueRef MaxPoolJvpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
                                ValueRef t) {
   const int sp = static_cast<int>(b.T(y).rank()) - 2;
@@ -957,7 +999,8 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_FAKE_QUANTIZE_LSQ:
       return true;
     case v1::OP_CUSTOM:
-      return n.attrs.custom().name() == kMaxPoolBackwardOp;
+      return n.attrs.custom().name() == kMaxPoolBackwardOp ||
+             n.attrs.custom().name() == kConvBackwardWeightsOp;
     default:
       return false;
   }
@@ -1075,6 +1118,18 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       // constant in x and y (no gradient there, as for the compare it
       // replaces). Its adjoint in g picks each window's first maximum: max
       // pool's JVP.
+      if (n.attrs.custom().name() == kConvBackwardWeightsOp) {
+        // dw(x, g) is bilinear: <G, dw(x, g)> = <g, conv(x, G)>, so x gets
+        // the conv's input gradient of g with G as the weights, and g gets
+        // conv(x, G); w is read for its shape only.
+        v1::ConvAttrs conv;
+        if (!conv.ParseFromString(n.attrs.custom().payload())) return NoRule(n, "unreadable payload");
+        const ConvShape c = ConvShapeOf(conv, 2);
+        ValueRef unused;
+        if (need[0]) ConvGroupVjp(b, c, n.operands[0], g, n.operands[1], true, false, &grads[0], &unused);
+        if (need[1]) grads[1] = ConvNode(b, n.operands[0], g, c.stride, c.dilation, c.lo, c.hi);
+        break;
+      }
       if (n.attrs.custom().name() != kMaxPoolBackwardOp) return NoRule(n, "custom op");
       v1::PoolAttrs pool;
       if (!pool.ParseFromString(n.attrs.custom().payload())) return NoRule(n, "unreadable payload");
@@ -1243,6 +1298,15 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       out = b.Same(n, {t[0], n.operands[1]});
       break;
     case v1::OP_CUSTOM:  // kiln.max_pool_backward: linear in g (VjpRule says why)
+      if (n.attrs.custom().name() == kConvBackwardWeightsOp) {  // bilinear in x and g
+        if (Valid(t[0])) out = b.Same(n, {t[0], n.operands[1], n.operands[2]});
+        if (Valid(t[1])) {
+          const ValueRef part = b.Same(n, {n.operands[0], t[1], n.operands[2]});
+          out = Valid(out) ? b.Add(out, part) : part;
+        }
+        if (!Valid(out)) return ValueRef{};
+        break;
+      }
       if (n.attrs.custom().name() != kMaxPoolBackwardOp) return NoRule(n, "custom op");
       if (!Valid(t[2])) return ValueRef{};
       out = b.Same(n, {n.operands[0], n.operands[1], t[2]});
