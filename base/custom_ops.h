@@ -24,6 +24,28 @@
 
 namespace kiln {
 
+// Ops Kiln itself provides through this registry: the in-process plugin
+// "kiln" that the CPU backend registers at static init, holding kernels the
+// passes emit where the IR has no op kind for them yet. Their names are taken
+// before any plugin loads, so no plugin can provide them.
+//
+// kiln.max_pool_backward(x, y, g) -> dx: the derivative of y = max_pool(x)
+// (payload: a serialized kiln.v1.PoolAttrs of kind POOL_MAX) with cotangent g,
+// given to the first maximum of each window in row-major order (torch's
+// rule), summed where windows overlap. The autodiff pass emits it; legalize
+// turns it back into slices and compares for a device that does not claim it
+// (passes/decompose.h).
+inline constexpr char kMaxPoolBackwardOp[] = "kiln.max_pool_backward";
+
+// kiln.conv2d_backward_weights(x, g, w) -> dw: the weight gradient of the
+// 2-D conv y = conv(x, w) (groups 1; payload: a serialized kiln.v1.ConvAttrs)
+// for the cotangent g of y; w is read for its type only (dw has it). The
+// autodiff pass emits it for f32 / f16 / bf16 convs with 4 or more input
+// channels; the CPU runs oneDNN's backward-weights on x and g as they are,
+// and legalize decomposes it into the transposes and conv autodiff writes
+// otherwise (passes/decompose.h).
+inline constexpr char kConvBackwardWeightsOp[] = "kiln.conv2d_backward_weights";
+
 struct CustomOp {
   std::string name;
   std::string plugin;          // the plugin's own name

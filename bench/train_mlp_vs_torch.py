@@ -15,7 +15,14 @@ The client sends each batch through shared memory when kilnd is local (its
 default; "kiln_kilnd"); a second session of a client with shared_memory=False
 sends it as bytes in the request ("kiln_kilnd_bytes"), in the same rounds; a
 third trains on each round's batches through one streaming TrainSteps call
-("kiln_kilnd_stream", the series' mean per step).
+("kiln_kilnd_stream", the series' mean per step; its batches in shared memory
+when kilnd is local), and the bytes client streams them too
+("kiln_kilnd_stream_bytes").
+
+--baseline_kilnd (and --baseline_inproc) name another build (e.g. main's
+before a change): its kilnd runs beside this one and its unary steps
+("kiln_kilnd_baseline") and in-process step ("kiln_inproc_baseline") are timed
+in the same rounds, so before / after come from one run.
 """
 
 import argparse
@@ -140,7 +147,7 @@ MODELS = {
 }
 
 
-def bench_model(args, server, name):
+def bench_model(args, server, name, baseline=None):
     m = MODELS[name]
     rng = np.random.default_rng(0)
     init = m["init"](rng)
@@ -155,6 +162,15 @@ def bench_model(args, server, name):
                                                optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
     stream_session = client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                           optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
+    bytes_stream_session = bytes_client.train_session(
+        kiln.parse(m["graph"]), loss="loss", params=init, optimizer=kiln.AdamW(lr=1e-3),
+        device="cpu:0")
+    base_client = base_session = None
+    if baseline is not None:
+        base_client = kiln.Client(baseline.addr)  # not connect(): that closes the default client
+        base_session = base_client.train_session(kiln.parse(m["graph"]), loss="loss",
+                                                 params=init, optimizer=kiln.AdamW(lr=1e-3),
+                                                 device="cpu:0")
     batches = [{"x": xs[i], "y": ys[i]} for i in range(args.steps)]
     tensors = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     opt = torch.optim.AdamW(tensors.values(), lr=1e-3)
@@ -171,31 +187,50 @@ def bench_model(args, server, name):
     def kiln_bytes_step(i):
         bytes_session.step({"x": xs[i], "y": ys[i]})
 
+    def kiln_base_step(i):
+        base_session.step({"x": xs[i], "y": ys[i]})
+
     for i in range(3):  # warm-up: compile, first allocations
         kiln_step(i)
         kiln_bytes_step(i)
         torch_step(i)
+        if base_session is not None:
+            kiln_base_step(i)
     list(stream_session.steps(batches[:3]))
+    stream_shared_memory = client.last_train_steps_shared_memory
+    list(bytes_stream_session.steps(batches[:3]))
     shared_memory = client.last_train_step_shared_memory
-    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": [], "kiln_kilnd_stream": []}
-    inproc = []
+    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": [], "kiln_kilnd_stream": [],
+             "kiln_kilnd_stream_bytes": []}
+    series = [("kiln_kilnd", kiln_step), ("torch", torch_step),
+              ("kiln_kilnd_bytes", kiln_bytes_step)]
+    if base_session is not None:
+        times["kiln_kilnd_baseline"] = []
+        series.append(("kiln_kilnd_baseline", kiln_base_step))
+    inproc, inproc_base = [], []
     for _ in range(args.rounds):
-        for label, fn in (("kiln_kilnd", kiln_step), ("torch", torch_step),
-                          ("kiln_kilnd_bytes", kiln_bytes_step)):
+        for label, fn in series:
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 fn(i)
                 times[label].append((time.perf_counter() - t0) * 1e3)
         # The streaming TrainSteps: one call for the series; its mean per step
         # (a stream's steps are not timed one by one).
-        t0 = time.perf_counter()
-        n = sum(1 for _ in stream_session.steps(batches))
-        times["kiln_kilnd_stream"].append((time.perf_counter() - t0) * 1e3 / n)
-        if args.inproc:
-            out = subprocess.run([args.inproc, "--model", name, "--steps", str(args.steps),
-                                  "--threads", "2"],
-                                 check=True, capture_output=True, text=True).stdout
-            inproc.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
+        for label, sess in (("kiln_kilnd_stream", stream_session),
+                            ("kiln_kilnd_stream_bytes", bytes_stream_session)):
+            t0 = time.perf_counter()
+            n = sum(1 for _ in sess.steps(batches))
+            times[label].append((time.perf_counter() - t0) * 1e3 / n)
+        for binary, into in ((args.inproc, inproc), (args.baseline_inproc, inproc_base)):
+            if binary:
+                out = subprocess.run([binary, "--model", name, "--steps", str(args.steps),
+                                      "--threads", "2"],
+                                     check=True, capture_output=True, text=True).stdout
+                into.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
+    if base_session is not None:
+        base_session.close()
+        base_client.close()
+    bytes_stream_session.close()
     session.close()
     stream_session.close()
     client.close()
@@ -204,6 +239,8 @@ def bench_model(args, server, name):
     med = {k: statistics.median(v) for k, v in times.items()}
     if inproc:
         med["kiln_inproc"] = statistics.median(inproc)
+    if inproc_base:
+        med["kiln_inproc_baseline"] = statistics.median(inproc_base)
     print(json.dumps({
         "bench": m["bench"],
         "cpu": platform.processor() or platform.machine(),
@@ -211,6 +248,7 @@ def bench_model(args, server, name):
         "load_average": os.getloadavg()[0],
         "steps_per_series": args.steps, "rounds": args.rounds,
         "batch_through_shared_memory": shared_memory,
+        "stream_batches_through_shared_memory": stream_shared_memory,
         "median_ms": med,
         "kiln_over_torch": med["kiln_kilnd"] / med["torch"],
         "kiln_inproc_over_torch": med["kiln_inproc"] / med["torch"] if inproc else None,
@@ -220,6 +258,12 @@ def bench_model(args, server, name):
         "kilnd_stream_over_inproc":
             med["kiln_kilnd_stream"] / med["kiln_inproc"] if inproc else None,
         "kilnd_stream_over_torch": med["kiln_kilnd_stream"] / med["torch"],
+        "kilnd_over_baseline_kilnd":
+            med["kiln_kilnd"] / med["kiln_kilnd_baseline"] if base_session else None,
+        "baseline_kilnd_over_torch":
+            med["kiln_kilnd_baseline"] / med["torch"] if base_session else None,
+        "inproc_over_baseline_inproc":
+            med["kiln_inproc"] / med["kiln_inproc_baseline"] if inproc and inproc_base else None,
     }), flush=True)
 
 
@@ -230,14 +274,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--baseline_kilnd", default="")
+    ap.add_argument("--baseline_inproc", default="")
     args = ap.parse_args()
     torch.set_num_threads(2)
     server = Kilnd(args.kilnd)
+    baseline = None
     try:
+        baseline = Kilnd(args.baseline_kilnd) if args.baseline_kilnd else None
         for name in args.models.split(","):
-            bench_model(args, server, name)
+            bench_model(args, server, name, baseline)
     finally:
         server.stop()
+        if baseline is not None:
+            baseline.stop()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@
 // activations with no reorder at all (the fuse pass puts transposes at the
 // chain's ends only).
 //
+// A conv whose kernel is spatially larger than its result (a weight gradient
+// as autodiff writes it) runs as oneDNN's backward-weights (conv_wgrad.h).
+//
 // Storage types as for matmul: f32 as is, bf16 natively where oneDNN has a
 // non-reference implementation, f16 (and bf16 otherwise) through f32 copies.
 // Degenerate shapes oneDNN rejects (no input channels, an empty spatial input
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cpu/conv_wgrad.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/onednn_util.h"
 #include "backends/cpu/parallel.h"
@@ -246,6 +250,10 @@ class ConvKernel final : public CpuKernel, public backend::PackingKernel {
   }
 
   static absl::StatusOr<std::unique_ptr<backend::Kernel>> Create(const KernelSpec& spec) {
+    if (IsWeightGradientShaped(spec)) {
+      KILN_RETURN_IF_ERROR(ConvConfigOf(spec).status());
+      return CreateConvAsWeightGradient(spec);
+    }
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<ConvKernel> kernel, Make(spec));
     return std::unique_ptr<backend::Kernel>(std::move(kernel));
   }

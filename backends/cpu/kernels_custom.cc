@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cpu/conv_wgrad.h"
 #include "backends/cpu/cpu_backend.h"
 #include "base/custom_ops.h"
 #include "base/status.h"
@@ -73,6 +74,9 @@ Claim SupportsCustom(const KernelSpec& spec) {
 }
 
 KernelOr CreateCustom(const KernelSpec& spec) {
+  // A built-in op with a kernel of the backend's own (state across runs:
+  // oneDNN primitives), not through the plugin ABI.
+  if (spec.attrs.custom().name() == kConvBackwardWeightsOp) return CreateConvBackwardWeights(spec);
   const CustomOp* op = CustomOpRegistry::Global().Find(spec.attrs.custom().name());
   if (op == nullptr) {
     return absl::UnimplementedError(absl::StrCat(spec.label, ": no plugin provides custom op ",

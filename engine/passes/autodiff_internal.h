@@ -19,8 +19,8 @@ inline bool Valid(ValueRef v) { return v.node >= 0; }
 // Node-building helpers over ir::Rewriter (errors are sticky: check status()).
 class Builder {
  public:
-  Builder(ir::Graph& graph, const ir::Node& origin)
-      : graph_(graph), r_(graph, origin, v1::PATH_UNSPECIFIED) {}
+  Builder(ir::Graph& graph, const ir::Node& origin, v1::Path path = v1::PATH_UNSPECIFIED)
+      : graph_(graph), r_(graph, origin, path) {}
 
   ir::Rewriter& r() { return r_; }
   ir::Graph& graph() { return graph_; }
@@ -63,6 +63,25 @@ class Builder {
   ir::Graph& graph_;
   ir::Rewriter r_;
 };
+
+// Max pool's derivative dx of y = max_pool(x) (`attrs` of kind POOL_MAX) for
+// the cotangent g, made of pads, strided slices, compares and (windows that
+// tile x) one interleaving transpose: the first maximum of each window in
+// row-major order takes g. What kiln.max_pool_backward computes in one pass
+// (base/custom_ops.h) and what legalize decomposes it into.
+ValueRef MaxPoolVjpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
+                               ValueRef g);
+// Max pool's JVP for the tangent t of x: t at each window's first maximum.
+// Also the adjoint, in g, of the derivative above.
+ValueRef MaxPoolJvpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
+                               ValueRef t);
+
+// A 2-D conv's weight gradient (groups 1, `attrs` its geometry) for the
+// cotangent g of y = conv(x, w), as transposes and a conv of x with g as the
+// kernel: what kiln.conv2d_backward_weights computes in one kernel
+// (base/custom_ops.h) and what legalize decomposes it into.
+ValueRef ConvWeightGradComposition(Builder& b, ValueRef x, ValueRef g, ValueRef w,
+                                   const v1::ConvAttrs& attrs);
 
 // Reverse rule: `g` is the cotangent of n's (single) result. Sets grads[i]
 // for every operand i with need[i] (an invalid ref means zero).

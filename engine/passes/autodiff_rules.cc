@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "base/custom_ops.h"
 #include "engine/ir/infer.h"
 #include "engine/passes/autodiff_internal.h"
 
@@ -377,8 +378,7 @@ struct ConvShape {
   int64_t groups = 1;
 };
 
-ConvShape ConvShapeOf(const ir::Node& n, int sp) {
-  const auto& a = n.attrs.conv();
+ConvShape ConvShapeOf(const v1::ConvAttrs& a, int sp) {
   auto get = [&](const google::protobuf::RepeatedField<int64_t>& f, int64_t dflt) {
     std::vector<int64_t> v(sp, dflt);  // the verifier checked: empty or one per dim
     for (int i = 0; i < sp && i < f.size(); ++i) v[i] = f[i];
@@ -394,6 +394,8 @@ ConvShape ConvShapeOf(const ir::Node& n, int sp) {
   return c;
 }
 
+ConvShape ConvShapeOf(const ir::Node& n, int sp) { return ConvShapeOf(n.attrs.conv(), sp); }
+
 ValueRef ConvNode(Builder& b, ValueRef x, ValueRef w, const std::vector<int64_t>& stride,
                   const std::vector<int64_t>& dilation, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi) {
@@ -403,6 +405,52 @@ ValueRef ConvNode(Builder& b, ValueRef x, ValueRef w, const std::vector<int64_t>
   for (int64_t v : lo) a.mutable_conv()->add_pad_low(v);
   for (int64_t v : hi) a.mutable_conv()->add_pad_high(v);
   return b.r().Add(v1::OP_CONV, {x, w}, std::move(a));
+}
+
+v1::ConvAttrs ConvAttrsOf(const ConvShape& c) {
+  v1::ConvAttrs a;
+  for (int i = 0; i < c.sp; ++i) {
+    a.add_stride(c.stride[i]);
+    a.add_dilation(c.dilation[i]);
+    a.add_pad_low(c.lo[i]);
+    a.add_pad_high(c.hi[i]);
+  }
+  return a;
+}
+
+// Input channels from which the CPU's backward-weights kernel beats the
+// transposed forward conv (docs/benchmarks.md, train9d: not with 1).
+constexpr int64_t kNativeWeightGradMinChannels = 4;
+
+// One group's weight gradient: kiln.conv2d_backward_weights where `native`,
+// the op is registered (the CPU backend is linked), the conv is 2-D with 4 or
+// more input channels and f32 / f16 / bf16; else the correlation of x
+// (channels as the batch) with g (the batch as channels), stride and
+// dilation swapped, cropped to the kernel and transposed back.
+ValueRef ConvWeightGrad(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueRef g,
+                        bool native) {
+  const IrDims wd = b.T(w).dims;
+  const DType dt = b.T(x).dtype;
+  if (native && c.sp == 2 && b.T(x).dims[1] >= kNativeWeightGradMinChannels &&
+      (dt == v1::DTYPE_F32 || dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16) &&
+      CustomOpRegistry::Global().Find(kConvBackwardWeightsOp) != nullptr) {
+    v1::Attrs a;
+    a.mutable_custom()->set_name(kConvBackwardWeightsOp);
+    a.mutable_custom()->set_payload(ConvAttrsOf(c).SerializeAsString());
+    return b.r().Add(v1::OP_CUSTOM, {x, g, w}, std::move(a));
+  }
+  std::vector<int64_t> perm = {1, 0};
+  for (int i = 0; i < c.sp; ++i) perm.push_back(2 + i);
+  ValueRef xt = b.r().Transpose(x, perm);  // [C, N, S..]
+  ValueRef gt = b.r().Transpose(g, perm);  // [O, N, S_out..]
+  ValueRef corr = ConvNode(b, xt, gt, c.dilation, c.stride, c.lo, c.hi);  // [C, O, >= K..]
+  v1::Attrs a;
+  for (int i = 0; i < c.sp; ++i) {
+    a.mutable_slice()->add_axes(2 + i);
+    a.mutable_slice()->add_start(0);
+    a.mutable_slice()->add_stop(wd[2 + i]);
+  }
+  return b.r().Transpose(b.r().Add(v1::OP_SLICE, {corr}, std::move(a)), perm);
 }
 
 // The cotangents of one group's conv (groups = 1): x [N, C, S..], w [O, C, K..],
@@ -451,18 +499,7 @@ void ConvGroupVjp(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueR
     }
     *dx = b.r().Add(v1::OP_SLICE, {full}, std::move(a));
   }
-  if (need_w) {
-    ValueRef xt = b.r().Transpose(x, perm);  // [C, N, S..]
-    ValueRef gt = b.r().Transpose(g, perm);  // [O, N, S_out..]
-    ValueRef corr = ConvNode(b, xt, gt, c.dilation, c.stride, c.lo, c.hi);  // [C, O, >= K..]
-    v1::Attrs a;
-    for (int i = 0; i < c.sp; ++i) {
-      a.mutable_slice()->add_axes(2 + i);
-      a.mutable_slice()->add_start(0);
-      a.mutable_slice()->add_stop(wd[2 + i]);
-    }
-    *dw = b.r().Transpose(b.r().Add(v1::OP_SLICE, {corr}, std::move(a)), perm);
-  }
+  if (need_w) *dw = ConvWeightGrad(b, c, x, w, g, /*native=*/true);
 }
 
 constexpr int64_t kMaxConvGradGroups = 64;
@@ -568,8 +605,7 @@ struct PoolShape {
   std::vector<int64_t> window, stride, lo, hi;
 };
 
-PoolShape PoolShapeOf(const ir::Node& n, int sp) {
-  const auto& a = n.attrs.pool();
+PoolShape PoolShapeOf(const v1::PoolAttrs& a, int sp) {
   PoolShape p;
   p.sp = sp;
   p.window.assign(a.window().begin(), a.window().end());
@@ -635,10 +671,9 @@ ValueRef AvgPoolVjp(Builder& b, const ir::Node& n, const PoolShape& p, ValueRef 
 // offset's slice of the padded input and its weight (1 where it takes the
 // derivative, else 0, over the result's shape); returns the padded input.
 template <typename Fn>
-ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, Fn fn) {
-  const ValueRef x = n.operands[0];
-  const DType dt = n.type().dtype;
-  const IrDims yd = n.type().dims;
+ValueRef ForEachWindowOffset(Builder& b, ValueRef x, ValueRef y, const PoolShape& p, Fn fn) {
+  const DType dt = b.T(y).dtype;
+  const IrDims yd = b.T(y).dims;
   std::vector<int64_t> lo(yd.size(), 0), hi(yd.size(), 0);
   bool padded = false;
   for (int i = 0; i < p.sp; ++i) {
@@ -670,7 +705,7 @@ ValueRef ForEachWindowOffset(Builder& b, const ir::Node& n, const PoolShape& p, 
     }
     const ValueRef xs = b.r().Add(v1::OP_SLICE, {xp}, std::move(a));
     if (!b.status().ok()) return ValueRef{};
-    ValueRef w = b.Mask(v1::COMPARE_EQ, xs, n.out(), dt);
+    ValueRef w = b.Mask(v1::COMPARE_EQ, xs, y, dt);
     if (Valid(taken)) {
       w = b.Mul(w, b.Sub(b.Sc(1, dt), taken));
       if (o + 1 < offsets) taken = b.Add(taken, w);
@@ -713,41 +748,39 @@ ValueRef PadFoldVjp(Builder& b, const ir::Node& n, ValueRef g) {
   return out;
 }
 
-absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<ValueRef>& grads) {
-  const int sp = static_cast<int>(n.type().rank()) - 2;
-  const PoolShape p = PoolShapeOf(n, sp);
-  if (n.attrs.pool().kind() == v1::POOL_AVG) {
-    grads[0] = AvgPoolVjp(b, n, p, g);
-    return b.status();
-  }
-  const IrDims xd = b.T(n.operands[0]).dims;
+}  // namespace
+
+ValueRef MaxPoolVjpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
+                               ValueRef g) {
+  const int sp = static_cast<int>(b.T(y).rank()) - 2;
+  const PoolShape p = PoolShapeOf(attrs, sp);
+  const IrDims xd = b.T(x).dims;
   if (!NonOverlapping(p)) {
     ValueRef sum;
-    ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
+    ForEachWindowOffset(b, x, y, p, [&](const ir::Node& slice, ValueRef w) {
       ValueRef back = SliceVjp(b, slice, b.Mul(g, w));
       sum = Valid(sum) ? b.Add(sum, back) : back;
     });
-    if (!b.status().ok()) return b.status();
+    if (!b.status().ok()) return ValueRef{};
     v1::Attrs crop;
     for (int i = 0; i < sp; ++i) {
       crop.mutable_slice()->add_axes(2 + i);
       crop.mutable_slice()->add_start(p.lo[i]);
       crop.mutable_slice()->add_stop(p.lo[i] + xd[2 + i]);
     }
-    grads[0] = b.r().Add(v1::OP_SLICE, {sum}, std::move(crop));
-    return b.status();
+    return b.r().Add(v1::OP_SLICE, {sum}, std::move(crop));
   }
   // Windows that tile the input: each offset's share g * w ([N, C, o..]) is
   // stacked to [k.., N, C, o..] and interleaved back by one transpose to
   // [N, C, o1, k1, o2, k2] = x's (cropped) shape; no full-size weights.
-  const IrDims yd = n.type().dims;
+  const IrDims yd = b.T(y).dims;
   IrDims one = {1};
   one.insert(one.end(), yd.begin(), yd.end());
   std::vector<ValueRef> parts;
-  ForEachWindowOffset(b, n, p, [&](const ir::Node&, ValueRef w) {
+  ForEachWindowOffset(b, x, y, p, [&](const ir::Node&, ValueRef w) {
     parts.push_back(b.Reshape(b.Mul(g, w), one));
   });
-  if (!b.status().ok()) return b.status();
+  if (!b.status().ok()) return ValueRef{};
   v1::Attrs cat;
   cat.mutable_concat()->set_axis(0);
   ValueRef stacked = parts.size() == 1 ? parts[0] : b.r().Add(v1::OP_CONCAT, parts, std::move(cat));
@@ -765,7 +798,57 @@ absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<Valu
     pad = pad || hi[2 + i] > 0;
   }
   ValueRef dx = b.Reshape(b.r().Transpose(b.Reshape(stacked, sd), perm), cropped);
-  grads[0] = pad ? b.Pad(dx, lo, hi) : dx;
+  return pad ? b.Pad(dx, lo, hi) : dx;
+}
+
+ValueRef ConvWeightGradComposition(Builder& b, ValueRef x, ValueRef g, ValueRef w,
+                                   const v1::ConvAttrs& attrs) {
+  return ConvWeightGrad(b, ConvShapeOf(attrs, static_cast<int>(b.T(x).rank()) - 2), x, w, g,
+                        /*native=*/false);
+}
+
+ValueRef MaxPoolJvpComposition(Builder& b, ValueRef x, ValueRef y, const v1::PoolAttrs& attrs,
+                               ValueRef t) {
+  const int sp = static_cast<int>(b.T(y).rank()) - 2;
+  const PoolShape p = PoolShapeOf(attrs, sp);
+  ValueRef tp = t;
+  if (!NonOverlapping(p)) {
+    v1::Attrs pad;
+    for (int64_t i = 0; i < b.T(y).rank(); ++i) {
+      pad.mutable_pad()->add_low(i < 2 ? 0 : p.lo[i - 2]);
+      pad.mutable_pad()->add_high(i < 2 ? 0 : p.hi[i - 2]);
+    }
+    tp = b.r().Add(v1::OP_PAD, {t}, std::move(pad));
+  }
+  ValueRef out;
+  ForEachWindowOffset(b, x, y, p, [&](const ir::Node& slice, ValueRef w) {
+    ValueRef ts = b.r().Add(v1::OP_SLICE, {tp}, slice.attrs);
+    ValueRef part = b.Mul(ts, w);
+    out = Valid(out) ? b.Add(out, part) : part;
+  });
+  return out;
+}
+
+namespace {
+
+// Max pool's derivative: the CPU's one-pass kernel (base/custom_ops.h) where
+// the process has it, which legalize decomposes into the composition above
+// for devices that do not claim it; else the composition itself.
+absl::Status PoolVjp(Builder& b, const ir::Node& n, ValueRef g, std::vector<ValueRef>& grads) {
+  const int sp = static_cast<int>(n.type().rank()) - 2;
+  const PoolShape p = PoolShapeOf(n.attrs.pool(), sp);
+  if (n.attrs.pool().kind() == v1::POOL_AVG) {
+    grads[0] = AvgPoolVjp(b, n, p, g);
+    return b.status();
+  }
+  if (CustomOpRegistry::Global().Find(kMaxPoolBackwardOp) != nullptr) {
+    v1::Attrs a;
+    a.mutable_custom()->set_name(kMaxPoolBackwardOp);
+    a.mutable_custom()->set_payload(n.attrs.pool().SerializeAsString());
+    grads[0] = b.r().Add(v1::OP_CUSTOM, {n.operands[0], n.out(), g}, std::move(a));
+    return b.status();
+  }
+  grads[0] = MaxPoolVjpComposition(b, n.operands[0], n.out(), n.attrs.pool(), g);
   return b.status();
 }
 
@@ -915,6 +998,9 @@ bool HasRule(const ir::Node& n) {
     case v1::OP_FAKE_QUANTIZE:
     case v1::OP_FAKE_QUANTIZE_LSQ:
       return true;
+    case v1::OP_CUSTOM:
+      return n.attrs.custom().name() == kMaxPoolBackwardOp ||
+             n.attrs.custom().name() == kConvBackwardWeightsOp;
     default:
       return false;
   }
@@ -1027,6 +1113,29 @@ absl::Status VjpRule(Builder& b, const ir::Node& n, ValueRef g, const std::vecto
       return ConvTransposeVjp(b, n, g, need, grads);
     case v1::OP_POOL:
       return PoolVjp(b, n, g, grads);
+    case v1::OP_CUSTOM: {
+      // kiln.max_pool_backward(x, y, g) is linear in g, and piecewise
+      // constant in x and y (no gradient there, as for the compare it
+      // replaces). Its adjoint in g picks each window's first maximum: max
+      // pool's JVP.
+      if (n.attrs.custom().name() == kConvBackwardWeightsOp) {
+        // dw(x, g) is bilinear: <G, dw(x, g)> = <g, conv(x, G)>, so x gets
+        // the conv's input gradient of g with G as the weights, and g gets
+        // conv(x, G); w is read for its shape only.
+        v1::ConvAttrs conv;
+        if (!conv.ParseFromString(n.attrs.custom().payload())) return NoRule(n, "unreadable payload");
+        const ConvShape c = ConvShapeOf(conv, 2);
+        ValueRef unused;
+        if (need[0]) ConvGroupVjp(b, c, n.operands[0], g, n.operands[1], true, false, &grads[0], &unused);
+        if (need[1]) grads[1] = ConvNode(b, n.operands[0], g, c.stride, c.dilation, c.lo, c.hi);
+        break;
+      }
+      if (n.attrs.custom().name() != kMaxPoolBackwardOp) return NoRule(n, "custom op");
+      v1::PoolAttrs pool;
+      if (!pool.ParseFromString(n.attrs.custom().payload())) return NoRule(n, "unreadable payload");
+      if (need[2]) grads[2] = MaxPoolJvpComposition(b, n.operands[0], n.operands[1], pool, g);
+      break;
+    }
     case v1::OP_CUMSUM: {
       v1::Attrs a = n.attrs;
       a.mutable_cumsum()->set_reverse(!n.attrs.cumsum().reverse());
@@ -1188,27 +1297,26 @@ absl::StatusOr<ValueRef> JvpRule(Builder& b, const ir::Node& n,
       if (!Valid(t[0])) return ValueRef{};
       out = b.Same(n, {t[0], n.operands[1]});
       break;
+    case v1::OP_CUSTOM:  // kiln.max_pool_backward: linear in g (VjpRule says why)
+      if (n.attrs.custom().name() == kConvBackwardWeightsOp) {  // bilinear in x and g
+        if (Valid(t[0])) out = b.Same(n, {t[0], n.operands[1], n.operands[2]});
+        if (Valid(t[1])) {
+          const ValueRef part = b.Same(n, {n.operands[0], t[1], n.operands[2]});
+          out = Valid(out) ? b.Add(out, part) : part;
+        }
+        if (!Valid(out)) return ValueRef{};
+        break;
+      }
+      if (n.attrs.custom().name() != kMaxPoolBackwardOp) return NoRule(n, "custom op");
+      if (!Valid(t[2])) return ValueRef{};
+      out = b.Same(n, {n.operands[0], n.operands[1], t[2]});
+      break;
     case v1::OP_POOL: {
       if (n.attrs.pool().kind() == v1::POOL_AVG) {
         out = b.Same(n, {t[0]});  // linear
         break;
       }
-      const int sp = static_cast<int>(y.rank()) - 2;
-      const PoolShape p = PoolShapeOf(n, sp);
-      ValueRef tp = t[0];
-      if (!NonOverlapping(p)) {
-        v1::Attrs pad;
-        for (int64_t i = 0; i < y.rank(); ++i) {
-          pad.mutable_pad()->add_low(i < 2 ? 0 : p.lo[i - 2]);
-          pad.mutable_pad()->add_high(i < 2 ? 0 : p.hi[i - 2]);
-        }
-        tp = b.r().Add(v1::OP_PAD, {t[0]}, std::move(pad));
-      }
-      ForEachWindowOffset(b, n, p, [&](const ir::Node& slice, ValueRef w) {
-        ValueRef ts = b.r().Add(v1::OP_SLICE, {tp}, slice.attrs);
-        ValueRef part = b.Mul(ts, w);
-        out = Valid(out) ? b.Add(out, part) : part;
-      });
+      out = MaxPoolJvpComposition(b, n.operands[0], n.out(), n.attrs.pool(), t[0]);
       break;
     }
     case v1::OP_CONV: case v1::OP_CONV_TRANSPOSE2D: {

@@ -6,7 +6,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/custom_ops.h"
 #include "base/status.h"
+#include "engine/passes/autodiff_internal.h"
 #include "engine/ir/infer.h"
 #include "engine/ir/rewriter.h"
 #include "engine/ir/verifier.h"
@@ -372,6 +374,41 @@ absl::StatusOr<std::vector<ValueRef>> LowerScan(Rewriter& r, ir::Graph& g, const
   return result;
 }
 
+// kiln.max_pool_backward(x, y, g) as the composition autodiff writes where
+// no device has the kernel.
+absl::StatusOr<ValueRef> DecomposeMaxPoolBackward(ir::Graph& graph, const ir::Node& node) {
+  v1::PoolAttrs pool;
+  if (node.attrs.custom().name() != kMaxPoolBackwardOp || node.operands.size() != 3 ||
+      !pool.ParseFromString(node.attrs.custom().payload())) {
+    return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(node), " has no decomposition"));
+  }
+  ad::Builder b(graph, node, v1::PATH_COMMON_IR);
+  const ValueRef out =
+      ad::MaxPoolVjpComposition(b, node.operands[0], node.operands[1], pool, node.operands[2]);
+  if (!b.status().ok()) return b.status();
+  if (out.node < 0 || !(graph.TypeOf(out) == node.outputs[0])) {
+    return absl::InternalError(absl::StrCat(ir::NodeLabel(node), ": decomposition has the wrong type"));
+  }
+  return out;
+}
+
+// kiln.conv2d_backward_weights(x, g, w) as the transposes and conv autodiff
+// writes where no device has the kernel.
+absl::StatusOr<ValueRef> DecomposeConvBackwardWeights(ir::Graph& graph, const ir::Node& node) {
+  v1::ConvAttrs conv;
+  if (node.operands.size() != 3 || !conv.ParseFromString(node.attrs.custom().payload())) {
+    return absl::InvalidArgumentError(absl::StrCat(ir::NodeLabel(node), " has no decomposition"));
+  }
+  ad::Builder b(graph, node, v1::PATH_COMMON_IR);
+  const ValueRef out =
+      ad::ConvWeightGradComposition(b, node.operands[0], node.operands[1], node.operands[2], conv);
+  if (!b.status().ok()) return b.status();
+  if (out.node < 0 || !(graph.TypeOf(out) == node.outputs[0])) {
+    return absl::InternalError(absl::StrCat(ir::NodeLabel(node), ": decomposition has the wrong type"));
+  }
+  return out;
+}
+
 }  // namespace
 
 bool HasDecomposition(const ir::Node& node) {
@@ -381,6 +418,9 @@ bool HasDecomposition(const ir::Node& node) {
       return true;
     case v1::OP_SCAN:  // unrolled: the length must be known
       return node.attrs.scan().length() >= 0;
+    case v1::OP_CUSTOM:  // the built-in max pool derivative (base/custom_ops.h)
+      return node.attrs.custom().name() == kMaxPoolBackwardOp ||
+             node.attrs.custom().name() == kConvBackwardWeightsOp;
     case v1::OP_UNARY: {
       const auto k = node.attrs.unary().kind();
       return k == v1::UNARY_GELU || k == v1::UNARY_GELU_TANH || k == v1::UNARY_SILU;
@@ -396,6 +436,17 @@ v1::Path DecompositionPath(const ir::Node& node) {
 
 absl::StatusOr<std::vector<int32_t>> Decompose(ir::Graph& graph, const ir::Node& node) {
   const int32_t first_new = graph.NextId();
+  if (node.op == v1::OP_CUSTOM) {
+    KILN_ASSIGN_OR_RETURN(ValueRef out, node.attrs.custom().name() == kConvBackwardWeightsOp
+                                            ? DecomposeConvBackwardWeights(graph, node)
+                                            : DecomposeMaxPoolBackward(graph, node));
+    graph.ReplaceAllUses(node.out(), out);
+    std::vector<int32_t> made;
+    for (const auto& n : graph.nodes()) {
+      if (n->id >= first_new) made.push_back(n->id);
+    }
+    return made;
+  }
   Rewriter r(graph, node, DecompositionPath(node));
   if (node.op == v1::OP_IF || node.op == v1::OP_SCAN) {  // several results
     KILN_ASSIGN_OR_RETURN(std::vector<ValueRef> outs,

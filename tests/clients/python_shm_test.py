@@ -8,6 +8,7 @@ KILND at the built binary.
 
 import os
 import sys
+import time
 import unittest
 
 import numpy as np
@@ -87,6 +88,44 @@ class ShmTest(unittest.TestCase):
             self.assertEqual(sc.last.step, len(batches) + 1)
             r.close()
             conn.close()
+
+    def test_train_steps_stream_batches_through_shared_memory(self):
+        # TrainSteps with each batch in a region of the client's ring (more
+        # batches than regions, so regions are reused while kilnd reads ahead):
+        # the same losses and params as a bytes stream, bit for bit.
+        g = kiln.parse("graph \"t\"\ninput x: f32[32, 64]\ninput y: i64[32]\n"
+                       "param w: f32[64, 5]\nlet loss = softmax_cross_entropy(x @ w, y)\nout loss\n")
+        rng = np.random.default_rng(5)
+        init = {"w": rng.standard_normal((64, 5)).astype(np.float32) * 0.1}
+        batches = [{"x": rng.standard_normal((32, 64)).astype(np.float32),
+                    "y": rng.integers(0, 5, 32).astype(np.int64)} for _ in range(12)]
+        with kiln.Client(KILND_PROC.addr) as c, kiln.Client(KILND_PROC.addr, shared_memory=False) as b:
+            sc = c.train_session(g, loss="loss", params=init, optimizer=kiln.Adam(lr=0.05))
+            sb = b.train_session(g, loss="loss", params=init, optimizer=kiln.Adam(lr=0.05))
+            got = list(sc.steps(iter(batches)))
+            self.assertTrue(c.last_train_steps_shared_memory)
+            want = list(sb.steps(batches))
+            self.assertFalse(b.last_train_steps_shared_memory)
+            self.assertEqual(got, want)
+            self.assertEqual(sc.last.step, len(batches))
+            np.testing.assert_array_equal(sc.get_params()["w"], sb.get_params()["w"])
+            # Stopping early leaves the session usable and no region in use.
+            for i, _ in enumerate(sc.steps(batches)):
+                if i == 1:
+                    break
+            self.assertLessEqual(len(c._shm._idle), shm.ShmPool.MAX_IDLE)
+            more = list(sc.steps(batches[:3]))
+            self.assertEqual(len(more), 3)
+            self.assertTrue(c.last_train_steps_shared_memory)
+            # kilnd drops the regions with their connection: the steps it did
+            # not run go again as bytes, and none is lost or run twice.
+            before = sc.last.step
+            c._shm._connection._sock.close()
+            time.sleep(0.5)
+            tail = list(sc.steps(batches[:4]))
+            self.assertFalse(c.last_train_steps_shared_memory)
+            self.assertEqual(len(tail), 4)
+            self.assertEqual(sc.last.step, before + 4)
 
     def test_env_turns_it_off(self):
         os.environ["KILN_SHM"] = "0"

@@ -176,6 +176,13 @@ std::vector<Case> ConvCases() {
       {"1d_blocked", {1, 64, 130}, {64, 64, 5}, {}, {}, {2}, {2}},
       {"1d_stride2", {1, 80, 65}, {130, 80, 3}, {2}, {}, {1}, {1}},
       {"1d_groups", {1, 6, 17}, {9, 2, 3}, {}, {}, {1}, {0}, 3, false},
+      // Kernels larger than the result: the shapes of the weight gradients
+      // autodiff writes (the CPU runs them as oneDNN backward-weights).
+      {"wgrad_like", {4, 4, 10, 10}, {5, 4, 10, 10}, {}, {}, {1, 1}, {1, 1}, 1, false},
+      {"wgrad_fwd_stride2", {4, 4, 11, 11}, {5, 4, 6, 6}, {}, {2, 2}, {1, 1}, {1, 1}, 1, false},
+      {"wgrad_fwd_dilation2", {5, 4, 12, 12}, {5, 4, 12, 12}, {2, 2}, {}, {2, 2}, {2, 2}, 1, false},
+      {"wgrad_asym", {6, 3, 9, 8}, {4, 3, 8, 6}, {}, {}, {1, 0}, {1, 2}, 1, false},
+      {"wgrad_floor", {4, 3, 10, 10}, {4, 3, 5, 5}, {3, 3}, {}, {1, 1}, {2, 2}, 1, false},
   };
   std::vector<Case> cases;
   for (const ConvShape& s : f32) cases.push_back(MakeConv(s, v1::DTYPE_F32));
@@ -187,6 +194,7 @@ std::vector<Case> ConvCases() {
       {"blocked16", {1, 16, 17, 17}, {16, 16, 3, 3}, {}, {}, {1, 1}, {1, 1}},
       {"1d", {2, 5, 17}, {7, 5, 3}, {}, {}, {1}, {1}},
       {"no_in_channels", {1, 0, 5, 5}, {4, 0, 3, 3}},
+      {"wgrad_like", {4, 4, 10, 10}, {5, 4, 10, 10}, {}, {}, {1, 1}, {1, 1}, 1, false},
   };
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (const ConvShape& s : low) cases.push_back(MakeConv(s, dtype));

@@ -5,6 +5,8 @@ and message. Tensors go in and come out as numpy arrays. A Client is safe to
 share between threads (the gRPC channel multiplexes calls).
 """
 
+import collections
+import itertools
 import os
 import threading
 
@@ -99,6 +101,118 @@ class TrainSession(Session):
 
     def __repr__(self):
         return f"kiln.TrainSession({self.id!r})"
+
+
+_END = object()
+
+
+class _ShmStreamFailed(Exception):
+    """A TrainSteps stream with batches in shared memory ended because kilnd
+    refused them or lost their regions; `unanswered` (the batches it did not
+    run, in order) go again as bytes."""
+
+    def __init__(self, unanswered):
+        super().__init__("batches in shared memory refused")
+        self.unanswered = unanswered
+
+
+class _StepStream:
+    """One TrainSteps call of Client.train_steps: the request generator (on
+    grpcio's thread) puts each batch in a region of the client's pool, at most
+    Client._STEPS_SHM_RING at once, and the response loop (the caller's
+    thread) hands a region back when its step is answered. A batch whose
+    region cannot be had goes as bytes."""
+
+    def __init__(self, client, sid, resend, source, use_shm):
+        self._client = client
+        self._sid = sid
+        self._pool = client._shm if use_shm else None
+        self._slots = threading.Semaphore(client._STEPS_SHM_RING)
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._batches = itertools.chain(resend, source)
+        # (batch, conn, region) of each step sent and not answered, in order;
+        # conn and region None for a batch sent as bytes.
+        self._sent = collections.deque()
+
+    def _requests(self):
+        first = True
+        while True:
+            if self._pool is not None:
+                while not self._slots.acquire(timeout=0.5):
+                    if self._done.is_set():
+                        return
+            # Under the lock the response loop takes to end the stream: once
+            # it has, no batch is taken from the caller's iterable here.
+            with self._lock:
+                if self._done.is_set():
+                    return
+                batch = next(self._batches, _END)
+                if batch is _END:
+                    return
+                req = service_pb2.TrainStepRequest(session_id=self._sid if first else "")
+                first = False
+                conn = region = None
+                if self._pool is not None:
+                    arrays = {name: np.asarray(v) for name, v in batch.items()}
+                    got = self._pool.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
+                    if got is None:
+                        self._slots.release()
+                        self._client.last_train_steps_shared_memory = False
+                    else:
+                        conn, region = got
+                        shm.fill_inputs(req, region, arrays)
+                if region is None:
+                    _named(batch, req.inputs)
+                self._sent.append((batch, conn, region))
+            yield req
+
+    def _answered(self):
+        _, conn, region = self._sent.popleft()
+        if region is not None:
+            self._pool.release(conn, region)
+            self._slots.release()
+
+    def _drop_regions(self):
+        """Regions of unanswered steps: kilnd may still read them, so they
+        are unregistered and unmapped, never reused."""
+        for _, _, region in self._sent:
+            if region is not None:
+                region.close()
+
+    def responses(self):
+        c = self._client
+        call = c._stub.TrainSteps(self._requests(), metadata=c._metadata, timeout=c._timeout)
+        try:
+            for resp in call:
+                self._answered()
+                yield resp
+        except grpc.RpcError as e:
+            with self._lock:
+                self._done.set()
+            code, details = e.code(), e.details() or ""
+            regions = [(conn, r) for _, conn, r in self._sent if r is not None]
+            if regions and code == grpc.StatusCode.INVALID_ARGUMENT and \
+                    "names shared memory" in details:
+                # A kilnd from before TrainSteps took shared memory: the
+                # refused step and those after it did not run.
+                c._train_step_shm_refused = True
+            elif regions and code == grpc.StatusCode.NOT_FOUND and \
+                    "shared-memory region" in details:
+                c._shm.reset(regions[0][0])  # kilnd lost them: a new connection next time
+            else:
+                self._drop_regions()
+                raise KilnError(code, details, "TrainSteps") from None
+            unanswered = [batch for batch, _, _ in self._sent]
+            self._drop_regions()
+            raise _ShmStreamFailed(unanswered) from None
+        finally:
+            with self._lock:
+                self._done.set()
+            if self._sent:  # the caller stopped early, or an error above
+                call.cancel()
+                self._drop_regions()
+                self._sent.clear()
 
 
 def _named(tensors, field) -> None:
@@ -201,6 +315,8 @@ class Client:
         # Whether the last run() / train_step() went through shared memory.
         self.last_run_shared_memory = False
         self.last_train_step_shared_memory = False
+        # Whether every batch of the last train_steps() stream did.
+        self.last_train_steps_shared_memory = False
         self._train_step_shm_refused = False  # kilnd refused a batch in shared memory
 
     def close(self):
@@ -303,23 +419,36 @@ class Client:
             raise
         return session
 
+    # Batches of one train_steps() stream in shared memory at once: kilnd
+    # reads a batch in place until its step is answered (and reads the next
+    # message while a step runs), so a region goes back to the pool only then.
+    _STEPS_SHM_RING = 3
+
     def train_steps(self, session, batches):
         """Steps of a training session over the iterable `batches` in one
-        TrainSteps stream; yields each step's TrainStepResponse in order."""
+        TrainSteps stream; yields each step's TrainStepResponse in order.
+
+        The batches go through shared memory when train_step() would use it
+        (a local kilnd), each in a region of a small ring that is reused only
+        once its step is answered; last_train_steps_shared_memory tells
+        whether every batch of the last stream did. Against a kilnd that
+        refuses them (or lost the regions) the steps it did not run are sent
+        again as bytes, in a new stream."""
         sid = _session_id(session)
-
-        def requests():
-            for i, batch in enumerate(batches):
-                req = service_pb2.TrainStepRequest(session_id=sid if i == 0 else "")
-                _named(batch, req.inputs)
-                yield req
-
-        try:
-            for resp in self._stub.TrainSteps(requests(), metadata=self._metadata,
-                                              timeout=self._timeout):
-                yield resp
-        except grpc.RpcError as e:
-            raise KilnError(e.code(), e.details() or "", "TrainSteps") from None
+        source = iter(batches)
+        resend = []  # batches sent but not run, for the next stream
+        use_shm = self._shm is not None and not self._train_step_shm_refused
+        self.last_train_steps_shared_memory = use_shm
+        while True:
+            stream = _StepStream(self, sid, resend, source, use_shm)
+            try:
+                for resp in stream.responses():
+                    yield resp
+                return
+            except _ShmStreamFailed as failed:
+                resend = failed.unanswered
+                use_shm = False
+                self.last_train_steps_shared_memory = False
 
     def train_step(self, session, batch) -> service_pb2.TrainStepResponse:
         """One training step of a training session: loss, step and lr. The
