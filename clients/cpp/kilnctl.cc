@@ -477,7 +477,7 @@ int Main(int argc, char** argv) {
   compile->add_flag("--allow-tf32", cf.allow_tf32,
                     "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
   compile->add_flag("--allow-int8-activations", cf.allow_int8_activations,
-                    "let DequantMatMul round activations to int8 per 32 values (cpu; ~1e-2 relative error)");
+                    "let DequantMatMul round activations to int8 per 32 values (cpu; ~0.5% relative error)");
   AddCudaGraphsOption(*compile, cf.cuda_graphs);
 
   RunFlags rf;
@@ -497,7 +497,7 @@ int Main(int argc, char** argv) {
   run->add_flag("--allow-tf32", rf.allow_tf32,
                 "let f32 matmuls use TF32 tensor cores (cuda; ~1e-3 relative error)");
   run->add_flag("--allow-int8-activations", rf.allow_int8_activations,
-                "let DequantMatMul round activations to int8 per 32 values (cpu; ~1e-2 relative error)");
+                "let DequantMatMul round activations to int8 per 32 values (cpu; ~0.5% relative error)");
   AddCudaGraphsOption(*run, rf.cuda_graphs);
   run->add_option("--priority", rf.priority, "higher runs first within the tenant");
 

@@ -236,7 +236,7 @@ class Client:
         `cuda_graphs` ("auto", "on" or "off"): whether runs on a CUDA device
         replay a captured CUDA graph (auto: launch-bound programs).
         `allow_int8_activations` lets DequantMatMul round its activations to
-        int8 per 32 values and multiply in integers (the CPU; ~1e-2 relative
+        int8 per 32 values and multiply in integers (the CPU; ~0.5% relative
         error; part of the executable key; docs/quantization.md)."""
         req = service_pb2.CompileRequest(
             graph=graph.source if isinstance(graph, Transformed) else graph_source(graph),
