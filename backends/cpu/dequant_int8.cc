@@ -56,9 +56,11 @@ void QuantizeRows(DType wtype, const float* x, int64_t ldx, int rows, int64_t k,
   out.wtype = wtype;
   out.rows = rows;
   out.k = k;
+  const bool kquant_mins = wtype == v1::DTYPE_Q4_K || wtype == v1::DTYPE_Q5_K;
+  // Only q4_0 and q4_k / q5_k have a paired layout; q8_0 and q6_k stay in order.
+  paired = paired && (kquant_mins || wtype == v1::DTYPE_Q4_0);
   out.paired = paired;
   const int64_t nb = k / kInt8Block;
-  const bool kquant_mins = wtype == v1::DTYPE_Q4_K || wtype == v1::DTYPE_Q5_K;
   const int offset = OffsetOf(wtype);
   if (static_cast<int64_t>(out.q.size()) < rows * k) out.q.resize(rows * k);
   if (static_cast<int64_t>(out.d.size()) < rows * nb) out.d.resize(rows * nb);
