@@ -51,7 +51,17 @@ struct KernelSpec {
   v1::Attrs attrs;
   std::vector<TensorDesc> inputs;
   std::vector<TensorDesc> outputs;
+  // CompileOptions.allow_int8_activations of the executable the kernel belongs
+  // to (runtime::ProgramOptions): a DequantMatMul may round its activations to
+  // int8 blocks. Only backends whose device lists the feature
+  // kFeatureInt8Activations act on it; the others ignore it and stay exact. Not
+  // sent to device workers (no backend in a worker claims the feature).
+  bool allow_int8_activations = false;
 };
+
+// DeviceInfo.features entry of a device whose DequantMatMul honours
+// KernelSpec.allow_int8_activations.
+inline constexpr char kFeatureInt8Activations[] = "dequant_matmul_int8_activations";
 
 // Measured (or nominal, until calibrated) speed of a device, for the cost model.
 struct DeviceProfile {

@@ -288,9 +288,11 @@ absl::StatusOr<CompileResult> Engine::Compile(
     KILN_RETURN_IF_ERROR(impl_->health->Check(options.device));
   }
   auto executable = impl_->executables->GetOrCompile(
-      hir.key, hir.key_components, report, [&](v1::CompileReport& r) {
+      hir.key, hir.key_components, report,
+      [&](v1::CompileReport& r) {
         return impl_->pipeline->Compile(std::move(hir.graph), options, hir.key, r);
-      });
+      },
+      options.allow_int8_activations);
   if (auto faulted = backend::FaultedDevice(executable.status())) {
     // A device that faulted while the compile asked it (claims, kernels):
     // marked unhealthy and restarted like one that faults in a run.

@@ -133,6 +133,11 @@ struct CompileOptions {
   // the compiler sets MatMulAttrs.allow_tf32 on them before lowering, so it
   // reaches each device's kernel spec. Part of the executable key.
   bool allow_tf32 = false;
+  // DequantMatMul may round its activations to int8 per 32 values and multiply
+  // in integers (v1::CompileOptions.allow_int8_activations; docs/quantization.md)
+  // on devices that claim it (the CPU); other devices stay exact. Reaches the
+  // kernels through runtime::ProgramOptions. Part of the executable key.
+  bool allow_int8_activations = false;
   // CUDA graphs (v1::CompileOptions.cuda_graphs; recorded in the LIR as
   // Executable.cuda_graphs, read by the Program). Part of the executable key
   // when not AUTO.

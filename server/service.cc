@@ -162,6 +162,7 @@ CompileOptions ToEngineOptions(const v1::CompileOptions& options) {
   o.prefer_common_ir = options.prefer_common_ir();
   o.enable_fusion = !options.disable_fusion();
   o.allow_tf32 = options.allow_tf32();
+  o.allow_int8_activations = options.allow_int8_activations();
   o.cuda_graphs = options.cuda_graphs();
   o.transforms = options.transforms();
   return o;

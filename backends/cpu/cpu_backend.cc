@@ -140,6 +140,8 @@ class CpuBackend final : public backend::Backend {
     info.backend = "cpu";
     info.name = CpuModelName();
     info.features = CpuFeatures();
+    // DequantMatMul honours KernelSpec.allow_int8_activations (dequant_dot.h).
+    info.features.push_back(backend::kFeatureInt8Activations);
     info.arch = "x86-64-v3";
     for (const auto& f : info.features) {
       if (f == "avx512f") info.arch += "+avx512";

@@ -50,6 +50,11 @@ bool HasAvx512() {
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 }
 
+bool HasAvx512Vnni() {
+  __builtin_cpu_init();
+  return HasAvx512() && __builtin_cpu_supports("avx512vnni");
+}
+
 bool Avx2Allowed() {
   const char* off = std::getenv("KILN_CPU_DQ_GENERIC");
   if (off != nullptr && std::string_view(off) == "1") return false;
@@ -68,6 +73,13 @@ const Kernels& Best() {
   static const Kernels k = HasAvx512()    ? Kernels{"avx512", &DotRowsAvx512, &DecodeAvx512}
                            : Avx2Allowed() ? Kernels{"avx2", &DotRowsAvx2, &DecodeGeneric}
                                            : Generic();
+  return k;
+}
+
+const Int8Kernels& BestInt8() {
+  static const Int8Kernels k = HasAvx512Vnni() ? Int8Kernels{"avx512vnni", true, &DotRowsInt8Avx512}
+                               : Avx2Allowed() ? Int8Kernels{"avx2", false, &DotRowsInt8Avx2}
+                                               : GenericInt8();
   return k;
 }
 

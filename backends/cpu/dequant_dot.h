@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "base/dtype.h"
 
@@ -44,6 +45,71 @@ struct Kernels {
 const Kernels& Best();
 // The portable implementation (tests compare the two).
 const Kernels& Generic();
+
+// ---- Int8 activations (CompileOptions.allow_int8_activations) ----
+//
+// The activation rows are rounded to int8 once per call, per 32 values as
+// llama.cpp's q8_0 does: d = amax / 127 (f32), q = round-half-even(x * (1 / d))
+// (q = 0 where amax = 0); then each weight row is multiplied in integers
+// (exact int32 sums per 32 or 16 weights) and the scales are applied per block
+// in f32. The result is the exact product of the rounded activations
+// (x^ = d q) with the exact weights, up to f32 accumulation. The kernels use
+// VNNI (vpdpbusd: unsigned weights x signed activations, the weight offsets
+// folded in as precomputed sums) or AVX2 (vpmaddubsw).
+
+inline constexpr int64_t kInt8Block = 32;  // activation values per int8 scale
+
+// Activation rows quantized for one weight dtype, in the layout the kernels
+// read. Filled by QuantizeRows; reused across calls (the vectors only grow).
+struct Int8Rows {
+  DType wtype = v1::DTYPE_UNSPECIFIED;
+  int rows = 0;
+  int64_t k = 0;
+  // rows x k int8 values. Natural order, except where `paired` (the AVX-512
+  // kernels): q4_k / q5_k store each 256-block's 32-value sub-blocks in the
+  // order 0 2 1 3 4 6 5 7 (the low and high nibbles of 64 weight bytes), and
+  // q4_0 stores each pair of 32-blocks b, b + 1 as b[0:16) b+1[0:16) b[16:32)
+  // b+1[16:32) (an odd last block stays in order).
+  std::vector<int8_t> q;
+  std::vector<float> d;    // rows x k / 32: the scale of each 32 values (natural order)
+  // q4_k / q5_k: rows x k / 32, d * sum(q) of each 32 values (the mins' term).
+  std::vector<float> sums;
+  // q8_0, q4_0, q6_k: rows x k / 4, -offset * (the sum of each 4 stored q), the
+  // weight's offset (128 for q8_0's sign flip, 8, 32) folded into the int32 dot
+  // products: sum (w + off) q + c = sum w q over each 4 values.
+  std::vector<int32_t> offsets;
+  bool paired = false;
+};
+
+// Quantizes rows x k activations (ldx floats apart) for weights of `wtype`.
+// The rounding is the same on every ISA (the f64 references mirror it).
+// REQUIRES: IsQuantized(wtype); k a whole number of wtype's blocks.
+void QuantizeRows(DType wtype, const float* x, int64_t ldx, int rows, int64_t k, bool paired,
+                  Int8Rows& out);
+
+// y[r * ldy + n] = sum_j x^[r, j] * W[n, j] for n in [n0, n1), every row of xq.
+// REQUIRES: xq quantized for dtype (with `paired` as the implementation wants).
+using DotRowsInt8Fn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                               const Int8Rows& xq, float* y, int64_t ldy);
+
+struct Int8Kernels {
+  const char* isa;  // "avx512vnni", "avx2" or "generic"
+  bool paired;      // QuantizeRows layout this implementation reads
+  DotRowsInt8Fn dot_rows;
+};
+
+// The fastest int8 implementation this CPU runs: AVX-512 VNNI where the CPU has
+// AVX-512 F/BW/VL and VNNI (not with KILN_CPU_NO_AVX512=1), else AVX2 (not
+// with KILN_CPU_DQ_GENERIC=1), else the portable loops.
+const Int8Kernels& BestInt8();
+const Int8Kernels& GenericInt8();
+
+// Defined in dequant_int8_avx512.cc (call only where BestInt8 chose it) and
+// dequant_int8_avx2.cc.
+void DotRowsInt8Avx512(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                       const Int8Rows& xq, float* y, int64_t ldy);
+void DotRowsInt8Avx2(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                     const Int8Rows& xq, float* y, int64_t ldy);
 
 // Defined in dequant_dot_avx512.cc; call only where the CPU has AVX-512
 // F/BW/DQ/VL (Best() checks).

@@ -17,6 +17,10 @@
 //   outputs (axpy), large M decodes K x chunk panels for sgemm.
 // All accumulate in f32; f16/bf16 activations and results are converted
 // around the f32 compute.
+// With KernelSpec.allow_int8_activations (CompileOptions.allow_int8_activations),
+// the [N, K] streaming path (M <= kDotBatch) rounds the activation rows to int8
+// per 32 values once per call and multiplies in integers (dequant_dot.h, "Int8
+// activations": AVX-512 VNNI, AVX2 or portable); the other paths stay f32.
 #include <omp.h>
 
 #include <algorithm>
@@ -78,6 +82,7 @@ struct Plan {
   int64_t block_elems = 0, block_bytes = 0;
   int64_t row_bytes = 0;   // bytes of one stored weight row (K of them for [K, N])
   int64_t panel_rows = 0;  // [N, K]: weight rows per panel; [K, N]: K rows per panel
+  bool int8 = false;       // int8 activations on the streaming path
 };
 
 absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
@@ -128,6 +133,7 @@ absl::StatusOr<Plan> Validate(const KernelSpec& spec) {
   Dims want(x.dims.begin(), x.dims.end() - 1);
   want.push_back(p.n);
   if (auto s = Output(spec, x.dtype, want); !s.ok()) return s;
+  p.int8 = spec.allow_int8_activations && p.transpose_b && p.m <= kDotBatch;
   if (p.transpose_b) {
     p.panel_rows = std::max<int64_t>(kRowTile, kPanelBytes / std::max<int64_t>(p.k * 4, 1));
   } else {
@@ -161,6 +167,10 @@ class DequantMatMulKernel final : public CpuKernel {
                        : plan_.m == 1         ? "matvec"
                        : plan_.m <= kDotBatch ? "small_batch"
                                               : "panel_sgemm";
+    if (plan_.int8) {
+      return absl::StrCat("kiln:dequant_matmul_", DTypeName(plan_.wtype), "_", path, "_int8_",
+                          int8_.isa);
+    }
     return absl::StrCat("kiln:dequant_matmul_", DTypeName(plan_.wtype), "_", path, "_",
                         kernels_.isa);
   }
@@ -181,6 +191,8 @@ class DequantMatMulKernel final : public CpuKernel {
     }
     if (p.k == 0) {
       std::fill(y, y + p.m * p.n, 0.0f);
+    } else if (p.int8) {
+      RunInt8(w, x, y);
     } else if (p.transpose_b) {
       RunNK(w, x, y);
     } else {
@@ -192,7 +204,7 @@ class DequantMatMulKernel final : public CpuKernel {
 
  private:
   DequantMatMulKernel(const KernelSpec& spec, const Plan& p)
-      : spec_(spec), plan_(p), kernels_(dq::Best()) {}
+      : spec_(spec), plan_(p), kernels_(dq::Best()), int8_(dq::BestInt8()) {}
 
   // Per-thread scratch of `floats` each, indexed by Slot().
   float* Scratch(int64_t floats) {
@@ -243,6 +255,20 @@ class DequantMatMulKernel final : public CpuKernel {
     });
   }
 
+  // The activation rows are rounded once (in groups of kMaxDotRows), then the
+  // threads split the weight rows; each weight row is read from memory once
+  // and multiplied by every row of its group from L1.
+  void RunInt8(const uint8_t* w, const float* x, float* y) {
+    const Plan& p = plan_;
+    for (int64_t r = 0; r < p.m; r += dq::kMaxDotRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(dq::kMaxDotRows, p.m - r));
+      dq::QuantizeRows(p.wtype, x + r * p.k, p.k, rows, p.k, int8_.paired, xq_);
+      ParallelFor(p.n, kRowTile, [&](int64_t n0, int64_t n1) {
+        int8_.dot_rows(w, p.row_bytes, n0, n1, xq_, y + r * p.n, p.n);
+      });
+    }
+  }
+
   void RunKN(const uint8_t* w, const float* x, float* y) {
     const Plan& p = plan_;
     const int64_t chunks = (p.n + kColumnChunk - 1) / kColumnChunk;
@@ -289,6 +315,8 @@ class DequantMatMulKernel final : public CpuKernel {
   KernelSpec spec_;
   Plan plan_;
   const dq::Kernels& kernels_;
+  const dq::Int8Kernels& int8_;
+  dq::Int8Rows xq_;  // the int8 activation rows of the current launch
   // Scratch reused by every launch (Launch is not reentrant).
   std::vector<float> x32_, y32_, scratch_;
   bool nested_ = false;  // this launch runs inside an enclosing parallel region

@@ -5,7 +5,10 @@
 // (cache_out -> cache), a prefill run over the prompt, then decode runs of one
 // token. Prints one JSON object: the tokens, the prefill time and the median
 // decode step. bench/gguf_decode.py runs it between its kilnd and PyTorch rounds.
+// --int8-activations 1 compiles with CompileOptions.allow_int8_activations
+// (DequantMatMul rounds its activations to int8 per 32 values).
 //   kiln_gguf_decode_bench --model DIR [--prompt 1,5,9] [--tokens 64] [--threads 2]
+//                          [--int8-activations 0]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,11 +42,13 @@ int Main(int argc, char** argv) {
   std::string dir;
   std::vector<int32_t> prompt = {1, 5, 9, 33, 200, 7, 300, 12};
   int tokens = 64, threads = 2;
+  bool int8_activations = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") dir = value;
     if (flag == "--tokens") tokens = std::max(1, std::atoi(value.c_str()));
     if (flag == "--threads") threads = std::max(1, std::atoi(value.c_str()));
+    if (flag == "--int8-activations") int8_activations = std::atoi(value.c_str()) != 0;
     if (flag == "--prompt") {
       prompt.clear();
       for (absl::string_view t : absl::StrSplit(value, ',')) {
@@ -77,6 +82,7 @@ int Main(int argc, char** argv) {
   CompileOptions co;
   co.device = "cpu:0";
   co.state_updates = {{"cache_out", "cache"}};
+  co.allow_int8_activations = int8_activations;
   const int64_t p = static_cast<int64_t>(prompt.size());
   auto prefill = (*engine)->Compile(graph, co, {{"tokens", {1, p}}, {"positions", {p}}});
   if (!prefill.ok()) return Fail(prefill.status());
@@ -151,9 +157,10 @@ int Main(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"gguf_decode_inproc\", \"threads\": %d, \"prompt\": %lld, \"tokens\": [%s], "
       "\"prefill_ms\": %.4f, \"decode_steps\": %zu, \"decode_ms\": %.4f, \"median_step_ms\": %.4f, "
-      "\"tokens_per_s\": %.2f}\n",
+      "\"tokens_per_s\": %.2f, \"int8_activations\": %s}\n",
       threads, static_cast<long long>(p), absl::StrJoin(out, ", ").c_str(), Ms(t0, t1),
-      steps.size(), decode_ms, median, steps.empty() ? 0.0 : 1000.0 * steps.size() / decode_ms);
+      steps.size(), decode_ms, median, steps.empty() ? 0.0 : 1000.0 * steps.size() / decode_ms,
+      int8_activations ? "true" : "false");
   return 0;
 }
 

@@ -14,14 +14,21 @@
 // For M = 1 a fourth contender is the portable matvec loop (dq::Generic(),
 // what a CPU without AVX-512 ran before the AVX2 loop of dequant_dot_avx2.cc),
 // called on the same rows with the same split over threads: the before and
-// after of that loop in one run. --ktypes 1 adds q5_k and q6_k.
+// after of that loop in one run. --ktypes 1 adds q5_k and q6_k, --ktypes 2
+// q4_0, q5_k and q6_k.
 //
-//   kiln_quant_bench [--n 4096] [--k 4096] [--samples 40] [--set_mib 700] [--ktypes 0]
+// --int8 1 adds Kiln's DequantMatMul with int8 activations
+// (KernelSpec.allow_int8_activations, CompileOptions.allow_int8_activations)
+// as a fifth contender on the same weight copies and x, and the error it adds:
+// the rms and max of (int8 - exact) over the rms of the exact result.
+//
+//   kiln_quant_bench [--n 4096] [--k 4096] [--samples 40] [--set_mib 700] [--ktypes 0] [--int8 0]
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -154,9 +161,10 @@ std::unique_ptr<backend::Buffer> Alloc(backend::Device& d, int64_t bytes) {
 
 // op is DequantMatMul on `qtype` blocks, or MatMul on their f32 decoding.
 Prepared Prepare(backend::Device& dev, v1::OpKind op, DType qtype, int64_t m, int64_t n, int64_t k,
-                 const std::vector<uint8_t>& wq, int64_t set_bytes) {
+                 const std::vector<uint8_t>& wq, int64_t set_bytes, bool int8 = false) {
   Prepared p;
   backend::KernelSpec spec;
+  spec.allow_int8_activations = int8;
   spec.name = spec.label = op == v1::OP_MATMUL ? "f32_matmul" : "dequant_matmul";
   spec.op = op;
   if (op == v1::OP_MATMUL) {
@@ -249,7 +257,7 @@ double TimeSweep(Prepared& p, size_t& next) {
 
 int main(int argc, char** argv) {
   using namespace kiln;
-  int64_t n = 4096, k = 4096, samples = 40, set_mib = 700, ktypes = 0;
+  int64_t n = 4096, k = 4096, samples = 40, set_mib = 700, ktypes = 0, int8 = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -263,6 +271,8 @@ int main(int argc, char** argv) {
       set_mib = v;
     else if (a == "--ktypes")
       ktypes = v;
+    else if (a == "--int8")
+      int8 = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -301,6 +311,7 @@ int main(int argc, char** argv) {
                                {"memcpy_read_plus_write_gbps", bw.copy_gbps},
                                {"method", "summing a 1 GiB buffer; memcpy of 1 GiB; best of 5"}};
     std::vector<DType> types = {v1::DTYPE_Q4_K, v1::DTYPE_Q8_0};
+    if (ktypes == 2) types.push_back(v1::DTYPE_Q4_0);
     if (ktypes != 0) types.insert(types.end(), {v1::DTYPE_Q5_K, v1::DTYPE_Q6_K});
     for (DType wt : types) {
       std::mt19937_64 rng(11);
@@ -310,12 +321,18 @@ int main(int argc, char** argv) {
       for (int64_t m : {int64_t{1}, int64_t{8}}) {
         Prepared q = Prepare(cpu, v1::OP_DEQUANT_MATMUL, wt, m, n, k, wq, set_bytes);
         Prepared f = Prepare(cpu, v1::OP_MATMUL, wt, m, n, k, wq, set_bytes);
-        for (int i = 0; i < 3; ++i) TimeOne(q, **stream), TimeOne(f, **stream);  // warm up
-        std::vector<double> tq, tf, tr, tp;
+        Prepared i8;
+        if (int8 != 0) i8 = Prepare(cpu, v1::OP_DEQUANT_MATMUL, wt, m, n, k, wq, set_bytes, true);
+        for (int i = 0; i < 3; ++i) {
+          TimeOne(q, **stream), TimeOne(f, **stream);  // warm up
+          if (int8 != 0) TimeOne(i8, **stream);
+        }
+        std::vector<double> tq, tf, tr, tp, t8;
         size_t sweep_next = q.weights.size() / 2;  // a copy the kernel did not just read
         size_t portable_next = q.weights.size() / 4;
         for (int64_t s = 0; s < samples; ++s) {
           tq.push_back(TimeOne(q, **stream));
+          if (int8 != 0) t8.push_back(TimeOne(i8, **stream));
           tf.push_back(TimeOne(f, **stream));
           tr.push_back(TimeSweep(q, sweep_next));
           if (m == 1) tp.push_back(TimePortable(q, wt, n, k, portable_next));
@@ -338,6 +355,35 @@ int main(int argc, char** argv) {
         r["dtype"] = DTypeName(wt);
         r["m"] = m;
         r["kiln"] = figures(q, tq);
+        if (int8 != 0) {
+          r["kiln_int8_activations"] = figures(i8, t8);
+          // Every weight copy holds the same bytes and x is the same: compare
+          // the last outputs.
+          const float* ye = static_cast<const float*>(q.y->host_ptr());
+          const float* y8 = static_cast<const float*>(i8.y->host_ptr());
+          double se = 0, sd = 0, md = 0;
+          for (int64_t i = 0; i < m * n; ++i) {
+            const double d = static_cast<double>(y8[i]) - ye[i];
+            se += static_cast<double>(ye[i]) * ye[i];
+            sd += d * d;
+            md = std::max(md, std::abs(d));
+          }
+          const double rms = std::sqrt(se / (m * n));
+          r["int8_error"] = {{"rms_over_rms_y", std::sqrt(sd / (m * n)) / rms},
+                             {"max_over_rms_y", md / rms}};
+          r["speedup_int8_vs_exact_median"] = Quantile(tq, 0.5) / Quantile(t8, 0.5);
+          r["speedup_int8_vs_exact_best"] = Quantile(tq, 0) / Quantile(t8, 0);
+          std::fprintf(stderr,
+                       "threads=%d %s m=%lld: int8 median %.3f ms p10 %.3f best %.3f ms (%.1f GB/s best, "
+                       "%.0f%% / %.0f%% of the read, median / best), exact best %.3f ms (%.0f%%); "
+                       "int8 error rms %.2e max %.2e of rms(y)\n",
+                       threads, DTypeName(wt).c_str(), static_cast<long long>(m),
+                       Quantile(t8, 0.5) * 1e3, Quantile(t8, 0.1) * 1e3, Quantile(t8, 0) * 1e3,
+                       i8.weight_bytes / Quantile(t8, 0) / 1e9,
+                       100 * Quantile(tr, 0.5) / Quantile(t8, 0.5), 100 * Quantile(tr, 0) / Quantile(t8, 0),
+                       Quantile(tq, 0) * 1e3, 100 * Quantile(tr, 0) / Quantile(tq, 0),
+                       std::sqrt(sd / (m * n)) / rms, md / rms);
+        }
         r["onednn_f32_dequantized"] = figures(f, tf);
         r["read_sweep_of_the_same_bytes"] =
             nlohmann::json({{"median_ms", Quantile(tr, 0.5) * 1e3},

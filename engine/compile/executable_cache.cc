@@ -16,9 +16,9 @@ ExecutableCache::ExecutableCache(ExecutableCacheOptions options) : options_(std:
 
 absl::StatusOr<std::shared_ptr<runtime::Program>> ExecutableCache::GetOrCompile(
     const std::string& key, std::span<const v1::KeyComponent> components, v1::CompileReport& report,
-    CompileFn compile) {
+    CompileFn compile, bool allow_int8_activations) {
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<runtime::Program> program,
-                        Get(key, components, report, compile));
+                        Get(key, components, report, compile, allow_int8_activations));
   absl::MutexLock lock(&stats_mu_);
   stats_.kernel_hits += report.kernel_cache_hits();
   stats_.kernel_misses += report.kernel_cache_misses();
@@ -27,7 +27,7 @@ absl::StatusOr<std::shared_ptr<runtime::Program>> ExecutableCache::GetOrCompile(
 
 absl::StatusOr<std::shared_ptr<runtime::Program>> ExecutableCache::Get(
     const std::string& hex, std::span<const v1::KeyComponent> components, v1::CompileReport& report,
-    CompileFn compile) {
+    CompileFn compile, bool allow_int8_activations) {
   if (auto program = FindLoaded(hex)) {
     report.set_executable_cache(v1::CACHE_HIT_MEMORY);
     absl::MutexLock lock(&stats_mu_);
@@ -41,7 +41,7 @@ absl::StatusOr<std::shared_ptr<runtime::Program>> ExecutableCache::Get(
     return program;
   }
   const auto t_load = Clock::now();
-  if (auto program = LoadFromDisk(hex, report)) {
+  if (auto program = LoadFromDisk(hex, report, allow_int8_activations)) {
     report.set_executable_cache(v1::CACHE_HIT_DISK);
     v1::StageTiming* st = report.add_stages();
     st->set_stage("cache_load");
@@ -130,7 +130,8 @@ std::shared_ptr<absl::Mutex> ExecutableCache::CompileLock(const std::string& hex
 }
 
 std::shared_ptr<runtime::Program> ExecutableCache::LoadFromDisk(const std::string& hex,
-                                                                v1::CompileReport& report) {
+                                                                v1::CompileReport& report,
+                                                                bool allow_int8_activations) {
   if (!options_.disk) return nullptr;
   LookupResult found = options_.disk->Lookup(CacheLevel::kExecutable, hex);
   if (found.outcome == LookupOutcome::kMiss) return nullptr;
@@ -156,8 +157,10 @@ std::shared_ptr<runtime::Program> ExecutableCache::LoadFromDisk(const std::strin
     return nullptr;
   }
   backend::PrepareContext prep;
+  runtime::ProgramOptions program_options = options_.program_options;
+  program_options.allow_int8_activations = allow_int8_activations;
   auto program = runtime::Program::Load(std::move(lir), options_.registry, options_.kernel_binaries,
-                                        &prep, options_.program_options);
+                                        &prep, program_options);
   if (!program.ok()) {
     corrupt(std::string(program.status().message()));
     return nullptr;

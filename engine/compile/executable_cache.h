@@ -69,9 +69,12 @@ class ExecutableCache {
   // and caches nothing.
   //
   // `key` is the executable key's Hex() and `components` its Components().
+  // `allow_int8_activations` is the compile's CompileOptions field of that name
+  // (part of the key), which a disk entry is loaded with
+  // (runtime::ProgramOptions; the LIR does not record it).
   absl::StatusOr<std::shared_ptr<runtime::Program>> GetOrCompile(
       const std::string& key, std::span<const v1::KeyComponent> components,
-      v1::CompileReport& report, CompileFn compile);
+      v1::CompileReport& report, CompileFn compile, bool allow_int8_activations = false);
 
   // Why `key` (with `components`) is not cached: the components that differ
   // from the nearest key seen (most components alike, the most recent on a
@@ -94,14 +97,15 @@ class ExecutableCache {
 
   absl::StatusOr<std::shared_ptr<runtime::Program>> Get(
       const std::string& hex, std::span<const v1::KeyComponent> components,
-      v1::CompileReport& report, CompileFn compile);
+      v1::CompileReport& report, CompileFn compile, bool allow_int8_activations);
   std::shared_ptr<runtime::Program> FindLoaded(const std::string& hex);
   void Remember(const std::string& hex, std::span<const v1::KeyComponent> components,
                 std::shared_ptr<runtime::Program> program);
   std::shared_ptr<absl::Mutex> CompileLock(const std::string& hex);
   // Null on a miss, or after discarding a bad entry (then CACHE_CORRUPT and a
   // note are in the report).
-  std::shared_ptr<runtime::Program> LoadFromDisk(const std::string& hex, v1::CompileReport& report);
+  std::shared_ptr<runtime::Program> LoadFromDisk(const std::string& hex, v1::CompileReport& report,
+                                                 bool allow_int8_activations);
   void Store(const std::string& hex, const runtime::Program& program,
              const v1::CompileReport& report);
 

@@ -75,6 +75,10 @@ CacheKey ExecutableKey(const ir::Graph& graph, const CompileOptions& options,
                        options.cuda_graphs == v1::CUDA_GRAPHS_ON    ? ";graphs=on"
                        : options.cuda_graphs == v1::CUDA_GRAPHS_OFF ? ";graphs=off"
                                                                     : ""));
+  // Only a compile with int8 activations gets the component (other keys stay
+  // as they were). The LIR does not record the option: the key is what keeps an
+  // executable from being loaded for a request that did not ask for it.
+  if (options.allow_int8_activations) key.Add("int8_activations", "1");
   // Only a graph that asks for transforms gets the component, so the keys of
   // every other graph stay what they were.
   if (options.transforms.ByteSizeLong() > 0) {

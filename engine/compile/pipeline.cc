@@ -170,9 +170,11 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
   KILN_ASSIGN_OR_RETURN(v1::Executable lir, CompileToLir(std::move(g), options, key, report));
   const auto t_lir = Clock::now();
   backend::PrepareContext prep;
+  runtime::ProgramOptions program_options = options_.program_options;
+  program_options.allow_int8_activations = options.allow_int8_activations;
   KILN_ASSIGN_OR_RETURN(auto program, runtime::Program::Load(std::move(lir), options_.registry,
                                                              options_.kernel_binaries, &prep,
-                                                             options_.program_options));
+                                                             program_options));
   report.set_kernel_cache_hits(prep.kernel_cache_hits);
   report.set_kernel_cache_misses(prep.kernel_cache_misses);
   // The lir stage: lowering (timed in CompileToLir) plus loading.

@@ -366,6 +366,7 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
     spec.label = absl::StrCat("kernel ", k.name());
     spec.op = k.node().op();
     spec.attrs = k.node().attrs();
+    spec.allow_int8_activations = options_.allow_int8_activations;
     for (const auto& t : k.input_types()) spec.inputs.push_back(DescOf(t));
     for (const auto& t : k.node().outputs()) spec.outputs.push_back(DescOf(t));
     if (spec.op == v1::OP_WHILE) {

@@ -57,6 +57,11 @@ struct ProgramOptions {
   int64_t max_while_iterations = 1000000;
   // Where a run's context memory is charged to its tenant; may be null.
   std::shared_ptr<RunMemoryLedger> ledger;
+  // CompileOptions.allow_int8_activations of the executable being loaded: set
+  // on every kernel's spec (backend::KernelSpec.allow_int8_activations). The
+  // LIR does not record it; the executable key does, so an executable is only
+  // loaded (compiled, or found in a cache) for a request that asked the same.
+  bool allow_int8_activations = false;
 };
 
 class RunContext;

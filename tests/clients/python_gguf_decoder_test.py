@@ -121,6 +121,37 @@ class GgufDecoderTest(unittest.TestCase):
                          "positions": np.arange(len(PROMPT), dtype=np.int32)})
             self.assertEqual(int(out["next_token"][0, 0]), want[0])
 
+    def test_int8_activations_session_runs_the_int8_path(self):
+        # CompileOptions.allow_int8_activations through kilnd: every DequantMatMul of
+        # the prefill (M = 8, 1 for the LM head) and of a decode step (M = 1) takes
+        # the CPU's int8 path
+        # (the report names it), an exact session's none; greedy tokens come out.
+        def dequant_steps(report):
+            return [st.implementation for st in report.steps if "dequant_matmul" in st.implementation]
+
+        with CLIENT.create_session(kiln.model("tiny_llama"), state={"cache_out": "cache"}) as s:
+            _, rep = s.run({"tokens": np.array([PROMPT], np.int32),
+                            "positions": np.arange(len(PROMPT), dtype=np.int32)}, report=True)
+            exact = dequant_steps(rep)
+        self.assertTrue(exact)
+        self.assertFalse([i for i in exact if "_int8_" in i], exact)
+        with CLIENT.create_session(kiln.model("tiny_llama"), state={"cache_out": "cache"},
+                                   allow_int8_activations=True) as s:
+            out, rep = s.run({"tokens": np.array([PROMPT], np.int32),
+                              "positions": np.arange(len(PROMPT), dtype=np.int32)}, report=True)
+            prefill = dequant_steps(rep)
+            self.assertEqual(len(prefill), len(exact))
+            for impl in prefill:  # the LM head reads the last position only: matvec
+                self.assertRegex(impl, "_(small_batch|matvec)_int8_")
+            self.assertTrue([i for i in prefill if "_small_batch_int8_" in i], prefill)
+            got, pos = [int(out["next_token"][0, 0])], len(PROMPT)
+            out, rep = s.run({"tokens": np.array([[got[-1]]], np.int32),
+                              "positions": np.array([pos], np.int32)}, report=True)
+            for impl in dequant_steps(rep):
+                self.assertIn("_matvec_int8_", impl)
+            got.append(int(out["next_token"][0, 0]))
+        self.assertTrue(all(0 <= t < llama_gguf.TINY["vocab"] for t in got), got)
+
 
 class StateBindingTest(unittest.TestCase):
     def assertRefused(self, state, *needles, graph=None):

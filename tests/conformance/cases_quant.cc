@@ -12,6 +12,7 @@
 // follows the documented semantics (docs/quantization.md): x / s in the
 // input's compute precision (f32 for f32/f16/bf16 storage), rounded half to
 // even, plus the zero point, clamped to the grid.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -82,26 +83,56 @@ std::vector<double> DecodeExact(const HostTensor& w) {
   return v;
 }
 
-std::vector<HostTensor> DequantMatMulReference(const KernelSpec& spec,
-                                               const std::vector<HostTensor>& in) {
+// x (as doubles, rows of k) @ the exact decoded weights, in long double.
+std::vector<HostTensor> DequantMatMulOf(const KernelSpec& spec, const std::vector<double>& x,
+                                        const HostTensor& wt, int64_t k) {
   const bool tb = spec.attrs.dequant_matmul().transpose_b();
-  const HostTensor& x = in[0];
-  const std::vector<double> w = DecodeExact(in[1]);
-  const int64_t k = x.dims().back();
-  const int64_t n = tb ? in[1].dims()[0] : in[1].dims()[1];
+  const std::vector<double> w = DecodeExact(wt);
+  const int64_t n = tb ? wt.dims()[0] : wt.dims()[1];
   const int64_t m = k == 0 ? ref::NumElements(spec.outputs[0].dims) / std::max<int64_t>(n, 1)
-                           : x.num_elements() / k;
+                           : static_cast<int64_t>(x.size()) / k;
   HostTensor out = F64(spec.outputs[0].dims);
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t c = 0; c < n; ++c) {
       long double s = 0;
-      for (int64_t j = 0; j < k; ++j) s += At(x, r * k + j) * w[tb ? c * k + j : j * n + c];
+      for (int64_t j = 0; j < k; ++j) s += x[r * k + j] * w[tb ? c * k + j : j * n + c];
       out.SetFromDouble(r * n + c, static_cast<double>(s));
     }
   }
   std::vector<HostTensor> result;
   result.push_back(std::move(out));
   return result;
+}
+
+std::vector<HostTensor> DequantMatMulReference(const KernelSpec& spec,
+                                               const std::vector<HostTensor>& in) {
+  std::vector<double> x(in[0].num_elements());
+  for (int64_t i = 0; i < in[0].num_elements(); ++i) x[i] = At(in[0], i);
+  return DequantMatMulOf(spec, x, in[1], in[0].dims().back());
+}
+
+// CompileOptions.allow_int8_activations as the CPU computes it
+// (backends/cpu/dequant_dot.h, docs/quantization.md): each row's 32 values
+// rounded in f32 (d = amax / 127, q = round-half-even(x * (1 / d)), q = 0 when
+// amax = 0), then x^ = d q (exact in f64) times the exact weights. The kernel
+// may differ from this only by its f32 accumulation.
+std::vector<HostTensor> DequantMatMulInt8Reference(const KernelSpec& spec,
+                                                   const std::vector<HostTensor>& in) {
+  const int64_t k = in[0].dims().back();
+  std::vector<double> x(in[0].num_elements());
+  for (int64_t b = 0; b * 32 < static_cast<int64_t>(x.size()); ++b) {
+    float v[32], amax = 0;
+    for (int i = 0; i < 32; ++i) {
+      v[i] = static_cast<float>(At(in[0], 32 * b + i));
+      amax = std::max(amax, std::fabs(v[i]));
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      x[32 * b + i] = static_cast<double>(d) * std::clamp(std::nearbyint(v[i] * id), -127.0f, 127.0f);
+    }
+  }
+  return DequantMatMulOf(spec, x, in[1], k);
 }
 
 Case DequantMatMulCase(DType act, DType wt, const Dims& lead, int64_t n, int64_t k, bool tb) {
@@ -169,6 +200,53 @@ std::vector<Case> DequantMatMulCases() {
   return cases;
 }
 const FamilyRegistration kDequantMatMul("dequant_matmul", DequantMatMulCases);
+
+// DequantMatMul with KernelSpec.allow_int8_activations: on devices that list
+// backend::kFeatureInt8Activations the [N, K] streaming path (M <= 16) must
+// match the int8 algorithm's f64 reference; every other device, and those
+// paths that stay f32 (M > 16, [K, N]), the exact reference.
+std::vector<Case> DequantMatMulInt8Cases() {
+  std::vector<Case> cases;
+  auto add = [&](DType act, DType wt, const Dims& lead, int64_t n, int64_t k, bool tb,
+                 const char* what = "") {
+    Case c = DequantMatMulCase(act, wt, lead, n, k, tb);
+    c.name = absl::StrCat("dequant_matmul_int8/", c.name.substr(c.name.find('/') + 1), what);
+    c.spec.name = c.name;
+    c.spec.allow_int8_activations = true;
+    int64_t m = 1;
+    for (int64_t d : lead) m *= d;
+    if (tb && m <= 16) {
+      c.traded_feature = backend::kFeatureInt8Activations;
+      c.traded_reference = DequantMatMulInt8Reference;
+      c.traded_tol = DefaultTolerance(act, k);
+    }
+    return &cases.emplace_back(std::move(c));
+  };
+  for (DType wt : kBlockTypes) {
+    const int64_t be = LayoutOf(wt).block_elems;
+    const std::vector<int64_t> ks =
+        be == 32 ? std::vector<int64_t>{32, 160, 4128} : std::vector<int64_t>{256, 768, 4096};
+    for (int64_t k : ks) {
+      add(v1::DTYPE_F32, wt, {1}, k > 1000 ? 67 : 7, k, true);
+      add(v1::DTYPE_F32, wt, {}, 33, k, true);
+      add(v1::DTYPE_F32, wt, {3}, 17, k, true);
+      add(v1::DTYPE_F32, wt, {8}, 40, k, true);
+      add(v1::DTYPE_F32, wt, {2, 8}, 9, k, true);
+    }
+    // Rows with an all-zero block (d = 0) and an outlier that takes a block's
+    // whole int8 range.
+    Case* c = add(v1::DTYPE_F32, wt, {2}, 21, ks[1], true, "_zero_block_outlier");
+    c->inputs[0].data_as<float>()[0] = 40.0f;
+    for (int i = 0; i < 32; ++i) c->inputs[0].data_as<float>()[ks[1] + 64 + i] = 0.0f;
+    add(v1::DTYPE_F16, wt, {1}, 9, ks[1], true);
+    add(v1::DTYPE_BF16, wt, {4}, 9, ks[1], true);
+    // The paths that stay exact with the option on.
+    add(v1::DTYPE_F32, wt, {17}, 11, ks[1], true);
+    add(v1::DTYPE_F32, wt, {2}, be, 64, false);
+  }
+  return cases;
+}
+const FamilyRegistration kDequantMatMulInt8("dequant_matmul_int8", DequantMatMulInt8Cases);
 
 // ---- Quantize / Dequantize / FakeQuantize ----
 

@@ -43,6 +43,15 @@ struct Case {
   // packed before the launch, as the engine packs constants and params. A
   // kernel that packs nothing runs the case as given.
   bool pack_inputs = false;
+  // Optional: a precision trade the spec allows (e.g. spec.allow_int8_activations)
+  // that a device claims by listing `traded_feature` in DeviceInfo.features
+  // (backend::kFeatureInt8Activations). On such a device the outputs are
+  // compared with `traded_reference` (the traded algorithm in f64) under
+  // `traded_tol`; every other device must match `reference` as usual. Empty:
+  // no trade.
+  std::string traded_feature;
+  ReferenceFn traded_reference;
+  Tolerance traded_tol;
 };
 
 using CaseGenerator = std::function<std::vector<Case>()>;

@@ -343,19 +343,24 @@ class Client:
     # -- graphs and sessions ----------------------------------------------
     def compile(self, graph, input_shapes=None, device="auto", prefer_common_ir=False,
                 disable_fusion=False, allow_tf32=False,
-                cuda_graphs="auto") -> service_pb2.CompileResponse:
+                cuda_graphs="auto",
+                allow_int8_activations=False) -> service_pb2.CompileResponse:
         """Verifies `graph`; compiles it when `input_shapes` ({name: dims})
         fixes its symbolic dims. Returns the signature, executable key and
         compile report. `allow_tf32` lets f32 matmuls use TF32 tensor cores
         (CUDA devices; ~1e-3 relative error; part of the executable key).
         `cuda_graphs` ("auto", "on" or "off"): whether runs on a CUDA device
-        replay a captured CUDA graph (auto: launch-bound programs)."""
+        replay a captured CUDA graph (auto: launch-bound programs).
+        `allow_int8_activations` lets DequantMatMul round its activations to
+        int8 per 32 values and multiply in integers (the CPU; ~0.5% relative
+        error; part of the executable key; docs/quantization.md)."""
         req = service_pb2.CompileRequest(
             graph=graph.source if isinstance(graph, Transformed) else graph_source(graph),
             options=service_pb2.CompileOptions(device=device, prefer_common_ir=prefer_common_ir,
                                                disable_fusion=disable_fusion,
                                                allow_tf32=allow_tf32,
-                                               cuda_graphs=_cuda_graphs(cuda_graphs)))
+                                               cuda_graphs=_cuda_graphs(cuda_graphs),
+                                               allow_int8_activations=allow_int8_activations))
         if isinstance(graph, Transformed):
             graph.apply(req.options)
         for name, dims in (input_shapes or {}).items():
@@ -363,17 +368,19 @@ class Client:
         return self._call("Compile", req)
 
     def create_session(self, graph, params=None, device="auto", allow_tf32=False,
-                       cuda_graphs="auto", state=None) -> Session:
+                       cuda_graphs="auto", state=None,
+                       allow_int8_activations=False) -> Session:
         """A session for `graph` (or a repository model: kiln.model("name"));
-        small `params` go inline, large ones with set_params. `allow_tf32`
-        and `cuda_graphs` as in compile(). `state` ({"output": "param"}, e.g.
+        small `params` go inline, large ones with set_params. `allow_tf32`,
+        `cuda_graphs` and `allow_int8_activations` as in compile(). `state` ({"output": "param"}, e.g.
         {"cache_out": "cache"}) makes a stateful session: after each
         successful run the output's value becomes the param's, in place in
         kilnd, and the output is not returned; set_params resets it."""
         req = service_pb2.CreateSessionRequest(
             graph=graph_source(graph),
             options=service_pb2.CompileOptions(device=device, allow_tf32=allow_tf32,
-                                               cuda_graphs=_cuda_graphs(cuda_graphs)))
+                                               cuda_graphs=_cuda_graphs(cuda_graphs),
+                                               allow_int8_activations=allow_int8_activations))
         _named(params, req.params)
         for output, param in (state or {}).items():
             req.state.add(output=output, param=param)

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -177,6 +179,106 @@ TEST(QuantEngineTest, GgufWeightFeedsDequantMatMul) {
       }
     }
   }
+}
+
+// CompileOptions.allow_int8_activations: its own executable (a key component),
+// the CPU's DequantMatMul takes the int8 path (the dispatch report names it),
+// also when the executable comes back from the disk cache, and the result stays
+// within the derived budget of the exact product. Rounding x to x^ = d q with
+// d = amax / 127 per 32 values moves each value by at most d / 2 = amax / 254,
+// so |y^ - y| <= sum_j |w_j| amax_b(j) / 254 (docs/quantization.md).
+TEST(QuantEngineTest, Int8ActivationsOwnKeyAndPathWithinDerivedBudget) {
+  constexpr int64_t kK = 512, kN = 24;
+  const std::string dir = ::testing::TempDir() + "/quant_engine_int8_" + std::to_string(::getpid());
+  EngineOptions eo;
+  eo.cache_dir = dir;
+  eo.calibration = EngineOptions::Calibration::kNever;
+  for (DType dtype : {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0, v1::DTYPE_Q4_K, v1::DTYPE_Q5_K,
+                      v1::DTYPE_Q6_K}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const DTypeLayout l = LayoutOf(dtype);
+    HostTensor w = std::move(HostTensor::Create(dtype, {kN, kK})).value();
+    uint8_t* wb = w.data_as<uint8_t>();
+    std::mt19937 rng(7);
+    for (int64_t i = 0; i < w.num_bytes(); ++i) wb[i] = static_cast<uint8_t>(rng());
+    for (int64_t b = 0; b < w.num_bytes(); b += l.block_bytes) {  // f16 scales of sane size
+      const uint16_t h = FloatToHalf(1.0f / 512);
+      const int64_t at = dtype == v1::DTYPE_Q6_K ? b + 208 : b;
+      wb[at] = h & 0xff, wb[at + 1] = h >> 8;
+      if (dtype == v1::DTYPE_Q4_K || dtype == v1::DTYPE_Q5_K) wb[b + 2] = wb[at], wb[b + 3] = wb[at + 1];
+    }
+    std::vector<double> wd(kN * kK);
+    quant::DequantizeBlocks(dtype, wb, kN * kK / l.block_elems, wd.data());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> xv(kK);
+    for (float& v : xv) v = normal(rng);
+    HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {1, kK}, xv);
+    const std::string text =
+        absl::StrCat("input x: f32[1, ", kK, "]\nparam w: ", DTypeName(dtype), "[", kN, ", ", kK,
+                     "]\nlet y = dequant_matmul(x, w, transpose_b=true)\nout y");
+    auto graph = ir::ParseGraphProto(text);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+
+    CompileOptions exact_options, int8_options;
+    exact_options.device = int8_options.device = "cpu:0";
+    int8_options.allow_int8_activations = true;
+    struct Got {
+      std::string key, implementation;
+      v1::CacheOutcome cache;
+      std::vector<float> y;
+    };
+    // Compiles and runs on a fresh engine (the second one of a kind finds the
+    // first one's executable on disk).
+    auto run = [&](const CompileOptions& co) -> Got {
+      auto engine = Engine::Create(eo);
+      EXPECT_TRUE(engine.ok()) << engine.status();
+      const TensorRef param_refs[] = {TensorRef::Of("w", w)};
+      auto params = (*engine)->CreateParams(param_refs);
+      EXPECT_TRUE(params.ok()) << params.status();
+      auto compiled = (*engine)->Compile(*graph, co, {});
+      EXPECT_TRUE(compiled.ok()) << compiled.status();
+      const TensorRef inputs[] = {TensorRef::Of("x", x)};
+      RunOptions ro;
+      ro.report = true;
+      auto r = (*engine)->Run(*compiled->executable, inputs, params->get(), ro);
+      EXPECT_TRUE(r.ok()) << r.status();
+      Got g{compiled->report.executable_key(), "", compiled->report.executable_cache(), {}};
+      for (const auto& step : r->report.steps()) {
+        if (step.implementation().find("dequant_matmul") != std::string::npos) g.implementation = step.implementation();
+      }
+      const HostTensor& y = r->outputs[0].second;
+      g.y.assign(y.data_as<float>(), y.data_as<float>() + kN);
+      return g;
+    };
+    const Got exact = run(exact_options), int8 = run(int8_options), again = run(int8_options);
+    EXPECT_NE(exact.key, int8.key);
+    EXPECT_EQ(exact.implementation.find("_int8_"), std::string::npos) << exact.implementation;
+    EXPECT_NE(int8.implementation.find("_matvec_int8_"), std::string::npos) << int8.implementation;
+    EXPECT_EQ(again.cache, v1::CACHE_HIT_DISK);
+    EXPECT_EQ(again.implementation, int8.implementation);
+    int moved = 0;
+    for (int64_t n = 0; n < kN; ++n) {
+      double want = 0, bound = 0, scale = 0;
+      for (int64_t b = 0; b < kK / 32; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xv[32 * b + i]));
+        for (int i = 0; i < 32; ++i) {
+          const int64_t j = 32 * b + i;
+          want += xv[j] * wd[n * kK + j];
+          bound += std::fabs(wd[n * kK + j]) * amax / 254;
+          scale += std::fabs(xv[j] * wd[n * kK + j]);
+        }
+      }
+      EXPECT_NEAR(exact.y[n], want, 1e-5 * scale + 1e-6) << n;
+      // The bound, plus the f32 accumulation both sides share.
+      EXPECT_NEAR(int8.y[n], want, bound * 1.001 + 1e-5 * scale + 1e-6) << n;
+      EXPECT_EQ(again.y[n], int8.y[n]) << n;
+      moved += int8.y[n] != exact.y[n];
+    }
+    EXPECT_GT(moved, 0) << "the int8 path computed the exact product";
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace

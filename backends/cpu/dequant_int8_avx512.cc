@@ -1,0 +1,333 @@
+// AVX-512 VNNI dot products of GGUF weight rows with int8 activations
+// (dequant_dot.h, "Int8 activations"). Compiled with -mavx512f/bw/dq/vl and
+// -mavx512vnni (CMakeLists.txt); runs only where dq::BestInt8() found them.
+//
+// vpdpbusd multiplies unsigned bytes by signed bytes and adds each 4 products
+// into an int32 lane. The weights are the unsigned side: q4_0 / q4_k / q5_k /
+// q6_k quants are unsigned before their offset, and q8_0's signed quants become
+// unsigned by flipping the sign bit (w + 128). The offsets (8, 32, 128) times
+// the sums of each 4 activations are precomputed per call (Int8Rows.offsets)
+// and start the accumulation, so each lane ends as the exact sum of 4 products
+// of the signed weights. 64 weights per instruction: their int32 lanes are
+// converted once and multiplied by a vector holding each lane's scale (weight
+// scale x activation scale), so the per-weight work is integer. Each weight
+// block is decoded once for all the activation rows of a call (R <= 8, a
+// template parameter so the accumulators stay in registers), and the block
+// scales are unpacked with vector operations.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backends/common/quant_blocks.h"
+#include "backends/cpu/dequant_dot.h"
+
+namespace kiln::cpu::dq {
+namespace {
+
+constexpr int64_t kPrefetchBytes = 2048;
+
+inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline uint16_t U16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline float Half(const uint8_t* p) { return _cvtsh_ss(U16(p)); }
+// The f16 values at p and q as lanes 0 and 1.
+inline __m128 Half2(const uint8_t* p, const uint8_t* q) {
+  return _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(U16(p)), U16(q), 1));
+}
+// Two floats at p as lanes 0 and 1.
+inline __m128 Load2(const float* p) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The 16-lane index that repeats lane a eight times, then lane b.
+inline __m512i Pick2(int a, int b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)), _mm256_set1_epi32(b), 1);
+}
+
+inline float Sum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// The eight 6-bit scales (lanes 0-7) and mins (lanes 8-15) of a q4_k / q5_k
+// block (quant::ScaleMinK4) times d and dmin, unpacked together from its 12
+// bytes with vector operations (the word formulas of dequant_dot_avx512.cc, one
+// 32-bit lane each: w0 w1 w2 are the scale bytes 0-3, 4-7, 8-11).
+inline __m512 ScalesMins(const uint8_t* blk, __m512i pick01) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+  const __m128i t = _mm_srli_si128(raw, 4);                   // w0 w1 w2 -
+  const __m128i lo = _mm_and_si128(t, _mm_set1_epi8(0x3f));  // scales 0-3, mins 0-3
+  const __m128i w22 = _mm_shuffle_epi32(t, _MM_SHUFFLE(3, 3, 2, 2));
+  const __m128i b = _mm_and_si128(_mm_srlv_epi32(w22, _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi8(0x0f));
+  const __m128i c = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(t, 6), _mm_set1_epi8(0x03)), 4);
+  const __m128i hi = _mm_or_si128(b, c);               // scales 4-7, mins 4-7
+  const __m128i bytes = _mm_unpacklo_epi32(lo, hi);    // scales 0-7, mins 0-7
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+  const __m512 dm = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(_mm_cvtph_ps(raw)));
+  return _mm512_mul_ps(v, dm);
+}
+
+// The activation rows of a call, as the kernels read them.
+template <int R>
+struct RowPtrs {
+  const int8_t* q[R];
+  const float* dx[R];
+  const float* sums[R];
+  const int32_t* off[R];
+  explicit RowPtrs(const Int8Rows& xq) {
+    const int64_t k = xq.k, nb = k / kInt8Block;
+    for (int r = 0; r < R; ++r) {
+      q[r] = xq.q.data() + r * k;
+      dx[r] = xq.d.data() + r * nb;
+      sums[r] = xq.sums.empty() ? nullptr : xq.sums.data() + r * nb;
+      off[r] = xq.offsets.empty() ? nullptr : xq.offsets.data() + r * (k / 4);
+    }
+  }
+};
+
+// Accumulator chains per activation row: enough independent FMAs in flight.
+template <int R>
+constexpr int kChains = R == 1 ? 4 : R <= 4 ? 2 : 1;
+
+template <int R>
+inline void Finish(__m512 (&acc)[R][kChains<R>], float* out) {
+  for (int r = 0; r < R; ++r) {
+    __m512 a = acc[r][0];
+    for (int c = 1; c < kChains<R>; ++c) a = _mm512_add_ps(a, acc[r][c]);
+    out[r] = _mm512_reduce_add_ps(a);
+  }
+}
+
+// q4_k (kFive = false) and q5_k. The activations are `paired` (sub-blocks
+// 0 2 1 3 4 6 5 7): the low nibbles of qs[0, 64) are sub-blocks 0 and 2, the
+// high ones 1 and 3, and likewise 4 6 / 5 7 for qs[64, 128). The mins leave the
+// per-weight work: sum (d sc q - dmin m) x^ = d sc sum q x^ - dmin m sum x^,
+// with sum x^ per 32 precomputed (Int8Rows.sums).
+template <bool kFive, int R>
+void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
+  constexpr int64_t kBytes = kFive ? 176 : 144;
+  constexpr int C = kChains<R>;
+  __m512 acc[R][C];
+  __m256 mins[R];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    mins[r] = _mm256_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i pick01 = Pick2(0, 1);
+  const __m512i pick[4] = {Pick2(0, 2), Pick2(1, 3), Pick2(4, 6), Pick2(5, 7)};
+  // q5_k: the fifth bit of the low nibbles of qs[32p + l] is bit 2p of qh[l],
+  // of the high nibbles bit 2p + 1; per vector, one bit per 32-byte half.
+  const __m512i bit[4] = {
+      _mm512_inserti64x4(_mm512_set1_epi8(0x01), _mm256_set1_epi8(0x04), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x02), _mm256_set1_epi8(0x08), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x10), _mm256_set1_epi8(0x40), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x20), _mm256_set1_epi8(static_cast<char>(0x80)), 1)};
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
+    const __m512 scm = ScalesMins(blk, pick01);
+    const __m256 sc = _mm512_castps512_ps256(scm);
+    const __m256 mn = _mm512_extractf32x8_ps(scm, 1);
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    const __m512i v0 = Load64(qs), v1 = Load64(qs + 64);
+    __m512i u[4] = {_mm512_and_si512(v0, low4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4),
+                    _mm512_and_si512(v1, low4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4)};
+    if constexpr (kFive) {
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
+      for (int i = 0; i < 4; ++i) {
+        u[i] = _mm512_mask_add_epi8(u[i], _mm512_test_epi8_mask(h, bit[i]), u[i], sixteen);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      mins[r] = _mm256_fmadd_ps(mn, Load8(x.sums[r] + 8 * b), mins[r]);
+      const __m512 scale = _mm512_castps256_ps512(_mm256_mul_ps(sc, Load8(x.dx[r] + 8 * b)));
+      const int8_t* xb = x.q[r] + 256 * b;
+      for (int i = 0; i < 4; ++i) {
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], Load64(xb + 64 * i));
+        acc[r][i % C] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[i], scale), acc[r][i % C]);
+      }
+    }
+  }
+  Finish<R>(acc, out);
+  for (int r = 0; r < R; ++r) out[r] -= Sum8(mins[r]);
+}
+
+// q6_k: per half of 128, 64 bytes of ql give elements [0, 64) (low nibbles,
+// with qh bits 0-1 for the first 32 and 2-3 for the next) and [64, 128) (high
+// nibbles, bits 4-5 and 6-7): natural order. A scale per 16 weights (4 lanes).
+template <int R>
+void DotQ6K(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
+  constexpr int C = kChains<R>;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30);
+  // Lane l of vector i has the scale of group 4i + l / 4; dx per 32 is dx[g / 2].
+  const __m512i pick[4] = {
+      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+      _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+      _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11),
+      _mm512_setr_epi32(12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15)};
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * 210;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 192), _MM_HINT_T0);
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_set1_ps(Half(blk + 208)),
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
+    __m512i u[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = Load64(blk + 64 * h);
+      const __m256i hr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m512i hs = _mm512_inserti64x4(_mm512_castsi256_si512(hr), _mm256_srli_epi16(hr, 2), 1);
+      u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_and_si512(_mm512_slli_epi16(hs, 4), top2));
+      u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                     _mm512_and_si512(hs, top2));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale =
+          _mm512_mul_ps(sc, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(Load8(x.dx[r] + 8 * b))));
+      const int8_t* xb = x.q[r] + 256 * b;
+      const int32_t* cb = x.off[r] + 64 * b;
+      for (int i = 0; i < 4; ++i) {
+        const __m512i s = _mm512_dpbusd_epi32(Load64(cb + 16 * i), u[i], Load64(xb + 64 * i));
+        acc[r][i % C] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[i], scale), acc[r][i % C]);
+      }
+    }
+  }
+  Finish<R>(acc, out);
+}
+
+// q8_0 (kFour = false) and q4_0, two 32-blocks per vector; an odd last block in
+// scalar code (the same exact integer sum). q8_0's lanes 0-7 are block b, 8-15
+// block b + 1. q4_0's activations are `paired`: blocks b, b + 1 as b[0:16)
+// b+1[0:16) b[16:32) b+1[16:32), which is the low nibbles of both blocks' 16
+// bytes, then the high ones: lanes 0-3 and 8-11 are block b, 4-7 and 12-15 b + 1.
+template <bool kFour, int R>
+void Dot32(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
+  constexpr int64_t kBytes = kFour ? 18 : 34;
+  constexpr int C = kChains<R> == 4 ? 2 : kChains<R>;
+  __m512 acc[R][kChains<R>];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < kChains<R>; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m512i lanes = kFour ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1)
+                              : Pick2(0, 1);
+  int64_t b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    const uint8_t* blk = row + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    __m512i u;
+    if constexpr (kFour) {
+      const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(blk + 20),
+                                            reinterpret_cast<const __m128i*>(blk + 2));
+      u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
+                             _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1);
+    } else {
+      u = _mm512_xor_si512(
+          _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kBytes + 2)), 1),
+          flip);
+    }
+    const __m128 dw = Half2(blk, blk + kBytes);
+    for (int r = 0; r < R; ++r) {
+      const __m512i s = _mm512_dpbusd_epi32(Load64(x.off[r] + 8 * b), u, Load64(x.q[r] + 32 * b));
+      const __m512 scale =
+          _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_mul_ps(dw, Load2(x.dx[r] + b))));
+      const int c = C == 1 ? 0 : static_cast<int>((b >> 1) & 1);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r][c]);
+    }
+  }
+  Finish<R>(acc, out);
+  if (b < blocks) {
+    const uint8_t* blk = row + b * kBytes;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = x.q[r] + 32 * b;
+      int32_t s = 0;
+      if constexpr (kFour) {
+        for (int i = 0; i < 16; ++i) {
+          s += ((blk[2 + i] & 15) - 8) * q[i] + ((blk[2 + i] >> 4) - 8) * q[16 + i];
+        }
+      } else {
+        const int8_t* w = reinterpret_cast<const int8_t*>(blk + 2);
+        for (int i = 0; i < 32; ++i) s += w[i] * q[i];
+      }
+      out[r] += Half(blk) * x.dx[r][b] * static_cast<float>(s);
+    }
+  }
+}
+
+template <int R>
+void DotRows(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const Int8Rows& xq,
+             float* y, int64_t ldy) {
+  const RowPtrs<R> x(xq);
+  const int64_t k = xq.k;
+  float out[R];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    switch (xq.wtype) {
+      case v1::DTYPE_Q8_0:
+        Dot32<false, R>(row, k / 32, x, out);
+        break;
+      case v1::DTYPE_Q4_0:
+        Dot32<true, R>(row, k / 32, x, out);
+        break;
+      case v1::DTYPE_Q4_K:
+        DotK4<false, R>(row, k / 256, x, out);
+        break;
+      case v1::DTYPE_Q5_K:
+        DotK4<true, R>(row, k / 256, x, out);
+        break;
+      case v1::DTYPE_Q6_K:
+        DotQ6K<R>(row, k / 256, x, out);
+        break;
+      default:
+        return;  // REQUIRES: a block type
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy + n] = out[r];
+  }
+}
+
+}  // namespace
+
+void DotRowsInt8Avx512(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                       const Int8Rows& xq, float* y, int64_t ldy) {
+  switch (xq.rows) {
+    case 1: return DotRows<1>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 2: return DotRows<2>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 3: return DotRows<3>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 4: return DotRows<4>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 5: return DotRows<5>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 6: return DotRows<6>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 7: return DotRows<7>(w, row_bytes, n0, n1, xq, y, ldy);
+    case 8: return DotRows<8>(w, row_bytes, n0, n1, xq, y, ldy);
+    default: return;  // REQUIRES: 1 <= rows <= kMaxDotRows
+  }
+}
+
+}  // namespace kiln::cpu::dq
