@@ -1,4 +1,4 @@
-// Softmax, LogSoftmax, LayerNorm, RmsNorm and FusedResidualNorm.
+// Softmax, LogSoftmax, LayerNorm, RmsNorm, FusedResidualNorm and GroupNorm.
 //
 // All are row-wise: a row is the softmax axis (or the normalized trailing
 // dims) and rows run in parallel. f32 rows use AVX2 (the vector exp of
@@ -241,13 +241,16 @@ struct NormPlan {
   bool emit_sum = false;
 };
 
-// y = (x - mean) / sqrt(var + eps) * scale + bias, or x / sqrt(mean(x^2) + eps) * scale.
-void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
-                const float* bias) {
-  const int64_t n = p.n;
+// A row's statistics, for y = ((x - shift) - delta) * rstd: shift is the
+// f32-rounded mean (0 for RmsNorm), delta the mean of x - shift.
+struct RowStats {
+  float shift = 0, delta = 0, rstd = 1;
+};
+
+RowStats RowStatsF32(const float* x, int64_t n, bool rms, double eps) {
   __m256 shift = _mm256_setzero_ps();
   double mean = 0;
-  if (!p.rms) {
+  if (!rms) {
     mean = SumF32(x, n, [](__m256 v) { return v; }) / static_cast<double>(n);
     shift = Set(static_cast<float>(mean));
   }
@@ -270,11 +273,20 @@ void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
   }
   const double dm = HSumPd(_mm256_add_pd(s1a, s1b)) / static_cast<double>(n);
   const double m2 = HSumPd(_mm256_add_pd(s2a, s2b)) / static_cast<double>(n);
-  const double var = p.rms ? m2 : std::max(0.0, m2 - dm * dm);
-  const __m256 r = Set(static_cast<float>(1.0 / std::sqrt(var + p.eps)));
+  const double var = rms ? m2 : std::max(0.0, m2 - dm * dm);
+  return {static_cast<float>(mean), rms ? 0.0f : static_cast<float>(dm),
+          static_cast<float>(1.0 / std::sqrt(var + eps))};
+}
+
+// y = (x - mean) / sqrt(var + eps) * scale + bias, or x / sqrt(mean(x^2) + eps) * scale.
+void NormRowF32(const NormPlan& p, const float* x, float* y, const float* scale,
+                const float* bias) {
+  const int64_t n = p.n;
+  const RowStats st = RowStatsF32(x, n, p.rms, p.eps);
+  const __m256 shift = Set(st.shift), r = Set(st.rstd);
   // x - mean as (x - shift) - dm: the first difference is exact for x near
   // the mean, so a large mean does not leak its rounding into the output.
-  const __m256 c = Set(p.rms ? 0.0f : static_cast<float>(dm));
+  const __m256 c = Set(st.delta);
   int64_t i = 0;
   auto one = [&](__m256 v, __m256 s, __m256 b) {
     return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, shift), c), r), s, b);
@@ -436,6 +448,119 @@ KernelOr CreateNorm(const KernelSpec& spec) {
                         [p](auto inputs, auto outputs) { return RunNorm(p, inputs, outputs); });
 }
 
+// ---- GroupNorm: x [N, C, spatial...]. Each of the N * groups rows is one
+// group's C / groups channels times the spatial positions, contiguous: its
+// statistics as LayerNorm's rows (f64 sums about the f32 mean), then each
+// channel's scale and bias over its run of spatial positions.
+
+struct GroupNormPlan {
+  DType dtype = v1::DTYPE_UNSPECIFIED;
+  double eps = 1e-5;
+  int64_t rows = 0, groups = 1, channels_per_group = 0, spatial = 0;
+  bool scale = false, bias = false;
+};
+
+// y[i] = ((x[i] - shift) - delta) * rstd * s + b over `n` elements.
+void ApplyGroupF32(const float* x, float* y, int64_t n, const RowStats& st, float s, float b) {
+  const __m256 shift = Set(st.shift), c = Set(st.delta), r = Set(st.rstd), sv = Set(s),
+               bv = Set(b);
+  auto one = [&](__m256 v) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, shift), c), r), sv, bv);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, one(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const __m256i m = simd::TailMask(n - i);
+    _mm256_maskstore_ps(y + i, m, one(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
+absl::Status RunGroupNorm(const GroupNormPlan& p, std::span<const backend::BufferView> inputs,
+                          std::span<const backend::BufferView> outputs) {
+  const int64_t cg = p.channels_per_group, sp = p.spatial, n = cg * sp;
+  if (p.rows * n == 0) return absl::OkStatus();
+  const int64_t esize = ElementSize(p.dtype);
+  const char* x = static_cast<const char*>(HostPtr(inputs[0]));
+  char* y = static_cast<char*>(HostPtr(outputs[0]));
+  const char* scale = p.scale ? static_cast<const char*>(HostPtr(inputs[1])) : nullptr;
+  const char* bias = p.bias ? static_cast<const char*>(HostPtr(inputs[2])) : nullptr;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / n);
+  if (p.dtype == v1::DTYPE_F64) {
+    const auto* sd = reinterpret_cast<const double*>(scale);
+    const auto* bd = reinterpret_cast<const double*>(bias);
+    ParallelFor(p.rows, grain, [&](int64_t b, int64_t e) {
+      for (int64_t row = b; row < e; ++row) {
+        const double* xr = reinterpret_cast<const double*>(x) + row * n;
+        double* yr = reinterpret_cast<double*>(y) + row * n;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < n; ++i) mean += xr[i];
+        mean /= static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+        const double r = 1.0 / std::sqrt(var / static_cast<double>(n) + p.eps);
+        const int64_t ch0 = (row % p.groups) * cg;
+        for (int64_t c = 0; c < cg; ++c) {
+          const double s = sd ? sd[ch0 + c] : 1.0, bb = bd ? bd[ch0 + c] : 0.0;
+          for (int64_t i = c * sp; i < (c + 1) * sp; ++i) yr[i] = (xr[i] - mean) * r * s + bb;
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+  // f32 compute; scale and bias widened once per launch.
+  const bool half = p.dtype != v1::DTYPE_F32;
+  const int64_t channels = p.groups * cg;
+  std::vector<float> sw, bw;
+  if (scale) sw.resize(channels), WidenRow(scale, p.dtype, channels, sw.data());
+  if (bias) bw.resize(channels), WidenRow(bias, p.dtype, channels, bw.data());
+  ParallelFor(p.rows, grain, [&](int64_t b, int64_t e) {
+    std::vector<float> xs(half ? n : 0), ys(half ? n : 0);
+    for (int64_t row = b; row < e; ++row) {
+      const int64_t off = row * n * esize;
+      const float* xr = reinterpret_cast<const float*>(x + off);
+      float* yr = reinterpret_cast<float*>(y + off);
+      if (half) WidenRow(x + off, p.dtype, n, xs.data()), xr = xs.data(), yr = ys.data();
+      const RowStats st = RowStatsF32(xr, n, false, p.eps);
+      const int64_t ch0 = (row % p.groups) * cg;
+      for (int64_t c = 0; c < cg; ++c) {
+        ApplyGroupF32(xr + c * sp, yr + c * sp, sp, st, scale ? sw[ch0 + c] : 1.0f,
+                      bias ? bw[ch0 + c] : 0.0f);
+      }
+      if (half) NarrowRow(ys.data(), p.dtype, n, y + off);
+    }
+  });
+  return absl::OkStatus();
+}
+
+KernelOr CreateGroupNorm(const KernelSpec& spec) {
+  if (auto s = CheckArity(spec, 1, 3, 1); !s.ok()) return s;
+  const auto& a = spec.attrs.group_norm();
+  const auto& x = spec.inputs[0];
+  if (x.rank() < 2) return SpecError(spec, "group_norm needs x [N, C, ...], got ", TypeString(x));
+  const int64_t channels = x.dims[1];
+  if (a.groups() <= 0 || channels % a.groups() != 0) {
+    return SpecError(spec, "groups=", a.groups(), " does not divide the ", channels, " channels");
+  }
+  if (a.has_epsilon() && !(a.epsilon() > 0 && std::isfinite(a.epsilon())))
+    return SpecError(spec, "epsilon must be positive");
+  for (size_t i = 1; i < spec.inputs.size(); ++i) {
+    const auto& t = spec.inputs[i];
+    if (t.dtype != x.dtype || t.dims != Dims{channels})
+      return SpecError(spec, "input ", i, " ", TypeString(t), " is not [C] of ", TypeString(x));
+  }
+  if (auto s = CheckOutput(spec, 0, x.dtype, x.dims); !s.ok()) return s;
+  GroupNormPlan p;
+  p.dtype = x.dtype;
+  p.eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  p.groups = a.groups();
+  p.rows = x.dims[0] * p.groups;
+  p.channels_per_group = channels / p.groups;
+  p.spatial = Product(x.dims, 2, x.dims.size());
+  p.scale = spec.inputs.size() > 1;
+  p.bias = spec.inputs.size() > 2;
+  return FnKernel::Make(spec, absl::StrCat("cpu:group_norm_", DTypeName(x.dtype)),
+                        [p](auto inputs, auto outputs) { return RunGroupNorm(p, inputs, outputs); });
+}
+
 Claim SupportsFloat(const KernelSpec& spec) {
   if (spec.inputs.empty()) return Claim::No("expects an input");
   if (!IsFloat(spec.inputs[0].dtype)) {
@@ -452,6 +577,7 @@ const CpuOpRegistration kRegistration({
     {v1::OP_LAYER_NORM, SupportsFloat, CreateNorm},
     {v1::OP_RMS_NORM, SupportsFloat, CreateNorm},
     {v1::OP_FUSED_RESIDUAL_NORM, SupportsFloat, CreateNorm},
+    {v1::OP_GROUP_NORM, SupportsFloat, CreateGroupNorm},
 });
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Normalization and softmax: LayerNorm, RmsNorm, FusedResidualNorm
-// (kernels/norm.cu) and Softmax, LogSoftmax (kernels/softmax.cu), for f32,
+// Normalization and softmax: LayerNorm, RmsNorm, FusedResidualNorm,
+// GroupNorm (kernels/norm.cu) and Softmax, LogSoftmax (kernels/softmax.cu), for f32,
 // f16 and bf16.
 //
 // Rows whose length is a multiple of a 16-byte vector (4 f32, 8 f16/bf16)
@@ -10,6 +10,7 @@
 // vectors, then up to 1024), 16-byte loads and stores, one read and one
 // write of each element. Other rows take the scalar kernels.
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_kernel.h"
@@ -208,6 +209,91 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(CudaDevice& d, const
                                    absl::StrCat("nvrtc:", what, dt, vec.nv != 0 ? "_vec" : "")));
 }
 
+// ---- GroupNorm (kernels/norm.cu, kiln_group_norm_*): one block per row of
+// one group's channels times the spatial positions, up to 1024 threads (the
+// rows are few and long: N * groups of them).
+
+struct GroupNormPlan {
+  int64_t rows = 0, groups = 1, n = 0, spatial = 1;
+  double eps = 1e-5;
+  bool scale = false, bias = false;
+};
+
+absl::StatusOr<GroupNormPlan> PlanGroupNorm(const KernelSpec& spec) {
+  if (spec.inputs.empty() || spec.inputs.size() > 3 || spec.outputs.size() != 1) {
+    return absl::InvalidArgumentError("group_norm takes x and optional scale and bias");
+  }
+  const Dims& d = spec.inputs[0].dims;
+  const auto& a = spec.attrs.group_norm();
+  if (d.size() < 2) return absl::InvalidArgumentError("group_norm needs x [N, C, ...]");
+  if (a.groups() <= 0 || d[1] % a.groups() != 0) {
+    return absl::InvalidArgumentError("groups must divide the channels");
+  }
+  for (size_t i = 1; i < spec.inputs.size(); ++i) {
+    if (spec.inputs[i].dims != Dims{d[1]}) {
+      return absl::InvalidArgumentError("scale and bias must be [C]");
+    }
+  }
+  if (spec.outputs[0].dims != d) return absl::InvalidArgumentError("y must have x's shape");
+  GroupNormPlan p;
+  p.groups = a.groups();
+  p.eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  for (size_t k = 2; k < d.size(); ++k) p.spatial *= d[k];
+  p.rows = d[0] * p.groups;
+  p.n = d[1] / p.groups * p.spatial;
+  // The kernel indexes a row with 32 bits.
+  if (p.n > int64_t{UINT32_MAX}) return absl::InvalidArgumentError("a group over 2^32 elements");
+  p.scale = spec.inputs.size() > 1;
+  p.bias = spec.inputs.size() > 2;
+  return p;
+}
+
+Claim SupportsGroupNorm(const CudaDevice&, const KernelSpec& spec) {
+  absl::StatusOr<GroupNormPlan> p = PlanGroupNorm(spec);
+  if (!p.ok()) return Claim::No(absl::StrCat("cuda group_norm: ", p.status().message()));
+  return SameFloatDType(spec, "group_norm");
+}
+
+class GroupNormKernel final : public CudaKernel {
+ public:
+  GroupNormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, GroupNormPlan plan,
+                  std::string impl)
+      : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), plan_(plan) {}
+
+ protected:
+  absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
+                       std::span<const CUdeviceptr> out) override {
+    CUdeviceptr x = in[0], scale = plan_.scale ? in[1] : 0, bias = plan_.bias ? in[2] : 0,
+                y = out[0];
+    int64_t rows = plan_.rows, groups = plan_.groups;
+    unsigned n = static_cast<unsigned>(plan_.n), spatial = static_cast<unsigned>(plan_.spatial);
+    float eps = static_cast<float>(plan_.eps);
+    int has_scale = plan_.scale, has_bias = plan_.bias;
+    void* args[] = {&x, &scale, &bias, &y, &rows, &groups, &n, &spatial, &eps, &has_scale,
+                    &has_bias};
+    const unsigned grid =
+        static_cast<unsigned>(std::min<int64_t>(plan_.rows, device_.caps().max_grid_x));
+    const auto block =
+        static_cast<unsigned>(std::clamp<int64_t>((plan_.n + 31) / 32 * 32, 32, 1024));
+    return LaunchKernel(s, fn_.fn, std::max(grid, 1u), 1, 1, block, 0, args);
+  }
+
+ private:
+  LoadedFunction fn_;
+  GroupNormPlan plan_;
+};
+
+absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGroupNorm(
+    CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
+  KILN_ASSIGN_OR_RETURN(GroupNormPlan plan, PlanGroupNorm(spec));
+  const std::string dt = DTypeSuffix(spec.inputs[0].dtype);
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "norm", KernelSource("norm.cu"),
+                                                        absl::StrCat("kiln_group_norm_", dt),
+                                                        context));
+  return std::unique_ptr<backend::Kernel>(std::make_unique<GroupNormKernel>(
+      d, spec, std::move(fn), plan, absl::StrCat("nvrtc:group_norm_", dt)));
+}
+
 // ---- Softmax / LogSoftmax ----
 
 Claim SupportsSoftmax(const CudaDevice&, const KernelSpec& spec) {
@@ -293,6 +379,7 @@ const CudaOpRegistration kNormRegistration({
     {v1::OP_LAYER_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_RMS_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_FUSED_RESIDUAL_NORM, &SupportsNorm, &CreateNorm},
+    {v1::OP_GROUP_NORM, &SupportsGroupNorm, &CreateGroupNorm},
     {v1::OP_SOFTMAX, &SupportsSoftmax, &CreateSoftmax},
     {v1::OP_LOG_SOFTMAX, &SupportsSoftmax, &CreateSoftmax},
 });

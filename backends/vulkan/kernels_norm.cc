@@ -1,4 +1,7 @@
-// Normalization: LayerNorm, RmsNorm and FusedResidualNorm (norm.comp).
+// Normalization: LayerNorm, RmsNorm, FusedResidualNorm and GroupNorm (norm.comp).
+// GroupNorm is the LayerNorm of rows of one group's channels times the
+// spatial positions ([N, C, spatial...] as [N * groups, C / groups * spatial]),
+// its scale and bias read per channel.
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
 #include "base/status.h"
@@ -12,11 +15,14 @@ using backend::KernelSpec;
 struct NormPush {
   uint32_t rows, n;
   float eps;
+  uint32_t groups, spatial;  // GroupNorm: a param's index is (row % groups * n + j) / spatial
 };
 
 // The operands a norm spec carries and what it computes.
 struct NormPlan {
   bool rms = false, residual = false, emit_sum = false, scale = false, bias = false;
+  bool group = false;
+  int64_t groups = 1;
   int64_t axis = -1;
   double eps = 0;
 };
@@ -51,6 +57,25 @@ absl::StatusOr<NormPlan> NormPlanFor(const KernelSpec& spec) {
       if (spec.outputs.size() != (p.emit_sum ? 2u : 1u)) {
         return absl::InvalidArgumentError("output count does not match emit_sum");
       }
+      break;
+    }
+    case v1::OP_GROUP_NORM: {
+      const auto& a = spec.attrs.group_norm();
+      p.group = true, p.groups = a.groups(), has_eps = a.has_epsilon(), p.eps = a.epsilon();
+      p.scale = spec.inputs.size() > 1;
+      p.bias = spec.inputs.size() > 2;
+      const Dims& d = spec.inputs[0].dims;
+      if (spec.inputs.size() > 3) return absl::InvalidArgumentError("group_norm takes x, scale, bias");
+      if (d.size() < 2) return absl::InvalidArgumentError("group_norm needs x [N, C, ...]");
+      if (p.groups <= 0 || d[1] % p.groups != 0) {
+        return absl::InvalidArgumentError("groups must divide the channels");
+      }
+      for (size_t i = 1; i < spec.inputs.size(); ++i) {
+        if (spec.inputs[i].dims != Dims{d[1]}) {
+          return absl::InvalidArgumentError("scale and bias must be [C]");
+        }
+      }
+      has_axis = true, p.axis = 1;  // unused: rows and n come from the groups
       break;
     }
     default:
@@ -108,18 +133,27 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, con
                                                             backend::PrepareContext&) {
   KILN_ASSIGN_OR_RETURN(NormPlan plan, NormPlanFor(spec));
   const Dims& dims = spec.inputs[0].dims;
-  NormPush push{1, 1, static_cast<float>(plan.eps)};
-  for (int64_t k = 0; k < plan.axis; ++k) push.rows *= static_cast<uint32_t>(dims[k]);
-  for (size_t k = plan.axis; k < dims.size(); ++k) push.n *= static_cast<uint32_t>(dims[k]);
+  NormPush push{1, 1, static_cast<float>(plan.eps), 1, 1};
+  if (plan.group) {
+    const auto groups = static_cast<uint32_t>(plan.groups);
+    for (size_t k = 2; k < dims.size(); ++k) push.spatial *= static_cast<uint32_t>(dims[k]);
+    push.groups = groups;
+    push.rows = static_cast<uint32_t>(dims[0]) * groups;
+    push.n = static_cast<uint32_t>(dims[1]) / groups * push.spatial;
+  } else {
+    for (int64_t k = 0; k < plan.axis; ++k) push.rows *= static_cast<uint32_t>(dims[k]);
+    for (size_t k = plan.axis; k < dims.size(); ++k) push.n *= static_cast<uint32_t>(dims[k]);
+  }
   const uint32_t wg = Workgroup1D(d.caps());
   const bool sg = UseSubgroups(d.caps(), wg);
   const DType dt = spec.inputs[0].dtype;
   const std::string variant = absl::StrCat("norm_", DTypeSuffix(dt), sg ? "_sg" : "");
   KILN_ASSIGN_OR_RETURN(auto pipeline, EmbeddedPipeline(d, variant, 6, sizeof(NormPush),
                                                         {wg, plan.rms, plan.residual, plan.emit_sum,
-                                                         plan.scale, plan.bias}));
-  const char* what = plan.residual ? (plan.rms ? "residual_rms_norm_" : "residual_layer_norm_")
-                                   : (plan.rms ? "rms_norm_" : "layer_norm_");
+                                                         plan.scale, plan.bias, plan.group}));
+  const char* what = plan.group      ? "group_norm_"
+                     : plan.residual ? (plan.rms ? "residual_rms_norm_" : "residual_layer_norm_")
+                                     : (plan.rms ? "rms_norm_" : "layer_norm_");
   return std::unique_ptr<backend::Kernel>(std::make_unique<NormKernel>(
       d, spec, std::move(pipeline), plan, push, absl::StrCat("spirv:", what, DTypeSuffix(dt))));
 }
@@ -128,6 +162,7 @@ const VulkanOpRegistration kNormRegistration({
     {v1::OP_LAYER_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_RMS_NORM, &SupportsNorm, &CreateNorm},
     {v1::OP_FUSED_RESIDUAL_NORM, &SupportsNorm, &CreateNorm},
+    {v1::OP_GROUP_NORM, &SupportsNorm, &CreateNorm},
 });
 
 }  // namespace

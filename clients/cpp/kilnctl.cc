@@ -37,6 +37,7 @@
 #include "engine/io/gguf.h"
 #include "engine/io/npy.h"
 #include "engine/io/npz.h"
+#include "engine/io/onnx/onnx_import.h"
 #include "engine/io/safetensors.h"
 
 namespace kiln {
@@ -386,6 +387,10 @@ absl::Status CmdRun(const GlobalFlags& g, const RunFlags& f) {
     KILN_RETURN_IF_ERROR(closed) << "while closing session " << id;
   }
   KILN_RETURN_IF_ERROR(result.status());
+  // A while loop's stacked output (an ONNX Loop whose body computes its
+  // cond) comes back as a buffer and its length: the model's output is the
+  // rows written.
+  KILN_RETURN_IF_ERROR(io::TrimStackedOutputs(result->outputs));
 
   for (const auto& [name, t] : result->outputs) {
     const std::string type = absl::StrCat(DTypeName(t.dtype()), DimsToString(t.dims()));

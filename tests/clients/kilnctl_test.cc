@@ -4,6 +4,7 @@
 // --report prints the table (with the placement: every device's estimate and
 // the chosen one), --trace writes valid Chrome trace JSON; errors exit 1 with
 // the server's message.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -319,6 +320,37 @@ TEST(KilnctlTest, ReportShowsPlacementEstimatesAndTheChoice) {
     EXPECT_EQ(p.policy_line, "placement (policy cpu:0)");
     EXPECT_EQ(ExpectEveryDeviceOnceOneChosen(p, devices), "cpu:0");
     EXPECT_THAT(p.chosen_line, HasSubstr("pinned"));
+  }
+}
+
+// An ONNX model exported by PyTorch (tests/engine/io/export_torch_models.py
+// --models while_scan): a scripted while loop appending to a list, whose
+// stacked output's length is known only at run time. kilnctl imports it,
+// kilnd runs the While, and kilnctl writes y and ys cut to the rows the loop
+// wrote (the length output stays internal): equal to PyTorch's.
+TEST(KilnctlTest, RunsAnOnnxWhileLoopStackingAList) {
+  ScratchDir dir;
+  const std::string cmd =
+      absl::StrCat("/usr/bin/python3 ", KILN_SOURCE_DIR, "/tests/engine/io/export_torch_models.py --out ",
+                   dir.path(), " --models while_scan > ", dir.path(), "/export.log 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << ReadFileOrDie(dir.path() + "/export.log");
+  for (const std::string c : {"few", "many"}) {
+    SCOPED_TRACE(c);
+    const std::string prefix = dir.path() + "/while_scan." + c;
+    ProcessResult r = Kilnctl({"run", dir.path() + "/while_scan.onnx", "--input",
+                               "x=" + prefix + ".x.npy", "--out", dir.path() + "/out_" + c});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const int64_t rows = c == "few" ? 11 : 22;
+    EXPECT_THAT(r.out, HasSubstr("ys: f32[" + std::to_string(rows) + ", 2, 3]"));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("kiln.length")));
+    for (const char* name : {"y", "ys"}) {
+      auto got = ReadNpy(dir.path() + "/out_" + c + "/" + name + ".npy");
+      auto want = ReadNpy(prefix + "." + name + ".npy");
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_EQ(got->dims(), want->dims()) << name;
+      EXPECT_LE(models::WorstError(*got, *want, 1e-4, 1e-4), 1.0) << name;
+    }
   }
 }
 

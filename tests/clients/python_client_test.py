@@ -619,5 +619,65 @@ class OnnxCnnExampleTest(unittest.TestCase):
             shutil.rmtree(cache, ignore_errors=True)
 
 
+class OnnxWhileScanTest(unittest.TestCase):
+    """A torch.jit.script while loop appending to a list (exported by
+    tests/engine/io/export_torch_models.py --models while_scan: an ONNX Loop
+    whose body computes cond, with a scan output) served from a model
+    repository: kilnd imports it as a While stacking into a bounded buffer
+    and returns the buffer with its length; kiln.trim_stacked_outputs gives
+    PyTorch's outputs; kilnctl run --model trims them itself."""
+
+    def test_serve_and_trim(self):
+        repo = tempfile.mkdtemp(prefix="kiln_py_while.")
+        cache = tempfile.mkdtemp(prefix="kiln_py_cache.")
+        export = tempfile.mkdtemp(prefix="kiln_py_export.")
+        try:
+            r = subprocess.run(["/usr/bin/python3", str(SOURCE / "tests/engine/io/export_torch_models.py"),
+                                "--out", export, "--models", "while_scan"],
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            version = os.path.join(repo, "grow", "1")
+            os.makedirs(version)
+            shutil.copy(os.path.join(export, "while_scan.onnx"), os.path.join(version, "model.onnx"))
+            kilnd = Kilnd(cache, extra=[f"--model_repository={repo}"])
+            try:
+                with kiln.Client(kilnd.addr) as c:
+                    s = c.create_session(kiln.model("grow"))
+                    for case, rows in (("few", 11), ("many", 22)):
+                        x = np.load(os.path.join(export, f"while_scan.{case}.x.npy"))
+                        raw = s.run({"x": x})
+                        self.assertEqual(list(raw), ["y", "ys", "kiln.length.ys"])
+                        self.assertEqual(raw["ys"].shape, (1024, 2, 3))  # the default bound
+                        self.assertEqual(int(raw["kiln.length.ys"]), rows)
+                        got = kiln.trim_stacked_outputs(raw)
+                        self.assertEqual(list(got), ["y", "ys"])
+                        for name in ("y", "ys"):
+                            want = np.load(os.path.join(export, f"while_scan.{case}.{name}.npy"))
+                            self.assertEqual(got[name].shape, want.shape, name)
+                            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4)
+                    s.close()
+                    # Past the bound: an error, never a truncated ys.
+                    short = {"ys": np.zeros((4, 2, 3), np.float32),
+                             "kiln.length.ys": np.array(5, np.int64)}
+                    with self.assertRaises(kiln.KilnError) as e:
+                        kiln.trim_stacked_outputs(short)
+                    self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                if KILNCTL:
+                    with tempfile.TemporaryDirectory() as out:
+                        r = subprocess.run([KILNCTL, f"--addr={kilnd.addr}", "run", "--model", "grow:1",
+                                            "-i", f"x={export}/while_scan.few.x.npy", "-o", out],
+                                           capture_output=True, text=True, timeout=120)
+                        self.assertEqual(r.returncode, 0, r.stderr)
+                        self.assertNotIn("kiln.length", r.stdout)
+                        np.testing.assert_allclose(np.load(os.path.join(out, "ys.npy")),
+                                                   np.load(os.path.join(export, "while_scan.few.ys.npy")),
+                                                   rtol=1e-4, atol=1e-4)
+            finally:
+                kilnd.stop()
+        finally:
+            for d in (repo, cache, export):
+                shutil.rmtree(d, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,5 +1,5 @@
 // Conformance cases for Softmax and LogSoftmax (any axis), LayerNorm (axis,
-// optional scale/bias, default epsilon), RmsNorm and FusedResidualNorm.
+// optional scale/bias, default epsilon), RmsNorm, FusedResidualNorm and GroupNorm.
 // References are long double loops over each row.
 #include <cmath>
 #include <string>
@@ -277,8 +277,96 @@ std::vector<Case> NormCases() {
   return cases;
 }
 
+// GroupNorm over x [N, C, spatial...]: each group of C / groups channels is
+// normalized over its channels and spatial positions together, then the
+// optional per-channel scale and bias.
+std::vector<HostTensor> GroupNormReference(const backend::KernelSpec& spec,
+                                           const std::vector<HostTensor>& in) {
+  const auto& a = spec.attrs.group_norm();
+  const double eps = a.has_epsilon() ? a.epsilon() : 1e-5;
+  const Dims& d = in[0].dims();
+  const int64_t groups = a.groups(), cg = d[1] / groups;
+  const int64_t spatial = ref::NumElements(Dims(d.begin() + 2, d.end())), n = cg * spatial;
+  std::vector<HostTensor> out;
+  out.push_back(F64(d));
+  for (int64_t r = 0; r < d[0] * groups; ++r) {
+    const int64_t base = r * n;
+    long double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += At(in[0], base + i);
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (At(in[0], base + i) - mean) * (At(in[0], base + i) - mean);
+    var /= n;
+    const long double rstd = 1.0L / std::sqrt(var + eps);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ch = (r % groups) * cg + i / spatial;
+      long double y = (At(in[0], base + i) - mean) * rstd;
+      if (in.size() > 1) y *= At(in[1], ch);
+      if (in.size() > 2) y += At(in[2], ch);
+      out[0].SetFromDouble(base + i, static_cast<double>(y));
+    }
+  }
+  return out;
+}
+
+struct GroupNormSpec {
+  Dims dims;
+  int64_t groups;
+  int params;     // 0 none, 1 scale, 2 scale + bias
+  double eps;     // 0 = default (unset)
+  double offset;  // added to x: a large mean
+};
+
+std::vector<Case> GroupNormCases() {
+  std::vector<Case> cases;
+  const std::vector<GroupNormSpec> specs = {
+      {{2, 8, 5, 3}, 4, 2, 0, 0},      // NCHW, 2 channels a group
+      {{3, 6}, 3, 0, 0, 0},            // no spatial dims
+      {{1, 4, 7}, 1, 1, 0, 0},         // one group of all channels
+      {{2, 6, 2, 2, 2}, 6, 2, 1e-3, 0},  // a group per channel, 3-D spatial
+      {{2, 5, 33}, 5, 2, 0, 0},        // odd sizes
+      {{3, 9, 7, 5}, 3, 1, 0, 0},      // odd sizes, 3 channels a group
+      {{0, 4, 3}, 2, 2, 0, 0},         // empty batch
+      {{2, 4, 0}, 2, 2, 0, 0},         // empty spatial
+      {{2, 6, 11, 13}, 2, 2, 0, 1000},  // a large mean
+      {{1, 4, 50, 50}, 2, 2, 0, 0},    // groups longer than a workgroup
+      {{2, 32, 64, 64}, 32, 2, 0, 0},  // large spatial, Stable-Diffusion-like groups
+      {{1, 8, 96, 96}, 1, 2, 1e-6, 5},  // one group of 73728 elements
+  };
+  for (DType dt : ref::FloatTypes()) {
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const GroupNormSpec& s = specs[k];
+      if (dt != v1::DTYPE_F32 && ref::NumElements(s.dims) > 20000) continue;
+      const std::string name =
+          absl::StrCat("group_norm/", DTypeName(dt), "_", Shape(s.dims), "_g", s.groups, "_p",
+                       s.params, s.eps > 0 ? "_eps" : "", s.offset != 0 ? "_offset" : "");
+      auto rng = RngFor(name);
+      v1::Attrs a;
+      a.mutable_group_norm()->set_groups(s.groups);
+      if (s.eps > 0) a.mutable_group_norm()->set_epsilon(s.eps);
+      const Dims ch = {s.dims[1]};
+      std::vector<HostTensor> inputs;
+      inputs.push_back(RandomTensor(rng, dt, s.dims, s.offset - 2, s.offset + 2));
+      std::vector<backend::TensorDesc> descs = {Desc(dt, s.dims)};
+      for (int p = 0; p < s.params; ++p) {
+        inputs.push_back(RandomTensor(rng, dt, ch, p == 0 ? 0.5 : -1, p == 0 ? 1.5 : 1));
+        descs.push_back(Desc(dt, ch));
+      }
+      Case c;
+      c.name = name;
+      c.spec = ref::Spec(name, v1::OP_GROUP_NORM, a, std::move(descs), {Desc(dt, s.dims)});
+      c.inputs = std::move(inputs);
+      c.reference = GroupNormReference;
+      c.tol = DefaultTolerance(dt);
+      if (k == 0) c.in_place_input = 0;  // y over x
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
 const FamilyRegistration kSoftmax("softmax", SoftmaxCases);
 const FamilyRegistration kNorm("norm", NormCases);
+const FamilyRegistration kGroupNorm("group_norm", GroupNormCases);
 
 }  // namespace
 }  // namespace kiln::conformance

@@ -111,10 +111,12 @@ TEST(EngineE2E, CommonIrDecompositionsMatchNative) {
   EXPECT_TRUE(saw_common);
 }
 
-// GroupNorm has no native kernel: legalize decomposes it (COMMON_IR) into
-// reshapes, reductions and elementwise ops every device runs. Checked on
-// every device against an f64 loop, with and without the affine operands.
-TEST(EngineE2E, GroupNormDecomposesOnEveryDevice) {
+// GroupNorm runs as one native kernel on every device (cpu:group_norm_f32,
+// spirv:group_norm_f32, nvrtc:group_norm_f32), and with prefer_common_ir as
+// its decomposition (COMMON_IR: reshapes, reductions and elementwise ops, what
+// autodiff differentiates). Both checked on every device against an f64
+// loop, with and without the affine operands.
+TEST(EngineE2E, GroupNormNativeAndDecomposedOnEveryDevice) {
   auto engine = MakeEngine();
   struct Shape {
     Dims dims;
@@ -123,48 +125,57 @@ TEST(EngineE2E, GroupNormDecomposesOnEveryDevice) {
   };
   const std::vector<Shape> shapes = {{{2, 8, 5, 3}, 4, 2}, {{3, 6}, 3, 0}, {{1, 4, 7}, 1, 1}, {{2, 6, 2, 2, 2}, 6, 2}};
   for (const backend::DeviceInfo* dev : engine->Devices()) {
-    for (const Shape& sh : shapes) {
-      SCOPED_TRACE(absl::StrCat(dev->id, " ", DimsToString(sh.dims), " groups=", sh.groups));
-      const int64_t ch = sh.dims[1];
-      std::string text = absl::StrCat("graph \"gn\"\ninput x: f32", DimsToString(sh.dims), "\n");
-      if (sh.affine >= 1) absl::StrAppend(&text, "input g: f32[", ch, "]\n");
-      if (sh.affine >= 2) absl::StrAppend(&text, "input b: f32[", ch, "]\n");
-      absl::StrAppend(&text, "let y = group_norm(x", sh.affine >= 1 ? ", g" : "", sh.affine >= 2 ? ", b" : "",
-                      ", groups=", sh.groups, ", epsilon=0.001)\nout y\n");
-      auto graph = ir::ParseGraphProto(text);
-      ASSERT_TRUE(graph.ok()) << graph.status() << "\n" << text;
-      std::mt19937_64 rng(static_cast<uint64_t>(sh.dims.size() * 7 + sh.groups));
-      HostTensor x = models::RandomF32(rng, sh.dims, 2.0);
-      HostTensor g = models::RandomF32(rng, {ch}, 1.0), b = models::RandomF32(rng, {ch}, 1.0);
-      std::vector<TensorRef> inputs = {TensorRef::Of("x", x)};
-      if (sh.affine >= 1) inputs.push_back(TensorRef::Of("g", g));
-      if (sh.affine >= 2) inputs.push_back(TensorRef::Of("b", b));
-      CompileOptions co;
-      co.device = dev->id;
-      RunOptions ro;
-      ro.report = true;
-      auto r = engine->RunGraph(*graph, inputs, nullptr, co, ro);
-      ASSERT_TRUE(r.ok()) << r.status();
-      bool common = false;
-      for (const auto& step : r->report.steps()) common = common || step.path() == v1::PATH_COMMON_IR;
-      EXPECT_TRUE(common);
-      const HostTensor& y = r->outputs[0].second;
-      const int64_t n = sh.dims[0], per = x.num_elements() / n / sh.groups, spatial = per / (ch / sh.groups);
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t gr = 0; gr < sh.groups; ++gr) {
-          const int64_t base = (i * sh.groups + gr) * per;
-          long double mean = 0, var = 0;
-          for (int64_t k = 0; k < per; ++k) mean += x.GetAsDouble(base + k);
-          mean /= per;
-          for (int64_t k = 0; k < per; ++k) var += (x.GetAsDouble(base + k) - mean) * (x.GetAsDouble(base + k) - mean);
-          var /= per;
-          for (int64_t k = 0; k < per; ++k) {
-            const int64_t c = gr * (ch / sh.groups) + k / spatial;
-            long double want = (x.GetAsDouble(base + k) - mean) / std::sqrt(var + 0.001L);
-            if (sh.affine >= 1) want *= g.GetAsDouble(c);
-            if (sh.affine >= 2) want += b.GetAsDouble(c);
-            ASSERT_NEAR(y.GetAsDouble(base + k), static_cast<double>(want), 1e-4 * (1 + std::abs(static_cast<double>(want))))
-                << "element " << base + k;
+    for (const bool decomposed : {false, true}) {
+      for (const Shape& sh : shapes) {
+        SCOPED_TRACE(absl::StrCat(dev->id, " ", DimsToString(sh.dims), " groups=", sh.groups,
+                                  decomposed ? " decomposed" : " native"));
+        const int64_t ch = sh.dims[1];
+        std::string text = absl::StrCat("graph \"gn\"\ninput x: f32", DimsToString(sh.dims), "\n");
+        if (sh.affine >= 1) absl::StrAppend(&text, "input g: f32[", ch, "]\n");
+        if (sh.affine >= 2) absl::StrAppend(&text, "input b: f32[", ch, "]\n");
+        absl::StrAppend(&text, "let y = group_norm(x", sh.affine >= 1 ? ", g" : "", sh.affine >= 2 ? ", b" : "",
+                        ", groups=", sh.groups, ", epsilon=0.001)\nout y\n");
+        auto graph = ir::ParseGraphProto(text);
+        ASSERT_TRUE(graph.ok()) << graph.status() << "\n" << text;
+        std::mt19937_64 rng(static_cast<uint64_t>(sh.dims.size() * 7 + sh.groups));
+        HostTensor x = models::RandomF32(rng, sh.dims, 2.0);
+        HostTensor g = models::RandomF32(rng, {ch}, 1.0), b = models::RandomF32(rng, {ch}, 1.0);
+        std::vector<TensorRef> inputs = {TensorRef::Of("x", x)};
+        if (sh.affine >= 1) inputs.push_back(TensorRef::Of("g", g));
+        if (sh.affine >= 2) inputs.push_back(TensorRef::Of("b", b));
+        CompileOptions co;
+        co.device = dev->id;
+        co.prefer_common_ir = decomposed;
+        RunOptions ro;
+        ro.report = true;
+        auto r = engine->RunGraph(*graph, inputs, nullptr, co, ro);
+        ASSERT_TRUE(r.ok()) << r.status();
+        bool common = false, native = false;
+        for (const auto& step : r->report.steps()) {
+          common = common || step.path() == v1::PATH_COMMON_IR;
+          native = native || (step.path() == v1::PATH_NATIVE &&
+                              step.implementation().find("group_norm") != std::string::npos);
+        }
+        EXPECT_EQ(common, decomposed);
+        EXPECT_EQ(native, !decomposed);
+        const HostTensor& y = r->outputs[0].second;
+        const int64_t n = sh.dims[0], per = x.num_elements() / n / sh.groups, spatial = per / (ch / sh.groups);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t gr = 0; gr < sh.groups; ++gr) {
+            const int64_t base = (i * sh.groups + gr) * per;
+            long double mean = 0, var = 0;
+            for (int64_t k = 0; k < per; ++k) mean += x.GetAsDouble(base + k);
+            mean /= per;
+            for (int64_t k = 0; k < per; ++k) var += (x.GetAsDouble(base + k) - mean) * (x.GetAsDouble(base + k) - mean);
+            var /= per;
+            for (int64_t k = 0; k < per; ++k) {
+              const int64_t c = gr * (ch / sh.groups) + k / spatial;
+              long double want = (x.GetAsDouble(base + k) - mean) / std::sqrt(var + 0.001L);
+              if (sh.affine >= 1) want *= g.GetAsDouble(c);
+              if (sh.affine >= 2) want += b.GetAsDouble(c);
+              ASSERT_NEAR(y.GetAsDouble(base + k), static_cast<double>(want), 1e-4 * (1 + std::abs(static_cast<double>(want))))
+                  << "element " << base + k;
+            }
           }
         }
       }

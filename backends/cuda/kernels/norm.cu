@@ -181,3 +181,50 @@ __device__ void norm_vec(const T* x, const T* res, const T* scale, const T* bias
 KILN_NORM_VECS(f32, float)
 KILN_NORM_VECS(f16, k_f16)
 KILN_NORM_VECS(bf16, k_bf16)
+
+// GroupNorm: x [N, C, spatial...] as N * groups rows of n = C / groups *
+// spatial contiguous elements (one group's channels times the spatial
+// positions), one block per row, blocks striding over rows. The statistics
+// as LayerNorm's: two passes about the row's first value, so a large common
+// offset costs no precision; scale and bias are per channel (channel =
+// row % groups * C / groups + j / spatial). Math in f32; n fits 32 bits (the
+// host checks), so the channel division is a 32-bit one.
+template <typename T>
+__device__ void group_norm_rows(const T* x, const T* scale, const T* bias, T* y, k_i64 rows,
+                                k_i64 groups, unsigned n, unsigned spatial, float eps,
+                                int has_scale, int has_bias) {
+  __shared__ float scratch[32];
+  const unsigned cg = n / spatial;
+  for (k_i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const k_i64 base = row * n;
+    const float shift = k_load(x, base);
+    float part = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) part += k_load(x, base + j) - shift;
+    const float delta = k_block_sum(part, scratch) / static_cast<float>(n);
+    float sq = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) {
+      const float d = (k_load(x, base + j) - shift) - delta;
+      sq += d * d;
+    }
+    const float rstd = 1.0f / sqrtf(k_block_sum(sq, scratch) / static_cast<float>(n) + eps);
+    const k_i64 ch0 = (row % groups) * cg;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) {
+      float v = ((k_load(x, base + j) - shift) - delta) * rstd;
+      const k_i64 ch = ch0 + j / spatial;
+      if (has_scale) v *= k_load(scale, ch);
+      if (has_bias) v += k_load(bias, ch);
+      k_store(y, base + j, v);
+    }
+  }
+}
+
+#define KILN_GROUP_NORM(S, T)                                                                   \
+  extern "C" __global__ void kiln_group_norm_##S(const T* x, const T* scale, const T* bias, T* y, \
+                                                 k_i64 rows, k_i64 groups, unsigned n,           \
+                                                 unsigned spatial, float eps, int has_scale,     \
+                                                 int has_bias) {                                 \
+    group_norm_rows<T>(x, scale, bias, y, rows, groups, n, spatial, eps, has_scale, has_bias);   \
+  }
+KILN_GROUP_NORM(f32, float)
+KILN_GROUP_NORM(f16, k_f16)
+KILN_GROUP_NORM(bf16, k_bf16)

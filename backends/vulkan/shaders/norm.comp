@@ -4,7 +4,9 @@
 // optionally written out, then normalized). A workgroup per row. LayerNorm
 // centers relative to the row's first element (x - shift is exact for
 // nearby values) and keeps the mean as shift + delta, so a large common
-// offset costs no precision; the variance is a second pass.
+// offset costs no precision; the variance is a second pass. GROUP: GroupNorm,
+// a row is one group's channels times the spatial positions and scale / bias
+// are per channel (index (row % groups * n + j) / spatial).
 #include "dtype_io.glsl"
 #include "wg_reduce.glsl"
 
@@ -14,6 +16,7 @@ layout(constant_id = 2) const bool RESIDUAL = false;
 layout(constant_id = 3) const bool EMIT_SUM = false;
 layout(constant_id = 4) const bool SCALE = false;
 layout(constant_id = 5) const bool BIAS = false;
+layout(constant_id = 6) const bool GROUP = false;
 
 // Unused operands are bound to a dummy range.
 layout(std430, binding = 0) readonly buffer X { BUF_T x[]; };
@@ -26,6 +29,8 @@ layout(push_constant) uniform Push {
   uint rows;
   uint n;
   float eps;
+  uint groups;
+  uint spatial;
 } pc;
 
 DEFINE_WG_REDUCE(wg_sum, float, wg_add_f)
@@ -57,8 +62,9 @@ void main() {
       const float v = value(base + j);
       if (EMIT_SUM) sum_out[base + j] = STORE_VAL(v);
       float o = ((v - shift) - delta) * rstd;
-      if (SCALE) o *= LOAD_VAL(gamma[j]);
-      if (BIAS) o += LOAD_VAL(beta[j]);
+      const uint p = GROUP ? ((row % pc.groups) * pc.n + j) / pc.spatial : j;
+      if (SCALE) o *= LOAD_VAL(gamma[p]);
+      if (BIAS) o += LOAD_VAL(beta[p]);
       y[base + j] = STORE_VAL(o);
     }
   }

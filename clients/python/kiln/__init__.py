@@ -21,7 +21,8 @@ from ._dtypes import bf16_to_f32, dtype, dtype_name, f32_to_bf16, numpy_dtype
 from ._proto.kiln.v1 import graph_pb2, report_pb2, service_pb2, tensor_pb2
 from . import shm
 from .checkpoint import CheckpointError
-from .client import Client, KilnError, Session, TrainSession, connect, default_client
+from .client import (Client, KilnError, Session, TrainSession, connect, default_client,
+                     trim_stacked_outputs)
 from .graph import IR_VERSION, Graph, ParsedGraph, Value, graph_source, model, parse
 from .report import chrome_trace, format_report, write_chrome_trace
 from .tensor import Tensor, evaluate, input, tensor  # noqa: A004 (kiln.input is the DSL's)
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError", "Client", "KilnError", "Session", "TrainSession", "connect", "default_client",
+    "trim_stacked_outputs",
     "SGD", "Adam", "AdamW", "Lion", "Muon", "Optimizer", "Transformed", "Amp", "Qat",
     "constant", "linear_warmup", "cosine", "grad", "vjp", "jvp", "hvp", "vmap", "train_pb2",
     "Graph", "ParsedGraph", "Value", "parse", "graph_source", "model", "IR_VERSION",

@@ -686,6 +686,41 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
+STACKED_LENGTH_PREFIX = "kiln.length."
+
+
+def trim_stacked_outputs(outputs: dict) -> dict:
+    """An ONNX model's outputs from a run's: the stacked (scan) output `y` of a
+    while loop (an ONNX Loop whose body computes cond; docs/onnx.md, "While
+    loops with scan outputs") comes back as a buffer of the importer's bound
+    rows beside the i64 scalar output "kiln.length.y", the rows the loop
+    wrote. Returns the outputs with each such `y` cut to its length (a view)
+    and the length outputs dropped; other outputs are kept as they are.
+    Raises KilnError(RESOURCE_EXHAUSTED) when a loop wanted more rows than
+    its buffer has, as kilnctl and io::TrimStackedOutputs do."""
+    out = {}
+    for name, a in outputs.items():
+        if name.startswith(STACKED_LENGTH_PREFIX):
+            continue
+        length = outputs.get(STACKED_LENGTH_PREFIX + name)
+        if length is None:
+            out[name] = a
+            continue
+        length = np.asarray(length)
+        if length.dtype != np.int64 or length.size != 1 or np.ndim(a) == 0:
+            raise ValueError(f"output {STACKED_LENGTH_PREFIX + name!r} is not the i64 length of a "
+                             "stacked output")
+        n = int(length.reshape(()))
+        if n < 0:
+            raise ValueError(f"output {STACKED_LENGTH_PREFIX + name!r} is negative")
+        if n > a.shape[0]:
+            raise KilnError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"the while loop stacking output {name!r} ran more iterations than "
+                            f"its {a.shape[0]} rows (OnnxImportOptions::max_while_scan_length)")
+        out[name] = a[:n]
+    return out
+
+
 _default = None
 _default_lock = threading.Lock()
 

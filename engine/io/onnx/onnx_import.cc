@@ -4,6 +4,7 @@
 #include "engine/io/onnx/onnx_import.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -201,6 +202,15 @@ absl::Status ConvertNodes(const onnx::GraphProto& graph, ir::Graph& g, const Onn
             NodeDescription(n, i, opset), ": input \"", name, "\" is produced by node ", p->second,
             ", which does not come before it (a cycle, or nodes out of topological order)"));
       }
+      if (it->second->stacked) {
+        unsupported.push_back(
+            {i, absl::StrCat(NodeDescription(n, i, opset), ": reads \"", name,
+                             "\", the stacked output of the while loop ", it->second->stacked->loop,
+                             ", whose length is known only at run time: Kiln returns such an "
+                             "output as a graph output only")});
+        skip = true;
+        break;
+      }
       inputs.push_back(it->second.get());
     }
     if (skip) {
@@ -393,6 +403,12 @@ absl::StatusOr<ImportedSubgraph> ImportSubgraph(Importer& c, const onnx::GraphPr
       return c.Invalid(absl::StrCat("subgraph output \"", o.name(), "\" is not produced by any node"));
     }
     Value& v = *it->second;
+    if (v.stacked) {
+      return c.Unsupported(absl::StrCat("its subgraph \"", body.name(), "\" returns \"", o.name(),
+                                        "\", the stacked output of the while loop ", v.stacked->loop,
+                                        ", whose length is known only at run time: Kiln returns "
+                                        "such an output as an output of the model only"));
+    }
     if (v.ref.node < 0) {
       onnx::NodeProto dummy;
       dummy.set_name(o.name());
@@ -625,6 +641,7 @@ absl::StatusOr<OnnxModel> ImportOnnxModel(std::string_view bytes,
   }
 
   absl::flat_hash_set<std::string> out_names;
+  std::vector<ir::GraphOutput> lengths;  // of while loops' stacked outputs, after the model's
   for (const auto& o : graph.output()) {
     auto it = values.find(o.name());
     if (it == values.end()) {
@@ -645,11 +662,53 @@ absl::StatusOr<OnnxModel> ImportOnnxModel(std::string_view bytes,
       KILN_ASSIGN_OR_RETURN(v.ref, c.Ref(0));
     }
     g.outputs().push_back(ir::GraphOutput{o.name(), v.ref});
+    if (v.stacked) lengths.push_back({absl::StrCat(kStackedLengthPrefix, o.name()), v.stacked->length});
+  }
+  for (const ir::GraphOutput& l : lengths) {
+    if (out_names.contains(l.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ONNX graph output \"", l.name, "\" takes the name of a while loop's stacked-output length"));
+    }
+    g.outputs().push_back(l);
   }
   if (g.outputs().empty()) return absl::InvalidArgumentError("ONNX graph has no outputs");
   g.RemoveDeadNodes();
   ir::ExportGraph(g, &result.graph);
   return result;
+}
+
+absl::Status TrimStackedOutputs(std::vector<std::pair<std::string, HostTensor>>& outputs) {
+  std::vector<std::pair<std::string, HostTensor>> kept;
+  for (auto& [name, t] : outputs) {
+    if (absl::StartsWith(name, kStackedLengthPrefix)) continue;
+    const std::string length_name = absl::StrCat(kStackedLengthPrefix, name);
+    const HostTensor* length = nullptr;
+    for (const auto& [other, l] : outputs) {
+      if (other == length_name) length = &l;
+    }
+    if (length == nullptr) {
+      kept.emplace_back(name, std::move(t));
+      continue;
+    }
+    if (length->dtype() != v1::DTYPE_I64 || length->num_elements() != 1 || t.dims().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("output \"", length_name,
+                                                     "\" is not the i64 length of a stacked output"));
+    }
+    const int64_t rows = t.dims()[0], n = length->data_as<int64_t>()[0];
+    if (n > rows) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the while loop stacking output \"", name, "\" ran more iterations than its ", rows,
+          " rows (OnnxImportOptions::max_while_scan_length)"));
+    }
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("output \"", length_name, "\" is negative"));
+    Dims dims = t.dims();
+    dims[0] = n;
+    KILN_ASSIGN_OR_RETURN(HostTensor cut, HostTensor::Create(t.dtype(), dims));
+    if (cut.num_bytes() > 0) std::memcpy(cut.data(), t.data(), cut.num_bytes());
+    kept.emplace_back(name, std::move(cut));
+  }
+  outputs = std::move(kept);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Graph> ImportOnnx(std::string_view bytes, const OnnxImportOptions& options) {

@@ -62,6 +62,13 @@ struct OnnxImportOptions {
   // run at most this many iterations (RESOURCE_EXHAUSTED past it); kilnd
   // passes its limits.max_while_iterations, the bound its While runs have.
   int64_t max_loop_iterations = 1000000;
+  // A Loop with scan outputs whose body computes its cond (a while loop: the
+  // trip count is known only at run time) stacks each scan output into a
+  // buffer of this many rows (or M's, when M is known and smaller); the graph
+  // returns the buffer and its run-time length (TrimStackedOutputs below), and
+  // a run that needs more rows fails RESOURCE_EXHAUSTED there. Each iteration
+  // rewrites the buffers: its cost is this bound times a step's output.
+  int64_t max_while_scan_length = 1024;
   // Import PyTorch's decomposed LayerNorm and exact GELU as Kiln's layer_norm
   // and gelu, and Pow(x, 2) as x * x (onnx_patterns.cc). Off: every node is
   // converted alone (what a benchmark compares against).
@@ -73,6 +80,16 @@ struct OnnxModel {
   // Values of the initializers that became params, in graph param order.
   std::vector<std::pair<std::string, HostTensor>> params;
 };
+
+// A while loop's stacked output `y` (see max_while_scan_length) is the graph
+// output `y`, [bound, ...], beside the i64 scalar output
+// kStackedLengthPrefix + "y": the rows the loop wrote, or bound + 1 when it
+// wanted more than bound. TrimStackedOutputs turns a run's outputs into the
+// ONNX model's: each such `y` cut to its length (an error past the bound)
+// and the length outputs removed. Outputs without a length output are left
+// as they are, so it may be applied to any graph's outputs.
+inline constexpr char kStackedLengthPrefix[] = "kiln.length.";
+absl::Status TrimStackedOutputs(std::vector<std::pair<std::string, HostTensor>>& outputs);
 
 // Parses and imports a serialized onnx.ModelProto.
 absl::StatusOr<OnnxModel> ImportOnnxModel(std::string_view bytes, const OnnxImportOptions& options);

@@ -289,7 +289,10 @@ void Importer::SetOutput(int i, ValueRef v) {
 void Importer::SetKnown(int i, std::shared_ptr<const Known> k) {
   if (i >= num_outputs()) return;
   Value out;
-  out.type = TensorType(k->t->dtype(), IrDims(k->t->dims().begin(), k->t->dims().end()));
+  // Filled in place: GCC 12 reads moving a temporary IrDims into the
+  // optional-bearing Value as maybe-uninitialized (onnx_ops_control.cc).
+  out.type.dtype = k->t->dtype();
+  out.type.dims.assign(k->t->dims().begin(), k->t->dims().end());
   out.known = std::move(k);
   outputs_[i] = std::move(out);
 }

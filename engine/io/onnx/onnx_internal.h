@@ -49,6 +49,18 @@ struct Value {
     int64_t offset = 0;
   };
   std::optional<Affine> affine;
+  // The stacked (scan) output of a Loop whose trip count its body computes
+  // (a while loop): `ref` holds `bound` rows, of which the first `length`
+  // (an i64 scalar of the graph; bound + 1 when the loop wanted more rows
+  // than it has) are the output. Only a graph output may be one: the driver
+  // adds `length` as the output kStackedLengthPrefix + name, and a node or a
+  // subgraph output reading it is unsupported.
+  struct Stacked {
+    ValueRef length;
+    int64_t bound = 0;
+    std::string loop;  // the Loop's label, for errors
+  };
+  std::optional<Stacked> stacked;
 };
 
 // `v`'s affine form when it is a one-element integer value not known at

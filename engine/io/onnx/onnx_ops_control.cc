@@ -14,6 +14,11 @@
 //            passes cond through (so the trip count is M). M and cond
 //            given as graph inputs are known at import through value
 //            specialisation (onnx_specialize.h: one import per value).
+//            With scan outputs and a cond the body computes (a while
+//            loop), a While with one more carry per scan output: a buffer
+//            of max_while_scan_length rows, row i written by iteration i;
+//            the graph returns the buffers and the rows written
+//            (onnx_import.h, TrimStackedOutputs).
 #include <optional>
 #include <string>
 #include <vector>
@@ -311,19 +316,48 @@ absl::Status LoopOp(Importer& c) {
                                         "; Kiln's While keeps carry shapes"));
     }
   }
-  const bool as_scan = k_out > 0;
+  bool as_scan = false;
+  bool stacked = false;  // a While stacking its scan outputs into bounded buffers
   int64_t trip = -1;
-  if (as_scan) {
+  int64_t bound = 0;  // the stacked buffers' rows
+  if (k_out > 0) {
     // ONNX stacks scan outputs over the iterations actually run: a Scan when
-    // that count is known at import.
+    // that count is known at import. When the body passes cond through, the
+    // count is M (or 0) and depends only on input values: value
+    // specialisation (onnx_specialize.h) fixes them, so that stays
+    // UNIMPLEMENTED here. When the body computes cond (a while loop), the
+    // count is known only at run time: a While that writes iteration i's
+    // outputs into row i of buffers of `bound` rows, returned with the count.
     const bool cond_true = !c.has(1) || (cond_known != nullptr && GetInt(*cond_known, 0) != 0);
     const bool cond_false = cond_known != nullptr && GetInt(*cond_known, 0) == 0;
-    if (m_known == nullptr || m_known->num_elements() != 1 || !(cond_false || (cond_true && PassesCondThrough(*body)))) {
+    const bool passes = PassesCondThrough(*body);
+    const bool m_one = m_known != nullptr && m_known->num_elements() == 1;
+    as_scan = m_one && (cond_false || (cond_true && passes));
+    stacked = !as_scan && !passes;
+    if (!as_scan && !stacked) {
       return c.Unsupported(
           "Loop with scan outputs needs its trip count known at import (M and cond known, the body "
           "passing cond through); Kiln's While keeps carry shapes");
     }
-    trip = cond_false ? 0 : std::max<int64_t>(0, GetInt(*m_known, 0));
+  }
+  if (stacked) {
+    bound = std::min(c.options().max_while_scan_length, c.options().max_loop_iterations);
+    if (m_known != nullptr && m_known->num_elements() == 1) {
+      bound = std::min(bound, std::max<int64_t>(0, GetInt(*m_known, 0)));
+    }
+    KILN_RETURN_IF_ERROR(CheckTable(c, bound, "a while loop's stacked rows"));
+    for (int j = 0; j < k_out; ++j) {
+      for (int64_t d : sub.outputs[1 + n + j].dims) {
+        if (d < 0) {
+          return c.Unsupported(absl::StrCat(
+              "scan output ", j, " of a while loop is ", ir::TypeToString(sub.outputs[1 + n + j]),
+              ": its stacked buffer needs static dims (pin the input shapes)"));
+        }
+      }
+    }
+  }
+  if (as_scan) {
+    trip = cond_known != nullptr && GetInt(*cond_known, 0) == 0 ? 0 : std::max<int64_t>(0, GetInt(*m_known, 0));
     if (trip > c.options().max_loop_iterations) {
       return absl::ResourceExhaustedError(absl::StrCat(
           c.Label(), ": the Loop's trip count M = ", trip, " is over the iteration limit of ",
@@ -368,7 +402,49 @@ absl::Status LoopOp(Importer& c) {
     outs.push_back({p, InputRef(g, p)});
     order.push_back(p);
   }
-  for (int j = 0; j < k_out; ++j) outs.push_back(body_out[1 + n + j]);
+  if (as_scan) {
+    for (int j = 0; j < k_out; ++j) outs.push_back(body_out[1 + n + j]);
+  }
+  if (stacked) {
+    // Row `iteration` of each buffer takes this iteration's output: a Where
+    // on iota == iteration (exact for every dtype; ScatterAdd would add).
+    for (int j = 0; j < k_out; ++j) {
+      const TensorType& step = g.TypeOf(body_out[1 + n + j].value);
+      IrDims rows_dims(step.dims.size() + 1, 1);
+      rows_dims[0] = bound;
+      KILN_ASSIGN_OR_RETURN(HostTensor iota, HostTensor::Create(v1::DTYPE_I64, Dims(rows_dims.begin(), rows_dims.end())));
+      for (int64_t r = 0; r < bound; ++r) SetInt(iota, r, r);
+      auto in = std::make_unique<ir::Node>();
+      in->op = v1::OP_CONSTANT;
+      in->attrs.mutable_constant();
+      in->value = std::make_shared<const HostTensor>(std::move(iota));
+      KILN_RETURN_IF_ERROR(ir::InferNode(g, *in, c.options().limits));
+      const ValueRef rows = g.AddNode(std::move(in))->out();
+      v1::Attrs eq;
+      eq.mutable_compare()->set_kind(v1::COMPARE_EQ);
+      KILN_ASSIGN_OR_RETURN(ValueRef here, EmitIn(g, c, v1::OP_COMPARE, {rows, iter}, eq));
+      IrDims one_row = step.dims;
+      one_row.insert(one_row.begin(), 1);
+      v1::Attrs rs;
+      for (int64_t d : one_row) rs.mutable_reshape()->add_shape(d);
+      KILN_ASSIGN_OR_RETURN(ValueRef row, EmitIn(g, c, v1::OP_RESHAPE, {body_out[1 + n + j].value}, rs));
+      const std::string name = absl::StrCat("kiln.loop.stack", j);
+      auto bn = std::make_unique<ir::Node>();
+      bn->op = v1::OP_INPUT;
+      bn->name = name;
+      bn->attrs.mutable_input();
+      IrDims buf_dims = step.dims;
+      buf_dims.insert(buf_dims.begin(), bound);
+      bn->outputs.push_back(TensorType(step.dtype, buf_dims));
+      KILN_RETURN_IF_ERROR(ir::InferNode(g, *bn, c.options().limits));
+      const ValueRef buf = g.AddNode(std::move(bn))->out();
+      v1::Attrs where;
+      where.mutable_where();
+      KILN_ASSIGN_OR_RETURN(ValueRef next_buf, EmitIn(g, c, v1::OP_WHERE, {here, row, buf}, where));
+      outs.push_back({name, next_buf});
+      order.push_back(name);
+    }
+  }
   g.outputs() = outs;
   KILN_ASSIGN_OR_RETURN(v1::Graph body_graph, ExportSubgraph(g, order));
 
@@ -409,6 +485,17 @@ absl::Status LoopOp(Importer& c) {
   }
   operands.push_back(m0);
   operands.insert(operands.end(), passed.begin(), passed.end());
+  std::vector<int> buffers;  // operand index of each stacked buffer
+  for (int j = 0; stacked && j < k_out; ++j) {
+    const TensorType& step = sub.outputs[1 + n + j];
+    KILN_ASSIGN_OR_RETURN(ValueRef zero, c.ScalarConst(step.dtype, 0));
+    v1::Attrs ex;
+    ex.mutable_expand()->add_shape(bound);
+    for (int64_t d : step.dims) ex.mutable_expand()->add_shape(d);
+    KILN_ASSIGN_OR_RETURN(ValueRef buf, c.Emit(v1::OP_EXPAND, {zero}, ex));
+    buffers.push_back(static_cast<int>(operands.size()));
+    operands.push_back(buf);
+  }
   // cond(carries) = cond && iteration < M.
   ir::Graph cg;
   cg.set_name("loop_cond");
@@ -438,6 +525,18 @@ absl::Status LoopOp(Importer& c) {
   v1::Attrs where;
   where.mutable_where();
   KILN_ASSIGN_OR_RETURN(ValueRef more, EmitIn(cg, c, v1::OP_WHERE, {cin[1], below, false_ref}, where));
+  if (stacked) {  // and iteration < bound: a row left to write
+    KILN_ASSIGN_OR_RETURN(HostTensor b, HostTensor::Create(v1::DTYPE_I64, {}));
+    SetInt(b, 0, bound);
+    auto bn = std::make_unique<ir::Node>();
+    bn->op = v1::OP_CONSTANT;
+    bn->attrs.mutable_constant();
+    bn->value = std::make_shared<const HostTensor>(std::move(b));
+    KILN_RETURN_IF_ERROR(ir::InferNode(cg, *bn, c.options().limits));
+    const ValueRef bound_ref = cg.AddNode(std::move(bn))->out();
+    KILN_ASSIGN_OR_RETURN(ValueRef room, EmitIn(cg, c, v1::OP_COMPARE, {cin[0], bound_ref}, lt));
+    KILN_ASSIGN_OR_RETURN(more, EmitIn(cg, c, v1::OP_WHERE, {more, room, false_ref}, where));
+  }
   cg.outputs().push_back(ir::GraphOutput{"more", more});
   KILN_ASSIGN_OR_RETURN(v1::Graph cond_graph, ExportSubgraph(cg, corder));
   auto* wa = a.mutable_while_();
@@ -445,6 +544,19 @@ absl::Status LoopOp(Importer& c) {
   *wa->mutable_body() = std::move(body_graph);
   KILN_ASSIGN_OR_RETURN(ValueRef r, c.Emit(v1::OP_WHILE, operands, a));
   for (int i = 0; i < n; ++i) c.SetOutput(i, ValueRef{r.node, 2 + i});
+  if (!stacked) return absl::OkStatus();
+  // The rows written: the final iteration, plus one when cond and iteration
+  // < M still held (the loop stopped for want of a row: past the bound).
+  const ValueRef iter_f{r.node, 0}, cond_f{r.node, 1}, m_f{r.node, 2 + n};
+  KILN_ASSIGN_OR_RETURN(ValueRef below_m, c.Compare(v1::COMPARE_LT, iter_f, m_f));
+  KILN_ASSIGN_OR_RETURN(ValueRef no, c.ScalarConst(v1::DTYPE_BOOL, 0));
+  KILN_ASSIGN_OR_RETURN(ValueRef wanted_more, c.Where(cond_f, below_m, no));
+  KILN_ASSIGN_OR_RETURN(ValueRef extra, c.Cast(wanted_more, v1::DTYPE_I64));
+  KILN_ASSIGN_OR_RETURN(ValueRef length, c.Binary(v1::BINARY_ADD, iter_f, extra));
+  for (int j = 0; j < k_out; ++j) {
+    c.SetOutput(n + j, ValueRef{r.node, buffers[j]});
+    if (c.outputs()[n + j]) c.outputs()[n + j]->stacked = Value::Stacked{length, bound, c.Label()};
+  }
   return absl::OkStatus();
 }
 

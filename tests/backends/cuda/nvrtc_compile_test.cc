@@ -90,6 +90,7 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
   std::vector<std::pair<std::string, std::string>> wanted;  // source, entry
   for (const char* dt : floats) {
     wanted.push_back({"norm.cu", absl::StrCat("kiln_norm_", dt)});
+    wanted.push_back({"norm.cu", absl::StrCat("kiln_group_norm_", dt)});
     wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_", dt)});
     for (const char* shape : {"rows_", "cols_"}) {
       wanted.push_back({"softmax.cu", absl::StrCat("kiln_softmax_", shape, dt)});

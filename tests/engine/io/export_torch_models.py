@@ -11,10 +11,16 @@ as ONNX TensorProto files: <out>/<name>.onnx, <name>.input.pb, <name>.output.pb.
 (save_loop_scan): a Loop whose trip count n is a graph input and whose scan
 output stacks every step, so its shapes depend on n's value.
 
+`--models while_scan` writes only the scripted while loop that appends to a
+list (save_while_scan; also part of `all`): an ONNX Loop whose cond the body
+computes and whose scan output stacks every iteration, so the length of that
+output is known only at run time.
+
 Run by the test with Debian's /usr/bin/python3 (python3-torch 1.13, python3-onnx).
 """
 import argparse
 import os
+from typing import List
 
 import numpy as np
 import onnx
@@ -298,10 +304,52 @@ def save_loop_scan(out, gen, trip_counts=(3, 5)):
         write(f"ys{trips}", torch.stack(ys).numpy().astype(np.float32))
 
 
+class WhileAppend(nn.Module):
+    """Grows x until its absolute sum reaches 100, keeping every step: a
+    scripted while loop appending to a list, stacked. At opset 11 torch 1.13
+    exports the list as the Loop's scan output (SequenceInsert and
+    ConcatFromSequence at later opsets); M is INT64_MAX, cond is computed by
+    the body, so the trip count (the length of ys) is known only at run time."""
+
+    def forward(self, x):
+        ys: List[torch.Tensor] = []
+        while bool(x.abs().sum() < 100.0):
+            x = x * 1.1 + 0.25
+            ys.append(x)
+        return x, torch.stack(ys)
+
+
+def save_while_scan(out):
+    """while_scan.onnx and, per input (few: a handful of iterations, many: a
+    few dozen), while_scan.<case>.x / .y / .ys as TensorProto (.pb) and .npy."""
+    path = os.path.join(out, "while_scan.onnx")
+    # A generator of its own: the same inputs (and iteration counts) whether
+    # run alone (--models while_scan) or after the other models (`all`).
+    gen = torch.Generator().manual_seed(10)
+    scripted = torch.jit.script(WhileAppend())
+    cases = {"few": torch.randn(2, 3, generator=gen) * 10.0,
+             "many": torch.randn(2, 3, generator=gen) * 1e-3}
+    with torch.no_grad():
+        torch.onnx.export(scripted, (cases["few"],), path, input_names=["x"],
+                          output_names=["y", "ys"], opset_version=11)
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    loops = [n for n in model.graph.node if n.op_type == "Loop"]
+    assert len(loops) == 1 and len(loops[0].output) == 2, "expected a Loop with a scan output"
+    for case, x in cases.items():
+        with torch.no_grad():
+            y, ys = WhileAppend()(x)
+        for name, t in (("x", x), ("y", y), ("ys", ys)):
+            a = t.numpy().astype(np.float32)
+            np.save(os.path.join(out, f"while_scan.{case}.{name}.npy"), a)
+            with open(os.path.join(out, f"while_scan.{case}.{name}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(a, name).SerializeToString())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--models", default="all", choices=["all", "loop_scan"])
+    p.add_argument("--models", default="all", choices=["all", "loop_scan", "while_scan"])
     args = p.parse_args()
     out = args.out
     os.makedirs(out, exist_ok=True)
@@ -309,6 +357,9 @@ def main():
     gen = torch.Generator().manual_seed(1)
     if args.models == "loop_scan":
         save_loop_scan(out, gen)
+        return
+    if args.models == "while_scan":
+        save_while_scan(out)
         return
     save(out, "mlp", Mlp(), torch.randn(5, 64, generator=gen), 13)
     for name, view, opset in (("cnn", False, 13), ("cnn_view", True, 11)):
@@ -329,6 +380,7 @@ def main():
     save_encoder(out, "encoder", x, 13)
     save_encoder(out, "encoder17", x, 17)
     save_encoder_loops(out, gen)
+    save_while_scan(out)
 
 
 if __name__ == "__main__":

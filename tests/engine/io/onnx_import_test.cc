@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/engine.h"
 #include "engine/io/onnx/onnx_import.h"
 #include "engine/ir/text.h"
@@ -760,6 +762,125 @@ TEST(OnnxImport, RangeBodyLoopWithRunTimeBoundsIsRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "trip count known at import")) << r.status();
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A while loop (its body computes cond) with scan outputs of three dtypes:
+// cur = prev + prev; cond_out = sum(cur) < limit; the body stacks cur (f32),
+// the iteration (i64) and cond_out (bool). M and limit are graph inputs.
+Model WhileScanModel(bool consume_ys) {
+  Model m(13);
+  m.Input("M", {}, onnx::TensorProto::INT64);
+  m.Input("x", {2});
+  m.Input("limit", {});
+  auto* loop = m.Node("Loop", {"M", "", "x"}, {"last", "ys", "is", "bs"}, "grow");
+  onnx::GraphProto& body = *GraphAttr(loop, "body");
+  SubInput(body, "i", onnx::TensorProto::INT64);
+  SubInput(body, "c", onnx::TensorProto::BOOL);
+  SubInput(body, "prev", onnx::TensorProto::FLOAT);
+  SubNode(body, "Add", {"prev", "prev"}, {"cur"});
+  auto* sum = SubNode(body, "ReduceSum", {"cur"}, {"s"});
+  auto* keep = sum->add_attribute();
+  keep->set_name("keepdims");
+  keep->set_type(onnx::AttributeProto::INT);
+  keep->set_i(0);
+  SubNode(body, "Less", {"s", "limit"}, {"co"});
+  SubNode(body, "Identity", {"i"}, {"i_out"});
+  SubNode(body, "Identity", {"co"}, {"b_out"});
+  for (const char* o : {"co", "cur", "cur", "i_out", "b_out"}) body.add_output()->set_name(o);
+  if (consume_ys) {
+    m.Node("Relu", {"ys"}, {"r"}, "after");
+    m.Output("r");
+  } else {
+    for (const char* o : {"last", "ys", "is", "bs"}) m.Output(o);
+  }
+  return m;
+}
+
+// Import: a While whose stacked outputs come back as buffers of
+// max_while_scan_length rows beside kiln.length.<name>; TrimStackedOutputs
+// cuts them to the rows written. The loop stops on cond (6 iterations for x
+// = [1, 2], limit 100) or on M; past the bound the trim is RESOURCE_EXHAUSTED.
+TEST(OnnxImport, WhileLoopWithScanOutputsStacksIntoBoundedBuffers) {
+  const Model m = WhileScanModel(false);
+  auto r = Import(m);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> names;
+  for (const auto& o : r->graph.outputs()) names.push_back(o.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"last", "ys", "is", "bs", "kiln.length.ys",
+                                             "kiln.length.is", "kiln.length.bs"}));
+  auto engine = MakeEngine();
+  const HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {2}, {1, 2});
+  const HostTensor limit = HostTensor::FromVector<float>(v1::DTYPE_F32, {}, {100});
+  auto run = [&](const io::OnnxModel& model, int64_t trips)
+      -> absl::StatusOr<std::vector<std::pair<std::string, HostTensor>>> {
+    const HostTensor mt = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {trips});
+    std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("limit", limit)};
+    bool takes_m = false;
+    for (const auto& n : model.graph.nodes()) takes_m |= n.op() == v1::OP_INPUT && n.name() == "M";
+    if (takes_m) in.push_back(TensorRef::Of("M", mt));
+    KILN_ASSIGN_OR_RETURN(RunResult out, engine->RunGraph(model.graph, in, nullptr, {}, {}));
+    KILN_RETURN_IF_ERROR(io::TrimStackedOutputs(out.outputs));
+    return std::move(out.outputs);
+  };
+  for (int64_t trips : {100, 3, 0}) {
+    SCOPED_TRACE(absl::StrCat("M=", trips));
+    auto out = run(*r, trips);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 4u);
+    const int64_t n = std::min<int64_t>(trips, 6);
+    const HostTensor& ys = (*out)[1].second;
+    const HostTensor& is = (*out)[2].second;
+    const HostTensor& bs = (*out)[3].second;
+    ASSERT_EQ(ys.dims(), (Dims{n, 2}));
+    ASSERT_EQ(is.dims(), (Dims{n}));
+    ASSERT_EQ(bs.dims(), (Dims{n}));
+    EXPECT_EQ(is.dtype(), v1::DTYPE_I64);
+    EXPECT_EQ(bs.dtype(), v1::DTYPE_BOOL);
+    double v = 1;
+    for (int64_t k = 0; k < n; ++k) {
+      v *= 2;
+      EXPECT_EQ(ys.GetAsDouble(2 * k), v) << k;
+      EXPECT_EQ(ys.GetAsDouble(2 * k + 1), 2 * v) << k;
+      EXPECT_EQ(is.GetAsDouble(k), k);
+      EXPECT_EQ(bs.GetAsDouble(k), k < 5 ? 1 : 0) << k;
+    }
+    EXPECT_EQ((*out)[0].second.GetAsDouble(0), n == 0 ? 1 : v);
+  }
+  // Bounded at 4 rows: 3 iterations fit, 6 do not.
+  io::OnnxImportOptions small;
+  small.max_while_scan_length = 4;
+  auto b = Import(m, small);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(run(*b, 3).ok());
+  auto past = run(*b, 100);
+  ASSERT_FALSE(past.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(past.status())) << past.status();
+  EXPECT_TRUE(absl::StrContains(past.status().message(), "\"ys\"")) << past.status();
+  // M known at import and below the bound: the buffers have M rows.
+  const HostTensor m3 = HostTensor::FromVector<int64_t>(v1::DTYPE_I64, {}, {3});
+  io::OnnxImportOptions fixed;
+  fixed.input_values = {{"M", &m3}};
+  auto f = Import(m, fixed);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto three = run(*f, 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ((*three)[1].second.dims(), (Dims{3, 2}));
+}
+
+// A node reading a stacked output would see the padded buffer: refused,
+// naming the node and the loop.
+TEST(OnnxImport, NodeReadingAWhileLoopsStackedOutputIsRefused) {
+  auto r = Import(WhileScanModel(true));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "\"after\"")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "stacked output of the while loop")) << r.status();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "base/status.h"
 #include "engine/io/onnx/onnx_import.h"
 
 namespace kiln {
@@ -90,6 +91,31 @@ class OnnxTorchTest : public ::testing::Test {
     EXPECT_LE(worst, 1.0) << name << ": worst error / budget (1e-4 + 1e-4 |want|)";
   }
 
+  // The largest |got - want| / (1e-4 + 1e-4 |want|); shapes must match.
+  static double WorstError(const HostTensor& got, const HostTensor& want) {
+    EXPECT_EQ(got.dims(), want.dims());
+    if (got.dims() != want.dims()) return INFINITY;
+    double worst = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      const double g = got.GetAsDouble(i), w = want.GetAsDouble(i);
+      worst = std::max(worst, std::fabs(g - w) / (1e-4 + 1e-4 * std::fabs(w)));
+    }
+    return worst;
+  }
+  static HostTensor Tensor(const std::string& file) {
+    auto t = io::ParseOnnxTensor(ReadFile(*dir_ / file));
+    EXPECT_TRUE(t.ok()) << file << ": " << t.status();
+    return t.ok() ? *std::move(t) : HostTensor();
+  }
+  // The while_scan model run on x, its outputs trimmed (TrimStackedOutputs).
+  absl::StatusOr<std::vector<std::pair<std::string, HostTensor>>> RunWhileScan(
+      const v1::Graph& graph, const HostTensor& x) {
+    const std::vector<TensorRef> in = {TensorRef::Of("x", x)};
+    KILN_ASSIGN_OR_RETURN(RunResult r, engine_->RunGraph(graph, in, nullptr, {}, {}));
+    KILN_RETURN_IF_ERROR(io::TrimStackedOutputs(r.outputs));
+    return std::move(r.outputs);
+  }
+
   static fs::path* dir_;
   static int export_status_;
   static Engine* engine_;
@@ -120,6 +146,57 @@ TEST_F(OnnxTorchTest, BidirectionalGruPinnedBatch) { CheckModel("bigru", true); 
 // iterations, and one it leaves at once; the if's input takes either branch.
 TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsManyIterations) { CheckModel("while_small", true); }
 TEST_F(OnnxTorchTest, ScriptedWhileLoopRunsNone) { CheckModel("while_large", true); }
+// A scripted while loop appending to a list, stacked: at opset 11 the list
+// is the Loop's scan output, its cond computed by the body and M INT64_MAX,
+// so the length of ys is known only at run time. Imported as a While that
+// writes iteration i's x into row i of a buffer of max_while_scan_length
+// rows, returned with the rows written (kiln.length.ys) and cut to them by
+// TrimStackedOutputs: equal to PyTorch's y and ys for 11 and 22 iterations;
+// a loop that leaves at once gives ys [0, 2, 3]; past the bound the run's
+// outputs are RESOURCE_EXHAUSTED, never a truncated ys.
+TEST_F(OnnxTorchTest, ScriptedWhileLoopStackingAList) {
+  ASSERT_EQ(export_status_, 0) << ReadFile(dir_->string() + ".log");
+  const std::string bytes = ReadFile(*dir_ / "while_scan.onnx");
+  auto model = io::ImportOnnxModel(bytes, {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ(model->graph.outputs_size(), 3);
+  EXPECT_EQ(model->graph.outputs(0).name(), "y");
+  EXPECT_EQ(model->graph.outputs(1).name(), "ys");
+  EXPECT_EQ(model->graph.outputs(2).name(), "kiln.length.ys");
+  for (const char* c : {"few", "many"}) {
+    SCOPED_TRACE(c);
+    const HostTensor x = Tensor(absl::StrCat("while_scan.", c, ".x.pb"));
+    auto out = RunWhileScan(model->graph, x);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->size(), 2u);
+    EXPECT_EQ((*out)[0].first, "y");
+    EXPECT_EQ((*out)[1].first, "ys");
+    EXPECT_LE(WorstError((*out)[0].second, Tensor(absl::StrCat("while_scan.", c, ".y.pb"))), 1.0);
+    const HostTensor want_ys = Tensor(absl::StrCat("while_scan.", c, ".ys.pb"));
+    EXPECT_EQ(want_ys.dims()[0], std::string(c) == "few" ? 11 : 22);
+    EXPECT_LE(WorstError((*out)[1].second, want_ys), 1.0);
+  }
+  // cond false before the first iteration: no rows (PyTorch's stack of an
+  // empty list would raise; ONNX gives [0, ...]).
+  HostTensor big = HostTensor::FromVector<float>(v1::DTYPE_F32, {2, 3}, {50, -50, 1, 2, 3, 4});
+  auto none = RunWhileScan(model->graph, big);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ((*none)[1].second.dims(), (Dims{0, 2, 3}));
+  EXPECT_LE(WorstError((*none)[0].second, big), 1.0);
+  // A bound of 16 rows: 11 iterations fit, 22 do not.
+  io::OnnxImportOptions small;
+  small.max_while_scan_length = 16;
+  auto bounded = io::ImportOnnxModel(bytes, small);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  auto fits = RunWhileScan(bounded->graph, Tensor("while_scan.few.x.pb"));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_LE(WorstError((*fits)[1].second, Tensor("while_scan.few.ys.pb")), 1.0);
+  auto past = RunWhileScan(bounded->graph, Tensor("while_scan.many.x.pb"));
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kResourceExhausted) << past.status();
+  EXPECT_NE(past.status().message().find("max_while_scan_length"), std::string::npos) << past.status();
+}
+
 TEST_F(OnnxTorchTest, ScriptedIfThenBranch) { CheckModel("if_pos", true); }
 TEST_F(OnnxTorchTest, ScriptedIfElseBranch) { CheckModel("if_neg", true); }
 // nn.TransformerEncoderLayer (post-norm, GELU, 4 heads): traced at opset 13

@@ -564,8 +564,8 @@ TEST(Autodiff, GradWithLossAndTheKeyDiffers) {
   EXPECT_FLOAT_EQ(r->outputs[1].second.GetAsDouble(2), 12.0);
 }
 
-// GroupNorm runs through its decomposition (no backend has a kernel): the
-// values of a hand-computed case.
+// GroupNorm (the CPU's native kernel, f64): the values of a hand-computed
+// case.
 TEST(Autodiff, GroupNormDecompositionComputesGroupNorm) {
   auto g = ir::ParseGraphProto(
                "graph \"gn\"\ninput x: f64[1, 4, 2]\ninput s: f64[4]\ninput b: f64[4]\n"
