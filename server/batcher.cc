@@ -148,6 +148,10 @@ struct BatchRun {
 struct Batcher::Core : std::enable_shared_from_this<Core> {
   Core(Engine& e, WorkPool& p) : engine(e), pool(p) {}
 
+  // Batches of a program in flight beyond which max_queue_delay sends no
+  // more: one running, the next waiting on the device.
+  static constexpr int kMaxInFlightForDelay = 2;
+
   // A program's queue, kept while it has members or batches in flight.
   struct Queue {
     std::shared_ptr<const Program> program;  // the first queued member's
@@ -254,7 +258,10 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
       std::vector<std::shared_ptr<BatchRun>> batches = std::move(ready);
       ready.clear();
       for (auto& [key, q] : queues) {
-        if (q.members.empty()) continue;
+        // A queue whose program has a batch running and the next one waiting
+        // on the device goes when one of them ends: a third batch would only
+        // wait behind them, and the requests still coming would join it.
+        if (q.members.empty() || q.in_flight >= kMaxInFlightForDelay) continue;
         if (q.flush_at <= now) {
           batches.push_back(TakeLocked(q));
         } else {

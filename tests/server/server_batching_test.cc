@@ -298,6 +298,42 @@ TEST_F(ServerBatching, RequestsGatherWhileABatchRunsAndGoWhenItEnds) {
   }
 }
 
+// max_queue_delay sends a batch on while one batch of its program is in
+// flight, not while two are (one running, the next waiting on the device):
+// a third would only queue behind them. The late request goes when one ends.
+TEST_F(ServerBatching, DelayedBatchWaitsWhileTwoAreInFlight) {
+  constexpr int64_t kDelayMicros = 100000;
+  const std::string batched = Session(testing::kAffineText, 64, kDelayMicros);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  std::unique_ptr<AsyncRun> slow = HoldCpu();
+  std::mt19937 rng(3);
+  std::vector<HostTensor> xs;
+  std::vector<std::unique_ptr<AsyncRun>> runs;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(Rows(1, 3, rng));
+    runs.push_back(Send(RunOf(batched, "x", xs.back())));
+    if (i < 2) {
+      // The first goes at once, the second when its 100 ms delay passed:
+      // both on the device, behind the slow run.
+      ASSERT_TRUE(WaitForGauge("kiln_runs_queued", i + 1));
+    }
+  }
+  ASSERT_TRUE(WaitForGauge("kiln_runs_in_flight", 4));
+  // Five times its delay later, the third still waits in the batcher.
+  std::this_thread::sleep_for(std::chrono::microseconds(5 * kDelayMicros));
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 2);
+  Release(*slow);
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status s = runs[i]->status.get();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    v1::RunResponse want;
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", xs[i]), &want).ok());
+    ExpectSame(FromProto(runs[i]->response.outputs(0).tensor()),
+               FromProto(want.outputs(0).tensor()));
+    EXPECT_EQ(runs[i]->response.report().batch().batch_requests(), 1) << i;
+  }
+}
+
 // A slow run holds the CPU while a batch of five requests waits on the
 // device behind the first request's. One is cancelled, one's deadline
 // passes: only they fail, with their codes; the others get their rows.
