@@ -148,12 +148,21 @@ struct BatchRun {
 struct Batcher::Core : std::enable_shared_from_this<Core> {
   Core(Engine& e, WorkPool& p) : engine(e), pool(p) {}
 
+  // Batches of a program in flight beyond which max_queue_delay sends no
+  // more: one running, the next waiting on the device.
+  static constexpr int kMaxInFlightForDelay = 2;
+
+  // A program's queue, kept while it has members or batches in flight.
   struct Queue {
-    std::shared_ptr<const Program> program;
+    std::shared_ptr<const Program> program;  // the first queued member's
     std::vector<Ticket> members;
     int64_t rows = 0;
     int64_t cap = 0;  // rows this queue's batch may hold
-    absl::Time flush_at;
+    absl::Time flush_at = absl::InfiniteFuture();  // while members wait
+    // Batches of this program handed on (compiling, on the device's queue
+    // or running) and not yet finished. Members wait only while it is > 0:
+    // a request of an idle program starts at once.
+    int in_flight = 0;
   };
 
   Engine& engine;
@@ -162,6 +171,20 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
   absl::CondVar cv;
   bool stop ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_map<std::string, Queue> queues ABSL_GUARDED_BY(mu);
+  // Batches for the batcher's thread to start: the next batch of a program
+  // whose batch ended on a submitting thread (which answers its own call
+  // first).
+  std::vector<std::shared_ptr<BatchRun>> ready ABSL_GUARDED_BY(mu);
+
+  // Set while this thread starts batches: a batch that ends inline (its run
+  // on this very thread) leaves the next one here, so batches that keep
+  // ending inline form a loop, not a recursion.
+  static thread_local std::vector<std::pair<std::shared_ptr<Core>, std::shared_ptr<BatchRun>>>*
+      t_pending;
+  // Set inside Submit (the thread answers its own call next) and on the
+  // batcher's thread (which flushes queues on time between batches): the
+  // next batch of a program whose batch ended here goes to `ready`.
+  static thread_local bool t_defer_next;
 
   // Turns a queue's members into a batch (members now running).
   std::shared_ptr<BatchRun> TakeLocked(Queue& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -177,34 +200,80 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     b->live = static_cast<int>(b->members.size());
     q.members.clear();
     q.rows = 0;
+    q.flush_at = absl::InfiniteFuture();
+    ++q.in_flight;
     return b;
   }
 
+  // Starts `batches` on this thread, and the batches that end on it meanwhile
+  // leave for their programs' next ones.
+  void StartAll(std::vector<std::shared_ptr<BatchRun>> batches) {
+    std::vector<std::pair<std::shared_ptr<Core>, std::shared_ptr<BatchRun>>> pending;
+    for (auto& b : batches) pending.emplace_back(shared_from_this(), std::move(b));
+    if (t_pending != nullptr) {  // an outer StartAll on this thread runs them
+      for (auto& p : pending) t_pending->push_back(std::move(p));
+      return;
+    }
+    t_pending = &pending;
+    while (!pending.empty()) {
+      auto [core, b] = std::move(pending.front());
+      pending.erase(pending.begin());
+      core->Start(std::move(b));
+    }
+    t_pending = nullptr;
+  }
+
+  // `b` finished (answered or failed): its program's queue, if requests
+  // gathered while it ran, goes now as the next batch.
+  void Ended(const std::shared_ptr<BatchRun>& b) {
+    std::shared_ptr<BatchRun> next;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = queues.find(b->program->key);
+      if (it == queues.end()) return;  // the batcher stopped
+      Queue& q = it->second;
+      --q.in_flight;
+      if (!q.members.empty()) {
+        next = TakeLocked(q);
+      } else if (q.in_flight == 0) {
+        queues.erase(it);
+      }
+      if (next && t_defer_next) {
+        ready.push_back(std::move(next));
+        cv.Signal();
+        return;
+      }
+    }
+    if (next) StartAll({std::move(next)});
+  }
+
+  // The batcher's thread: flushes queues whose max_queue_delay passed, and
+  // starts the batches left in `ready`.
   void TimerLoop() {
+    t_defer_next = true;
     absl::MutexLock lock(&mu);
     while (!stop) {
       const absl::Time now = absl::Now();
       absl::Time next = absl::InfiniteFuture();
-      std::vector<std::string> due;
-      for (const auto& [key, q] : queues) {
+      std::vector<std::shared_ptr<BatchRun>> batches = std::move(ready);
+      ready.clear();
+      for (auto& [key, q] : queues) {
+        // A queue whose program has a batch running and the next one waiting
+        // on the device goes when one of them ends: a third batch would only
+        // wait behind them, and the requests still coming would join it.
+        if (q.members.empty() || q.in_flight >= kMaxInFlightForDelay) continue;
         if (q.flush_at <= now) {
-          due.push_back(key);
+          batches.push_back(TakeLocked(q));
         } else {
           next = std::min(next, q.flush_at);
         }
       }
-      if (due.empty()) {
+      if (batches.empty()) {
         cv.WaitWithDeadline(&mu, next);
         continue;
       }
-      std::vector<std::shared_ptr<BatchRun>> batches;
-      for (const std::string& key : due) {
-        auto it = queues.find(key);
-        batches.push_back(TakeLocked(it->second));
-        queues.erase(it);
-      }
       mu.Unlock();
-      for (auto& b : batches) Start(std::move(b));
+      StartAll(std::move(batches));
       mu.Lock();
     }
   }
@@ -240,9 +309,16 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     if (exe) return Run(std::move(b), std::move(exe));
     const Program& p = *b->program;
     pool.Post(p.compile_account, 1, p.max_compiles, [core = shared_from_this(), b] {
+      // A pool thread compiles; the program's next batch goes to the
+      // batcher's thread, not here.
+      const bool defer = std::exchange(t_defer_next, true);
       absl::StatusOr<std::shared_ptr<Executable>> e = b->program->compile(b->refs, &b->compile);
-      if (!e.ok()) return core->Finish(b, e.status());
-      core->Run(b, std::move(*e));
+      if (e.ok()) {
+        core->Run(b, std::move(*e));
+      } else {
+        core->Finish(b, e.status());
+      }
+      t_defer_next = defer;
     });
   }
 
@@ -273,8 +349,14 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     if (cancel) engine.CancelQueued(*ticket);
   }
 
-  // Splits the batch's outputs and answers each member still waiting.
+  // Answers the batch's members, then starts its program's next batch.
   void Finish(const std::shared_ptr<BatchRun>& b, absl::StatusOr<RunResult> r) {
+    Answer(b, std::move(r));
+    Ended(b);
+  }
+
+  // Splits the batch's outputs and answers each member still waiting.
+  void Answer(const std::shared_ptr<BatchRun>& b, absl::StatusOr<RunResult> r) {
     if (!r.ok()) {
       for (const Ticket& m : b->members) Deliver(m, r.status());
       return;
@@ -339,6 +421,10 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
   }
 };
 
+thread_local std::vector<std::pair<std::shared_ptr<Batcher::Core>, std::shared_ptr<BatchRun>>>*
+    Batcher::Core::t_pending = nullptr;
+thread_local bool Batcher::Core::t_defer_next = false;
+
 std::unique_ptr<Batcher> Batcher::Create(Engine& engine, WorkPool& pool) {
   auto b = std::unique_ptr<Batcher>(new Batcher(std::make_shared<Core>(engine, pool)));
   b->timer_ = std::thread([core = b->core_] { core->TimerLoop(); });
@@ -356,6 +442,10 @@ Batcher::~Batcher() {
       for (Ticket& m : q.members) left.push_back(std::move(m));
     }
     core_->queues.clear();
+    for (const std::shared_ptr<BatchRun>& b : core_->ready) {
+      for (const Ticket& m : b->members) left.push_back(m);
+    }
+    core_->ready.clear();
     core_->cv.Signal();
   }
   timer_.join();
@@ -392,13 +482,18 @@ Batcher::Ticket Batcher::Submit(std::shared_ptr<const Program> program, Request 
     }
     const absl::Time now = absl::Now();
     auto it = core_->queues.find(program->key);
-    if (it != core_->queues.end() && it->second.rows + request.rows > it->second.cap) {
+    if (it != core_->queues.end() && !it->second.members.empty() &&
+        it->second.rows + request.rows > it->second.cap) {
+      // No room left: the queued requests go now, this one waits for the next batch.
       full.push_back(core_->TakeLocked(it->second));
-      core_->queues.erase(it);
-      it = core_->queues.end();
     }
+    // A request of an idle program runs at once; while a batch of it is in
+    // flight, requests gather until that batch ends (or max_batch rows, or
+    // max_queue_delay after the first of them came).
+    const bool idle = it == core_->queues.end() || it->second.in_flight == 0;
+    const bool opens = it == core_->queues.end() || it->second.members.empty();
     const absl::Time flush_at =
-        it != core_->queues.end() ? it->second.flush_at : now + config.max_queue_delay;
+        idle ? now : (opens ? now + config.max_queue_delay : it->second.flush_at);
     const absl::Duration estimate = absl::Microseconds(request.estimated_run_micros);
     if (request.deadline < flush_at + estimate) {
       *alone_reason = absl::StrCat(
@@ -406,9 +501,8 @@ Batcher::Ticket Batcher::Submit(std::shared_ptr<const Program> program, Request 
           " away, within the batch's queue wait (", absl::FormatDuration(flush_at - now),
           ") plus its estimated run (", absl::FormatDuration(estimate), ")");
     } else {
-      const bool opened = it == core_->queues.end();
       Core::Queue& q = core_->queues[program->key];
-      if (opened) {
+      if (opens) {
         q.program = program;
         q.cap = cap;
         q.flush_at = flush_at;
@@ -417,15 +511,19 @@ Batcher::Ticket Batcher::Submit(std::shared_ptr<const Program> program, Request 
           std::make_shared<Member>(core_, std::move(program), std::move(request), std::move(done));
       q.rows += member->request.rows;
       q.members.push_back(member);
-      if (q.rows >= q.cap) {
+      if (idle || q.rows >= q.cap) {
         full.push_back(core_->TakeLocked(q));
-        core_->queues.erase(member->program->key);
-      } else if (opened) {
-        core_->cv.Signal();
+      } else if (opens) {
+        core_->cv.Signal();  // a new flush time for the batcher's thread
       }
     }
   }
-  for (auto& b : full) core_->Start(std::move(b));
+  if (full.empty()) return member;
+  // The batches go on this thread; one that ends here answers this call,
+  // and its program's next batch goes to the batcher's thread.
+  const bool defer = std::exchange(Core::t_defer_next, true);
+  core_->StartAll(std::move(full));
+  Core::t_defer_next = defer;
   return member;
 }
 
@@ -441,7 +539,10 @@ bool Batcher::Leave(const Ticket& m) {
           auto& members = it->second.members;
           members.erase(std::remove(members.begin(), members.end(), m), members.end());
           it->second.rows -= m->request.rows;
-          if (members.empty()) core->queues.erase(it);
+          if (members.empty()) {
+            it->second.flush_at = absl::InfiniteFuture();
+            if (it->second.in_flight == 0) core->queues.erase(it);
+          }
         }
         m->state = Member::State::kLeft;
         return true;

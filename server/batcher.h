@@ -1,9 +1,19 @@
 // Dynamic batching of session runs (issue 12 item 4; docs/server.md, "Dynamic
 // batching"). Concurrent Run requests of one program whose inputs share a
-// symbolic leading (batch) dim wait in a queue for up to max_queue_delay,
-// are concatenated along that dim (up to max_batch rows), run once through
-// the device's scheduler, and split back: each request gets its own rows of
-// every output and a copy of the batch's dispatch report with its BatchInfo.
+// symbolic leading (batch) dim are concatenated along that dim (up to
+// max_batch rows), run once through the device's scheduler, and split back:
+// each request gets its own rows of every output and a copy of the batch's
+// dispatch report with its BatchInfo.
+//
+// When a batch goes: a request of a program with no batch in flight (handed
+// to the device: compiling, queued or running) goes at once, alone. While a
+// batch of its program is in flight, requests gather in the queue and go as
+// the next batch the moment that batch ends, or sooner when they reach
+// max_batch rows or the first of them has waited max_queue_delay (the
+// latter only while one batch of the program is in flight: with one running
+// and the next waiting on the device, they wait for one of those to end).
+// So a lone request never waits for company, and under load each batch
+// holds what arrived while the previous one ran.
 //
 // A queue holds the runs of one program of one tenant: one session, or the
 // sessions of one tenant on one repository model version bound to the same
@@ -20,8 +30,10 @@
 // of whose requests left is cancelled on its device.
 //
 // Thread safety: thread-safe. Callbacks run on the submitting thread, the
-// batcher's timer thread, a work-pool thread (a batch whose executable must
-// be compiled first) or a device thread.
+// batcher's thread (queue delays, and the next batch of a program whose
+// batch ended on a submitting or work-pool thread), a work-pool thread (a
+// batch whose executable must be compiled first) or a device thread (which
+// also starts its program's next batch).
 #pragma once
 
 #include <atomic>
@@ -115,16 +127,18 @@ class Batcher {
   class Member;
   using Ticket = std::shared_ptr<Member>;
 
-  // Starts the timer thread. Borrows `engine` and `pool`, which must outlive
+  // Starts the batcher's thread. Borrows `engine` and `pool`, which must outlive
   // the batcher and every run it started.
   static std::unique_ptr<Batcher> Create(Engine& engine, WorkPool& pool);
-  // Stops the timer thread; requests still queued are answered UNAVAILABLE.
+  // Stops the batcher's thread; requests still queued are answered UNAVAILABLE.
   ~Batcher();
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues `request` on `program`'s queue. Returns a ticket, and `done` is
-  // called exactly once unless Leave(ticket) returns true first. Returns
+  // Queues `request` on `program`'s queue, or starts it at once (on this
+  // thread) when no batch of the program is in flight. Returns a ticket, and
+  // `done` is called exactly once unless Leave(ticket) returns true first
+  // (possibly before Submit returns, on this thread or another). Returns
   // null, with `alone_reason` set, when the request cannot join a batch (it
   // alone exceeds max_batch or the bytes limit, or its deadline would pass
   // in the queue): the caller runs it alone. REQUIRES: request.rows >= 1.

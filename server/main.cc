@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/openmp_policy.h"
 #include "server/config.h"
@@ -86,6 +87,12 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   // Before anything else: may re-execute kilnd with the OpenMP spin bounded.
   kiln::UseBoundedOpenMpSpin(argv);
+  // Debian's Abseil is built with its debug deadlock detector on: every
+  // Mutex::Lock then records the lock in one process-wide graph under a
+  // global spin lock, and every ~Mutex removes its node (a Run call creates
+  // and destroys several). Off, before any thread starts: kilnd's lock order
+  // is checked by the TSan build instead (tests/tsan).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "kilnd: the Kiln ML compiler and runtime as a multi-tenant gRPC daemon.\n"
       "  kilnd [--config=configs/kilnd.textproto] [--listen=127.0.0.1:7450] ...\n"

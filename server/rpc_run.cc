@@ -242,6 +242,8 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       absl::MutexLock lock(&ticket_mu_);
       submitter_.store(std::this_thread::get_id());
       inline_outcome_ = &answered_inline;
+      const size_t detail_before = call_.detail.size();
+      absl::StrAppend(&call_.detail, " batched");
       member = d.batcher->Submit(
           std::move(program), std::move(r),
           [this](absl::StatusOr<Batcher::Outcome> outcome) {
@@ -256,9 +258,11 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       submitter_.store(std::thread::id());
       inline_outcome_ = nullptr;
       member_ = member;
+      // Before the lock is released: then another thread may answer the call
+      // (its batch ended there) and `this` be gone.
+      if (!member) call_.detail.resize(detail_before);
     }
     if (!member) return false;
-    absl::StrAppend(&call_.detail, " batched");
     if (answered_inline) Complete(*answered_inline);
     return true;
   }

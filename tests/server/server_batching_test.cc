@@ -1,9 +1,14 @@
 // Dynamic batching over a real kilnd (server/batcher.h): concurrent runs of a
 // batching session get exactly their own rows (checked against a session
-// without batching on the same params), reports say how each ran, a request
-// that leaves a batch (deadline, cancellation) fails alone, requests that
-// cannot join run alone and say why, sessions of one tenant on one
-// repository model batch together, and a bad batching config is named.
+// without batching on the same params), reports say how each ran, a lone
+// request does not wait out max_queue_delay, requests that arrive while a
+// batch of their program is in flight go together as the next batch when it
+// ends, a request that leaves a batch (deadline, cancellation) fails alone,
+// requests that cannot join run alone and say why, sessions of one tenant on
+// one repository model batch together, and a bad batching config is named.
+//
+// The CPU runs one run at a time: a slow one-shot run holding it (HoldCpu)
+// keeps a batch "in flight" on its device's queue for as long as a test needs.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -52,7 +57,7 @@ class ServerBatching : public ::testing::Test {
             {.cache_dir = cache_->path(),
              .config_text = absl::StrCat("model_repository { root: \"", repo_->path(), "\"\n",
                                          "  models { name: \"mlp\" batching { max_batch: 64 "
-                                         "max_queue_delay_micros: 200000 } } }\n"
+                                         "max_queue_delay_micros: 1000000 } } }\n"
                                          "default_quota { max_in_flight: 256 max_queue: 256 }\n")},
             &error)
             .release();
@@ -107,6 +112,46 @@ class ServerBatching : public ::testing::Test {
     std::vector<float> v(static_cast<size_t>(rows * cols));
     for (float& f : v) f = u(rng);
     return HostTensor::FromVector(v1::DTYPE_F32, {rows, cols}, v);
+  }
+
+  // A run sent asynchronously; `done` gets its status.
+  struct AsyncRun {
+    v1::RunRequest request;
+    v1::RunResponse response;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::promise<grpc::Status> done;
+    std::future<grpc::Status> status = done.get_future();
+  };
+  std::unique_ptr<AsyncRun> Send(v1::RunRequest request,
+                                 absl::Duration deadline = absl::Seconds(120)) {
+    auto r = std::make_unique<AsyncRun>();
+    r->request = std::move(request);
+    r->ctx = Context("", deadline);
+    AsyncRun* raw = r.get();
+    stub_->async()->Run(raw->ctx.get(), &raw->request, &raw->response,
+                        [raw](grpc::Status s) { raw->done.set_value(std::move(s)); });
+    return r;
+  }
+
+  // Polls the tenant's gauge `name` until it is `value`; false if it never is.
+  bool WaitForGauge(const std::string& name, double value) {
+    for (int i = 0; i < 3000; ++i) {
+      if (MetricValue(Scrape(), name, {{"tenant", "default"}}) == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // A slow one-shot run that holds the CPU (one run at a time) until it is
+  // cancelled: runs handed to the device meanwhile wait in its queue.
+  std::unique_ptr<AsyncRun> HoldCpu() {
+    std::unique_ptr<AsyncRun> slow = Send(testing::SlowRequest(1024, 400));
+    EXPECT_TRUE(WaitForGauge("kiln_runs_running", 1));
+    return slow;
+  }
+  static void Release(AsyncRun& slow) {
+    slow.ctx->TryCancel();
+    EXPECT_EQ(slow.status.get().error_code(), grpc::StatusCode::CANCELLED);
   }
 
   static void ExpectSame(const HostTensor& a, const HostTensor& b) {
@@ -182,9 +227,116 @@ TEST_F(ServerBatching, ConcurrentRequestsGetTheirOwnRows) {
             kThreads * kRounds);
 }
 
-// The CPU runs one run at a time: a slow run holds it while a batch of five
-// requests waits on the device. One is cancelled, one's deadline passes:
-// only they fail, with their codes; the others get their rows.
+// A lone request of an idle program goes at once: it does not wait out
+// max_queue_delay (500 ms here) for company.
+TEST_F(ServerBatching, LoneRequestIsNotDelayed) {
+  constexpr int64_t kDelayMicros = 500000;
+  const std::string batched = Session(testing::kAffineText, 8, kDelayMicros);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 3; ++i) {
+    const HostTensor x = Rows(1, 3, rng);
+    v1::RunResponse got, want;
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(batched, "x", x), &got).ok());
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", x), &want).ok());
+    ExpectSame(FromProto(got.outputs(0).tensor()), FromProto(want.outputs(0).tensor()));
+    const v1::BatchInfo& b = got.report().batch();
+    EXPECT_TRUE(b.alone_reason().empty()) << b.alone_reason();
+    EXPECT_FALSE(b.batched());
+    EXPECT_EQ(b.batch_requests(), 1);
+    EXPECT_EQ(b.batch_rows(), 1);
+    EXPECT_LT(b.queue_wait_micros(), kDelayMicros) << "run " << i;
+  }
+}
+
+// While a batch of the program is in flight (here: queued behind a slow run),
+// requests gather; the moment it ends they go as one batch, without waiting
+// out max_queue_delay (1 s), each with its own rows.
+TEST_F(ServerBatching, RequestsGatherWhileABatchRunsAndGoWhenItEnds) {
+  constexpr int64_t kDelayMicros = 1000000;
+  const std::string batched = Session(testing::kAffineText, 64, kDelayMicros);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  std::unique_ptr<AsyncRun> slow = HoldCpu();
+  std::mt19937 rng(2);
+  // The first request goes at once: it waits on the device, not in the batcher.
+  const HostTensor first_x = Rows(1, 3, rng);
+  std::unique_ptr<AsyncRun> first = Send(RunOf(batched, "x", first_x));
+  ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 1));
+  constexpr int kRequests = 4;
+  std::vector<HostTensor> xs;
+  std::vector<std::unique_ptr<AsyncRun>> runs;
+  int64_t rows = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    xs.push_back(Rows(1 + i % 2, 3, rng));
+    rows += xs.back().dims()[0];
+    runs.push_back(Send(RunOf(batched, "x", xs.back())));
+  }
+  // All admitted (the slow run, the first, the four): the four wait in the
+  // batcher, none on the device.
+  ASSERT_TRUE(WaitForGauge("kiln_runs_in_flight", kRequests + 2));
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 1);
+  Release(*slow);
+
+  ASSERT_TRUE(first->status.get().ok());
+  EXPECT_EQ(first->response.report().batch().batch_requests(), 1);
+  EXPECT_LT(first->response.report().batch().queue_wait_micros(), kDelayMicros);
+  for (int i = 0; i < kRequests; ++i) {
+    const grpc::Status s = runs[i]->status.get();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    v1::RunResponse want;
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", xs[i]), &want).ok());
+    ExpectSame(FromProto(runs[i]->response.outputs(0).tensor()),
+               FromProto(want.outputs(0).tensor()));
+    const v1::BatchInfo& b = runs[i]->response.report().batch();
+    EXPECT_TRUE(b.batched());
+    EXPECT_EQ(b.batch_requests(), kRequests);
+    EXPECT_EQ(b.batch_rows(), rows);
+    EXPECT_EQ(b.rows(), xs[i].dims()[0]);
+    // Sent on when the first request's batch ended, not at max_queue_delay.
+    EXPECT_GT(b.queue_wait_micros(), 0);
+    EXPECT_LT(b.queue_wait_micros(), kDelayMicros);
+  }
+}
+
+// max_queue_delay sends a batch on while one batch of its program is in
+// flight, not while two are (one running, the next waiting on the device):
+// a third would only queue behind them. The late request goes when one ends.
+TEST_F(ServerBatching, DelayedBatchWaitsWhileTwoAreInFlight) {
+  constexpr int64_t kDelayMicros = 100000;
+  const std::string batched = Session(testing::kAffineText, 64, kDelayMicros);
+  const std::string plain = Session(testing::kAffineText, 0, 0);
+  std::unique_ptr<AsyncRun> slow = HoldCpu();
+  std::mt19937 rng(3);
+  std::vector<HostTensor> xs;
+  std::vector<std::unique_ptr<AsyncRun>> runs;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(Rows(1, 3, rng));
+    runs.push_back(Send(RunOf(batched, "x", xs.back())));
+    if (i < 2) {
+      // The first goes at once, the second when its 100 ms delay passed:
+      // both on the device, behind the slow run.
+      ASSERT_TRUE(WaitForGauge("kiln_runs_queued", i + 1));
+    }
+  }
+  ASSERT_TRUE(WaitForGauge("kiln_runs_in_flight", 4));
+  // Five times its delay later, the third still waits in the batcher.
+  std::this_thread::sleep_for(std::chrono::microseconds(5 * kDelayMicros));
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 2);
+  Release(*slow);
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status s = runs[i]->status.get();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    v1::RunResponse want;
+    ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", xs[i]), &want).ok());
+    ExpectSame(FromProto(runs[i]->response.outputs(0).tensor()),
+               FromProto(want.outputs(0).tensor()));
+    EXPECT_EQ(runs[i]->response.report().batch().batch_requests(), 1) << i;
+  }
+}
+
+// A slow run holds the CPU while a batch of five requests waits on the
+// device behind the first request's. One is cancelled, one's deadline
+// passes: only they fail, with their codes; the others get their rows.
 TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
   const std::string batched = Session(testing::kAffineText, 64, 300000);
   const std::string plain = Session(testing::kAffineText, 0, 0);
@@ -193,50 +345,33 @@ TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
   const double cancelled_before =
       MetricValue(Scrape(), "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}});
 
-  const v1::RunRequest slow = testing::SlowRequest(1024, 400);
-  v1::RunResponse slow_resp;
-  grpc::ClientContext slow_ctx;
-  std::promise<grpc::Status> slow_done;
-  stub_->async()->Run(&slow_ctx, &slow, &slow_resp,
-                      [&](grpc::Status s) { slow_done.set_value(std::move(s)); });
-  for (int i = 0; i < 3000; ++i) {
-    if (MetricValue(Scrape(), "kiln_runs_running", {{"tenant", "default"}}) == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(MetricValue(Scrape(), "kiln_runs_running", {{"tenant", "default"}}), 1);
+  std::unique_ptr<AsyncRun> slow = HoldCpu();
+  std::mt19937 rng(1);
+  std::unique_ptr<AsyncRun> first = Send(RunOf(batched, "x", Rows(1, 3, rng)));
+  ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 1));
 
   constexpr int kRequests = 5, kCancelled = 3, kShortDeadline = 4;
-  std::mt19937 rng(1);
   std::vector<HostTensor> xs;
-  std::vector<v1::RunRequest> reqs(kRequests);
-  std::vector<v1::RunResponse> resps(kRequests);
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
-  std::vector<std::promise<grpc::Status>> done(kRequests);
+  std::vector<std::unique_ptr<AsyncRun>> runs;
   for (int i = 0; i < kRequests; ++i) {
     xs.push_back(Rows(1 + i % 2, 3, rng));
-    reqs[i] = RunOf(batched, "x", xs.back());
-    ctxs.push_back(Context("", i == kShortDeadline ? absl::Seconds(2) : absl::Seconds(120)));
-    stub_->async()->Run(ctxs[i].get(), &reqs[i], &resps[i],
-                        [&done, i](grpc::Status s) { done[i].set_value(std::move(s)); });
+    runs.push_back(Send(RunOf(batched, "x", xs.back()),
+                        i == kShortDeadline ? absl::Seconds(2) : absl::Seconds(120)));
   }
-  // The batch (one run) waits in the device's queue.
-  for (int i = 0; i < 1000; ++i) {
-    if (MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}) == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_EQ(MetricValue(Scrape(), "kiln_runs_queued", {{"tenant", "default"}}), 1);
-  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests + 1);
-  ctxs[kCancelled]->TryCancel();
-  EXPECT_EQ(done[kCancelled].get_future().get().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_EQ(done[kShortDeadline].get_future().get().error_code(),
-            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The five gather while the first's batch is in flight, and go on when
+  // max_queue_delay (300 ms) passes: a second batch (one run) on the device.
+  ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 2));
+  EXPECT_EQ(MetricValue(Scrape(), "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests + 2);
+  runs[kCancelled]->ctx->TryCancel();
+  EXPECT_EQ(runs[kCancelled]->status.get().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(runs[kShortDeadline]->status.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // kilnd answered both itself (not only the clients' own timers), and
   // released their in-flight slots while the batch still waits.
   std::string m;
   for (int i = 0; i < 500; ++i) {
     m = Scrape();
     // The slot is released before the request is counted: wait for both.
-    if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests - 1 &&
+    if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests &&
         MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) ==
             cancelled_before + 1 &&
         MetricValue(m, "kiln_requests_total",
@@ -245,25 +380,26 @@ TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests - 1);
+  EXPECT_EQ(MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}), kRequests);
   EXPECT_EQ(MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}),
             cancelled_before + 1);
   EXPECT_EQ(
       MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}}),
       deadline_before + 1);
 
-  slow_ctx.TryCancel();  // frees the device: the batch runs
-  EXPECT_EQ(slow_done.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  Release(*slow);  // frees the device: both batches run
+  ASSERT_TRUE(first->status.get().ok());
   int64_t rows = 0;
   for (int i = 0; i < kRequests; ++i) rows += xs[i].dims()[0];
   for (int i = 0; i < kRequests; ++i) {
     if (i == kCancelled || i == kShortDeadline) continue;
-    const grpc::Status s = done[i].get_future().get();
+    const grpc::Status s = runs[i]->status.get();
     ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
     v1::RunResponse want;
     ASSERT_TRUE(stub_->Run(Context().get(), RunOf(plain, "x", xs[i]), &want).ok());
-    ExpectSame(FromProto(resps[i].outputs(0).tensor()), FromProto(want.outputs(0).tensor()));
-    const v1::BatchInfo& b = resps[i].report().batch();
+    ExpectSame(FromProto(runs[i]->response.outputs(0).tensor()),
+               FromProto(want.outputs(0).tensor()));
+    const v1::BatchInfo& b = runs[i]->response.report().batch();
     EXPECT_TRUE(b.batched());
     EXPECT_EQ(b.batch_requests(), kRequests);
     EXPECT_EQ(b.batch_rows(), rows);
@@ -331,15 +467,25 @@ TEST_F(ServerBatching, RequestsThatCannotJoinRunAlone) {
   // More rows than max_batch.
   const std::string small = Session(testing::kAffineText, 2, 1000);
   alone(small, Rows(3, 3, rng), "its 3 rows exceed max_batch = 2");
-  // A deadline the queue's delay would break.
+  // A deadline the queue's delay would break: a batch of the session is in
+  // flight (on the device, behind a slow run), so the request would wait up
+  // to 1 s; with 900 ms left it goes to the device alone.
   const std::string slow_queue = Session(testing::kAffineText, 8, 1000000);
   {
-    v1::RunResponse resp;
-    const grpc::Status s = stub_->Run(Context("", absl::Milliseconds(900)).get(),
-                                      RunOf(slow_queue, "x", Rows(1, 3, rng)), &resp);
+    std::unique_ptr<AsyncRun> slow = HoldCpu();
+    std::unique_ptr<AsyncRun> first = Send(RunOf(slow_queue, "x", Rows(1, 3, rng)));
+    ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 1));
+    std::unique_ptr<AsyncRun> hurried =
+        Send(RunOf(slow_queue, "x", Rows(1, 3, rng)), absl::Milliseconds(900));
+    // Alone, it waits on the device too (not in the batcher).
+    ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 2));
+    Release(*slow);
+    EXPECT_TRUE(first->status.get().ok());
+    const grpc::Status s = hurried->status.get();
     EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_TRUE(absl::StrContains(resp.report().batch().alone_reason(), "its deadline is"))
-        << resp.report().batch().alone_reason();
+    EXPECT_TRUE(absl::StrContains(hurried->response.report().batch().alone_reason(),
+                                  "its deadline is"))
+        << hurried->response.report().batch().alone_reason();
   }
 }
 
@@ -355,31 +501,36 @@ TEST_F(ServerBatching, SessionsOnOneModelBatchTogether) {
     ASSERT_TRUE(s.ok()) << s.error_message();
     sessions.push_back(resp.session_id());
   }
+  // A first request of the model's program goes to the device (held by a
+  // slow run); six callers on both sessions gather behind it.
+  std::unique_ptr<AsyncRun> slow = HoldCpu();
+  std::mt19937 first_rng(199);
+  std::unique_ptr<AsyncRun> first =
+      Send(RunOf(sessions[0], "x", Rows(1, kMlpWidths[0], first_rng)));
+  ASSERT_TRUE(WaitForGauge("kiln_runs_queued", 1));
   constexpr int kCallers = 6;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  int batched = 0;
+  std::vector<HostTensor> xs;
+  std::vector<std::unique_ptr<AsyncRun>> runs;
   for (int t = 0; t < kCallers; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937 rng(200 + t);
-      const HostTensor x = Rows(1, kMlpWidths[0], rng);
-      v1::RunResponse got;
-      const grpc::Status s =
-          kilnd_->Stub()->Run(Context().get(), RunOf(sessions[t % 2], "x", x), &got);
-      std::lock_guard<std::mutex> lock(mu);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-      const HostTensor want = models::MlpReference(*mlp_, x);
-      const HostTensor y = FromProto(got.outputs(0).tensor());
-      ASSERT_EQ(y.dims(), want.dims());
-      for (int64_t i = 0; i < y.num_elements(); ++i) {
-        EXPECT_NEAR(y.data_as<float>()[i], want.data_as<float>()[i], 1e-4);
-      }
-      if (got.report().batch().batch_requests() == kCallers) ++batched;
-    });
+    std::mt19937 rng(200 + t);
+    xs.push_back(Rows(1, kMlpWidths[0], rng));
+    runs.push_back(Send(RunOf(sessions[t % 2], "x", xs.back())));
   }
-  for (std::thread& th : threads) th.join();
-  // The model's 200 ms queue delay gathers all six callers into one run.
-  EXPECT_EQ(batched, kCallers);
+  ASSERT_TRUE(WaitForGauge("kiln_runs_in_flight", kCallers + 2));
+  Release(*slow);
+  ASSERT_TRUE(first->status.get().ok());
+  for (int t = 0; t < kCallers; ++t) {
+    const grpc::Status s = runs[t]->status.get();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const HostTensor want = models::MlpReference(*mlp_, xs[t]);
+    const HostTensor y = FromProto(runs[t]->response.outputs(0).tensor());
+    ASSERT_EQ(y.dims(), want.dims());
+    for (int64_t i = 0; i < y.num_elements(); ++i) {
+      EXPECT_NEAR(y.data_as<float>()[i], want.data_as<float>()[i], 1e-4);
+    }
+    // The six, from both sessions, in one run.
+    EXPECT_EQ(runs[t]->response.report().batch().batch_requests(), kCallers);
+  }
 }
 
 TEST_F(ServerBatching, BadConfigIsNamed) {
