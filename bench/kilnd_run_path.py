@@ -14,6 +14,9 @@ another process was busy):
                long as the in-process run: what one round trip costs when both
                processes were idle meanwhile, as they are during a Run
   grpc_busy    the same Check back to back
+  socket_idle  a 40-byte message to a process that echoes it, over a Unix
+               SOCK_SEQPACKET socket, after the same idle time: the floor of
+               any local transport with one wake-up each way
 Each block starts with --warmup untimed calls. Every timed Run is split with
 kilnd's own report (start_unix_micros, run_micros: same host, same clock):
   request_us   the client's call start -> the engine's run start (the client's
@@ -35,6 +38,7 @@ median over rounds of (mode / in_process - 1) in percent, and the load.
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -70,6 +74,17 @@ def worker(args):
     with open(os.path.join(args.export, "graph.pb"), "rb") as f:
         graph = graph_pb2.Graph.FromString(f.read())
     params = {k: v for k, v in tensors.items() if k not in ("x", "y_kiln")}
+    # The echo process first, before any gRPC channel or thread exists.
+    echo_here, echo_there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    echo_pid = os.fork()
+    if echo_pid == 0:
+        echo_here.close()
+        while True:
+            m = echo_there.recv(64)
+            if not m:
+                os._exit(0)
+            echo_there.send(m)
+    echo_there.close()
     d = tempfile.mkdtemp(prefix="kilnd_run_path.")
     proc, addr = start_kilnd(os.path.join(args.worker, "server", "kilnd"), d)
     try:
@@ -92,14 +107,18 @@ def worker(args):
         for line in sys.stdin:
             parts = line.split()
             mode, n, warm = parts[0], int(parts[1]), int(parts[2])
-            if mode == "check":
+            if mode in ("check", "socket"):
                 gap = float(parts[3]) / 1e6
                 us = []
                 for i in range(warm + n):
                     if gap > 0:
                         time.sleep(gap)
                     t0 = time.perf_counter()
-                    health.Check(check)
+                    if mode == "check":
+                        health.Check(check)
+                    else:
+                        echo_here.send(b"x" * 40)
+                        echo_here.recv(64)
                     if i >= warm:
                         us.append((time.perf_counter() - t0) * 1e6)
                 print(json.dumps({"us": us}), flush=True)
@@ -121,6 +140,8 @@ def worker(args):
                              "run_us": r.run_micros, "response_us": t1 - end,
                              "queue_us": r.queue_micros})
             print(json.dumps({"rows": rows}), flush=True)
+        echo_here.close()
+        os.waitpid(echo_pid, 0)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -189,6 +210,7 @@ def main():
         blocks = [("in_process", None)]
         for name in builds:
             blocks += [(name, "shm"), (name, "bytes"), (name, "grpc_idle"), (name, "grpc_busy")]
+        blocks.append((next(iter(builds)), "socket_idle"))
         rows = {}  # (build, mode) -> [row]
         per_round = []
         for r in range(args.rounds):
@@ -203,12 +225,13 @@ def main():
                     rows.setdefault(("in_process", ""), []).extend({"wall_us": u} for u in us)
                     continue
                 w = workers[name]
-                if mode.startswith("grpc"):
+                if mode.startswith("grpc") or mode == "socket_idle":
                     # Idle as long as a Run keeps the client waiting (the last
                     # in-process median; 6 ms, the layer on a quiet host, before one).
                     last = inproc_us or (per_round[-1]["in_process_us"] if per_round else 6000)
-                    gap = int(last) if mode == "grpc_idle" else 0
-                    us = w.ask(f"check {args.runs} {args.warmup} {gap}")["us"]
+                    gap = int(last) if mode.endswith("idle") else 0
+                    what = "socket" if mode == "socket_idle" else "check"
+                    us = w.ask(f"{what} {args.runs} {args.warmup} {gap}")["us"]
                     rows.setdefault((name, mode), []).extend({"wall_us": u} for u in us)
                     got[f"{name}_{mode}_us"] = statistics.median(us)
                     continue
