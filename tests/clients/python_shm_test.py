@@ -166,6 +166,34 @@ class ShmTest(unittest.TestCase):
             r.close()
             conn.close()
 
+    def test_region_reused_across_runs_not_registered_again(self):
+        # Every call of a steady workload reuses one region: a registration
+        # per call would cost kilnd an mmap and fresh page faults each time.
+        # The two-output graph overflows the first region's output area once
+        # (its second output comes back as bytes and sizes the next region).
+        x = np.linspace(-1, 1, 250000, dtype=np.float32)
+        with kiln.Client(KILND_PROC.addr) as c:
+            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            for _ in range(2):
+                s.run({"x": x})
+            conn = c._shm._connection
+            self.assertIsNotNone(conn)
+            registered = []
+            register_fd = conn.register_fd
+
+            def counting(region_id, fd):
+                registered.append(region_id)
+                return register_fd(region_id, fd)
+
+            conn.register_fd = counting
+            for i in range(5):
+                out = s.run({"x": x + i})
+                self.assertTrue(c.last_run_shared_memory)
+                np.testing.assert_array_equal(out["y"], (x + i) * 2)
+                np.testing.assert_array_equal(out["z"], (x + i) + 1)
+            self.assertEqual(registered, [])
+            self.assertIs(c._shm._connection, conn)
+
     def test_region_dropped_with_its_connection(self):
         with kiln.Client(KILND_PROC.addr) as c:
             ticket = lambda: c._call("ConnectSharedMemory", shm_pb2.ConnectSharedMemoryRequest())
