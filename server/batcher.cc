@@ -223,8 +223,9 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     t_pending = nullptr;
   }
 
-  // `b` finished (answered or failed): its program's queue, if requests
-  // gathered while it ran, goes now as the next batch.
+  // `b` finished (answered or failed): when no other batch of its program is
+  // in flight, the requests that gathered while it ran go now as the next
+  // batch.
   void Ended(const std::shared_ptr<BatchRun>& b) {
     std::shared_ptr<BatchRun> next;
     {
@@ -233,10 +234,18 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
       if (it == queues.end()) return;  // the batcher stopped
       Queue& q = it->second;
       --q.in_flight;
-      if (!q.members.empty()) {
-        next = TakeLocked(q);
-      } else if (q.in_flight == 0) {
-        queues.erase(it);
+      if (q.in_flight == 0) {
+        // The program is idle: what gathered goes now, all of it.
+        if (!q.members.empty()) {
+          next = TakeLocked(q);
+        } else {
+          queues.erase(it);
+        }
+      } else if (!q.members.empty()) {
+        // Another batch (sent on by max_batch or max_queue_delay) is still in
+        // flight: the requests keep gathering until it ends, or until their
+        // delay, which the batcher's thread may now apply (one in flight).
+        cv.Signal();
       }
       if (next && t_defer_next) {
         ready.push_back(std::move(next));

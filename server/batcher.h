@@ -8,10 +8,11 @@
 // When a batch goes: a request of a program with no batch in flight (handed
 // to the device: compiling, queued or running) goes at once, alone. While a
 // batch of its program is in flight, requests gather in the queue and go as
-// the next batch the moment that batch ends, or sooner when they reach
-// max_batch rows or the first of them has waited max_queue_delay (the
-// latter only while one batch of the program is in flight: with one running
-// and the next waiting on the device, they wait for one of those to end).
+// the next batch the moment the program's last batch in flight ends, or
+// sooner when they reach max_batch rows or the first of them has waited
+// max_queue_delay (the latter only while one batch of the program is in
+// flight: with one running and the next waiting on the device, they wait for
+// one of those to end).
 // So a lone request never waits for company, and under load each batch
 // holds what arrived while the previous one ran.
 //

@@ -208,14 +208,38 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
 
 void Metrics::SetCollector(Collector collector) { scraped_->Set(std::move(collector)); }
 
+template <typename T, typename... Args>
+T& Metrics::Child(prometheus::Family<T>& family, Children<T>& children,
+                  std::initializer_list<std::pair<const char*, std::string_view>> labels,
+                  const Args&... args) {
+  std::string key;  // each value length-prefixed: no two label sets share a key
+  for (const auto& label : labels) {
+    const absl::string_view value(label.second.data(), label.second.size());
+    absl::StrAppend(&key, static_cast<uint64_t>(value.size()), ":", value, ";");
+  }
+  {
+    absl::ReaderMutexLock lock(&children.mu);
+    auto it = children.by_values.find(key);
+    if (it != children.by_values.end()) return *it->second;
+  }
+  prometheus::Labels l;
+  for (const auto& label : labels) l.emplace(label.first, std::string(label.second));
+  T& child = family.Add(l, args...);  // the family's own child for these labels
+  absl::MutexLock lock(&children.mu);
+  children.by_values.emplace(std::move(key), &child);
+  return child;
+}
+
 void Metrics::CountRequest(const std::string& tenant, const std::string& method,
                            const std::string& code) {
-  requests_->Add({{"tenant", tenant}, {"method", method}, {"code", code}}).Increment();
+  Child(*requests_, requests_by_, {{"tenant", tenant}, {"method", method}, {"code", code}})
+      .Increment();
 }
 
 void Metrics::ObserveRequestBytes(const std::string& tenant, const std::string& method,
                                   int64_t bytes) {
-  request_bytes_->Add({{"tenant", tenant}, {"method", method}}, ByteBuckets())
+  Child(*request_bytes_, request_bytes_by_, {{"tenant", tenant}, {"method", method}},
+        ByteBuckets())
       .Observe(static_cast<double>(bytes));
 }
 
@@ -232,25 +256,30 @@ void Metrics::ObserveCompile(const std::string& tenant, const std::string& devic
 
 void Metrics::ObserveRun(const std::string& tenant, const v1::DispatchReport& report,
                          bool count_kernels) {
-  const prometheus::Labels labels{{"tenant", tenant}, {"device", report.placement().chosen()}};
-  queue_seconds_->Add(labels, LatencyBuckets()).Observe(report.queue_micros() * 1e-6);
-  run_seconds_->Add(labels, LatencyBuckets()).Observe(report.run_micros() * 1e-6);
+  const std::string& device = report.placement().chosen();
+  Child(*queue_seconds_, queue_seconds_by_, {{"tenant", tenant}, {"device", device}},
+        LatencyBuckets())
+      .Observe(report.queue_micros() * 1e-6);
+  Child(*run_seconds_, run_seconds_by_, {{"tenant", tenant}, {"device", device}},
+        LatencyBuckets())
+      .Observe(report.run_micros() * 1e-6);
   if (count_kernels) CountKernelSteps(report);
 }
 
 void Metrics::ObserveBatch(const std::string& tenant, int64_t batch_rows,
                            absl::Duration queue_wait) {
-  const prometheus::Labels labels{{"tenant", tenant}};
   if (batch_rows > 0) {
-    batch_rows_->Add(labels, BatchRowBuckets()).Observe(static_cast<double>(batch_rows));
+    Child(*batch_rows_, batch_rows_by_, {{"tenant", tenant}}, BatchRowBuckets())
+        .Observe(static_cast<double>(batch_rows));
   }
-  batch_queue_seconds_->Add(labels, LatencyBuckets())
+  Child(*batch_queue_seconds_, batch_queue_seconds_by_, {{"tenant", tenant}}, LatencyBuckets())
       .Observe(absl::ToDoubleSeconds(queue_wait));
 }
 
 void Metrics::CountRunTensorBytes(const std::string& tenant, const std::string& direction,
                                   const std::string& path, int64_t bytes) {
-  run_tensor_bytes_->Add({{"tenant", tenant}, {"direction", direction}, {"path", path}})
+  Child(*run_tensor_bytes_, run_tensor_bytes_by_,
+        {{"tenant", tenant}, {"direction", direction}, {"path", path}})
       .Increment(static_cast<double>(bytes));
 }
 
@@ -265,20 +294,22 @@ void Metrics::CountKernelSteps(const v1::DispatchReport& report) {
     int count = 0;
     double micros = 0;
   };
-  std::map<std::pair<std::string, std::string>, Kernels> by_path;
+  // By backend (a view into the report) and path enum: names made once per pair.
+  std::map<std::pair<std::string_view, int>, Kernels> by_path;
   for (const v1::DispatchStep& s : report.steps()) {
     if (s.kind() != v1::STEP_KERNEL) continue;
-    const std::string backend = s.device().substr(0, s.device().find(':'));
-    std::string path = v1::Path_Name(s.path());
-    if (path.starts_with("PATH_")) path = path.substr(5);
-    Kernels& k = by_path[{backend, Lower(path)}];
+    const std::string_view device = s.device();
+    Kernels& k = by_path[{device.substr(0, device.find(':')), s.path()}];
     ++k.count;
     k.micros += s.duration_micros();
   }
   for (const auto& [key, k] : by_path) {
-    const prometheus::Labels l{{"backend", key.first}, {"path", key.second}};
-    kernels_->Add(l).Increment(k.count);
-    kernel_seconds_->Add(l).Increment(k.micros * 1e-6);
+    std::string path = v1::Path_Name(static_cast<v1::Path>(key.second));
+    if (path.starts_with("PATH_")) path = path.substr(5);
+    path = Lower(path);
+    Child(*kernels_, kernels_by_, {{"backend", key.first}, {"path", path}}).Increment(k.count);
+    Child(*kernel_seconds_, kernel_seconds_by_, {{"backend", key.first}, {"path", path}})
+        .Increment(k.micros * 1e-6);
   }
 }
 
