@@ -6,11 +6,14 @@
 // broadcasts), outer runs are separate calls; x @ W with an unbatched W is a
 // single [batch * M, K] @ [K, N] product.
 //
-// Epilogues: cuBLASLt's own where they are exact (bias; ReLU; GELU, which
-// cuBLASLt computes in its tanh form, for GeluTanh; a residual without an
-// activation as C with beta = 1). Other activations (GELU with erf, SiLU,
-// ...) and an activation followed by a residual run as an NVRTC elementwise
-// kernel in place on the result, generated from the same region codegen.
+// Epilogues: cuBLASLt's own where they are exact (bias; ReLU; a residual
+// without an activation as C with beta = 1; GELU, which cuBLASLt computes in
+// its tanh form, for GeluTanh in f16, bf16 and TF32 only: on an H100 its
+// tanh is ~5e-5 relative off, below a 16-bit result's resolution but not an
+// f32 one's). Other activations (GELU with erf, SiLU, ...), GeluTanh of an
+// exact f32 product, and an activation followed by a residual run as an
+// NVRTC elementwise kernel in place on the result, generated from the same
+// region codegen.
 //
 // Algorithms: the heuristic's first choice, queried once per shape and
 // operand alignment and cached for the process.
@@ -39,12 +42,15 @@ void* Ptr(CUdeviceptr p) {
   return reinterpret_cast<void*>(p);  // NOLINT(performance-no-int-to-ptr): device addresses
 }
 
-// Whether cuBLASLt's epilogue computes `act` exactly as the IR does.
-bool LtActivation(v1::UnaryKind act) { return act == v1::UNARY_RELU || act == v1::UNARY_GELU_TANH; }
+// Whether cuBLASLt's epilogue computes the plan's activation as exactly as
+// its result type needs.
+bool LtActivation(const MatMulPlan& p) {
+  return p.act == v1::UNARY_RELU || (p.act == v1::UNARY_GELU_TANH && !p.exact_f32);
+}
 // Whether an elementwise kernel finishes the result (act, then residual).
 bool NeedsPostKernel(const MatMulPlan& p) {
   if (p.act == v1::UNARY_KIND_UNSPECIFIED) return false;
-  return !LtActivation(p.act) || p.has_residual;
+  return !LtActivation(p) || p.has_residual;
 }
 
 Claim SupportsMatMul(const CudaDevice&, const KernelSpec& spec) {

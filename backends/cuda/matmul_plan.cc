@@ -19,6 +19,7 @@ absl::StatusOr<MatMulPlan> PlanMatMul(const backend::KernelSpec& spec) {
   }
   // TF32 is an f32 matter: 16-bit products use their own tensor cores.
   p.tf32 = p.tf32 && spec.outputs.size() == 1 && spec.outputs[0].dtype == v1::DTYPE_F32;
+  p.exact_f32 = !p.tf32 && spec.outputs.size() == 1 && spec.outputs[0].dtype == v1::DTYPE_F32;
   if (spec.inputs.size() != 2u + p.has_bias + p.has_residual || spec.outputs.size() != 1) {
     return absl::InvalidArgumentError("operand count");
   }

@@ -23,6 +23,7 @@ struct MatMulPlan {
   bool ta = false, tb = false, has_bias = false, has_residual = false;
   v1::UnaryKind act = v1::UNARY_KIND_UNSPECIFIED;  // none
   bool tf32 = false;  // an f32 product whose attrs allow TF32 (CompileOptions.allow_tf32)
+  bool exact_f32 = false;  // an f32 product without TF32: results must match the f32 reference
   // One strided-batched call per entry: element offsets of A, B and C; each
   // call multiplies `count` batches, A and B advancing by their strides and C
   // by M * N.
