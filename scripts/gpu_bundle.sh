@@ -18,7 +18,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_TESTS=ON
   -DKILN_BUILD_BENCH=ON -DKILN_WITH_CUDA=ON >/dev/null
 targets=(kiln_conformance_test kiln_cts_test kiln_vulkan_test kiln_cuda_test kiln_bench
          matmul_vs_cublas bandwidth_vs_copy attention_fwd kiln_engine_test kiln-device-worker
-         kiln_fault_worker kiln_train_bench layers_bf16 host_copy_bench dequant_matvec)
+         kiln_fault_worker kiln_train_bench layers_bf16 host_copy_bench dequant_matvec
+         group_norm_bench)
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
 rm -rf .gpu/stage && mkdir -p .gpu/stage/bin .gpu/stage/lib
 # The device worker sits beside the binaries that start it (DefaultWorkerBinary).
@@ -29,7 +30,8 @@ cp "$build/tests/kiln_conformance_test" "$build/tests/kiln_cts_test" \
    "$build/tests/kiln_engine_test" \
    "$build/backends/kiln-device-worker" "$build/tests/kiln_fault_worker" \
    "$build/bench/engine/kiln_train_bench" "$build/bench/gpu/layers_bf16" \
-   "$build/bench/gpu/host_copy_bench" "$build/bench/gpu/dequant_matvec" .gpu/stage/bin/
+   "$build/bench/gpu/host_copy_bench" "$build/bench/gpu/dequant_matvec" \
+   "$build/bench/gpu/group_norm_bench" .gpu/stage/bin/
 strip .gpu/stage/bin/*
 # glibc, the C++ runtime and zlib are newer there (and Python's torch needs
 # theirs); CUDA and the Vulkan loader come from the machine or the .deb.
