@@ -77,6 +77,91 @@ std::optional<WgradShape> ShapeOf(const KernelSpec& spec) {
   return s;
 }
 
+// oneDNN's convolution_backward_weights over three user buffers (src, diff_dst,
+// diff_weights) described by strided f32 descs, each reordered to and from the
+// layout oneDNN prefers where that differs; f16 / bf16 storage is converted
+// through f32 copies of `elems` elements each. Shared by both kernels below.
+class DnnlBackwardWeights {
+ public:
+  struct Geometry {
+    ddims strides, dilates, pad_l, pad_r;  // oneDNN's: dilates count the gaps
+  };
+
+  // Returns oneDNN's implementation name.
+  std::string Build(DType dtype, const dnnl::memory::desc& src_user, const dnnl::memory::desc& dst_user,
+                    const dnnl::memory::desc& wts_user, const ddims& src, const ddims& dst,
+                    const ddims& wts, const Geometry& g, const int64_t (&elems)[3]) {
+    dtype_ = dtype;
+    const dnnl::memory::desc src_any(src, dt::f32, dnnl::memory::format_tag::any),
+        dst_any(dst, dt::f32, dnnl::memory::format_tag::any),
+        wts_any(wts, dt::f32, dnnl::memory::format_tag::any);
+    const dnnl::convolution_forward::desc fwd(dnnl::prop_kind::forward_training,
+                                              dnnl::algorithm::convolution_direct, src_any, wts_any,
+                                              dst_any, g.strides, g.dilates, g.pad_l, g.pad_r);
+    const dnnl::convolution_forward::primitive_desc hint(fwd, DnnlEngine());
+    const dnnl::convolution_backward_weights::desc bwd(dnnl::algorithm::convolution_direct, src_any,
+                                                       wts_any, dst_any, g.strides, g.dilates,
+                                                       g.pad_l, g.pad_r);
+    const dnnl::convolution_backward_weights::primitive_desc pd(bwd, DnnlEngine(), hint);
+    stream_ = dnnl::stream(DnnlEngine());
+    src_user_ = dnnl::memory(src_user, DnnlEngine(), DNNL_MEMORY_NONE);
+    dst_user_ = dnnl::memory(dst_user, DnnlEngine(), DNNL_MEMORY_NONE);
+    wts_user_ = dnnl::memory(wts_user, DnnlEngine(), DNNL_MEMORY_NONE);
+    if (pd.src_desc() != src_user) {
+      src_mem_ = dnnl::memory(pd.src_desc(), DnnlEngine());
+      src_reorder_ = dnnl::reorder(src_user_, src_mem_);
+    }
+    if (pd.diff_dst_desc() != dst_user) {
+      dst_mem_ = dnnl::memory(pd.diff_dst_desc(), DnnlEngine());
+      dst_reorder_ = dnnl::reorder(dst_user_, dst_mem_);
+    }
+    if (pd.diff_weights_desc() != wts_user) {
+      wts_mem_ = dnnl::memory(pd.diff_weights_desc(), DnnlEngine());
+      wts_reorder_ = dnnl::reorder(wts_mem_, wts_user_);
+    }
+    primitive_ = dnnl::convolution_backward_weights(pd);
+    if (dtype_ != v1::DTYPE_F32) {
+      for (int i = 0; i < 3; ++i) f32_[i].resize(static_cast<size_t>(elems[i]));
+    }
+    return pd.impl_info_str();
+  }
+
+  absl::Status Run(const char* what, const void* src, const void* diff_dst, void* diff_wts) {
+    void* out = diff_wts;
+    if (dtype_ != v1::DTYPE_F32) {  // f16 / bf16 storage: computed in f32
+      ParallelConvertToF32(dtype_, src, f32_[0].data(), static_cast<int64_t>(f32_[0].size()));
+      ParallelConvertToF32(dtype_, diff_dst, f32_[1].data(), static_cast<int64_t>(f32_[1].size()));
+      src = f32_[0].data();
+      diff_dst = f32_[1].data();
+      out = f32_[2].data();
+    }
+    KILN_RETURN_IF_ERROR(DnnlTry(what, [&] {
+      src_user_.set_data_handle(const_cast<void*>(src));
+      dst_user_.set_data_handle(const_cast<void*>(diff_dst));
+      wts_user_.set_data_handle(out);
+      if (src_reorder_) src_reorder_->execute(stream_, src_user_, src_mem_);
+      if (dst_reorder_) dst_reorder_->execute(stream_, dst_user_, dst_mem_);
+      primitive_.execute(stream_, {{DNNL_ARG_SRC, src_reorder_ ? src_mem_ : src_user_},
+                                   {DNNL_ARG_DIFF_DST, dst_reorder_ ? dst_mem_ : dst_user_},
+                                   {DNNL_ARG_DIFF_WEIGHTS, wts_reorder_ ? wts_mem_ : wts_user_}});
+      if (wts_reorder_) wts_reorder_->execute(stream_, wts_mem_, wts_user_);
+      stream_.wait();
+    }));
+    if (dtype_ != v1::DTYPE_F32) {
+      ParallelConvertFromF32(f32_[2].data(), dtype_, diff_wts, static_cast<int64_t>(f32_[2].size()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  DType dtype_ = v1::DTYPE_F32;
+  dnnl::stream stream_;
+  dnnl::convolution_backward_weights primitive_;
+  dnnl::memory src_user_, dst_user_, wts_user_, src_mem_, dst_mem_, wts_mem_;
+  std::optional<dnnl::reorder> src_reorder_, dst_reorder_, wts_reorder_;
+  std::vector<float> f32_[3];  // f32 copies of f16 / bf16 storage: src, diff_dst, diff_weights
+};
+
 class ConvWgradKernel final : public CpuKernel {
  public:
   explicit ConvWgradKernel(const WgradShape& s) : s_(s) {}
@@ -97,83 +182,23 @@ class ConvWgradKernel final : public CpuKernel {
     const dnnl::memory::desc src_user(src, dt::f32, ddims{hw, s_.b * hw, s_.in[1], 1});
     const dnnl::memory::desc dst_user(dst, dt::f32, ddims{kk, s_.b * kk, s_.k[1], 1});
     const dnnl::memory::desc wts_user(wts, dt::f32, ddims{pp, s_.o * pp, s_.p[1], 1});
-    const dnnl::memory::desc src_any(src, dt::f32, dnnl::memory::format_tag::any),
-        dst_any(dst, dt::f32, dnnl::memory::format_tag::any),
-        wts_any(wts, dt::f32, dnnl::memory::format_tag::any);
-    const ddims strides = {s_.dil[0], s_.dil[1]};
-    const ddims dilates = {s_.stride[0] - 1, s_.stride[1] - 1};  // oneDNN counts the gaps
-    const ddims pad_l = {s_.lo[0], s_.lo[1]}, pad_r = {s_.far[0], s_.far[1]};
-    const dnnl::convolution_forward::desc fwd(dnnl::prop_kind::forward_training,
-                                              dnnl::algorithm::convolution_direct, src_any, wts_any,
-                                              dst_any, strides, dilates, pad_l, pad_r);
-    const dnnl::convolution_forward::primitive_desc hint(fwd, DnnlEngine());
-    const dnnl::convolution_backward_weights::desc bwd(dnnl::algorithm::convolution_direct, src_any,
-                                                       wts_any, dst_any, strides, dilates, pad_l,
-                                                       pad_r);
-    const dnnl::convolution_backward_weights::primitive_desc pd(bwd, DnnlEngine(), hint);
-    impl_ = pd.impl_info_str();
-    stream_ = dnnl::stream(DnnlEngine());
-    x_user_ = dnnl::memory(src_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    w_user_ = dnnl::memory(dst_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    y_user_ = dnnl::memory(wts_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    if (pd.src_desc() != src_user) {
-      x_mem_ = dnnl::memory(pd.src_desc(), DnnlEngine());
-      x_reorder_ = dnnl::reorder(x_user_, x_mem_);
-    }
-    if (pd.diff_dst_desc() != dst_user) {
-      w_mem_ = dnnl::memory(pd.diff_dst_desc(), DnnlEngine());
-      w_reorder_ = dnnl::reorder(w_user_, w_mem_);
-    }
-    if (pd.diff_weights_desc() != wts_user) {
-      y_mem_ = dnnl::memory(pd.diff_weights_desc(), DnnlEngine());
-      y_reorder_ = dnnl::reorder(y_mem_, y_user_);
-    }
-    primitive_ = dnnl::convolution_backward_weights(pd);
-    if (s_.dtype != v1::DTYPE_F32) {
-      x32_.resize(static_cast<size_t>(s_.a * s_.b * hw));
-      w32_.resize(static_cast<size_t>(s_.o * s_.b * kk));
-      y32_.resize(static_cast<size_t>(s_.a * s_.o * pp));
-    }
+    // oneDNN's problem: kernel P with dilation `stride`, stride `dil`, result K.
+    const DnnlBackwardWeights::Geometry g = {{s_.dil[0], s_.dil[1]},
+                                             {s_.stride[0] - 1, s_.stride[1] - 1},
+                                             {s_.lo[0], s_.lo[1]},
+                                             {s_.far[0], s_.far[1]}};
+    impl_ = bw_.Build(s_.dtype, src_user, dst_user, wts_user, src, dst, wts, g,
+                      {s_.a * s_.b * hw, s_.o * s_.b * kk, s_.a * s_.o * pp});
   }
 
   absl::Status Run(std::span<const BufferView> inputs, std::span<const BufferView> outputs) override {
-    const void* x = inputs[0].host();
-    const void* w = inputs[1].host();
-    void* y = outputs[0].host();
-    if (s_.dtype != v1::DTYPE_F32) {  // f16 / bf16 storage: computed in f32
-      ParallelConvertToF32(s_.dtype, x, x32_.data(), static_cast<int64_t>(x32_.size()));
-      ParallelConvertToF32(s_.dtype, w, w32_.data(), static_cast<int64_t>(w32_.size()));
-      x = x32_.data();
-      w = w32_.data();
-      y = y32_.data();
-    }
-    KILN_RETURN_IF_ERROR(DnnlTry("conv as backward weights", [&] {
-      x_user_.set_data_handle(const_cast<void*>(x));
-      w_user_.set_data_handle(const_cast<void*>(w));
-      y_user_.set_data_handle(y);
-      if (x_reorder_) x_reorder_->execute(stream_, x_user_, x_mem_);
-      if (w_reorder_) w_reorder_->execute(stream_, w_user_, w_mem_);
-      primitive_.execute(stream_, {{DNNL_ARG_SRC, x_reorder_ ? x_mem_ : x_user_},
-                                   {DNNL_ARG_DIFF_DST, w_reorder_ ? w_mem_ : w_user_},
-                                   {DNNL_ARG_DIFF_WEIGHTS, y_reorder_ ? y_mem_ : y_user_}});
-      if (y_reorder_) y_reorder_->execute(stream_, y_mem_, y_user_);
-      stream_.wait();
-    }));
-    if (s_.dtype != v1::DTYPE_F32) {
-      ParallelConvertFromF32(y32_.data(), s_.dtype, outputs[0].host(),
-                             static_cast<int64_t>(y32_.size()));
-    }
-    return absl::OkStatus();
+    return bw_.Run("conv as backward weights", inputs[0].host(), inputs[1].host(), outputs[0].host());
   }
 
  private:
   const WgradShape s_;
   std::string impl_;
-  dnnl::stream stream_;
-  dnnl::convolution_backward_weights primitive_;
-  dnnl::memory x_user_, w_user_, y_user_, x_mem_, w_mem_, y_mem_;
-  std::optional<dnnl::reorder> x_reorder_, w_reorder_, y_reorder_;
-  std::vector<float> x32_, w32_, y32_;  // f32 copies of f16 / bf16 storage
+  DnnlBackwardWeights bw_;
 };
 
 // ---- kiln.conv2d_backward_weights(x, g, w) ----
@@ -290,44 +315,14 @@ class ConvBwdWeightsKernel final : public CpuKernel {
     const dnnl::memory::desc src_user(src, dt::f32, ddims{s_.c * h * w, h * w, w, 1});
     const dnnl::memory::desc dst_user(dst, dt::f32, dnnl::memory::format_tag::nchw);
     const dnnl::memory::desc wts_user(wts, dt::f32, dnnl::memory::format_tag::oihw);
-    const dnnl::memory::desc src_any(src, dt::f32, dnnl::memory::format_tag::any),
-        dst_any(dst, dt::f32, dnnl::memory::format_tag::any),
-        wts_any(wts, dt::f32, dnnl::memory::format_tag::any);
-    const ddims strides = {s_.stride[0], s_.stride[1]};
-    const ddims dilates = {s_.dil[0] - 1, s_.dil[1] - 1};  // oneDNN counts the gaps
-    const ddims pad_l = {s_.lo[0], s_.lo[1]};
-    const ddims pad_r = {std::max<int64_t>(s_.far[0], 0), std::max<int64_t>(s_.far[1], 0)};
-    const dnnl::convolution_forward::desc fwd(dnnl::prop_kind::forward_training,
-                                              dnnl::algorithm::convolution_direct, src_any, wts_any,
-                                              dst_any, strides, dilates, pad_l, pad_r);
-    const dnnl::convolution_forward::primitive_desc hint(fwd, DnnlEngine());
-    const dnnl::convolution_backward_weights::desc bwd(dnnl::algorithm::convolution_direct, src_any,
-                                                       wts_any, dst_any, strides, dilates, pad_l,
-                                                       pad_r);
-    const dnnl::convolution_backward_weights::primitive_desc pd(bwd, DnnlEngine(), hint);
-    impl_ = pd.impl_info_str();
-    stream_ = dnnl::stream(DnnlEngine());
-    x_user_ = dnnl::memory(src_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    g_user_ = dnnl::memory(dst_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    dw_user_ = dnnl::memory(wts_user, DnnlEngine(), DNNL_MEMORY_NONE);
-    if (pd.src_desc() != src_user) {
-      x_mem_ = dnnl::memory(pd.src_desc(), DnnlEngine());
-      x_reorder_ = dnnl::reorder(x_user_, x_mem_);
-    }
-    if (pd.diff_dst_desc() != dst_user) {
-      g_mem_ = dnnl::memory(pd.diff_dst_desc(), DnnlEngine());
-      g_reorder_ = dnnl::reorder(g_user_, g_mem_);
-    }
-    if (pd.diff_weights_desc() != wts_user) {
-      dw_mem_ = dnnl::memory(pd.diff_weights_desc(), DnnlEngine());
-      dw_reorder_ = dnnl::reorder(dw_mem_, dw_user_);
-    }
-    primitive_ = dnnl::convolution_backward_weights(pd);
-    if (s_.dtype != v1::DTYPE_F32) {
-      x32_.resize(static_cast<size_t>(s_.n * s_.c * h * w));
-      g32_.resize(static_cast<size_t>(s_.n * s_.o * s_.p[0] * s_.p[1]));
-      dw32_.resize(static_cast<size_t>(s_.o * s_.c * s_.k[0] * s_.k[1]));
-    }
+    const DnnlBackwardWeights::Geometry geo = {
+        {s_.stride[0], s_.stride[1]},
+        {s_.dil[0] - 1, s_.dil[1] - 1},
+        {s_.lo[0], s_.lo[1]},
+        {std::max<int64_t>(s_.far[0], 0), std::max<int64_t>(s_.far[1], 0)}};
+    impl_ = bw_.Build(s_.dtype, src_user, dst_user, wts_user, src, dst, wts, geo,
+                      {s_.n * s_.c * h * w, s_.n * s_.o * s_.p[0] * s_.p[1],
+                       s_.o * s_.c * s_.k[0] * s_.k[1]});
   }
 
   absl::Status Run(std::span<const BufferView> inputs, std::span<const BufferView> outputs) override {
@@ -336,43 +331,13 @@ class ConvBwdWeightsKernel final : public CpuKernel {
                                             (s_.dtype == v1::DTYPE_F32 ? 4 : 2));
       return absl::OkStatus();
     }
-    const void* x = inputs[0].host();
-    const void* g = inputs[1].host();
-    void* dw = outputs[0].host();
-    if (s_.dtype != v1::DTYPE_F32) {  // f16 / bf16 storage: computed in f32
-      ParallelConvertToF32(s_.dtype, x, x32_.data(), static_cast<int64_t>(x32_.size()));
-      ParallelConvertToF32(s_.dtype, g, g32_.data(), static_cast<int64_t>(g32_.size()));
-      x = x32_.data();
-      g = g32_.data();
-      dw = dw32_.data();
-    }
-    KILN_RETURN_IF_ERROR(DnnlTry("conv backward weights", [&] {
-      x_user_.set_data_handle(const_cast<void*>(x));
-      g_user_.set_data_handle(const_cast<void*>(g));
-      dw_user_.set_data_handle(dw);
-      if (x_reorder_) x_reorder_->execute(stream_, x_user_, x_mem_);
-      if (g_reorder_) g_reorder_->execute(stream_, g_user_, g_mem_);
-      primitive_.execute(stream_, {{DNNL_ARG_SRC, x_reorder_ ? x_mem_ : x_user_},
-                                   {DNNL_ARG_DIFF_DST, g_reorder_ ? g_mem_ : g_user_},
-                                   {DNNL_ARG_DIFF_WEIGHTS, dw_reorder_ ? dw_mem_ : dw_user_}});
-      if (dw_reorder_) dw_reorder_->execute(stream_, dw_mem_, dw_user_);
-      stream_.wait();
-    }));
-    if (s_.dtype != v1::DTYPE_F32) {
-      ParallelConvertFromF32(dw32_.data(), s_.dtype, outputs[0].host(),
-                             static_cast<int64_t>(dw32_.size()));
-    }
-    return absl::OkStatus();
+    return bw_.Run("conv backward weights", inputs[0].host(), inputs[1].host(), outputs[0].host());
   }
 
  private:
   const BwdWeightsShape s_;
   std::string impl_;
-  dnnl::stream stream_;
-  dnnl::convolution_backward_weights primitive_;
-  dnnl::memory x_user_, g_user_, dw_user_, x_mem_, g_mem_, dw_mem_;
-  std::optional<dnnl::reorder> x_reorder_, g_reorder_, dw_reorder_;
-  std::vector<float> x32_, g32_, dw32_;  // f32 copies of f16 / bf16 storage
+  DnnlBackwardWeights bw_;
 };
 
 KilnTensorType TypeOf(const backend::TensorDesc& d) {
