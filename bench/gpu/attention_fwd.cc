@@ -26,6 +26,7 @@
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_device.h"
 #include "bench/gpu/bench_util.h"
 
 namespace {
@@ -86,33 +87,15 @@ int main(int argc, char** argv) {
   }
   if (reps <= 0 || rounds <= 0) return 2;
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
-  kiln::backend::Device* dev = nullptr;
-  for (const auto& reg : kiln::backend::RegisteredBackends()) {
-    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
-    auto b = reg.factory({});
-    if (!b.ok()) continue;
-    for (kiln::backend::Device* d : (*b)->devices()) {
-      if (d->info().id == device_id) dev = d;
-    }
-    backends.push_back(std::move(b).value());
-  }
+  kiln::backend::Device* dev = kiln::bench::OpenDevice(device_id, &backends);
   if (dev == nullptr) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;
   }
   // The same GPU without cuDNN (Kiln's own kernels), timed beside the backend's choice.
   auto device_with = [&](const char* cudnn) -> kiln::backend::Device* {
-    kiln::backend::Device* found = nullptr;
     setenv("KILN_CUDNN", cudnn, 1);
-    for (const auto& reg : kiln::backend::RegisteredBackends()) {
-      if (device_id.rfind(reg.name + ":", 0) != 0) continue;
-      auto b = reg.factory({});
-      if (!b.ok()) continue;
-      for (kiln::backend::Device* d : (*b)->devices()) {
-        if (d->info().id == device_id) found = d;
-      }
-      backends.push_back(std::move(b).value());
-    }
+    kiln::backend::Device* found = kiln::bench::OpenDevice(device_id, &backends);
     unsetenv("KILN_CUDNN");
     return found;
   };

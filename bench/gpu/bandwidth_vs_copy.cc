@@ -27,6 +27,7 @@
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_device.h"
 #include "bench/gpu/bench_util.h"
 
 namespace {
@@ -37,31 +38,9 @@ namespace v1 = kiln::v1;
 
 using kiln::bench::Median;
 
-int64_t Size(DType dt) { return dt == v1::DTYPE_F32 ? 4 : 2; }
-
-std::vector<char> Encode(DType dt, const std::vector<float>& v) {
-  std::vector<char> out(v.size() * Size(dt));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == v1::DTYPE_F32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-      continue;
-    }
-    const uint16_t h = dt == v1::DTYPE_F16 ? kiln::FloatToHalf(v[i]) : kiln::FloatToBf16(v[i]);
-    std::memcpy(out.data() + 2 * i, &h, 2);
-  }
-  return out;
-}
-
-float Decode(DType dt, const char* p) {
-  if (dt == v1::DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dt == v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
-}
+using kiln::bench::DecodeFloat;
+using kiln::bench::EncodeFloats;
+using kiln::bench::FloatBytes;
 
 struct Case {
   std::string op;
@@ -140,21 +119,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
-  kiln::backend::Device* dev = nullptr;
-  for (const auto& reg : kiln::backend::RegisteredBackends()) {
-    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
-    auto b = reg.factory({});
-    if (!b.ok()) continue;
-    for (kiln::backend::Device* d : (*b)->devices()) {
-      if (d->info().id == device_id) dev = d;
-    }
-    backends.push_back(std::move(b).value());
-  }
+  kiln::backend::Device* dev = kiln::bench::OpenDevice(device_id, &backends);
   if (dev == nullptr) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;
   }
-  const int64_t n = rows * cols, bytes = n * Size(dt);
+  const int64_t n = rows * cols, bytes = n * FloatBytes(dt);
 
   // Operands: x in [-2, 2), scale around 1, bias small.
   std::mt19937_64 rng(42);
@@ -163,12 +133,13 @@ int main(int argc, char** argv) {
   for (float& v : x) v = dist(rng);
   for (float& v : scale) v = 1.f + 0.25f * dist(rng);
   for (float& v : bias) v = 0.1f * dist(rng);
-  const std::vector<char> hx = Encode(dt, x), hs = Encode(dt, scale), hb = Encode(dt, bias);
+  const std::vector<char> hx = EncodeFloats(dt, x), hs = EncodeFloats(dt, scale),
+                          hb = EncodeFloats(dt, bias);
   // The reference reads the values as stored.
-  for (int64_t i = 0; i < n; ++i) x[i] = Decode(dt, hx.data() + i * Size(dt));
+  for (int64_t i = 0; i < n; ++i) x[i] = DecodeFloat(dt, hx.data() + i * FloatBytes(dt));
   for (int64_t i = 0; i < cols; ++i) {
-    scale[i] = Decode(dt, hs.data() + i * Size(dt));
-    bias[i] = Decode(dt, hb.data() + i * Size(dt));
+    scale[i] = DecodeFloat(dt, hs.data() + i * FloatBytes(dt));
+    bias[i] = DecodeFloat(dt, hb.data() + i * FloatBytes(dt));
   }
 
   auto stream_or = dev->CreateStream();
@@ -277,7 +248,7 @@ int main(int argc, char** argv) {
     const std::vector<kiln::backend::BufferView> outs = {vy};
     const double ms = time_kiln([&] { return (*kernel)->Launch(*stream, ins, outs).ok(); });
     int64_t moved = 2 * bytes;
-    if (c.operands > 1) moved += (c.operands - 1) * cols * Size(dt);
+    if (c.operands > 1) moved += (c.operands - 1) * cols * FloatBytes(dt);
     const double gbps = ms > 0 ? moved / ms / 1e6 : 0;
     // Check sampled rows against the host reference.
     std::vector<char> host(bytes);
@@ -288,7 +259,7 @@ int main(int argc, char** argv) {
         const std::vector<float> row(x.begin() + r * cols, x.begin() + (r + 1) * cols);
         const std::vector<double> want = ReferenceRow(op, row, scale, bias);
         for (int64_t j = 0; j < cols; ++j) {
-          const double got = Decode(dt, host.data() + (r * cols + j) * Size(dt));
+          const double got = DecodeFloat(dt, host.data() + (r * cols + j) * FloatBytes(dt));
           max_err = std::max(max_err, std::fabs(got - want[j]));
         }
       }

@@ -31,6 +31,7 @@
 #include "backends/common/quant_blocks.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
+#include "bench/gpu/bench_device.h"
 #include "bench/gpu/bench_util.h"
 
 ABSL_FLAG(std::string, device, "cuda:0", "device id");
@@ -91,16 +92,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
-  kiln::backend::Device* dev = nullptr;
-  for (const auto& reg : kiln::backend::RegisteredBackends()) {
-    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
-    auto b = reg.factory({});
-    if (!b.ok()) continue;
-    for (kiln::backend::Device* d : (*b)->devices()) {
-      if (d->info().id == device_id) dev = d;
-    }
-    backends.push_back(std::move(b).value());
-  }
+  kiln::backend::Device* dev = kiln::bench::OpenDevice(device_id, &backends);
   if (dev == nullptr) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;

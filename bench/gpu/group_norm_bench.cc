@@ -27,6 +27,7 @@
 #include "absl/flags/parse.h"
 #include "backends/backend.h"
 #include "base/half.h"
+#include "bench/gpu/bench_device.h"
 #include "bench/gpu/bench_util.h"
 #include "nlohmann/json.hpp"
 
@@ -41,31 +42,9 @@ using json = nlohmann::json;
 using kiln::DType;
 namespace v1 = kiln::v1;
 
-int64_t Size(DType dt) { return dt == v1::DTYPE_F32 ? 4 : 2; }
-
-std::vector<char> Encode(DType dt, const std::vector<float>& v) {
-  std::vector<char> out(v.size() * Size(dt));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == v1::DTYPE_F32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-      continue;
-    }
-    const uint16_t h = dt == v1::DTYPE_F16 ? kiln::FloatToHalf(v[i]) : kiln::FloatToBf16(v[i]);
-    std::memcpy(out.data() + 2 * i, &h, 2);
-  }
-  return out;
-}
-
-float Decode(DType dt, const char* p) {
-  if (dt == v1::DTYPE_F32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dt == v1::DTYPE_F16 ? kiln::HalfToFloat(h) : kiln::Bf16ToFloat(h);
-}
+using kiln::bench::DecodeFloat;
+using kiln::bench::EncodeFloats;
+using kiln::bench::FloatBytes;
 
 }  // namespace
 
@@ -85,16 +64,7 @@ int main(int argc, char** argv) {
                    : dtype_name == "f16" ? v1::DTYPE_F16
                                          : v1::DTYPE_BF16;
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
-  kiln::backend::Device* dev = nullptr;
-  for (const auto& reg : kiln::backend::RegisteredBackends()) {
-    if (device_id.rfind(reg.name + ":", 0) != 0) continue;
-    auto b = reg.factory({});
-    if (!b.ok()) continue;
-    for (kiln::backend::Device* d : (*b)->devices()) {
-      if (d->info().id == device_id) dev = d;
-    }
-    backends.push_back(std::move(b).value());
-  }
+  kiln::backend::Device* dev = kiln::bench::OpenDevice(device_id, &backends);
   if (dev == nullptr) {
     std::fprintf(stderr, "no device %s\n", device_id.c_str());
     return 1;
@@ -132,16 +102,17 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
   for (const kiln::Dims& shape : shapes) {
     const int64_t n = shape[0] * shape[1] * shape[2] * shape[3], c = shape[1];
-    const int64_t bytes = n * Size(dt), per = n / (shape[0] * groups);
+    const int64_t bytes = n * FloatBytes(dt), per = n / (shape[0] * groups);
     std::vector<float> x(n), scale(c), bias(c);
     for (float& v : x) v = 0.5f + dist(rng);  // a mean away from 0
     for (float& v : scale) v = 1.f + 0.25f * dist(rng);
     for (float& v : bias) v = 0.1f * dist(rng);
-    const std::vector<char> hx = Encode(dt, x), hs = Encode(dt, scale), hb = Encode(dt, bias);
-    for (int64_t i = 0; i < n; ++i) x[i] = Decode(dt, hx.data() + i * Size(dt));
+    const std::vector<char> hx = EncodeFloats(dt, x), hs = EncodeFloats(dt, scale),
+                            hb = EncodeFloats(dt, bias);
+    for (int64_t i = 0; i < n; ++i) x[i] = DecodeFloat(dt, hx.data() + i * FloatBytes(dt));
     for (int64_t i = 0; i < c; ++i) {
-      scale[i] = Decode(dt, hs.data() + i * Size(dt));
-      bias[i] = Decode(dt, hb.data() + i * Size(dt));
+      scale[i] = DecodeFloat(dt, hs.data() + i * FloatBytes(dt));
+      bias[i] = DecodeFloat(dt, hb.data() + i * FloatBytes(dt));
     }
     std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs;
     auto alloc = [&](int64_t b) -> kiln::backend::BufferView {
@@ -198,7 +169,7 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < per; ++i) {
           const int64_t ch = (r % groups) * cg + i / spatial;
           const double want = (x[r * per + i] - mean) * rstd * scale[ch] + bias[ch];
-          const double got = Decode(dt, host.data() + (r * per + i) * Size(dt));
+          const double got = DecodeFloat(dt, host.data() + (r * per + i) * FloatBytes(dt));
           max_err = std::max(max_err, std::fabs(got - want));
         }
       }
