@@ -164,24 +164,8 @@ int main(int argc, char** argv) {
   }
 
   // Times `launch` (one call = one pass) on Kiln's stream with its events.
-  auto time_kiln = [&](const std::function<bool()>& launch) -> double {
-    for (int i = 0; i < 3; ++i) {
-      if (!launch()) return -1;
-    }
-    if (!stream->Synchronize().ok()) return -1;
-    std::vector<double> ms;
-    for (int r = 0; r < rounds; ++r) {
-      auto e0 = stream->Record();
-      for (int i = 0; i < reps; ++i) {
-        if (!launch()) return -1;
-      }
-      auto e1 = stream->Record();
-      if (!e0.ok() || !e1.ok() || !stream->Synchronize().ok()) return -1;
-      auto us = (*e1)->MicrosSince(**e0);
-      if (!us.ok()) return -1;
-      ms.push_back(*us / 1000.0 / reps);
-    }
-    return Median(ms);
+  auto time_kiln = [&](const std::function<bool()>& launch) {
+    return kiln::bench::TimeOnStream(*stream, rounds, reps, launch);
   };
 
   // The peer: cudaMemcpyAsync device to device on buffers of the same size.

@@ -1,15 +1,18 @@
 // What the GPU benchmarks that drive a Kiln device share: opening the device
-// by id, and f32 values to and from a 32- or 16-bit float dtype's bytes.
+// by id, timing launches on its stream, and f32 values to and from a 32- or
+// 16-bit float dtype's bytes.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
 #include "base/half.h"
+#include "bench/gpu/bench_util.h"
 
 namespace kiln::bench {
 
@@ -29,6 +32,30 @@ inline backend::Device* OpenDevice(const std::string& device_id,
     backends->push_back(std::move(b).value());
   }
   return dev;
+}
+
+// Milliseconds per call of `launch` (one call = one pass) on `stream`, timed
+// with the stream's events: three warm-up calls, then the median of `rounds`
+// rounds of `reps` calls; -1 when a launch or the stream fails.
+inline double TimeOnStream(backend::Stream& stream, int rounds, int reps,
+                           const std::function<bool()>& launch) {
+  for (int i = 0; i < 3; ++i) {
+    if (!launch()) return -1;
+  }
+  if (!stream.Synchronize().ok()) return -1;
+  std::vector<double> ms;
+  for (int r = 0; r < rounds; ++r) {
+    auto e0 = stream.Record();
+    for (int i = 0; i < reps; ++i) {
+      if (!launch()) return -1;
+    }
+    auto e1 = stream.Record();
+    if (!e0.ok() || !e1.ok() || !stream.Synchronize().ok()) return -1;
+    auto us = (*e1)->MicrosSince(**e0);
+    if (!us.ok()) return -1;
+    ms.push_back(*us / 1000.0 / reps);
+  }
+  return Median(ms);
 }
 
 // Bytes per element of f32, f16 or bf16.

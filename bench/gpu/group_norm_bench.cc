@@ -74,24 +74,8 @@ int main(int argc, char** argv) {
   auto& stream = *stream_or;
 
   // Times `launch` (one call = one pass) on the stream with its events.
-  auto time = [&](const std::function<bool()>& launch) -> double {
-    for (int i = 0; i < 3; ++i) {
-      if (!launch()) return -1;
-    }
-    if (!stream->Synchronize().ok()) return -1;
-    std::vector<double> ms;
-    for (int r = 0; r < rounds; ++r) {
-      auto e0 = stream->Record();
-      for (int i = 0; i < reps; ++i) {
-        if (!launch()) return -1;
-      }
-      auto e1 = stream->Record();
-      if (!e0.ok() || !e1.ok() || !stream->Synchronize().ok()) return -1;
-      auto us = (*e1)->MicrosSince(**e0);
-      if (!us.ok()) return -1;
-      ms.push_back(*us / 1000.0 / reps);
-    }
-    return kiln::bench::Median(ms);
+  auto time = [&](const std::function<bool()>& launch) {
+    return kiln::bench::TimeOnStream(*stream, rounds, reps, launch);
   };
 
   const int64_t groups = 32;
