@@ -20,6 +20,8 @@
 #include "engine/ir/text.h"
 
 namespace kiln {
+// A namespace of its own: unity builds put this file beside autodiff_test.cc.
+namespace conv_backward_weights_test {
 namespace {
 
 struct ConvCase {
@@ -382,4 +384,5 @@ TEST(ConvBackwardWeights, BadPayloadsAndShapesAreRefused) {
 }
 
 }  // namespace
+}  // namespace conv_backward_weights_test
 }  // namespace kiln

@@ -19,6 +19,8 @@
 #include "engine/ir/text.h"
 
 namespace kiln {
+// A namespace of its own: unity builds put this file beside autodiff_test.cc.
+namespace max_pool_backward_test {
 namespace {
 
 struct PoolCase {
@@ -281,4 +283,5 @@ TEST(MaxPoolBackward, BadPayloadsAndShapesAreRefused) {
 }
 
 }  // namespace
+}  // namespace max_pool_backward_test
 }  // namespace kiln

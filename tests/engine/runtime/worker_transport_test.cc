@@ -55,7 +55,7 @@ TEST(WorkerTransport, UploadPiecesCoverTheCopyInOrder) {
   EXPECT_EQ(at, 25 * kMiB + 3);
 }
 
-class WorkerTransportRoundTrip : public testing::TestWithParam<int64_t> {
+class WorkerTransportRoundTrip : public ::testing::TestWithParam<int64_t> {
  protected:
   void SetUp() override {
     WorkerOptions o;
@@ -127,8 +127,8 @@ TEST_P(WorkerTransportRoundTrip, ConcurrentStreamsKeepTheirOwnPieces) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PieceBytes, WorkerTransportRoundTrip,
-                         testing::Values(int64_t{0}, kMiB, 4 * kMiB),
-                         [](const testing::TestParamInfo<int64_t>& i) {
+                         ::testing::Values(int64_t{0}, kMiB, 4 * kMiB),
+                         [](const ::testing::TestParamInfo<int64_t>& i) {
                            return i.param == 0 ? std::string("OnePiece")
                                                : std::to_string(i.param / kMiB) + "MiB";
                          });
