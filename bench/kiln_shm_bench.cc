@@ -13,10 +13,17 @@
 //              caller holding HostTensors gets)
 //   shm_inplace  the tensor lives in shared memory: a RunRequest naming a
 //              region the caller filled once, outputs read in place (what
-//              a caller that lays out its tensors in shared memory gets)
+//              a caller that lays out its tensors in shared memory gets),
+//              sent as a gRPC Run
+//   shm_inplace_socket  the same RunRequest sent over kilnd's shared-memory
+//              socket (ShmConnection::TryRun; docs/server.md "Runs over the
+//              socket"), when the kilnd takes runs there
+// shm_copy is the default client: since sock12 its Run goes over the socket too
+// (RunResult::shm_run says; "shm_copy_socket_runs" in the JSON).
 //
-// Blocks of runs alternate grpc, shm_copy, shm_inplace, grpc_unix; medians and p90 per
-// mode. Starts its own kilnd unless --addr is given. Prints one JSON object
+// Blocks of runs alternate grpc, shm_copy, shm_inplace, grpc_unix,
+// shm_inplace_socket; medians and p90 per mode. --kilnd runs another build's
+// kilnd (main's, for a before/after in one run). Starts its own kilnd unless --addr is given. Prints one JSON object
 // on stdout.
 #include <algorithm>
 #include <chrono>
@@ -24,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +83,8 @@ int Main(int argc, char** argv) {
   app.add_option("--blocks", blocks, "alternating blocks per mode");
   app.add_option("--runs", runs, "runs per block");
   app.add_option("--n", n, "x is f32[n, n]");
+  std::string kilnd_binary;
+  app.add_option("--kilnd", kilnd_binary, "the kilnd binary to start (default: this build's)");
   std::string unix_socket;
   app.add_option("--unix-socket", unix_socket,
                  "with --addr: kilnd's Unix socket path, for the grpc_unix mode");
@@ -86,7 +96,7 @@ int Main(int argc, char** argv) {
   if (addr.empty()) {
     cache = std::make_unique<testing::ScratchDir>();
     unix_socket = cache->path() + "/kilnd.sock";
-    auto k = testing::KilndChild::Start(cache->path() + "/cache", "",
+    auto k = testing::KilndChild::Start(cache->path() + "/cache", kilnd_binary,
                                         {"--listen=127.0.0.1:0,unix:" + unix_socket});
     if (!k.ok()) {
       std::fprintf(stderr, "kilnd: %s\n", std::string(k.status().message()).c_str());
@@ -106,7 +116,10 @@ int Main(int argc, char** argv) {
     if (!c.ok()) return 1;
     unix_client = *std::move(c);
   }
-  const int modes = unix_client ? 4 : 3;
+  // Modes 0 grpc, 1 shm_copy, 2 shm_inplace, 3 grpc_unix (when a Unix
+  // socket), 4 shm_inplace_socket (when kilnd takes runs on its socket).
+  std::vector<int> modes = {0, 1, 2};
+  if (unix_client) modes.push_back(3);
   const std::string text = "graph \"identity\"\ninput x: f32[" + std::to_string(n) + ", " +
                            std::to_string(n) + "]\nlet y = x * 1\nout y\n";
   auto session = (*grpc_client)->CreateSession(GraphFromText(text));
@@ -130,6 +143,7 @@ int Main(int argc, char** argv) {
   }
   auto region = (*connection)->CreateRegion("bench-inplace", 2 * bytes + 4096);
   if (!region.ok()) return 1;
+  if ((*connection)->takes_runs()) modes.push_back(4);
   std::memcpy((*region)->data(), values.data(), bytes);
   v1::RunRequest inplace;
   inplace.set_session_id(sid);
@@ -148,15 +162,28 @@ int Main(int argc, char** argv) {
 
   Client::RunOptions with_report;
   with_report.report = true;
-  Samples grpc, shm_copy, shm_inplace, grpc_unix;
+  Samples grpc, shm_copy, shm_inplace, grpc_unix, shm_inplace_socket;
   bool checked = false;
+  bool shm_copy_socket_runs = true;
   auto one = [&](int mode, bool record) -> bool {
     const auto t0 = Clock::now();
     double engine_us = 0;
-    if (mode == 2) {
+    if (mode == 2 || mode == 4) {
       v1::RunResponse resp;
-      auto c = (*grpc_client)->NewContext();
-      grpc::Status s = (*grpc_client)->stub().Run(c.get(), inplace, &resp);
+      grpc::Status s;
+      if (mode == 2) {
+        auto c = (*grpc_client)->NewContext();
+        s = (*grpc_client)->stub().Run(c.get(), inplace, &resp);
+      } else {
+        std::optional<absl::StatusOr<v1::RunResponse>> r =
+            (*connection)->TryRun(inplace, absl::InfiniteFuture());
+        if (!r || !r->ok()) {
+          std::fprintf(stderr, "in place over the socket: %s\n",
+                       !r ? "not sent" : std::string(r->status().message()).c_str());
+          return false;
+        }
+        resp = **std::move(r);
+      }
       if (!s.ok() || resp.outputs_size() != 1 || !resp.outputs(0).has_shm()) {
         std::fprintf(stderr, "in place: %s\n", s.error_message().c_str());
         return false;
@@ -177,6 +204,7 @@ int Main(int argc, char** argv) {
         return false;
       }
       if (!checked && r->output("y")->data_as<float>()[777] != values[777]) return false;
+      if (mode == 1) shm_copy_socket_runs = shm_copy_socket_runs && r->shm_run;
       engine_us = r->report.run_micros();
     }
     const double total_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -184,19 +212,20 @@ int Main(int argc, char** argv) {
       (mode == 0   ? grpc
        : mode == 1 ? shm_copy
        : mode == 2 ? shm_inplace
-                   : grpc_unix)
+       : mode == 3 ? grpc_unix
+                   : shm_inplace_socket)
           .Add(total_us, engine_us);
     }
     return true;
   };
-  for (int mode = 0; mode < modes; ++mode) {
+  for (int mode : modes) {
     for (int i = 0; i < 5; ++i) {
       if (!one(mode, false)) return 1;
     }
   }
   checked = true;
   for (int b = 0; b < blocks; ++b) {
-    for (int mode = 0; mode < modes; ++mode) {
+    for (int mode : modes) {
       for (int i = 0; i < runs; ++i) {
         if (!one(mode, true)) return 1;
       }
@@ -215,6 +244,13 @@ int Main(int argc, char** argv) {
       {"load_1min", Load()},
       {"targets",
        {{"grpc_added_ms<=2", g <= 2}, {"shm_added_ms<=0.2", p <= 0.2}, {"shm_copy_added_ms", c}}}};
+  out["shm_copy_socket_runs"] = shm_copy_socket_runs;
+  if (std::find(modes.begin(), modes.end(), 4) != modes.end()) {
+    const double k = Percentile(shm_inplace_socket.added_us, 0.5) / 1000;
+    out["shm_inplace_socket"] = shm_inplace_socket.Json();
+    out["targets"]["shm_socket_added_ms<=0.2"] = k <= 0.2;
+    out["shm_inplace_grpc_over_socket_added"] = k > 0 ? p / k : 0;
+  }
   if (unix_client) {
     const double u = Percentile(grpc_unix.added_us, 0.5) / 1000;
     out["grpc_unix"] = grpc_unix.Json();

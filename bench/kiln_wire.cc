@@ -13,7 +13,9 @@
 //       round trip + 60 us when the in-process engine matches the peer).
 //
 // The client sends tensors as bytes in the gRPC messages (shared memory
-// off: kiln_shm_bench measures that transport). --cases picks (a), (b) or
+// off: kiln_shm_bench measures that transport) unless --transport says shm
+// (shared memory, Run over gRPC) or shm_run (shared memory, Run over kilnd's
+// shared-memory socket: docs/server.md "Runs over the socket"). --cases picks (a), (b) or
 // both. Starts its own kilnd (temp cache dir, ephemeral ports). Prints one
 // JSON object on one line of stdout; progress goes to stderr.
 #include <sys/utsname.h>
@@ -93,6 +95,9 @@ struct Flags {
   int runs = 20;  // per block (the first of each block is dropped)
   int warmup = 150;  // kilnd calls before timing
   std::vector<std::string> cases = {"four_mib", "mlp_b1"};
+  // bytes: tensors in gRPC messages; shm: shared memory, Run over gRPC;
+  // shm_run: shared memory, Run over kilnd's shared-memory socket.
+  std::string transport = "bytes";
 };
 
 // One graph through kilnd and in-process, alternating blocks.
@@ -126,6 +131,12 @@ Side Measure(const Client& client, const std::string& session, const TensorMap& 
         absl::StatusOr<Client::RunResult> r = client.Run(session, inputs, with_report);
         const double us = MicrosSince(t0);
         Die(r.status(), "kilnd run");
+        if (f.transport != "bytes" && (!r->shared_memory || r->shm_run != (f.transport == "shm_run"))) {
+          std::fprintf(stderr, "kiln_wire: the run did not go as --transport=%s says (kilnd %s)\n",
+                       f.transport.c_str(), r->shared_memory ? "took no runs on its socket"
+                                                             : "gave no shared memory");
+          std::exit(1);
+        }
         if (i == 0) {
           const HostTensor* y = r->output(output);
           if (y == nullptr || y->bytes() != expect.bytes()) {
@@ -156,6 +167,10 @@ int Main(int argc, char** argv) {
   app.add_option("--cases", f.cases, "four_mib, mlp_b1 (default both)")
       ->delimiter(',')
       ->check(CLI::IsMember({"four_mib", "mlp_b1"}));
+  app.add_option("--transport", f.transport,
+                 "bytes (tensors in the gRPC messages, default), shm (shared memory, Run over "
+                 "gRPC) or shm_run (shared memory, Run over kilnd's shared-memory socket)")
+      ->check(CLI::IsMember({"bytes", "shm", "shm_run"}));
   CLI11_PARSE(app, argc, argv);
   auto wanted = [&](const char* c) {
     return std::find(f.cases.begin(), f.cases.end(), c) != f.cases.end();
@@ -164,16 +179,17 @@ int Main(int argc, char** argv) {
   testing::ScratchDir cache, engine_cache;
   auto kilnd = testing::KilndChild::Start(cache.path(), f.kilnd);
   Die(kilnd.status(), "kilnd");
-  // Tensor bytes in the messages: what this bench measures.
+  // Tensor bytes in the messages by default: what this bench measured first.
   ClientOptions grpc_bytes;
-  grpc_bytes.shared_memory = false;
+  grpc_bytes.shared_memory = f.transport != "bytes";
+  grpc_bytes.shm_runs = f.transport == "shm_run";
   auto client = Client::Create((*kilnd)->addr(), grpc_bytes);
   Die(client.status(), "client");
   EngineOptions eo;
   eo.cache_dir = engine_cache.path();
   auto engine = Engine::Create(eo);
   Die(engine.status(), "engine");
-  json out = {{"bench", "kiln_wire"}, {"machine", Machine()}};
+  json out = {{"bench", "kiln_wire"}, {"machine", Machine()}, {"transport", f.transport}};
 
   // (a) 4 MiB each way.
   if (wanted("four_mib")) {

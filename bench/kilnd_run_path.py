@@ -9,7 +9,11 @@ another process was busy):
   in_process   the layer in a long-lived `kiln_bench timings` worker (the engine
                alone, 2 threads; the same layer and shapes)
   shm, bytes   kiln.Client with shared memory (the default for a local kilnd) and
-               with the tensor bytes in the messages, on a kilnd of their own
+               with the tensor bytes in the messages, on a kilnd of their own;
+               since sock12 the default client sends the Run itself over kilnd's
+               shared-memory socket
+  shm_grpc     shared memory with the Run over gRPC (kiln.Client(shm_runs=False)),
+               for a build whose client has it: the socket's gain in one kilnd
   grpc_idle    a bare grpc.health Check to that kilnd after the client slept as
                long as the in-process run: what one round trip costs when both
                processes were idle meanwhile, as they are during a Run
@@ -89,8 +93,17 @@ def worker(args):
     proc, addr = start_kilnd(os.path.join(args.worker, "server", "kilnd"), d)
     try:
         sessions, clients = {}, {}
-        for mode in ("shm", "bytes"):
-            c = kiln.Client(addr, shared_memory=(mode == "shm"))
+        modes = ["shm", "bytes"]
+        try:
+            kiln.Client(addr, shm_runs=False).close()
+            modes.append("shm_grpc")
+        except TypeError:
+            pass  # a client without runs over the socket
+        for mode in modes:
+            if mode == "shm_grpc":
+                c = kiln.Client(addr, shm_runs=False)
+            else:
+                c = kiln.Client(addr, shared_memory=(mode != "bytes"))
             s = c.create_session(graph, device="cpu:0")
             s.set_params(params)
             y = np.asarray(s.run({"x": tensors["x"]})["y"])
@@ -100,10 +113,12 @@ def worker(args):
             clients[mode], sessions[mode] = c, s
         if not clients["shm"].last_run_shared_memory:
             raise RuntimeError("the default client did not use shared memory")
+        over_socket = getattr(clients["shm"], "last_run_over_shm_socket", False)
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
         check = health_pb2.HealthCheckRequest()
         x = {"x": tensors["x"]}
-        print(json.dumps({"ready": True}), flush=True)
+        print(json.dumps({"ready": True, "modes": modes, "shm_over_socket": over_socket}),
+              flush=True)
         for line in sys.stdin:
             parts = line.split()
             mode, n, warm = parts[0], int(parts[1]), int(parts[2])
@@ -157,6 +172,7 @@ class Proc:
             if not line:
                 raise RuntimeError(f"{cmd[0]} exited before it was ready")
             if "ready" in line:
+                self.ready = json.loads(line)
                 return
 
     def ask(self, line):
@@ -208,8 +224,13 @@ def main():
             workers[name] = Proc([sys.executable, os.path.abspath(__file__), "--worker", b,
                                   "--export", export], wenv)
         blocks = [("in_process", None)]
+        run_modes = {}
         for name in builds:
-            blocks += [(name, "shm"), (name, "bytes"), (name, "grpc_idle"), (name, "grpc_busy")]
+            run_modes[name] = workers[name].ready.get("modes", ["shm", "bytes"])
+            out.setdefault("shm_over_socket", {})[name] = workers[name].ready.get(
+                "shm_over_socket", False)
+            blocks += [(name, m) for m in run_modes[name]]
+            blocks += [(name, "grpc_idle"), (name, "grpc_busy")]
         blocks.append((next(iter(builds)), "socket_idle"))
         rows = {}  # (build, mode) -> [row]
         per_round = []
@@ -239,7 +260,7 @@ def main():
                 rows.setdefault((name, mode), []).extend(rs)
                 got[f"{name}_{mode}_us"] = statistics.median(x["wall_us"] for x in rs)
             for name in builds:
-                for mode in ("shm", "bytes"):
+                for mode in run_modes[name]:
                     got[f"{name}_{mode}_added_pct"] = 100 * (got[f"{name}_{mode}_us"] / inproc_us - 1)
             per_round.append(got)
         inproc.close()
@@ -250,7 +271,7 @@ def main():
     for (name, mode), rs in rows.items():
         key = name if not mode else f"{name}_{mode}"
         summary[key] = {k: round(med([x[k] for x in rs]), 1) for k in rs[0]}
-        if mode in ("shm", "bytes"):
+        if mode in ("shm", "bytes", "shm_grpc"):
             summary[key]["added_pct_median_of_rounds"] = round(
                 med([g[f"{name}_{mode}_added_pct"] for g in per_round]), 1)
             summary[key]["added_us_over_in_process"] = round(summary[key]["wall_us"] - base, 1)

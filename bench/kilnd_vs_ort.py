@@ -10,12 +10,21 @@
            kilnd p50 - (ORT p50 + round trip p50); the median over rounds against 60 us.
            ORT's time is taken in its Node process (session.run), so it includes the Node
            binding's per-call cost: the peer is slower than ORT's C API would be.
+           --wire_transports (default bytes,shm,shm_run) runs kiln_wire once per transport
+           each round: tensors in the gRPC messages, in shared memory with Run over gRPC,
+           and in shared memory with Run over kilnd's shared-memory socket (sock12). With
+           --before BUILD0, BUILD0's kiln_wire (its default transport) runs in the same
+           rounds too.
   encoder  "encoder layer through kilnd vs in-process, Python and C++ clients, <= 5% added".
            C++: `kiln_load --encoder-overhead` (the C++ client's default transport; its
            JSON says whether that was shared memory). Python: kiln.Client on a kilnd of its
            own, with shared memory (the default for a local kilnd) and with tensor bytes in
            the messages, rounds alternating with `kiln_bench encoder` (the same layer, the
            same weights and input, in process); outputs checked against Kiln in process.
+           The C++ client runs twice: its default (Run over the shared-memory socket, when
+           kilnd takes runs there) and with KILN_SHM_RUN=0 (Run over gRPC); Python adds a
+           client with shm_runs=False ("shm_grpc") when the package has it. With --before
+           BUILD0, BUILD0's kiln_load runs too.
 
   /usr/bin/python3 bench/kilnd_vs_ort.py BUILD_DIR [--parts mlp,encoder] [--rounds 5]
 
@@ -52,31 +61,48 @@ def mlp_part(build, args, env, tmp):
              env)
     model, t = build_onnx(os.path.join(tmp, "b1"))
     d = os.path.join(tmp, "b1")
+    transports = args.wire_transports.split(",")
+    wires = [(t, [wire, "--transport", t]) for t in transports]
+    if args.before:
+        # The other build's kiln_wire with its own default transport and kilnd.
+        wires.append(("before", [os.path.join(os.path.abspath(args.before), "bench",
+                                              "kiln_wire")]))
     rounds = []
     for r in range(args.rounds):
-        w = run_json([wire, "--cases", "mlp_b1", "--blocks", str(args.wire_blocks), "--runs",
-                      str(args.wire_runs), "--warmup", "100"], env)["mlp_b1"]
+        row = {"load": load()}
+        ws = {}
+        # The order rotates: no transport always runs first after ORT's process.
+        for name, cmd in wires[r % len(wires):] + wires[:r % len(wires)]:
+            ws[name] = run_json(cmd + ["--cases", "mlp_b1", "--blocks", str(args.wire_blocks),
+                                       "--runs", str(args.wire_runs), "--warmup", "100"],
+                                env)["mlp_b1"]
         cmd = ["node", os.path.join(ort_dir, "ort_run.js"), model, os.path.join(d, "inputs.json"),
                "--iters", str(args.ort_iters), "--warmup", "50", "--threads", "2"]
         if r == 0:
             cmd += ["--out", os.path.join(d, "y_ort.bin")]
         ort_us = run_json(cmd, env)["p50_ms"] * 1000
-        kilnd = w["kilnd_client_latency"]["p50_us"]
-        rtt = w["bare_grpc_round_trip"]["p50_us"]
-        inproc = w["in_process_run"]["p50_us"]
-        rounds.append({"load": load(), "kilnd_us": kilnd, "ort_in_process_us": ort_us,
-                       "bare_round_trip_us": rtt, "kiln_in_process_us": inproc,
-                       "kilnd_minus_ort_and_round_trip_us": kilnd - ort_us - rtt,
-                       "kilnd_minus_kiln_in_process_and_round_trip_us": kilnd - inproc - rtt})
+        row["ort_in_process_us"] = ort_us
+        for name, w in ws.items():
+            kilnd = w["kilnd_client_latency"]["p50_us"]
+            rtt = w["bare_grpc_round_trip"]["p50_us"]
+            inproc = w["in_process_run"]["p50_us"]
+            row[name] = {"kilnd_us": kilnd, "bare_round_trip_us": rtt,
+                         "kiln_in_process_us": inproc,
+                         "kilnd_minus_ort_and_round_trip_us": kilnd - ort_us - rtt,
+                         "kilnd_minus_kiln_in_process_and_round_trip_us": kilnd - inproc - rtt}
+        rounds.append(row)
     y_ort = np.fromfile(os.path.join(d, "y_ort.bin"), dtype=np.float32)
     ort_diff = float(np.max(np.abs(y_ort - t["y_ref"].reshape(-1))))
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k != "load"}
-    added = med["kilnd_minus_ort_and_round_trip_us"]
+    med = {"ort_in_process_us": statistics.median(r["ort_in_process_us"] for r in rounds)}
+    for name, _ in wires:
+        med[name] = {k: statistics.median(r[name][k] for r in rounds) for k in rounds[0][name]}
+    added = {name: med[name]["kilnd_minus_ort_and_round_trip_us"] for name, _ in wires}
     return {"model": "MLP 784-512-512-10, f32, batch 1, cpu:0, 2 threads",
             "medians": med, "rounds": rounds,
             "ort_max_abs_diff_vs_f64": ort_diff,
-            "target": "kilnd <= ORT in-process + bare round trip + 60 us",
-            "added_over_ort_and_round_trip_us": added, "met": added <= 60}
+            "target": "kilnd <= ORT in-process + bare gRPC round trip + 60 us",
+            "added_over_ort_and_round_trip_us": added,
+            "met": {name: a <= 60 for name, a in added.items()}}
 
 
 def start_kilnd(binary, d):
@@ -103,17 +129,24 @@ def encoder_part(build, args, env, tmp):
     from kiln._proto.kiln.v1 import graph_pb2
 
     out = {"model": "BERT-base encoder layer, f32, batch 1, seq 128, 2 threads", "target_pct": 5}
-    # C++ client.
-    load_bin = os.path.join(build, "bench", "kiln_load")
-    cpp = run_json([load_bin, "--encoder-overhead", "--encoder-blocks", str(2 * args.rounds),
-                    "--block-runs", str(args.encoder_runs)], env)["encoder_overhead"]
-    out["cpp_client"] = {k: cpp[k] for k in ("overhead_pct_of_medians",
-                                             "overhead_pct_median_of_block_ratios",
-                                             "kilnd_engine_run_p50_us", "kilnd_non_engine_p50_us",
-                                             "shared_memory")}
-    out["cpp_client"]["in_process_p50_us"] = cpp["in_process"]["p50_us"]
-    out["cpp_client"]["kilnd_p50_us"] = cpp["kilnd"]["p50_us"]
-    out["cpp_client"]["load"] = load()
+    # C++ client: its default, then Run over gRPC (KILN_SHM_RUN=0), then the
+    # other build's.
+    keys = ("overhead_pct_of_medians", "overhead_pct_median_of_block_ratios",
+            "kilnd_engine_run_p50_us", "kilnd_non_engine_p50_us", "shared_memory")
+    runs = [("cpp_client", os.path.join(build, "bench", "kiln_load"), env),
+            ("cpp_client_grpc_run", os.path.join(build, "bench", "kiln_load"),
+             dict(env, KILN_SHM_RUN="0"))]
+    if args.before:
+        runs.append(("cpp_client_before",
+                     os.path.join(os.path.abspath(args.before), "bench", "kiln_load"), env))
+    for name, load_bin, e in runs:
+        cpp = run_json([load_bin, "--encoder-overhead", "--encoder-blocks", str(2 * args.rounds),
+                        "--block-runs", str(args.encoder_runs)], e)["encoder_overhead"]
+        out[name] = {k: cpp[k] for k in keys}
+        out[name]["shm_run"] = cpp.get("shm_run", False)
+        out[name]["in_process_p50_us"] = cpp["in_process"]["p50_us"]
+        out[name]["kilnd_p50_us"] = cpp["kilnd"]["p50_us"]
+        out[name]["load"] = load()
     # Python client.
     bench = os.path.join(build, "bench", "engine", "kiln_bench")
     d = os.path.join(tmp, "enc")
@@ -130,6 +163,10 @@ def encoder_part(build, args, env, tmp):
     try:
         clients = {"shared_memory": kiln.Client(addr),
                    "bytes": kiln.Client(addr, shared_memory=False)}
+        try:  # Run over gRPC with shared memory (a package with shm_runs)
+            clients["shm_grpc"] = kiln.Client(addr, shm_runs=False)
+        except TypeError:
+            pass
         sessions = {}
         for name, c in clients.items():
             s = c.create_session(graph, device="cpu:0")
@@ -165,14 +202,17 @@ def encoder_part(build, args, env, tmp):
                 row[name + "_added_pct"] = 100 * (row[name + "_ms"] / row["in_process_ms"] - 1)
             rounds.append(row)
         used_shm = clients["shared_memory"].last_run_shared_memory
+        used_socket = getattr(clients["shared_memory"], "last_run_over_shm_socket", False)
     finally:
         proc.terminate()
         proc.wait(30)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]
            if k not in ("load", "first")}
     out["python_client"] = {"medians": med, "rounds": rounds,
-                            "default_client_used_shared_memory": used_shm}
+                            "default_client_used_shared_memory": used_shm,
+                            "default_client_ran_over_shm_socket": used_socket}
     out["met"] = {"cpp": out["cpp_client"]["overhead_pct_of_medians"] <= 5,
+                  "cpp_grpc_run": out["cpp_client_grpc_run"]["overhead_pct_of_medians"] <= 5,
                   "python_shared_memory": med["shared_memory_added_pct"] <= 5,
                   "python_bytes": med["bytes_added_pct"] <= 5}
     return out
@@ -187,6 +227,9 @@ def main():
     ap.add_argument("--wire_runs", type=int, default=25)
     ap.add_argument("--ort_iters", type=int, default=300)
     ap.add_argument("--encoder_runs", type=int, default=6)
+    ap.add_argument("--wire_transports", default="bytes,shm,shm_run")
+    ap.add_argument("--before", help="another build's directory (its kiln_wire and kiln_load "
+                                     "run in the same invocation)")
     args = ap.parse_args()
     build = os.path.abspath(args.build_dir)
     sys.path.insert(0, os.path.join(build, "clients", "python"))

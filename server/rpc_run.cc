@@ -52,12 +52,22 @@ void MarkReusedReport(v1::CompileReport& report) {
 
 namespace {
 
-class RunReactor final : public grpc::ServerUnaryReactor {
+// One Run, whichever transport brought it: gRPC's Run (GrpcRunCall) or a
+// run message on the shared-memory socket (SocketRunCall, server/shm_regions.h).
+// Everything between the request's bytes and the response's is this one
+// class: authentication aside (the transport's), every check, quota, limit,
+// deadline, cancellation, metric, log line and report is the same code.
+class RunCall {
  public:
-  RunReactor(KilnService& service, grpc::CallbackServerContext* ctx,
-             const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
-      : service_(service), ctx_(ctx), request_bytes_(*request_bytes),
-        response_bytes_(*response_bytes) {
+  RunCall(KilnService& service, const grpc::ByteBuffer& request_bytes,
+          grpc::ByteBuffer& response_bytes)
+      : service_(service), request_bytes_(request_bytes), response_bytes_(response_bytes) {}
+  virtual ~RunCall() = default;
+  RunCall(const RunCall&) = delete;
+  RunCall& operator=(const RunCall&) = delete;
+
+  // Admits the run and starts it; it is answered (Send) here or later.
+  void Start() {
     if (absl::Status s = Admit(); !s.ok()) {
       Complete(s);
       return;
@@ -90,7 +100,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
 
   // The client went away (or the deadline passed): a run still in its
   // device's queue is dropped at once; a running one stops between kernels.
-  void OnCancel() override {
+  void CancelRun() {
     cancelled_.store(true);
     std::optional<Engine::RunTicket> ticket;
     Batcher::Ticket member;
@@ -115,14 +125,30 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     // after OnCancel returns.
     if (ticket) service_.deps().engine->CancelQueued(*ticket);
   }
-  void OnDone() override { delete this; }
+
+ protected:
+  // The transport's part: names and authenticates the call (KilnService::
+  // Begin or BeginLocal).
+  virtual absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) = 0;
+  virtual absl::Time Deadline() const = 0;
+  // The status the call ends with, from the run's (a transport may say more).
+  virtual absl::Status Outcome(absl::Status s) const { return s; }
+  // Answers the call with `s` and, when OK, response_bytes_; the last use of
+  // `this` (it may be gone after).
+  virtual void Send(const absl::Status& s) = 0;
+  // The most output bytes the answer may carry in the response (0: no
+  // limit). A run whose outputs as bytes would pass it is refused before it
+  // runs, with a message starting "nothing ran: ".
+  virtual int64_t MaxResponseOutputBytes() const { return 0; }
+
+  const KilnService::Call& call() const { return call_; }
+  const grpc::ByteBuffer& response_bytes() const { return response_bytes_; }
 
  private:
   absl::Status Admit() {
     const ServiceDeps& d = service_.deps();
-    KILN_RETURN_IF_ERROR(
-        service_.Begin(ctx_, "Run", static_cast<int64_t>(request_bytes_.Length()), call_));
-    d.metrics->ObserveRequestBytes(call_.tenant->name(), "Run",
+    KILN_RETURN_IF_ERROR(BeginCall(call_, static_cast<int64_t>(request_bytes_.Length())));
+    d.metrics->ObserveRequestBytes(call_.tenant->name(), call_.method,
                                    static_cast<int64_t>(request_bytes_.Length()));
     // Large tensors land in aligned memory the engine reads in place.
     KILN_RETURN_IF_ERROR(ParseRunRequest(request_bytes_, *wire_));
@@ -286,12 +312,6 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     MarkReusedReport(compile_);
   }
 
-  absl::Time Deadline() const {
-    const auto deadline = ctx_->deadline();
-    if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-    return absl::FromChrono(deadline);
-  }
-
   // The session's params for exe_: its state set when it is stateful.
   absl::Status BindSessionParams() {
     if (!session_->stateful()) {
@@ -377,6 +397,9 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       KILN_RETURN_IF_ERROR(shm_->PlanOutputs(types));
       options.output_destinations = shm_->Destinations();
     }
+    if (const int64_t limit = MaxResponseOutputBytes(); limit > 0) {
+      KILN_RETURN_IF_ERROR(CheckResponseOutputBytes(limit));
+    }
     // The run may end before RunAsync returns: inline here (its outcome is
     // kept and the call answered below, after the lock), or on a device
     // thread, whose callback waits until the ticket is stored.
@@ -401,6 +424,26 @@ class RunReactor final : public grpc::ServerUnaryReactor {
     }
     if (ran_inline) Complete(*ran_inline);
     return absl::OkStatus();
+  }
+
+  // The outputs that would come back as bytes (not planned into shared
+  // memory), by the executable's signature, against `limit`.
+  absl::Status CheckResponseOutputBytes(int64_t limit) const {
+    int64_t total = 0;
+    for (const GraphSignature::Entry& e : exe_->signature().outputs) {
+      if (shm_ && shm_->Planned(e.name)) continue;
+      int64_t n = ElementSize(e.type.dtype());
+      for (const v1::Dim& dim : e.type.dims()) {
+        if (!dim.has_size()) continue;  // not known before the run
+        n = dim.size() > 0 && n > limit / dim.size() ? limit + 1 : n * dim.size();
+      }
+      total = std::min(limit + 1, total + n);
+    }
+    if (total <= limit) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "nothing ran: the run's outputs as bytes would pass ", limit,
+        " bytes, what an answer on kilnd's shared-memory socket can carry (max_run_message_bytes"
+        "): give shm_output_area or shm_outputs room for them, or run it over gRPC"));
   }
 
   absl::Status BuildResponse(absl::StatusOr<RunResult> result) {
@@ -490,6 +533,7 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   // Last use of `this` before OnDone may delete it. The in-flight slot is
   // free before the answer leaves: a client answered may submit again at once.
   void Complete(absl::Status s) {
+    s = Outcome(std::move(s));
     if (s.ok()) {
       if (!outputs_) outputs_ = std::make_shared<NamedHostTensors>();
       absl::StatusOr<WireOutputBytes> sent =
@@ -513,11 +557,10 @@ class RunReactor final : public grpc::ServerUnaryReactor {
       holds_run_ = false;
       call_.tenant->ReleaseRun();
     }
-    Finish(ToGrpc(s));
+    Send(s);
   }
 
   KilnService& service_;
-  grpc::CallbackServerContext* const ctx_;
   const grpc::ByteBuffer& request_bytes_;
   grpc::ByteBuffer& response_bytes_;
   // Shared with a batch this run joins: its inputs are views into it (the
@@ -548,6 +591,110 @@ class RunReactor final : public grpc::ServerUnaryReactor {
   absl::Mutex ticket_mu_;
   std::optional<Engine::RunTicket> ticket_ ABSL_GUARDED_BY(ticket_mu_);  // queued on a device
   Batcher::Ticket member_ ABSL_GUARDED_BY(ticket_mu_);  // in the session's batcher
+};
+
+// Kiln.Run: gRPC's callback API; gRPC deletes it (OnDone) after Finish.
+class GrpcRunCall final : public grpc::ServerUnaryReactor, public RunCall {
+ public:
+  GrpcRunCall(KilnService& service, grpc::CallbackServerContext* ctx,
+              const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
+      : RunCall(service, *request_bytes, *response_bytes), ctx_(ctx), svc_(service) {}
+
+  void OnCancel() override { CancelRun(); }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
+    return svc_.Begin(ctx_, "Run", request_bytes, call);
+  }
+  absl::Time Deadline() const override {
+    const auto deadline = ctx_->deadline();
+    if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+    return absl::FromChrono(deadline);
+  }
+  void Send(const absl::Status& s) override { Finish(ToGrpc(s)); }
+
+  grpc::CallbackServerContext* const ctx_;
+  KilnService& svc_;
+};
+
+// A run message on the shared-memory socket (ShmRunRequest). Its request
+// bytes are the message's `run` field in a grpc::ByteBuffer, so that it is
+// parsed exactly as gRPC's (large tensors into aligned memory), and its
+// response serialized as gRPC's, then sent as ShmServerMessage.run_response.
+// Holds itself until it is answered; the connection's thread holds it to
+// cancel it.
+struct SocketRunBuffers {
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+};
+class SocketRunCall final : private SocketRunBuffers, public RunCall, public ShmRunCall {
+ public:
+  SocketRunCall(KilnService& service, ShmRunRequest r)
+      : SocketRunBuffers{ToByteBuffer(std::move(r.run)), {}},
+        RunCall(service, SocketRunBuffers::request, SocketRunBuffers::response),
+        svc_(service), tenant_(r.tenant), deadline_(r.deadline),
+        request_id_(std::move(r.request_id)), answer_(std::move(r.answer)) {}
+
+  static std::shared_ptr<SocketRunCall> Create(KilnService& service, ShmRunRequest r) {
+    auto call = std::make_shared<SocketRunCall>(service, std::move(r));
+    call->self_ = call;
+    return call;
+  }
+
+  void Cancel() override { CancelRun(); }
+
+ private:
+  static grpc::ByteBuffer ToByteBuffer(std::string bytes) {
+    grpc::Slice slice(std::move(bytes));
+    return grpc::ByteBuffer(&slice, 1);
+  }
+
+  absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
+    return svc_.BeginLocal(tenant_, "ShmRun", request_bytes, request_id_, call);
+  }
+  absl::Time Deadline() const override { return deadline_; }
+  // Room for the response's other fields (report, names, headers) in a datagram.
+  int64_t MaxResponseOutputBytes() const override {
+    return ShmRegistry::kMaxRunMessageBytes - (int64_t{8} << 10);
+  }
+  // A cancel at or past the deadline is the connection's thread ending the
+  // run at its deadline (a gRPC client's deadline would say so itself).
+  absl::Status Outcome(absl::Status s) const override {
+    if (s.code() == absl::StatusCode::kCancelled && absl::Now() >= deadline_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the run's deadline (run_timeout_ms) passed: ", s.message()));
+    }
+    return s;
+  }
+  void Send(const absl::Status& s) override {
+    v1::ShmServerMessage a;
+    a.set_code(static_cast<int>(s.code()));
+    a.set_message(s.ok() ? std::string("ok") : ToGrpc(s).error_message());
+    a.set_request_id(call().request_id.empty() ? std::string("-") : call().request_id);
+    if (s.ok()) {
+      std::vector<grpc::Slice> slices;
+      if (response_bytes().Dump(&slices).ok()) {
+        std::string* out = a.mutable_run_response();
+        out->reserve(response_bytes().Length());
+        for (const grpc::Slice& slice : slices) {
+          out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+        }
+      }
+    }
+    // The last use of `this`: the answer may let the connection's thread
+    // drop its reference, and `keep` is the other.
+    std::shared_ptr<SocketRunCall> keep = std::move(self_);
+    std::function<void(v1::ShmServerMessage)> answer = std::move(answer_);
+    answer(std::move(a));
+  }
+
+  KilnService& svc_;
+  Tenant* const tenant_;
+  const absl::Time deadline_;
+  const std::string request_id_;
+  std::function<void(v1::ShmServerMessage)> answer_;
+  std::shared_ptr<SocketRunCall> self_;  // until answered
 };
 
 }  // namespace
@@ -635,7 +782,15 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
 grpc::ServerUnaryReactor* KilnService::Run(grpc::CallbackServerContext* ctx,
                                            const grpc::ByteBuffer* request,
                                            grpc::ByteBuffer* response) {
-  return new RunReactor(*this, ctx, request, response);
+  auto* call = new GrpcRunCall(*this, ctx, request, response);
+  call->Start();  // gRPC calls OnDone only after this handler returns
+  return call;
+}
+
+std::shared_ptr<ShmRunCall> KilnService::RunOnSocket(ShmRunRequest request) {
+  std::shared_ptr<SocketRunCall> call = SocketRunCall::Create(*this, std::move(request));
+  call->Start();
+  return call;
 }
 
 }  // namespace kiln::server

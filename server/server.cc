@@ -280,6 +280,13 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
     deps.models = s->models_.get();
   }
   s->service_ = std::make_unique<KilnService>(deps);
+  if (s->shm_) {
+    // Runs on the shared-memory socket: the service's Run code (StopRuns in
+    // the teardown, before the service goes).
+    s->shm_->SetRunner([service = s->service_.get()](ShmRunRequest r) {
+      return service->RunOnSocket(std::move(r));
+    });
+  }
 
   s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),
                              sessions = s->sessions_.get(), models = s->models_.get(),
@@ -415,6 +422,7 @@ bool KilnServer::Shutdown() {
 
 KilnServer::~KilnServer() {
   StopHealthWatcher();
+  if (shm_) shm_->StopRuns();  // no run starts on the socket from here
   if (server_ && !shut_down_) {
     service_->StartDraining();
     server_->Shutdown(std::chrono::system_clock::now());

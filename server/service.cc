@@ -106,6 +106,22 @@ absl::Status KilnService::Begin(grpc::CallbackServerContext* ctx, const char* me
   auto tenant = deps_.tenants->Authenticate(Metadata(ctx, "authorization"), peer);
   if (!tenant.ok()) return tenant.status();
   call.tenant = *tenant;
+  return Admit(method, request_bytes, call);
+}
+
+absl::Status KilnService::BeginLocal(Tenant* tenant, const char* method, int64_t request_bytes,
+                                     std::string_view request_id, Call& call) {
+  calls_begun_.fetch_add(1, std::memory_order_relaxed);
+  call.method = method;
+  call.start = absl::Now();
+  call.request_id = UsableRequestId(request_id)
+                        ? std::string(request_id)
+                        : absl::StrFormat("%06x-%d", boot_tag_, next_request_.fetch_add(1));
+  call.tenant = tenant;
+  return Admit(method, request_bytes, call);
+}
+
+absl::Status KilnService::Admit(const char* method, int64_t request_bytes, Call& call) {
   if (request_bytes > 0) {
     if (auto s = call.tenant->CheckRequestBytes(request_bytes, method); !s.ok()) return s;
   }

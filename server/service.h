@@ -148,12 +148,24 @@ class KilnService final : public RawKilnService {
   // the drain state. On error the call must still be ended with End().
   absl::Status Begin(grpc::CallbackServerContext* ctx, const char* method, int64_t request_bytes,
                      Call& call);
+  // Begin for a call that came on kilnd's shared-memory socket: its tenant
+  // is the connection's ticket's; `request_id` the client's (kept when short
+  // and plain, as x-request-id is).
+  absl::Status BeginLocal(Tenant* tenant, const char* method, int64_t request_bytes,
+                          std::string_view request_id, Call& call);
   // Logs one line, counts the request and releases the call.
   void End(Call& call, const absl::Status& status);
+
+  // A run message of the shared-memory socket (ShmRegistry's runner): the
+  // same run as Kiln.Run's, answered through request.answer. (rpc_run.cc)
+  std::shared_ptr<ShmRunCall> RunOnSocket(ShmRunRequest request);
 
   const ServiceDeps& deps() const { return deps_; }
 
  private:
+  // Begin's checks once the call is named and authenticated.
+  absl::Status Admit(const char* method, int64_t request_bytes, Call& call);
+
   const ServiceDeps deps_;
   std::atomic<uint64_t> next_request_ = 1;
   std::atomic<uint64_t> calls_begun_ = 0;

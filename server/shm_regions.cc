@@ -194,12 +194,51 @@ ShmRegistry::~ShmRegistry() {
     // The eventfd cannot be full (one write); Serve also polls with a timeout.
   }
   if (thread_.joinable()) thread_.join();
+  // Each connection's thread sees the eventfd too; a run of its own is
+  // cancelled and waited for.
+  std::map<uint64_t, std::thread> threads;
+  {
+    absl::MutexLock lock(&connections_mu_);
+    threads.swap(connection_threads_);
+  }
+  for (auto& [id, t] : threads) t.join();
   ::close(listen_fd_);
   ::close(wake_fd_);
   if (!unlink_path_.empty()) ::unlink(unlink_path_.c_str());
 }
 
-v1::ConnectSharedMemoryResponse ShmRegistry::NewTicket(const Tenant& tenant) {
+void ShmRegistry::SetRunner(ShmRunner runner) {
+  absl::MutexLock lock(&runner_mu_);
+  if (runs_stopped_) return;
+  runner_ = std::move(runner);
+  takes_runs_.store(runner_ != nullptr);
+}
+
+void ShmRegistry::StopRuns() {
+  {
+    absl::MutexLock lock(&runner_mu_);  // waits for runs being started
+    runs_stopped_ = true;
+    runner_ = nullptr;
+    takes_runs_.store(false);
+  }
+  std::vector<std::shared_ptr<ShmRunCall>> running;
+  {
+    absl::MutexLock lock(&runs_mu_);
+    for (auto& [id, call] : runs_) running.push_back(call);
+  }
+  for (const std::shared_ptr<ShmRunCall>& call : running) call->Cancel();
+  running.clear();
+  absl::MutexLock lock(&runs_mu_);
+  runs_mu_.Await(absl::Condition(
+      +[](std::map<uint64_t, std::shared_ptr<ShmRunCall>>* runs) { return runs->empty(); },
+      &runs_));
+}
+
+ShmRegistry::RunWait::~RunWait() {
+  if (event_fd >= 0) ::close(event_fd);
+}
+
+v1::ConnectSharedMemoryResponse ShmRegistry::NewTicket(Tenant& tenant) {
   unsigned char raw[16];
   // getrandom of 16 bytes from an initialized pool does not fail or come short.
   ssize_t got = ::getrandom(raw, sizeof(raw), 0);
@@ -240,6 +279,7 @@ v1::ConnectSharedMemoryResponse ShmRegistry::NewTicket(const Tenant& tenant) {
   r.set_ticket_ttl_ms(absl::ToInt64Milliseconds(kTicketTtl));
   r.set_max_regions(tenant.quota().max_shm_regions());
   r.set_max_bytes(tenant.quota().max_shm_bytes());
+  if (takes_runs_.load()) r.set_max_run_message_bytes(kMaxRunMessageBytes);
   return r;
 }
 
@@ -257,6 +297,8 @@ absl::StatusOr<std::shared_ptr<const ShmRegion>> ShmRegistry::Find(const Tenant&
 }
 
 void ShmRegistry::Serve() {
+  // Connections without a ticket yet; one with a ticket moves to a thread
+  // of its own (ServeConnection).
   std::vector<Connection> connections;
   while (!stopping_.load()) {
     std::vector<pollfd> fds;
@@ -270,13 +312,26 @@ void ShmRegistry::Serve() {
       continue;
     }
     if (stopping_.load()) break;
+    // Threads of connections that ended.
+    std::vector<std::thread> ended;
+    {
+      absl::MutexLock lock(&connections_mu_);
+      for (uint64_t id : ended_threads_) {
+        auto it = connection_threads_.find(id);
+        if (it == connection_threads_.end()) continue;
+        ended.push_back(std::move(it->second));
+        connection_threads_.erase(it);
+      }
+      ended_threads_.clear();
+    }
+    for (std::thread& t : ended) t.join();
     const absl::Time now = absl::Now();
     std::vector<bool> drop(connections.size(), false);
     for (size_t i = 0; i < connections.size(); ++i) {
       Connection& c = connections[i];
       const short ev = fds[i + 2].revents;
       if (ev & POLLIN) {
-        drop[i] = !HandleMessage(c);
+        drop[i] = !HandleMessage(c, /*own_thread=*/false);
       } else if (ev & (POLLHUP | POLLERR | POLLNVAL)) {
         drop[i] = true;
       }
@@ -284,19 +339,36 @@ void ShmRegistry::Serve() {
     }
     std::vector<Connection> kept;
     for (size_t i = 0; i < connections.size(); ++i) {
-      if (!drop[i]) {
+      if (drop[i]) {
+        if (connections[i].tenant != nullptr) {
+          absl::MutexLock lock(&connections_mu_);
+          --connections_per_tenant_[connections[i].tenant];
+        }
+        Close(connections[i]);
+      } else if (connections[i].tenant != nullptr) {
+        absl::MutexLock lock(&connections_mu_);
+        const uint64_t id = next_thread_++;
+        connection_threads_.emplace(
+            id, std::thread([this, id, c = std::move(connections[i])]() mutable {
+              ServeConnection(std::move(c));
+              absl::MutexLock lock(&connections_mu_);
+              ended_threads_.push_back(id);
+            }));
+      } else {
         kept.push_back(std::move(connections[i]));
-        continue;
       }
-      if (connections[i].tenant != nullptr) --connections_per_tenant_[connections[i].tenant];
-      Close(connections[i]);
     }
     connections = std::move(kept);
     if (fds[1].revents & POLLIN) {
       for (;;) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (connections.size() >= static_cast<size_t>(kMaxConnections)) {
+        size_t open = connections.size();
+        {
+          absl::MutexLock lock(&connections_mu_);
+          open += connection_threads_.size();
+        }
+        if (open >= static_cast<size_t>(kMaxConnections)) {
           ::close(fd);
           continue;
         }
@@ -307,12 +379,150 @@ void ShmRegistry::Serve() {
   for (Connection& c : connections) Close(c);
 }
 
-bool ShmRegistry::HandleMessage(Connection& c) {
-  char buffer[4096];
+void ShmRegistry::ServeConnection(Connection c) {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{c.fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int n = ::poll(fds, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("shared-memory connection: {}", Errno("poll"));
+      break;
+    }
+    if (stopping_.load()) break;
+    if (fds[0].revents & POLLIN) {
+      if (!HandleMessage(c, /*own_thread=*/true)) break;
+    } else if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+      break;
+    }
+  }
+  {
+    absl::MutexLock lock(&connections_mu_);
+    --connections_per_tenant_[c.tenant];
+  }
+  Close(c);
+}
+
+bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
+  auto wait = std::make_shared<RunWait>();
+  wait->event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wait->event_fd < 0) {
+    spdlog::error("shared-memory run: {}", Errno("eventfd"));
+    return false;
+  }
+  const absl::Time now = absl::Now();
+  ShmRunRequest r;
+  r.tenant = c.tenant;
+  r.request_id = std::move(*m.mutable_run_request_id());
+  auto answer_now = [&c, &r](const absl::Status& s) {
+    v1::ShmServerMessage a = Answer(s);
+    a.set_request_id(r.request_id.empty() ? std::string("-") : r.request_id);
+    const std::string bytes = a.SerializeAsString();
+    return ::send(c.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+           static_cast<ssize_t>(bytes.size());
+  };
+  if (m.run_timeout_ms() < 0) {
+    return answer_now(absl::InvalidArgumentError(absl::StrCat(
+        "run_timeout_ms is ", m.run_timeout_ms(), ": give a deadline in ms >= 0 (0 = none)")));
+  }
+  if (m.run_timeout_ms() > 0) r.deadline = now + absl::Milliseconds(m.run_timeout_ms());
+  r.run = std::move(*m.mutable_run());
+  const absl::Time deadline = r.deadline;
+  const int fd = c.fd;
+  r.answer = [fd, wait](v1::ShmServerMessage a) {
+    std::string bytes = a.SerializeAsString();
+    if (static_cast<int64_t>(bytes.size()) > kMaxRunMessageBytes) {
+      v1::ShmServerMessage too_big = Answer(absl::ResourceExhaustedError(absl::StrCat(
+          "the run's answer is ", bytes.size(), " bytes, over max_run_message_bytes (",
+          kMaxRunMessageBytes, ") of kilnd's shared-memory socket: give shm_output_area or "
+          "shm_outputs for its outputs, or run it over gRPC")));
+      too_big.set_request_id(a.request_id());
+      bytes = too_big.SerializeAsString();
+    }
+    // A client that went away is cancelled by the connection's thread; the
+    // connection's fd stays open until that thread saw `done`.
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    wait->done.store(true);
+    const uint64_t one = 1;
+    if (::write(wait->event_fd, &one, sizeof(one)) < 0) {
+      // Cannot fail: one write per eventfd.
+    }
+  };
+  std::shared_ptr<ShmRunCall> call;
+  uint64_t run_id = 0;
+  {
+    absl::ReaderMutexLock lock(&runner_mu_);
+    if (runner_ == nullptr) {
+      return answer_now(runs_stopped_
+                            ? absl::UnavailableError("kilnd is shutting down and takes no new runs")
+                            : absl::UnimplementedError(
+                                  "this kilnd takes no runs on its shared-memory socket: run "
+                                  "over gRPC"));
+    }
+    call = runner_(std::move(r));
+    if (call != nullptr) {
+      // Registered before StopRuns can look (it waits for runner_mu_).
+      absl::MutexLock runs_lock(&runs_mu_);
+      run_id = ++next_run_;
+      runs_.emplace(run_id, call);
+    }
+  }
+  // The answer may have gone already (an error, or a run inline here).
+  // Until it goes: the client hanging up, the registry ending or the
+  // deadline passing cancels the run (and then only the answer is awaited).
+  bool hung_up = false;
+  bool cancelled = false;
+  while (!wait->done.load()) {
+    pollfd fds[3] = {{wait->event_fd, POLLIN, 0}, {fd, 0, 0}, {wake_fd_, POLLIN, 0}};
+    int timeout_ms = -1;
+    if (!cancelled && deadline != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1))), 0,
+          1 << 30));
+    }
+    // The connection's hang-up only (its next message waits).
+    const int n = ::poll(fds, cancelled ? 1 : 3, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("shared-memory run: {}", Errno("poll"));
+      absl::SleepFor(absl::Milliseconds(1));
+      continue;
+    }
+    if (wait->done.load() || cancelled) continue;
+    const bool gone = (fds[1].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+    hung_up = hung_up || gone;
+    const bool expired = n == 0 && timeout_ms >= 0;
+    if (gone || expired || stopping_.load() || (fds[2].revents & POLLIN)) {
+      if (call) call->Cancel();
+      cancelled = true;
+    }
+  }
+  if (call != nullptr) {
+    call.reset();
+    absl::MutexLock runs_lock(&runs_mu_);
+    runs_.erase(run_id);
+  }
+  return !hung_up;
+}
+
+bool ShmRegistry::HandleMessage(Connection& c, bool own_thread) {
+  // A connection with a ticket may send a run of up to kMaxRunMessageBytes:
+  // its size is read first, and a larger one refused unread.
+  std::string big;
+  char small[4096];
+  char* buffer = small;
+  size_t buffer_bytes = sizeof(small);
+  ssize_t peeked = -1;  // the datagram's whole size, when read first
+  if (own_thread) {
+    peeked = ::recv(c.fd, nullptr, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+    if (peeked > static_cast<ssize_t>(sizeof(small)) && peeked <= kMaxRunMessageBytes) {
+      big.resize(static_cast<size_t>(peeked));
+      buffer = big.data();
+      buffer_bytes = big.size();
+    }
+  }
   // Room for a few fds: more than one is refused, and every fd that came is
   // closed whatever happens (a leaked fd would pin a client's memory).
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
-  iovec iov{buffer, sizeof(buffer)};
+  iovec iov{buffer, buffer_bytes};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -335,12 +545,14 @@ bool ShmRegistry::HandleMessage(Connection& c) {
   v1::ShmClientMessage m;
   if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
     answer = Answer(absl::InvalidArgumentError(absl::StrCat(
-        "a message of at most ", sizeof(buffer), " bytes with at most one fd, please")));
+        "a message of at most ", c.tenant != nullptr ? kMaxRunMessageBytes : int64_t{4096},
+        " bytes (max_run_message_bytes; the ticket's message: 4096) with at most one fd, please: "
+        "this one had ", peeked >= 0 ? peeked : n, " bytes; put tensor bytes in shared memory")));
   } else if (!m.ParseFromArray(buffer, static_cast<int>(n))) {
     answer = Answer(absl::InvalidArgumentError("not a kiln.v1.ShmClientMessage"));
   } else if (c.tenant == nullptr) {
     // The first message: a ticket, and nothing else.
-    const Tenant* tenant = nullptr;
+    Tenant* tenant = nullptr;
     if (m.kind_case() == v1::ShmClientMessage::kTicket && fds.empty()) {
       absl::MutexLock lock(&tickets_mu_);
       auto it = tickets_.find(m.ticket());
@@ -358,16 +570,19 @@ bool ShmRegistry::HandleMessage(Connection& c) {
       return false;
     }
     // Tenants cannot pile up connections (each holds an fd of kilnd's).
-    int& count = connections_per_tenant_[tenant];
-    if (count >= std::max(1, tenant->quota().max_shm_regions())) {
-      answer = Answer(absl::ResourceExhaustedError(absl::StrCat(
-          "tenant \"", tenant->name(), "\" has ", count,
-          " shared-memory connections open, as many as its max_shm_regions")));
-      const std::string bytes = answer.SerializeAsString();
-      ::send(c.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      return false;
+    {
+      absl::MutexLock lock(&connections_mu_);
+      int& count = connections_per_tenant_[tenant];
+      if (count >= std::max(1, tenant->quota().max_shm_regions())) {
+        answer = Answer(absl::ResourceExhaustedError(absl::StrCat(
+            "tenant \"", tenant->name(), "\" has ", count,
+            " shared-memory connections open, as many as its max_shm_regions")));
+        const std::string bytes = answer.SerializeAsString();
+        ::send(c.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        return false;
+      }
+      ++count;
     }
-    ++count;
     c.tenant = tenant;
   } else if (m.kind_case() == v1::ShmClientMessage::kRegisterRegion) {
     if (fds.size() != 1) {
@@ -378,9 +593,11 @@ bool ShmRegistry::HandleMessage(Connection& c) {
     }
   } else if (m.kind_case() == v1::ShmClientMessage::kUnregisterRegion && fds.empty()) {
     answer = Unregister(c, m.unregister_region());
+  } else if (m.kind_case() == v1::ShmClientMessage::kRun && fds.empty() && own_thread) {
+    return RunMessage(c, m);  // answered there
   } else {
     answer = Answer(absl::InvalidArgumentError(
-        "after the ticket: register_region (with one fd) or unregister_region (with none)"));
+        "after the ticket: register_region (with one fd), unregister_region or run (with none)"));
   }
   // Never an empty datagram: on a SOCK_SEQPACKET socket a client reads one
   // as the end of the connection (an all-default proto3 message has no bytes).

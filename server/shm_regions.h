@@ -19,18 +19,32 @@
 // - every use: offset and bytes non-negative and inside the region, with
 //   overflow-checked sums (ShmRegion::Slice).
 // A connection's regions are unregistered when it closes (the client went
-// away, or exited). A run holds the regions it uses (shared_ptr): a region
+// away, or exited).
+//
+// Runs over the socket (ShmClientMessage.run; docs/server.md "Runs over the
+// socket"): once a connection's ticket is accepted it gets a thread of its
+// own, which reads its messages and starts its runs through the runner the
+// server set (SetRunner: the same code as Kiln.Run). One run per connection
+// at a time: its next message is not read until the run's answer went out,
+// so a client cannot queue work or memory past its tenant's limits through
+// the socket. The run's answer is sent by whichever thread ends the run (the
+// connection's, when the engine runs it inline). The connection's thread
+// cancels the run when the client closes the socket or the run's deadline
+// passes. A datagram is checked against kMaxRunMessageBytes before any
+// buffer for it is allocated. A run holds the regions it uses (shared_ptr): a region
 // unregistered mid-run stays mapped until that run ends, and counts against
 // the quota until it is unmapped.
 //
-// Thread safety: ShmRegistry is thread-safe; its socket is served by one
-// thread of its own. ShmRegion is immutable (its bytes belong to the client).
+// Thread safety: ShmRegistry is thread-safe; its listening socket and the
+// connections without a ticket yet are served by one thread of its own, each
+// connection with a ticket by a thread of its own. ShmRegion is immutable (its bytes belong to the client).
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -102,6 +116,30 @@ class ShmRegion {
   const std::shared_ptr<ShmUsage> usage_;
 };
 
+// A run that came over the socket, as the server's run code takes it.
+struct ShmRunRequest {
+  Tenant* tenant = nullptr;  // the ticket's
+  std::string run;           // ShmClientMessage.run: a serialized kiln.v1.RunRequest
+  absl::Time deadline = absl::InfiniteFuture();  // from run_timeout_ms
+  std::string request_id;    // the client's, or empty
+  // Called exactly once with the run's answer (request_id and run_response
+  // or a status), on any thread, possibly before the runner returns.
+  std::function<void(v1::ShmServerMessage)> answer;
+};
+
+// A started run, for the connection's thread.
+class ShmRunCall {
+ public:
+  virtual ~ShmRunCall() = default;
+  // The client closed its socket or the deadline passed: stop the run as a
+  // cancelled gRPC call stops (its answer is still given).
+  virtual void Cancel() = 0;
+};
+
+// Starts a run: null when it was answered already (an error before it
+// started, or it ran inline).
+using ShmRunner = std::function<std::shared_ptr<ShmRunCall>(ShmRunRequest)>;
+
 class ShmRegistry {
  public:
   // Binds the socket named by config.shm_socket() ("" = the default abstract
@@ -118,7 +156,16 @@ class ShmRegistry {
   const std::string& socket_name() const { return socket_name_; }
 
   // A ticket for one connection of `tenant`, good for kTicketTtl.
-  v1::ConnectSharedMemoryResponse NewTicket(const Tenant& tenant);
+  v1::ConnectSharedMemoryResponse NewTicket(Tenant& tenant);
+
+  // Takes runs on the socket from now on (until StopRuns); before, a run
+  // message is answered UNIMPLEMENTED and tickets say max_run_message_bytes 0.
+  void SetRunner(ShmRunner runner);
+  // No run starts after this returns (the runner is not called again; a run
+  // message is answered UNAVAILABLE), and every run started on the socket
+  // was cancelled, answered and let go. For the server's teardown, before
+  // the engine and the service go.
+  void StopRuns();
 
   // The tenant's region `id`; NOT_FOUND when it has none of that id (another
   // tenant's region included).
@@ -135,23 +182,39 @@ class ShmRegistry {
   static constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
   static constexpr int kMaxConnections = 1024;
   static constexpr int kMaxTicketsPerTenant = 64;
+  // The largest datagram a run (or its answer) may be on the socket: within
+  // Linux's default socket buffers (net.core.wmem_default, 208 KiB), so a
+  // message this size is sent without raising SO_SNDBUF.
+  static constexpr int64_t kMaxRunMessageBytes = int64_t{128} << 10;
 
  private:
   struct Connection {
     int fd = -1;
-    const Tenant* tenant = nullptr;  // null until its ticket came
+    Tenant* tenant = nullptr;  // null until its ticket came
     absl::Time accepted;
     std::vector<std::string> regions;  // ids it registered, still registered
   };
   struct Ticket {
-    const Tenant* tenant = nullptr;
+    Tenant* tenant = nullptr;
     absl::Time expires;
+  };
+  // A run in flight on a connection: set by its answer.
+  struct RunWait {
+    ~RunWait();
+    std::atomic<bool> done = false;
+    int event_fd = -1;  // eventfd written once `done` is set; closed by the last holder
   };
 
   ShmRegistry(int listen_fd, int wake_fd, std::string socket_name, std::string unlink_path);
   void Serve();
   // Handles one datagram of `c`; false when the connection is to be closed.
-  bool HandleMessage(Connection& c);
+  // `own_thread`: c is served by a thread of its own (it may run).
+  bool HandleMessage(Connection& c, bool own_thread);
+  // A connection's own thread, from its ticket to its end.
+  void ServeConnection(Connection c);
+  // Runs one run message of `c` and waits for its answer to be sent; false
+  // when the connection is to be closed (the client went away meanwhile).
+  bool RunMessage(Connection& c, v1::ShmClientMessage& m);
   v1::ShmServerMessage Register(Connection& c, const v1::ShmRegisterRegion& r, int fd);
   v1::ShmServerMessage Unregister(Connection& c, const std::string& id);
   // Unregisters every region of `c` and closes it.
@@ -172,7 +235,23 @@ class ShmRegistry {
   absl::Mutex tickets_mu_;
   absl::flat_hash_map<std::string, Ticket> tickets_ ABSL_GUARDED_BY(tickets_mu_);
 
-  std::map<const Tenant*, int> connections_per_tenant_;  // Serve's thread only
+  absl::Mutex connections_mu_;
+  std::map<const Tenant*, int> connections_per_tenant_ ABSL_GUARDED_BY(connections_mu_);
+  // Connections with a thread of their own, and those threads (each joined
+  // by Serve once it ended, or by the destructor).
+  std::map<uint64_t, std::thread> connection_threads_ ABSL_GUARDED_BY(connections_mu_);
+  std::vector<uint64_t> ended_threads_ ABSL_GUARDED_BY(connections_mu_);
+  uint64_t next_thread_ ABSL_GUARDED_BY(connections_mu_) = 0;
+
+  absl::Mutex runner_mu_;  // held (shared) while a run starts
+  ShmRunner runner_ ABSL_GUARDED_BY(runner_mu_);
+  bool runs_stopped_ ABSL_GUARDED_BY(runner_mu_) = false;
+  // Runs started and not yet let go by their connection's thread.
+  absl::Mutex runs_mu_;
+  std::map<uint64_t, std::shared_ptr<ShmRunCall>> runs_ ABSL_GUARDED_BY(runs_mu_);
+  uint64_t next_run_ ABSL_GUARDED_BY(runs_mu_) = 0;
+  std::atomic<bool> takes_runs_ = false;
+
   std::atomic<bool> stopping_ = false;  // set by the destructor before it wakes Serve
   std::thread thread_;                  // runs Serve; joined by the destructor
 };

@@ -69,6 +69,12 @@ struct ClientOptions {
   // as bytes in the messages otherwise or when this is false. The
   // environment variable KILN_SHM=0 turns it off for every client.
   bool shared_memory = true;
+  // With shared memory in use, Run is sent over kilnd's shared-memory socket
+  // instead of gRPC (one round trip on a Unix socket: docs/clients.md "Runs
+  // over the socket"); gRPC when this is false, when kilnd takes no runs on
+  // its socket (an older kilnd), or for a call made while another thread's
+  // run is on the socket. KILN_SHM_RUN=0 turns it off for every client.
+  bool shm_runs = true;
 
   // Options from the environment: KILN_API_KEY, KILN_TLS (1/true/yes),
   // KILN_CA, KILN_CERT, KILN_KEY, KILN_TLS_SERVER_NAME. Unset variables leave
@@ -98,6 +104,7 @@ struct ClientRunResult {
   v1::DispatchReport report;  // filled when RunOptions::report
   std::string request_id;
   bool shared_memory = false;  // the tensors went through shared memory
+  bool shm_run = false;        // the run went over the shared-memory socket, not gRPC
 
   // The output called `name`, or nullptr.
   const HostTensor* output(const std::string& name) const;

@@ -51,6 +51,7 @@ struct GlobalFlags {
   double timeout_s = 0;
   bool progress = false;
   bool no_shm = false;
+  bool no_shm_run = false;
 };
 
 struct RunFlags {
@@ -96,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const GlobalFlags& g) {
   options.key_file = g.key;
   options.tls_server_name = g.tls_server_name;
   options.shared_memory = !g.no_shm;
+  options.shm_runs = !g.no_shm_run;
   if (g.timeout_s > 0) options.timeout = absl::Seconds(g.timeout_s);
   return Client::Create(g.addr, options);
 }
@@ -465,6 +467,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-shm", g.no_shm,
                "send tensors as bytes even to a kilnd on this host (default: shared memory when "
                "it can; KILN_SHM=0 does the same)");
+  app.add_flag("--no-shm-run", g.no_shm_run,
+               "with shared memory, send Run over gRPC instead of kilnd's shared-memory socket "
+               "(default: the socket when kilnd takes runs there; KILN_SHM_RUN=0 does the same)");
 
   app.add_subcommand("devices", "list the server's devices");
   std::string health_service;

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -67,6 +68,7 @@ absl::StatusOr<std::shared_ptr<ShmConnection>> ShmConnection::Connect(v1::Kiln::
   std::shared_ptr<ShmConnection> c(new ShmConnection(fd, name));
   c->max_regions_ = ticket.max_regions();
   c->max_bytes_ = ticket.max_bytes();
+  c->max_run_message_bytes_ = ticket.max_run_message_bytes();
   v1::ShmClientMessage hello;
   hello.set_ticket(ticket.ticket());
   KILN_ASSIGN_OR_RETURN(v1::ShmServerMessage answer, c->Call(hello, -1));
@@ -111,6 +113,63 @@ absl::StatusOr<v1::ShmServerMessage> ShmConnection::Call(const v1::ShmClientMess
     return absl::DataLossError("kilnd's shared-memory answer does not parse");
   }
   return reply;
+}
+
+std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
+    const v1::RunRequest& request, absl::Time deadline) {
+  if (!takes_runs()) return std::nullopt;
+  v1::ShmClientMessage m;
+  if (!request.SerializeToString(m.mutable_run())) return std::nullopt;
+  if (deadline != absl::InfiniteFuture()) {
+    // At least 1 ms: 0 would mean none.
+    m.set_run_timeout_ms(std::max<int64_t>(
+        1, absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1)))));
+  }
+  const std::string bytes = m.SerializeAsString();
+  if (static_cast<int64_t>(bytes.size()) > max_run_message_bytes_) return std::nullopt;
+  if (!socket_mu_.TryLock()) return std::nullopt;
+  struct Unlock {
+    absl::Mutex* mu;
+    ~Unlock() { mu->Unlock(); }
+  } unlock{&socket_mu_};
+  if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+    return absl::UnavailableError(Errno("sending a run to kilnd's shared-memory socket"));
+  }
+  // kilnd answers at the deadline (DEADLINE_EXCEEDED) or when the run ends;
+  // a second past it, it is not answering.
+  int timeout_ms = -1;
+  if (deadline != absl::InfiniteFuture()) {
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(deadline - absl::Now()) + 1000, 0, 1 << 30));
+  }
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int n = ::poll(&p, 1, timeout_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1) return absl::DeadlineExceededError("kilnd did not answer the run by its deadline");
+    break;
+  }
+  run_answer_.resize(static_cast<size_t>(max_run_message_bytes_) + 1);
+  const ssize_t n = ::recv(fd_, run_answer_.data(), run_answer_.size(), 0);
+  if (n <= 0) return absl::UnavailableError("kilnd closed the shared-memory socket during a run");
+  v1::ShmServerMessage reply;
+  if (!reply.ParseFromArray(run_answer_.data(), static_cast<int>(n))) {
+    return absl::DataLossError("kilnd's answer to a run does not parse");
+  }
+  if (reply.request_id().empty()) {
+    // A kilnd that takes no runs on its socket answered as to an unknown
+    // message (nothing ran): gRPC from now on.
+    runs_refused_.store(true);
+    return std::nullopt;
+  }
+  if (reply.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
+  }
+  v1::RunResponse response;
+  if (!response.ParseFromString(reply.run_response())) {
+    return absl::DataLossError("kilnd's RunResponse on the shared-memory socket does not parse");
+  }
+  return response;
 }
 
 absl::Status ShmConnection::RegisterFd(const std::string& id, int fd, int64_t* bytes) {

@@ -10,13 +10,16 @@
 // a time). A ShmRegion's bytes are the caller's to synchronize.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kiln/v1/service.grpc.pb.h"
 
 namespace kiln {
@@ -71,6 +74,20 @@ class ShmConnection : public std::enable_shared_from_this<ShmConnection> {
   absl::Status RegisterFd(const std::string& id, int fd, int64_t* bytes = nullptr);
   absl::Status Unregister(const std::string& id);
 
+  // A Run over the socket instead of gRPC (ShmClientMessage.run; docs/
+  // clients.md "Runs over the socket"): kilnd runs it exactly as Kiln.Run,
+  // as the ticket's tenant, with `deadline` (InfiniteFuture: none). Its
+  // outcome is the run's status and response. nullopt when the run was not
+  // sent and should go over gRPC: kilnd takes no runs on its socket (it
+  // predates them), the request does not fit max_run_message_bytes, or
+  // another thread's message is on the socket now (no waiting behind it).
+  std::optional<absl::StatusOr<v1::RunResponse>> TryRun(const v1::RunRequest& request,
+                                                        absl::Time deadline);
+  // Whether kilnd takes runs on this socket (its ticket said so, and no run
+  // was refused as an unknown message since).
+  bool takes_runs() const { return max_run_message_bytes_ > 0 && !runs_refused_.load(); }
+  int64_t max_run_message_bytes() const { return max_run_message_bytes_; }
+
   const std::string& socket_name() const { return socket_name_; }
   int64_t max_regions() const { return max_regions_; }
   int64_t max_bytes() const { return max_bytes_; }
@@ -85,6 +102,9 @@ class ShmConnection : public std::enable_shared_from_this<ShmConnection> {
   const std::string socket_name_;
   int64_t max_regions_ = 0;
   int64_t max_bytes_ = 0;
+  int64_t max_run_message_bytes_ = 0;
+  std::atomic<bool> runs_refused_ = false;
+  std::string run_answer_ ABSL_GUARDED_BY(socket_mu_);  // a run's answer, received here
 };
 
 // Whether a gRPC target names this host: "unix:...", "localhost", 127.0.0.0/8

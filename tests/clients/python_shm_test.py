@@ -216,6 +216,78 @@ class ShmTest(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline)
                     time.sleep(0.05)
 
+    def test_runs_go_over_the_shm_socket(self):
+        # run() goes over kilnd's shared-memory socket by default (one Unix-socket
+        # round trip instead of gRPC): the same outputs as gRPC's, errors as
+        # KilnError with gRPC's code and message, off by kwarg and by env.
+        x = np.linspace(-2, 2, 100000, dtype=np.float32)
+        with kiln.Client(KILND_PROC.addr) as c, kiln.Client(KILND_PROC.addr,
+                                                              shm_runs=False) as g:
+            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            for i in range(3):
+                got = s.run({"x": x + i})
+                self.assertTrue(c.last_run_shared_memory)
+                # The first region's output area holds one output of two: kilnd
+                # refuses that run on the socket before running it, the client
+                # sends it over gRPC and sizes the next region for both.
+                self.assertEqual(c.last_run_over_shm_socket, i > 0)
+                np.testing.assert_array_equal(got["y"], (x + i) * 2)
+                np.testing.assert_array_equal(got["z"], (x + i) + 1)
+            want = g.run(s.id, {"x": x + 2})
+            self.assertTrue(g.last_run_shared_memory)
+            self.assertFalse(g.last_run_over_shm_socket)
+            np.testing.assert_array_equal(got["y"], want["y"])
+            np.testing.assert_array_equal(got["z"], want["z"])
+            # A report and a one-shot graph with params.
+            out, report = c.run(kiln.parse(INTS), {"i": np.arange(4, dtype=np.int32)},
+                                report=True)
+            self.assertTrue(c.last_run_over_shm_socket)
+            np.testing.assert_array_equal(out["j"], 2 * np.arange(4, dtype=np.int32))
+            self.assertTrue(report.request_id)
+            # Errors: the same code and message as over gRPC.
+            errors = []
+            for client in (c, g):
+                with self.assertRaises(kiln.KilnError) as e:
+                    client.run(s.id, {"x": np.ones(3, np.int32)})
+                errors.append((e.exception.code, e.exception.message))
+            self.assertTrue(c.last_run_over_shm_socket)
+            self.assertEqual(errors[0], errors[1])
+            self.assertEqual(errors[0][0].name, "INVALID_ARGUMENT")
+            with self.assertRaises(kiln.KilnError) as e:
+                c.run("no-such-session", {"x": x})
+            self.assertEqual(e.exception.code.name, "NOT_FOUND")
+        os.environ["KILN_SHM_RUN"] = "0"
+        try:
+            with kiln.Client(KILND_PROC.addr) as c:
+                c.run(kiln.parse(TWO_OUTPUTS), {"x": np.ones(4, np.float32)})
+                self.assertTrue(c.last_run_shared_memory)
+                self.assertFalse(c.last_run_over_shm_socket)
+        finally:
+            del os.environ["KILN_SHM_RUN"]
+
+    def test_raw_run_message(self):
+        # kiln.shm.ShmConnection.try_run: the raw call, and the ticket's limit.
+        with kiln.Client(KILND_PROC.addr) as c:
+            conn = shm.ShmConnection(c._call("ConnectSharedMemory",
+                                              shm_pb2.ConnectSharedMemoryRequest()))
+            self.assertEqual(conn.max_run_message_bytes, 128 << 10)
+            req = service_pb2.RunRequest()
+            req.graph.text = TWO_OUTPUTS
+            t = req.inputs.add(name="x")
+            t.tensor.dtype = kiln.dtype("f32")
+            t.tensor.dims.append(2)
+            t.tensor.data = np.array([1.5, -1], np.float32).tobytes()
+            reply = conn.try_run(req.SerializeToString(), timeout=60)
+            self.assertEqual(reply.code, 0, reply.message)
+            self.assertTrue(reply.request_id)
+            resp = service_pb2.RunResponse.FromString(reply.run_response)
+            self.assertEqual([o.name for o in resp.outputs], ["y", "z"])
+            # Too large for a datagram: not sent (gRPC's to carry).
+            t.tensor.dims[0] = 40000
+            t.tensor.data = np.zeros(40000, np.float32).tobytes()
+            self.assertIsNone(conn.try_run(req.SerializeToString()))
+            conn.close()
+
     def test_is_local_target(self):
         for t in ("127.0.0.1:7450", "localhost:1", "unix:/run/kiln/kilnd.sock", "[::1]:7450",
                   "ipv4:127.0.0.2:80", "dns:///localhost:7450"):

@@ -32,6 +32,10 @@ class KilnError(Exception):
         self.method = method
 
 
+# gRPC status codes by number (a shared-memory socket's answer carries the number).
+_STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
 class Session:
     """A server-side session: a compiled graph plus bound params. Use as a
     context manager to close it on exit."""
@@ -266,12 +270,16 @@ class Client:
     `shared_memory` (default True; $KILN_SHM=0 turns it off): run() passes
     tensors through shared memory when kilnd is on this host (a loopback or
     unix: address whose shared-memory socket is reachable; kiln.shm), and as
-    bytes otherwise."""
+    bytes otherwise. With shared memory, `shm_runs` (default True;
+    $KILN_SHM_RUN=0 turns it off) sends run() itself over kilnd's
+    shared-memory socket instead of gRPC (one Unix-socket round trip;
+    docs/clients.md "Runs over the socket"); gRPC when kilnd takes no runs
+    there (an older kilnd) or another thread's run is on the socket."""
 
     def __init__(self, addr: str = None, api_key: str = None, timeout: float = None,
                  chunk_bytes: int = 1 << 20, tls: bool = None, ca: str = None,
                  cert: str = None, key: str = None, tls_server_name: str = None,
-                 shared_memory: bool = True):
+                 shared_memory: bool = True, shm_runs: bool = True):
         self.addr = addr or os.environ.get("KILN_ADDR") or DEFAULT_ADDR
         api_key = api_key if api_key is not None else os.environ.get("KILN_API_KEY", "")
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -318,6 +326,11 @@ class Client:
         # Whether every batch of the last train_steps() stream did.
         self.last_train_steps_shared_memory = False
         self._train_step_shm_refused = False  # kilnd refused a batch in shared memory
+        run_env_off = os.environ.get("KILN_SHM_RUN", "").strip().lower() in ("0", "false", "no",
+                                                                             "off")
+        self._shm_runs = shm_runs and not run_env_off
+        # Whether the last run() went over the shared-memory socket (not gRPC).
+        self.last_run_over_shm_socket = False
 
     def close(self):
         if self._shm is not None:
@@ -503,7 +516,10 @@ class Client:
         shm_req.CopyFrom(req)
         try:
             fill(shm_req, region, arrays)
-            return self._call(method, shm_req), conn, region
+            resp = self._socket_run(conn, shm_req) if method == "Run" else None
+            if resp is None:
+                resp = self._call(method, shm_req)
+            return resp, conn, region
         except KilnError as e:
             if e.code == grpc.StatusCode.NOT_FOUND and "shared-memory region" in e.message:
                 # kilnd lost the region (restarted, connection dropped):
@@ -601,6 +617,7 @@ class Client:
             req.graph.CopyFrom(graph_source(graph))
             req.options.device = device
         resp, outputs = None, None
+        self.last_run_over_shm_socket = False
         if self._shm is not None:
             # Inputs through shared memory (params stay in the message;
             # _run_shm sends a copy, so req is left as it was but for them).
@@ -629,6 +646,32 @@ class Client:
                 r.request_id = resp.request_id
             return outputs, r
         return outputs
+
+    def _socket_run(self, conn, req):
+        """The RunResponse of `req` sent over the shared-memory socket, or None
+        when it was not sent (gRPC then). KilnError as gRPC's would be."""
+        if not self._shm_runs:
+            return None
+        try:
+            reply = conn.try_run(req.SerializeToString(), self._timeout)
+        except OSError as e:
+            # The socket broke (kilnd went away or restarted): a new
+            # connection next time; the run's fate is unknown, as a gRPC
+            # call cut mid-way.
+            self._shm.reset(conn)
+            raise KilnError(grpc.StatusCode.UNAVAILABLE, str(e), "Run") from None
+        if reply is None:
+            return None
+        if reply.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and \
+                reply.message.startswith("nothing ran: "):
+            # Outputs as bytes would not fit a datagram (the region's output
+            # area is too small): gRPC this time, which sizes the next region.
+            return None
+        self.last_run_over_shm_socket = True
+        if reply.code != 0:
+            raise KilnError(_STATUS_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message,
+                            "Run")
+        return service_pb2.RunResponse.FromString(reply.run_response)
 
     def _run_shm(self, req, inputs):
         """(response, outputs) through shared memory, or (None, None) when it

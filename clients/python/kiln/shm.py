@@ -107,6 +107,10 @@ class ShmConnection:
         self.socket_name = name
         self.max_regions = ticket.max_regions
         self.max_bytes = ticket.max_bytes
+        # Runs over the socket (docs/clients.md "Runs over the socket"): the
+        # largest message kilnd takes; 0 when it takes none (an older kilnd).
+        self.max_run_message_bytes = ticket.max_run_message_bytes
+        self._runs_refused = False
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -132,6 +136,47 @@ class ShmConnection:
         reply = shm_pb2.ShmServerMessage.FromString(answer)
         if reply.code != 0:
             raise ShmError(reply.code, reply.message)
+        return reply
+
+    def takes_runs(self) -> bool:
+        return self.max_run_message_bytes > 0 and not self._runs_refused
+
+    def try_run(self, request: bytes, timeout: float = None):
+        """Sends a serialized kiln.v1.RunRequest as a run message and returns
+        kilnd's ShmServerMessage (its code the run's status, run_response the
+        serialized RunResponse when 0), or None when it was not sent and the
+        run should go over gRPC: kilnd takes no runs here, the request does
+        not fit max_run_message_bytes, or another thread's message is on the
+        socket now. `timeout` (seconds) is the run's deadline. OSError when
+        the socket broke."""
+        if not self.takes_runs():
+            return None
+        msg = shm_pb2.ShmClientMessage(run=request)
+        if timeout is not None:
+            msg.run_timeout_ms = max(1, int(timeout * 1000 + 0.999))
+        data = msg.SerializeToString()
+        if len(data) > self.max_run_message_bytes:
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._sock.send(data)
+            if timeout is not None:
+                # kilnd answers by the deadline; a second past it, it is not answering.
+                ready, _, _ = select.select([self._sock], [], [], timeout + 1.0)
+                if not ready:
+                    raise OSError("kilnd did not answer the run by its deadline")
+            answer = self._sock.recv(self.max_run_message_bytes + 1)
+        finally:
+            self._lock.release()
+        if not answer:
+            raise OSError("kilnd closed the shared-memory socket during a run")
+        reply = shm_pb2.ShmServerMessage.FromString(answer)
+        if not reply.request_id:
+            # A kilnd that takes no runs on its socket answered as to an
+            # unknown message (nothing ran): gRPC from now on.
+            self._runs_refused = True
+            return None
         return reply
 
     def register_fd(self, region_id: str, fd: int) -> int:

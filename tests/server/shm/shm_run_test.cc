@@ -1,0 +1,515 @@
+// Runs over kilnd's shared-memory socket (ShmClientMessage.run, docs/server.md
+// "Runs over the socket") against a real kilnd over a real socket: answers
+// identical to Kiln.Run's, every bad message a clear status (and kilnd serving
+// on), a client that goes away mid-run cancelled, a deadline honoured,
+// another tenant undisturbed, and the C++ client sending runs there by itself.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "clients/cpp/client.h"
+#include "clients/cpp/shm.h"
+#include "kiln/v1/shm.pb.h"
+#include "server/config.h"
+#include "tests/server/kilnd_process.h"
+#include "tests/server/test_graphs.h"
+
+namespace kiln::shm_run_test {
+namespace {
+
+using kiln::testing::Context;
+using kiln::testing::KilndProcess;
+using kiln::testing::TempDir;
+
+constexpr char kAlice[] = "alice-shmrun-key";
+constexpr char kBob[] = "bob-shmrun-key";
+constexpr int64_t kMiB = int64_t{1} << 20;
+// kilnd's ShmRegistry::kMaxRunMessageBytes.
+constexpr int64_t kMaxRunMessage = int64_t{128} << 10;
+
+constexpr char kTwoOutputs[] =
+    "graph \"two\"\ninput x: f32[n]\nlet y = x * 2\nlet z = x + 1\nout y\nout z\n";
+
+std::string Config() {
+  using server::Sha256Hex;
+  return absl::StrCat(R"(
+tenants {
+  name: "alice"
+  api_key_sha256: ")", Sha256Hex(kAlice), R"("
+  quota { max_shm_regions: 4 max_shm_bytes: 16777216 }
+}
+tenants {
+  name: "bob"
+  api_key_sha256: ")", Sha256Hex(kBob), R"("
+}
+)");
+}
+
+// A connection to kilnd's shared-memory socket with its ticket sent, for
+// raw datagrams.
+class RawSocket {
+ public:
+  static std::unique_ptr<RawSocket> Open(const KilndProcess& kilnd, const std::string& key,
+                                         v1::ConnectSharedMemoryResponse* ticket_out = nullptr) {
+    auto stub = kilnd.Stub();
+    auto ctx = Context(key);
+    v1::ConnectSharedMemoryResponse ticket;
+    grpc::Status s = stub->ConnectSharedMemory(ctx.get(), {}, &ticket);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (!s.ok()) return nullptr;
+    if (ticket_out != nullptr) *ticket_out = ticket;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string& name = ticket.socket();
+    std::memcpy(addr.sun_path + 1, name.data() + 1, name.size() - 1);
+    const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+    auto r = std::unique_ptr<RawSocket>(new RawSocket(::socket(AF_UNIX, SOCK_SEQPACKET, 0)));
+    EXPECT_EQ(::connect(r->fd_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    v1::ShmClientMessage hello;
+    hello.set_ticket(ticket.ticket());
+    v1::ShmServerMessage answer = r->Call(hello.SerializeAsString());
+    EXPECT_EQ(answer.code(), 0) << answer.message();
+    return r;
+  }
+  ~RawSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  bool Send(const std::string& bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // The next answer; code -1 when none came within 60 s or the socket closed.
+  v1::ShmServerMessage Receive() {
+    v1::ShmServerMessage m;
+    m.set_code(-1);
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 60000) != 1) return m;
+    std::string buffer(kMaxRunMessage + 1, '\0');
+    const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), 0);
+    if (n <= 0) return m;
+    EXPECT_TRUE(m.ParseFromArray(buffer.data(), static_cast<int>(n)));
+    return m;
+  }
+  v1::ShmServerMessage Call(const std::string& bytes) {
+    if (!Send(bytes)) {
+      v1::ShmServerMessage m;
+      m.set_code(-1);
+      return m;
+    }
+    return Receive();
+  }
+  v1::ShmServerMessage Run(const v1::RunRequest& req, int64_t timeout_ms = 0,
+                           const std::string& request_id = "") {
+    v1::ShmClientMessage m;
+    req.SerializeToString(m.mutable_run());
+    m.set_run_timeout_ms(timeout_ms);
+    m.set_run_request_id(request_id);
+    return Call(m.SerializeAsString());
+  }
+  void Close() {
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  explicit RawSocket(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+class ShmRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cache_ = new TempDir();
+    std::string error;
+    kilnd_ = KilndProcess::Start({.cache_dir = cache_->path(), .config_text = Config()}, &error)
+                 .release();
+    ASSERT_NE(kilnd_, nullptr) << error;
+  }
+  static void TearDownTestSuite() {
+    delete kilnd_;
+    delete cache_;
+  }
+
+  static grpc::Status GrpcRun(const v1::RunRequest& req, v1::RunResponse* resp,
+                              const std::string& key = kAlice) {
+    auto stub = kilnd_->Stub();
+    auto ctx = Context(key);
+    return stub->Run(ctx.get(), req, resp);
+  }
+
+  static std::string CreateSession(const std::string& text, const std::string& key = kAlice) {
+    auto stub = kilnd_->Stub();
+    auto ctx = Context(key);
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->set_text(text);
+    v1::CreateSessionResponse resp;
+    grpc::Status s = stub->CreateSession(ctx.get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.session_id();
+  }
+
+  static double Metric(const std::string& name, const std::map<std::string, std::string>& labels) {
+    return kiln::testing::MetricValue(kiln::testing::HttpGet(kilnd_->metrics_port(), "/metrics"),
+                                      name, labels);
+  }
+
+  static TempDir* cache_;
+  static KilndProcess* kilnd_;
+};
+
+TempDir* ShmRunTest::cache_ = nullptr;
+KilndProcess* ShmRunTest::kilnd_ = nullptr;
+
+// The run's outputs (shared-memory refs or bytes) and report, without the
+// fields that differ between two runs (request ids, times).
+v1::RunResponse Comparable(v1::RunResponse r) {
+  r.clear_request_id();
+  r.clear_report();
+  return r;
+}
+
+TEST_F(ShmRunTest, AnswersAreKilnRunsAndTheTicketSaysSo) {
+  v1::ConnectSharedMemoryResponse ticket;
+  auto sock = RawSocket::Open(*kilnd_, kAlice, &ticket);
+  ASSERT_NE(sock, nullptr);
+  EXPECT_EQ(ticket.max_run_message_bytes(), kMaxRunMessage);
+  const std::string sid = CreateSession(kTwoOutputs);
+
+  // Inline bytes in and out (a small tensor fits the datagram).
+  v1::RunRequest req;
+  req.set_session_id(sid);
+  kiln::testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {5},
+                           {1.5, -2, 0, 3.25, 1e6});
+  v1::ShmServerMessage a = sock->Run(req, 0, "my-run-1");
+  ASSERT_EQ(a.code(), 0) << a.message();
+  EXPECT_EQ(a.request_id(), "my-run-1");
+  v1::RunResponse over_socket;
+  ASSERT_TRUE(over_socket.ParseFromString(a.run_response()));
+  EXPECT_EQ(over_socket.request_id(), "my-run-1");
+  v1::RunResponse over_grpc;
+  ASSERT_TRUE(GrpcRun(req, &over_grpc).ok());
+  EXPECT_EQ(Comparable(over_socket).SerializeAsString(), Comparable(over_grpc).SerializeAsString());
+  ASSERT_EQ(over_socket.outputs_size(), 2);
+  const HostTensor y = kiln::testing::FromProto(over_socket.outputs(0).tensor());
+  EXPECT_EQ(y.data_as<float>()[4], 2e6f);
+
+  // One-shot (a graph with params) and a report.
+  v1::RunRequest affine = kiln::testing::AffineRequest();
+  affine.set_report(true);
+  a = sock->Run(affine);
+  ASSERT_EQ(a.code(), 0) << a.message();
+  EXPECT_FALSE(a.request_id().empty());
+  ASSERT_TRUE(over_socket.ParseFromString(a.run_response()));
+  EXPECT_TRUE(over_socket.has_report());
+  EXPECT_GT(over_socket.report().steps_size(), 0);
+  ASSERT_TRUE(GrpcRun(affine, &over_grpc).ok());
+  EXPECT_EQ(Comparable(over_socket).SerializeAsString(), Comparable(over_grpc).SerializeAsString());
+
+  // Tensors in shared memory, outputs into its area: the bytes kilnd wrote
+  // are the same as gRPC's run wrote.
+  auto stub = kilnd_->Stub();
+  auto ctx = Context(kAlice);
+  auto conn = ShmConnection::Connect(*stub, *ctx);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto region = (*conn)->CreateRegion("shmrun-io", kMiB);
+  ASSERT_TRUE(region.ok()) << region.status();
+  float* x = reinterpret_cast<float*>((*region)->data());
+  for (int i = 0; i < 10000; ++i) x[i] = static_cast<float>(i) * 0.5f - 3;
+  v1::RunRequest shm_req;
+  shm_req.set_session_id(sid);
+  v1::NamedTensor* in = shm_req.add_inputs();
+  in->set_name("x");
+  in->mutable_tensor()->set_dtype(v1::DTYPE_F32);
+  in->mutable_tensor()->add_dims(10000);
+  in->mutable_shm()->set_region_id("shmrun-io");
+  in->mutable_shm()->set_bytes(40000);
+  auto area = [&](int64_t offset) {
+    shm_req.mutable_shm_output_area()->set_region_id("shmrun-io");
+    shm_req.mutable_shm_output_area()->set_offset(offset);
+    shm_req.mutable_shm_output_area()->set_bytes(200000);
+  };
+  area(65536);
+  std::optional<absl::StatusOr<v1::RunResponse>> r = (*conn)->TryRun(shm_req, absl::InfiniteFuture());
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->ok()) << r->status();
+  area(327680);
+  ASSERT_TRUE(GrpcRun(shm_req, &over_grpc).ok());
+  ASSERT_EQ((*r)->outputs_size(), 2);
+  for (int o = 0; o < 2; ++o) {
+    const v1::SharedMemoryRef& s = (**r).outputs(o).shm();
+    const v1::SharedMemoryRef& g = over_grpc.outputs(o).shm();
+    ASSERT_EQ(s.bytes(), 40000);
+    EXPECT_EQ(s.offset() - 65536, g.offset() - 327680);
+    EXPECT_EQ(std::memcmp((*region)->data() + s.offset(), (*region)->data() + g.offset(), 40000),
+              0);
+    const float* v = reinterpret_cast<const float*>((*region)->data() + s.offset());
+    EXPECT_EQ(v[9999], o == 0 ? 2 * x[9999] : x[9999] + 1);
+  }
+  // Counted as their own method.
+  EXPECT_GE(Metric("kiln_requests_total", {{"tenant", "alice"}, {"method", "ShmRun"},
+                                          {"code", "OK"}}),
+            3);
+}
+
+TEST_F(ShmRunTest, BadRunsGetAStatusAndKilndServesOn) {
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  const std::string sid = CreateSession(kTwoOutputs);
+  // The same message as Kiln.Run's for each.
+  auto same_as_grpc = [&](const v1::RunRequest& req, int code, const char* mentions) {
+    v1::ShmServerMessage a = sock->Run(req);
+    v1::RunResponse unused;
+    grpc::Status g = GrpcRun(req, &unused);
+    EXPECT_EQ(a.code(), code) << a.message();
+    EXPECT_EQ(static_cast<int>(g.error_code()), code) << g.error_message();
+    EXPECT_EQ(a.message(), g.error_message());
+    EXPECT_TRUE(absl::StrContains(a.message(), mentions)) << a.message();
+    EXPECT_FALSE(a.request_id().empty());
+    EXPECT_TRUE(a.run_response().empty());
+  };
+  v1::RunRequest bad_dtype;
+  bad_dtype.set_session_id(sid);
+  kiln::testing::AddTensor(bad_dtype.mutable_inputs(), "x", v1::DTYPE_I32, {3}, {1, 2, 3});
+  same_as_grpc(bad_dtype, static_cast<int>(grpc::INVALID_ARGUMENT), "x");
+
+  v1::RunRequest short_data;
+  short_data.set_session_id(sid);
+  kiln::testing::AddTensor(short_data.mutable_inputs(), "x", v1::DTYPE_F32, {3}, {1, 2, 3});
+  short_data.mutable_inputs(0)->mutable_tensor()->mutable_data()->resize(5);
+  same_as_grpc(short_data, static_cast<int>(grpc::INVALID_ARGUMENT), "x");
+
+  v1::RunRequest unknown;
+  unknown.set_session_id("no-such-session");
+  kiln::testing::AddTensor(unknown.mutable_inputs(), "x", v1::DTYPE_F32, {3}, {1, 2, 3});
+  same_as_grpc(unknown, static_cast<int>(grpc::NOT_FOUND), "no-such-session");
+
+  v1::RunRequest out_of_bounds;
+  out_of_bounds.set_session_id(sid);
+  v1::NamedTensor* t = out_of_bounds.add_inputs();
+  t->set_name("x");
+  t->mutable_tensor()->set_dtype(v1::DTYPE_F32);
+  t->mutable_tensor()->add_dims(4);
+  t->mutable_shm()->set_region_id("nowhere");
+  t->mutable_shm()->set_bytes(16);
+  same_as_grpc(out_of_bounds, static_cast<int>(grpc::NOT_FOUND), "nowhere");
+  {
+    auto stub = kilnd_->Stub();
+    auto ctx = Context(kAlice);
+    auto conn = ShmConnection::Connect(*stub, *ctx);
+    ASSERT_TRUE(conn.ok());
+    auto region = (*conn)->CreateRegion("shmrun-small", 4096);
+    ASSERT_TRUE(region.ok()) << region.status();
+    t->mutable_shm()->set_region_id("shmrun-small");
+    t->mutable_shm()->set_offset(4090);
+    same_as_grpc(out_of_bounds, static_cast<int>(grpc::OUT_OF_RANGE), "shmrun-small");
+  }
+
+  // Garbage: not a ShmClientMessage; a `run` that is not a RunRequest; a
+  // negative deadline; each answered, the connection kept.
+  v1::ShmServerMessage a = sock->Call(std::string("\xff\xff\xff\xff garbage", 12));
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::INVALID_ARGUMENT));
+  EXPECT_TRUE(absl::StrContains(a.message(), "ShmClientMessage")) << a.message();
+  v1::ShmClientMessage m;
+  m.set_run(std::string("\x0a\xff\xff\xff\xff\x0f", 6));
+  a = sock->Call(m.SerializeAsString());
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::INVALID_ARGUMENT));
+  EXPECT_TRUE(absl::StrContains(a.message(), "RunRequest")) << a.message();
+  EXPECT_FALSE(a.request_id().empty());
+  m.Clear();
+  kiln::testing::AffineRequest().SerializeToString(m.mutable_run());
+  m.set_run_timeout_ms(-5);
+  a = sock->Call(m.SerializeAsString());
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::INVALID_ARGUMENT));
+  EXPECT_TRUE(absl::StrContains(a.message(), "run_timeout_ms")) << a.message();
+
+  // A datagram over max_run_message_bytes: refused unread, named.
+  v1::RunRequest big;
+  big.set_session_id(sid);
+  std::vector<double> values(40000, 1.0);  // 160,000 bytes inline
+  kiln::testing::AddTensor(big.mutable_inputs(), "x", v1::DTYPE_F32, {40000}, values);
+  a = sock->Run(big);
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::INVALID_ARGUMENT));
+  EXPECT_TRUE(absl::StrContains(a.message(), "max_run_message_bytes")) << a.message();
+  EXPECT_TRUE(absl::StrContains(a.message(), "shared memory")) << a.message();
+
+  // Outputs as bytes over the limit (inline, no area): RESOURCE_EXHAUSTED
+  // before the run, naming the way out.
+  v1::RunRequest wide;
+  wide.set_session_id(sid);
+  kiln::testing::AddTensor(wide.mutable_inputs(), "x", v1::DTYPE_F32, {20000},
+                           std::vector<double>(20000, 2.0));  // 80,000 bytes in, 160,000 out
+  a = sock->Run(wide);
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::RESOURCE_EXHAUSTED));
+  EXPECT_TRUE(absl::StartsWith(a.message(), "nothing ran: ")) << a.message();
+  EXPECT_TRUE(absl::StrContains(a.message(), "shm_output_area")) << a.message();
+  EXPECT_FALSE(a.request_id().empty());
+
+  // The connection and kilnd serve on.
+  v1::RunRequest ok;
+  ok.set_session_id(sid);
+  kiln::testing::AddTensor(ok.mutable_inputs(), "x", v1::DTYPE_F32, {2}, {1, 2});
+  a = sock->Run(ok);
+  EXPECT_EQ(a.code(), 0) << a.message();
+}
+
+TEST_F(ShmRunTest, ClosingTheSocketMidRunCancelsIt) {
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  v1::ShmClientMessage m;
+  kiln::testing::SlowRequest(512, 200).SerializeToString(m.mutable_run());
+  m.set_run_request_id("to-be-cancelled");
+  ASSERT_TRUE(sock->Send(m.SerializeAsString()));
+  absl::SleepFor(absl::Milliseconds(100));
+  sock->Close();
+  // kilnd logs the run CANCELLED (its access log) and serves on: the
+  // tenant's in-flight slot is free again.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  bool logged = false;
+  while (!logged && absl::Now() < deadline) {
+    for (absl::string_view line : absl::StrSplit(kilnd_->Log(), '\n')) {
+      if (absl::StrContains(line, "req=to-be-cancelled") && absl::StrContains(line, "rpc=ShmRun")) {
+        logged = true;
+        EXPECT_TRUE(absl::StrContains(line, "code=CANCELLED")) << line;
+      }
+    }
+    if (!logged) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(logged);
+  auto again = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(again, nullptr);
+  v1::ShmServerMessage a = again->Run(kiln::testing::AffineRequest());
+  EXPECT_EQ(a.code(), 0) << a.message();
+}
+
+TEST_F(ShmRunTest, TheDeadlineIsHonoured) {
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  v1::ShmServerMessage a = sock->Run(kiln::testing::SlowRequest(256, 400), /*timeout_ms=*/30);
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::DEADLINE_EXCEEDED)) << a.message();
+  a = sock->Run(kiln::testing::AffineRequest(), /*timeout_ms=*/60000);
+  EXPECT_EQ(a.code(), 0) << a.message();
+}
+
+TEST_F(ShmRunTest, AnotherTenantIsNotHeldUp) {
+  // Alice's long run on her socket; Bob's socket answers meanwhile (each
+  // connection has a thread of its own: a run waits for the device, never
+  // for another connection's run).
+  auto alice = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(alice, nullptr);
+  auto stub = kilnd_->Stub();
+  auto ctx = Context(kBob);
+  auto bob = ShmConnection::Connect(*stub, *ctx);
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  std::atomic<bool> alice_done = false;
+  auto long_run = std::async(std::launch::async, [&] {
+    v1::ShmServerMessage a = alice->Run(kiln::testing::SlowRequest(256, 800));
+    alice_done.store(true);
+    return a;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  int answered_while_alice_ran = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto region = (*bob)->CreateRegion(absl::StrCat("bob-", i), 4096);
+    EXPECT_TRUE(region.ok()) << region.status();
+    region->reset();  // unregistered
+    if (!alice_done.load()) ++answered_while_alice_ran;
+  }
+  // Bob's run is answered too (after Alice's, when the CPU's one run slot
+  // is hers).
+  auto bob_run = (*bob)->TryRun(kiln::testing::AffineRequest(), absl::InfiniteFuture());
+  ASSERT_TRUE(bob_run.has_value());
+  EXPECT_TRUE(bob_run->ok()) << bob_run->status();
+  v1::ShmServerMessage a = long_run.get();
+  EXPECT_EQ(a.code(), 0) << a.message();
+  EXPECT_EQ(answered_while_alice_ran, 5);
+}
+
+TEST_F(ShmRunTest, ClientSendsRunsOverTheSocketByItself) {
+  ClientOptions options;
+  options.api_key = kAlice;
+  auto client = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto session = (*client)->CreateSession(GraphFromText(kTwoOutputs));
+  ASSERT_TRUE(session.ok()) << session.status();
+  TensorMap in;
+  std::vector<float> xs(100000);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 777) * 0.125f;
+  in.emplace("x", HostTensor::FromVector(v1::DTYPE_F32, {100000}, xs));
+  auto check = [&](const absl::StatusOr<Client::RunResult>& r) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    const float* y = r->output("y")->data_as<float>();
+    const float* z = r->output("z")->data_as<float>();
+    for (size_t i = 0; i < xs.size(); i += 331) {
+      ASSERT_EQ(y[i], 2 * xs[i]);
+      ASSERT_EQ(z[i], xs[i] + 1);
+    }
+  };
+  for (int round = 0; round < 3; ++round) {
+    auto r = (*client)->Run(session->session_id(), in);
+    check(r);
+    EXPECT_TRUE(r->shared_memory);
+    // The first region's output area holds one of the two outputs: kilnd
+    // refuses the run on the socket before running it (the other would not
+    // fit a datagram as bytes), the client sends it over gRPC, and sizes the
+    // next region for both.
+    EXPECT_EQ(r->shm_run, round > 0) << round;
+  }
+  // An error over the socket is the client's error as over gRPC.
+  TensorMap wrong;
+  wrong.emplace("x", HostTensor::FromVector(v1::DTYPE_I32, {3}, std::vector<int32_t>{1, 2, 3}));
+  auto bad = (*client)->Run(session->session_id(), wrong);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  // Off by option, and by KILN_SHM_RUN=0: gRPC, same answers.
+  options.shm_runs = false;
+  auto grpc_runs = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(grpc_runs.ok());
+  auto r = (*grpc_runs)->Run(session->session_id(), in);
+  check(r);
+  EXPECT_TRUE(r->shared_memory);
+  EXPECT_FALSE(r->shm_run);
+  options.shm_runs = true;
+  setenv("KILN_SHM_RUN", "0", 1);
+  auto env_off = Client::Create(kilnd_->address(), options);
+  r = (*env_off)->Run(session->session_id(), in);
+  unsetenv("KILN_SHM_RUN");
+  check(r);
+  EXPECT_FALSE(r->shm_run);
+  // Threads at once: each gets its own answer (one on the socket at a time,
+  // the others over gRPC).
+  std::vector<std::thread> threads;
+  std::atomic<int> ok = 0;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      TensorMap mine;
+      mine.emplace("x", HostTensor::FromVector(v1::DTYPE_F32, {1000},
+                                               std::vector<float>(1000, static_cast<float>(t))));
+      for (int i = 0; i < 10; ++i) {
+        auto got = (*client)->Run(session->session_id(), mine);
+        if (got.ok() && got->output("y")->data_as<float>()[999] == 2.0f * t) ++ok;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 40);
+}
+
+}  // namespace
+}  // namespace kiln::shm_run_test
