@@ -17,6 +17,9 @@
 #include <deque>
 #include <optional>
 
+#include <grpc/support/time.h>
+#include <grpcpp/alarm.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
@@ -24,6 +27,7 @@
 #include "server/limits.h"
 #include "server/rpc_common.h"
 #include "server/shm_run.h"
+#include "server/train_stream.h"
 
 namespace kiln::server {
 namespace {
@@ -251,27 +255,34 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
 // status after the steps before it were answered (they stay applied).
 //
 // Pipelined: while step N runs, message N+1 is read and checked, and when N
-// ends its answer is queued for writing and N+1 is started right there, on
-// the thread that ended N (the device's), so the device goes from step to
-// step without waiting for the answer's write or the next message's read and
-// parse. At most one step runs and one more waits.
+// ends N+1 is started right there, on the thread that ended N (the
+// device's); N's answer, the read of N+2 and the call's end are handed to one
+// of gRPC's threads (server/train_stream.h says why), so the device goes from
+// step to step without waiting for the write, the read or the parse. At most
+// one step runs and one more waits.
 //
-// Threads: gRPC's reactions (OnReadDone, OnWriteDone), the device thread that
-// ends a step, and the work pool (a step whose executable is not ready) all
-// change the stream's state under its lock, and one of them at a time (the
-// pump) turns the state into actions (start a step, write, read, end).
+// Threads: gRPC's reactions (OnReadDone, OnWriteDone) and hand-offs, the
+// device thread that ends a step, and the work pool (a step whose executable
+// is not ready) all change the stream's state under its lock, and one of
+// them at a time (the pump) turns the state into actions.
 class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   TrainStepsReactor(KilnService& service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx), stream_(std::make_shared<Stream>()) {
     if (absl::Status s = service_.Begin(ctx, "TrainSteps", 0, call_); !s.ok()) {
-      stream_->ended = true;
+      {
+        absl::MutexLock lock(&stream_->mu);
+        stream_->ended = true;
+      }
       absl::StrAppend(&call_.detail, " steps=0");
       service_.End(call_, s);
       Finish(ToGrpc(s));
       return;
     }
-    stream_->reading = true;
+    {
+      absl::MutexLock lock(&stream_->mu);
+      stream_->reading = true;
+    }
     StartRead(&in_);
   }
 
@@ -326,33 +337,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   void OnDone() override { delete this; }
 
  private:
-  // The stream's state, shared with the callbacks of its running step so that
-  // it outlives the reactor (which gRPC deletes once the call is finished).
-  struct Stream {
-    absl::Mutex mu;
-    bool pumping ABSL_GUARDED_BY(mu) = false;  // a thread is turning state into actions
-    bool ended ABSL_GUARDED_BY(mu) = false;    // Finish was called (or is being called)
-    bool reading ABSL_GUARDED_BY(mu) = false;  // a read is outstanding
-    bool reads_done ABSL_GUARDED_BY(mu) = false;
-    bool writing ABSL_GUARDED_BY(mu) = false;  // answers.front() is being written
-    std::deque<grpc::ByteBuffer> answers ABSL_GUARDED_BY(mu);
-    std::unique_ptr<StepWork> running ABSL_GUARDED_BY(mu);  // started, not yet answered
-    int64_t running_index ABSL_GUARDED_BY(mu) = 0;
-    std::optional<absl::Status> running_outcome ABSL_GUARDED_BY(mu);
-    std::unique_ptr<StepWork> next ABSL_GUARDED_BY(mu);  // admitted, waits for `running`
-    int64_t next_index ABSL_GUARDED_BY(mu) = 0;
-    std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);  // the call ends with it
-    int64_t failed_index ABSL_GUARDED_BY(mu) = 0;  // the step it names; 0: none (the client)
-    bool broken ABSL_GUARDED_BY(mu) = false;       // a write failed: no more answers
-    int64_t received ABSL_GUARDED_BY(mu) = 0;                // messages read
-    int64_t answered ABSL_GUARDED_BY(mu) = 0;
-  };
+  // Shared with the callbacks of its running step so that it outlives the
+  // reactor (which gRPC deletes once the call is finished).
+  using Stream = TrainStream<StepWork>;
+  using Action = Stream::Action;
+  using Thread = Stream::Thread;
 
-  enum class Action { kNone, kStart, kWrite, kRead, kEnd };
-
-  // Applies `change` to the state, then pumps unless another thread does
-  // (that one sees the change). Touches nothing of the reactor after the
-  // state's lock is released unless this thread became the pump.
+  // Applies `change` to the state (on a gRPC thread), then pumps unless
+  // another thread does (that one sees the change). Touches nothing of the
+  // reactor after the state's lock is released unless this thread became
+  // the pump.
   template <typename Change>
   void Update(Change change) {
     const std::shared_ptr<Stream> st = stream_;
@@ -362,7 +356,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       if (st->pumping || st->ended) return;
       st->pumping = true;
     }
-    Pump();
+    Pump(Thread::kGrpc);
   }
 
   // The running step ended (on its device's thread, the work pool, or inline
@@ -375,11 +369,12 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       if (st->pumping || st->ended) return;
       st->pumping = true;
     }
-    self->Pump();  // alive: the call does not end while a step runs
+    self->Pump(Thread::kStepEnded);  // alive: the call does not end while a step runs
   }
 
-  // REQUIRES: this thread set `pumping`.
-  void Pump() {
+  // REQUIRES: this thread set `pumping` (which a hand-off passes on to the
+  // gRPC thread that pumps next, so the call cannot end meanwhile).
+  void Pump(Thread thread) {
     const std::shared_ptr<Stream> st = stream_;
     for (;;) {
       Action action = Action::kNone;
@@ -388,7 +383,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       absl::Status end;
       {
         absl::MutexLock lock(&st->mu);
-        action = NextLocked(*st, start, write, end);
+        action = st->NextLocked(thread, start, write, end, call_.detail);
         if (action == Action::kNone) {
           st->pumping = false;
           return;
@@ -409,63 +404,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
           service_.End(call_, end);
           Finish(ToGrpc(end));
           return;  // the reactor may be gone; `pumping` stays set
+        case Action::kHandOff:
+          // Onto gRPC's executor: an alarm due now runs its callback there.
+          // Only the pump touches hand_off_, and the one before has fired.
+          hand_off_ = std::make_unique<grpc::Alarm>();
+          hand_off_->Set(gpr_now(GPR_CLOCK_MONOTONIC), [this](bool) { Pump(Thread::kGrpc); });
+          return;
         case Action::kNone:
           break;
       }
     }
-  }
-
-  // The next thing to do, the state updated as if it were done.
-  Action NextLocked(Stream& st, StepWork*& start, grpc::ByteBuffer*& write, absl::Status& end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
-    if (st.ended) return Action::kNone;
-    if (st.running && st.running_outcome) {  // the running step ended: its answer
-      absl::Status s = *std::move(st.running_outcome);
-      st.running_outcome.reset();
-      // A step that ran is answered even when the message after it was
-      // refused meanwhile: the refusal ends the call after this answer.
-      if (s.ok() && !st.broken) {
-        s = SerializeMessage(st.running->response(), &st.answers.emplace_back());
-        if (s.ok()) {
-          ++st.answered;
-        } else {
-          st.answers.pop_back();
-        }
-      }
-      // This step's failure comes before a refused later message's.
-      if (!s.ok() && (!st.failed || st.failed_index > st.running_index)) {
-        st.failed =
-            absl::Status(StatusBuilder(s) << "at step " << st.running_index << " of the stream");
-        st.failed_index = st.running_index;
-        st.next.reset();
-      }
-      st.running->ReleaseRun();
-      st.running.reset();
-    }
-    if (!st.writing && !st.answers.empty()) {
-      st.writing = true;
-      write = &st.answers.front();  // deque: stays put while others are added
-      return Action::kWrite;
-    }
-    if (!st.running && st.next && !st.failed) {
-      st.running = std::move(st.next);
-      st.running_index = st.next_index;
-      start = st.running.get();
-      return Action::kStart;
-    }
-    if (!st.reading && !st.reads_done && !st.next && !st.failed) {
-      st.reading = true;
-      return Action::kRead;
-    }
-    const bool idle = !st.running && !st.writing && st.answers.empty();
-    if (idle && (st.failed || (st.reads_done && !st.next))) {
-      st.ended = true;
-      st.next.reset();
-      end = st.failed.value_or(absl::OkStatus());
-      absl::StrAppend(&call_.detail, " steps=", st.answered);
-      return Action::kEnd;
-    }
-    return Action::kNone;
   }
 
   // Starts `step` (st->running): straight to its device's scheduler when its
@@ -496,6 +444,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   grpc::ByteBuffer in_;  // the message being read
   std::shared_ptr<Session> session_;  // set by the first message
   const std::shared_ptr<Stream> stream_;
+  std::unique_ptr<grpc::Alarm> hand_off_;  // the last hand-off to gRPC's executor
   std::atomic<bool> cancelled_ = false;
 };
 
