@@ -40,7 +40,10 @@ namespace {
 class StepWork {
  public:
   StepWork(KilnService& service, KilnService::Call& call) : service_(service), call_(call) {}
-  ~StepWork() { ReleaseRun(); }
+  ~StepWork() {
+    Account();  // a step that ran counts even when its answer was never written
+    ReleaseRun();
+  }
   StepWork(const StepWork&) = delete;
   StepWork& operator=(const StepWork&) = delete;
 
@@ -110,8 +113,10 @@ class StepWork {
   }
 
   // Queues the step; `done` gets its outcome (the response filled) exactly
-  // once, maybe before this returns, unless this returns an error.
-  absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled,
+  // once, maybe before this returns, unless this returns an error. With
+  // `account`, the step is accounted (Account) before `done`; else the
+  // caller does it before writing the answer.
+  absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled, bool account,
                      std::function<void(absl::Status)> done) {
     RunOptions options;
     options.report = true;
@@ -124,8 +129,9 @@ class StepWork {
     return service_.deps()
         .engine
         ->RunAsync(exe_, inputs_, params_, options,
-                   [this, done = std::move(done)](absl::StatusOr<RunResult> r) {
+                   [this, account, done = std::move(done)](absl::StatusOr<RunResult> r) {
                      absl::Status s = Finish(std::move(r));
+                     if (account) Account();
                      ReleaseRun();
                      done(s);
                    })
@@ -134,6 +140,17 @@ class StepWork {
 
   const std::shared_ptr<Session>& session() const { return session_; }
   const v1::TrainStepResponse& response() const { return response_; }
+  // Counts a step that ran in the tenant's metrics and keeps its dispatch
+  // report (GetReport); once, before its answer is written. A TrainSteps
+  // stream does it on gRPC's thread, not between the device's steps.
+  void Account() {
+    if (!finished_ || accounted_) return;
+    accounted_ = true;
+    const ServiceDeps& d = service_.deps();
+    d.metrics->ObserveRun(call_.tenant->name(), report_);
+    d.metrics->ObserveTrainStep(call_.tenant->name(), took_);
+    d.reports->Add(call_.tenant->name(), std::move(report_));
+  }
   void ReleaseRun() {
     if (!holds_run_) return;
     holds_run_ = false;
@@ -141,13 +158,13 @@ class StepWork {
   }
 
  private:
+  // On the thread that ended the run: the answer (loss, lr, step). The
+  // step's metrics and report wait for Account.
   absl::Status Finish(absl::StatusOr<RunResult> result) {
-    const ServiceDeps& d = service_.deps();
     KILN_RETURN_IF_ERROR(result.status());
-    v1::DispatchReport& report = result->report;
-    d.metrics->ObserveRun(call_.tenant->name(), report);
-    d.metrics->ObserveTrainStep(call_.tenant->name(), absl::Now() - start_);
-    *report.mutable_compile() = std::move(compile_);
+    took_ = absl::Now() - start_;
+    report_ = std::move(result->report);
+    *report_.mutable_compile() = std::move(compile_);
     response_.Clear();
     for (const auto& [name, tensor] : result->outputs) {
       if (name == session_->training()->loss()) response_.set_loss(tensor.GetAsDouble(0));
@@ -155,9 +172,9 @@ class StepWork {
     }
     KILN_ASSIGN_OR_RETURN(HostTensor step, params_->Read(train::kStepParam));
     response_.set_step(static_cast<int64_t>(step.GetAsDouble(0)));
-    if (request_.report()) *response_.mutable_report() = report;
-    d.reports->Add(call_.tenant->name(), std::move(report));
+    if (request_.report()) *response_.mutable_report() = report_;
     response_.set_request_id(call_.request_id);
+    finished_ = true;
     return absl::OkStatus();
   }
 
@@ -171,6 +188,10 @@ class StepWork {
   std::shared_ptr<Executable> exe_;
   std::shared_ptr<ParamSet> params_;
   v1::CompileReport compile_;
+  v1::DispatchReport report_;  // the run's, from Finish until Account
+  absl::Duration took_;        // queue + run
+  bool finished_ = false;      // Finish succeeded: the step ran
+  bool accounted_ = false;
   bool holds_run_ = false;  // counted in the tenant's runs in flight
   absl::Time start_;
 };
@@ -207,7 +228,8 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
     }
     if (step_.PrepareIfReady()) {
       // On success the step's outcome answers the call, maybe already.
-      s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+      s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
+                      [this](absl::Status r) { Complete(r); });
       if (!s.ok()) Complete(s);
       return;
     }
@@ -219,7 +241,8 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
           // On success the step's outcome answers the
           // call, maybe already: `this` may be gone.
           if (s.ok()) {
-            s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+            s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
+                            [this](absl::Status r) { Complete(r); });
           }
           if (!s.ok()) Complete(s);
         });
@@ -379,7 +402,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     for (;;) {
       Action action = Action::kNone;
       StepWork* start = nullptr;
-      grpc::ByteBuffer* write = nullptr;
+      Stream::Answer* write = nullptr;
       absl::Status end;
       {
         absl::MutexLock lock(&st->mu);
@@ -394,7 +417,9 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
           StartStep(st, *start);
           break;
         case Action::kWrite:
-          StartWrite(write);
+          // The step's metrics and report before its answer, off the device.
+          write->step->Account();
+          StartWrite(&write->bytes);
           break;
         case Action::kRead:
           in_.Clear();
@@ -423,14 +448,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     auto ended = [this, st](absl::Status r) { StepEnded(this, st, std::move(r)); };
     absl::Status s = step.Acquire();
     if (s.ok() && step.PrepareIfReady()) {
-      s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+      s = step.Start(DeadlineOf(ctx_), &cancelled_, false, ended);
     } else if (s.ok()) {
       Tenant& t = *call_.tenant;
       service_.deps().pool->Post(CompileAccount(t), 1, t.quota().max_concurrent_compiles(),
                                  [this, &step, ended] {
                                    absl::Status s =
                                        cancelled_.load() ? NotStarted(ctx_) : step.Prepare();
-                                   if (s.ok()) s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+                                   if (s.ok()) {
+                                     s = step.Start(DeadlineOf(ctx_), &cancelled_, false, ended);
+                                   }
                                    if (!s.ok()) ended(s);
                                  });
       return;

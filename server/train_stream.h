@@ -13,8 +13,10 @@
 // parse there too; either would hold the device idle between steps.
 //
 // Thread safety: the fields are guarded by `mu`; NextLocked requires it.
-// `Step` is the call's step type: `const v1::TrainStepResponse& response()`
-// and `void ReleaseRun()` (its in-flight quota).
+// `Step` is the call's step type: `const v1::TrainStepResponse& response()`,
+// `void ReleaseRun()` (its in-flight quota) and `void Account()` (its metrics
+// and report, which the pump calls on gRPC's thread before writing its
+// answer: also kept off the device's thread).
 #pragma once
 
 #include <cstdint>
@@ -50,13 +52,19 @@ struct TrainStream {
   // only kStart, else kHandOff when gRPC work waits.
   enum class Thread { kGrpc, kStepEnded };
 
+  // A step's answer, and the step (until the answer is written).
+  struct Answer {
+    grpc::ByteBuffer bytes;
+    std::unique_ptr<Step> step;
+  };
+
   absl::Mutex mu;
   bool pumping ABSL_GUARDED_BY(mu) = false;  // a thread is turning state into actions
   bool ended ABSL_GUARDED_BY(mu) = false;    // Finish was called (or is being called)
   bool reading ABSL_GUARDED_BY(mu) = false;  // a read is outstanding
   bool reads_done ABSL_GUARDED_BY(mu) = false;
   bool writing ABSL_GUARDED_BY(mu) = false;  // answers.front() is being written
-  std::deque<grpc::ByteBuffer> answers ABSL_GUARDED_BY(mu);
+  std::deque<Answer> answers ABSL_GUARDED_BY(mu);
   std::unique_ptr<Step> running ABSL_GUARDED_BY(mu);  // started, not yet answered
   int64_t running_index ABSL_GUARDED_BY(mu) = 0;
   std::optional<absl::Status> running_outcome ABSL_GUARDED_BY(mu);
@@ -71,8 +79,9 @@ struct TrainStream {
   // The next thing to do on `thread`, the state updated as if it were done.
   // A step that ended is answered first (its answer queued, its quota
   // released), then the next step starts before any gRPC work. kEnd appends
-  // " steps=<answered>" to `detail`.
-  Action NextLocked(Thread thread, Step*& start, grpc::ByteBuffer*& write, absl::Status& end,
+  // " steps=<answered>" to `detail`. `write` stays put (answers.front())
+  // until OnWriteDone pops it.
+  Action NextLocked(Thread thread, Step*& start, Answer*& write, absl::Status& end,
                     std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (ended) return Action::kNone;
     if (running && running_outcome) {  // the running step ended: its answer
@@ -80,10 +89,12 @@ struct TrainStream {
       running_outcome.reset();
       // A step that ran is answered even when the message after it was
       // refused meanwhile: the refusal ends the call after this answer.
+      bool queued = false;
       if (s.ok() && !broken) {
-        s = SerializeMessage(running->response(), &answers.emplace_back());
+        s = SerializeMessage(running->response(), &answers.emplace_back().bytes);
         if (s.ok()) {
           ++answered;
+          queued = true;
         } else {
           answers.pop_back();
         }
@@ -95,7 +106,11 @@ struct TrainStream {
         next.reset();
       }
       running->ReleaseRun();
-      running.reset();
+      if (queued) {
+        answers.back().step = std::move(running);
+      } else {
+        running.reset();
+      }
     }
     if (!running && next && !failed) {
       running = std::move(next);

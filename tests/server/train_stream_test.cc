@@ -1,7 +1,8 @@
 // TrainStream (server/train_stream.h): the rule a TrainSteps call follows. The
 // thread that ended a step (the device's) starts the next one and does no
 // gRPC work: the answer's write, the next read and the call's end are handed
-// to a gRPC thread, which then takes them in order.
+// to a gRPC thread, which then takes them in order; an answer keeps its step
+// until written, so its metrics and report are taken there too.
 #include "server/train_stream.h"
 
 #include <gtest/gtest.h>
@@ -15,8 +16,10 @@ struct FakeStep {
   explicit FakeStep(int64_t step, int* released) : released(released) { r.set_step(step); }
   const v1::TrainStepResponse& response() const { return r; }
   void ReleaseRun() { ++*released; }
+  void Account() { ++accounted; }
   v1::TrainStepResponse r;
   int* released;
+  int accounted = 0;
 };
 
 using Stream = TrainStream<FakeStep>;
@@ -26,7 +29,7 @@ using Thread = Stream::Thread;
 struct Next {
   Action action;
   FakeStep* start = nullptr;
-  grpc::ByteBuffer* write = nullptr;
+  Stream::Answer* write = nullptr;
   absl::Status end;
 };
 
@@ -71,7 +74,7 @@ TEST(TrainStream, TheThreadThatEndedAStepStartsTheNextAndHandsTheAnswerToGrpc) {
   {
     absl::MutexLock lock(&st.mu);
     ASSERT_EQ(st.answers.size(), 1u);  // step 1's answer, queued, not written
-    EXPECT_EQ(Parse(st.answers.front()).step(), 1);
+    EXPECT_EQ(Parse(st.answers.front().bytes).step(), 1);
     EXPECT_EQ(st.answered, 1);
     EXPECT_EQ(st.running_index, 2);
   }
@@ -86,7 +89,12 @@ TEST(TrainStream, TheThreadThatEndedAStepStartsTheNextAndHandsTheAnswerToGrpc) {
   // On gRPC's thread: the answer, then the read; then nothing until an event.
   n = Take(st, Thread::kGrpc, detail);
   ASSERT_EQ(n.action, Action::kWrite);
-  EXPECT_EQ(Parse(*n.write).step(), 1);
+  EXPECT_EQ(Parse(n.write->bytes).step(), 1);
+  // The answer keeps its step, for the pump to account it (metrics, report)
+  // on this thread before writing; nothing was accounted on the device's.
+  ASSERT_NE(n.write->step, nullptr);
+  EXPECT_EQ(n.write->step->response().step(), 1);
+  EXPECT_EQ(n.write->step->accounted, 0);
   EXPECT_EQ(Take(st, Thread::kGrpc, detail).action, Action::kRead);
   EXPECT_EQ(Take(st, Thread::kGrpc, detail).action, Action::kNone);
   EXPECT_EQ(Take(st, Thread::kStepEnded, detail).action, Action::kNone);
@@ -132,7 +140,7 @@ TEST(TrainStream, TheLastAnswerIsWrittenBeforeTheCallEnds) {
   EXPECT_EQ(Take(st, Thread::kStepEnded, detail).action, Action::kHandOff);
   Next n = Take(st, Thread::kGrpc, detail);
   ASSERT_EQ(n.action, Action::kWrite);
-  EXPECT_EQ(Parse(*n.write).step(), 7);
+  EXPECT_EQ(Parse(n.write->bytes).step(), 7);
   EXPECT_EQ(Take(st, Thread::kGrpc, detail).action, Action::kNone);  // the write is out
   {
     absl::MutexLock lock(&st.mu);  // OnWriteDone
