@@ -21,8 +21,10 @@ when kilnd is local), and the bytes client streams them too
 
 --baseline_kilnd (and --baseline_inproc) name another build (e.g. main's
 before a change): its kilnd runs beside this one and its unary steps
-("kiln_kilnd_baseline") and in-process step ("kiln_inproc_baseline") are timed
-in the same rounds, so before / after come from one run.
+("kiln_kilnd_baseline"), its streamed steps ("kiln_kilnd_stream_baseline",
+batches in shared memory when local) and in-process step
+("kiln_inproc_baseline") are timed in the same rounds, so before / after come
+from one run.
 """
 
 import argparse
@@ -171,6 +173,9 @@ def bench_model(args, server, name, baseline=None):
         base_session = base_client.train_session(kiln.parse(m["graph"]), loss="loss",
                                                  params=init, optimizer=kiln.AdamW(lr=1e-3),
                                                  device="cpu:0")
+        base_stream_session = base_client.train_session(
+            kiln.parse(m["graph"]), loss="loss", params=init, optimizer=kiln.AdamW(lr=1e-3),
+            device="cpu:0")
     batches = [{"x": xs[i], "y": ys[i]} for i in range(args.steps)]
     tensors = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     opt = torch.optim.AdamW(tensors.values(), lr=1e-3)
@@ -197,6 +202,8 @@ def bench_model(args, server, name, baseline=None):
         if base_session is not None:
             kiln_base_step(i)
     list(stream_session.steps(batches[:3]))
+    if base_session is not None:
+        list(base_stream_session.steps(batches[:3]))
     stream_shared_memory = client.last_train_steps_shared_memory
     list(bytes_stream_session.steps(batches[:3]))
     shared_memory = client.last_train_step_shared_memory
@@ -206,6 +213,7 @@ def bench_model(args, server, name, baseline=None):
               ("kiln_kilnd_bytes", kiln_bytes_step)]
     if base_session is not None:
         times["kiln_kilnd_baseline"] = []
+        times["kiln_kilnd_stream_baseline"] = []
         series.append(("kiln_kilnd_baseline", kiln_base_step))
     inproc, inproc_base = [], []
     for _ in range(args.rounds):
@@ -216,8 +224,11 @@ def bench_model(args, server, name, baseline=None):
                 times[label].append((time.perf_counter() - t0) * 1e3)
         # The streaming TrainSteps: one call for the series; its mean per step
         # (a stream's steps are not timed one by one).
-        for label, sess in (("kiln_kilnd_stream", stream_session),
-                            ("kiln_kilnd_stream_bytes", bytes_stream_session)):
+        streams = [("kiln_kilnd_stream", stream_session),
+                   ("kiln_kilnd_stream_bytes", bytes_stream_session)]
+        if base_session is not None:
+            streams.append(("kiln_kilnd_stream_baseline", base_stream_session))
+        for label, sess in streams:
             t0 = time.perf_counter()
             n = sum(1 for _ in sess.steps(batches))
             times[label].append((time.perf_counter() - t0) * 1e3 / n)
@@ -229,6 +240,7 @@ def bench_model(args, server, name, baseline=None):
                 into.append(json.loads(out.strip().splitlines()[-1])["median_ms"])
     if base_session is not None:
         base_session.close()
+        base_stream_session.close()
         base_client.close()
     bytes_stream_session.close()
     session.close()
@@ -260,6 +272,11 @@ def bench_model(args, server, name, baseline=None):
         "kilnd_stream_over_torch": med["kiln_kilnd_stream"] / med["torch"],
         "kilnd_over_baseline_kilnd":
             med["kiln_kilnd"] / med["kiln_kilnd_baseline"] if base_session else None,
+        "kilnd_stream_over_baseline_kilnd_stream":
+            med["kiln_kilnd_stream"] / med["kiln_kilnd_stream_baseline"] if base_session else None,
+        "baseline_kilnd_stream_over_inproc":
+            med["kiln_kilnd_stream_baseline"] / med["kiln_inproc"]
+            if base_session and inproc else None,
         "baseline_kilnd_over_torch":
             med["kiln_kilnd_baseline"] / med["torch"] if base_session else None,
         "inproc_over_baseline_inproc":

@@ -17,6 +17,9 @@
 #include <deque>
 #include <optional>
 
+#include <grpc/support/time.h>
+#include <grpcpp/alarm.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
@@ -24,6 +27,7 @@
 #include "server/limits.h"
 #include "server/rpc_common.h"
 #include "server/shm_run.h"
+#include "server/train_stream.h"
 
 namespace kiln::server {
 namespace {
@@ -36,7 +40,10 @@ namespace {
 class StepWork {
  public:
   StepWork(KilnService& service, KilnService::Call& call) : service_(service), call_(call) {}
-  ~StepWork() { ReleaseRun(); }
+  ~StepWork() {
+    Account();  // a step that ran counts even when its answer was never written
+    ReleaseRun();
+  }
   StepWork(const StepWork&) = delete;
   StepWork& operator=(const StepWork&) = delete;
 
@@ -106,8 +113,10 @@ class StepWork {
   }
 
   // Queues the step; `done` gets its outcome (the response filled) exactly
-  // once, maybe before this returns, unless this returns an error.
-  absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled,
+  // once, maybe before this returns, unless this returns an error. With
+  // `account`, the step is accounted (Account) before `done`; else the
+  // caller does it before writing the answer.
+  absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled, bool account,
                      std::function<void(absl::Status)> done) {
     RunOptions options;
     options.report = true;
@@ -120,8 +129,9 @@ class StepWork {
     return service_.deps()
         .engine
         ->RunAsync(exe_, inputs_, params_, options,
-                   [this, done = std::move(done)](absl::StatusOr<RunResult> r) {
+                   [this, account, done = std::move(done)](absl::StatusOr<RunResult> r) {
                      absl::Status s = Finish(std::move(r));
+                     if (account) Account();
                      ReleaseRun();
                      done(s);
                    })
@@ -130,6 +140,17 @@ class StepWork {
 
   const std::shared_ptr<Session>& session() const { return session_; }
   const v1::TrainStepResponse& response() const { return response_; }
+  // Counts a step that ran in the tenant's metrics and keeps its dispatch
+  // report (GetReport); once, before its answer is written. A TrainSteps
+  // stream does it on gRPC's thread, not between the device's steps.
+  void Account() {
+    if (!finished_ || accounted_) return;
+    accounted_ = true;
+    const ServiceDeps& d = service_.deps();
+    d.metrics->ObserveRun(call_.tenant->name(), report_);
+    d.metrics->ObserveTrainStep(call_.tenant->name(), took_);
+    d.reports->Add(call_.tenant->name(), std::move(report_));
+  }
   void ReleaseRun() {
     if (!holds_run_) return;
     holds_run_ = false;
@@ -137,13 +158,13 @@ class StepWork {
   }
 
  private:
+  // On the thread that ended the run: the answer (loss, lr, step). The
+  // step's metrics and report wait for Account.
   absl::Status Finish(absl::StatusOr<RunResult> result) {
-    const ServiceDeps& d = service_.deps();
     KILN_RETURN_IF_ERROR(result.status());
-    v1::DispatchReport& report = result->report;
-    d.metrics->ObserveRun(call_.tenant->name(), report);
-    d.metrics->ObserveTrainStep(call_.tenant->name(), absl::Now() - start_);
-    *report.mutable_compile() = std::move(compile_);
+    took_ = absl::Now() - start_;
+    report_ = std::move(result->report);
+    *report_.mutable_compile() = std::move(compile_);
     response_.Clear();
     for (const auto& [name, tensor] : result->outputs) {
       if (name == session_->training()->loss()) response_.set_loss(tensor.GetAsDouble(0));
@@ -151,9 +172,9 @@ class StepWork {
     }
     KILN_ASSIGN_OR_RETURN(HostTensor step, params_->Read(train::kStepParam));
     response_.set_step(static_cast<int64_t>(step.GetAsDouble(0)));
-    if (request_.report()) *response_.mutable_report() = report;
-    d.reports->Add(call_.tenant->name(), std::move(report));
+    if (request_.report()) *response_.mutable_report() = report_;
     response_.set_request_id(call_.request_id);
+    finished_ = true;
     return absl::OkStatus();
   }
 
@@ -167,6 +188,10 @@ class StepWork {
   std::shared_ptr<Executable> exe_;
   std::shared_ptr<ParamSet> params_;
   v1::CompileReport compile_;
+  v1::DispatchReport report_;  // the run's, from Finish until Account
+  absl::Duration took_;        // queue + run
+  bool finished_ = false;      // Finish succeeded: the step ran
+  bool accounted_ = false;
   bool holds_run_ = false;  // counted in the tenant's runs in flight
   absl::Time start_;
 };
@@ -203,7 +228,8 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
     }
     if (step_.PrepareIfReady()) {
       // On success the step's outcome answers the call, maybe already.
-      s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+      s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
+                      [this](absl::Status r) { Complete(r); });
       if (!s.ok()) Complete(s);
       return;
     }
@@ -215,7 +241,8 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
           // On success the step's outcome answers the
           // call, maybe already: `this` may be gone.
           if (s.ok()) {
-            s = step_.Start(DeadlineOf(ctx_), &cancelled_, [this](absl::Status r) { Complete(r); });
+            s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
+                            [this](absl::Status r) { Complete(r); });
           }
           if (!s.ok()) Complete(s);
         });
@@ -251,27 +278,34 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
 // status after the steps before it were answered (they stay applied).
 //
 // Pipelined: while step N runs, message N+1 is read and checked, and when N
-// ends its answer is queued for writing and N+1 is started right there, on
-// the thread that ended N (the device's), so the device goes from step to
-// step without waiting for the answer's write or the next message's read and
-// parse. At most one step runs and one more waits.
+// ends N+1 is started right there, on the thread that ended N (the
+// device's); N's answer, the read of N+2 and the call's end are handed to one
+// of gRPC's threads (server/train_stream.h says why), so the device goes from
+// step to step without waiting for the write, the read or the parse. At most
+// one step runs and one more waits.
 //
-// Threads: gRPC's reactions (OnReadDone, OnWriteDone), the device thread that
-// ends a step, and the work pool (a step whose executable is not ready) all
-// change the stream's state under its lock, and one of them at a time (the
-// pump) turns the state into actions (start a step, write, read, end).
+// Threads: gRPC's reactions (OnReadDone, OnWriteDone) and hand-offs, the
+// device thread that ends a step, and the work pool (a step whose executable
+// is not ready) all change the stream's state under its lock, and one of
+// them at a time (the pump) turns the state into actions.
 class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   TrainStepsReactor(KilnService& service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx), stream_(std::make_shared<Stream>()) {
     if (absl::Status s = service_.Begin(ctx, "TrainSteps", 0, call_); !s.ok()) {
-      stream_->ended = true;
+      {
+        absl::MutexLock lock(&stream_->mu);
+        stream_->ended = true;
+      }
       absl::StrAppend(&call_.detail, " steps=0");
       service_.End(call_, s);
       Finish(ToGrpc(s));
       return;
     }
-    stream_->reading = true;
+    {
+      absl::MutexLock lock(&stream_->mu);
+      stream_->reading = true;
+    }
     StartRead(&in_);
   }
 
@@ -326,33 +360,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   void OnDone() override { delete this; }
 
  private:
-  // The stream's state, shared with the callbacks of its running step so that
-  // it outlives the reactor (which gRPC deletes once the call is finished).
-  struct Stream {
-    absl::Mutex mu;
-    bool pumping ABSL_GUARDED_BY(mu) = false;  // a thread is turning state into actions
-    bool ended ABSL_GUARDED_BY(mu) = false;    // Finish was called (or is being called)
-    bool reading ABSL_GUARDED_BY(mu) = false;  // a read is outstanding
-    bool reads_done ABSL_GUARDED_BY(mu) = false;
-    bool writing ABSL_GUARDED_BY(mu) = false;  // answers.front() is being written
-    std::deque<grpc::ByteBuffer> answers ABSL_GUARDED_BY(mu);
-    std::unique_ptr<StepWork> running ABSL_GUARDED_BY(mu);  // started, not yet answered
-    int64_t running_index ABSL_GUARDED_BY(mu) = 0;
-    std::optional<absl::Status> running_outcome ABSL_GUARDED_BY(mu);
-    std::unique_ptr<StepWork> next ABSL_GUARDED_BY(mu);  // admitted, waits for `running`
-    int64_t next_index ABSL_GUARDED_BY(mu) = 0;
-    std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);  // the call ends with it
-    int64_t failed_index ABSL_GUARDED_BY(mu) = 0;  // the step it names; 0: none (the client)
-    bool broken ABSL_GUARDED_BY(mu) = false;       // a write failed: no more answers
-    int64_t received ABSL_GUARDED_BY(mu) = 0;                // messages read
-    int64_t answered ABSL_GUARDED_BY(mu) = 0;
-  };
+  // Shared with the callbacks of its running step so that it outlives the
+  // reactor (which gRPC deletes once the call is finished).
+  using Stream = TrainStream<StepWork>;
+  using Action = Stream::Action;
+  using Thread = Stream::Thread;
 
-  enum class Action { kNone, kStart, kWrite, kRead, kEnd };
-
-  // Applies `change` to the state, then pumps unless another thread does
-  // (that one sees the change). Touches nothing of the reactor after the
-  // state's lock is released unless this thread became the pump.
+  // Applies `change` to the state (on a gRPC thread), then pumps unless
+  // another thread does (that one sees the change). Touches nothing of the
+  // reactor after the state's lock is released unless this thread became
+  // the pump.
   template <typename Change>
   void Update(Change change) {
     const std::shared_ptr<Stream> st = stream_;
@@ -362,7 +379,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       if (st->pumping || st->ended) return;
       st->pumping = true;
     }
-    Pump();
+    Pump(Thread::kGrpc);
   }
 
   // The running step ended (on its device's thread, the work pool, or inline
@@ -375,20 +392,21 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       if (st->pumping || st->ended) return;
       st->pumping = true;
     }
-    self->Pump();  // alive: the call does not end while a step runs
+    self->Pump(Thread::kStepEnded);  // alive: the call does not end while a step runs
   }
 
-  // REQUIRES: this thread set `pumping`.
-  void Pump() {
+  // REQUIRES: this thread set `pumping` (which a hand-off passes on to the
+  // gRPC thread that pumps next, so the call cannot end meanwhile).
+  void Pump(Thread thread) {
     const std::shared_ptr<Stream> st = stream_;
     for (;;) {
       Action action = Action::kNone;
       StepWork* start = nullptr;
-      grpc::ByteBuffer* write = nullptr;
+      Stream::Answer* write = nullptr;
       absl::Status end;
       {
         absl::MutexLock lock(&st->mu);
-        action = NextLocked(*st, start, write, end);
+        action = st->NextLocked(thread, start, write, end, call_.detail);
         if (action == Action::kNone) {
           st->pumping = false;
           return;
@@ -399,7 +417,9 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
           StartStep(st, *start);
           break;
         case Action::kWrite:
-          StartWrite(write);
+          // The step's metrics and report before its answer, off the device.
+          write->step->Account();
+          StartWrite(&write->bytes);
           break;
         case Action::kRead:
           in_.Clear();
@@ -409,63 +429,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
           service_.End(call_, end);
           Finish(ToGrpc(end));
           return;  // the reactor may be gone; `pumping` stays set
+        case Action::kHandOff:
+          // Onto gRPC's executor: an alarm due now runs its callback there.
+          // Only the pump touches hand_off_, and the one before has fired.
+          hand_off_ = std::make_unique<grpc::Alarm>();
+          hand_off_->Set(gpr_now(GPR_CLOCK_MONOTONIC), [this](bool) { Pump(Thread::kGrpc); });
+          return;
         case Action::kNone:
           break;
       }
     }
-  }
-
-  // The next thing to do, the state updated as if it were done.
-  Action NextLocked(Stream& st, StepWork*& start, grpc::ByteBuffer*& write, absl::Status& end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
-    if (st.ended) return Action::kNone;
-    if (st.running && st.running_outcome) {  // the running step ended: its answer
-      absl::Status s = *std::move(st.running_outcome);
-      st.running_outcome.reset();
-      // A step that ran is answered even when the message after it was
-      // refused meanwhile: the refusal ends the call after this answer.
-      if (s.ok() && !st.broken) {
-        s = SerializeMessage(st.running->response(), &st.answers.emplace_back());
-        if (s.ok()) {
-          ++st.answered;
-        } else {
-          st.answers.pop_back();
-        }
-      }
-      // This step's failure comes before a refused later message's.
-      if (!s.ok() && (!st.failed || st.failed_index > st.running_index)) {
-        st.failed =
-            absl::Status(StatusBuilder(s) << "at step " << st.running_index << " of the stream");
-        st.failed_index = st.running_index;
-        st.next.reset();
-      }
-      st.running->ReleaseRun();
-      st.running.reset();
-    }
-    if (!st.writing && !st.answers.empty()) {
-      st.writing = true;
-      write = &st.answers.front();  // deque: stays put while others are added
-      return Action::kWrite;
-    }
-    if (!st.running && st.next && !st.failed) {
-      st.running = std::move(st.next);
-      st.running_index = st.next_index;
-      start = st.running.get();
-      return Action::kStart;
-    }
-    if (!st.reading && !st.reads_done && !st.next && !st.failed) {
-      st.reading = true;
-      return Action::kRead;
-    }
-    const bool idle = !st.running && !st.writing && st.answers.empty();
-    if (idle && (st.failed || (st.reads_done && !st.next))) {
-      st.ended = true;
-      st.next.reset();
-      end = st.failed.value_or(absl::OkStatus());
-      absl::StrAppend(&call_.detail, " steps=", st.answered);
-      return Action::kEnd;
-    }
-    return Action::kNone;
   }
 
   // Starts `step` (st->running): straight to its device's scheduler when its
@@ -475,14 +448,16 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
     auto ended = [this, st](absl::Status r) { StepEnded(this, st, std::move(r)); };
     absl::Status s = step.Acquire();
     if (s.ok() && step.PrepareIfReady()) {
-      s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+      s = step.Start(DeadlineOf(ctx_), &cancelled_, false, ended);
     } else if (s.ok()) {
       Tenant& t = *call_.tenant;
       service_.deps().pool->Post(CompileAccount(t), 1, t.quota().max_concurrent_compiles(),
                                  [this, &step, ended] {
                                    absl::Status s =
                                        cancelled_.load() ? NotStarted(ctx_) : step.Prepare();
-                                   if (s.ok()) s = step.Start(DeadlineOf(ctx_), &cancelled_, ended);
+                                   if (s.ok()) {
+                                     s = step.Start(DeadlineOf(ctx_), &cancelled_, false, ended);
+                                   }
                                    if (!s.ok()) ended(s);
                                  });
       return;
@@ -496,6 +471,7 @@ class TrainStepsReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
   grpc::ByteBuffer in_;  // the message being read
   std::shared_ptr<Session> session_;  // set by the first message
   const std::shared_ptr<Stream> stream_;
+  std::unique_ptr<grpc::Alarm> hand_off_;  // the last hand-off to gRPC's executor
   std::atomic<bool> cancelled_ = false;
 };
 

@@ -1,7 +1,8 @@
 // Training sessions in a real kilnd (server/rpc_train.cc): the optimizer
 // state counts against the tenant's param quota (a step whose Adam state does
 // not fit is refused, naming the bytes, and nothing is charged; closing the
-// session gives it all back), and the per-tenant step metrics move.
+// session gives it all back), and the per-tenant step metrics move (for a
+// TrainSteps stream too, before each answer).
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -152,6 +153,38 @@ TEST_F(ServerTrain, StepMetricsMovePerTenant) {
   EXPECT_EQ(Metric("kiln_train_steps_total", "trainer"), before + 3);
   EXPECT_EQ(Metric("kiln_train_step_seconds_count", "trainer"), before + 3);
   EXPECT_GE(Metric("kiln_requests_total", "trainer"), 4);
+}
+
+// A TrainSteps stream counts each step in the tenant's metrics and keeps its
+// dispatch report before the step's answer is written (kilnd does both on
+// gRPC's thread, off the device's, server/train_stream.h): every answer read
+// finds its step already counted.
+TEST_F(ServerTrain, StreamedStepsAreCountedAndReportedBeforeTheirAnswers) {
+  auto stub = kilnd_->Stub();
+  v1::CreateSessionResponse session;
+  grpc::Status s = stub->CreateSession(Context(kKey).get(), Request(v1::OPTIMIZER_ADAMW), &session);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const double before = Metric("kiln_train_steps_total", "trainer");
+  auto ctx = Context(kKey);
+  auto stream = stub->TrainSteps(ctx.get());
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(stream->Write(Step(i == 1 ? session.session_id() : "")));
+    v1::TrainStepResponse r;
+    ASSERT_TRUE(stream->Read(&r));
+    EXPECT_EQ(r.step(), i);
+    EXPECT_EQ(Metric("kiln_train_steps_total", "trainer"), before + i);
+    EXPECT_EQ(Metric("kiln_train_step_seconds_count", "trainer"), before + i);
+    v1::GetReportRequest last;
+    last.set_last(1);
+    v1::GetReportResponse reports;
+    ASSERT_TRUE(stub->GetReport(Context(kKey).get(), last, &reports).ok());
+    ASSERT_EQ(reports.reports_size(), 1);
+    EXPECT_EQ(reports.reports(0).request_id(), r.request_id());
+    EXPECT_GT(reports.reports(0).steps_size(), 0);  // the step's kernels
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  s = stream->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 }  // namespace
