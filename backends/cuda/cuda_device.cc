@@ -160,9 +160,10 @@ void CudaDevice::OpenLibraries() {
   t = Clock::now();
   if (cudnn_version_ != 0) (void)cudnn_context();
   const double dnn = ms(t);
-  spdlog::info("{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuBLASLt and its handle {:.1f}, "
-               "cuDNN's handle {:.1f})",
-               info_.id, nvrtc + lt + dnn, nvrtc, lt, dnn);
+  spdlog::info(
+      "{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuBLASLt and its handle {:.1f}, "
+      "cuDNN's handle {:.1f})",
+      info_.id, nvrtc + lt + dnn, nvrtc, lt, dnn);
 }
 
 CudaDevice::~CudaDevice() {

@@ -321,10 +321,10 @@ std::string CudnnContext::Serialize(const CudnnSdpaPlan& plan) const {
 absl::Status CudnnContext::Describe(CudnnSdpaPlan& plan) const {
   const CudnnApi& api = Cudnn();
   int64_t ws = 0, n = 0;
-  KILN_RETURN_IF_ERROR(Check(api.cudnnBackendGetAttribute(plan.plan_,
-                                                          CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                          CUDNN_TYPE_INT64, 1, &n, &ws),
-                             "cudnnBackendGetAttribute(workspace size)"));
+  KILN_RETURN_IF_ERROR(
+      Check(api.cudnnBackendGetAttribute(plan.plan_, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                         CUDNN_TYPE_INT64, 1, &n, &ws),
+            "cudnnBackendGetAttribute(workspace size)"));
   plan.workspace_bytes_ = ws;
   // Which engine: the plan's config's engine's global index (for the report).
   cudnnBackendDescriptor_t cfg = nullptr, engine = nullptr;

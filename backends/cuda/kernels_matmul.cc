@@ -236,10 +236,10 @@ class MatMulKernel final : public CudaKernel {
     KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride)
                               : Layout(&b_, K, M, K, p.a_stride));
     KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
-    shape_key_ = absl::StrCat(DTypeName(spec_.outputs[0].dtype), "|", M, "x", N, "x", K, "|", p.ta,
-                              p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
-                              "|epi=", static_cast<int>(epi), "|c=", lt_residual_,
-                              p.tf32 ? "|tf32" : "");
+    shape_key_ =
+        absl::StrCat(DTypeName(spec_.outputs[0].dtype), "|", M, "x", N, "x", K, "|", p.ta, p.tb,
+                     "|", p.count, ",", p.a_stride, ",", p.b_stride, "|epi=", static_cast<int>(epi),
+                     "|c=", lt_residual_, p.tf32 ? "|tf32" : "");
     // Fail at prepare, not at the first run, when no algorithm serves the shape.
     return Algorithm(256, &context).status();
   }
@@ -262,13 +262,15 @@ class MatMulKernel final : public CudaKernel {
     const std::string disk_key =
         binaries == nullptr
             ? std::string()
-            : PrepareCacheKey(kAlgoEntry, {{"shape", key},
-                                           {"device", absl::StrCat(device_.info().name, "|",
-                                                                   device_.caps().arch, "|sm=",
-                                                                   device_.caps().sm_count)},
-                                           {"cublaslt", absl::StrCat(lt.cublasLtGetVersion())}});
+            : PrepareCacheKey(
+                  kAlgoEntry,
+                  {{"shape", key},
+                   {"device", absl::StrCat(device_.info().name, "|", device_.caps().arch,
+                                           "|sm=", device_.caps().sm_count)},
+                   {"cublaslt", absl::StrCat(lt.cublasLtGetVersion())}});
     if (binaries != nullptr) {
-      if (std::optional<cublasLtMatmulAlgo_t> cached = CachedAlgorithm(*binaries, disk_key, handle)) {
+      if (std::optional<cublasLtMatmulAlgo_t> cached =
+              CachedAlgorithm(*binaries, disk_key, handle)) {
         ++context->kernel_cache_hits;
         device_.KeepAlgo(key, *cached);
         return algos_[align] = *cached;
@@ -298,10 +300,10 @@ class MatMulKernel final : public CudaKernel {
     }
     if (context != nullptr) ++context->kernel_cache_misses;
     if (binaries != nullptr) {
-      binaries->Store(disk_key,
-                      EncodePrepareEntry(kAlgoEntry, disk_key,
-                                         std::string_view(reinterpret_cast<const char*>(&result.algo),
-                                                          sizeof(result.algo))));
+      binaries->Store(
+          disk_key, EncodePrepareEntry(kAlgoEntry, disk_key,
+                                       std::string_view(reinterpret_cast<const char*>(&result.algo),
+                                                        sizeof(result.algo))));
     }
     device_.KeepAlgo(key, result.algo);
     return algos_[align] = result.algo;

@@ -30,8 +30,8 @@ TEST(PrepareCacheKey, NamesItsKindAndSeparatesEveryComponent) {
   keys.insert(PrepareCacheKey("cudnn-plan", {{"plan", "cudnn_sdpa_fwd;b=8"}, base[1]}));
   keys.insert(PrepareCacheKey("cudnn-plan", {{"shape", "cudnn_sdpa_fwd;b=4"}, base[1]}));
   keys.insert(PrepareCacheKey("cudnn-plan", {base[1], base[0]}));
-  keys.insert(PrepareCacheKey("cudnn-plan", {{"plan", "cudnn_sdpa_fwd;b=4H100"},
-                                             {"device", "|sm_90|sm=132"}}));
+  keys.insert(PrepareCacheKey("cudnn-plan",
+                              {{"plan", "cudnn_sdpa_fwd;b=4H100"}, {"device", "|sm_90|sm=132"}}));
   keys.insert(PrepareCacheKey("cudnn-plan", {base[0]}));
   EXPECT_EQ(keys.size(), 7u);
 }
@@ -60,9 +60,9 @@ TEST(PrepareCacheEntry, RefusesForeignDamagedAndEmptyEntries) {
   EXPECT_FALSE(DecodePrepareEntry("cublaslt-algo", key, versioned).has_value());
   // Truncated into the header, no payload, garbage, nothing.
   EXPECT_FALSE(DecodePrepareEntry("cublaslt-algo", key, entry.substr(0, 20)).has_value());
-  EXPECT_FALSE(DecodePrepareEntry("cublaslt-algo", key,
-                                  EncodePrepareEntry("cublaslt-algo", key, ""))
-                   .has_value());
+  EXPECT_FALSE(
+      DecodePrepareEntry("cublaslt-algo", key, EncodePrepareEntry("cublaslt-algo", key, ""))
+          .has_value());
   EXPECT_FALSE(DecodePrepareEntry("cublaslt-algo", key, std::string(300, 'x')).has_value());
   EXPECT_FALSE(DecodePrepareEntry("cublaslt-algo", key, "").has_value());
 }
