@@ -105,6 +105,8 @@ namespace kiln::cuda {
   X(cublasLtMatmulPreferenceDestroy)      \
   X(cublasLtMatmulPreferenceSetAttribute) \
   X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulAlgoCheck)              \
+  X(cublasLtGetVersion)                   \
   X(cublasLtMatmul)
 // clang-format on
 

@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "backends/cuda/cudnn_sdpa.h"
 #include "backends/cuda/nvrtc_compiler.h"
 #include "base/status.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::cuda {
 namespace {
@@ -137,7 +139,31 @@ absl::Status CudaDevice::Init(int ordinal, const backend::BackendOptions& option
   p.sync_overhead_us = 15;
   p.calibrated = false;
   (void)options;
+  OpenLibraries();
   return absl::OkStatus();
+}
+
+void CudaDevice::OpenLibraries() {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  // Failures are not the device's: they are returned again at the first use
+  // that needs the library (a cached cubin needs no NVRTC, attention without
+  // cuDNN runs Kiln's kernels).
+  auto t = Clock::now();
+  (void)LoadNvrtc();
+  const double nvrtc = ms(t);
+  t = Clock::now();
+  (void)LtHandle();
+  const double lt = ms(t);
+  t = Clock::now();
+  if (cudnn_version_ != 0) (void)cudnn_context();
+  const double dnn = ms(t);
+  spdlog::info(
+      "{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuBLASLt and its handle {:.1f}, "
+      "cuDNN's handle {:.1f})",
+      info_.id, nvrtc + lt + dnn, nvrtc, lt, dnn);
 }
 
 CudaDevice::~CudaDevice() {
@@ -415,6 +441,18 @@ absl::StatusOr<cublasLtHandle_t> CudaDevice::LtHandle() {
     KILN_RETURN_IF_ERROR(CheckCublas(CublasLt().cublasLtCreate(&lt_), "cublasLtCreate"));
   }
   return lt_;
+}
+
+std::optional<cublasLtMatmulAlgo_t> CudaDevice::FindAlgo(const std::string& key) const {
+  absl::MutexLock lock(&algos_mu_);
+  auto it = algos_.find(key);
+  if (it == algos_.end()) return std::nullopt;
+  return it->second;
+}
+
+void CudaDevice::KeepAlgo(const std::string& key, const cublasLtMatmulAlgo_t& algo) {
+  absl::MutexLock lock(&algos_mu_);
+  algos_[key] = algo;
 }
 
 absl::StatusOr<CudnnContext*> CudaDevice::cudnn_context() {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -111,6 +112,11 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
 
   // cuBLASLt handle (created at first use; cuBLASLt handles are thread-safe).
   absl::StatusOr<cublasLtHandle_t> LtHandle();
+  // The cuBLASLt algorithms chosen on this device, by the product's key
+  // (kernels_matmul.cc): each shape asks the heuristic or the kernel cache
+  // once per device.
+  std::optional<cublasLtMatmulAlgo_t> FindAlgo(const std::string& key) const;
+  void KeepAlgo(const std::string& key, const cublasLtMatmulAlgo_t& algo);
 
   // cuDNN's version (91400 for 9.14.0) when libcudnn was found at creation,
   // else 0; the device's features then list "cudnn-9.14.0".
@@ -131,6 +137,14 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
  private:
   CudaDevice() = default;
   absl::Status Init(int ordinal, const backend::BackendOptions& options);
+  // Opens the libraries that preparing kernels asks (NVRTC for the cubin
+  // cache keys, cuBLASLt and its handle, cuDNN's handle) when the device is
+  // created, i.e. when a device worker starts: a one-time cost of the
+  // engine's start, logged with its parts, which a compile (a warm one
+  // included, which compiles nothing) then does not pay. Calibration, which
+  // runs matmuls, paid it at the start before; a start that took the profile
+  // from the cache left it to the first compile.
+  void OpenLibraries();
   absl::Status WaitInternal(CUstream stream, const char* what) const;
 
   backend::DeviceInfo info_;
@@ -147,6 +161,8 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
 
   absl::Mutex lt_mu_;
   cublasLtHandle_t lt_ ABSL_GUARDED_BY(lt_mu_) = nullptr;
+  mutable absl::Mutex algos_mu_;
+  absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos_ ABSL_GUARDED_BY(algos_mu_);
 
   size_t cudnn_version_ = 0;
   std::string cudnn_missing_;

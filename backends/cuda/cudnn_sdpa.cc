@@ -1,11 +1,13 @@
 #include "backends/cuda/cudnn_sdpa.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/prepare_cache.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -16,6 +18,9 @@ namespace {
 // plan to a handle.
 constexpr auto kOperationGraphHandle = static_cast<cudnnBackendAttributeName_t>(800);
 constexpr auto kExecutionPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);
+
+// The kernel-cache entry kind of a serialized plan (prepare_cache.h).
+constexpr char kCudnnPlanEntry[] = "cudnn-plan";
 
 // The operands' unique ids in the variant pack.
 enum Uid : int64_t {
@@ -211,11 +216,52 @@ int64_t CudnnContext::plans_built() const {
   return plans_built_;
 }
 
+int64_t CudnnContext::plans_loaded() const {
+  absl::MutexLock lock(&plans_mu_);
+  return plans_loaded_;
+}
+
 absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> CudnnContext::SdpaPlan(
-    const SdpaShape& shape) {
+    const SdpaShape& shape, backend::PrepareContext* context) {
   const std::string key = CudnnSdpaKey(shape, CudnnVersion());
   absl::MutexLock lock(&plans_mu_);
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+  if (auto it = plans_.find(key); it != plans_.end()) {
+    if (context != nullptr && it->second.ok()) ++context->kernel_cache_hits;
+    return it->second;
+  }
+  backend::KernelBinaryCache* binaries = context != nullptr ? context->binaries : nullptr;
+  // The plan is the device model's (cuDNN deserializes a plan on an
+  // identical GPU), whichever ordinal the device has.
+  const std::string disk_key =
+      binaries == nullptr
+          ? std::string()
+          : PrepareCacheKey(kCudnnPlanEntry,
+                            {{"plan", key},
+                             {"device", absl::StrCat(device_.info().name, "|", device_.caps().arch,
+                                                     "|sm=", device_.caps().sm_count)}});
+  if (binaries != nullptr) {
+    const std::optional<std::string> entry = binaries->Lookup(disk_key);
+    const std::optional<std::string> json =
+        entry ? DecodePrepareEntry(kCudnnPlanEntry, disk_key, *entry) : std::nullopt;
+    if (json) {
+      auto plan = std::make_shared<CudnnSdpaPlan>();
+      absl::Status loaded;
+      {
+        absl::MutexLock handle_lock(&handle_mu_);
+        loaded = Load(shape, *json, *plan);
+      }
+      if (loaded.ok()) {
+        ++plans_loaded_;
+        ++context->kernel_cache_hits;
+        std::shared_ptr<const CudnnSdpaPlan> shared = std::move(plan);
+        plans_.emplace(key, shared);
+        return shared;
+      }
+      if (backend::FaultedDevice(loaded)) return loaded;
+      // Not a plan this cuDNN finalizes (another build's, damaged): built
+      // again below and overwritten.
+    }
+  }
   auto plan = std::make_shared<CudnnSdpaPlan>();
   absl::Status built;
   {
@@ -223,12 +269,86 @@ absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> CudnnContext::SdpaPlan(
     built = Build(shape, *plan);
   }
   ++plans_built_;
+  if (context != nullptr && built.ok()) ++context->kernel_cache_misses;
+  if (built.ok() && binaries != nullptr) {
+    // An engine cuDNN cannot serialize is rebuilt on every start.
+    if (const std::string json = Serialize(*plan); !json.empty()) {
+      binaries->Store(disk_key, EncodePrepareEntry(kCudnnPlanEntry, disk_key, json));
+    }
+  }
   absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> result =
       built.ok() ? absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>>(std::move(plan))
                  : absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>>(built);
   // A device fault is not a property of the shape: not remembered.
   if (built.ok() || !backend::FaultedDevice(built)) plans_.emplace(key, result);
   return result;
+}
+
+absl::Status CudnnContext::Load(const SdpaShape& s, const std::string& json, CudnnSdpaPlan& plan) {
+  plan.shape_ = s;
+  KILN_RETURN_IF_ERROR(device_.Enter());
+  GraphBuilder g(device_, plan.owned_);
+  // As cudnn-frontend's ExecutionPlanBuilder::loadFromJson: the JSON, then
+  // the handle, then finalize (which loads the plan's kernels).
+  KILN_ASSIGN_OR_RETURN(auto p, g.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
+  KILN_RETURN_IF_ERROR(g.Set(p, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                             static_cast<int64_t>(json.size()), json.data()));
+  KILN_RETURN_IF_ERROR(g.Set(p, kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle_));
+  KILN_RETURN_IF_ERROR(g.Finalize(p, "cudnnBackendFinalize(execution plan from JSON)"));
+  plan.plan_ = p;
+  return Describe(plan);
+}
+
+std::string CudnnContext::Serialize(const CudnnSdpaPlan& plan) const {
+  const CudnnApi& api = Cudnn();
+  int64_t n = 0;
+  if (plan.plan_ == nullptr ||
+      api.cudnnBackendGetAttribute(plan.plan_, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                                   CUDNN_TYPE_CHAR, 0, &n, nullptr) != CUDNN_STATUS_SUCCESS ||
+      n <= 0) {
+    return "";
+  }
+  std::string json(static_cast<size_t>(n), '\0');
+  if (api.cudnnBackendGetAttribute(plan.plan_, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+                                   CUDNN_TYPE_CHAR, n, &n, json.data()) != CUDNN_STATUS_SUCCESS) {
+    return "";
+  }
+  json.resize(std::min<size_t>(json.size(), static_cast<size_t>(std::max<int64_t>(n, 0))));
+  while (!json.empty() && json.back() == '\0') json.pop_back();
+  return json;
+}
+
+absl::Status CudnnContext::Describe(CudnnSdpaPlan& plan) const {
+  const CudnnApi& api = Cudnn();
+  int64_t ws = 0, n = 0;
+  KILN_RETURN_IF_ERROR(
+      Check(api.cudnnBackendGetAttribute(plan.plan_, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                         CUDNN_TYPE_INT64, 1, &n, &ws),
+            "cudnnBackendGetAttribute(workspace size)"));
+  plan.workspace_bytes_ = ws;
+  // Which engine: the plan's config's engine's global index (for the report).
+  cudnnBackendDescriptor_t cfg = nullptr, engine = nullptr;
+  if (api.cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg) !=
+      CUDNN_STATUS_SUCCESS) {
+    return absl::OkStatus();
+  }
+  plan.owned_.push_back(cfg);
+  if (api.cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) !=
+      CUDNN_STATUS_SUCCESS) {
+    return absl::OkStatus();
+  }
+  plan.owned_.push_back(engine);
+  int64_t index = -1;
+  if (api.cudnnBackendGetAttribute(plan.plan_, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                   &cfg) == CUDNN_STATUS_SUCCESS &&
+      api.cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   1, &n, &engine) == CUDNN_STATUS_SUCCESS &&
+      api.cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                   &index) == CUDNN_STATUS_SUCCESS) {
+    plan.engine_ = index;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
@@ -347,27 +467,8 @@ absl::Status CudnnContext::Build(const SdpaShape& s, CudnnSdpaPlan& plan) {
       if (backend::FaultedDevice(last)) return last;
       continue;
     }
-    int64_t ws = 0, n = 0;
-    KILN_RETURN_IF_ERROR(
-        Check(Cudnn().cudnnBackendGetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                               CUDNN_TYPE_INT64, 1, &n, &ws),
-              "cudnnBackendGetAttribute(workspace size)"));
-    // Which engine: the config's engine's global index (for the report).
-    cudnnBackendDescriptor_t engine = nullptr;
-    if (auto made = g.Make(CUDNN_BACKEND_ENGINE_DESCRIPTOR); made.ok()) {
-      engine = *made;
-      int64_t index = -1;
-      if (Cudnn().cudnnBackendGetAttribute(configs[i], CUDNN_ATTR_ENGINECFG_ENGINE,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
-                                           &engine) == CUDNN_STATUS_SUCCESS &&
-          Cudnn().cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64,
-                                           1, &n, &index) == CUDNN_STATUS_SUCCESS) {
-        plan.engine_ = index;
-      }
-    }
     plan.plan_ = p;
-    plan.workspace_bytes_ = ws;
-    return absl::OkStatus();
+    return Describe(plan);
   }
   return absl::UnimplementedError(absl::StrCat(device_.info().id, ": cudnn sdpa: none of ", got,
                                                " engine configs finalized (last: ", last.message(),

@@ -30,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
 #include "backends/cuda/cudnn_api.h"
 #include "backends/cuda/cudnn_sdpa_plan.h"
 
@@ -68,25 +69,42 @@ class CudnnContext {
   CudnnContext(const CudnnContext&) = delete;
   CudnnContext& operator=(const CudnnContext&) = delete;
 
-  // The plan for `shape`: built and finalized on first use (the first engine
-  // of cuDNN's heuristic that finalizes), then cached; a shape cuDNN refused
-  // is remembered too and refused again with the same status.
+  // The plan for `shape`: from this context's memo; else loaded from
+  // `context->binaries` (a "cudnn-plan" entry: the plan's JSON as cuDNN
+  // serializes it, its runtime-compiled kernels included, prepare_cache.h);
+  // else built and finalized (the first engine of cuDNN's heuristic that
+  // finalizes) and stored there. A memo or cache hit counts in
+  // context->kernel_cache_hits, a build in kernel_cache_misses. An entry that
+  // does not decode or that cuDNN cannot finalize is rebuilt and overwritten.
+  // A shape cuDNN refused is remembered too and refused again with the same
+  // status. `context` may be null (no disk cache, nothing counted).
   // REQUIRES: CudnnSdpaServes(shape, ...) OK.
-  absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> SdpaPlan(const SdpaShape& shape);
+  absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> SdpaPlan(
+      const SdpaShape& shape, backend::PrepareContext* context = nullptr);
 
   // Enqueues `plan` on `stream`: O = attention(Q, K, V) with `scale`, the
   // workspace at `workspace` (plan.workspace_bytes() bytes; 0 when none).
   absl::Status ExecuteSdpa(const CudnnSdpaPlan& plan, CUstream stream, CUdeviceptr q, CUdeviceptr k,
                            CUdeviceptr v, CUdeviceptr o, CUdeviceptr workspace, float scale);
 
-  // How many plans were built (not served from the cache); for tests.
+  // How many plans were built (not served from the memo or the disk cache),
+  // and how many were loaded from the disk cache; for tests.
   int64_t plans_built() const;
+  int64_t plans_loaded() const;
 
  private:
   explicit CudnnContext(const CudaDevice& device) : device_(device) {}
   absl::Status Check(cudnnStatus_t r, const char* call) const;
   absl::Status Build(const SdpaShape& shape, CudnnSdpaPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(handle_mu_);
+  // Finalizes `plan` from its JSON representation.
+  absl::Status Load(const SdpaShape& shape, const std::string& json, CudnnSdpaPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(handle_mu_);
+  // The finalized plan's JSON representation (empty when cuDNN cannot
+  // serialize the plan's engine).
+  std::string Serialize(const CudnnSdpaPlan& plan) const;
+  // Workspace size and engine index of a finalized plan.
+  absl::Status Describe(CudnnSdpaPlan& plan) const;
 
   const CudaDevice& device_;
 
@@ -97,6 +115,7 @@ class CudnnContext {
   absl::flat_hash_map<std::string, absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>>> plans_
       ABSL_GUARDED_BY(plans_mu_);
   int64_t plans_built_ ABSL_GUARDED_BY(plans_mu_) = 0;
+  int64_t plans_loaded_ ABSL_GUARDED_BY(plans_mu_) = 0;
 };
 
 }  // namespace kiln::cuda

@@ -337,7 +337,7 @@ class CudnnAttentionKernel final : public CudaKernel {
 // faults and failed allocations.
 absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
     CudaDevice& d, const KernelSpec& spec, const AttnParams& p,
-    std::unique_ptr<AttentionKernel>& own) {
+    std::unique_ptr<AttentionKernel>& own, backend::PrepareContext& context) {
   if (d.cudnn_version() == 0) return nullptr;
   SdpaShape shape;
   shape.dtype = spec.inputs[0].dtype;
@@ -349,7 +349,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> MaybeCudnnAttention(
     return nullptr;
   }
   KILN_ASSIGN_OR_RETURN(CudnnContext * cudnn, d.cudnn_context());
-  absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> plan = cudnn->SdpaPlan(shape);
+  absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> plan = cudnn->SdpaPlan(shape, &context);
   if (!plan.ok()) {
     if (backend::FaultedDevice(plan.status())) return plan.status();
     return nullptr;  // cuDNN refused the graph: Kiln's kernel serves it
@@ -371,7 +371,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<AttentionKernel> own, CreateOwnAttention(d, spec, context));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Kernel> cudnn,
-                        MaybeCudnnAttention(d, spec, p, own));
+                        MaybeCudnnAttention(d, spec, p, own, context));
   if (cudnn != nullptr) return cudnn;
   return std::unique_ptr<backend::Kernel>(std::move(own));
 }

@@ -16,9 +16,13 @@
 // region codegen.
 //
 // Algorithms: the heuristic's first choice, queried once per shape and
-// operand alignment and cached for the process.
+// operand alignment and cached for the process, and (the one a prepare
+// asks for) in the kernel level of the compile cache as a "cublaslt-algo"
+// entry (prepare_cache.h), checked with cublasLtMatmulAlgoCheck when loaded:
+// a warm start queries no heuristic.
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
@@ -27,6 +31,7 @@
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/matmul_plan.h"
+#include "backends/cuda/prepare_cache.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -36,6 +41,9 @@ using backend::Claim;
 using backend::KernelSpec;
 
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
+// The kernel-cache entry kind of a chosen algorithm (prepare_cache.h).
+constexpr char kAlgoEntry[] = "cublaslt-algo";
 
 // A device address as the pointer cuBLASLt takes.
 void* Ptr(CUdeviceptr p) {
@@ -86,21 +94,14 @@ cudaDataType_t LtType(DType d) {
   }
 }
 
-// Algorithms chosen, per device and shape key, for the process.
-absl::Mutex g_algos_mu;
-absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>& Algos()
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_algos_mu) {
-  static auto* m = new absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t>();
-  return *m;
-}
-
 class MatMulKernel final : public CudaKernel {
  public:
   static absl::StatusOr<std::unique_ptr<MatMulKernel>> Create(CudaDevice& d, const KernelSpec& spec,
-                                                              MatMulPlan plan, std::string impl) {
+                                                              MatMulPlan plan, std::string impl,
+                                                              backend::PrepareContext& context) {
     auto k =
         std::unique_ptr<MatMulKernel>(new MatMulKernel(d, spec, std::move(plan), std::move(impl)));
-    KILN_RETURN_IF_ERROR(k->Init());
+    KILN_RETURN_IF_ERROR(k->Init(context));
     return k;
   }
 
@@ -192,7 +193,7 @@ class MatMulKernel final : public CudaKernel {
     return absl::OkStatus();
   }
 
-  absl::Status Init() {
+  absl::Status Init(backend::PrepareContext& context) {
     // An empty result launches nothing (CudaKernel::Launch): no descriptors.
     if (spec_.outputs[0].num_elements() == 0) return absl::OkStatus();
     KILN_RETURN_IF_ERROR(LoadCublasLt());
@@ -235,22 +236,46 @@ class MatMulKernel final : public CudaKernel {
     KILN_RETURN_IF_ERROR(p.ta ? Layout(&b_, M, K, M, p.a_stride)
                               : Layout(&b_, K, M, K, p.a_stride));
     KILN_RETURN_IF_ERROR(Layout(&c_, N, M, N, M * N));
-    key_ = absl::StrCat(device_.info().id, "|", DTypeName(spec_.outputs[0].dtype), "|", M, "x", N,
-                        "x", K, "|", p.ta, p.tb, "|", p.count, ",", p.a_stride, ",", p.b_stride,
-                        "|epi=", static_cast<int>(epi), "|c=", lt_residual_, p.tf32 ? "|tf32" : "");
+    shape_key_ =
+        absl::StrCat(DTypeName(spec_.outputs[0].dtype), "|", M, "x", N, "x", K, "|", p.ta, p.tb,
+                     "|", p.count, ",", p.a_stride, ",", p.b_stride, "|epi=", static_cast<int>(epi),
+                     "|c=", lt_residual_, p.tf32 ? "|tf32" : "");
     // Fail at prepare, not at the first run, when no algorithm serves the shape.
-    return Algorithm(256).status();
+    return Algorithm(256, &context).status();
   }
 
-  absl::StatusOr<cublasLtMatmulAlgo_t> Algorithm(uint32_t align) {
+  // The algorithm for operands aligned to `align` bytes: this kernel's, the
+  // device's, `context`'s kernel cache's (when given), else the heuristic's.
+  absl::StatusOr<cublasLtMatmulAlgo_t> Algorithm(uint32_t align,
+                                                 backend::PrepareContext* context = nullptr) {
     if (auto it = algos_.find(align); it != algos_.end()) return it->second;
-    const std::string key = absl::StrCat(key_, "|align=", align);
-    {
-      absl::MutexLock lock(&g_algos_mu);
-      if (auto it = Algos().find(key); it != Algos().end()) return algos_[align] = it->second;
+    const std::string key = absl::StrCat(shape_key_, "|align=", align);
+    if (std::optional<cublasLtMatmulAlgo_t> known = device_.FindAlgo(key)) {
+      if (context != nullptr) ++context->kernel_cache_hits;
+      return algos_[align] = *known;
     }
     const CublasLtApi& lt = CublasLt();
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
+    backend::KernelBinaryCache* binaries = context != nullptr ? context->binaries : nullptr;
+    // The heuristic's answer depends on the GPU model and cuBLASLt's
+    // version, not on the device's ordinal.
+    const std::string disk_key =
+        binaries == nullptr
+            ? std::string()
+            : PrepareCacheKey(
+                  kAlgoEntry,
+                  {{"shape", key},
+                   {"device", absl::StrCat(device_.info().name, "|", device_.caps().arch,
+                                           "|sm=", device_.caps().sm_count)},
+                   {"cublaslt", absl::StrCat(lt.cublasLtGetVersion())}});
+    if (binaries != nullptr) {
+      if (std::optional<cublasLtMatmulAlgo_t> cached =
+              CachedAlgorithm(*binaries, disk_key, handle)) {
+        ++context->kernel_cache_hits;
+        device_.KeepAlgo(key, *cached);
+        return algos_[align] = *cached;
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatmulPreferenceCreate(&pref),
                                              "cublasLtMatmulPreferenceCreate"));
@@ -273,11 +298,36 @@ class MatMulKernel final : public CudaKernel {
       return absl::UnimplementedError(
           absl::StrCat(device_.info().id, ": cuBLASLt has no algorithm for ", key));
     }
-    {
-      absl::MutexLock lock(&g_algos_mu);
-      Algos()[key] = result.algo;
+    if (context != nullptr) ++context->kernel_cache_misses;
+    if (binaries != nullptr) {
+      binaries->Store(
+          disk_key, EncodePrepareEntry(kAlgoEntry, disk_key,
+                                       std::string_view(reinterpret_cast<const char*>(&result.algo),
+                                                        sizeof(result.algo))));
     }
+    device_.KeepAlgo(key, result.algo);
     return algos_[align] = result.algo;
+  }
+
+  // The algorithm of `disk_key`'s entry when it decodes and cuBLASLt accepts
+  // it for this product within the workspace; nullopt otherwise (the
+  // heuristic then chooses again and the entry is overwritten).
+  std::optional<cublasLtMatmulAlgo_t> CachedAlgorithm(backend::KernelBinaryCache& binaries,
+                                                      const std::string& disk_key,
+                                                      cublasLtHandle_t handle) {
+    const std::optional<std::string> entry = binaries.Lookup(disk_key);
+    if (!entry) return std::nullopt;
+    const std::optional<std::string> bytes = DecodePrepareEntry(kAlgoEntry, disk_key, *entry);
+    if (!bytes || bytes->size() != sizeof(cublasLtMatmulAlgo_t)) return std::nullopt;
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, bytes->data(), sizeof(algo));
+    cublasLtMatmulHeuristicResult_t check{};
+    if (CublasLt().cublasLtMatmulAlgoCheck(handle, desc_, a_, b_, c_, c_, &algo, &check) !=
+            CUBLAS_STATUS_SUCCESS ||
+        check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kWorkspaceBytes) {
+      return std::nullopt;
+    }
+    return algo;
   }
 
   MatMulPlan plan_;
@@ -285,7 +335,7 @@ class MatMulKernel final : public CudaKernel {
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtEpilogue_t epilogue_ = CUBLASLT_EPILOGUE_DEFAULT;
   bool lt_residual_ = false;
-  std::string key_;
+  std::string shape_key_;  // the product, its layouts and its epilogue
   absl::flat_hash_map<uint32_t, cublasLtMatmulAlgo_t> algos_;  // by operand alignment
   LoadedFunction post_;
 };
@@ -338,7 +388,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateMatMul(CudaDevice& d, con
     KILN_ASSIGN_OR_RETURN(fn, PostKernel(d, spec, plan, context));
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<MatMulKernel> k,
-                        MatMulKernel::Create(d, spec, std::move(plan), impl));
+                        MatMulKernel::Create(d, spec, std::move(plan), impl, context));
   k->SetPost(std::move(fn));
   return std::unique_ptr<backend::Kernel>(std::move(k));
 }

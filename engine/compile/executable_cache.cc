@@ -46,6 +46,8 @@ absl::StatusOr<std::shared_ptr<runtime::Program>> ExecutableCache::Get(
     v1::StageTiming* st = report.add_stages();
     st->set_stage("cache_load");
     st->set_micros(MicrosSince(t_load));
+    // Its parts: loading the program onto its devices (Program::load_stages).
+    for (const v1::StageTiming& phase : program->load_stages()) *report.add_stages() = phase;
     const v1::CompileReport& stored = program->lir().compile();
     for (const auto& m : stored.memory()) *report.add_memory() = m;
     for (const auto& p : stored.paths()) *report.add_paths() = p;

@@ -181,6 +181,8 @@ absl::StatusOr<std::unique_ptr<runtime::Program>> Pipeline::Compile(
   for (v1::StageTiming& st : *report.mutable_stages()) {
     if (st.stage() == "lir") st.set_micros(st.micros() + MicrosSince(t_lir));
   }
+  // The loading's parts (Program::load_stages), within the lir stage.
+  for (const v1::StageTiming& phase : program->load_stages()) *report.add_stages() = phase;
   return program;
 }
 

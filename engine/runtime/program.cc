@@ -40,6 +40,36 @@ std::string TypeString(const v1::TensorType& t) {
 
 backend::TensorDesc DescOf(const v1::TensorType& t) { return {t.dtype(), DimsOf(t)}; }
 
+using LoadClock = std::chrono::steady_clock;
+
+double LoadMicrosSince(LoadClock::time_point t) {
+  return std::chrono::duration<double, std::micro>(LoadClock::now() - t).count();
+}
+
+// Adds `micros` to the stage `name` of `stages` (appended when new), and
+// `count` to its count (nodes_after). No-op without `stages`.
+void AddStage(std::vector<v1::StageTiming>* stages, const std::string& name, double micros,
+              int count = 1) {
+  if (stages == nullptr) return;
+  for (v1::StageTiming& st : *stages) {
+    if (st.stage() == name) {
+      st.set_micros(st.micros() + micros);
+      st.set_nodes_after(st.nodes_after() + count);
+      return;
+    }
+  }
+  v1::StageTiming& st = stages->emplace_back();
+  st.set_stage(name);
+  st.set_micros(micros);
+  st.set_nodes_after(count);
+}
+
+// The family of a kernel implementation name: what precedes its first ':'
+// ("cublasLt" of "cublasLt:gemm_bf16+bias"), or the whole name.
+std::string ImplementationFamily(const std::string& implementation) {
+  return implementation.substr(0, implementation.find(':'));
+}
+
 // A caller's input on a host-memory device is bound where it lies when its
 // address is a multiple of the device's buffer alignment (kilnd receives
 // tensor data into 64-byte aligned memory for this, server/rpc_run.cc), and
@@ -170,10 +200,13 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
   }
   // Constants go to the device of the slot that reads them, once per program
   // (and again after that device restarts).
+  std::vector<v1::StageTiming>& stages = p->load_stages_;
   {
+    const auto t = LoadClock::now();
     KILN_ASSIGN_OR_RETURN(auto constants, p->UploadConstants());
     absl::MutexLock lock(&p->constants_mu_);
     p->constants_ = std::move(constants);
+    if (l.constants_size() > 0) AddStage(&stages, "load.constants", LoadMicrosSince(t));
   }
   // A While step's cond and body, each its own program (while_kernel.h).
   p->while_programs_.resize(l.steps_size());
@@ -192,19 +225,24 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
         return StatusBuilder(sub.status()) << "while loading the " << (j == 0 ? "cond" : "body")
                                            << " of kernel " << step.kernel().name();
       }
+      for (const v1::StageTiming& st : (*sub)->load_stages()) {
+        AddStage(&stages, st.stage(), st.micros(), st.nodes_after());
+      }
       p->while_programs_[i][j] = std::move(sub).value();
     }
   }
   backend::PrepareContext ctx;
   ctx.binaries = p->binaries_.get();
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> first, p->CreateContext(ctx));
-  {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<RunContext> first, p->CreateContext(ctx, &stages));
+  if (!first->packers.empty()) {
     // Constants are packed now, once for the program (params on the first
     // run with each set); the step names below then say which kernels read
     // a packed constant.
+    const auto t = LoadClock::now();
     std::vector<std::shared_ptr<const backend::PackedOperand>> hold;
     absl::MutexLock lock(&p->constants_mu_);
     KILN_RETURN_IF_ERROR(p->BindPacked(*first, *p->constants_, nullptr, &hold));
+    AddStage(&stages, "load.bind", LoadMicrosSince(t));
   }
   for (int i = 0; i < l.steps_size(); ++i) {
     if (first->kernels[i]) {
@@ -321,7 +359,7 @@ absl::StatusOr<std::shared_ptr<const Program::Constants>> Program::CurrentConsta
 }
 
 absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
-    backend::PrepareContext& prepare) {
+    backend::PrepareContext& prepare, std::vector<v1::StageTiming>* stages) {
   const v1::Executable& l = lir_;
   auto c = std::make_unique<RunContext>();
   auto state = [&](const std::string& id) -> absl::StatusOr<RunContext::DeviceState*> {
@@ -335,21 +373,28 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
     RunContext::DeviceState s;
     s.device = d;
     c->generations[id] = d->generation();
+    const auto t = LoadClock::now();
     KILN_ASSIGN_OR_RETURN(s.stream, d->CreateStream());
+    AddStage(stages, "load.streams", LoadMicrosSince(t));
     return &c->devices.emplace(id, std::move(s)).first->second;
   };
   for (const v1::LirArena& a : l.arenas()) {
     KILN_ASSIGN_OR_RETURN(RunContext::DeviceState * s, state(a.device()));
+    const auto t = LoadClock::now();
     KILN_ASSIGN_OR_RETURN(s->arena, s->device->Allocate(a.bytes()));
+    AddStage(stages, "load.allocate", LoadMicrosSince(t));
   }
   for (int i = 0; i < l.slots_size(); ++i) {
     const v1::Slot& slot = l.slots(i);
     KILN_ASSIGN_OR_RETURN(RunContext::DeviceState * s, state(slot.device()));
     if (slot.storage() == v1::SLOT_INPUT && !s->device->info().host_memory &&
         !s->input_staging.contains(i)) {
+      const auto t = LoadClock::now();
       KILN_ASSIGN_OR_RETURN(s->input_staging[i], s->device->Allocate(slot.bytes()));
+      AddStage(stages, "load.allocate", LoadMicrosSince(t));
     }
   }
+  std::set<std::string> families_seen;
   for (const auto& [id, s] : c->devices) {
     int64_t n = s.arena ? s.arena->size() : 0;
     for (const auto& [slot, buf] : s.input_staging) n += buf->size();
@@ -373,10 +418,18 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
       c->kernels[i] = MakeWhileKernel(i, std::move(spec));
       continue;
     }
+    const auto t_prepare = LoadClock::now();
     auto kernel = s->device->PrepareKernel(spec, prepare);
     if (!kernel.ok()) {
       return StatusBuilder(kernel.status()) << "while preparing " << k.name() << " on "
                                             << step.device();
+    }
+    if (stages != nullptr) {
+      const double us = LoadMicrosSince(t_prepare);
+      const std::string family =
+          absl::StrCat("load.prepare.", ImplementationFamily((*kernel)->implementation()));
+      AddStage(stages, family, us);
+      if (families_seen.insert(family).second) AddStage(stages, family + ".first", us);
     }
     c->kernels[i] = std::move(kernel).value();
     if (auto* packing = dynamic_cast<backend::PackingKernel*>(c->kernels[i].get())) {
@@ -389,7 +442,9 @@ absl::StatusOr<std::unique_ptr<RunContext>> Program::CreateContext(
       if (!packer.inputs.empty()) c->packers.push_back(std::move(packer));
     }
   }
+  const auto t_sync = LoadClock::now();
   for (auto& [id, s] : c->devices) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
+  if (!c->devices.empty()) AddStage(stages, "load.sync", LoadMicrosSince(t_sync));
   return c;
 }
 

@@ -41,6 +41,7 @@
 #include "engine/runtime/device_registry.h"
 #include "engine/runtime/params.h"
 #include "engine/runtime/run_memory.h"
+#include "kiln/v1/report.pb.h"
 
 namespace kiln::runtime {
 
@@ -121,6 +122,20 @@ class Program final : public Executable {
   // Whether runs capture and replay a CUDA graph (UseCapturedGraphs).
   bool uses_graphs() const { return !graph_device_.empty(); }
 
+  // Where Load's time went, as the compile report's sub-stages (in the order
+  // first met; nodes_after is how many times a phase ran):
+  //   load.constants              uploading the constants
+  //   load.streams                creating the first run context's streams
+  //   load.allocate               its arenas and input staging buffers
+  //   load.prepare.<family>       preparing its kernels, by the implementation
+  //                               name's prefix (cublasLt, cudnn, nvrtc, kiln, cpu, ...)
+  //   load.prepare.<family>.first the first kernel of a family alone: in a fresh
+  //                               process it pays the library's one-time set-up
+  //   load.sync                   waiting for the streams after preparing
+  //   load.bind                   packing constants for the kernels that pack
+  // A While step's cond and body programs add theirs under the same names.
+  const std::vector<v1::StageTiming>& load_stages() const { return load_stages_; }
+
  private:
   // The constants on their devices, made in the device generations named
   // (backend::Device::generation): a device that restarted lost them, and
@@ -139,7 +154,9 @@ class Program final : public Executable {
   absl::Status CheckInputs(std::span<const TensorRef> inputs,
                            std::vector<const TensorRef*>* by_index) const;
   absl::Status CheckParams(const ParamSetImpl* params) const;
-  absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(backend::PrepareContext& prepare);
+  // `stages`, when given, gets the phases' times (load_stages()).
+  absl::StatusOr<std::unique_ptr<RunContext>> CreateContext(
+      backend::PrepareContext& prepare, std::vector<v1::StageTiming>* stages = nullptr);
   // The engine's kernel for While step `step` (while_kernel.h).
   std::unique_ptr<backend::Kernel> MakeWhileKernel(int step, backend::KernelSpec spec) const;
   // A free context, a new one when fewer than max_contexts live, else waits.
@@ -172,6 +189,7 @@ class Program final : public Executable {
   GraphSignature signature_;
   double estimated_run_micros_ = 0;
   absl::Duration wait_timeout_;
+  std::vector<v1::StageTiming> load_stages_;
   absl::StatusOr<std::shared_ptr<const Constants>> UploadConstants() const;
   // The current set, uploaded again when one of its devices restarted.
   absl::StatusOr<std::shared_ptr<const Constants>> CurrentConstants();

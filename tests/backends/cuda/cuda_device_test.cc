@@ -24,6 +24,7 @@
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cudnn_api.h"
 #include "backends/cuda/cudnn_sdpa.h"
+#include "backends/cuda/prepare_cache.h"
 #include "base/half.h"
 #include "tests/backends/cuda/cuda_test_backend.h"
 
@@ -50,6 +51,15 @@ class MemoryBinaryCache final : public backend::KernelBinaryCache {
   size_t size() {
     absl::MutexLock lock(&mu_);
     return entries_.size();
+  }
+  // The keys that start with `prefix` ("cudnn-plan-", "cublaslt-algo-").
+  std::vector<std::string> Keys(const std::string& prefix) {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const auto& [key, value] : entries_) {
+      if (absl::StartsWith(key, prefix)) out.push_back(key);
+    }
+    return out;
   }
 
  private:
@@ -953,6 +963,147 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
   ASSERT_TRUE(work.ok()) << work.status();
   ASSERT_TRUE((*work)->Replay(*stream_).ok());
   EXPECT_EQ(Download(**direct, n * 2), Download(**replayed, n * 2));
+}
+
+// The choices a prepare asks cuDNN and cuBLASLt for (an execution plan, a
+// matmul algorithm) are kept in the kernel cache beside cubins
+// (prepare_cache.h): a new backend with the same cache (a restarted worker, a
+// new kilnd) loads them and asks neither library again, and its kernels
+// write what the first backend's wrote; an entry that is damaged (another
+// key's, garbage, an algorithm cuBLASLt refuses) is asked again and
+// overwritten.
+TEST_F(CudaDeviceTest, WarmStartReusesCudnnPlansAndMatmulAlgorithms) {
+  const bool with_cudnn = dynamic_cast<CudaDevice*>(dev_)->cudnn_version() != 0;
+  KernelSpec attn;
+  attn.name = attn.label = "attn";
+  attn.op = v1::OP_ATTENTION;
+  attn.attrs.mutable_attention()->set_mask(v1::MASK_CAUSAL);
+  attn.attrs.mutable_attention()->set_scale(0.125);
+  const int64_t B = 1, H = 2, S = 136, D = 64;
+  attn.inputs = {{v1::DTYPE_BF16, {B, H, S, D}}, {v1::DTYPE_BF16, {B, H, S, D}},
+                 {v1::DTYPE_BF16, {B, H, S, D}}};
+  attn.outputs = {{v1::DTYPE_BF16, {B, H, S, D}}};
+  KernelSpec mm;
+  mm.name = mm.label = "mm";
+  mm.op = v1::OP_FUSED_MATMUL;
+  mm.attrs.mutable_fused_matmul()->set_has_bias(true);
+  mm.attrs.mutable_fused_matmul()->set_activation(v1::UNARY_GELU_TANH);
+  const int64_t M = 72, K = 136, N = 200;  // a shape no other test asks for
+  mm.inputs = {{v1::DTYPE_BF16, {M, K}}, {v1::DTYPE_BF16, {K, N}}, {v1::DTYPE_BF16, {N}}};
+  mm.outputs = {{v1::DTYPE_BF16, {M, N}}};
+
+  // Runs `k` on fixed inputs of `spec` and returns its result's bytes.
+  auto run = [&](backend::Device& dev, backend::Kernel& k, const KernelSpec& spec) {
+    auto stream = dev.CreateStream();
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    std::vector<std::unique_ptr<backend::Buffer>> bufs;
+    std::vector<BufferView> ins;
+    for (size_t i = 0; i < spec.inputs.size(); ++i) {
+      const int64_t n = spec.inputs[i].num_elements();
+      const std::vector<char> enc = Encode(v1::DTYPE_BF16, Random(v1::DTYPE_BF16, n, 40 + i));
+      auto b = dev.Allocate(n * 2);
+      EXPECT_TRUE(b.ok());
+      EXPECT_TRUE(dev.CopyToDevice(**stream, enc.data(), {b->get(), 0, n * 2}).ok());
+      ins.push_back({b->get(), 0, n * 2});
+      bufs.push_back(std::move(b).value());
+    }
+    const int64_t out_bytes = spec.outputs[0].num_elements() * 2;
+    auto out = dev.Allocate(out_bytes);
+    EXPECT_TRUE(out.ok());
+    const std::vector<BufferView> outs = {{out->get(), 0, out_bytes}};
+    EXPECT_TRUE(k.Launch(**stream, ins, outs).ok());
+    std::vector<char> bytes(out_bytes);
+    EXPECT_TRUE(dev.CopyToHost(**stream, outs[0], bytes.data()).ok());
+    EXPECT_TRUE((*stream)->Synchronize().ok());
+    return bytes;
+  };
+
+  MemoryBinaryCache cache;
+  std::vector<char> cold_attn, cold_mm;
+  {
+    std::unique_ptr<backend::Backend> cold_backend = MakeBackend();
+    backend::Device& dev = *cold_backend->devices()[0];
+    backend::PrepareContext cold;
+    cold.binaries = &cache;
+    auto ka = dev.PrepareKernel(attn, cold);
+    ASSERT_TRUE(ka.ok()) << ka.status();
+    auto km = dev.PrepareKernel(mm, cold);
+    ASSERT_TRUE(km.ok()) << km.status();
+    EXPECT_GE(cold.kernel_cache_misses, 1);
+    EXPECT_EQ(cache.Keys("cublaslt-algo-").size(), 1u);
+    if (with_cudnn) {
+      EXPECT_EQ((*ka)->implementation(), "cudnn:sdpa_fwd_bf16");
+      EXPECT_EQ(cache.Keys("cudnn-plan-").size(), 1u) << "cuDNN serialized no plan";
+    }
+    cold_attn = run(dev, **ka, attn);
+    cold_mm = run(dev, **km, mm);
+  }
+  {
+    std::unique_ptr<backend::Backend> warm_backend = MakeBackend();
+    auto& dev = *dynamic_cast<CudaDevice*>(warm_backend->devices()[0]);
+    backend::PrepareContext warm;
+    warm.binaries = &cache;
+    auto ka = dev.PrepareKernel(attn, warm);
+    ASSERT_TRUE(ka.ok()) << ka.status();
+    auto km = dev.PrepareKernel(mm, warm);
+    ASSERT_TRUE(km.ok()) << km.status();
+    EXPECT_EQ(warm.kernel_cache_misses, 0);
+    EXPECT_GE(warm.kernel_cache_hits, 2);
+    if (with_cudnn) {
+      auto cudnn = dev.cudnn_context();
+      ASSERT_TRUE(cudnn.ok());
+      EXPECT_EQ((*cudnn)->plans_built(), 0);
+      EXPECT_EQ((*cudnn)->plans_loaded(), 1);
+    }
+    EXPECT_EQ(run(dev, **ka, attn), cold_attn);
+    EXPECT_EQ(run(dev, **km, mm), cold_mm);
+  }
+  // Damaged entries: each one replaced by another key's entry (a file under
+  // the wrong name), by garbage, and by a well-formed entry whose payload the
+  // library refuses (an algorithm of all ones, a plan of "{}").
+  const std::vector<std::string> keys = [&] {
+    std::vector<std::string> k = cache.Keys("cublaslt-algo-"), p = cache.Keys("cudnn-plan-");
+    k.insert(k.end(), p.begin(), p.end());
+    return k;
+  }();
+  auto kind_of = [](const std::string& key) { return key.substr(0, key.rfind('-')); };
+  for (int damage = 0; damage < 3; ++damage) {
+    MemoryBinaryCache bad;  // the cubins as they were, the other entries damaged
+    for (const std::string& key : cache.Keys("cuda-cubin-")) bad.Store(key, *cache.Lookup(key));
+    for (const std::string& key : keys) {
+      const std::string kind = kind_of(key);
+      const std::optional<std::string> good = DecodePrepareEntry(kind, key, *cache.Lookup(key));
+      ASSERT_TRUE(good.has_value()) << key;
+      const std::string other = key.substr(0, key.size() - 1) + (key.back() == '0' ? "1" : "0");
+      const std::string refused = kind == "cudnn-plan"
+                                      ? std::string("{}")
+                                      : std::string(sizeof(cublasLtMatmulAlgo_t), '\xff');
+      bad.Store(key, damage == 0   ? EncodePrepareEntry(kind, other, *good)
+                     : damage == 1 ? std::string(300, 'x')
+                                   : EncodePrepareEntry(kind, key, refused));
+    }
+    std::unique_ptr<backend::Backend> fresh = MakeBackend();
+    backend::Device& dev = *fresh->devices()[0];
+    backend::PrepareContext c;
+    c.binaries = &bad;
+    auto ka = dev.PrepareKernel(attn, c);
+    ASSERT_TRUE(ka.ok()) << ka.status();
+    auto km = dev.PrepareKernel(mm, c);
+    ASSERT_TRUE(km.ok()) << km.status();
+    EXPECT_EQ(c.kernel_cache_misses, static_cast<int>(keys.size())) << "damage " << damage;
+    for (const std::string& key : keys) {  // overwritten with a good entry
+      const std::optional<std::string> now = bad.Lookup(key);
+      ASSERT_TRUE(now.has_value());
+      const std::optional<std::string> payload = DecodePrepareEntry(kind_of(key), key, *now);
+      ASSERT_TRUE(payload.has_value()) << "damage " << damage << ": " << key;
+      EXPECT_NE(*payload, "{}");
+      if (kind_of(key) == "cublaslt-algo") {
+        EXPECT_EQ(payload->size(), sizeof(cublasLtMatmulAlgo_t));
+      }
+    }
+    EXPECT_EQ(run(dev, **ka, attn), cold_attn);
+    EXPECT_EQ(run(dev, **km, mm), cold_mm);
+  }
 }
 
 // Transposes and slices through the strided-copy kernel, on the 16-byte

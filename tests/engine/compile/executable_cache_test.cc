@@ -154,5 +154,51 @@ TEST(ExecutableCacheTest, ADiscardedDiskEntrySaysWhy) {
   fs::remove_all(dir);
 }
 
+// Where loading a program onto its device goes, in every report: the
+// load.* sub-stages (Program::load_stages) after the stage that loaded it
+// (lir when compiled, cache_load on a disk hit), one prepare stage per
+// implementation family counting that family's kernels, the first of each
+// family apart; none of them longer than the stage they are part of.
+TEST(ExecutableCacheTest, ReportsTheLoadsParts) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("kiln_executable_cache_load_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const bool from_disk : {false, true}) {
+    SCOPED_TRACE(from_disk ? "disk hit" : "compiled");
+    auto engine = MakeCacheEngine(dir.string());
+    const v1::CompileReport r = Compile(*engine, Mlp(), 2);
+    EXPECT_EQ(r.executable_cache(), from_disk ? v1::CACHE_HIT_DISK : v1::CACHE_MISS);
+    const std::string parent = from_disk ? "cache_load" : "lir";
+    double parent_us = -1;
+    int prepared = 0, firsts = 0;
+    bool after_parent = false;
+    for (const v1::StageTiming& st : r.stages()) {
+      const std::string& name = st.stage();
+      if (name == parent) {
+        parent_us = st.micros();
+        after_parent = true;
+        continue;
+      }
+      if (name.rfind("load.", 0) != 0) continue;
+      EXPECT_TRUE(after_parent) << name << " before " << parent;
+      EXPECT_GE(st.micros(), 0) << name;
+      EXPECT_LE(st.micros(), parent_us) << name;
+      EXPECT_GE(st.nodes_after(), 1) << name;
+      if (name.rfind("load.prepare.", 0) == 0) {
+        if (name.size() > 6 && name.substr(name.size() - 6) == ".first") {
+          ++firsts;
+          EXPECT_EQ(st.nodes_after(), 1) << name;
+        } else {
+          prepared += st.nodes_after();
+        }
+      }
+    }
+    EXPECT_GE(parent_us, 0) << "no " << parent << " stage";
+    EXPECT_EQ(prepared, r.kernels()) << "every kernel step prepared once";
+    EXPECT_GE(firsts, 1);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln
