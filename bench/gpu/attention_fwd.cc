@@ -11,8 +11,12 @@
 // Where the device found cuDNN, each case runs twice: "impl": "kiln" is what
 // the backend chooses (cudnn:sdpa_fwd_<dt> where cuDNN serves the shape),
 // "impl": "kiln_own" a second device of the same GPU created with
-// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN.
+// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
+// "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
+// choice was Kiln's kernel. --splits 4,8,16 times Kiln's decode kernel at each
+// split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice.
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
+//                 [--splits n,n,...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
@@ -77,13 +83,23 @@ std::vector<char> Random(DType dt, int64_t n, uint64_t seed, float scale) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device_id = "cuda:0", which = "all";
+  std::string device_id = "cuda:0", which = "all", splits_arg;
   int reps = 10, rounds = 7;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--device") == 0) device_id = argv[i + 1];
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--cases") == 0) which = argv[i + 1];
+    if (std::strcmp(argv[i], "--splits") == 0) splits_arg = argv[i + 1];
+  }
+  std::vector<int> sweep;
+  for (absl::string_view part : absl::StrSplit(splits_arg, ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+      std::fprintf(stderr, "--splits takes positive counts, not %s\n", splits_arg.c_str());
+      return 2;
+    }
+    sweep.push_back(n);
   }
   if (reps <= 0 || rounds <= 0) return 2;
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
@@ -213,10 +229,29 @@ int main(int argc, char** argv) {
     last_impl = (*kernel)->implementation();
     return true;
   };
+  // Runs `fn` with the environment variable `name` set to `value` (read at prepare).
+  auto with_env = [](const char* name, const std::string& value, const std::function<bool()>& fn) {
+    setenv(name, value.c_str(), 1);
+    const bool ok = fn();
+    unsetenv(name);
+    return ok;
+  };
   for (const Case& c : cases) {
     if (!measure(c, dev, "kiln")) return 1;
     if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
       return 1;
+    }
+    if (c.Sq == 1 && last_impl.find("decode16") != std::string::npos &&
+        !with_env("KILN_DECODE_ATTENTION", "cudnn", [&] { return measure(c, dev, "kiln_cudnn"); })) {
+      return 1;
+    }
+    if (c.Sq != 1 || own == nullptr) continue;
+    for (int n : sweep) {
+      const std::string label = "kiln_own_split" + std::to_string(n);
+      if (!with_env("KILN_DECODE_SPLITS", std::to_string(n),
+                    [&] { return measure(c, own, label.c_str()); })) {
+        return 1;
+      }
     }
   }
   return 0;
