@@ -27,6 +27,41 @@ struct AttentionPath {
 AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, int64_t Sk,
                                 int64_t D, int64_t Dv, const DeviceCaps& caps);
 
+// The 16-byte decode kernel (kernels/attention.cu, attention_decode16): a
+// block of kDecodeWarps warps per (batch, kv head, key split, row tile), the
+// row tile being R query rows that read the kv head (R in {1, 2, 4, 8}).
+constexpr int kDecodeWarps = 4;
+
+// R for `group_rows` = (Hq / Hkv) * Sq rows per kv head: the smallest power
+// of two that holds them, at most 8 (more rows take several tiles).
+int DecodeRowsPerBlock(int64_t group_rows);
+
+// The keys one pass of the block's warps takes (kDecodeWarps x keys per warp
+// step x steps in flight), for head dim D and R rows per block.
+int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block);
+
+// Key splits for the 16-byte decode kernel: as many as fill the device's
+// `resident_blocks` (blocks of the kernel resident at once, all SMs) in one
+// wave with B * Hkv * tiles blocks per split, at least 1, and no more than
+// leaves each split one pass of `keys_per_pass` of the `keys` a row sees.
+int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_t keys_per_pass,
+                     int64_t resident_blocks);
+
+// Estimated time of a decoding shape (Sq <= 8, f16/bf16) on the two paths that
+// serve it, from the bytes of K and V (read once by either) and each path's
+// bandwidth measured on the H100 (docs/cuda.md, "Single-row decode
+// attention"), scaled to the device's DRAM bandwidth: Kiln's 16-byte split-K
+// kernel (two launches: the split kernel and the combine) reaches a fixed
+// fraction of the DRAM bandwidth whatever B and H (the splits fill the
+// device); cuDNN's fused kernel parallelises over query heads and query tiles
+// only, so its bandwidth grows with B * Hq * ceil(Sq / 64) until it saturates.
+struct DecodeCost {
+  double own_us = 0, cudnn_us = 0;
+};
+DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk,
+                              int64_t D, int64_t Dv, int64_t element_bytes,
+                              const DeviceCaps& caps);
+
 // Dynamic shared memory of the tensor-core kernel for head dim D (Q, K and V
 // tiles of 64 x (D + 8) halves).
 int64_t FlashSharedBytes(int64_t head_dim);

@@ -7,7 +7,10 @@
 // - nvrtc:attention_decode_split_<dt> (kernels/attention.cu): few query
 //   rows over many keys (decoding, Sq <= 8 and Sk >= 256): split-K over the
 //   keys, a warp per (row, split) into f32 partials the kernel owns, then a
-//   combine kernel;
+//   combine kernel; for f16/bf16 at D == Dv in {64, 128, 256} without a
+//   custom mask or bias, nvrtc:attention_decode16_split<n>_r<R>_<dt>: a
+//   block per (batch, kv head, split) reading K/V once for the R query rows of
+//   the kv head, 16-byte loads, the splits filling one wave of the device;
 // - nvrtc:flash_attn_simt_f32 (kernels/attention_tiled.cu): f32 with
 //   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
 //   SIMT units, online softmax;
@@ -15,10 +18,15 @@
 // Where cuDNN is present and serves the shape (cudnn_sdpa_plan.h: f16/bf16,
 // no mask or causal, no softcap, head dims multiples of 8), and its plan
 // finalizes, cudnn:sdpa_fwd_<dt> (cudnn_sdpa.h) runs it instead, with the
-// kernel above kept for operands that are not 16-byte aligned.
+// kernel above kept for operands that are not 16-byte aligned; except on the
+// decoding shapes the 16-byte decode kernel serves, where EstimateDecodeCost
+// (attention_plan.h) picks the path expected faster.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
@@ -198,6 +206,50 @@ AttentionPath PlanAttentionPath(DType dtype, int64_t B, int64_t Hq, int64_t Sq, 
   return path;
 }
 
+int DecodeRowsPerBlock(int64_t group_rows) {
+  int r = 1;
+  while (r < 8 && r < group_rows) r *= 2;
+  return r;
+}
+
+int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block) {
+  const int64_t keys_per_step = std::max<int64_t>(1, 256 / std::max<int64_t>(head_dim, 1));
+  const int64_t steps = rows_per_block >= 8 ? 2 : 4;  // attention_decode16's U
+  return kDecodeWarps * keys_per_step * steps;
+}
+
+int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_t keys_per_pass,
+                     int64_t resident_blocks) {
+  const int64_t per_split = std::max<int64_t>(B * Hkv * tiles, 1);
+  const int64_t most = std::max<int64_t>(1, (keys + keys_per_pass - 1) / std::max<int64_t>(keys_per_pass, 1));
+  return std::clamp<int64_t>(resident_blocks / per_split, 1, most);
+}
+
+DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk,
+                              int64_t D, int64_t Dv, int64_t element_bytes,
+                              const DeviceCaps& caps) {
+  // H100 SXM (3.35 TB/s DRAM), bf16, D 128, 2026-12-07: cuDNN 9.14 read K and V
+  // at 997 GB/s over 32 query heads (B1 H32 Sk 32768) and 1,826 GB/s over 256
+  // (B8 H32 KV8 Sk 8192): ~31 GB/s per (batch, head) CTA up to ~1.83 TB/s.
+  // kKilnDecodeFraction is the 16-byte kernel's measured share of DRAM
+  // bandwidth on the same cases (docs/benchmarks.md, "dec8").
+  constexpr double kH100Bytes = 3.35e12;
+  constexpr double kCudnnPeakFraction = 1826e9 / kH100Bytes;
+  constexpr double kCudnnPerCtaFraction = 997e9 / 32 / kH100Bytes;
+  constexpr double kKilnDecodeFraction = 0.80;
+  constexpr double kLaunchUs = 2.0;  // a kernel launch's share of a stream's time
+  double dram = 2.0 * caps.memory_clock_khz * 1e3 * caps.bus_width_bits / 8;
+  if (dram <= 0) dram = kH100Bytes;
+  const double bytes = static_cast<double>(B * Hkv * Sk * (D + Dv) * element_bytes);
+  const double ctas = static_cast<double>(B * Hq * ((Sq + 63) / 64));
+  DecodeCost c;
+  c.own_us = 2 * kLaunchUs + bytes / (kKilnDecodeFraction * dram) * 1e6;
+  const double cudnn_bw =
+      std::max(1.0, std::min(kCudnnPeakFraction, ctas * kCudnnPerCtaFraction) * dram);
+  c.cudnn_us = kLaunchUs + bytes / cudnn_bw * 1e6;
+  return c;
+}
+
 int64_t FlashSharedBytes(int64_t head_dim) {
   return int64_t{3} * kFlashTile * (head_dim + 8) * 2;
 }
@@ -229,17 +281,23 @@ class AttentionKernel final : public CudaKernel {
   }
 
   // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
-  // launched when the operands are 16-byte aligned, `fast` otherwise.
+  // launched when the operands are 16-byte aligned, with `vec_splits` key
+  // splits and `vec_rows` query rows per block; `fast` otherwise.
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
                   LoadedFunction fast, LoadedFunction combine, LoadedFunction vec,
-                  AttnParams params, std::string impl)
+                  int64_t vec_splits, int vec_rows, AttnParams params, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         path_(path),
         rows_(std::move(rows)),
         fast_(std::move(fast)),
         combine_(std::move(combine)),
         vec_(std::move(vec)),
+        vec_splits_(vec_splits),
+        vec_rows_(vec_rows),
         params_(params) {}
+
+  // Whether the 16-byte decode kernel serves aligned operands.
+  bool decode16() const { return vec_.fn != nullptr; }
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -264,19 +322,24 @@ class AttentionKernel final : public CudaKernel {
                           static_cast<unsigned>(TiledSharedBytes(p.D)), args);
     }
     if (path_.kind == AttentionPath::kSplit) {
-      int64_t splits = path_.splits;
+      const bool vec = vec_.fn != nullptr && aligned;
+      int64_t splits = vec ? vec_splits_ : path_.splits;
       if (partials_ == nullptr) {
         // Owned by the kernel (a run context's kernels run one launch at a
         // time), so the launch allocates nothing and a captured CUDA graph
-        // replays it as is.
-        KILN_ASSIGN_OR_RETURN(partials_,
-                              device_.Allocate(rows * splits * (2 + p.Dv) * int64_t{4}));
+        // replays it as is. Sized for either kernel's splits.
+        const int64_t most = std::max(path_.splits, vec_splits_);
+        KILN_ASSIGN_OR_RETURN(partials_, device_.Allocate(rows * most * (2 + p.Dv) * int64_t{4}));
       }
       CUdeviceptr part = static_cast<CudaBuffer*>(partials_.get())->ptr();
       void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
-      const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
-                                                 device_.caps().max_grid_x);
-      const bool vec = vec_.fn != nullptr && aligned;
+      int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
+                                           device_.caps().max_grid_x);
+      if (vec) {
+        // A block per (batch, kv head, split, row tile); blocks loop past the grid's limit.
+        const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows_ - 1) / vec_rows_;
+        blocks = std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
+      }
       KILN_RETURN_IF_ERROR(LaunchKernel(s, vec ? vec_.fn : fast_.fn, static_cast<unsigned>(blocks),
                                         1, 1, 32 * kWarps, 0, args));
       void* cargs[] = {&part, &o, &p, &splits};
@@ -294,6 +357,8 @@ class AttentionKernel final : public CudaKernel {
  private:
   const AttentionPath path_;
   LoadedFunction rows_, fast_, combine_, vec_;
+  const int64_t vec_splits_;
+  const int vec_rows_;
   AttnParams params_;
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
 };
@@ -370,6 +435,23 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                                                  backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<AttentionKernel> own, CreateOwnAttention(d, spec, context));
+  if (own->decode16()) {
+    // A decoding shape both paths may serve: the one the cost model expects
+    // faster (attention_plan.h); KILN_DECODE_ATTENTION=own|cudnn overrides
+    // it (benchmarks time both).
+    const char* force = std::getenv("KILN_DECODE_ATTENTION");
+    bool use_own;
+    if (force != nullptr && std::string_view(force) == "own") {
+      use_own = true;
+    } else if (force != nullptr && std::string_view(force) == "cudnn") {
+      use_own = false;
+    } else {
+      const DecodeCost cost = EstimateDecodeCost(p.B, p.Hq, p.Hkv, p.Sq, p.Sk, p.D, p.Dv,
+                                                 ElementSize(spec.inputs[0].dtype), d.caps());
+      use_own = cost.own_us <= cost.cudnn_us;
+    }
+    if (use_own) return std::unique_ptr<backend::Kernel>(std::move(own));
+  }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Kernel> cudnn,
                         MaybeCudnnAttention(d, spec, p, own, context));
   if (cudnn != nullptr) return cudnn;
@@ -386,6 +468,8 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                         LoadFunction(d, "attention", KernelSource("attention.cu"),
                                      absl::StrCat("kiln_attention_", dt), context));
   LoadedFunction fast, combine, vec;
+  int64_t vec_splits = 0;
+  int vec_rows = 1;
   std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
   if (path.kind == AttentionPath::kFlash) {
     KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "flash_attention",
@@ -417,14 +501,31 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
-      KILN_ASSIGN_OR_RETURN(
-          vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
-                            absl::StrCat("kiln_attention_decode16_", dt, "_d", p.D), context));
-      impl = absl::StrCat("nvrtc:attention_decode16_split", path.splits, "_", dt);
+      vec_rows = DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
+      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
+                                              absl::StrCat("kiln_attention_decode16_", dt, "_d",
+                                                           p.D, "_r", vec_rows),
+                                              context));
+      KILN_RETURN_IF_ERROR(d.Enter());
+      KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, vec.fn, 32 * kDecodeWarps));
+      // The keys a block's rows may see: a sliding window's, or all of them.
+      const int64_t keys = p.mask == v1::MASK_SLIDING_WINDOW
+                               ? std::min(p.Sk, p.window + p.Sq - 1)
+                               : p.Sk;
+      const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows - 1) / vec_rows;
+      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows),
+                                resident);
+      // KILN_DECODE_SPLITS=n: a benchmark's sweep of the split count.
+      if (const char* env = std::getenv("KILN_DECODE_SPLITS"); env != nullptr) {
+        int64_t n = 0;
+        if (absl::SimpleAtoi(env, &n) && n > 0) vec_splits = std::min<int64_t>(n, std::max<int64_t>(keys, 1));
+      }
+      impl = absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_", dt);
     }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
-                                           std::move(combine), std::move(vec), p, std::move(impl));
+                                           std::move(combine), std::move(vec), vec_splits, vec_rows, p,
+                                           std::move(impl));
 }
 
 const CudaOpRegistration kAttentionRegistration({

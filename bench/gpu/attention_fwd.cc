@@ -11,18 +11,25 @@
 // Where the device found cuDNN, each case runs twice: "impl": "kiln" is what
 // the backend chooses (cudnn:sdpa_fwd_<dt> where cuDNN serves the shape),
 // "impl": "kiln_own" a second device of the same GPU created with
-// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN.
+// KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
+// "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
+// choice was Kiln's kernel. --splits 4,8,16 times Kiln's decode kernel at each
+// split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice.
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
+//                 [--splits n,n,...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "backends/backend.h"
 #include "base/half.h"
 #include "nlohmann/json.hpp"
@@ -77,13 +84,23 @@ std::vector<char> Random(DType dt, int64_t n, uint64_t seed, float scale) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device_id = "cuda:0", which = "all";
+  std::string device_id = "cuda:0", which = "all", splits_arg;
   int reps = 10, rounds = 7;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--device") == 0) device_id = argv[i + 1];
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--cases") == 0) which = argv[i + 1];
+    if (std::strcmp(argv[i], "--splits") == 0) splits_arg = argv[i + 1];
+  }
+  std::vector<int> sweep;
+  for (absl::string_view part : absl::StrSplit(splits_arg, ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+      std::fprintf(stderr, "--splits takes positive counts, not %s\n", splits_arg.c_str());
+      return 2;
+    }
+    sweep.push_back(n);
   }
   if (reps <= 0 || rounds <= 0) return 2;
   std::vector<std::unique_ptr<kiln::backend::Backend>> backends;
@@ -121,6 +138,11 @@ int main(int argc, char** argv) {
     cases.push_back({"bert_f32_B8_H12_S128_D64", v1::DTYPE_F32, 8, 12, 12, 128, 128, 64, false});
     cases.push_back({"f32_B4_H16_S512_D64", v1::DTYPE_F32, 4, 16, 16, 512, 512, 64, false});
   }
+  struct Inputs {
+    std::vector<char> q, k, v;
+    std::vector<double> want;  // the reference of the 64 sampled rows, [64][D]
+  };
+  std::map<std::string, Inputs> inputs;
   std::string last_impl;
   // Times `c` on `dev` (returns false on a failure); `label` is the JSON impl.
   auto measure = [&](const Case& c, kiln::backend::Device* target, const char* label) -> bool {
@@ -142,7 +164,12 @@ int main(int argc, char** argv) {
       return false;
     }
     const int64_t nq = c.B * c.Hq * c.Sq * c.D, nk = c.B * c.Hkv * c.Sk * c.D;
-    const auto q = Random(c.dt, nq, 1, 1.0f), k = Random(c.dt, nk, 2, 1.0f), v = Random(c.dt, nk, 3, 1.0f);
+    // A case's inputs and reference are made once (a case may be timed several times).
+    Inputs& in = inputs[c.name];
+    if (in.q.empty()) {
+      in.q = Random(c.dt, nq, 1, 1.0f), in.k = Random(c.dt, nk, 2, 1.0f), in.v = Random(c.dt, nk, 3, 1.0f);
+    }
+    const std::vector<char>&q = in.q, &k = in.k, &v = in.v;
     std::vector<std::unique_ptr<kiln::backend::Buffer>> bufs;
     std::vector<kiln::backend::BufferView> views;
     const int64_t es = ElementBytes(c.dt);
@@ -179,8 +206,15 @@ int main(int argc, char** argv) {
     double worst = 0;
     std::mt19937_64 rng(9);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const bool have_reference = !in.want.empty();
     for (int t = 0; t < 64; ++t) {
       const int64_t row = static_cast<int64_t>(rng() % (c.B * c.Hq * c.Sq));
+      if (have_reference) {
+        for (int64_t d = 0; d < c.D; ++d) {
+          worst = std::max(worst, std::fabs(in.want[t * c.D + d] - Value(c.dt, out, row * c.D + d)));
+        }
+        continue;
+      }
       const int64_t i = row % c.Sq, h = (row / c.Sq) % c.Hq, b = row / (c.Sq * c.Hq);
       const int64_t hk = h / (c.Hq / c.Hkv);
       const int64_t hi = c.causal ? i + (c.Sk - c.Sq) + 1 : c.Sk;
@@ -198,6 +232,7 @@ int main(int argc, char** argv) {
       for (int64_t d = 0; d < c.D; ++d) {
         double want = 0;
         for (int64_t j = 0; j < hi; ++j) want += p[j] * Value(c.dt, v, ((b * c.Hkv + hk) * c.Sk + j) * c.D + d);
+        in.want.push_back(want / sum);
         worst = std::max(worst, std::fabs(want / sum - Value(c.dt, out, row * c.D + d)));
       }
     }
@@ -213,10 +248,29 @@ int main(int argc, char** argv) {
     last_impl = (*kernel)->implementation();
     return true;
   };
+  // Runs `fn` with the environment variable `name` set to `value` (read at prepare).
+  auto with_env = [](const char* name, const std::string& value, const std::function<bool()>& fn) {
+    setenv(name, value.c_str(), 1);
+    const bool ok = fn();
+    unsetenv(name);
+    return ok;
+  };
   for (const Case& c : cases) {
     if (!measure(c, dev, "kiln")) return 1;
     if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
       return 1;
+    }
+    if (c.Sq == 1 && last_impl.find("decode16") != std::string::npos &&
+        !with_env("KILN_DECODE_ATTENTION", "cudnn", [&] { return measure(c, dev, "kiln_cudnn"); })) {
+      return 1;
+    }
+    if (c.Sq != 1 || own == nullptr) continue;
+    for (int n : sweep) {
+      const std::string label = "kiln_own_split" + std::to_string(n);
+      if (!with_env("KILN_DECODE_SPLITS", std::to_string(n),
+                    [&] { return measure(c, own, label.c_str()); })) {
+        return 1;
+      }
     }
   }
   return 0;

@@ -100,5 +100,51 @@ TEST(AttentionPlan, DecodingSplitsTheKeys) {
             AttentionPath::kRows);
 }
 
+TEST(AttentionPlan, DecodeKernelTakesTheGqaGroupPerBlock) {
+  // The query rows that read one kv head, in tiles of 1, 2, 4 or 8.
+  EXPECT_EQ(DecodeRowsPerBlock(1), 1);
+  EXPECT_EQ(DecodeRowsPerBlock(2), 2);
+  EXPECT_EQ(DecodeRowsPerBlock(3), 4);
+  EXPECT_EQ(DecodeRowsPerBlock(4), 4);
+  EXPECT_EQ(DecodeRowsPerBlock(5), 8);
+  EXPECT_EQ(DecodeRowsPerBlock(32), 8);
+  // 4 warps x (256 / D) keys per step x 4 steps (2 at 8 rows).
+  EXPECT_EQ(DecodeKeysPerPass(128, 4), 4 * 2 * 4);
+  EXPECT_EQ(DecodeKeysPerPass(64, 1), 4 * 4 * 4);
+  EXPECT_EQ(DecodeKeysPerPass(256, 8), 4 * 1 * 2);
+}
+
+TEST(AttentionPlan, DecodeSplitsFillOneWave) {
+  // 396 resident blocks (3 per SM on 132 SMs): B8 KV8 has 64 blocks per split.
+  EXPECT_EQ(DecodeSplits(8, 8, 1, 8192, 32, 396), 6);
+  // B1 H32: 32 blocks per split.
+  EXPECT_EQ(DecodeSplits(1, 32, 1, 32768, 32, 660), 20);
+  // More blocks than the device holds: no split.
+  EXPECT_EQ(DecodeSplits(64, 32, 1, 4096, 32, 396), 1);
+  // Each split keeps at least one pass of keys.
+  EXPECT_EQ(DecodeSplits(1, 1, 1, 300, 32, 660), (300 + 31) / 32);
+  EXPECT_EQ(DecodeSplits(1, 1, 1, 10, 32, 660), 1);
+}
+
+TEST(AttentionPlan, DecodeCostPrefersTheSplitKernelOnLongCaches) {
+  DeviceCaps caps = H100();
+  caps.memory_clock_khz = 2619000;
+  caps.bus_width_bits = 5120;
+  // The benchmark's decode cases: cuDNN reads at ~1.8 and ~1.0 TB/s there.
+  DecodeCost c = EstimateDecodeCost(8, 32, 8, 1, 8192, 128, 128, 2, caps);
+  EXPECT_LT(c.own_us, c.cudnn_us);
+  EXPECT_NEAR(c.cudnn_us, 2 + 268.4e6 / 1826e9 * 1e6, 2.0);
+  c = EstimateDecodeCost(1, 32, 32, 1, 32768, 128, 128, 2, caps);
+  EXPECT_LT(c.own_us, c.cudnn_us);
+  EXPECT_NEAR(c.cudnn_us, 2 + 536.9e6 / 997e9 * 1e6, 5.0);
+  // A short cache over many heads is launch-bound: cuDNN's one launch wins.
+  c = EstimateDecodeCost(8, 32, 8, 1, 256, 128, 128, 2, caps);
+  EXPECT_GT(c.own_us, c.cudnn_us);
+  // Without the DRAM figures the H100's bandwidth is assumed.
+  const DecodeCost h100 = EstimateDecodeCost(1, 32, 32, 1, 32768, 128, 128, 2, H100());
+  EXPECT_NEAR(h100.own_us, EstimateDecodeCost(1, 32, 32, 1, 32768, 128, 128, 2, caps).own_us,
+              1.0);
+}
+
 }  // namespace
 }  // namespace kiln::cuda

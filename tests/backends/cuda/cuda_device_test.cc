@@ -727,6 +727,15 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
       {v1::DTYPE_BF16, 1, 4, 2, 1, 301, 256, v1::MASK_NONE, 20, "decode16_split"},
       {v1::DTYPE_BF16, 3, 8, 8, 2, 4100, 128, v1::MASK_SLIDING_WINDOW, 0, "decode16_split"},
       {v1::DTYPE_F16, 1, 32, 8, 1, 8192, 128, v1::MASK_NONE, 0, "decode16_split"},
+      // Row tiles of the block: a GQA group of 8 (8 rows), 2 heads x 3 causal
+      // rows (6 of 8), 4 heads x 4 rows (two tiles of 8), a prefix mask,
+      // softcap with GQA, one kv head of 2 rows at D 256.
+      {v1::DTYPE_BF16, 2, 16, 2, 1, 2000, 128, v1::MASK_NONE, 0, "decode16_split"},
+      {v1::DTYPE_F16, 1, 4, 2, 3, 999, 64, v1::MASK_CAUSAL, 0, "decode16_split"},
+      {v1::DTYPE_BF16, 1, 8, 2, 4, 1500, 128, v1::MASK_CAUSAL, 0, "decode16_split"},
+      {v1::DTYPE_F16, 2, 4, 4, 2, 513, 128, v1::MASK_PREFIX, 0, "decode16_split"},
+      {v1::DTYPE_BF16, 1, 8, 2, 1, 3000, 64, v1::MASK_NONE, 15, "decode16_split"},
+      {v1::DTYPE_F16, 1, 2, 1, 1, 700, 256, v1::MASK_CAUSAL, 0, "decode16_split"},
       {v1::DTYPE_F32, 1, 4, 4, 2, 700, 80, v1::MASK_CAUSAL, 0, "decode_split"},
       {v1::DTYPE_F16, 2, 4, 4, 1, 600, 64, v1::MASK_CUSTOM, 0, "decode_split"},
       {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "attention_rows"},
@@ -891,7 +900,10 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
       {v1::DTYPE_F16, 2, 2, 1, 64, 64, 64, v1::MASK_SLIDING_WINDOW, 0, "flash_attn_fwd_f16"},
       {v1::DTYPE_BF16, 1, 2, 2, 90, 90, 64, v1::MASK_CAUSAL, 30, "flash_attn_fwd_bf16"},
       {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
-      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_bf16"},
+      // Decoding: the path EstimateDecodeCost expects faster, Kiln's split
+      // kernel over few heads, cuDNN's one launch on a short cache of many.
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode16_split"},
+      {v1::DTYPE_BF16, 8, 32, 8, 1, 256, 128, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_bf16"},
       {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
       {v1::DTYPE_F16, 2, 4, 2, 64, 64, 60, v1::MASK_NONE, 0, "attention_rows_f16"},
   };

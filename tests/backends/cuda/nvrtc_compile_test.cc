@@ -127,7 +127,10 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
   }
   for (const char* dt : {"f16", "bf16"}) {
     for (const char* d : {"64", "128", "256"}) {
-      wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_decode16_", dt, "_d", d)});
+      for (const char* r : {"1", "2", "4", "8"}) {
+        wanted.push_back(
+            {"attention.cu", absl::StrCat("kiln_attention_decode16_", dt, "_d", d, "_r", r)});
+      }
     }
   }
   for (const char* d : {"64", "128"}) {
