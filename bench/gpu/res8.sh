@@ -75,7 +75,8 @@ for line in open(sys.argv[1]):
 def med(v):
     return statistics.median(v) if v else float("nan")
 for name in ("bert_bf16", "decoder_bf16", "bert_f32"):
-    k = [r for r in rows if r.get("bench") == "layer_bf16" and r.get("impl", "").split(":")[1:2] == [name]]
+    k = [r for r in rows if r.get("bench") == "layer_bf16" and "p50_ms" in r
+         and r.get("impl", "").split(":")[1:2] == [name]]
     t = next((r for r in rows if r.get("impl") == f"torch:{name}"), None)
     p = lambda lab: [r["p50_ms"] for r in k if r["impl"] == lab]
     busy = med([r["device_busy_ms"] for r in k])
