@@ -23,6 +23,7 @@ int64_t RoundUp(int64_t bytes) {
 }
 
 std::atomic<HostArena*> active_arena{nullptr};
+std::atomic<HostArena*> made_arena{nullptr};
 
 }  // namespace
 
@@ -63,14 +64,23 @@ HostArena* HostArena::Process(int64_t bytes) {
     }
     if (size <= 0) return nullptr;
     auto a = Create(size);
-    return a.ok() ? a->release() : nullptr;
+    HostArena* made = a.ok() ? a->release() : nullptr;
+    made_arena.store(made, std::memory_order_release);
+    return made;
   }();
   return arena;
 }
 
+HostArena* HostArena::Made() { return made_arena.load(std::memory_order_acquire); }
+
+void HostArena::Deactivate() { active_arena.store(nullptr, std::memory_order_release); }
+
 HostArena* HostArena::ForHostTensors() { return active_arena.load(std::memory_order_acquire); }
 
-void HostArena::Activate() { active_arena.store(this, std::memory_order_release); }
+void HostArena::Activate() {
+  // Only the process's: HostTensor gives its buffers back to Made().
+  if (this == Made()) active_arena.store(this, std::memory_order_release);
+}
 
 void* HostArena::Allocate(int64_t bytes) {
   if (bytes <= 0 || bytes > size_) {

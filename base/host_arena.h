@@ -63,9 +63,16 @@ class HostArena {
   // The process's arena once Activate() was called on it, else nullptr:
   // where HostTensor takes its large buffers from.
   static HostArena* ForHostTensors();
-  // Lets HostTensor allocate from this arena (the process's: a device worker
-  // maps it). Called once a worker serves a device from it.
+  // The process's arena if one was made (active or not): where a HostTensor
+  // gives a buffer back to.
+  static HostArena* Made();
+  // Lets HostTensor allocate from this arena when it is the process's (a
+  // device worker maps it; another arena is left alone). Called once a CUDA
+  // worker serves a device from it.
   void Activate();
+  // Stops HostTensor allocating from the process's arena (buffers already
+  // out still go back to it). For tests that activate it for a while.
+  static void Deactivate();
 
   int fd() const { return fd_; }
   int64_t size() const { return size_; }

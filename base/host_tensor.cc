@@ -34,7 +34,7 @@ std::string DimsToString(std::span<const int64_t> dims) {
 void HostTensor::FreeDeleter::operator()(void* p) const {
   // Large buffers came from the host arena or the pool (CreateUninitialized)
   // and go back there.
-  if (HostArena* arena = HostArena::ForHostTensors(); arena != nullptr && arena->Release(p)) return;
+  if (HostArena* arena = HostArena::Made(); arena != nullptr && arena->Release(p)) return;
   if (!HostBufferPool::Default().Release(p)) std::free(p);
 }
 
