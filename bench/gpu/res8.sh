@@ -32,37 +32,10 @@ old=(env KILN_HOST_ARENA_BYTES=0)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "cores $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== kiln_cuda_test (registered host memory, copies)"
-timeout 90 "$bin/kiln_cuda_test" --gtest_brief=1 \
-  --gtest_filter='CudaDeviceTest.CopiesRoundTripThroughStaging:CudaDeviceTest.RegisteredHostMemoryCopiesDirectly:CudaDeviceTest.OverlappingDeviceCopy' 2>&1 | tail -4
-kiln() {  # label, then layers_bf16 arguments
-  local label=$1; shift
-  timeout 60 "$@" --label "$label" >> "$res" 2>> "$log"
-  echo "  $label $* -> exit $?" | sed "s|$bin/||"
-}
-cases=("bert --dtype bf16 --batch 32 --seq 512"
-       "decoder --dtype bf16 --batch 4 --seq 2048"
-       "bert --dtype f32 --batch 8 --seq 128")
-names=(bert_bf16 decoder_bf16 bert_f32)
-for i in 0 1 2; do
-  name=${names[$i]}
-  read -r -a c <<< "--layer ${cases[$i]}"
-  echo "== $name"
-  L=("$bin/layers_bf16" "${c[@]}" --iters 20)
-  kiln "new:$name:fresh" "${L[@]}" --outputs fresh --export "/tmp/res8_$name"
-  for round in 1 2; do
-    kiln "old:$name:fresh" "${old[@]}" "${L[@]}" --outputs fresh
-    kiln "new:$name:fresh" "${L[@]}" --outputs fresh
-  done
-  kiln "old:$name:reused" "${old[@]}" "${L[@]}" --outputs reused
-  kiln "new:$name:reused" "${L[@]}" --outputs reused
-  kiln "resident:$name" "${L[@]}" --io resident
-  LD_LIBRARY_PATH= timeout 100 python3 "$here/torch_layers.py" "/tmp/res8_$name" --e2e \
-    | sed "s/\"impl\": \"torch_eager\"/\"impl\": \"torch:$name\"/" >> "$res" 2>> "$log"
-  echo "  torch_layers $name exit $?"
-  rm -rf "/tmp/res8_$name"
-done
-grep -v '^\s*$' "$log" | grep -iv "warn\|info" | tail -8
-python3 - "$res" <<'PY'
+timeout 30 "$bin/kiln_cuda_test" --gtest_brief=1 \
+  --gtest_filter='CudaDeviceTest.RegisteredHostMemoryCopiesDirectly:CudaDeviceTest.CopiesRoundTripThroughStaging' 2>&1 | tail -4
+summary=$out/res8_summary.py
+cat > "$summary" <<'PY'
 import json, statistics, sys
 rows = []
 for line in open(sys.argv[1]):
@@ -74,7 +47,7 @@ for line in open(sys.argv[1]):
             pass
 def med(v):
     return statistics.median(v) if v else float("nan")
-for name in ("bert_bf16", "decoder_bf16", "bert_f32"):
+for name in sys.argv[2:]:
     k = [r for r in rows if r.get("bench") == "layer_bf16" and "p50_ms" in r
          and r.get("impl", "").split(":")[1:2] == [name]]
     t = next((r for r in rows if r.get("impl") == f"torch:{name}"), None)
@@ -99,3 +72,30 @@ for name in ("bert_bf16", "decoder_bf16", "bert_f32"):
               f"new / torch pageable {med(n) / t['e2e_pageable_ms']:.2f}x, / pinned {med(n) / t['e2e_pinned_ms']:.2f}x; "
               f"old / pageable {med(o) / t['e2e_pageable_ms']:.2f}x, / pinned {med(o) / t['e2e_pinned_ms']:.2f}x")
 PY
+kiln() {  # label, then layers_bf16 arguments
+  local label=$1; shift
+  timeout 45 "$@" --label "$label" >> "$res" 2>> "$log"
+  echo "  $label $* -> exit $?" | sed "s|$bin/||"
+}
+cases=("bert --dtype bf16 --batch 32 --seq 512"
+       "decoder --dtype bf16 --batch 4 --seq 2048"
+       "bert --dtype f32 --batch 8 --seq 128")
+names=(bert_bf16 decoder_bf16 bert_f32)
+for i in 0 1 2; do
+  name=${names[$i]}
+  read -r -a c <<< "--layer ${cases[$i]}"
+  echo "== $name"
+  L=("$bin/layers_bf16" "${c[@]}" --iters 20)
+  kiln "new:$name:fresh" "${L[@]}" --outputs fresh --export "/tmp/res8_$name"
+  kiln "old:$name:fresh" "${old[@]}" "${L[@]}" --outputs fresh
+  kiln "new:$name:fresh" "${L[@]}" --outputs fresh
+  kiln "old:$name:reused" "${old[@]}" "${L[@]}" --outputs reused
+  kiln "new:$name:reused" "${L[@]}" --outputs reused
+  kiln "resident:$name" "${L[@]}" --io resident
+  LD_LIBRARY_PATH= timeout 60 python3 "$here/torch_layers.py" "/tmp/res8_$name" --e2e \
+    | sed "s/\"impl\": \"torch_eager\"/\"impl\": \"torch:$name\"/" >> "$res" 2>> "$log"
+  echo "  torch_layers $name exit $?"
+  rm -rf "/tmp/res8_$name"
+  python3 "$summary" "$res" "$name"  # each layer's figures as soon as it is done
+done
+grep -v '^\s*$' "$log" | grep -iv "warn\|info" | tail -8
