@@ -13,8 +13,12 @@
 #     into a pinned tensor), per call. Kiln "old" is main's path, one variable away:
 #     KILN_HOST_ARENA_BYTES=0 (no arena: x and y memcpy'd through the worker's staging
 #     region); "new" is the default (x and y in the host arena, DMA'd by reference).
+# First the transport alone: transport_bench --backend cuda (an upload and a read-back
+# of 3 / 25 / 64 MiB through the worker, heap buffers vs arena blocks) beside
+# torch_transport.py (the same bytes from pinned and pageable memory).
 # Bundle folder in KILN_GPU_BUNDLE: kiln-gpu.tar.xz (layers_bf16, kiln_cuda_test,
-# kiln-device-worker), with torch_layers.py beside this script.
+# transport_bench, kiln-device-worker), with torch_layers.py and torch_transport.py
+# beside this script.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${KILN_GPU_BUNDLE:-.gpu}
@@ -77,6 +81,22 @@ kiln() {  # label, then layers_bf16 arguments
   timeout 45 "$@" --label "$label" >> "$res" 2>> "$log"
   echo "  $label $* -> exit $?" | sed "s|$bin/||"
 }
+echo "== transport alone: an upload and a read-back through the cuda worker"
+timeout 40 "$bin/transport_bench" --backend cuda --mib 3,25,64 --iters 20 2>> "$log" | tee -a "$res"
+LD_LIBRARY_PATH= timeout 40 python3 "$here/torch_transport.py" --mib 3,25,64 --iters 20 2>> "$log" | tee -a "$res"
+python3 - "$res" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+k = {r["mib"]: r for r in rows if r.get("bench") == "worker_transport" and "arena_ms" in r}
+t = {r["mib"]: r for r in rows if r.get("bench") == "worker_transport" and r.get("impl") == "torch"}
+for mib in sorted(k):
+    line = (f"transport {mib} MiB up+down: Kiln staging (old) {k[mib]['staging_ms']:.3f} ms, "
+            f"arena (new) {k[mib]['arena_ms']:.3f} ms, old/new {k[mib]['staging_over_arena']:.2f}x")
+    if mib in t:
+        line += (f"; torch pinned {t[mib]['pinned_ms']:.3f} ms, pageable {t[mib]['pageable_ms']:.3f} ms; "
+                 f"new / pinned {k[mib]['arena_ms'] / t[mib]['pinned_ms']:.2f}x")
+    print(line)
+PY
 cases=("bert --dtype bf16 --batch 32 --seq 512"
        "decoder --dtype bf16 --batch 4 --seq 2048"
        "bert --dtype f32 --batch 8 --seq 128")
