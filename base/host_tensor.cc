@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/checked_int.h"
+#include "base/host_arena.h"
 #include "base/host_buffer_pool.h"
 #include "base/half.h"
 
@@ -31,7 +32,9 @@ std::string DimsToString(std::span<const int64_t> dims) {
 }
 
 void HostTensor::FreeDeleter::operator()(void* p) const {
-  // Large buffers came from the pool (CreateUninitialized) and go back to it.
+  // Large buffers came from the host arena or the pool (CreateUninitialized)
+  // and go back there.
+  if (HostArena* arena = HostArena::Made(); arena != nullptr && arena->Release(p)) return;
   if (!HostBufferPool::Default().Release(p)) std::free(p);
 }
 
@@ -58,8 +61,18 @@ absl::StatusOr<HostTensor> HostTensor::CreateUninitialized(DType dtype, Dims dim
   t.num_elements_ = *n;
   t.num_bytes_ = *bytes;
   const size_t alloc = (static_cast<size_t>(*bytes) + 63) / 64 * 64;
-  void* p = alloc >= HostBufferPool::kMinBytes ? HostBufferPool::Default().Allocate(alloc)
-                                                : std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
+  // Large buffers from the shared host arena while device workers map one (a
+  // copy to or from their device then crosses by reference), else the pool.
+  void* p = nullptr;
+  if (static_cast<int64_t>(alloc) >= HostArena::kMinBytes) {
+    if (HostArena* arena = HostArena::ForHostTensors(); arena != nullptr) {
+      p = arena->Allocate(static_cast<int64_t>(alloc));
+    }
+  }
+  if (p == nullptr) {
+    p = alloc >= HostBufferPool::kMinBytes ? HostBufferPool::Default().Allocate(alloc)
+                                           : std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
+  }
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", *bytes, " bytes"));
   }

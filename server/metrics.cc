@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/host_arena.h"
 #include "base/host_buffer_pool.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -91,6 +92,23 @@ class Metrics::ProcessCollectable : public prometheus::Collectable {
     out.push_back(Family("kiln_host_buffer_pool_limit_bytes",
                          "The most kiln_host_buffer_pool_bytes may reach (KILN_HOST_BUFFER_POOL_BYTES)",
                          MetricType::Gauge, {{{}, static_cast<double>(pool.limit())}}));
+    // The host arena device workers map (base/host_arena.h): large HostTensors
+    // whose copies to and from a device worker cross by reference.
+    if (const HostArena* arena = HostArena::ForHostTensors(); arena != nullptr) {
+      const HostArena::Stats a = arena->stats();
+      out.push_back(Family("kiln_host_arena_bytes",
+                           "Size of the shared host arena (KILN_HOST_ARENA_BYTES)",
+                           MetricType::Gauge, {{{}, static_cast<double>(a.size)}}));
+      out.push_back(Family("kiln_host_arena_in_use_bytes",
+                           "Host arena bytes in live buffers (owned or held by a copy)",
+                           MetricType::Gauge, {{{}, static_cast<double>(a.in_use_bytes)}}));
+      out.push_back(Family("kiln_host_arena_misses_total",
+                           "Large host buffers that found no room in the host arena (heap instead)",
+                           MetricType::Counter, {{{}, static_cast<double>(a.misses)}}));
+      out.push_back(Family("kiln_host_arena_direct_bytes_total",
+                           "Bytes copied between the host arena and a device worker by reference",
+                           MetricType::Counter, {{{}, static_cast<double>(a.direct_bytes)}}));
+    }
     // /proc/self/stat: fields after the parenthesised name, which may hold spaces.
     std::ifstream stat_file("/proc/self/stat");
     std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());

@@ -17,6 +17,14 @@
 //   layers_bf16 --layer bert|decoder [--iters 20] [--cuda_graphs auto|on|off] [--export DIR]
 //               [--outputs fresh|reused]
 //               [--label kiln]   (the JSON "impl": say kiln_own for a KILN_CUDNN=0 run)
+//               [--io host|resident] [--dtype bf16|f32] [--seq N]
+// --io resident (res8) keeps x and y on the device through an API users have: x is a
+// param of a state set (Engine::CreateStateParams) and the graph's y is bound to it
+// (CompileOptions::state_updates {y -> x}), so each Run computes y = layer(x) and
+// writes y in place over x on the device: no host upload or download, the
+// device-resident counterpart of PyTorch eager with its tensors on the GPU. The host
+// copies of the weights (and x) are dropped once uploaded, as a user would.
+// --dtype f32 --seq 128 --batch 8 is the fp32 BERT encoder layer (B8 S128).
 //   layers_bf16 --layer decoder --compile_once DIR
 //     issue 8's compile target: one Engine::Compile of the layer for the device with the
 //     disk cache in DIR, timed alone (the Engine, its calibration and the weights are made
@@ -55,31 +63,34 @@ struct Layer {
   json config;
 };
 
-HostTensor RandomBf16(std::mt19937_64& rng, const kiln::Dims& dims, double scale, double offset) {
-  auto t = HostTensor::Create(v1::DTYPE_BF16, dims);
+HostTensor Random(std::mt19937_64& rng, v1::DType dtype, const kiln::Dims& dims, double scale,
+                  double offset) {
+  auto t = HostTensor::Create(dtype, dims);
   std::uniform_real_distribution<double> u(-scale, scale);
   for (int64_t i = 0; i < t->num_elements(); ++i) t->SetFromDouble(i, offset + u(rng));
   return std::move(t).value();
 }
 
-Layer Build(const std::string& which, int64_t batch) {
+// resident: x is a param (bound to y as state) instead of an input.
+Layer Build(const std::string& which, int64_t batch, int64_t seq, v1::DType dt, bool resident) {
   Layer L;
   std::mt19937_64 rng(7);
   const bool bert = which == "bert";
-  const int64_t seq = bert ? 512 : 2048, h = bert ? 768 : 4096, heads = bert ? 12 : 32,
+  const int64_t h = bert ? 768 : 4096, heads = bert ? 12 : 32,
                 ffn = bert ? 3072 : 16384, dh = h / heads;
   const double eps = bert ? 1e-12 : 1e-6;
   L.config = {{"layer", which}, {"batch", batch}, {"seq", seq},    {"hidden", h},
-              {"heads", heads}, {"ffn", ffn},     {"epsilon", eps}};
+              {"heads", heads}, {"ffn", ffn},     {"epsilon", eps},
+              {"dtype", dt == v1::DTYPE_F32 ? "f32" : "bf16"}};
   GraphBuilder g(bert ? "bert_layer_bf16" : "decoder_layer_bf16");
   auto param = [&](const std::string& name, const kiln::Dims& dims, double scale,
                    double offset = 0) {
-    L.params[name] = RandomBf16(rng, dims, scale, offset);
-    return g.param(name, v1::DTYPE_BF16, dims);
+    L.params[name] = Random(rng, dt, dims, scale, offset);
+    return g.param(name, dt, dims);
   };
   const double ws = 1.0 / std::sqrt(static_cast<double>(h));
-  V x = g.input("x", v1::DTYPE_BF16, {batch, seq, h});
-  L.x = RandomBf16(rng, {batch, seq, h}, 1.0, 0);
+  V x = resident ? g.param("x", dt, {batch, seq, h}) : g.input("x", dt, {batch, seq, h});
+  L.x = Random(rng, dt, {batch, seq, h}, 1.0, 0);
   auto heads_of = [&](V t) {
     return g.transpose(g.reshape(t, {batch, seq, heads, dh}), {0, 2, 1, 3});
   };
@@ -132,13 +143,18 @@ int main(int argc, char** argv) {
   const int iters = std::stoi(flag("--iters", "20"));
   const std::string graphs = flag("--cuda_graphs", "auto");
   const std::string outputs = flag("--outputs", "fresh");
+  const std::string io = flag("--io", "host");
+  const std::string dtype = flag("--dtype", "bf16");
   const int64_t batch = std::stoll(flag("--batch", which == "bert" ? "32" : "4"));
-  if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0 ||
-      (outputs != "fresh" && outputs != "reused") ||
-      (outputs == "reused" && flags.contains("--export"))) {  // y is not kept then
+  const int64_t seq = std::stoll(flag("--seq", which == "bert" ? "512" : "2048"));
+  const bool resident = io == "resident";
+  if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0 || seq <= 0 ||
+      (outputs != "fresh" && outputs != "reused") || (io != "host" && io != "resident") ||
+      (dtype != "bf16" && dtype != "f32") ||
+      (resident && (outputs == "reused" || flags.contains("--compile_once"))) ||
+      ((outputs == "reused" || resident) && flags.contains("--export"))) {  // y is not kept then
     return 2;
   }
-  Layer L = Build(which, batch);
   kiln::EngineOptions eo;
   eo.cpu_threads = 4;
   const bool compile_once = flags.contains("--compile_once");
@@ -153,11 +169,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "engine: %s\n", std::string(engine.status().message()).c_str());
     return 1;
   }
+  // After the engine: host tensors made now may come from the host arena its device
+  // workers map (base/host_arena.h), as a user's would.
+  Layer L = Build(which, batch, seq, dtype == "f32" ? v1::DTYPE_F32 : v1::DTYPE_BF16, resident);
   kiln::CompileOptions co;
   co.device = flag("--device", "cuda:0");
   co.cuda_graphs = graphs == "on"    ? v1::CUDA_GRAPHS_ON
                    : graphs == "off" ? v1::CUDA_GRAPHS_OFF
                                      : v1::CUDA_GRAPHS_AUTO;
+  if (resident) co.state_updates = {{"y", "x"}};
   const auto c0 = std::chrono::steady_clock::now();
   auto compiled = (*engine)->Compile(L.graph, co, {});
   const auto c1 = std::chrono::steady_clock::now();
@@ -167,10 +187,17 @@ int main(int argc, char** argv) {
   }
   std::vector<kiln::TensorRef> prefs;
   for (const auto& [name, t] : L.params) prefs.push_back(kiln::TensorRef::Of(name, t));
-  auto params = (*engine)->CreateParams(prefs);
+  if (resident) prefs.push_back(kiln::TensorRef::Of("x", L.x));
+  auto params = resident ? (*engine)->CreateStateParams(*compiled->executable, prefs)
+                         : (*engine)->CreateParams(prefs);
   if (!params.ok()) {
     std::fprintf(stderr, "params: %s\n", std::string(params.status().message()).c_str());
     return 1;
+  }
+  if (!flags.contains("--export")) {
+    // Uploaded: the host copies go, as a user's would (they are not run I/O).
+    L.params.clear();
+    if (resident) L.x = HostTensor();
   }
   if (compile_once) {
     // The first run after the compile: whatever the compile left to the first use
@@ -233,19 +260,23 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  const std::vector<kiln::TensorRef> inputs = {kiln::TensorRef::Of("x", L.x)};
+  std::vector<kiln::TensorRef> inputs;
+  if (!resident) inputs.push_back(kiln::TensorRef::Of("x", L.x));
   std::vector<double> wall, busy;
   kiln::RunResult last;
   std::map<std::string, double> by_impl;
   std::string graph_state;
-  // y has x's shape and dtype in both layers.
-  std::vector<char> y_destination(outputs == "reused" ? L.x.num_bytes() : 0, 0);
+  // y has x's shape and dtype in both layers; a HostTensor, so that it is in the host
+  // arena when there is one, as a user's destination allocated as a HostTensor would be.
+  HostTensor y_destination;
+  if (outputs == "reused") {
+    y_destination = std::move(HostTensor::CreateUninitialized(L.x.dtype(), L.x.dims())).value();
+  }
   for (int i = 0; i < 3 + iters; ++i) {
     kiln::RunOptions ro;
     ro.report = true;
     if (outputs == "reused") {
-      ro.output_destinations.push_back(
-          {"y", y_destination.data(), static_cast<int64_t>(y_destination.size())});
+      ro.output_destinations.push_back({"y", y_destination.data(), y_destination.num_bytes()});
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto r = (*engine)->Run(*compiled->executable, inputs, params->get(), ro);
@@ -291,6 +322,8 @@ int main(int argc, char** argv) {
                     {"cuda_graphs", graphs},
                     {"cuda_graph", graph_state},
                     {"outputs", outputs},
+                    {"io", io},
+                    {"dtype", dtype},
                     {"iters", iters},
                     {"p50_ms", wall[wall.size() / 2]},
                     {"device_busy_ms", busy[busy.size() / 2]},

@@ -62,6 +62,11 @@ class Worker {
   absl::Status DeadStatus() const;
   bool alive() const { return DeadStatus().ok(); }
   ShmRegion& shm() { return *shm_; }
+  HostArena* arena() const { return arena_; }
+  // Host-arena blocks this worker's device may still read or write (copies it
+  // was sent whose synchronization never answered): unheld once the process
+  // is gone (reaped), at once if it already is.
+  void UnholdWhenGone(std::vector<int64_t> blocks);
   uint64_t NextEventId() { return next_event_.fetch_add(1) + 1; }
   int64_t pid() const { return pid_; }
   const std::string& device() const { return device_; }
@@ -70,8 +75,12 @@ class Worker {
 
  private:
   Worker(pid_t pid, std::unique_ptr<Channel> channel, std::unique_ptr<ShmRegion> shm,
-         std::string device)
-      : pid_(pid), channel_(std::move(channel)), shm_(std::move(shm)), device_(std::move(device)) {}
+         HostArena* arena, std::string device)
+      : pid_(pid),
+        channel_(std::move(channel)),
+        shm_(std::move(shm)),
+        arena_(arena),
+        device_(std::move(device)) {}
   void ReadLoop();
   void Reap();
 
@@ -83,6 +92,7 @@ class Worker {
   const pid_t pid_;
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<ShmRegion> shm_;
+  HostArena* const arena_;
   std::string device_;
   wp::HelloReply hello_;
   std::atomic<uint64_t> next_id_ = 0;
@@ -92,6 +102,8 @@ class Worker {
   std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
   bool reaped_ ABSL_GUARDED_BY(mu_) = false;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;  // the process was waited for
+  std::vector<int64_t> held_ ABSL_GUARDED_BY(mu_);  // UnholdWhenGone's, until gone_
   std::string reason_ ABSL_GUARDED_BY(mu_);  // why it died, for DeviceFault
   std::thread reader_;
 };
@@ -118,6 +130,7 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       "--socket_fd=3",
       "--shm_fd=4",
   };
+  if (options.host_arena != nullptr) args.push_back("--arena_fd=5");
   if (!options.backend_options.cache_dir.empty()) {
     args.push_back(absl::StrCat("--cache_dir=", options.backend_options.cache_dir));
   }
@@ -130,10 +143,17 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   // high descriptor first, in case one source already is 3 or 4.
   posix_spawn_file_actions_adddup2(&actions, child_fd, 100);
   posix_spawn_file_actions_adddup2(&actions, shm->fd(), 101);
+  if (options.host_arena != nullptr) {
+    posix_spawn_file_actions_adddup2(&actions, options.host_arena->fd(), 102);
+  }
   posix_spawn_file_actions_adddup2(&actions, 100, 3);
   posix_spawn_file_actions_adddup2(&actions, 101, 4);
   posix_spawn_file_actions_addclose(&actions, 100);
   posix_spawn_file_actions_addclose(&actions, 101);
+  if (options.host_arena != nullptr) {
+    posix_spawn_file_actions_adddup2(&actions, 102, 5);
+    posix_spawn_file_actions_addclose(&actions, 102);
+  }
   pid_t pid = 0;
   const int rc = ::posix_spawn(&pid, options.binary.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -143,7 +163,8 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     return absl::UnavailableError(
         absl::StrCat("could not start ", options.binary, ": ", std::strerror(rc)));
   }
-  std::shared_ptr<Worker> w(new Worker(pid, std::make_unique<Channel>(parent_fd), std::move(shm), device));
+  std::shared_ptr<Worker> w(new Worker(pid, std::make_unique<Channel>(parent_fd), std::move(shm),
+                                       options.host_arena, device));
   w->reader_ = std::thread([p = w.get()] { p->ReadLoop(); });
   wp::Request hello;
   hello.mutable_hello()->set_protocol(kProtocol);
@@ -198,8 +219,28 @@ void Worker::Reap() {
     ::kill(pid_, SIGKILL);
     r = ::waitpid(pid_, &status, 0);
   }
-  absl::MutexLock lock(&mu_);
-  if (r == pid_ && reason_.empty()) reason_ = DescribeExit(status);
+  std::vector<int64_t> held;
+  {
+    absl::MutexLock lock(&mu_);
+    if (r == pid_ && reason_.empty()) reason_ = DescribeExit(status);
+    // Its device's copies ended with it (the driver tore its context down
+    // before the process could be waited for).
+    gone_ = true;
+    held.swap(held_);
+  }
+  for (int64_t b : held) arena_->Unhold(b);
+}
+
+void Worker::UnholdWhenGone(std::vector<int64_t> blocks) {
+  if (blocks.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!gone_) {
+      held_.insert(held_.end(), blocks.begin(), blocks.end());
+      return;
+    }
+  }
+  for (int64_t b : blocks) arena_->Unhold(b);
 }
 
 void Worker::ReadLoop() {
@@ -392,12 +433,22 @@ class RemoteStream final : public backend::Stream, public backend::CapturingStre
 
  private:
   absl::Status Flush();
+  // After the answer that passed every copy sent: the staging blocks are
+  // free and the host-arena blocks unheld.
   void FreeStaging();
+  // When no answer came (the worker died or hung) or it reported a device
+  // fault: the arena blocks stay held until the worker is gone; the staging
+  // blocks die with its region.
+  void AbandonHolds();
+  // Holds the host-arena block that [p, p + bytes) lies in, for a copy by
+  // reference: its offset in the arena, or nullopt (copy through staging).
+  std::optional<int64_t> HoldInArena(const void* p, int64_t bytes);
 
+  static constexpr int64_t kInArena = -2;  // Out::shm: the worker wrote dst itself
   struct Out {
     void* dst;
     int64_t bytes;
-    int64_t shm;  // -1 = inline
+    int64_t shm;  // -1 = inline, kInArena = by reference
   };
 
   std::shared_ptr<Worker> w_;
@@ -406,6 +457,7 @@ class RemoteStream final : public backend::Stream, public backend::CapturingStre
   wp::Submit pending_;
   int64_t pending_inline_bytes_ = 0;
   std::vector<int64_t> staging_;  // shared-region blocks in use until the next answer
+  std::vector<int64_t> holds_;    // host-arena blocks held until the next answer
   std::vector<Out> outs_;
   std::vector<std::shared_ptr<EventState>> unflushed_, awaiting_;
   absl::Status sticky_;
@@ -440,11 +492,18 @@ class RemoteGraph final : public backend::CapturedWork {
 };
 
 RemoteStream::~RemoteStream() {
-  if (!sticky_.ok() || !w_->alive()) return;  // what the worker may still use stays put
+  if (!sticky_.ok() || !w_->alive()) {  // what the worker may still use stays put
+    AbandonHolds();
+    return;
+  }
   (void)Flush();
   wp::Request r;
   r.set_destroy_stream(handle_);
-  if (w_->Call(std::move(r), options_.call_timeout).ok()) FreeStaging();
+  if (w_->Call(std::move(r), options_.call_timeout).ok()) {
+    FreeStaging();
+  } else {
+    AbandonHolds();
+  }
 }
 
 void RemoteStream::FreeStaging() {
@@ -452,8 +511,25 @@ void RemoteStream::FreeStaging() {
   for (const Out& o : outs_) {
     if (o.shm >= 0) w_->shm().Free(o.shm);
   }
+  for (int64_t b : holds_) w_->arena()->Unhold(b);
   staging_.clear();
   outs_.clear();
+  holds_.clear();
+}
+
+void RemoteStream::AbandonHolds() {
+  w_->UnholdWhenGone(std::move(holds_));
+  holds_.clear();
+}
+
+std::optional<int64_t> RemoteStream::HoldInArena(const void* p, int64_t bytes) {
+  HostArena* arena = w_->arena();
+  if (arena == nullptr || bytes <= 0) return std::nullopt;
+  std::optional<HostArena::Span> span = arena->Hold(p, bytes);
+  if (!span) return std::nullopt;
+  holds_.push_back(span->block);
+  arena->CountDirect(bytes);
+  return span->offset;
 }
 
 absl::Status RemoteStream::Append(wp::Command command) {
@@ -465,6 +541,20 @@ absl::Status RemoteStream::Append(wp::Command command) {
 }
 
 absl::Status RemoteStream::CopyIn(const void* src, const wp::View& dst, int64_t bytes) {
+  if (!sticky_.ok()) return sticky_;
+  // The caller's buffer is in the host arena: the worker reads it there (its
+  // device DMAs from it when registered) until the answer that passes the copy.
+  if (std::optional<int64_t> at = HoldInArena(src, bytes)) {
+    wp::Command c;
+    wp::CopyIn* in = c.mutable_copy_in();
+    *in->mutable_dst() = dst;
+    in->set_shm_offset(*at);
+    in->set_arena(true);
+    KILN_RETURN_IF_ERROR(Append(std::move(c)));
+    // A large one is sent now: its DMA starts while the launches are queued.
+    if (options_.upload_piece_bytes > 0 && bytes > options_.upload_piece_bytes) return Flush();
+    return absl::OkStatus();
+  }
   std::optional<int64_t> off = bytes > 0 ? w_->shm().Allocate(bytes) : std::nullopt;
   if (!off) {
     wp::Command c;
@@ -495,9 +585,17 @@ absl::Status RemoteStream::CopyIn(const void* src, const wp::View& dst, int64_t 
 }
 
 absl::Status RemoteStream::CopyOut(const wp::View& src, void* dst, int64_t bytes) {
+  if (!sticky_.ok()) return sticky_;
   wp::Command c;
   wp::CopyOut* out = c.mutable_copy_out();
   *out->mutable_src() = src;
+  // The destination is in the host arena: the worker writes it there.
+  if (std::optional<int64_t> at = HoldInArena(dst, bytes)) {
+    out->set_shm_offset(*at);
+    out->set_arena(true);
+    outs_.push_back({dst, bytes, kInArena});
+    return Append(std::move(c));
+  }
   std::optional<int64_t> off = bytes > 0 ? w_->shm().Allocate(bytes) : std::nullopt;
   if (off) {
     out->set_shm_offset(*off);
@@ -558,7 +656,10 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
     d.set_destroy_event(e->id);
     w_->Post(std::move(d));
   }
-  if (!reply.ok()) return sticky_ = reply.status();
+  if (!reply.ok()) {
+    AbandonHolds();
+    return sticky_ = reply.status();
+  }
   absl::Status s = StatusOf(*reply, w_->device());
   std::unordered_map<uint64_t, double> times;
   for (const auto& t : reply->events()) times[t.event()] = t.micros();
@@ -570,6 +671,7 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
   if (s.ok()) {
     int next_inline = 0;
     for (const Out& o : outs_) {
+      if (o.shm == kInArena) continue;  // written where it belongs by the worker
       if (o.shm >= 0) {
         HostCopy(o.dst, w_->shm().at(o.shm), o.bytes);
         continue;
@@ -583,6 +685,9 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
       ++next_inline;
     }
   }
+  // A device fault: the worker's device may be past saving, and the worker
+  // past answering again; its arena blocks wait for it to be gone.
+  if (backend::FaultedDevice(s)) AbandonHolds();
   FreeStaging();
   if (backend::FaultedDevice(s)) sticky_ = s;
   return s;
@@ -894,6 +999,8 @@ std::vector<UploadPiece> UploadPieces(int64_t bytes, int64_t piece_bytes) {
 
 absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given) {
   WorkerOptions options = given;
+  const bool process_arena = options.host_arena == nullptr;
+  if (process_arena) options.host_arena = HostArena::Process(options.host_arena_bytes);
   if (const char* env = std::getenv("KILN_WORKER_UPLOAD_PIECE_BYTES");
       env != nullptr && *env != '\0') {
     options.upload_piece_bytes = std::strtoll(env, nullptr, 10);
@@ -912,6 +1019,14 @@ absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given)
       continue;
     }
     out.devices.push_back(std::make_unique<IsolatedDevice>(options, i, std::move(w).value()));
+  }
+  // CUDA workers register the arena with their device (the one backend with
+  // HostMemoryRegistrar, backends/host_memory.h), so copies through it are DMA
+  // with no host copy: large HostTensors made from now on are allocated in it.
+  // Other workers map it too and copy from it (a host copy fewer in kilnd) but
+  // do not make HostTensor use it.
+  if (process_arena && options.host_arena != nullptr && out.name == "cuda") {
+    options.host_arena->Activate();
   }
   return out;
 }

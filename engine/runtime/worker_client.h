@@ -15,6 +15,15 @@
 // constants, parameters and run contexts made on an earlier one are made
 // again rather than used.
 //
+// Copies through the host arena (WorkerOptions::host_arena_bytes, res8): a
+// CopyToDevice whose source lies in a live block of the arena crosses by
+// reference and is read until a Synchronize of the stream passes the copy,
+// not before CopyToDevice returns as backend.h says of copies in general: the
+// source must stay unchanged until then (it may be freed: the block is held
+// until the answer, or until a worker that never answered is gone). Every
+// caller in the engine synchronizes before it writes such a source again. A
+// CopyToHost into an arena block is written by the worker directly.
+//
 // Thread safety: as backend.h requires; Restart is thread-safe with respect to
 // every other call (calls on the old worker fail as device faults).
 #pragma once
@@ -26,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "base/host_arena.h"
 
 namespace kiln::runtime::worker {
 
@@ -44,6 +54,16 @@ struct WorkerOptions {
   // 0 = one piece, sent with the stream's next flush (the earlier path).
   // KILN_WORKER_UPLOAD_PIECE_BYTES, when set, overrides it (StartIsolatedBackend).
   int64_t upload_piece_bytes = int64_t{4} << 20;
+  // kilnd's host arena (base/host_arena.h), mapped by every worker (a CUDA
+  // worker registers it whole, pinning that much host memory): a copy whose
+  // host side lies in one of its live blocks crosses as an offset, with no
+  // staging copy (issue 8, res8). StartIsolatedBackend makes the process's
+  // arena of this size (KILN_HOST_ARENA_BYTES, when set, overrides it; 0 =
+  // none, every copy through the staging region as before) and, once a CUDA
+  // worker serves a device, lets HostTensor allocate from it.
+  int64_t host_arena_bytes = HostArena::kDefaultBytes;
+  // Set: this arena instead of the process's (tests; HostTensor does not use it).
+  HostArena* host_arena = nullptr;
   // Starting the worker and its backend (driver initialisation).
   absl::Duration start_timeout = absl::Seconds(60);
   // Beyond a synchronize's own bound before the worker counts as hung.

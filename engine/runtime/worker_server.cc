@@ -93,13 +93,15 @@ class Server {
  public:
   Server(const ServeOptions& options, std::unique_ptr<backend::Backend> backend,
          backend::Device* device, std::unique_ptr<backend::Device> wrapped,
-         std::unique_ptr<ShmRegion> shm, std::shared_ptr<compile::DiskCache> disk)
+         std::unique_ptr<ShmRegion> shm, std::unique_ptr<ShmRegion> arena,
+         std::shared_ptr<compile::DiskCache> disk)
       : options_(options),
         backend_(std::move(backend)),
         wrapped_(std::move(wrapped)),
         device_(wrapped_ ? wrapped_.get() : device),
         channel_(options.socket_fd),
         shm_(std::move(shm)),
+        arena_(std::move(arena)),
         disk_(std::move(disk)) {
     if (disk_) binaries_ = std::make_unique<compile::KernelBinaryCacheAdapter>(disk_);
   }
@@ -112,6 +114,8 @@ class Server {
 
   backend::Device& device() { return *device_; }
   ShmRegion& shm() { return *shm_; }
+  // kilnd's host arena (base/host_arena.h), when kilnd passed one.
+  ShmRegion* arena() { return arena_.get(); }
   void Reply(wp::Reply& reply) {
     reply.set_memory_in_use(device_->memory_in_use());
     if (absl::Status s = channel_.Send(reply); !s.ok()) {
@@ -157,10 +161,12 @@ class Server {
   backend::Device* const device_;
   Channel channel_;
   std::unique_ptr<ShmRegion> shm_;
+  std::unique_ptr<ShmRegion> arena_;
   std::shared_ptr<compile::DiskCache> disk_;
   std::unique_ptr<compile::KernelBinaryCacheAdapter> binaries_;
   // Released before the device (Shutdown), after every stream is gone.
   std::unique_ptr<backend::HostRegistration> staging_registration_;
+  std::unique_ptr<backend::HostRegistration> arena_registration_;
 
   absl::Mutex mu_;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
@@ -319,11 +325,14 @@ void StreamWorker::Run(Item& item) {
           }
           src = c.copy_in().data().data();
         } else {
-          if (!server_.shm().Contains(c.copy_in().shm_offset(), dst->bytes)) {
-            s = absl::InvalidArgumentError("copy source outside the staging region");
+          ShmRegion* region = c.copy_in().arena() ? server_.arena() : &server_.shm();
+          if (region == nullptr || !region->Contains(c.copy_in().shm_offset(), dst->bytes)) {
+            s = absl::InvalidArgumentError(c.copy_in().arena()
+                                               ? "copy source outside the host arena"
+                                               : "copy source outside the staging region");
             break;
           }
-          src = server_.shm().at(c.copy_in().shm_offset());
+          src = region->at(c.copy_in().shm_offset());
         }
         s = dev.CopyToDevice(*stream_, src, *dst);
         break;
@@ -339,11 +348,14 @@ void StreamWorker::Run(Item& item) {
           inline_out_.push_back(std::make_unique<std::string>(src->bytes, '\0'));
           dst = inline_out_.back()->data();
         } else {
-          if (!server_.shm().Contains(c.copy_out().shm_offset(), src->bytes)) {
-            s = absl::InvalidArgumentError("copy destination outside the staging region");
+          ShmRegion* region = c.copy_out().arena() ? server_.arena() : &server_.shm();
+          if (region == nullptr || !region->Contains(c.copy_out().shm_offset(), src->bytes)) {
+            s = absl::InvalidArgumentError(c.copy_out().arena()
+                                               ? "copy destination outside the host arena"
+                                               : "copy destination outside the staging region");
             break;
           }
-          dst = server_.shm().at(c.copy_out().shm_offset());
+          dst = region->at(c.copy_out().shm_offset());
         }
         s = dev.CopyToHost(*stream_, *src, dst);
         break;
@@ -440,16 +452,30 @@ void Server::RegisterStaging() {
   // punched out of the region by kilnd and come back as other pages: never
   // pinned.
   const int64_t bytes = std::min(shm_->size(), kShmResidentBytes);
-  if (bytes <= 0) return;
   auto* registrar = dynamic_cast<backend::HostMemoryRegistrar*>(device_);
   if (registrar == nullptr) return;  // copies stage through the device's own memory
-  auto r = registrar->RegisterHostMemory(shm_->at(0), bytes);
-  if (r.ok()) {
-    staging_registration_ = std::move(r).value();
-    return;
+  if (bytes > 0) {
+    auto r = registrar->RegisterHostMemory(shm_->at(0), bytes);
+    if (r.ok()) {
+      staging_registration_ = std::move(r).value();
+    } else {
+      spdlog::warn("device worker: copies stage through host memory: {}",
+                   std::string(r.status().message()));
+    }
   }
-  spdlog::warn("device worker: copies stage through host memory: {}",
-               std::string(r.status().message()));
+  // kilnd's host arena, whole: kilnd never punches its pages out, and it
+  // holds a block from the copy that names it until the answer to the
+  // synchronization that passes the copy, or until this process is gone
+  // (the registration's contract).
+  if (arena_ != nullptr && arena_->size() > 0) {
+    auto a = registrar->RegisterHostMemory(arena_->at(0), arena_->size());
+    if (a.ok()) {
+      arena_registration_ = std::move(a).value();
+    } else {
+      spdlog::warn("device worker: copies from the host arena stage through host memory: {}",
+                   std::string(a.status().message()));
+    }
+  }
 }
 
 int Server::Loop() {
@@ -599,6 +625,7 @@ void Server::Shutdown() {
   }
   for (std::thread& t : pool_) t.join();
   staging_registration_.reset();  // no copy is in flight: every stream is gone
+  arena_registration_.reset();
   {
     absl::MutexLock lock(&mu_);
     graphs_.clear();  // before the kernels and events they captured
@@ -699,17 +726,27 @@ int Serve(const ServeOptions& options, const DeviceWrapper& wrap) {
   // the kilnd *thread* that started the worker ends, such as the one that
   // restarts devices.)
   std::signal(SIGPIPE, SIG_IGN);
-  auto shm = ShmRegion::Map(options.shm_fd);
   // Errors before the first Hello are answered to it, so kilnd logs them.
   absl::Status failure;
+  auto shm = ShmRegion::Map(options.shm_fd);
+  std::unique_ptr<ShmRegion> arena;
+  if (options.arena_fd >= 0) {
+    auto a = ShmRegion::Map(options.arena_fd);
+    if (a.ok()) {
+      arena = std::move(a).value();
+    } else {
+      failure = a.status();
+    }
+  }
+
   std::unique_ptr<backend::Backend> backend;
   for (const auto& reg : backend::RegisteredBackends()) {
     if (reg.name != options.backend) continue;
     auto b = reg.factory(options.backend_options);
-    if (!b.ok()) failure = b.status();
+    if (!b.ok()) failure.Update(b.status());
     else backend = std::move(b).value();
   }
-  if (!shm.ok()) failure = shm.status();
+  if (!shm.ok()) failure.Update(shm.status());
   if (failure.ok() && backend == nullptr) {
     failure = absl::NotFoundError(absl::StrCat("no backend named \"", options.backend, "\" in this worker"));
   }
@@ -741,7 +778,7 @@ int Serve(const ServeOptions& options, const DeviceWrapper& wrap) {
   backend::Device* device = backend->devices()[options.device_index];
   std::unique_ptr<backend::Device> wrapped = wrap ? wrap(*device) : nullptr;
   Server server(options, std::move(backend), device, std::move(wrapped), std::move(shm).value(),
-                std::move(disk));
+                std::move(arena), std::move(disk));
   return server.Loop();
 }
 

@@ -26,6 +26,7 @@ struct ServeOptions {
   int64_t cache_max_bytes = int64_t{4} << 30;  // the kernel-binary cache's budget
   int socket_fd = 3;
   int shm_fd = 4;
+  int arena_fd = -1;  // kilnd's host arena (base/host_arena.h); -1 = none
 };
 
 // Decorates the served device (test-only fault kernels); null = serve as is.
@@ -35,7 +36,8 @@ using DeviceWrapper = std::function<std::unique_ptr<backend::Device>(backend::De
 int Serve(const ServeOptions& options, const DeviceWrapper& wrap = nullptr);
 
 // Parses kiln-device-worker's command line (--backend=, --device=,
-// --cache_dir=, --cache_max_bytes=, --cpu_threads=, --socket_fd=, --shm_fd=)
+// --cache_dir=, --cache_max_bytes=, --cpu_threads=, --socket_fd=, --shm_fd=,
+// --arena_fd=)
 // and serves; 2 on a bad command line.
 int WorkerMain(int argc, char** argv, const DeviceWrapper& wrap = nullptr);
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "base/host_arena.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
 #include "tests/e2e/models.h"
@@ -210,6 +211,64 @@ TEST(DeviceIsolation, KernelErrorIsNotAFault) {
   EXPECT_TRUE(s.healthy);
   EXPECT_EQ(s.faults, 0);
   EXPECT_EQ(s.worker_pid, pid);
+}
+
+// The host arena (base/host_arena.h, res8) through Engine::Run: with HostTensor
+// allocating from the arena every worker maps (active on its own only where a
+// CUDA worker registers it; here for the test), a run's input and its fresh
+// output, and an output destination that is an arena HostTensor, cross by
+// reference; a destination elsewhere takes the staging path. Bytes exact.
+TEST(DeviceIsolation, HostArenaCarriesRunInputsAndOutputsByReference) {
+  auto engine = MakeIsolatedEngine({});
+  ASSERT_NE(engine, nullptr);
+  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  HostArena* arena = HostArena::Made();  // the workers' (StartIsolatedBackend)
+  if (arena == nullptr) GTEST_SKIP() << "no host arena (KILN_HOST_ARENA_BYTES=0)";
+  arena->Activate();
+  struct Deactivate {
+    ~Deactivate() { HostArena::Deactivate(); }
+  } deactivate;
+  constexpr int64_t kRows = 512, kCols = 1024;  // 2 MiB of f32
+  GraphBuilder b("twice");
+  auto x = b.input("x", v1::DTYPE_F32, {kRows, kCols});
+  b.output("y", b.mul(x, b.scalar(2.0)));
+  auto exe = CompileOn(*engine, b.Build(), "vulkan:0");
+  ASSERT_NE(exe, nullptr);
+  std::mt19937_64 rng(5);
+  HostTensor xt = models::RandomF32(rng, {kRows, kCols}, 1.0);
+  ASSERT_TRUE(arena->Contains(xt.data()));
+  const std::vector<TensorRef> inputs = {TensorRef::Of("x", xt)};
+  auto check = [&](const float* y) {
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      if (y[i] != 2.0f * xt.data_as<float>()[i]) return ::testing::AssertionFailure() << "element " << i;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  for (int round = 0; round < 2; ++round) {  // the second reuses the first's blocks
+    const HostArena::Stats before = arena->stats();
+    auto r = engine->Run(*exe, inputs, nullptr, {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    const HostTensor& y = r->outputs[0].second;
+    EXPECT_TRUE(arena->Contains(y.data()));
+    EXPECT_TRUE(check(y.data_as<float>()));
+    EXPECT_EQ(arena->stats().direct_copies - before.direct_copies, 2) << "x in and y out";
+  }
+  // Destinations: an arena HostTensor is written by the worker; a vector is
+  // copied into from staging.
+  auto in_arena = HostTensor::CreateUninitialized(v1::DTYPE_F32, {kRows, kCols});
+  ASSERT_TRUE(in_arena.ok());
+  std::vector<float> elsewhere(static_cast<size_t>(kRows * kCols));
+  for (float* dst : {in_arena->data_as<float>(), elsewhere.data()}) {
+    const HostArena::Stats before = arena->stats();
+    RunOptions ro;
+    ro.output_destinations = {{"y", dst, in_arena->num_bytes()}};
+    auto r = engine->Run(*exe, inputs, nullptr, ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->in_destination, std::vector<bool>{true});
+    EXPECT_TRUE(check(dst));
+    EXPECT_EQ(arena->stats().direct_copies - before.direct_copies,
+              dst == elsewhere.data() ? 1 : 2);
+  }
 }
 
 }  // namespace
