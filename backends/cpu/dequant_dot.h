@@ -48,16 +48,25 @@ const Kernels& Generic();
 
 // ---- Int8 activations (CompileOptions.allow_int8_activations) ----
 //
-// The activation rows are rounded to int8 once per call, per 32 values as
-// llama.cpp's q8_0 does: d = amax / 127 (f32), q = round-half-even(x * (1 / d))
-// (q = 0 where amax = 0); then each weight row is multiplied in integers
-// (exact int32 sums per 32 or 16 weights) and the scales are applied per block
-// in f32. The result is the exact product of the rounded activations
-// (x^ = d q) with the exact weights, up to f32 accumulation. The kernels use
-// VNNI (vpdpbusd: unsigned weights x signed activations, the weight offsets
-// folded in as precomputed sums) or AVX2 (vpmaddubsw).
+// The activation rows are rounded to int8 once per call, per Int8Group(wtype)
+// values: d = amax / 127 (f32), q = round-half-even(x * (1 / d)) (q = 0 where
+// amax = 0). The group is 32 (llama.cpp's q8_0) for q8_0, q4_0 and q6_k, and
+// 256 (llama.cpp's q8_K: one scale per super-block) for q4_k and q5_k, whose
+// AVX-512 kernel then applies the 6-bit sub-block scales in integers and
+// converts once per super-block. Each weight row is multiplied in integers
+// (exact int32 sums) and the scales are applied in f32. The result is the
+// exact product of the rounded activations (x^ = d q) with the exact weights,
+// up to f32 accumulation. The kernels use VNNI (vpdpbusd / vpdpwssd: unsigned
+// weights x signed activations, the weight offsets folded in as precomputed
+// sums) or AVX2 (vpmaddubsw).
 
-inline constexpr int64_t kInt8Block = 32;  // activation values per int8 scale
+inline constexpr int64_t kInt8Block = 32;  // the unit of Int8Rows.d / .sums
+
+// Activation values per int8 scale for weights of `wtype` (a multiple of
+// kInt8Block; the scale is stored once per kInt8Block values all the same).
+inline constexpr int64_t Int8Group(DType wtype) {
+  return wtype == v1::DTYPE_Q4_K || wtype == v1::DTYPE_Q5_K ? 256 : kInt8Block;
+}
 
 // Activation rows quantized for one weight dtype, in the layout the kernels
 // read. Filled by QuantizeRows; reused across calls (the vectors only grow).
@@ -71,7 +80,9 @@ struct Int8Rows {
   // q4_0 stores each pair of 32-blocks b, b + 1 as b[0:16) b+1[0:16) b[16:32)
   // b+1[16:32) (an odd last block stays in order).
   std::vector<int8_t> q;
-  std::vector<float> d;    // rows x k / 32: the scale of each 32 values (natural order)
+  // rows x k / 32: the scale of each 32 values (natural order; the same for
+  // the 8 of a 256-value group where Int8Group is 256).
+  std::vector<float> d;
   // q4_k / q5_k: rows x k / 32, d * sum(q) of each 32 values (the mins' term).
   std::vector<float> sums;
   // q8_0, q4_0, q6_k: rows x k / 4, -offset * (the sum of each 4 stored q), the

@@ -26,23 +26,24 @@ int OffsetOf(DType wtype) {
   }
 }
 
-// One block of 32: d = amax / 127, q = round-half-even(x / d) computed as
-// x * (1 / d), in f32. A block holding a NaN or an infinity gets d = NaN and
-// q = 0, so its rows' results are NaN (never a silently finite number).
-float QuantizeBlock(const float* x, int8_t* q) {
+// One group of `count` values (32 or 256): d = amax / 127, q =
+// round-half-even(x / d) computed as x * (1 / d), in f32. A group holding a NaN
+// or an infinity gets d = NaN and q = 0, so its rows' results are NaN (never a
+// silently finite number).
+float QuantizeBlock(const float* x, int8_t* q, int64_t count = kInt8Block) {
   float amax = 0;
   bool finite = true;
-  for (int i = 0; i < kInt8Block; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     amax = std::max(amax, std::fabs(x[i]));
     finite &= std::isfinite(x[i]);
   }
   if (!finite) {
-    std::memset(q, 0, kInt8Block);
+    std::memset(q, 0, count);
     return std::numeric_limits<float>::quiet_NaN();
   }
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int i = 0; i < kInt8Block; ++i) {
+  for (int64_t i = 0; i < count; ++i) {
     const float v = std::nearbyint(x[i] * id);
     q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
   }
@@ -73,19 +74,20 @@ void QuantizeRows(DType wtype, const float* x, int64_t ldx, int rows, int64_t k,
     const float* xr = x + r * ldx;
     int8_t* qr = out.q.data() + r * k;
     float* dr = out.d.data() + r * nb;
-    if (!paired) {
-      for (int64_t b = 0; b < nb; ++b) dr[b] = QuantizeBlock(xr + b * kInt8Block, qr + b * kInt8Block);
-    } else if (kquant_mins) {
-      // Sub-blocks 0 2 1 3 4 6 5 7 of each 256: the nibbles of 64 weight bytes.
+    if (kquant_mins) {
+      // One scale per 256 (q8_K), repeated over its 8 sub-blocks of 32. Paired:
+      // sub-blocks 0 2 1 3 4 6 5 7 of each 256, the nibbles of 64 weight bytes.
       static constexpr int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
       for (int64_t s = 0; s < k; s += quant::kQK) {
-        for (int j = 0; j < 8; ++j) {
-          dr[s / kInt8Block + j] = QuantizeBlock(xr + s + 32 * j, tmp + 32 * j);
-        }
+        const float d = QuantizeBlock(xr + s, paired ? tmp : qr + s, quant::kQK);
+        for (int j = 0; j < 8; ++j) dr[s / kInt8Block + j] = d;
+        if (!paired) continue;
         for (int slot = 0; slot < 8; ++slot) {
           std::memcpy(qr + s + 32 * slot, tmp + 32 * kOrder[slot], 32);
         }
       }
+    } else if (!paired) {
+      for (int64_t b = 0; b < nb; ++b) dr[b] = QuantizeBlock(xr + b * kInt8Block, qr + b * kInt8Block);
     } else {  // q4_0: pairs of blocks as their 16-byte halves interleave
       int64_t b = 0;
       for (; b + 1 < nb; b += 2) {

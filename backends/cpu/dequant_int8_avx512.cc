@@ -61,24 +61,6 @@ inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-// The eight 6-bit scales (lanes 0-7) and mins (lanes 8-15) of a q4_k / q5_k
-// block (quant::ScaleMinK4) times d and dmin, unpacked together from its 12
-// bytes with vector operations (the word formulas of dequant_dot_avx512.cc, one
-// 32-bit lane each: w0 w1 w2 are the scale bytes 0-3, 4-7, 8-11).
-inline __m512 ScalesMins(const uint8_t* blk, __m512i pick01) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-  const __m128i t = _mm_srli_si128(raw, 4);                   // w0 w1 w2 -
-  const __m128i lo = _mm_and_si128(t, _mm_set1_epi8(0x3f));  // scales 0-3, mins 0-3
-  const __m128i w22 = _mm_shuffle_epi32(t, _MM_SHUFFLE(3, 3, 2, 2));
-  const __m128i b = _mm_and_si128(_mm_srlv_epi32(w22, _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi8(0x0f));
-  const __m128i c = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(t, 6), _mm_set1_epi8(0x03)), 4);
-  const __m128i hi = _mm_or_si128(b, c);               // scales 4-7, mins 4-7
-  const __m128i bytes = _mm_unpacklo_epi32(lo, hi);    // scales 0-7, mins 0-7
-  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-  const __m512 dm = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(_mm_cvtph_ps(raw)));
-  return _mm512_mul_ps(v, dm);
-}
-
 // The activation rows of a call, as the kernels read them.
 template <int R>
 struct RowPtrs {
@@ -110,23 +92,40 @@ inline void Finish(__m512 (&acc)[R][kChains<R>], float* out) {
   }
 }
 
-// q4_k (kFive = false) and q5_k. The activations are `paired` (sub-blocks
+// The eight 6-bit scales (bytes 0-7) and mins (bytes 8-15) of a q4_k / q5_k
+// block (quant::ScaleMinK4) from its 12 bytes at blk, with vector operations
+// (the word formulas of dequant_dot_avx512.cc, one 32-bit lane each: w0 w1 w2
+// are the scale bytes 0-3, 4-7, 8-11).
+inline __m128i ScaleMinBytes(const uint8_t* blk) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));  // w0 w1 w2 -
+  const __m128i lo = _mm_and_si128(t, _mm_set1_epi8(0x3f));
+  const __m128i w22 = _mm_shuffle_epi32(t, _MM_SHUFFLE(3, 3, 2, 2));
+  const __m128i b = _mm_and_si128(_mm_srlv_epi32(w22, _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi8(0x0f));
+  const __m128i c = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(t, 6), _mm_set1_epi8(0x03)), 4);
+  return _mm_unpacklo_epi32(lo, _mm_or_si128(b, c));
+}
+
+// q4_k (kFive = false) and q5_k, with one activation scale per 256 (Int8Group:
+// x.dx holds it 8 times per block). The activations are `paired` (sub-blocks
 // 0 2 1 3 4 6 5 7): the low nibbles of qs[0, 64) are sub-blocks 0 and 2, the
-// high ones 1 and 3, and likewise 4 6 / 5 7 for qs[64, 128). The mins leave the
-// per-weight work: sum (d sc q - dmin m) x^ = d sc sum q x^ - dmin m sum x^,
+// high ones 1 and 3, and likewise 4 6 / 5 7 for qs[64, 128). Per 64 weights
+// vpmaddubsw (unsigned quants x int8 activations: int16 sums of pairs, at most
+// 2 * 31 * 127, no saturation) and vpdpwssd by the 6-bit sub-block scales
+// (int16 pairs into int32 lanes): the block's sum d_x sum_j sc_j sum q x is
+// integer up to one conversion and one FMA by d * d_x per block. The mins
+// leave the per-weight work: sum (d sc q - dmin m) x^ = ... - dmin m sum x^,
 // with sum x^ per 32 precomputed (Int8Rows.sums).
 template <bool kFive, int R>
 void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
   constexpr int64_t kBytes = kFive ? 176 : 144;
-  constexpr int C = kChains<R>;
-  __m512 acc[R][C];
+  constexpr int C = kChains<R> > 2 ? 2 : kChains<R>;
+  __m512 acc[R][kChains<R>];
   __m256 mins[R];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kChains<R>; ++c) acc[r][c] = _mm512_setzero_ps();
     mins[r] = _mm256_setzero_ps();
   }
   const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const __m512i pick01 = Pick2(0, 1);
   const __m512i pick[4] = {Pick2(0, 2), Pick2(1, 3), Pick2(4, 6), Pick2(5, 7)};
   // q5_k: the fifth bit of the low nibbles of qs[32p + l] is bit 2p of qh[l],
   // of the high nibbles bit 2p + 1; per vector, one bit per 32-byte half.
@@ -141,9 +140,12 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
     _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
-    const __m512 scm = ScalesMins(blk, pick01);
-    const __m256 sc = _mm512_castps512_ps256(scm);
-    const __m256 mn = _mm512_extractf32x8_ps(scm, 1);
+    const __m512i smi = _mm512_cvtepu8_epi32(ScaleMinBytes(blk + 4));  // 0-7 scales, 8-15 mins
+    // Each int32 lane's two int16 halves hold its sub-block's scale.
+    const __m512i scw = _mm512_or_si512(smi, _mm512_slli_epi32(smi, 16));
+    const __m256 mn = _mm256_mul_ps(_mm256_set1_ps(Half(blk + 2)),
+                                    _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(smi, 1)));
+    const float dd = Half(blk);
     const uint8_t* qs = blk + (kFive ? 48 : 16);
     const __m512i v0 = Load64(qs), v1 = Load64(qs + 64);
     __m512i u[4] = {_mm512_and_si512(v0, low4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4),
@@ -154,15 +156,20 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
         u[i] = _mm512_mask_add_epi8(u[i], _mm512_test_epi8_mask(h, bit[i]), u[i], sixteen);
       }
     }
+    __m512i sc[4];
+    for (int i = 0; i < 4; ++i) sc[i] = _mm512_permutexvar_epi32(pick[i], scw);
+    const int c = C == 1 ? 0 : static_cast<int>(b & 1);
     for (int r = 0; r < R; ++r) {
       mins[r] = _mm256_fmadd_ps(mn, Load8(x.sums[r] + 8 * b), mins[r]);
-      const __m512 scale = _mm512_castps256_ps512(_mm256_mul_ps(sc, Load8(x.dx[r] + 8 * b)));
       const int8_t* xb = x.q[r] + 256 * b;
-      for (int i = 0; i < 4; ++i) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[i], Load64(xb + 64 * i));
-        acc[r][i % C] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick[i], scale), acc[r][i % C]);
-      }
+      __m512i is = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(u[0], Load64(xb)), sc[0]);
+      __m512i it = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(u[1], Load64(xb + 64)), sc[1]);
+      is = _mm512_dpwssd_epi32(is, _mm512_maddubs_epi16(u[2], Load64(xb + 128)), sc[2]);
+      it = _mm512_dpwssd_epi32(it, _mm512_maddubs_epi16(u[3], Load64(xb + 192)), sc[3]);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is, it)),
+                                  _mm512_set1_ps(dd * x.dx[r][8 * b]), acc[r][c]);
     }
   }
   Finish<R>(acc, out);

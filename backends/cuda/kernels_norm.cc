@@ -10,7 +10,9 @@
 // vectors, then up to 1024), 16-byte loads and stores, one read and one
 // write of each element. Other rows take the scalar kernels.
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_kernel.h"
@@ -209,15 +211,37 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(CudaDevice& d, const
                                    absl::StrCat("nvrtc:", what, dt, vec.nv != 0 ? "_vec" : "")));
 }
 
-// ---- GroupNorm (kernels/norm.cu, kiln_group_norm_*): one block per row of
-// one group's channels times the spatial positions, up to 1024 threads (the
-// rows are few and long: N * groups of them).
+// ---- GroupNorm (kernels/norm.cu): N * groups rows of one group's channels
+// times the spatial positions. Rows at least as many as the SMs: one block
+// per row, up to 1024 threads (kiln_group_norm_*). Fewer rows than SMs, each
+// longer than one chunk (kGroupNormChunk elements): the split path, a block
+// per (chunk, row) for the statistics (kiln_group_norm_stats_*, partial mean
+// and M2 per chunk), then a block per (chunk, row) that combines its row's
+// partials and normalizes the chunk (kiln_group_norm_apply_*): every SM busy
+// in both, x read twice. KILN_GROUP_NORM_SPLIT=0 / 1 forces the row kernel /
+// the split path wherever it applies (benchmarks compare the two).
+
+constexpr int64_t kGroupNormChunk = 4096;  // K_GN_CHUNK in norm.cu
 
 struct GroupNormPlan {
   int64_t rows = 0, groups = 1, n = 0, spatial = 1;
+  int64_t splits = 0;  // chunks per row on the split path; 0: the row kernel
   double eps = 1e-5;
   bool scale = false, bias = false;
 };
+
+// The split path's chunks per row for `rows` rows of `n` on `sm_count` SMs,
+// or 0 for the row kernel.
+int64_t GroupNormSplits(int64_t rows, int64_t n, int sm_count) {
+  const int64_t splits = (n + kGroupNormChunk - 1) / kGroupNormChunk;
+  // grid.y holds the rows; the kernels index a row with 32 bits, chunk ends included.
+  if (splits < 2 || rows > 65535 || n > int64_t{UINT32_MAX} - kGroupNormChunk) return 0;
+  const char* force = std::getenv("KILN_GROUP_NORM_SPLIT");
+  if (force != nullptr && (force[0] == '0' || force[0] == '1') && force[1] == '\0') {
+    return force[0] == '1' ? splits : 0;
+  }
+  return rows < std::max(sm_count, 1) ? splits : 0;
+}
 
 absl::StatusOr<GroupNormPlan> PlanGroupNorm(const KernelSpec& spec) {
   if (spec.inputs.empty() || spec.inputs.size() > 3 || spec.outputs.size() != 1) {
@@ -256,9 +280,14 @@ Claim SupportsGroupNorm(const CudaDevice&, const KernelSpec& spec) {
 
 class GroupNormKernel final : public CudaKernel {
  public:
-  GroupNormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, GroupNormPlan plan,
-                  std::string impl)
-      : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), plan_(plan) {}
+  // `split`: the split path's stats and apply kernels, vector (_v) and
+  // scalar (_s) forms; empty on the row kernel's plans.
+  GroupNormKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn,
+                  std::array<LoadedFunction, 4> split, GroupNormPlan plan, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        fn_(std::move(fn)),
+        split_(std::move(split)),
+        plan_(plan) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -269,6 +298,25 @@ class GroupNormKernel final : public CudaKernel {
     unsigned n = static_cast<unsigned>(plan_.n), spatial = static_cast<unsigned>(plan_.spatial);
     float eps = static_cast<float>(plan_.eps);
     int has_scale = plan_.scale, has_bias = plan_.bias;
+    if (plan_.splits > 0) {
+      if (partials_ == nullptr) {
+        // Owned by the kernel (a run context's kernels run one launch at a
+        // time), so a launch allocates nothing and a captured CUDA graph
+        // replays it as is.
+        KILN_ASSIGN_OR_RETURN(partials_, device_.Allocate(plan_.rows * plan_.splits * 8));
+      }
+      CUdeviceptr part = static_cast<CudaBuffer*>(partials_.get())->ptr();
+      const int64_t width = spec_.inputs[0].dtype == v1::DTYPE_F32 ? 4 : 8;
+      const bool vec = plan_.n % width == 0 && Aligned16({x, y});
+      unsigned splits = static_cast<unsigned>(plan_.splits);
+      const auto grid_y = static_cast<unsigned>(plan_.rows);
+      void* sargs[] = {&x, &part, &n, &splits};
+      KILN_RETURN_IF_ERROR(
+          LaunchKernel(s, split_[vec ? 0 : 2].fn, splits, grid_y, 1, 256, 0, sargs));
+      void* aargs[] = {&x,     &scale,   &bias, &y,   &part,      &groups,
+                       &n,     &spatial, &splits, &eps, &has_scale, &has_bias};
+      return LaunchKernel(s, split_[vec ? 1 : 3].fn, splits, grid_y, 1, 256, 0, aargs);
+    }
     void* args[] = {&x, &scale, &bias, &y, &rows, &groups, &n, &spatial, &eps, &has_scale,
                     &has_bias};
     const unsigned grid =
@@ -280,18 +328,34 @@ class GroupNormKernel final : public CudaKernel {
 
  private:
   LoadedFunction fn_;
+  std::array<LoadedFunction, 4> split_;  // stats_v, apply_v, stats_s, apply_s
   GroupNormPlan plan_;
+  std::unique_ptr<backend::Buffer> partials_;  // the split path's (mean, M2) per chunk
 };
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateGroupNorm(
     CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(GroupNormPlan plan, PlanGroupNorm(spec));
+  plan.splits = GroupNormSplits(plan.rows, plan.n, d.caps().sm_count);
   const std::string dt = DTypeSuffix(spec.inputs[0].dtype);
-  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "norm", KernelSource("norm.cu"),
+  const std::string source = KernelSource("norm.cu");
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "norm", source,
                                                         absl::StrCat("kiln_group_norm_", dt),
                                                         context));
+  std::array<LoadedFunction, 4> split;
+  if (plan.splits > 0) {
+    const char* names[] = {"stats_v_", "apply_v_", "stats_s_", "apply_s_"};
+    for (int i = 0; i < 4; ++i) {
+      KILN_ASSIGN_OR_RETURN(split[i],
+                            LoadFunction(d, "norm", source,
+                                         absl::StrCat("kiln_group_norm_", names[i], dt), context));
+    }
+  }
+  std::string impl = plan.splits > 0
+                         ? absl::StrCat("nvrtc:group_norm_split", plan.splits, "_", dt)
+                         : absl::StrCat("nvrtc:group_norm_", dt);
   return std::unique_ptr<backend::Kernel>(std::make_unique<GroupNormKernel>(
-      d, spec, std::move(fn), plan, absl::StrCat("nvrtc:group_norm_", dt)));
+      d, spec, std::move(fn), std::move(split), plan, std::move(impl)));
 }
 
 // ---- Softmax / LogSoftmax ----

@@ -1,7 +1,16 @@
 // Normalization: LayerNorm, RmsNorm, FusedResidualNorm and GroupNorm (norm.comp).
 // GroupNorm is the LayerNorm of rows of one group's channels times the
 // spatial positions ([N, C, spatial...] as [N * groups, C / groups * spatial]),
-// its scale and bias read per channel.
+// its scale and bias read per channel. Fewer rows than kGroupNormSplitRows,
+// each longer than one chunk (a workgroup's invocations times 16 elements):
+// group_norm.comp's split path, a workgroup per (chunk, row) for the
+// statistics (partial mean and M2 per chunk, in a scratch range), then a
+// workgroup per (chunk, row) that combines its row's partials and normalizes
+// its chunk: the device's compute units all busy, x read twice instead of
+// three times. KILN_GROUP_NORM_SPLIT=0 / 1 forces the workgroup-per-row form /
+// the split path wherever it applies (benchmarks compare the two).
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "backends/vulkan/vk_kernel.h"
 #include "base/status.h"
@@ -129,6 +138,70 @@ class NormKernel final : public VulkanKernel {
   NormPush push_;
 };
 
+struct GroupNormSplitPush {
+  uint32_t n, spatial, groups, splits;
+  float eps;
+};
+
+// Vulkan reports no compute-unit count: the split path serves up to this
+// many rows (a few per compute unit on a large GPU).
+constexpr int64_t kGroupNormSplitRows = 1024;
+constexpr int64_t kGroupNormPer = 16;  // PER in group_norm.comp
+
+// The split path's chunks per row, or 0 for norm.comp's workgroup per row.
+int64_t GroupNormSplits(const DeviceCaps& caps, int64_t rows, int64_t n, uint32_t wg) {
+  const int64_t chunk = int64_t{wg} * kGroupNormPer;
+  const int64_t splits = (n + chunk - 1) / chunk;
+  if (splits < 2 || rows > caps.max_workgroup_count[1] || splits > caps.max_workgroup_count[0] ||
+      rows * n > int64_t{UINT32_MAX} - chunk) {
+    return 0;
+  }
+  const char* force = std::getenv("KILN_GROUP_NORM_SPLIT");
+  if (force != nullptr && (force[0] == '0' || force[0] == '1') && force[1] == '\0') {
+    return force[0] == '1' ? splits : 0;
+  }
+  return rows < kGroupNormSplitRows ? splits : 0;
+}
+
+class GroupNormSplitKernel final : public VulkanKernel {
+ public:
+  GroupNormSplitKernel(VulkanDevice& d, const KernelSpec& spec,
+                       std::shared_ptr<const Pipeline> stats, std::shared_ptr<const Pipeline> apply,
+                       bool scale, bool bias, uint32_t rows, GroupNormSplitPush push,
+                       std::string impl)
+      : VulkanKernel(d, spec, std::move(impl)),
+        stats_(std::move(stats)),
+        apply_(std::move(apply)),
+        scale_(scale),
+        bias_(bias),
+        rows_(rows),
+        push_(push) {}
+
+ protected:
+  absl::Status Record(VulkanStream& s, std::span<const BufferBinding> in,
+                      std::span<const BufferBinding> out) override {
+    KILN_ASSIGN_OR_RETURN(BufferBinding part,
+                          s.Scratch(uint64_t{rows_} * push_.splits * 2 * sizeof(float)));
+    // Bindings: x, scale, bias, y, partials; absent ones get a dummy range.
+    const BufferBinding dummy = out[0];
+    BufferBinding b[5] = {in[0], dummy, dummy, out[0], part};
+    size_t next = 1;
+    if (scale_) b[1] = in[next++];
+    if (bias_) b[2] = in[next++];
+    // The statistics pass leaves y alone: bind the dummy range read-only.
+    BufferBinding sb[5] = {in[0], in[0], in[0], in[0], part};
+    KILN_RETURN_IF_ERROR(
+        s.Dispatch(*stats_, sb, 0b10000, &push_, sizeof(push_), push_.splits, rows_));
+    return s.Dispatch(*apply_, b, 0b01000, &push_, sizeof(push_), push_.splits, rows_);
+  }
+
+ private:
+  std::shared_ptr<const Pipeline> stats_, apply_;
+  bool scale_, bias_;
+  uint32_t rows_;
+  GroupNormSplitPush push_;
+};
+
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, const KernelSpec& spec,
                                                             backend::PrepareContext&) {
   KILN_ASSIGN_OR_RETURN(NormPlan plan, NormPlanFor(spec));
@@ -147,6 +220,19 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(VulkanDevice& d, con
   const uint32_t wg = Workgroup1D(d.caps());
   const bool sg = UseSubgroups(d.caps(), wg);
   const DType dt = spec.inputs[0].dtype;
+  if (const int64_t splits = plan.group ? GroupNormSplits(d.caps(), push.rows, push.n, wg) : 0;
+      splits > 0) {
+    const std::string variant = absl::StrCat("group_norm_", DTypeSuffix(dt), sg ? "_sg" : "");
+    KILN_ASSIGN_OR_RETURN(auto stats, EmbeddedPipeline(d, variant, 5, sizeof(GroupNormSplitPush),
+                                                       {wg, 0u, plan.scale, plan.bias}));
+    KILN_ASSIGN_OR_RETURN(auto apply, EmbeddedPipeline(d, variant, 5, sizeof(GroupNormSplitPush),
+                                                       {wg, 1u, plan.scale, plan.bias}));
+    const GroupNormSplitPush gp{push.n, push.spatial, push.groups, static_cast<uint32_t>(splits),
+                                push.eps};
+    return std::unique_ptr<backend::Kernel>(std::make_unique<GroupNormSplitKernel>(
+        d, spec, std::move(stats), std::move(apply), plan.scale, plan.bias, push.rows, gp,
+        absl::StrCat("spirv:group_norm_split", splits, "_", DTypeSuffix(dt))));
+  }
   const std::string variant = absl::StrCat("norm_", DTypeSuffix(dt), sg ? "_sg" : "");
   KILN_ASSIGN_OR_RETURN(auto pipeline, EmbeddedPipeline(d, variant, 6, sizeof(NormPush),
                                                         {wg, plan.rms, plan.residual, plan.emit_sum,

@@ -331,6 +331,12 @@ std::vector<Case> GroupNormCases() {
       {{1, 4, 50, 50}, 2, 2, 0, 0},    // groups longer than a workgroup
       {{2, 32, 64, 64}, 32, 2, 0, 0},  // large spatial, Stable-Diffusion-like groups
       {{1, 8, 96, 96}, 1, 2, 1e-6, 5},  // one group of 73728 elements
+      // The GPUs' split path (fewer rows than SMs / kGroupNormSplitRows, each
+      // longer than a chunk of 4096): 16-byte loads with the channel changing
+      // inside a vector (spatial 513), a partial last chunk...
+      {{1, 16, 19, 27}, 2, 2, 0, 3},
+      // ... and an odd row length (element loads) about a large mean.
+      {{1, 3, 41, 123}, 1, 2, 0, 100},
   };
   for (DType dt : ref::FloatTypes()) {
     for (size_t k = 0; k < specs.size(); ++k) {

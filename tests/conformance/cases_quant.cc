@@ -112,24 +112,28 @@ std::vector<HostTensor> DequantMatMulReference(const KernelSpec& spec,
 }
 
 // CompileOptions.allow_int8_activations as the CPU computes it
-// (backends/cpu/dequant_dot.h, docs/quantization.md): each row's 32 values
-// rounded in f32 (d = amax / 127, q = round-half-even(x * (1 / d)), q = 0 when
-// amax = 0), then x^ = d q (exact in f64) times the exact weights. The kernel
-// may differ from this only by its f32 accumulation.
+// (backends/cpu/dequant_dot.h, docs/quantization.md): each row rounded per
+// group of g values (g = 256 for q4_k / q5_k, llama.cpp's q8_K; 32 for the
+// others, q8_0), in f32 (d = amax / 127, q = round-half-even(x * (1 / d)),
+// q = 0 when amax = 0), then x^ = d q (exact in f64) times the exact weights.
+// The kernel may differ from this only by its f32 accumulation.
 std::vector<HostTensor> DequantMatMulInt8Reference(const KernelSpec& spec,
                                                    const std::vector<HostTensor>& in) {
   const int64_t k = in[0].dims().back();
+  const DType wt = in[1].dtype();
+  const int g = wt == v1::DTYPE_Q4_K || wt == v1::DTYPE_Q5_K ? 256 : 32;  // k is a multiple
   std::vector<double> x(in[0].num_elements());
-  for (int64_t b = 0; b * 32 < static_cast<int64_t>(x.size()); ++b) {
-    float v[32], amax = 0;
-    for (int i = 0; i < 32; ++i) {
-      v[i] = static_cast<float>(At(in[0], 32 * b + i));
+  std::vector<float> v(g);
+  for (int64_t b = 0; b * g < static_cast<int64_t>(x.size()); ++b) {
+    float amax = 0;
+    for (int i = 0; i < g; ++i) {
+      v[i] = static_cast<float>(At(in[0], g * b + i));
       amax = std::max(amax, std::fabs(v[i]));
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; ++i) {
-      x[32 * b + i] = static_cast<double>(d) * std::clamp(std::nearbyint(v[i] * id), -127.0f, 127.0f);
+    for (int i = 0; i < g; ++i) {
+      x[g * b + i] = static_cast<double>(d) * std::clamp(std::nearbyint(v[i] * id), -127.0f, 127.0f);
     }
   }
   return DequantMatMulOf(spec, x, in[1], k);

@@ -228,3 +228,145 @@ __device__ void group_norm_rows(const T* x, const T* scale, const T* bias, T* y,
 KILN_GROUP_NORM(f32, float)
 KILN_GROUP_NORM(f16, k_f16)
 KILN_GROUP_NORM(bf16, k_bf16)
+
+// GroupNorm's split path, for few long rows (N * groups below the device's
+// SM count: one block per row leaves most SMs idle and reads x three times).
+// A row is cut into chunks of K_GN_CHUNK elements, a block per (chunk, row)
+// (grid.x = splits, grid.y = rows), 256 threads holding 16 elements each in
+// registers. kiln_group_norm_stats_*: a chunk's mean about the row's shift
+// (its first value) and its M2 about that mean, both from the registers (two
+// passes, no cancellation), into part[row][split] = (mean, M2).
+// kiln_group_norm_apply_*: every block first combines its row's partials
+// (Chan's parallel formula: mean = sum(c_b mean_b) / n, M2 = sum(M2_b +
+// c_b (mean_b - mean)^2), in f32), then normalizes its chunk. y = ((x -
+// shift) - mean) * rstd (* scale + bias), the same arithmetic as the row
+// kernel's. x is read twice (once per kernel) instead of three times, and
+// both kernels cover every SM. The _v forms load 16-byte vectors (n a
+// multiple of K_VEC<T>::N and x, y 16-byte aligned: the host checks); the _s
+// forms one element at a time.
+#define K_GN_THREADS 256
+#define K_GN_PER 16
+#define K_GN_CHUNK (K_GN_THREADS * K_GN_PER)
+
+// Loads the chunk [c0, end) of the row at `base` into v (W consecutive
+// elements per load); valid[k] says whether load k was in range.
+template <typename T, int W>
+__device__ __forceinline__ void group_norm_load(const T* x, k_i64 base, unsigned c0, unsigned end,
+                                                float* v, bool* valid) {
+#pragma unroll
+  for (int k = 0; k < K_GN_PER / W; ++k) {
+    const unsigned j = c0 + (k * K_GN_THREADS + threadIdx.x) * W;
+    valid[k] = j < end;
+    if (!valid[k]) continue;
+    if (W == 1) {
+      v[k] = k_load(x, base + j);
+    } else {
+      k_ldv(x, base + j, v + k * W);
+    }
+  }
+}
+
+template <typename T, int W>
+__device__ void group_norm_stats(const T* x, float* part, unsigned n, unsigned splits) {
+  __shared__ float scratch[32];
+  const unsigned split = blockIdx.x;
+  const k_i64 row = blockIdx.y, base = row * n;
+  const unsigned c0 = split * K_GN_CHUNK, end = min(n, c0 + K_GN_CHUNK);
+  const float shift = k_load(x, base);
+  float v[K_GN_PER];
+  bool valid[K_GN_PER / W];
+  group_norm_load<T, W>(x, base, c0, end, v, valid);
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K_GN_PER / W; ++k) {
+    if (!valid[k]) continue;
+#pragma unroll
+    for (int l = 0; l < W; ++l) {
+      v[k * W + l] -= shift;
+      s += v[k * W + l];
+    }
+  }
+  const float mean = k_block_sum(s, scratch) / static_cast<float>(end - c0);
+  float q = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K_GN_PER / W; ++k) {
+    if (!valid[k]) continue;
+#pragma unroll
+    for (int l = 0; l < W; ++l) {
+      const float d = v[k * W + l] - mean;
+      q += d * d;
+    }
+  }
+  const float m2 = k_block_sum(q, scratch);
+  if (threadIdx.x == 0) {
+    part[2 * (row * splits + split)] = mean;
+    part[2 * (row * splits + split) + 1] = m2;
+  }
+}
+
+template <typename T, int W>
+__device__ void group_norm_apply(const T* x, const T* scale, const T* bias, T* y,
+                                 const float* part, k_i64 groups, unsigned n, unsigned spatial,
+                                 unsigned splits, float eps, int has_scale, int has_bias) {
+  __shared__ float scratch[32];
+  const unsigned split = blockIdx.x;
+  const k_i64 row = blockIdx.y, base = row * n;
+  const float* rp = part + 2 * row * splits;
+  float a = 0.0f;
+  for (unsigned b = threadIdx.x; b < splits; b += blockDim.x) {
+    const float c = static_cast<float>(min(n, (b + 1) * K_GN_CHUNK) - b * K_GN_CHUNK);
+    a += c * rp[2 * b];
+  }
+  const float mean = k_block_sum(a, scratch) / static_cast<float>(n);
+  float q = 0.0f;
+  for (unsigned b = threadIdx.x; b < splits; b += blockDim.x) {
+    const float c = static_cast<float>(min(n, (b + 1) * K_GN_CHUNK) - b * K_GN_CHUNK);
+    const float d = rp[2 * b] - mean;
+    q += rp[2 * b + 1] + c * d * d;
+  }
+  const float rstd = 1.0f / sqrtf(k_block_sum(q, scratch) / static_cast<float>(n) + eps);
+  const unsigned c0 = split * K_GN_CHUNK, end = min(n, c0 + K_GN_CHUNK);
+  const float shift = k_load(x, base);
+  float v[K_GN_PER];
+  bool valid[K_GN_PER / W];
+  group_norm_load<T, W>(x, base, c0, end, v, valid);
+  const k_i64 ch0 = (row % groups) * (n / spatial);
+#pragma unroll
+  for (int k = 0; k < K_GN_PER / W; ++k) {
+    if (!valid[k]) continue;
+    const unsigned j = c0 + (k * K_GN_THREADS + threadIdx.x) * W;
+    unsigned ch = j / spatial, at = j - ch * spatial;  // channel within the group, position
+    float o[W];
+#pragma unroll
+    for (int l = 0; l < W; ++l) {
+      float r = ((v[k * W + l] - shift) - mean) * rstd;
+      if (has_scale) r *= k_load(scale, ch0 + ch);
+      if (has_bias) r += k_load(bias, ch0 + ch);
+      o[l] = r;
+      if (++at == spatial) at = 0, ++ch;
+    }
+    if (W == 1) {
+      k_store(y, base + j, o[0]);
+    } else {
+      k_stv(y, base + j, o);
+    }
+  }
+}
+
+#define KILN_GROUP_NORM_SPLIT(S, T, F, W)                                                        \
+  extern "C" __global__ void __launch_bounds__(K_GN_THREADS) kiln_group_norm_stats_##F##_##S(    \
+      const T* x, float* part, unsigned n, unsigned splits) {                                    \
+    group_norm_stats<T, W>(x, part, n, splits);                                                 \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(K_GN_THREADS) kiln_group_norm_apply_##F##_##S(    \
+      const T* x, const T* scale, const T* bias, T* y, const float* part, k_i64 groups,         \
+      unsigned n, unsigned spatial, unsigned splits, float eps, int has_scale, int has_bias) {   \
+    group_norm_apply<T, W>(x, scale, bias, y, part, groups, n, spatial, splits, eps, has_scale, \
+                           has_bias);                                                           \
+  }
+KILN_GROUP_NORM_SPLIT(f32, float, s, 1)
+KILN_GROUP_NORM_SPLIT(f16, k_f16, s, 1)
+KILN_GROUP_NORM_SPLIT(bf16, k_bf16, s, 1)
+KILN_GROUP_NORM_SPLIT(f32, float, v, 4)
+KILN_GROUP_NORM_SPLIT(f16, k_f16, v, 8)
+KILN_GROUP_NORM_SPLIT(bf16, k_bf16, v, 8)

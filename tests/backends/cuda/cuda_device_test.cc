@@ -698,6 +698,82 @@ TEST_F(CudaDeviceTest, VectorizedKernelsMatchAlignedOrNot) {
 }
 
 
+// GroupNorm with fewer rows (N * groups) than SMs, each longer than a chunk:
+// the split path (partial statistics per chunk, then combine and normalize),
+// 16-byte loads when aligned and element loads when not, against an f64
+// reference; the channel changes inside a vector (spatial 513), the last
+// chunk is partial and x has a large mean. KILN_GROUP_NORM_SPLIT=0 gives the
+// row kernel the same answer.
+TEST_F(CudaDeviceTest, GroupNormSplitPathMatchesAReference) {
+  const int64_t groups = 2;
+  for (DType dt : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    for (const Dims& dims : {Dims{1, 16, 19, 27}, Dims{2, 4, 9, 1001}}) {
+      const int64_t c = dims[1], count = Count(dims), rows = dims[0] * groups;
+      const int64_t n = count / rows, spatial = n / (c / groups);
+      KernelSpec s;
+      s.name = s.label = "group_norm";
+      s.op = v1::OP_GROUP_NORM;
+      s.attrs.mutable_group_norm()->set_groups(groups);
+      s.inputs = {{dt, dims}, {dt, {c}}, {dt, {c}}};
+      s.outputs = {{dt, dims}};
+      std::vector<std::vector<double>> vals = {Random(dt, count, 7), Random(dt, c, 8),
+                                               Random(dt, c, 9)};
+      for (double& v : vals[0]) v = Decode(dt, Encode(dt, {40 + 2 * v}).data());
+      for (double& v : vals[1]) v = Decode(dt, Encode(dt, {1 + 0.5 * v}).data());
+      std::vector<double> want(count);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* x = vals[0].data() + r * n;
+        double mean = 0, sq = 0;
+        for (int64_t j = 0; j < n; ++j) mean += x[j];
+        mean /= n;
+        for (int64_t j = 0; j < n; ++j) sq += (x[j] - mean) * (x[j] - mean);
+        const double rstd = 1 / std::sqrt(sq / n + 1e-5);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t ch = r % groups * (c / groups) + j / spatial;
+          want[r * n + j] = (x[j] - mean) * rstd * vals[1][ch] + vals[2][ch];
+        }
+      }
+      for (const char* force : {"", "0"}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dt), " ", dims[3], " KILN_GROUP_NORM_SPLIT=", force));
+        if (*force) {
+          setenv("KILN_GROUP_NORM_SPLIT", force, 1);
+        } else {
+          unsetenv("KILN_GROUP_NORM_SPLIT");
+        }
+        backend::PrepareContext ctx;
+        auto k = dev_->PrepareKernel(s, ctx);
+        unsetenv("KILN_GROUP_NORM_SPLIT");
+        ASSERT_TRUE(k.ok()) << k.status();
+        EXPECT_EQ((*k)->implementation().find("group_norm_split") != std::string::npos, !*force)
+            << (*k)->implementation();
+        const int64_t es = ElementSize(dt);
+        for (int64_t shift : {int64_t{0}, 2 * es}) {  // 16-byte aligned or not
+          SCOPED_TRACE(absl::StrCat("offset ", shift));
+          std::vector<std::unique_ptr<backend::Buffer>> bufs;
+          std::vector<backend::BufferView> ins;
+          for (const auto& v : vals) {
+            std::vector<char> bytes(shift, 0);
+            const std::vector<char> enc = Encode(dt, v);
+            bytes.insert(bytes.end(), enc.begin(), enc.end());
+            bufs.push_back(Upload(bytes.data(), static_cast<int64_t>(bytes.size())));
+            ins.push_back({bufs.back().get(), shift, static_cast<int64_t>(enc.size())});
+          }
+          auto out = dev_->Allocate(count * es + shift);
+          ASSERT_TRUE(out.ok()) << out.status();
+          const std::vector<backend::BufferView> outs = {{out->get(), shift, count * es}};
+          ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+          const std::vector<char> got = Download(**out, count * es, shift);
+          const double tol = dt == v1::DTYPE_BF16 ? 1.0 / 128 : 1e-5;
+          for (int64_t e = 0; e < count; ++e) {
+            ASSERT_NEAR(Decode(dt, &got[e * es]), want[e], tol * (1 + std::fabs(want[e])))
+                << "element " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Attention on every path (tensor-core flash for f16/bf16 head dims 64 and
 // 128, split-K decoding, the row kernel) against an f64 reference of the
 // inputs as stored: every mask kind, GQA, custom scale, softcap, a

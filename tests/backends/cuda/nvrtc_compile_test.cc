@@ -91,6 +91,10 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
   for (const char* dt : floats) {
     wanted.push_back({"norm.cu", absl::StrCat("kiln_norm_", dt)});
     wanted.push_back({"norm.cu", absl::StrCat("kiln_group_norm_", dt)});
+    // GroupNorm's split path: statistics and apply, vector and element loads.
+    for (const char* k : {"stats_v_", "apply_v_", "stats_s_", "apply_s_"}) {
+      wanted.push_back({"norm.cu", absl::StrCat("kiln_group_norm_", k, dt)});
+    }
     wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_", dt)});
     for (const char* shape : {"rows_", "cols_"}) {
       wanted.push_back({"softmax.cu", absl::StrCat("kiln_softmax_", shape, dt)});

@@ -185,8 +185,9 @@ TEST(QuantEngineTest, GgufWeightFeedsDequantMatMul) {
 // the CPU's DequantMatMul takes the int8 path (the dispatch report names it),
 // also when the executable comes back from the disk cache, and the result stays
 // within the derived budget of the exact product. Rounding x to x^ = d q with
-// d = amax / 127 per 32 values moves each value by at most d / 2 = amax / 254,
-// so |y^ - y| <= sum_j |w_j| amax_b(j) / 254 (docs/quantization.md).
+// d = amax / 127 per group of g values (256 for q4_k / q5_k, 32 for the others)
+// moves each value by at most d / 2 = amax / 254, so |y^ - y| <= sum_j |w_j|
+// amax_b(j) / 254, amax_b(j) the largest |x| of j's group (docs/quantization.md).
 TEST(QuantEngineTest, Int8ActivationsOwnKeyAndPathWithinDerivedBudget) {
   constexpr int64_t kK = 512, kN = 24;
   const std::string dir = ::testing::TempDir() + "/quant_engine_int8_" + std::to_string(::getpid());
@@ -259,11 +260,12 @@ TEST(QuantEngineTest, Int8ActivationsOwnKeyAndPathWithinDerivedBudget) {
     int moved = 0;
     for (int64_t n = 0; n < kN; ++n) {
       double want = 0, bound = 0, scale = 0;
-      for (int64_t b = 0; b < kK / 32; ++b) {
+      const int64_t g = dtype == v1::DTYPE_Q4_K || dtype == v1::DTYPE_Q5_K ? 256 : 32;
+      for (int64_t b = 0; b < kK / g; ++b) {
         float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xv[32 * b + i]));
-        for (int i = 0; i < 32; ++i) {
-          const int64_t j = 32 * b + i;
+        for (int i = 0; i < g; ++i) amax = std::max(amax, std::fabs(xv[g * b + i]));
+        for (int i = 0; i < g; ++i) {
+          const int64_t j = g * b + i;
           want += xv[j] * wd[n * kK + j];
           bound += std::fabs(wd[n * kK + j]) * amax / 254;
           scale += std::fabs(xv[j] * wd[n * kK + j]);
