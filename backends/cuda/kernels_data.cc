@@ -363,7 +363,8 @@ class GatherKernel final : public CudaKernel {
         axis_size_(axis_size),
         inner_(inner) {}
 
-  bool capturable() const override { return false; }  // an error slot per launch
+  // Capturable: a captured launch's error slot is the graph's own, decoded
+  // after each replay (CudaStream::ReserveErrorSlot).
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,

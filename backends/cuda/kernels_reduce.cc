@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/reduce_plan.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -163,6 +164,15 @@ class ReduceKernel final : public CudaKernel {
   ReduceKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn, ReducePlan plan,
                std::string impl)
       : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), plan_(plan) {}
+  // Columns through the split kernel (reduce_plan.h), `finish` folding the
+  // partials when there is more than one split.
+  ReduceKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction split, LoadedFunction finish,
+               ReducePlan plan, ColumnReducePlan columns, std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        fn_(std::move(split)),
+        finish_(std::move(finish)),
+        plan_(plan),
+        columns_(columns) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -170,6 +180,20 @@ class ReduceKernel final : public CudaKernel {
     CUdeviceptr x = in[0], y = out[0];
     int64_t outer = plan_.outer, r = plan_.r, inner = plan_.inner;
     int kind = plan_.kind;
+    if (columns_.split) {
+      int64_t splits = columns_.splits;
+      CUdeviceptr part = 0;
+      if (columns_.partial_bytes > 0) {
+        KILN_ASSIGN_OR_RETURN(part, s.Workspace(columns_.partial_bytes));
+      }
+      void* args[] = {&x, &y, &part, &outer, &r, &inner, &splits, &kind};
+      KILN_RETURN_IF_ERROR(LaunchKernel(s, fn_.fn, static_cast<unsigned>(columns_.tiles),
+                                        static_cast<unsigned>(splits), 1, 256, 0, args));
+      if (splits == 1) return absl::OkStatus();
+      void* fargs[] = {&part, &y, &outer, &r, &inner, &splits, &kind};
+      return LaunchKernel(s, finish_.fn, GridFor(device_.caps(), outer * inner, 256), 1, 1, 256, 0,
+                          fargs);
+    }
     if (inner == 1) {
       void* args[] = {&x, &y, &outer, &r, &kind};
       const unsigned grid =
@@ -181,8 +205,9 @@ class ReduceKernel final : public CudaKernel {
   }
 
  private:
-  LoadedFunction fn_;
+  LoadedFunction fn_, finish_;
   ReducePlan plan_;
+  ColumnReducePlan columns_;
 };
 
 class ReduceGenKernel final : public CudaKernel {
@@ -216,6 +241,23 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateReduce(CudaDevice& d, con
   const std::string kind =
       absl::AsciiStrToLower(v1::ReduceKind_Name(spec.attrs.reduce().kind()).substr(7));
   absl::StatusOr<ReducePlan> plan = PlanReduce(spec);
+  if (plan.ok() && IsFloat(dtype) && plan->inner > 1) {
+    const ColumnReducePlan columns =
+        PlanColumnReduce(plan->outer, plan->r, plan->inner, d.caps().sm_count);
+    if (columns.split && columns.tiles <= d.caps().max_grid_x) {
+      KILN_ASSIGN_OR_RETURN(
+          LoadedFunction split,
+          LoadFunction(d, "reduce", KernelSource("reduce.cu"),
+                       absl::StrCat("kiln_reduce_cols_split_", dt), context));
+      KILN_ASSIGN_OR_RETURN(
+          LoadedFunction finish,
+          LoadFunction(d, "reduce", KernelSource("reduce.cu"),
+                       absl::StrCat("kiln_reduce_cols_finish_", dt), context));
+      return std::unique_ptr<backend::Kernel>(std::make_unique<ReduceKernel>(
+          d, spec, std::move(split), std::move(finish), *plan, columns,
+          absl::StrCat("nvrtc:reduce_", kind, "_", dt, "_cols_split", columns.splits)));
+    }
+  }
   if (plan.ok() && IsFloat(dtype)) {
     const std::string fn_name =
         absl::StrCat("kiln_reduce_", plan->inner == 1 ? "rows_" : "cols_", dt);

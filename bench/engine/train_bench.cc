@@ -10,9 +10,12 @@
 // --export DIR, which writes the initial params, the batch and Kiln's losses
 // (DIR/manifest.json, DIR/<name>.npy) for bench/gpu/torch_train_gpt.py.
 // --report prints each kernel's median time over the steps (the dispatch
-// report) to stderr, slowest first.
+// report) to stderr, slowest first. --cuda_graphs auto|on|off is
+// CompileOptions.cuda_graphs (auto: kilnd's default); the JSON's
+// graph_replays counts the steps that replayed one captured CUDA graph.
 //   kiln_train_bench [--model mlp] [--steps 40] [--threads 2] [--device cpu:0]
 //                    [--graph FILE] [--batch N] [--export DIR] [--report]
+//                    [--cuda_graphs auto]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,6 +34,7 @@
 #include "engine/engine.h"
 #include "engine/io/npy.h"
 #include "engine/ir/text.h"
+#include "engine/runtime/program.h"
 
 namespace kiln {
 namespace {
@@ -106,6 +110,7 @@ int Main(int argc, char** argv) {
   int steps = 40, threads = 2;
   int64_t batch = 32;
   bool report = false;
+  v1::CudaGraphs cuda_graphs = v1::CUDA_GRAPHS_AUTO;
   std::string model = "mlp", device = "cpu:0", graph_path = "examples/char_gpt/char_gpt.kiln",
               export_dir;
   for (int i = 1; i < argc; ++i) {
@@ -123,6 +128,14 @@ int Main(int argc, char** argv) {
     if (flag == "--device") device = value;
     if (flag == "--graph") graph_path = value;
     if (flag == "--export") export_dir = value;
+    if (flag == "--cuda_graphs") {
+      if (value != "auto" && value != "on" && value != "off") {
+        return Fail(absl::InvalidArgumentError("--cuda_graphs is auto, on or off"));
+      }
+      cuda_graphs = value == "on"    ? v1::CUDA_GRAPHS_ON
+                    : value == "off" ? v1::CUDA_GRAPHS_OFF
+                                     : v1::CUDA_GRAPHS_AUTO;
+    }
   }
   std::string text;
   if (model == "mlp") {
@@ -147,6 +160,7 @@ int Main(int argc, char** argv) {
   if (!graph.ok()) return Fail(graph.status());
   CompileOptions co;
   co.device = device;
+  co.cuda_graphs = cuda_graphs;
   co.transforms.mutable_training()->set_loss("loss");
   co.transforms.mutable_training()->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
   co.transforms.mutable_training()->mutable_optimizer()->set_lr(1e-3);
@@ -230,11 +244,17 @@ int Main(int argc, char** argv) {
   for (size_t i = 0; i < losses.size(); ++i) {
     absl::StrAppend(&loss_list, i ? ", " : "", absl::StrFormat("%.9g", losses[i]));
   }
+  // CUDA graphs: how many steps replayed one captured graph (-1: not a Program).
+  int64_t graph_replays = -1;
+  if (const auto* program = dynamic_cast<const runtime::Program*>(exe->executable.get())) {
+    graph_replays = program->context_stats().graph_replays;
+  }
   const std::string json = absl::StrFormat(
       "{\"bench\": \"train_step_inproc\", \"model\": \"%s\", \"device\": \"%s\", \"threads\": "
-      "%d, \"batch\": %d, \"steps\": %d, \"median_ms\": %.4f, \"losses\": [%s]}",
+      "%d, \"batch\": %d, \"steps\": %d, \"median_ms\": %.4f, \"graph_replays\": %d, "
+      "\"losses\": [%s]}",
       model, device, threads, static_cast<int>(sig.inputs.empty() ? 0 : DimsOf(sig.inputs[0].type)[0]),
-      steps, median, loss_list);
+      steps, median, static_cast<int>(graph_replays), loss_list);
   std::printf("%s\n", json.c_str());
   if (!export_dir.empty()) std::ofstream(export_dir + "/kiln.json") << json << "\n";
   return 0;

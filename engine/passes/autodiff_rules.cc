@@ -194,7 +194,20 @@ absl::Status MatMulVjp(Builder& b, const ir::Node& n, ValueRef g, const std::vec
     da = b.SumTo(da, b.T(f.a).dims);
     grads[0] = b.Reshape(da, b.T(n.operands[0]).dims);
   }
-  if (need[1]) {
+  const IrDims a_dims = b.T(f.a).dims;  // a copy: new nodes may move the types
+  if (need[1] && !f.ta && b.T(f.b).rank() == 2 && a_dims.size() > 2 &&
+      std::all_of(a_dims.begin(), a_dims.end(), [](int64_t d) { return d >= 0; })) {
+    // x @ W with a batched x [.., M, K] and a shared W: the batch is more
+    // rows of one product, dW_eff = x[-1, K]^T @ g[-1, N], rather than a
+    // batched product [.., K, N] summed over the batch (a buffer the batch's
+    // size, and a reduction over it).
+    const int64_t n_cols = b.T(f.g).dims.back();
+    const int64_t rows = Product(a_dims, 0, a_dims.size() - 1);
+    ValueRef a2 = b.Reshape(f.a, {rows, a_dims.back()});
+    ValueRef g2 = b.Reshape(f.g, {rows, n_cols});
+    ValueRef db = f.tb ? b.r().MatMul(g2, a2, true, false) : b.r().MatMul(a2, g2, true, false);
+    grads[1] = b.Reshape(db, b.T(n.operands[1]).dims);
+  } else if (need[1]) {
     // dB_eff = A_eff^T @ g.
     ValueRef db = f.tb ? b.r().MatMul(f.g, f.a, true, f.ta) : b.r().MatMul(f.a, f.g, !f.ta, false);
     db = b.SumTo(db, b.T(f.b).dims);
@@ -418,20 +431,19 @@ v1::ConvAttrs ConvAttrsOf(const ConvShape& c) {
   return a;
 }
 
-// Input channels from which the CPU's backward-weights kernel beats the
-// transposed forward conv (docs/benchmarks.md, train9d: not with 1).
-constexpr int64_t kNativeWeightGradMinChannels = 4;
-
 // One group's weight gradient: kiln.conv2d_backward_weights where `native`,
-// the op is registered (the CPU backend is linked), the conv is 2-D with 4 or
-// more input channels and f32 / f16 / bf16; else the correlation of x
-// (channels as the batch) with g (the batch as channels), stride and
-// dilation swapped, cropped to the kernel and transposed back.
+// the op is registered (the CPU backend is linked), the conv is 2-D and
+// f32 / f16 / bf16, whatever its input channels (a first layer's one
+// channel included: the op reads x and g as they lie, where the form below
+// transposes both, g at the layer's full size, and slices and transposes
+// the result). Else the correlation of x (channels as the batch) with g
+// (the batch as channels), stride and dilation swapped, cropped to the
+// kernel and transposed back.
 ValueRef ConvWeightGrad(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, ValueRef g,
                         bool native) {
   const IrDims wd = b.T(w).dims;
   const DType dt = b.T(x).dtype;
-  if (native && c.sp == 2 && b.T(x).dims[1] >= kNativeWeightGradMinChannels &&
+  if (native && c.sp == 2 &&
       (dt == v1::DTYPE_F32 || dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16) &&
       CustomOpRegistry::Global().Find(kConvBackwardWeightsOp) != nullptr) {
     v1::Attrs a;

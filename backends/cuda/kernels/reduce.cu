@@ -56,6 +56,65 @@ __device__ void reduce_cols(const T* x, T* y, k_i64 outer, k_i64 r, k_i64 inner,
   }
 }
 
+// Columns with few outputs and a long reduced dim (a bias gradient: [64]
+// from [16384, 64]): the serial loop above would give each of 64 threads
+// 16384 dependent steps. Here a block of 256 threads (32 x 8) takes 32
+// adjacent columns of one outer index (coalesced along inner) and one of
+// `splits` contiguous slices of r; its 8 rows of threads stride over the
+// slice and fold in a fixed order through shared memory. With splits == 1 the block
+// writes y; else it writes its f32 partial to part[(o * splits + s) * inner
+// + col] and reduce_cols_finish folds the splits, in order. Deterministic.
+// Grid: x = outer * ceil(inner / 32) tiles, y = splits.
+template <typename T>
+__device__ void reduce_cols_split(const T* x, T* y, float* part, k_i64 outer, k_i64 r,
+                                  k_i64 inner, k_i64 splits, int kind) {
+  __shared__ float tile[8][33];
+  const unsigned tx = threadIdx.x & 31u, ty = threadIdx.x >> 5;  // 256 threads: 32 x 8
+  const k_i64 tiles_per_outer = (inner + 31) / 32;
+  const k_i64 o = static_cast<k_i64>(blockIdx.x) / tiles_per_outer;
+  const k_i64 col = (static_cast<k_i64>(blockIdx.x) % tiles_per_outer) * 32 + tx;
+  const k_i64 s = blockIdx.y;
+  const k_i64 chunk = (r + splits - 1) / splits;
+  const k_i64 lo = s * chunk, hi = lo + chunk < r ? lo + chunk : r;
+  float acc = reduce_init(kind);
+  if (o < outer && col < inner) {
+    const T* base = x + o * r * inner + col;
+    k_i64 j = lo + ty;
+    // Four independent loads in flight per thread, folded in row order.
+    for (; j + 24 < hi; j += 32) {
+      const float a0 = k_load(base, j * inner), a1 = k_load(base, (j + 8) * inner);
+      const float a2 = k_load(base, (j + 16) * inner), a3 = k_load(base, (j + 24) * inner);
+      acc = reduce_step(kind, reduce_step(kind, reduce_step(kind, reduce_step(kind, acc, a0), a1), a2), a3);
+    }
+    for (; j < hi; j += 8) acc = reduce_step(kind, acc, k_load(base, j * inner));
+  }
+  tile[ty][tx] = acc;
+  __syncthreads();
+  if (ty != 0 || o >= outer || col >= inner) return;
+  float v = tile[0][tx];
+  for (int t = 1; t < 8; ++t) v = reduce_step(kind, v, tile[t][tx]);
+  if (splits > 1) {
+    part[(o * splits + s) * inner + col] = v;
+    return;
+  }
+  if (kind == 1) v /= static_cast<float>(r);
+  k_store(y, o * inner + col, v);
+}
+
+template <typename T>
+__device__ void reduce_cols_finish(const float* part, T* y, k_i64 outer, k_i64 r, k_i64 inner,
+                                   k_i64 splits, int kind) {
+  const k_i64 total = outer * inner;
+  for (k_i64 t = static_cast<k_i64>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<k_i64>(gridDim.x) * blockDim.x) {
+    const float* p = part + (t / inner) * splits * inner + t % inner;
+    float v = p[0];
+    for (k_i64 s = 1; s < splits; ++s) v = reduce_step(kind, v, p[s * inner]);
+    if (kind == 1) v /= static_cast<float>(r);
+    k_store(y, t, v);
+  }
+}
+
 #define KILN_REDUCE(S, T)                                                                    \
   extern "C" __global__ void kiln_reduce_rows_##S(const T* x, T* y, k_i64 outer, k_i64 r,    \
                                                   int kind) {                                \
@@ -64,6 +123,16 @@ __device__ void reduce_cols(const T* x, T* y, k_i64 outer, k_i64 r, k_i64 inner,
   extern "C" __global__ void kiln_reduce_cols_##S(const T* x, T* y, k_i64 outer, k_i64 r,    \
                                                   k_i64 inner, int kind) {                   \
     reduce_cols<T>(x, y, outer, r, inner, kind);                                             \
+  }                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256) kiln_reduce_cols_split_##S(              \
+      const T* x, T* y, float* part, k_i64 outer, k_i64 r, k_i64 inner, k_i64 splits,        \
+      int kind) {                                                                            \
+    reduce_cols_split<T>(x, y, part, outer, r, inner, splits, kind);                         \
+  }                                                                                          \
+  extern "C" __global__ void kiln_reduce_cols_finish_##S(const float* part, T* y,            \
+                                                         k_i64 outer, k_i64 r, k_i64 inner,  \
+                                                         k_i64 splits, int kind) {           \
+    reduce_cols_finish<T>(part, y, outer, r, inner, splits, kind);                           \
   }
 KILN_REDUCE(f32, float)
 KILN_REDUCE(f16, k_f16)
