@@ -44,7 +44,9 @@ v1::TrainStepResponse Parse(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(b.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
   v1::TrainStepResponse r;
   EXPECT_TRUE(r.ParseFromString(bytes));
   return r;
