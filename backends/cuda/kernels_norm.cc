@@ -213,8 +213,8 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateNorm(CudaDevice& d, const
 
 // ---- GroupNorm (kernels/norm.cu): N * groups rows of one group's channels
 // times the spatial positions. Rows at least as many as the SMs: one block
-// per row, up to 1024 threads (kiln_group_norm_*). Fewer rows than SMs, each
-// longer than one chunk (kGroupNormChunk elements): the split path, a block
+// per row, up to 1024 threads (kiln_group_norm_*). Fewer rows than twice the
+// SMs, each longer than one chunk (kGroupNormChunk elements): the split path, a block
 // per (chunk, row) for the statistics (kiln_group_norm_stats_*, partial mean
 // and M2 per chunk), then a block per (chunk, row) that combines its row's
 // partials and normalizes the chunk (kiln_group_norm_apply_*): every SM busy
@@ -240,7 +240,9 @@ int64_t GroupNormSplits(int64_t rows, int64_t n, int sm_count) {
   if (force != nullptr && (force[0] == '0' || force[0] == '1') && force[1] == '\0') {
     return force[0] == '1' ? splits : 0;
   }
-  return rows < std::max(sm_count, 1) ? splits : 0;
+  // On an H100 (132 SMs) the split path is 2-7x faster at 32-64 rows and ~10%
+  // at 256 rows of 25088 (docs/benchmarks.md, "kern10").
+  return rows < 2 * std::max(sm_count, 1) ? splits : 0;
 }
 
 absl::StatusOr<GroupNormPlan> PlanGroupNorm(const KernelSpec& spec) {

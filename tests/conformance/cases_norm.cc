@@ -331,7 +331,7 @@ std::vector<Case> GroupNormCases() {
       {{1, 4, 50, 50}, 2, 2, 0, 0},    // groups longer than a workgroup
       {{2, 32, 64, 64}, 32, 2, 0, 0},  // large spatial, Stable-Diffusion-like groups
       {{1, 8, 96, 96}, 1, 2, 1e-6, 5},  // one group of 73728 elements
-      // The GPUs' split path (fewer rows than SMs / kGroupNormSplitRows, each
+      // The GPUs' split path (fewer rows than twice the SMs / kGroupNormSplitRows, each
       // longer than a chunk of 4096): 16-byte loads with the channel changing
       // inside a vector (spatial 513), a partial last chunk...
       {{1, 16, 19, 27}, 2, 2, 0, 3},

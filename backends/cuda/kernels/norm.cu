@@ -229,8 +229,8 @@ KILN_GROUP_NORM(f32, float)
 KILN_GROUP_NORM(f16, k_f16)
 KILN_GROUP_NORM(bf16, k_bf16)
 
-// GroupNorm's split path, for few long rows (N * groups below the device's
-// SM count: one block per row leaves most SMs idle and reads x three times).
+// GroupNorm's split path, for few long rows (N * groups below twice the SM
+// count: one block per row leaves SMs idle and reads x three times).
 // A row is cut into chunks of K_GN_CHUNK elements, a block per (chunk, row)
 // (grid.x = splits, grid.y = rows), 256 threads holding 16 elements each in
 // registers. kiln_group_norm_stats_*: a chunk's mean about the row's shift

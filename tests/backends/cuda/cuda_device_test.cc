@@ -698,8 +698,8 @@ TEST_F(CudaDeviceTest, VectorizedKernelsMatchAlignedOrNot) {
 }
 
 
-// GroupNorm with fewer rows (N * groups) than SMs, each longer than a chunk:
-// the split path (partial statistics per chunk, then combine and normalize),
+// GroupNorm with fewer rows (N * groups) than twice the SMs, each longer than
+// a chunk: the split path (partial statistics per chunk, then combine and normalize),
 // 16-byte loads when aligned and element loads when not, against an f64
 // reference; the channel changes inside a vector (spatial 513), the last
 // chunk is partial and x has a large mean. KILN_GROUP_NORM_SPLIT=0 gives the
