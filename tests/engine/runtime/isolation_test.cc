@@ -269,6 +269,22 @@ TEST(DeviceIsolation, HostArenaCarriesRunInputsAndOutputsByReference) {
     EXPECT_EQ(arena->stats().direct_copies - before.direct_copies,
               dst == elsewhere.data() ? 1 : 2);
   }
+  // A full arena: large HostTensors come from the heap (a miss), and a run's
+  // fresh output too, through staging; the bytes are the same.
+  std::vector<void*> filler;
+  for (int64_t chunk : {int64_t{64} << 20, int64_t{1} << 20}) {
+    while (void* p = arena->Allocate(chunk)) filler.push_back(p);
+  }
+  const HostArena::Stats now = arena->stats();
+  auto heap = HostTensor::CreateUninitialized(v1::DTYPE_F32, {kRows, kCols});
+  ASSERT_TRUE(heap.ok());
+  EXPECT_FALSE(arena->Contains(heap->data()));
+  EXPECT_GT(arena->stats().misses, now.misses);
+  auto r = engine->Run(*exe, inputs, nullptr, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(arena->Contains(r->outputs[0].second.data()));
+  EXPECT_TRUE(check(r->outputs[0].second.data_as<float>()));
+  for (void* p : filler) EXPECT_TRUE(arena->Release(p));
 }
 
 }  // namespace
