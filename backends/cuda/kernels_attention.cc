@@ -251,6 +251,13 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   return c;
 }
 
+std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block) {
+  const std::string dt = DTypeSuffix(dtype);
+  return absl::StrCat(KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
+                      dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
+                      rows_per_block, ")\n");
+}
+
 int64_t FlashSharedBytes(int64_t head_dim) {
   return int64_t{3} * kFlashTile * (head_dim + 8) * 2;
 }
@@ -503,9 +510,11 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
       vec_rows = DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
-      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, "attention", KernelSource("attention.cu"),
-                                              absl::StrCat("kiln_attention_decode16_", dt, "_d",
-                                                           p.D, "_r", vec_rows),
+      // Its own module per variant: a prepare compiles only the one it runs.
+      const std::string variant = absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
+      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
+                                              DecodeAttentionSource(dtype, p.D, vec_rows),
+                                              absl::StrCat("kiln_attention_decode16_", variant),
                                               context));
       KILN_RETURN_IF_ERROR(d.Enter());
       KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, vec.fn, 32 * kDecodeWarps));
