@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "backends/cuda/cuda_device.h"
 #include "base/dtype.h"
@@ -35,6 +36,11 @@ constexpr int kDecodeWarps = 4;
 // R for `group_rows` = (Hq / Hkv) * Sq rows per kv head: the smallest power
 // of two that holds them, at most 8 (more rows take several tiles).
 int DecodeRowsPerBlock(int64_t group_rows);
+
+// The source of the 16-byte decode kernel for f16 or bf16 `dtype`, head dim
+// D in {64, 128, 256} and R rows per block: kernels/attention_decode.cu and
+// one instantiation, entry point kiln_attention_decode16_<dt>_d<D>_r<R>.
+std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block);
 
 // The keys one pass of the block's warps takes (kDecodeWarps x keys per warp
 // step x steps in flight), for head dim D and R rows per block.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/backend.h"
 #include "backends/common/elementwise_region.h"
+#include "backends/cuda/attention_plan.h"
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_kernel.h"
@@ -124,18 +125,11 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     }
     wanted.push_back({"pad.cu", absl::StrCat("kiln_pad_e", e)});
   }
-  // The split-K decode path: the scalar pair and the 16-byte kernel per head dim.
+  // The split-K decode path: the scalar pair and the combine (the 16-byte
+  // kernel's variants are modules of their own: DecodeVariantsCompile).
   for (const char* dt : floats) {
     wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_split_", dt)});
     wanted.push_back({"attention.cu", absl::StrCat("kiln_attention_combine_", dt)});
-  }
-  for (const char* dt : {"f16", "bf16"}) {
-    for (const char* d : {"64", "128", "256"}) {
-      for (const char* r : {"1", "2", "4", "8"}) {
-        wanted.push_back(
-            {"attention.cu", absl::StrCat("kiln_attention_decode16_", dt, "_d", d, "_r", r)});
-      }
-    }
   }
   for (const char* d : {"64", "128"}) {
     wanted.push_back({"attention_tiled.cu", absl::StrCat("kiln_attention_tiled_f32_d", d)});
@@ -160,6 +154,27 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     }
     // Symbol names are NUL-terminated in the ELF string table.
     EXPECT_NE(cubins[source].find(entry + '\0'), std::string::npos) << source << ": " << entry;
+  }
+}
+
+// The 16-byte decode kernel is a module per (dtype, head dim, rows per
+// block): each variant's source compiles and holds its entry point.
+TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
+  for (DType dt : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (int64_t d : {64, 128, 256}) {
+      for (int r : {1, 2, 4, 8}) {
+        const std::string entry =
+            absl::StrCat("kiln_attention_decode16_", DTypeName(dt), "_d", d, "_r", r);
+        absl::StatusOr<std::string> cubin =
+            CompileCubin(entry, DecodeAttentionSource(dt, d, r), kArch);
+        ASSERT_TRUE(cubin.ok()) << cubin.status();
+        EXPECT_NE(cubin->find(entry + '\0'), std::string::npos) << entry;
+        // One entry point per module: no other variant rides along.
+        EXPECT_EQ(cubin->find(absl::StrCat("kiln_attention_decode16_", DTypeName(dt), "_d", d,
+                                           "_r", r == 1 ? 2 : 1, std::string(1, '\0'))),
+                  std::string::npos);
+      }
+    }
   }
 }
 
