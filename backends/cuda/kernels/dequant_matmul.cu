@@ -9,7 +9,7 @@
 //   batches): a block of warps per 2 weight rows, splitting K; 16-byte
 //   loads of the blocks and of x; each weight decoded once in registers
 //   (about two instructions, no int-to-float conversion) for up to MR rows
-//   of x. The section "The matvec kernel" below has the details.
+//   of x (MR = 1, 4, 8). "The matvec kernel" below has the details.
 // - kiln_dequant_matmul_<w>_<x>: any M and either layout: 32 x 64 tiles of
 //   y, K staged 32 at a time; the weight tile is decoded into shared memory
 //   once per block (one quant group per weight row for [N, K], BN / 32
@@ -192,16 +192,23 @@ __device__ __forceinline__ void dq_nib16(const unsigned q[4], int hi, float f[16
   dq_mant16(b, f);
 }
 
+// Byte t (0..11, varying by lane) of the 3 words sc: selects, not an indexed
+// register array (which would live in local memory).
+__device__ __forceinline__ unsigned dq_byte3(const unsigned sc[3], int t) {
+  const int i = t >> 2;
+  const unsigned w = i == 0 ? sc[0] : (i == 1 ? sc[1] : sc[2]);
+  return (w >> (8 * (t & 3))) & 0xffu;
+}
 // q4_k / q5_k's 6-bit scale and minimum of group g (scales at sc, 12 bytes
 // in 3 words).
 __device__ __forceinline__ void dq_scale_min_k4(const unsigned sc[3], int g, unsigned& s,
                                                 unsigned& m) {
   if (g < 4) {
-    s = dq_byte(sc, g) & 63u;
-    m = dq_byte(sc, g + 4) & 63u;
+    s = dq_byte3(sc, g) & 63u;
+    m = dq_byte3(sc, g + 4) & 63u;
   } else {
-    s = (dq_byte(sc, g + 4) & 15u) | ((dq_byte(sc, g - 4) >> 6) << 4);
-    m = (dq_byte(sc, g + 4) >> 4) | ((dq_byte(sc, g) >> 6) << 4);
+    s = (dq_byte3(sc, g + 4) & 15u) | ((dq_byte3(sc, g - 4) >> 6) << 4);
+    m = (dq_byte3(sc, g + 4) >> 4) | ((dq_byte3(sc, g) >> 6) << 4);
   }
 }
 
@@ -506,7 +513,7 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 
 // kiln_dequant_matvec_m<MR>_<w>_<x>: DQ_MV_WARPS * 32 threads, a block per
 // DQ_MV_R weight rows; M rows of x MR at a time (the host picks the least
-// MR >= M, or 8).
+// MR >= M of 1, 4 and 8, or 8).
 #define KILN_DEQUANT_MV(WN, WT, S, T, MR)                                                        \
   extern "C" __global__ void __launch_bounds__(DQ_MV_WARPS * 32)                                 \
       kiln_dequant_matvec_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N,  \
@@ -515,7 +522,6 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
   }
 #define KILN_DEQUANT(WN, WT, S, T)                                                               \
   KILN_DEQUANT_MV(WN, WT, S, T, 1)                                                             \
-  KILN_DEQUANT_MV(WN, WT, S, T, 2)                                                             \
   KILN_DEQUANT_MV(WN, WT, S, T, 4)                                                             \
   KILN_DEQUANT_MV(WN, WT, S, T, 8)                                                             \
   extern "C" __global__ void __launch_bounds__(DQ_THREADS) kiln_dequant_matmul_##WN##_##S(     \
