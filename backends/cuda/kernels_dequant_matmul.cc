@@ -19,9 +19,11 @@ using backend::KernelSpec;
 // dequant_matmul.cu's DQ_MV_R weight rows per block of DQ_MV_WARPS warps.
 constexpr int64_t kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
-// Up to 32 rows of x the matvec kernel (re-reading the weights per 8 rows)
-// beats the FMA-tiled one, which decodes a 64-row weight tile per 32 rows
-// of x with a quarter of its threads.
+// Up to 32 rows of x take the matvec kernel (the weights re-read per 8 rows,
+// mostly from L2): the FMA-tiled one decodes a 64-row weight tile per 32
+// rows of x with a quarter of its threads and took 5-20x PyTorch bf16's time
+// at M = 32 on an H100; the crossover is not yet timed (docs/benchmarks.md,
+// dqc10).
 constexpr int64_t kMatVecMaxM = 32;
 constexpr int64_t kTileM = 32, kTileN = 64;
 constexpr unsigned kTileThreads = 256;
