@@ -1,7 +1,7 @@
 // DequantMatMul on cuda:0 against the device's copy bandwidth, in one process:
 // Kiln's fused dequant kernels (kernels/dequant_matmul.cu, through the
-// backend interface) on LLM-layer weights, q4_k and q8_0, M = 1 (decode) and
-// 8 (a small batch; both the matvec kernel) and 32 (the tiled kernel), as GB/s of
+// backend interface) on LLM-layer weights, q4_k and q8_0, M = 1 (decode), 8,
+// 16 and 32 (batches; all the matvec kernel) and 64 (the tiled kernel), as GB/s of
 // quantized weights streamed, vs cudaMemcpyAsync device to device (read +
 // write counted) in the same process. bench/gpu/torch_dequant_matvec.py is
 // the PyTorch peer (a bf16 matvec of the dequantized weight), run beside it
@@ -11,7 +11,7 @@
 // launches after warm-up. Prints one JSON object.
 //
 //   dequant_matvec [--device=cuda:0] [--types=q4_k,q8_0] [--shapes=4096x4096,14336x4096,...]
-//                  [--ms=1,8,32] [--reps=50] [--rounds=7]        (shapes are N x K)
+//                  [--ms=1,8,16,32,64] [--reps=50] [--rounds=7]  (shapes are N x K)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,8 +40,8 @@ ABSL_FLAG(std::vector<std::string>, types, std::vector<std::string>({"q4_k", "q8
 ABSL_FLAG(std::vector<std::string>, shapes,
           std::vector<std::string>({"4096x4096", "14336x4096", "4096x14336"}),
           "weights, N x K (stored [N, K] as GGUF stores a linear layer)");
-ABSL_FLAG(std::vector<std::string>, ms, std::vector<std::string>({"1", "8", "32"}),
-          "activation rows (<= 8: the matvec kernel; more: the tiled one)");
+ABSL_FLAG(std::vector<std::string>, ms, std::vector<std::string>({"1", "8", "16", "32", "64"}),
+          "activation rows (<= 32: the matvec kernel; more: the tiled one)");
 ABSL_FLAG(int, reps, 50, "launches per timed batch");
 ABSL_FLAG(int, rounds, 7, "timed batches (the median is reported)");
 

@@ -2,7 +2,7 @@
 # On the GPU machine, after unpack.sh (or standalone): issue 10's DequantMatMul
 # figures side by side in one call. Kiln's fused dequant kernels on cuda:0
 # (q4_k and q8_0 weights of 4096 x 4096, 14336 x 4096 and 4096 x 14336,
-# M = 1, 8 and 32) as GB/s of quantized weights against the copy bandwidth of
+# M = 1, 8, 16, 32 and 64) as GB/s of quantized weights against the copy bandwidth of
 # its own process (dequant_matvec), and PyTorch's bf16 F.linear on the
 # dequantized weights of the same shapes with its own copy
 # (torch_dequant_matvec.py). Writes dequant_matvec.json and

@@ -5,17 +5,15 @@
 // each 32-element quant group is decoded in registers straight from the
 // blocks (16-byte loads where the address allows, narrower where a block
 // size leaves it 4- or 2-byte aligned) and the f32 weights are never stored.
-// - kiln_dequant_matvec_<w>_<x>: [N, K] and up to DQ_ROWS rows of x
-//   (decoding, small batches): a warp per weight row, 8 quant groups per
-//   step with 4 lanes per group and 8 weights per lane (the warp's loads of
-//   blocks and activations contiguous), each weight decoded once in
-//   registers and multiplied into every row of x, then a warp reduction.
+// - kiln_dequant_matvec_m<MR>_<w>_<x>: [N, K] and small M (decoding, small
+//   batches): a block of warps per 2 weight rows, splitting K; 16-byte
+//   loads of the blocks and of x; each weight decoded once in registers
+//   (about two instructions, no int-to-float conversion) for up to MR rows
+//   of x (MR = 1, 4, 8). "The matvec kernel" below has the details.
 // - kiln_dequant_matmul_<w>_<x>: any M and either layout: 32 x 64 tiles of
 //   y, K staged 32 at a time; the weight tile is decoded into shared memory
 //   once per block (one quant group per weight row for [N, K], BN / 32
 //   groups per K row for [K, N]) and multiplied with FMA.
-#define DQ_ROWS 8
-
 // Block types, as the host numbers them (kernels_dequant_matmul.cc).
 #define DQ_Q8_0 0
 #define DQ_Q4_0 1
@@ -119,148 +117,316 @@ __device__ __forceinline__ void dq_group(const k_u8* b, int g, float v[32]) {
   }
 }
 
-// 8 bytes at p (at least 2-byte aligned) as two little-endian words.
-__device__ __forceinline__ uint2 dq_ld8(const k_u8* p) {
-  const k_u64 a = reinterpret_cast<k_u64>(p);
-  if ((a & 7u) == 0) return *reinterpret_cast<const uint2*>(p);
-  if ((a & 3u) == 0) {
-    const unsigned* q = reinterpret_cast<const unsigned*>(p);
-    return make_uint2(q[0], q[1]);
+// ---- The matvec kernel ([N, K] weights, up to DQ_MR rows of x per pass) ----
+// A block of DQ_MV_WARPS warps takes DQ_MV_R consecutive weight rows; its
+// warps split the row's blocks (K) and combine through shared memory, so
+// even a 4096-row weight puts thousands of warps in flight. Within a warp,
+// LPB lanes share a block (dq_mv<WT>) and each lane decodes NRUN runs of 16
+// weights from 16-byte pieces of it: a warp's loads cover consecutive bytes
+// of the row, 16 bytes per lane (one uint4 where the blocks are 16-byte
+// aligned, five words and a funnel shift where not). The decoded weights of
+// the DQ_MV_R rows stay in registers for every row of x, and each run of 16
+// activations (four float4) for every weight row.
+//
+// Decoding costs about two instructions per weight, never an int-to-float
+// conversion (a quarter-rate instruction that capped the previous kernel):
+// a 4, 5 or 6-bit code c becomes the float 1 + c / 2^bits by placing it in
+// the mantissa (one PRMT per weight, a shift and mask per 4 weights), and
+// the run's sum of w x = s (c - o) x is recovered from S_f = sum f x and
+// S_x = sum x as a S_f + b S_x (a = s 2^bits, b = -(s 2^bits + s o), or
+// with q4_k's minimum). Both sums are f32 over 16 terms and their scales
+// exact powers of two times the block scale, so the result keeps the f32
+// error of a plain dot (the cancellation a S_f + b S_x costs at most a few
+// ulps of sum |w x|). q8_0's signed bytes are exact as 2^23 + (c + 128)
+// minus 2^23 + 128 (a PRMT and an FADD).
+#define DQ_MV_WARPS 4
+#define DQ_MV_R 2
+
+template <int WT> struct dq_mv;  // LPB lanes per block, NRUN runs of 16 per lane
+template <> struct dq_mv<DQ_Q8_0> { static constexpr int LPB = 2, NRUN = 1; static constexpr bool SX = false; };
+template <> struct dq_mv<DQ_Q4_0> { static constexpr int LPB = 1, NRUN = 2; static constexpr bool SX = true; };
+template <> struct dq_mv<DQ_Q4_K> { static constexpr int LPB = 8, NRUN = 2; static constexpr bool SX = true; };
+template <> struct dq_mv<DQ_Q5_K> { static constexpr int LPB = 8, NRUN = 2; static constexpr bool SX = true; };
+template <> struct dq_mv<DQ_Q6_K> { static constexpr int LPB = 8, NRUN = 2; static constexpr bool SX = true; };
+
+// 16 bytes at p as 4 little-endian words: one uint4 load where `al16` (a
+// kernel-wide fact: the caller checks the base and the strides), else p is
+// 2-byte aligned: the aligned words around it, funnel-shifted (branch-free,
+// so lanes whose blocks differ in alignment do not diverge; the fifth word
+// is read only where the 16 bytes reach into it).
+__device__ __forceinline__ void dq_ld16w(const k_u8* p, unsigned q[4], bool al16) {
+  if (al16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+    return;
   }
-  const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
-  return make_uint2(s[0] | (unsigned(s[1]) << 16), s[2] | (unsigned(s[3]) << 16));
-}
-// Byte t (0..7) of the 8 bytes in u.
-__device__ __forceinline__ unsigned dq_byte8(uint2 u, int t) {
-  return ((t < 4 ? u.x : u.y) >> (8 * (t & 3))) & 0xffu;
+  const k_u64 a = reinterpret_cast<k_u64>(p);
+  const unsigned* base = reinterpret_cast<const unsigned*>(a & ~static_cast<k_u64>(3));
+  const unsigned sh = static_cast<unsigned>(a & 3u) * 8u;  // 0 or 16
+  unsigned v[5];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __ldg(base + i);
+  v[4] = __ldg(base + (sh != 0 ? 4 : 3));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[i] = __funnelshift_r(v[i], v[i + 1], sh);
 }
 
-// Weights e0 .. e0 + 7 (e0 in {0, 8, 16, 24}) of quant group g of the block
-// at b: the matvec kernel's share of a group per lane, so that the lanes of
-// a warp read consecutive bytes of the blocks and consecutive activations.
+// Byte t (0..3) of each word of `b` (each byte 0x80 | code << shift) as the
+// float 0x3F800000 | byte << 16: 1 + code / 2^(7 - shift).
+__device__ __forceinline__ void dq_mant16(const unsigned b[4], float f[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[4 * i + 0] = __uint_as_float(__byte_perm(b[i], 0x3F000000u, 0x7054u));
+    f[4 * i + 1] = __uint_as_float(__byte_perm(b[i], 0x3F000000u, 0x7154u));
+    f[4 * i + 2] = __uint_as_float(__byte_perm(b[i], 0x3F000000u, 0x7254u));
+    f[4 * i + 3] = __uint_as_float(__byte_perm(b[i], 0x3F000000u, 0x7354u));
+  }
+}
+// 16 packed nibbles (the low ones, or the high ones where `hi`) as 1 + c / 16.
+__device__ __forceinline__ void dq_nib16(const unsigned q[4], int hi, float f[16]) {
+  unsigned b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    b[i] = ((hi ? q[i] >> 1 : q[i] << 3) & 0x78787878u) | 0x80808080u;
+  }
+  dq_mant16(b, f);
+}
+
+// Byte t (0..11, varying by lane) of the 3 words sc: selects, not an indexed
+// register array (which would live in local memory).
+__device__ __forceinline__ unsigned dq_byte3(const unsigned sc[3], int t) {
+  const int i = t >> 2;
+  const unsigned w = i == 0 ? sc[0] : (i == 1 ? sc[1] : sc[2]);
+  return (w >> (8 * (t & 3))) & 0xffu;
+}
+// q4_k / q5_k's 6-bit scale and minimum of group g (scales at sc, 12 bytes
+// in 3 words).
+__device__ __forceinline__ void dq_scale_min_k4(const unsigned sc[3], int g, unsigned& s,
+                                                unsigned& m) {
+  if (g < 4) {
+    s = dq_byte3(sc, g) & 63u;
+    m = dq_byte3(sc, g + 4) & 63u;
+  } else {
+    s = (dq_byte3(sc, g + 4) & 15u) | ((dq_byte3(sc, g - 4) >> 6) << 4);
+    m = (dq_byte3(sc, g + 4) >> 4) | ((dq_byte3(sc, g) >> 6) << 4);
+  }
+}
+
+// Lane `sub`'s share of the block at b: NRUN runs of 16 weights as f (see
+// above), each run's w x sum being a[r] S_f + c[r] S_x.
 template <int WT>
-__device__ __forceinline__ void dq_part8(const k_u8* b, int g, int e0, float v[8]) {
-  if (WT == DQ_Q8_0) {
+__device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float f[][16],
+                                        float a[], float c[]) {
+  if (WT == DQ_Q8_0) {  // lanes 0, 1: weights 0..15, 16..31
     const float d = k_f16_to_f32(dq_u16(b));
-    const uint2 q = dq_ld8(b + 2 + e0);
+    unsigned q[4];
+    dq_ld16w(b + 2 + 16 * sub, q, false);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) v[t] = d * static_cast<float>(dq_i8(dq_byte8(q, t)));
-  } else if (WT == DQ_Q4_0) {
-    const float d = k_f16_to_f32(dq_u16(b));
-    const uint2 q = dq_ld8(b + 2 + (e0 & 15));
-    const int shift = e0 < 16 ? 0 : 4;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned u = q[i] ^ 0x80808080u;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      v[t] = d * static_cast<float>(static_cast<int>((dq_byte8(q, t) >> shift) & 15u) - 8);
+      for (int t = 0; t < 4; ++t) {
+        f[0][4 * i + t] =
+            __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650u | static_cast<unsigned>(t))) -
+            8388736.0f;
+      }
     }
+    a[0] = d, c[0] = 0.0f;
+  } else if (WT == DQ_Q4_0) {  // one lane: low nibbles 0..15, high 16..31
+    const float d = k_f16_to_f32(dq_u16(b));
+    unsigned q[4];
+    dq_ld16w(b + 2, q, false);
+    dq_nib16(q, 0, f[0]);
+    dq_nib16(q, 1, f[1]);
+    a[0] = a[1] = 16.0f * d;
+    c[0] = c[1] = -24.0f * d;
   } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
-    const k_u8* sc = b + 4;
-    unsigned s, m;
-    if (g < 4) {
-      s = sc[g] & 63u;
-      m = sc[g + 4] & 63u;
-    } else {
-      s = (sc[g + 4] & 15u) | ((sc[g - 4] >> 6) << 4);
-      m = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
-    }
-    const float dg = k_f16_to_f32(dq_u16(b)) * static_cast<float>(s);
-    const float mg = k_f16_to_f32(dq_u16(b + 2)) * static_cast<float>(m);
-    const uint2 q = dq_ld8(b + (WT == DQ_Q4_K ? 16 : 48) + 32 * (g >> 1) + e0);
-    const int shift = 4 * (g & 1);
-    uint2 qh = make_uint2(0u, 0u);
-    if (WT == DQ_Q5_K) qh = dq_ld8(b + 16 + e0);
+    // Lane sub: quant bytes 16 sub .. 16 sub + 15, groups 2 (sub / 2) (low
+    // nibbles) and 2 (sub / 2) + 1 (high), elements 16 (sub % 2) + 0..15.
+    unsigned h[4], q[4];
+    dq_ld16w(b, h, al16);  // d, dmin, scales[12]
+    dq_ld16w(b + (WT == DQ_Q4_K ? 16 : 48) + 16 * sub, q, al16);
+    unsigned qh[4];
+    if (WT == DQ_Q5_K) dq_ld16w(b + 16 + 16 * (sub & 1), qh, al16);
+    const float d = k_f16_to_f32(static_cast<unsigned short>(h[0] & 0xffffu));
+    const float dmin = k_f16_to_f32(static_cast<unsigned short>(h[0] >> 16));
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      unsigned c = (dq_byte8(q, t) >> shift) & 15u;
-      if (WT == DQ_Q5_K) c |= ((dq_byte8(qh, t) >> g) & 1u) << 4;
-      v[t] = dg * static_cast<float>(c) - mg;
+    for (int r = 0; r < 2; ++r) {
+      const int g = 2 * (sub >> 1) + r;
+      unsigned s, m;
+      dq_scale_min_k4(h + 1, g, s, m);
+      const float dg = d * static_cast<float>(s), mg = dmin * static_cast<float>(m);
+      if (WT == DQ_Q4_K) {
+        dq_nib16(q, r, f[r]);
+        a[r] = 16.0f * dg;
+        c[r] = -(16.0f * dg + mg);
+      } else {  // c = nibble | bit g of qh << 4, as 1 + c / 32
+        unsigned bb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          bb[i] = (((q[i] >> (4 * r)) & 0x0F0F0F0Fu) << 2) | (((qh[i] >> g) & 0x01010101u) << 6) |
+                  0x80808080u;
+        }
+        dq_mant16(bb, f[r]);
+        a[r] = 32.0f * dg;
+        c[r] = -(32.0f * dg + mg);
+      }
     }
   } else {  // q6_k
-    const int half = g >> 2, j = g & 3;
-    const float s = k_f16_to_f32(dq_u16(b + 208)) *
-                    static_cast<float>(static_cast<signed char>(b[192 + 2 * g + (e0 >> 4)]));
-    const uint2 ql = dq_ld8(b + 64 * half + 32 * (j & 1) + e0);
-    const uint2 qh = dq_ld8(b + 128 + 32 * half + e0);
-    const int lshift = 4 * (j >> 1), hshift = 2 * j;
+    // Lane sub: ql bytes 64 half + 16 (sub % 4), half = sub / 4: the low
+    // nibbles are group ga = 4 half + jj, the high ones ga + 2, elements
+    // t0 + 0..15 of each (jj = (sub / 2) % 2, t0 = 16 (sub % 2)).
+    const int half = sub >> 2, jj = (sub >> 1) & 1, t0 = 16 * (sub & 1);
+    unsigned ql[4], qh[4];
+    dq_ld16w(b + 64 * half + 32 * jj + t0, ql, false);
+    dq_ld16w(b + 128 + 32 * half + t0, qh, false);
+    const float d = k_f16_to_f32(dq_u16(b + 208));
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      const int q = static_cast<int>(((dq_byte8(ql, t) >> lshift) & 15u) |
-                                     (((dq_byte8(qh, t) >> hshift) & 3u) << 4)) - 32;
-      v[t] = s * static_cast<float>(q);
+    for (int r = 0; r < 2; ++r) {
+      const int g = 4 * half + jj + 2 * r, hshift = 2 * (jj + 2 * r);
+      unsigned bb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        bb[i] = (((ql[i] >> (4 * r)) & 0x0F0F0F0Fu) << 1) |
+                (((qh[i] >> hshift) & 0x03030303u) << 5) | 0x80808080u;
+      }
+      dq_mant16(bb, f[r]);
+      const float s = d * static_cast<float>(static_cast<signed char>(b[192 + 2 * g + (sub & 1)]));
+      a[r] = 64.0f * s;
+      c[r] = -96.0f * s;
     }
   }
 }
 
-// sum_t v[t] * x[t] over 8 activations: 16-byte loads where x is so aligned.
-__device__ __forceinline__ float dq_dot8(const float* x, const float v[8]) {
-  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
-    const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
-    return fmaf(v[0], a.x, fmaf(v[1], a.y, fmaf(v[2], a.z, fmaf(v[3], a.w,
-           fmaf(v[4], b.x, fmaf(v[5], b.y, fmaf(v[6], b.z, v[7] * b.w)))))));
-  }
-  float s = 0.0f;
-#pragma unroll
-  for (int t = 0; t < 8; ++t) s = fmaf(v[t], x[t], s);
-  return s;
-}
-template <typename T>  // f16 / bf16: eight 16-bit values in one 16-byte load
-__device__ __forceinline__ float dq_dot8(const T* x, const float v[8]) {
-  float s = 0.0f;
-  if ((reinterpret_cast<k_u64>(x) & 15u) == 0) {
-    const uint4 a = reinterpret_cast<const uint4*>(x)[0];
-    const unsigned w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const T lo = {static_cast<unsigned short>(w[j] & 0xffffu)};
-      const T hi = {static_cast<unsigned short>(w[j] >> 16)};
-      s = fmaf(v[2 * j], k_load(&lo, 0), s);
-      s = fmaf(v[2 * j + 1], k_load(&hi, 0), s);
-    }
-    return s;
-  }
-#pragma unroll
-  for (int t = 0; t < 8; ++t) s = fmaf(v[t], k_load(x, t), s);
-  return s;
+// Where run r of lane sub's share starts within its block (elements).
+template <int WT>
+__device__ __forceinline__ int dq_xoff(int sub, int r) {
+  if (WT == DQ_Q8_0) return 16 * sub;
+  if (WT == DQ_Q4_0) return 16 * r;
+  if (WT == DQ_Q4_K || WT == DQ_Q5_K) return 64 * (sub >> 1) + 32 * r + 16 * (sub & 1);
+  return 32 * (4 * (sub >> 2) + ((sub >> 1) & 1) + 2 * r) + 16 * (sub & 1);  // q6_k
 }
 
-// A warp per weight row; each step the warp takes 8 consecutive quant groups
-// of the row, 4 lanes per group and 8 weights per lane, so a warp's loads of
-// blocks and of activations are contiguous. Up to DQ_ROWS rows of x share
-// each decoded weight (more rows: the weights are read again per DQ_ROWS).
-template <int WT, typename T>
-__device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
-                               k_i64 row_bytes) {
-  constexpr int GPB = dq_traits<WT>::elems / 32, BB = dq_traits<WT>::bytes;
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const int sub = lane >> 2, e0 = 8 * (lane & 3);
-  const k_i64 groups = K / 32;
-  for (k_i64 n = static_cast<k_i64>(blockIdx.x) * warps + (threadIdx.x >> 5); n < N;
-       n += static_cast<k_i64>(gridDim.x) * warps) {
-    const k_u8* row = w + n * row_bytes;
-    for (k_i64 m0 = 0; m0 < M; m0 += DQ_ROWS) {
-      const int rows = static_cast<int>(M - m0 < DQ_ROWS ? M - m0 : DQ_ROWS);
-      float acc[DQ_ROWS];
+// 16 activations at p as f32: four float4 (eight-halves uint4 pairs for
+// f16 / bf16) where x's base is 16-byte aligned (`al`: every run then is).
+__device__ __forceinline__ void dq_ldx16(const float* p, float v[16], bool al) {
+  if (al) {
 #pragma unroll
-      for (int r = 0; r < DQ_ROWS; ++r) acc[r] = 0.0f;
-#pragma unroll 2
-      for (k_i64 g = sub; g < groups; g += 8) {
-        float v[8];
-        dq_part8<WT>(row + (g / GPB) * BB, static_cast<int>(g % GPB), e0, v);
-        const T* xg = x + m0 * K + 32 * g + e0;
+    for (int i = 0; i < 4; ++i) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p) + i);
+      v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+    }
+    return;
+  }
 #pragma unroll
-        for (int r = 0; r < DQ_ROWS; ++r) {
-          if (r < rows) acc[r] += dq_dot8(xg + r * K, v);
+  for (int t = 0; t < 16; ++t) v[t] = p[t];
+}
+template <typename T>
+__device__ __forceinline__ void dq_ldx16(const T* p, float v[16], bool al) {
+  if (al) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      const unsigned w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const T lo = {static_cast<unsigned short>(w[j] & 0xffffu)};
+        const T hi = {static_cast<unsigned short>(w[j] >> 16)};
+        v[8 * i + 2 * j] = k_load(&lo, 0);
+        v[8 * i + 2 * j + 1] = k_load(&hi, 0);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < 16; ++t) v[t] = k_load(p, t);
+}
+
+// One lane's partial sums for DQ_MV_R weight rows from n0 and up to MR rows
+// of x from m0 (acc[r][m]), over the blocks b = first, first + stride, ...
+// of the rows: the kernel's arithmetic, separate from its reductions so
+// that a host build can replay it lane by lane.
+template <int WT, int MR, typename T>
+__device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ_MV_R], k_i64 M,
+                                           k_i64 K, k_i64 m0, int sub, int first, int stride,
+                                           bool al16, bool xal, float acc[DQ_MV_R][MR]) {
+  constexpr int NRUN = dq_mv<WT>::NRUN, BE = dq_traits<WT>::elems, BB = dq_traits<WT>::bytes;
+  const int nb = static_cast<int>(K / BE);
+#pragma unroll
+  for (int r = 0; r < DQ_MV_R; ++r)
+#pragma unroll
+    for (int m = 0; m < MR; ++m) acc[r][m] = 0.0f;
+  for (int b = first; b < nb; b += stride) {
+    float f[DQ_MV_R][NRUN][16], a[DQ_MV_R][NRUN], c[DQ_MV_R][NRUN];
+#pragma unroll
+    for (int r = 0; r < DQ_MV_R; ++r) {
+      dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f[r], a[r], c[r]);
+    }
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+      if (m0 + m >= M) break;  // uniform across the block
+#pragma unroll
+      for (int run = 0; run < NRUN; ++run) {
+        float xv[16];
+        dq_ldx16(x + (m0 + m) * K + static_cast<k_i64>(b) * BE + dq_xoff<WT>(sub, run), xv, xal);
+        float sx = 0.0f;
+        if (dq_mv<WT>::SX) {
+#pragma unroll
+          for (int t = 0; t < 16; ++t) sx += xv[t];
+        }
+#pragma unroll
+        for (int r = 0; r < DQ_MV_R; ++r) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int t = 0; t < 16; t += 2) {
+            s0 = fmaf(f[r][run][t], xv[t], s0);
+            s1 = fmaf(f[r][run][t + 1], xv[t + 1], s1);
+          }
+          acc[r][m] += dq_mv<WT>::SX ? fmaf(a[r][run], s0 + s1, c[r][run] * sx)
+                                     : a[r][run] * (s0 + s1);
         }
       }
-#pragma unroll
-      for (int r = 0; r < DQ_ROWS; ++r) {
-        const float s = k_warp_sum(acc[r]);
-        if (lane == 0 && r < rows) k_store(y, (m0 + r) * N + n, s);
-      }
     }
   }
 }
 
+template <int WT, int MR, typename T>
+__device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
+                               k_i64 row_bytes) {
+  constexpr int LPB = dq_mv<WT>::LPB, BPS = 32 / LPB;  // blocks per warp step
+  __shared__ float part[DQ_MV_WARPS][DQ_MV_R][MR];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * DQ_MV_R;
+  const bool al16 = ((reinterpret_cast<k_u64>(w) | static_cast<k_u64>(row_bytes)) & 15u) == 0;
+  const bool xal = (reinterpret_cast<k_u64>(x) & 15u) == 0 && K % 8 == 0;
+  const k_u8* rows[DQ_MV_R];
+#pragma unroll
+  for (int r = 0; r < DQ_MV_R; ++r) rows[r] = w + (n0 + r < N ? n0 + r : N - 1) * row_bytes;
+  for (k_i64 m0 = 0; m0 < M; m0 += MR) {
+    float acc[DQ_MV_R][MR];
+    dq_mv_lane<WT, MR, T>(x, rows, M, K, m0, lane & (LPB - 1), warp * BPS + lane / LPB,
+                          DQ_MV_WARPS * BPS, al16, xal, acc);
+#pragma unroll
+    for (int r = 0; r < DQ_MV_R; ++r)
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        const float v = k_warp_sum(acc[r][m]);
+        if (lane == 0) part[warp][r][m] = v;
+      }
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t < DQ_MV_R * MR) {
+      const int r = t / MR, m = t % MR;
+      if (n0 + r < N && m0 + m < M) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DQ_MV_WARPS; ++i) s += part[i][r][m];
+        k_store(y, (m0 + m) * N + n0 + r, s);
+      }
+    }
+    __syncthreads();
+  }
+}
 #define DQ_BM 32
 #define DQ_BN 64
 #define DQ_BK 32
@@ -345,12 +511,19 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
   }
 }
 
+// kiln_dequant_matvec_m<MR>_<w>_<x>: DQ_MV_WARPS * 32 threads, a block per
+// DQ_MV_R weight rows; M rows of x MR at a time (the host picks the least
+// MR >= M of 1, 4 and 8, or 8).
+#define KILN_DEQUANT_MV(WN, WT, S, T, MR)                                                        \
+  extern "C" __global__ void __launch_bounds__(DQ_MV_WARPS * 32)                                 \
+      kiln_dequant_matvec_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N,  \
+                                            k_i64 K, k_i64 row_bytes) {                          \
+    dequant_matvec<WT, MR, T>(x, w, y, M, N, K, row_bytes);                                      \
+  }
 #define KILN_DEQUANT(WN, WT, S, T)                                                               \
-  extern "C" __global__ void kiln_dequant_matvec_##WN##_##S(const T* x, const k_u8* w, T* y,     \
-                                                           k_i64 M, k_i64 N, k_i64 K,          \
-                                                           k_i64 row_bytes) {                  \
-    dequant_matvec<WT, T>(x, w, y, M, N, K, row_bytes);                                        \
-  }                                                                                            \
+  KILN_DEQUANT_MV(WN, WT, S, T, 1)                                                             \
+  KILN_DEQUANT_MV(WN, WT, S, T, 4)                                                             \
+  KILN_DEQUANT_MV(WN, WT, S, T, 8)                                                             \
   extern "C" __global__ void __launch_bounds__(DQ_THREADS) kiln_dequant_matmul_##WN##_##S(     \
       const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K, k_i64 row_bytes,             \
       int trans_b) {                                                                           \

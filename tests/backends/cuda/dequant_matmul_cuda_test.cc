@@ -1,7 +1,7 @@
 // DequantMatMul on cuda:0 (kernels/dequant_matmul.cu) against an f64
 // dequantize-then-matmul reference: every block type on the matvec path
-// (decode shapes, a weight as large as an LLM's layer) and the tiled path
-// (batches, [K, N] weights), weights at offsets that leave the blocks only
+// (decode shapes and batches up to 32, a weight as large as an LLM's layer)
+// and the tiled path (larger batches, [K, N] weights), weights at offsets that leave the blocks only
 // 2- or 4-byte aligned (the kernel's narrower loads), bf16 activations, and a
 // weight at an odd address refused with a clear status. Skips where no CUDA
 // device is present (the conformance family covers the small shapes too).
@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +180,33 @@ TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
   Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
 }
 
+// Batches up to 32 rows take the matvec kernel: the instances for 1, 4
+// and 8 rows of x per pass, and several passes (13, 32), an odd row count
+// (the block's second weight row past N) and K that leaves some of a
+// block's warps without a quant block.
+TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
+  for (DType wt : kBlockTypes) {
+    for (int64_t m : {2, 4, 5, 8, 13, 32}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
+    Check({wt, v1::DTYPE_F32, 2, 33, 256, true, 0});
+    Check({wt, v1::DTYPE_BF16, 5, 33, 768, true, 0});
+  }
+  // A decode batch of a 14336 x 4096 layer (the bench's shape).
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
+}
+
+TEST_F(CudaDequantMatMulTest, PathByBatch) {
+  for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
+           {1, "matvec_m1"}, {2, "matvec_m4"}, {3, "matvec_m4"}, {8, "matvec_m8"},
+           {32, "matvec_m8"}, {33, "matmul"}}) {
+    const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_F32, m, 64, 256, true, 0};
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(SpecOf(p), ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_EQ((*kernel)->implementation(), absl::StrCat("nvrtc:dequant_", path, "_q4_k_f32",
+                                                        path == "matmul" ? "_nk_32x64" : ""));
+  }
+}
+
 TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
   for (DType wt : kBlockTypes) {
     for (int64_t offset : {2, 4, 6}) {
@@ -191,8 +219,8 @@ TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
 TEST_F(CudaDequantMatMulTest, TiledEveryBlockTypeAndLayout) {
   for (DType wt : kBlockTypes) {
     const int64_t be = LayoutOf(wt).block_elems;
-    Check({wt, v1::DTYPE_F32, 8, 300, 1024, true, 0});
-    Check({wt, v1::DTYPE_F32, 17, 129, 512, true, 0});
+    Check({wt, v1::DTYPE_F32, 33, 300, 1024, true, 0});
+    Check({wt, v1::DTYPE_F32, 47, 129, 512, true, 0});
     Check({wt, v1::DTYPE_F32, 70, 64, 256, true, 0});
     Check({wt, v1::DTYPE_F32, 1, 2 * be, 77, false, 0});
     Check({wt, v1::DTYPE_F32, 5, 3 * be, 300, false, 0});

@@ -139,7 +139,7 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
   }
   for (const char* wt : {"q8_0", "q4_0", "q4_k", "q5_k", "q6_k"}) {
     for (const char* dt : floats) {
-      for (const char* path : {"matvec", "matmul"}) {
+      for (const char* path : {"matvec_m1", "matvec_m4", "matvec_m8", "matmul"}) {
         wanted.push_back(
             {"dequant_matmul.cu", absl::StrCat("kiln_dequant_", path, "_", wt, "_", dt)});
       }
