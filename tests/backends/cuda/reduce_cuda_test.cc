@@ -51,6 +51,8 @@ TEST(ColumnReducePlan, FewOutputsOverALongDimSplit) {
 TEST(ColumnReducePlan, ManyOutputsOrAShortDimKeepOneThreadPerOutput) {
   EXPECT_FALSE(PlanColumnReduce(1, 4096, 132 * 2048, 132).split);  // fills the GPU as is
   EXPECT_FALSE(PlanColumnReduce(64, 8, 64, 132).split);            // 8 rows: nothing to split
+  EXPECT_FALSE(PlanColumnReduce(50000, 32, 2, 132).split);          // narrow columns, many rows
+  EXPECT_TRUE(PlanColumnReduce(1, 16384, 4, 132).split);            // narrow but very few
 }
 
 TEST(ReduceCudaNvrtc, SplitEntryPointsCompile) {
