@@ -18,9 +18,9 @@
 namespace kiln::cuda {
 
 struct ColumnReducePlan {
-  bool split = false;      // the split kernel (else the one-thread-per-output one)
-  int64_t tiles = 0;       // blocks along x: outer * ceil(inner / 32)
-  int64_t splits = 1;      // blocks along y: slices of r
+  bool split = false;         // the split kernel (else the one-thread-per-output one)
+  int64_t tiles = 0;          // blocks along x: outer * ceil(inner / 32)
+  int64_t splits = 1;         // blocks along y: slices of r
   int64_t partial_bytes = 0;  // f32 partials (splits > 1), else 0
 };
 
