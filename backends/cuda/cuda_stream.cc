@@ -101,12 +101,6 @@ absl::Status CudaStream::SynchronizeFor(absl::Duration timeout) {
     w[0] = w[1] = w[2] = 0;
   }
   decoders_.clear();
-  for (auto& [slot, decode] : replayed_slots_) {
-    uint64_t* w = slot->host;
-    if (w[0] != 0 && first.ok()) first = decode(w[1], w[2]);
-    w[0] = w[1] = w[2] = 0;
-  }
-  replayed_slots_.clear();
   // Every copy has finished; chunks kept only for one large read-back go.
   std::erase_if(staging_, [](const std::unique_ptr<Staging>& st) {
     if (st->bytes <= kMaxKeptStaging) {
@@ -160,7 +154,6 @@ absl::Status CudaStream::BeginCapture() {
       Driver().cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_RELAXED),
       "cuStreamBeginCapture")));
   capturing_ = true;
-  capture_slots_.clear();
   return absl::OkStatus();
 }
 
@@ -169,8 +162,6 @@ absl::StatusOr<std::unique_ptr<backend::CapturedWork>> CudaStream::EndCapture() 
     return absl::FailedPreconditionError(absl::StrCat(device_.info().id, ": not capturing"));
   }
   capturing_ = false;
-  CapturedErrorSlots slots = std::move(capture_slots_);
-  capture_slots_.clear();
   KILN_RETURN_IF_ERROR(Note(device_.Enter()));
   const DriverApi& api = Driver();
   CUgraph graph = nullptr;
@@ -180,16 +171,7 @@ absl::StatusOr<std::unique_ptr<backend::CapturedWork>> CudaStream::EndCapture() 
   const CUresult r = api.cuGraphInstantiateWithFlags(&exec, graph, 0);
   api.cuGraphDestroy(graph);
   KILN_RETURN_IF_ERROR(Note(device_.Check(r, "cuGraphInstantiateWithFlags")));
-  return std::unique_ptr<backend::CapturedWork>(
-      std::make_unique<CudaGraph>(device_, this, exec, std::move(slots)));
-}
-
-CapturedErrorSlot::~CapturedErrorSlot() {
-  if (device.Enter().ok()) Driver().cuMemFreeHost(host);
-}
-
-void CudaStream::AddReplayedSlots(const CapturedErrorSlots& slots) {
-  replayed_slots_.insert(replayed_slots_.end(), slots.begin(), slots.end());
+  return std::unique_ptr<backend::CapturedWork>(std::make_unique<CudaGraph>(device_, this, exec));
 }
 
 CudaGraph::~CudaGraph() {
@@ -209,10 +191,7 @@ absl::Status CudaGraph::Replay(backend::Stream& stream) {
         absl::StrCat(device_.info().id, ": a graph cannot be replayed into a capture"));
   }
   KILN_RETURN_IF_ERROR(s->Note(device_.Enter()));
-  KILN_RETURN_IF_ERROR(
-      s->Note(device_.Check(Driver().cuGraphLaunch(exec_, s->stream()), "cuGraphLaunch")));
-  s->AddReplayedSlots(slots_);
-  return absl::OkStatus();
+  return s->Note(device_.Check(Driver().cuGraphLaunch(exec_, s->stream()), "cuGraphLaunch"));
 }
 
 absl::StatusOr<CudaStream::Staging*> CudaStream::AcquireStaging(int64_t bytes) {
@@ -350,30 +329,13 @@ void CudaStream::FreeTemporary(CUdeviceptr ptr) {
 namespace kiln::cuda {
 
 absl::StatusOr<CUdeviceptr> CudaStream::ReserveErrorSlot(ErrorDecoder decoder) {
-  const DriverApi& api = Driver();
   if (capturing_) {
-    // The graph's own slot: replays write it, not the stream's blocks (whose
-    // slots are reused after each SynchronizeFor).
-    void* host = nullptr;
-    KILN_RETURN_IF_ERROR(
-        Note(device_.Check(api.cuMemHostAlloc(&host, 4 * sizeof(uint64_t),
-                                              CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE),
-                           "cuMemHostAlloc(captured error slot)")));
-    std::memset(host, 0, 4 * sizeof(uint64_t));
-    CUdeviceptr mapped = 0;
-    const absl::Status s =
-        device_.Check(api.cuMemHostGetDevicePointer(&mapped, host, 0), "cuMemHostGetDevicePointer");
-    if (!s.ok()) {
-      api.cuMemFreeHost(host);
-      return Note(s);
-    }
-    capture_slots_.emplace_back(
-        std::make_shared<CapturedErrorSlot>(device_, static_cast<uint64_t*>(host), mapped),
-        std::move(decoder));
-    return mapped;
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_.info().id, ": error slots cannot be captured"));
   }
   const size_t k = decoders_.size();
   if (k / kSlotsPerBlock >= error_blocks_.size()) {
+    const DriverApi& api = Driver();
     ErrorBlock b;
     void* host = nullptr;
     KILN_RETURN_IF_ERROR(

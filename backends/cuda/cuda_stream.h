@@ -50,30 +50,11 @@ class CudaEvent final : public backend::Event {
   CUevent event_;
 };
 
-// An error slot of a captured launch: 4 words of mapped pinned memory of its
-// own, which every replay of the graph writes (CudaStream::ReserveErrorSlot
-// while capturing). Freed with the last holder.
-struct CapturedErrorSlot {
-  CapturedErrorSlot(const CudaDevice& device, uint64_t* host, CUdeviceptr mapped)
-      : device(device), host(host), mapped(mapped) {}
-  ~CapturedErrorSlot();
-  CapturedErrorSlot(const CapturedErrorSlot&) = delete;
-  CapturedErrorSlot& operator=(const CapturedErrorSlot&) = delete;
-  const CudaDevice& device;
-  uint64_t* host;
-  CUdeviceptr mapped;
-};
-using ErrorDecoder = std::function<absl::Status(uint64_t, uint64_t)>;
-using CapturedErrorSlots =
-    std::vector<std::pair<std::shared_ptr<CapturedErrorSlot>, ErrorDecoder>>;
-
-// An instantiated CUDA graph captured on one stream; replayed on it. Each
-// replay hands the stream its error slots, which the next SynchronizeFor
-// decodes as it does an uncaptured launch's.
+// An instantiated CUDA graph captured on one stream; replayed on it.
 class CudaGraph final : public backend::CapturedWork {
  public:
-  CudaGraph(CudaDevice& device, const void* stream, CUgraphExec exec, CapturedErrorSlots slots)
-      : device_(device), stream_(stream), exec_(exec), slots_(std::move(slots)) {}
+  CudaGraph(CudaDevice& device, const void* stream, CUgraphExec exec)
+      : device_(device), stream_(stream), exec_(exec) {}
   ~CudaGraph() override;
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -83,7 +64,6 @@ class CudaGraph final : public backend::CapturedWork {
   CudaDevice& device_;
   const void* stream_;  // the CudaStream it was captured on
   CUgraphExec exec_;
-  CapturedErrorSlots slots_;
 };
 
 class CudaStream final : public backend::Stream, public backend::CapturingStream {
@@ -129,12 +109,8 @@ class CudaStream final : public backend::Stream, public backend::CapturingStream
   // writes (word 0 = code, 0 while fine; the first failing thread sets it with
   // atomicCAS, then words 1 and 2). The next SynchronizeFor decodes a nonzero
   // slot into its status with `decoder(word1, word2)` and frees the slot.
-  // While capturing, the slot is the captured graph's own (CudaGraph): each
-  // replay's next SynchronizeFor decodes it and clears it.
-  using ErrorDecoder = cuda::ErrorDecoder;
+  using ErrorDecoder = std::function<absl::Status(uint64_t, uint64_t)>;
   absl::StatusOr<CUdeviceptr> ReserveErrorSlot(ErrorDecoder decoder);
-  // A replay's error slots, for the next SynchronizeFor (CudaGraph::Replay).
-  void AddReplayedSlots(const CapturedErrorSlots& slots);
 
  private:
   struct Staging {
@@ -170,8 +146,6 @@ class CudaStream final : public backend::Stream, public backend::CapturingStream
   };
   std::vector<ErrorBlock> error_blocks_;
   std::vector<ErrorDecoder> decoders_;
-  CapturedErrorSlots capture_slots_;   // reserved by the capture in progress
-  CapturedErrorSlots replayed_slots_;  // written by replays since the last SynchronizeFor
 };
 
 }  // namespace kiln::cuda

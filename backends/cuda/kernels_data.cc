@@ -363,8 +363,7 @@ class GatherKernel final : public CudaKernel {
         axis_size_(axis_size),
         inner_(inner) {}
 
-  // Capturable: a captured launch's error slot is the graph's own, decoded
-  // after each replay (CudaStream::ReserveErrorSlot).
+  bool capturable() const override { return false; }  // an error slot per launch
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,

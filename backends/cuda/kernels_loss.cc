@@ -4,8 +4,7 @@
 // broadcasting between prediction and target, mean / sum / none).
 //
 // Mean and sum take two launches: per-row (cross entropy) or per-block (MSE)
-// f64 partials (cross entropy: in the stream's workspace, so a CUDA graph can
-// capture it; MSE: a stream-ordered temporary), then one block that sums them
+// f64 partials in a stream-ordered temporary, then one block that sums them
 // in a fixed order. An integer label outside [0, C) that is not ignore_index
 // fails the run through the stream's error slot, naming the node, the label
 // and its row, as on the CPU.
@@ -116,9 +115,7 @@ class XentKernel final : public CudaKernel {
         sum_(std::move(sum)),
         plan_(plan) {}
 
-  // Capturable: the per-row losses live in the stream's workspace (sized by
-  // the uncaptured run before a capture) and a captured error slot is the
-  // graph's own (CudaStream::ReserveErrorSlot).
+  bool capturable() const override { return false; }  // an error slot and temporaries per launch
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -137,7 +134,7 @@ class XentKernel final : public CudaKernel {
         }));
       }
       if (!none) {
-        KILN_ASSIGN_OR_RETURN(tmp, s.Workspace(plan_.rows * 2 * 8));
+        KILN_ASSIGN_OR_RETURN(tmp, s.AllocateTemporary(plan_.rows * 2 * 8));
       }
       CUdeviceptr x = in[0], labels = plan_.label_kind != 0 ? in[1] : 0,
                   probs = plan_.label_kind != 0 ? 0 : in[1], loss = tmp,
@@ -151,7 +148,11 @@ class XentKernel final : public CudaKernel {
           static_cast<unsigned>(std::min<int64_t>(rows, device_.caps().max_grid_x));
       const unsigned block =
           static_cast<unsigned>(std::clamp<int64_t>((c + 31) / 32 * 32, 32, 256));
-      KILN_RETURN_IF_ERROR(LaunchKernel(s, rows_.fn, grid, 1, 1, block, 0, args));
+      absl::Status st = LaunchKernel(s, rows_.fn, grid, 1, 1, block, 0, args);
+      if (!st.ok()) {
+        if (tmp != 0) s.FreeTemporary(tmp);
+        return st;
+      }
     }
     if (none) return absl::OkStatus();
     CUdeviceptr values = tmp, valid = tmp == 0 ? 0 : tmp + plan_.rows * 8, y = out[0];
@@ -159,7 +160,9 @@ class XentKernel final : public CudaKernel {
     double count = 0;
     int mean = plan_.reduction == v1::REDUCTION_MEAN;
     void* args[] = {&values, &valid, &n, &count, &mean, &y};
-    return LaunchKernel(s, sum_.fn, 1, 1, 1, kSumBlock, 0, args);
+    absl::Status st = LaunchKernel(s, sum_.fn, 1, 1, 1, kSumBlock, 0, args);
+    if (tmp != 0) s.FreeTemporary(tmp);
+    return st;
   }
 
  private:

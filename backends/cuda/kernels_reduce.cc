@@ -245,14 +245,12 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateReduce(CudaDevice& d, con
     const ColumnReducePlan columns =
         PlanColumnReduce(plan->outer, plan->r, plan->inner, d.caps().sm_count);
     if (columns.split && columns.tiles <= d.caps().max_grid_x) {
-      KILN_ASSIGN_OR_RETURN(
-          LoadedFunction split,
-          LoadFunction(d, "reduce", KernelSource("reduce.cu"),
-                       absl::StrCat("kiln_reduce_cols_split_", dt), context));
-      KILN_ASSIGN_OR_RETURN(
-          LoadedFunction finish,
-          LoadFunction(d, "reduce", KernelSource("reduce.cu"),
-                       absl::StrCat("kiln_reduce_cols_finish_", dt), context));
+      KILN_ASSIGN_OR_RETURN(LoadedFunction split,
+                            LoadFunction(d, "reduce", KernelSource("reduce.cu"),
+                                         absl::StrCat("kiln_reduce_cols_split_", dt), context));
+      KILN_ASSIGN_OR_RETURN(LoadedFunction finish,
+                            LoadFunction(d, "reduce", KernelSource("reduce.cu"),
+                                         absl::StrCat("kiln_reduce_cols_finish_", dt), context));
       return std::unique_ptr<backend::Kernel>(std::make_unique<ReduceKernel>(
           d, spec, std::move(split), std::move(finish), *plan, columns,
           absl::StrCat("nvrtc:reduce_", kind, "_", dt, "_cols_split", columns.splits)));

@@ -18,9 +18,9 @@
 namespace kiln::cuda {
 
 struct ColumnReducePlan {
-  bool split = false;      // the split kernel (else the one-thread-per-output one)
-  int64_t tiles = 0;       // blocks along x: outer * ceil(inner / 32)
-  int64_t splits = 1;      // blocks along y: slices of r
+  bool split = false;         // the split kernel (else the one-thread-per-output one)
+  int64_t tiles = 0;          // blocks along x: outer * ceil(inner / 32)
+  int64_t splits = 1;         // blocks along y: slices of r
   int64_t partial_bytes = 0;  // f32 partials (splits > 1), else 0
 };
 
@@ -35,6 +35,10 @@ inline ColumnReducePlan PlanColumnReduce(int64_t outer, int64_t r, int64_t inner
   const int64_t sms = std::max(sm_count, 1);
   const int64_t outputs = outer * inner;
   if (r < 2 * 8 || outputs >= sms * kColumnThreadsPerSm) return p;
+  // Fewer than 8 columns leave most of a block's 32 lanes idle: only worth it
+  // when the plain kernel would have under 32 threads per SM ([16384, 4] ->
+  // [4] splits; [50000, 32, 2] -> [50000, 2] keeps its 100,000 threads).
+  if (inner < 8 && outputs >= sms * 32) return p;
   p.split = true;
   p.tiles = outer * ((inner + 31) / 32);
   // Aim at ~4 blocks per SM; no slice shorter than kMinRowsPerSplit rows;

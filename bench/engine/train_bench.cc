@@ -253,8 +253,9 @@ int Main(int argc, char** argv) {
       "{\"bench\": \"train_step_inproc\", \"model\": \"%s\", \"device\": \"%s\", \"threads\": "
       "%d, \"batch\": %d, \"steps\": %d, \"median_ms\": %.4f, \"graph_replays\": %d, "
       "\"losses\": [%s]}",
-      model, device, threads, static_cast<int>(sig.inputs.empty() ? 0 : DimsOf(sig.inputs[0].type)[0]),
-      steps, median, static_cast<int>(graph_replays), loss_list);
+      model, device, threads,
+      static_cast<int>(sig.inputs.empty() ? 0 : DimsOf(sig.inputs[0].type)[0]), steps, median,
+      static_cast<int>(graph_replays), loss_list);
   std::printf("%s\n", json.c_str());
   if (!export_dir.empty()) std::ofstream(export_dir + "/kiln.json") << json << "\n";
   return 0;

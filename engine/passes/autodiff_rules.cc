@@ -443,8 +443,7 @@ ValueRef ConvWeightGrad(Builder& b, const ConvShape& c, ValueRef x, ValueRef w, 
                         bool native) {
   const IrDims wd = b.T(w).dims;
   const DType dt = b.T(x).dtype;
-  if (native && c.sp == 2 &&
-      (dt == v1::DTYPE_F32 || dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16) &&
+  if (native && c.sp == 2 && (dt == v1::DTYPE_F32 || dt == v1::DTYPE_F16 || dt == v1::DTYPE_BF16) &&
       CustomOpRegistry::Global().Find(kConvBackwardWeightsOp) != nullptr) {
     v1::Attrs a;
     a.mutable_custom()->set_name(kConvBackwardWeightsOp);

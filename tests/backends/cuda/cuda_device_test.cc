@@ -1271,9 +1271,8 @@ TEST_F(CudaDeviceTest, StridedCopiesMatchTheHost) {
 
 // CUDA graphs on a stream: a capture runs nothing; each replay runs the
 // captured launches again (an in-place add accumulates) and re-records the
-// events captured inside it; a captured gather reports a bad index through
-// its replays' synchronizations; a kernel with per-launch host state (MSE's
-// temporary) refuses to launch into a capture, which still ends, and the
+// events captured inside it; a kernel with per-launch host state (gather's
+// error slot) refuses to launch into a capture, which still ends, and the
 // stream goes on.
 TEST_F(CudaDeviceTest, CapturedGraphReplaysKernelsAndEvents) {
   const int64_t n = 1 << 16;
@@ -1326,9 +1325,6 @@ TEST_F(CudaDeviceTest, CapturedGraphReplaysKernelsAndEvents) {
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE((*work)->Replay(**other).ok());  // only on the capturing stream
 
-  // Gather captures with an error slot of the graph's own: each replay's
-  // synchronization reports an out-of-range index the replay met, and the
-  // next good replay is fine again.
   KernelSpec gather;
   gather.name = gather.label = "gather";
   gather.op = v1::OP_GATHER;
@@ -1337,7 +1333,7 @@ TEST_F(CudaDeviceTest, CapturedGraphReplaysKernelsAndEvents) {
   gather.outputs = {{v1::DTYPE_F32, {4}}};
   auto g = dev_->PrepareKernel(gather, ctx);
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_TRUE(capturable(**g));
+  EXPECT_FALSE(capturable(**g));
   std::vector<int32_t> idx = {0, 1, 2, 3};
   auto ibuf = Upload(idx.data(), 16);
   auto obuf = dev_->Allocate(16);
@@ -1345,46 +1341,13 @@ TEST_F(CudaDeviceTest, CapturedGraphReplaysKernelsAndEvents) {
   ASSERT_TRUE(capture->BeginCapture().ok());
   const std::vector<backend::BufferView> gin = {av, {ibuf.get(), 0, 16}};
   const std::vector<backend::BufferView> gout = {{obuf->get(), 0, 16}};
-  ASSERT_TRUE((*g)->Launch(*stream_, gin, gout).ok());
-  auto gwork = capture->EndCapture();
-  ASSERT_TRUE(gwork.ok()) << gwork.status();
-  std::vector<float> four(4);
-  for (const int32_t bad : {0, static_cast<int32_t>(n) + 5, 0}) {
-    idx[1] = bad == 0 ? 1 : bad;
-    ASSERT_TRUE(dev_->CopyToDevice(*stream_, idx.data(), {ibuf.get(), 0, 16}).ok());
-    ASSERT_TRUE((*gwork)->Replay(*stream_).ok());
-    absl::Status synced = stream_->Synchronize();
-    if (bad != 0) {
-      EXPECT_EQ(synced.code(), absl::StatusCode::kOutOfRange) << synced;
-      EXPECT_TRUE(absl::StrContains(synced.message(), "gather index")) << synced;
-      continue;
-    }
-    ASSERT_TRUE(synced.ok()) << synced;
-    ASSERT_TRUE(dev_->CopyToHost(*stream_, {obuf->get(), 0, 16}, four.data()).ok());
-    ASSERT_TRUE(stream_->Synchronize().ok());
-    EXPECT_EQ(four[2], 4.0f);
-  }
-
-  // A kernel with per-launch host state (MSE's stream-ordered temporary)
-  // refuses to launch into a capture, which still ends, and the stream goes on.
-  KernelSpec mse;
-  mse.name = mse.label = "mse";
-  mse.op = v1::OP_MEAN_SQUARED_ERROR;
-  mse.attrs.mutable_mean_squared_error()->set_reduction(v1::REDUCTION_MEAN);
-  mse.inputs = {{v1::DTYPE_F32, {n}}, {v1::DTYPE_F32, {n}}};
-  mse.outputs = {{v1::DTYPE_F32, {}}};
-  auto m = dev_->PrepareKernel(mse, ctx);
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_FALSE(capturable(**m));
-  ASSERT_TRUE(capture->BeginCapture().ok());
-  const std::vector<backend::BufferView> mout = {{obuf->get(), 0, 4}};
-  EXPECT_FALSE((*m)->Launch(*stream_, ins, mout).ok());
+  EXPECT_FALSE((*g)->Launch(*stream_, gin, gout).ok());
   (void)capture->EndCapture();  // ends the capture (of nothing) either way
-  ASSERT_TRUE((*m)->Launch(*stream_, ins, mout).ok());  // uncaptured, it runs
-  float mean = 0;
-  ASSERT_TRUE(dev_->CopyToHost(*stream_, {obuf->get(), 0, 4}, &mean).ok());
+  ASSERT_TRUE((*g)->Launch(*stream_, gin, gout).ok());  // uncaptured, it runs
+  std::vector<float> four(4);
+  ASSERT_TRUE(dev_->CopyToHost(*stream_, {obuf->get(), 0, 16}, four.data()).ok());
   ASSERT_TRUE(stream_->Synchronize().ok());
-  EXPECT_FLOAT_EQ(mean, 3.5f * 3.5f);  // a = 4 after the replays above, b = 0.5
+  EXPECT_EQ(four[2], 4.0f);
 }
 
 }  // namespace

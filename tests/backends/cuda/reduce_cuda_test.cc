@@ -51,6 +51,8 @@ TEST(ColumnReducePlan, FewOutputsOverALongDimSplit) {
 TEST(ColumnReducePlan, ManyOutputsOrAShortDimKeepOneThreadPerOutput) {
   EXPECT_FALSE(PlanColumnReduce(1, 4096, 132 * 2048, 132).split);  // fills the GPU as is
   EXPECT_FALSE(PlanColumnReduce(64, 8, 64, 132).split);            // 8 rows: nothing to split
+  EXPECT_FALSE(PlanColumnReduce(50000, 32, 2, 132).split);         // narrow columns, many rows
+  EXPECT_TRUE(PlanColumnReduce(1, 16384, 4, 132).split);           // narrow but very few
 }
 
 TEST(ReduceCudaNvrtc, SplitEntryPointsCompile) {
@@ -102,8 +104,8 @@ void Store(DType dt, std::vector<char>& bytes, int64_t i, double v) {
     std::memcpy(&bytes[i * 4], &f, 4);
     return;
   }
-  const uint16_t h = dt == v1::DTYPE_F16 ? FloatToHalf(static_cast<float>(v))
-                                         : FloatToBf16(static_cast<float>(v));
+  const uint16_t h =
+      dt == v1::DTYPE_F16 ? FloatToHalf(static_cast<float>(v)) : FloatToBf16(static_cast<float>(v));
   std::memcpy(&bytes[i * 2], &h, 2);
 }
 
@@ -121,14 +123,14 @@ double Load(DType dt, const std::vector<char>& bytes, int64_t i) {
 TEST_F(ReduceCudaTest, ColumnPathsMatchAnF64Reference) {
   const ReduceCase cases[] = {
       {v1::DTYPE_F32, {16384, 64}, {0}, v1::REDUCE_SUM, false, 1},  // bias gradient
-      {v1::DTYPE_F32, {256, 64, 64}, {0, 1}, v1::REDUCE_MEAN},    // norm-scale gradient shape
-      {v1::DTYPE_F32, {256, 64, 256}, {0}, v1::REDUCE_SUM},       // [.., K, N] over a batch
-      {v1::DTYPE_F32, {3, 5000, 40}, {1}, v1::REDUCE_MAX, true},  // outer 3, ragged tile, NaN
+      {v1::DTYPE_F32, {256, 64, 64}, {0, 1}, v1::REDUCE_MEAN},      // norm-scale gradient shape
+      {v1::DTYPE_F32, {256, 64, 256}, {0}, v1::REDUCE_SUM},         // [.., K, N] over a batch
+      {v1::DTYPE_F32, {3, 5000, 40}, {1}, v1::REDUCE_MAX, true},    // outer 3, ragged tile, NaN
       {v1::DTYPE_F32, {2, 3000, 7}, {1}, v1::REDUCE_MIN, true},
       {v1::DTYPE_F32, {1000, 33}, {0}, v1::REDUCE_PROD},
       {v1::DTYPE_F16, {4096, 96}, {0}, v1::REDUCE_SUM},
       {v1::DTYPE_BF16, {2, 2048, 64}, {0, 1}, v1::REDUCE_MEAN},
-      {v1::DTYPE_F32, {64, 4096}, {0}, v1::REDUCE_SUM},           // short: one split
+      {v1::DTYPE_F32, {64, 4096}, {0}, v1::REDUCE_SUM},             // short: one split
       {v1::DTYPE_F32, {8, 300000}, {0}, v1::REDUCE_SUM, false, 0},  // many outputs: plain
   };
   std::mt19937_64 rng(19);
@@ -184,17 +186,22 @@ TEST_F(ReduceCudaTest, ColumnPathsMatchAnF64Reference) {
     const int64_t out_bytes = outer * inner * es;
     auto out = dev_->Allocate(out_bytes);
     ASSERT_TRUE(out.ok());
-    const std::vector<BufferView> ins = {{in->get(), 0, n * es}}, outs = {{out->get(), 0, out_bytes}};
+    const std::vector<BufferView> ins = {{in->get(), 0, n * es}},
+                                  outs = {{out->get(), 0, out_bytes}};
     ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
     std::vector<char> got(out_bytes);
     ASSERT_TRUE(dev_->CopyToHost(*stream_, {out->get(), 0, out_bytes}, got.data()).ok());
     ASSERT_TRUE(stream_->Synchronize().ok());
     // f32 accumulation over r terms of |x| <= 1, then the storage rounding.
-    const double store_rel = c.dt == v1::DTYPE_BF16 ? 1.0 / 128 : c.dt == v1::DTYPE_F16 ? 1.0 / 1024 : 0;
+    const double store_rel = c.dt == v1::DTYPE_BF16  ? 1.0 / 128
+                             : c.dt == v1::DTYPE_F16 ? 1.0 / 1024
+                                                     : 0;
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t col = 0; col < inner; ++col) {
-        double acc = c.kind == v1::REDUCE_PROD ? 1 : c.kind == v1::REDUCE_MAX ? -INFINITY
-                   : c.kind == v1::REDUCE_MIN ? INFINITY : 0;
+        double acc = c.kind == v1::REDUCE_PROD  ? 1
+                     : c.kind == v1::REDUCE_MAX ? -INFINITY
+                     : c.kind == v1::REDUCE_MIN ? INFINITY
+                                                : 0;
         double abs_sum = 0;
         bool nan = false;
         for (int64_t j = 0; j < r; ++j) {
@@ -202,21 +209,29 @@ TEST_F(ReduceCudaTest, ColumnPathsMatchAnF64Reference) {
           nan |= std::isnan(v);
           abs_sum += std::abs(v);
           switch (c.kind) {
-            case v1::REDUCE_MAX: acc = std::max(acc, v); break;
-            case v1::REDUCE_MIN: acc = std::min(acc, v); break;
-            case v1::REDUCE_PROD: acc *= v; break;
-            default: acc += v;
+            case v1::REDUCE_MAX:
+              acc = std::max(acc, v);
+              break;
+            case v1::REDUCE_MIN:
+              acc = std::min(acc, v);
+              break;
+            case v1::REDUCE_PROD:
+              acc *= v;
+              break;
+            default:
+              acc += v;
           }
         }
-        if (c.kind == v1::REDUCE_MEAN) acc /= static_cast<double>(r), abs_sum /= static_cast<double>(r);
+        if (c.kind == v1::REDUCE_MEAN)
+          acc /= static_cast<double>(r), abs_sum /= static_cast<double>(r);
         const double g = Load(c.dt, got, o * inner + col);
         const std::string at = absl::StrCat("output [", o, ", ", col, "]");
         if (nan && (c.kind == v1::REDUCE_MAX || c.kind == v1::REDUCE_MIN)) {
           ASSERT_TRUE(std::isnan(g)) << at;
           continue;
         }
-        const double tol = (c.kind == v1::REDUCE_PROD ? 1e-4 : 2e-6 * abs_sum) +
-                           store_rel * std::abs(acc) + 1e-6;
+        const double tol =
+            (c.kind == v1::REDUCE_PROD ? 1e-4 : 2e-6 * abs_sum) + store_rel * std::abs(acc) + 1e-6;
         ASSERT_NEAR(g, acc, tol) << at;
       }
     }

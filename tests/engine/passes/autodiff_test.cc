@@ -583,8 +583,10 @@ TEST(Autodiff, SharedWeightGradientIsOneProductOverTheBatch) {
   auto g = ir::ParseGraphProto(text);
   ASSERT_TRUE(g.ok()) << g.status();
   std::vector<float> xs(8 * 6 * 4), cs(8 * 6 * 3), ws(4 * 3, 0.5f);
-  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 4;
-  for (size_t i = 0; i < cs.size(); ++i) cs[i] = static_cast<float>(static_cast<int>(i % 5) - 2) / 2;
+  for (size_t i = 0; i < xs.size(); ++i)
+    xs[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 4;
+  for (size_t i = 0; i < cs.size(); ++i)
+    cs[i] = static_cast<float>(static_cast<int>(i % 5) - 2) / 2;
   HostTensor x = HostTensor::FromVector<float>(v1::DTYPE_F32, {8, 6, 4}, xs);
   HostTensor w = HostTensor::FromVector<float>(v1::DTYPE_F32, {4, 3}, ws);
   HostTensor c = HostTensor::FromVector<float>(v1::DTYPE_F32, {8, 6, 3}, cs);
