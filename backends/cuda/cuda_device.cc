@@ -155,15 +155,47 @@ void CudaDevice::OpenLibraries() {
   (void)LoadNvrtc();
   const double nvrtc = ms(t);
   t = Clock::now();
-  (void)LtHandle();
+  absl::StatusOr<cublasLtHandle_t> handle = LtHandle();
   const double lt = ms(t);
+  t = Clock::now();
+  if (handle.ok()) WarmUpCublasLt(*handle);
+  const double lt_types = ms(t);
   t = Clock::now();
   if (cudnn_version_ != 0) (void)cudnn_context();
   const double dnn = ms(t);
   spdlog::info(
       "{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuBLASLt and its handle {:.1f}, "
-      "cuDNN's handle {:.1f})",
-      info_.id, nvrtc + lt + dnn, nvrtc, lt, dnn);
+      "cuBLASLt's first query per data type {:.1f}, cuDNN's handle {:.1f})",
+      info_.id, nvrtc + lt + lt_types + dnn, nvrtc, lt, lt_types, dnn);
+}
+
+void CudaDevice::WarmUpCublasLt(cublasLtHandle_t handle) {
+  const CublasLtApi& lt = CublasLt();
+  for (const cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F}) {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t layout = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    const uint64_t n = 256, workspace = uint64_t{32} << 20;
+    if (lt.cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
+            CUBLAS_STATUS_SUCCESS &&
+        lt.cublasLtMatrixLayoutCreate(&layout, type, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+        lt.cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS) {
+      lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &workspace, sizeof(workspace));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      if (lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, layout, layout, layout, layout, pref, 1,
+                                            &result, &found) == CUBLAS_STATUS_SUCCESS &&
+          found > 0) {
+        cublasLtMatmulHeuristicResult_t check{};
+        (void)lt.cublasLtMatmulAlgoCheck(handle, desc, layout, layout, layout, layout, &result.algo,
+                                         &check);
+      }
+    }
+    if (pref != nullptr) lt.cublasLtMatmulPreferenceDestroy(pref);
+    if (layout != nullptr) lt.cublasLtMatrixLayoutDestroy(layout);
+    if (desc != nullptr) lt.cublasLtMatmulDescDestroy(desc);
+  }
 }
 
 CudaDevice::~CudaDevice() {
