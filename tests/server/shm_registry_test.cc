@@ -112,6 +112,11 @@ class RawShmClient {
     return answer;
   }
 
+  bool SendRaw(const std::string& bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+
   v1::ShmServerMessage Hello(const std::string& ticket) {
     v1::ShmClientMessage m;
     m.set_ticket(ticket);
@@ -308,6 +313,142 @@ TEST(ShmRegistry, QuotaHoldsAcrossConnectionsRegisteringAtOnce) {
   // Destroyed with its connections still open: they close, their regions go.
   registry->reset();
   for (auto& c : kept) c.reset();
+}
+
+
+// Runs on the socket (SetRunner): the runner gets the ticket's tenant and the
+// message; its answer may come from another thread; one connection's run in
+// flight holds up no other connection; a client that hangs up has its run
+// cancelled; StopRuns cancels what is in flight and waits for it.
+class FakeRun final : public ShmRunCall {
+ public:
+  explicit FakeRun(ShmRunRequest r) : r_(std::move(r)) {}
+  void Cancel() override {
+    cancelled_.store(true);
+    Answer(absl::CancelledError("cancelled"));
+  }
+  void Answer(const absl::Status& s) {
+    if (answered_.exchange(true)) return;
+    v1::ShmServerMessage a;
+    a.set_code(static_cast<int>(s.code()));
+    a.set_message(s.ok() ? std::string(r_.run) : std::string(s.message()));
+    a.set_request_id(r_.request_id.empty() ? "fake" : r_.request_id);
+    r_.answer(std::move(a));
+  }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  ShmRunRequest r_;
+  std::atomic<bool> cancelled_ = false;
+  std::atomic<bool> answered_ = false;
+};
+
+TEST(ShmRegistry, RunsOnTheSocket) {
+  Tenant dora("dora", ShmQuota(4, 4 * kShmRegionBytes), 1.0);
+  auto registry = ShmRegistry::Create(v1::ServerConfig());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ShmRegistry& reg = **registry;
+  auto run_message = [](const std::string& run, const std::string& id = "") {
+    v1::ShmClientMessage m;
+    m.set_run(run);
+    m.set_run_request_id(id);
+    return m;
+  };
+  // No runner: the ticket says so, and a run is refused (UNIMPLEMENTED, with
+  // a request id: the client knows a kilnd that takes runs answered).
+  v1::ConnectSharedMemoryResponse ticket = reg.NewTicket(dora);
+  EXPECT_EQ(ticket.max_run_message_bytes(), 0);
+  {
+    RawShmClient c(ticket.socket());
+    ASSERT_EQ(c.Hello(ticket.ticket()).code(), 0);
+    v1::ShmServerMessage a = c.Call(run_message("x"));
+    EXPECT_EQ(a.code(), static_cast<int>(absl::StatusCode::kUnimplemented));
+    EXPECT_FALSE(a.request_id().empty());
+  }
+
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<FakeRun>> started;  // answered when the test says
+  reg.SetRunner([&](ShmRunRequest r) -> std::shared_ptr<ShmRunCall> {
+    EXPECT_EQ(r.tenant, &dora);
+    auto run = std::make_shared<FakeRun>(std::move(r));
+    absl::MutexLock lock(&mu);
+    started.push_back(run);
+    return run;
+  });
+  // Answers run i from a thread of its own.
+  auto answer_from_thread = [&](size_t i) {
+    std::shared_ptr<FakeRun> run;
+    {
+      absl::MutexLock lock(&mu);
+      run = started[i];
+    }
+    std::thread([run] { run->Answer(absl::OkStatus()); }).join();
+  };
+  ticket = reg.NewTicket(dora);
+  EXPECT_EQ(ticket.max_run_message_bytes(), ShmRegistry::kMaxRunMessageBytes);
+  RawShmClient a(ticket.socket());
+  ASSERT_EQ(a.Hello(ticket.ticket()).code(), 0);
+  ticket = reg.NewTicket(dora);
+  RawShmClient b(ticket.socket());
+  ASSERT_EQ(b.Hello(ticket.ticket()).code(), 0);
+
+  // a's run in flight (not answered); b's runs answered meanwhile.
+  std::thread a_run([&] {
+    v1::ShmServerMessage got = a.Call(run_message("held", "a-1"));
+    EXPECT_EQ(got.code(), 0);
+    EXPECT_EQ(got.message(), "held");
+    EXPECT_EQ(got.request_id(), "a-1");
+  });
+  auto count = [&] {
+    absl::MutexLock lock(&mu);
+    return started.size();
+  };
+  while (count() < 1) absl::SleepFor(absl::Milliseconds(1));
+  for (int i = 0; i < 3; ++i) {
+    std::thread answerer([&, i] {
+      while (count() < static_cast<size_t>(2 + i)) absl::SleepFor(absl::Milliseconds(1));
+      answer_from_thread(1 + i);
+    });
+    v1::ShmServerMessage got = b.Call(run_message(absl::StrCat("b", i)));
+    answerer.join();
+    EXPECT_EQ(got.code(), 0);
+    EXPECT_EQ(got.message(), absl::StrCat("b", i));
+  }
+  answer_from_thread(0);
+  a_run.join();
+
+  // A client that hangs up mid-run: its run is cancelled.
+  ticket = reg.NewTicket(dora);
+  auto gone = std::make_unique<RawShmClient>(ticket.socket());
+  ASSERT_EQ(gone->Hello(ticket.ticket()).code(), 0);
+  {
+    v1::ShmClientMessage m = run_message("never answered");
+    const std::string bytes = m.SerializeAsString();
+    ASSERT_TRUE(gone->SendRaw(bytes));
+  }
+  while (count() < 5) absl::SleepFor(absl::Milliseconds(1));
+  gone.reset();
+  std::shared_ptr<FakeRun> fifth;
+  {
+    absl::MutexLock lock(&mu);
+    fifth = started[4];
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!fifth->cancelled() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(fifth->cancelled());
+
+  // StopRuns: a run in flight is cancelled and let go; later runs are refused.
+  std::thread stuck([&] {
+    v1::ShmServerMessage got = b.Call(run_message("stuck"));
+    EXPECT_EQ(got.code(), static_cast<int>(absl::StatusCode::kCancelled));
+  });
+  while (count() < 6) absl::SleepFor(absl::Milliseconds(1));
+  reg.StopRuns();
+  stuck.join();
+  v1::ShmServerMessage refused = b.Call(run_message("late"));
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(count(), 6u);
+  EXPECT_EQ(reg.NewTicket(dora).max_run_message_bytes(), 0);
 }
 
 }  // namespace
