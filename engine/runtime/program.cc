@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends/capture.h"
@@ -948,6 +949,19 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   }
 
   RunResult result;
+  // Copies out of a device worker land in `result`'s tensors (and the
+  // caller's destinations) only when their stream is synchronized. If this
+  // returns an error after queueing some (a later output's allocation, a
+  // param update, another device's failed sync), they must land before
+  // `result` is freed: the caller's drain would otherwise write into freed
+  // memory. Declared after `result`, so it runs first.
+  bool outputs_landed = false;
+  absl::Cleanup land_outputs = [&] {
+    if (outputs_landed) return;
+    for (auto& [id, s] : devices_) {
+      if (!s.device->info().host_memory) (void)s.stream->SynchronizeFor(wait_timeout_);
+    }
+  };
   if (!options.output_destinations.empty()) result.in_destination.assign(lir_.outputs_size(), false);
   for (int o = 0; o < lir_.outputs_size(); ++o) {
     const v1::LirNamedSlot& out = lir_.outputs(o);
@@ -998,6 +1012,7 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
         << "while writing param \"" << u.name() << "\"";
   }
   for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
+  outputs_landed = true;
   const double total_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start).count();
 
