@@ -49,13 +49,18 @@ elif name.startswith("encoder_vs_ort"):
 elif name == "kilnd_vs_ort":
     m, e = j["mlp_b1"], j["encoder_layer"]
     med, py = m["medians"], e["python_client"]["medians"]
-    s = (f"MLP b1 through kilnd {f(med['kilnd_us'], 0)} us vs ORT {f(med['ort_in_process_us'], 0)} us"
-         f" + round trip {f(med['bare_round_trip_us'], 0)} us: +{f(m['added_over_ort_and_round_trip_us'], 0)}"
-         f" us (target <= 60); encoder through kilnd vs in process: C++ "
+    # One entry per transport (bytes, shm over gRPC, shm_run over the socket).
+    mlp = ", ".join(f"{t} +{f(v['kilnd_minus_ort_and_round_trip_us'], 0)}"
+                    for t, v in med.items() if isinstance(v, dict))
+    grpc = e.get("cpp_client_grpc_run", {}).get("overhead_pct_of_medians")
+    s = (f"MLP b1 through kilnd vs ORT {f(med['ort_in_process_us'], 0)} us + round trip, added us: "
+         f"{mlp} (target <= 60); encoder through kilnd vs in process: C++ "
          f"+{f(e['cpp_client']['overhead_pct_of_medians'], 1)}% "
-         f"({'shm' if e['cpp_client']['shared_memory'] else 'bytes'}), Python "
-         f"+{f(py['shared_memory_added_pct'], 1)}% (shm) / +{f(py['bytes_added_pct'], 1)}% (bytes)"
-         f" (target <= 5%)")
+         f"({'socket run' if e['cpp_client'].get('shm_run') else 'shm' if e['cpp_client']['shared_memory'] else 'bytes'})"
+         + (f" / +{f(grpc, 1)}% (gRPC run)" if grpc is not None else "")
+         + f", Python +{f(py['shared_memory_added_pct'], 1)}% (default: socket run)"
+         + (f" / +{f(py['shm_grpc_added_pct'], 1)}% (shm, gRPC run)" if "shm_grpc_added_pct" in py else "")
+         + f" / +{f(py['bytes_added_pct'], 1)}% (bytes) (target <= 5%)")
 elif name == "kiln_wire":
     a, b = j["four_mib"], j["mlp_b1"]
     s = (f"4 MiB each way over gRPC: added {f(a['added_p50_ms'])} ms (target <= 2); MLP b1: kilnd "
@@ -64,7 +69,10 @@ elif name == "kiln_shm_bench":
     s = (f"4 MiB each way, added p50: gRPC TCP {f(j['grpc']['added_ms_p50'])} ms, gRPC Unix socket "
          f"{f(j['grpc_unix']['added_ms_p50'])} ms (TCP/Unix {f(j['grpc_tcp_over_unix_added'])}), "
          f"shm copy {f(j['shm_copy']['added_ms_p50'])} ms, shm in place "
-         f"{f(j['shm_inplace']['added_ms_p50'])} ms (targets: gRPC <= 2, shm <= 0.2)")
+         f"{f(j['shm_inplace']['added_ms_p50'])} ms (gRPC run)"
+         + (f" / {f(j['shm_inplace_socket']['added_ms_p50'])} ms (socket run)"
+            if "shm_inplace_socket" in j else "")
+         + " (targets: gRPC <= 2, shm <= 0.2)")
 elif name == "python_client_overhead":
     s = "; ".join(f"{r['bytes_each_way']} B each way: client {f(r['client']['p50_us'], 0)} us vs bare "
                   f"grpcio {f(r['bare_grpcio']['p50_us'], 0)} us (+{f(r['added_p50_us'], 0)} us)"
