@@ -8,8 +8,10 @@
 #include <cstring>
 #include <vector>
 
+// Its own namespace: CI's unity build puts this file in one translation unit
+// with host_copy_test.cc, whose anonymous namespace has a kMiB too.
 namespace kiln {
-namespace {
+namespace host_arena_test {
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -96,5 +98,5 @@ TEST(HostArena, CountsCopiesByReference) {
   EXPECT_EQ((*a)->stats().direct_copies, 2);
 }
 
-}  // namespace
+}  // namespace host_arena_test
 }  // namespace kiln
