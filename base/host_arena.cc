@@ -10,6 +10,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace kiln {
 namespace {
@@ -37,23 +38,28 @@ HostArena::~HostArena() {
   ::close(fd_);
 }
 
-absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(int64_t bytes) {
-  if (bytes <= 0) return absl::InvalidArgumentError("a host arena needs a positive size");
-  bytes = RoundUp(bytes);
-  const int fd = ::memfd_create("kiln-host-arena", MFD_CLOEXEC);
-  if (fd < 0) return Errno("memfd_create");
+absl::StatusOr<SharedMemfd> CreateSharedMemfd(const char* what, int64_t bytes) {
+  const int fd = ::memfd_create(what, MFD_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("memfd_create of ", what).c_str());
   if (::ftruncate(fd, bytes) != 0) {
-    absl::Status s = Errno("ftruncate");
+    absl::Status s = Errno(absl::StrCat("ftruncate of ", what).c_str());
     ::close(fd);
     return s;
   }
   void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    absl::Status s = Errno("mmap");
+    absl::Status s = Errno(absl::StrCat("mmap of ", what).c_str());
     ::close(fd);
     return s;
   }
-  return std::unique_ptr<HostArena>(new HostArena(fd, static_cast<char*>(p), bytes));
+  return SharedMemfd{fd, static_cast<char*>(p)};
+}
+
+absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(int64_t bytes) {
+  if (bytes <= 0) return absl::InvalidArgumentError("a host arena needs a positive size");
+  bytes = RoundUp(bytes);
+  KILN_ASSIGN_OR_RETURN(SharedMemfd m, CreateSharedMemfd("kiln-host-arena", bytes));
+  return std::unique_ptr<HostArena>(new HostArena(m.fd, m.base, bytes));
 }
 
 HostArena* HostArena::Process(int64_t bytes) {

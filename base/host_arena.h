@@ -42,6 +42,15 @@
 
 namespace kiln {
 
+// A fresh memfd (close-on-exec) of `bytes`, mapped shared read-write: the
+// memory a process hands to its device workers (HostArena, the workers'
+// staging ShmRegion). `what` names it in errors and in /proc/<pid>/maps.
+struct SharedMemfd {
+  int fd = -1;
+  char* base = nullptr;
+};
+absl::StatusOr<SharedMemfd> CreateSharedMemfd(const char* what, int64_t bytes);
+
 class HostArena {
  public:
   static constexpr int64_t kMinBytes = int64_t{1} << 20;

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/host_arena.h"
+#include "base/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace kiln::runtime::worker {
@@ -95,21 +97,9 @@ ShmRegion::~ShmRegion() {
 }
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(int64_t bytes, int64_t resident_bytes) {
-  const int fd = ::memfd_create("kiln-device-worker", MFD_CLOEXEC);
-  if (fd < 0) return Errno("memfd_create");
-  if (::ftruncate(fd, bytes) != 0) {
-    absl::Status s = Errno("ftruncate of the worker staging region");
-    ::close(fd);
-    return s;
-  }
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    absl::Status s = Errno("mmap of the worker staging region");
-    ::close(fd);
-    return s;
-  }
+  KILN_ASSIGN_OR_RETURN(SharedMemfd m, CreateSharedMemfd("kiln-device-worker", bytes));
   return std::unique_ptr<ShmRegion>(
-      new ShmRegion(fd, static_cast<char*>(p), bytes, std::max<int64_t>(resident_bytes, 0)));
+      new ShmRegion(m.fd, m.base, bytes, std::max<int64_t>(resident_bytes, 0)));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Map(int fd) {
