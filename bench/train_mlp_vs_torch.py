@@ -19,6 +19,12 @@ third trains on each round's batches through one streaming TrainSteps call
 when kilnd is local), and the bytes client streams them too
 ("kiln_kilnd_stream_bytes").
 
+The unary steps of "kiln_kilnd" go over kilnd's shared-memory socket when it
+takes them there (docs/training.md "Steps over the socket";
+"step_over_shm_socket" says whether they did); "kiln_kilnd_grpc" is the same
+step of a client with shm_train_steps=False (the batch in shared memory, the
+call over gRPC), in the same rounds.
+
 --baseline_kilnd (and --baseline_inproc) name another build (e.g. main's
 before a change): its kilnd runs beside this one and its unary steps
 ("kiln_kilnd_baseline"), its streamed steps ("kiln_kilnd_stream_baseline",
@@ -159,6 +165,9 @@ def bench_model(args, server, name, baseline=None):
     client = kiln.connect(server.addr)
     session = client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                    optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
+    grpc_client = kiln.Client(server.addr, shm_train_steps=False)
+    grpc_session = grpc_client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
+                                             optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
     bytes_client = kiln.Client(server.addr, shared_memory=False)
     bytes_session = bytes_client.train_session(kiln.parse(m["graph"]), loss="loss", params=init,
                                                optimizer=kiln.AdamW(lr=1e-3), device="cpu:0")
@@ -189,6 +198,9 @@ def bench_model(args, server, name, baseline=None):
     def kiln_step(i):
         session.step({"x": xs[i], "y": ys[i]})
 
+    def kiln_grpc_step(i):
+        grpc_session.step({"x": xs[i], "y": ys[i]})
+
     def kiln_bytes_step(i):
         bytes_session.step({"x": xs[i], "y": ys[i]})
 
@@ -197,6 +209,7 @@ def bench_model(args, server, name, baseline=None):
 
     for i in range(3):  # warm-up: compile, first allocations
         kiln_step(i)
+        kiln_grpc_step(i)
         kiln_bytes_step(i)
         torch_step(i)
         if base_session is not None:
@@ -207,10 +220,11 @@ def bench_model(args, server, name, baseline=None):
     stream_shared_memory = client.last_train_steps_shared_memory
     list(bytes_stream_session.steps(batches[:3]))
     shared_memory = client.last_train_step_shared_memory
-    times = {"kiln_kilnd": [], "kiln_kilnd_bytes": [], "torch": [], "kiln_kilnd_stream": [],
-             "kiln_kilnd_stream_bytes": []}
+    over_socket = getattr(client, "last_train_step_over_shm_socket", False)
+    times = {"kiln_kilnd": [], "kiln_kilnd_grpc": [], "kiln_kilnd_bytes": [], "torch": [],
+             "kiln_kilnd_stream": [], "kiln_kilnd_stream_bytes": []}
     series = [("kiln_kilnd", kiln_step), ("torch", torch_step),
-              ("kiln_kilnd_bytes", kiln_bytes_step)]
+              ("kiln_kilnd_grpc", kiln_grpc_step), ("kiln_kilnd_bytes", kiln_bytes_step)]
     if base_session is not None:
         times["kiln_kilnd_baseline"] = []
         times["kiln_kilnd_stream_baseline"] = []
@@ -243,6 +257,8 @@ def bench_model(args, server, name, baseline=None):
         base_stream_session.close()
         base_client.close()
     bytes_stream_session.close()
+    grpc_session.close()
+    grpc_client.close()
     session.close()
     stream_session.close()
     client.close()
@@ -261,10 +277,13 @@ def bench_model(args, server, name, baseline=None):
         "steps_per_series": args.steps, "rounds": args.rounds,
         "batch_through_shared_memory": shared_memory,
         "stream_batches_through_shared_memory": stream_shared_memory,
+        "step_over_shm_socket": over_socket,
         "median_ms": med,
         "kiln_over_torch": med["kiln_kilnd"] / med["torch"],
         "kiln_inproc_over_torch": med["kiln_inproc"] / med["torch"] if inproc else None,
         "kilnd_over_inproc": med["kiln_kilnd"] / med["kiln_inproc"] if inproc else None,
+        "kilnd_grpc_over_inproc":
+            med["kiln_kilnd_grpc"] / med["kiln_inproc"] if inproc else None,
         "kilnd_bytes_over_inproc":
             med["kiln_kilnd_bytes"] / med["kiln_inproc"] if inproc else None,
         "kilnd_stream_over_inproc":
@@ -279,6 +298,12 @@ def bench_model(args, server, name, baseline=None):
             if base_session and inproc else None,
         "baseline_kilnd_over_torch":
             med["kiln_kilnd_baseline"] / med["torch"] if base_session else None,
+        "baseline_kilnd_over_baseline_inproc":
+            med["kiln_kilnd_baseline"] / med["kiln_inproc_baseline"]
+            if base_session and inproc_base else None,
+        "baseline_kilnd_stream_over_baseline_inproc":
+            med["kiln_kilnd_stream_baseline"] / med["kiln_inproc_baseline"]
+            if base_session and inproc_base else None,
         "inproc_over_baseline_inproc":
             med["kiln_inproc"] / med["kiln_inproc_baseline"] if inproc and inproc_base else None,
     }), flush=True)

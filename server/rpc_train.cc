@@ -208,17 +208,28 @@ absl::Status NotStarted(const grpc::CallbackServerContext* ctx) {
              : absl::CancelledError("the client went away before the step started");
 }
 
-class TrainStepReactor final : public grpc::ServerUnaryReactor {
+// One TrainStep, whichever transport brought it: gRPC's TrainStep
+// (TrainStepReactor) or a train_step message on kilnd's shared-memory socket
+// (SocketTrainStepCall, server/shm_regions.h), as RunCall is for Run.
+// Authentication aside (the transport's), every check, quota, deadline,
+// cancellation, metric, log line and report is this code.
+class TrainStepCall {
  public:
-  TrainStepReactor(KilnService& service, grpc::CallbackServerContext* ctx,
-                   const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
-      : service_(service), ctx_(ctx), response_bytes_(*response_bytes), step_(service, call_) {
-    absl::Status s =
-        service_.Begin(ctx, "TrainStep", static_cast<int64_t>(request_bytes->Length()), call_);
+  TrainStepCall(KilnService& service, const grpc::ByteBuffer& request_bytes,
+                grpc::ByteBuffer& response_bytes)
+      : service_(service), request_bytes_(request_bytes), response_bytes_(response_bytes),
+        step_(service, call_) {}
+  virtual ~TrainStepCall() = default;
+  TrainStepCall(const TrainStepCall&) = delete;
+  TrainStepCall& operator=(const TrainStepCall&) = delete;
+
+  // Admits the step and starts it; it is answered (Send) here or later.
+  void Start() {
+    const auto bytes = static_cast<int64_t>(request_bytes_.Length());
+    absl::Status s = BeginCall(call_, bytes);
     if (s.ok()) {
-      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), "TrainStep",
-                                                   static_cast<int64_t>(request_bytes->Length()));
-      s = step_.Admit(*request_bytes, nullptr);
+      service_.deps().metrics->ObserveRequestBytes(call_.tenant->name(), call_.method, bytes);
+      s = step_.Admit(request_bytes_, nullptr);
     }
     if (s.ok()) s = step_.Acquire();
     if (step_.session()) call_.detail = absl::StrCat("session=", step_.session()->id());
@@ -228,32 +239,53 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
     }
     if (step_.PrepareIfReady()) {
       // On success the step's outcome answers the call, maybe already.
-      s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
-                      [this](absl::Status r) { Complete(r); });
+      s = step_.Start(Deadline(), &cancelled_, true, [this](absl::Status r) { Complete(r); });
       if (!s.ok()) Complete(s);
       return;
     }
     Tenant& t = *call_.tenant;
     service_.deps().pool->Post(
-        CompileAccount(t), static_cast<double>(request_bytes->Length()),
-        t.quota().max_concurrent_compiles(), [this] {
-          absl::Status s = cancelled_.load() ? NotStarted(ctx_) : step_.Prepare();
+        CompileAccount(t), static_cast<double>(bytes), t.quota().max_concurrent_compiles(),
+        [this] {
+          absl::Status s = cancelled_.load() ? NotStarted() : step_.Prepare();
           // On success the step's outcome answers the
           // call, maybe already: `this` may be gone.
           if (s.ok()) {
-            s = step_.Start(DeadlineOf(ctx_), &cancelled_, true,
+            s = step_.Start(Deadline(), &cancelled_, true,
                             [this](absl::Status r) { Complete(r); });
           }
           if (!s.ok()) Complete(s);
         });
   }
 
-  void OnCancel() override { cancelled_.store(true); }
-  void OnDone() override { delete this; }
+  // The client went away (or the deadline passed): a step still queued is
+  // not run; a running one stops between kernels (its params unchanged).
+  void CancelStep() { cancelled_.store(true); }
+
+ protected:
+  // The transport's part: names and authenticates the call (KilnService::
+  // Begin or BeginLocal).
+  virtual absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) = 0;
+  virtual absl::Time Deadline() const = 0;
+  // The status the call ends with, from the step's (a transport may say more).
+  virtual absl::Status Outcome(absl::Status s) const { return s; }
+  // Answers the call with `s` and, when OK, response_bytes(); the last use
+  // of `this` (it may be gone after).
+  virtual void Send(const absl::Status& s) = 0;
+
+  const KilnService::Call& call() const { return call_; }
+  grpc::ByteBuffer& response_bytes() { return response_bytes_; }
 
  private:
-  // Last use of `this` before OnDone may delete it.
+  absl::Status NotStarted() const {
+    return absl::Now() >= Deadline()
+               ? absl::DeadlineExceededError("the step's deadline passed before it started")
+               : absl::CancelledError("the client went away before the step started");
+  }
+
+  // Last use of `this` before the transport may delete it.
   void Complete(absl::Status s) {
+    s = Outcome(std::move(s));
     if (s.ok()) {
       s = SerializeMessage(step_.response(), &response_bytes_);
       absl::StrAppend(&call_.detail, " step=", step_.response().step(),
@@ -261,15 +293,111 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor {
     }
     service_.End(call_, s);
     step_.ReleaseRun();
-    Finish(ToGrpc(s));
+    Send(s);
   }
 
   KilnService& service_;
-  grpc::CallbackServerContext* const ctx_;
+  const grpc::ByteBuffer& request_bytes_;
   grpc::ByteBuffer& response_bytes_;
   KilnService::Call call_;
   StepWork step_;
   std::atomic<bool> cancelled_ = false;
+};
+
+class TrainStepReactor final : public grpc::ServerUnaryReactor, public TrainStepCall {
+ public:
+  TrainStepReactor(KilnService& service, grpc::CallbackServerContext* ctx,
+                   const grpc::ByteBuffer* request_bytes, grpc::ByteBuffer* response_bytes)
+      : TrainStepCall(service, *request_bytes, *response_bytes), service_(service), ctx_(ctx) {}
+
+  void OnCancel() override { CancelStep(); }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
+    return service_.Begin(ctx_, "TrainStep", request_bytes, call);
+  }
+  absl::Time Deadline() const override { return DeadlineOf(ctx_); }
+  void Send(const absl::Status& s) override { Finish(ToGrpc(s)); }
+
+  KilnService& service_;
+  grpc::CallbackServerContext* const ctx_;
+};
+
+// A train_step message on the shared-memory socket (ShmRunRequest with
+// train_step): its request bytes in a grpc::ByteBuffer, parsed as gRPC's
+// are; its response serialized as gRPC's, then sent as
+// ShmServerMessage.train_step_response. Holds itself until it is answered;
+// the connection's thread holds it to cancel it.
+struct SocketStepBuffers {
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+};
+class SocketTrainStepCall final : private SocketStepBuffers,
+                                  public TrainStepCall,
+                                  public ShmRunCall {
+ public:
+  SocketTrainStepCall(KilnService& service, ShmRunRequest r)
+      : SocketStepBuffers{ToByteBuffer(std::move(r.run)), {}},
+        TrainStepCall(service, SocketStepBuffers::request, SocketStepBuffers::response),
+        svc_(service), tenant_(r.tenant), deadline_(r.deadline),
+        request_id_(std::move(r.request_id)), answer_(std::move(r.answer)) {}
+
+  static std::shared_ptr<SocketTrainStepCall> Create(KilnService& service, ShmRunRequest r) {
+    auto call = std::make_shared<SocketTrainStepCall>(service, std::move(r));
+    call->self_ = call;
+    return call;
+  }
+
+  void Cancel() override { CancelStep(); }
+
+ private:
+  static grpc::ByteBuffer ToByteBuffer(std::string bytes) {
+    grpc::Slice slice(std::move(bytes));
+    return grpc::ByteBuffer(&slice, 1);
+  }
+
+  absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
+    return svc_.BeginLocal(tenant_, "ShmTrainStep", request_bytes, request_id_, call);
+  }
+  absl::Time Deadline() const override { return deadline_; }
+  // A cancel at or past the deadline is the connection's thread ending the
+  // step at its deadline (a gRPC client's deadline would say so itself).
+  absl::Status Outcome(absl::Status s) const override {
+    if (s.code() == absl::StatusCode::kCancelled && absl::Now() >= deadline_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the step's deadline (run_timeout_ms) passed: ", s.message()));
+    }
+    return s;
+  }
+  void Send(const absl::Status& s) override {
+    v1::ShmServerMessage a;
+    a.set_code(static_cast<int>(s.code()));
+    a.set_message(s.ok() ? std::string("ok") : ToGrpc(s).error_message());
+    a.set_request_id(call().request_id.empty() ? std::string("-") : call().request_id);
+    if (s.ok()) {
+      std::vector<grpc::Slice> slices;
+      if (response_bytes().Dump(&slices).ok()) {
+        std::string* out = a.mutable_train_step_response();
+        out->reserve(response_bytes().Length());
+        for (const grpc::Slice& slice : slices) {
+          out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+        }
+      }
+    }
+    // The last use of `this`: the answer may let the connection's thread
+    // drop its reference, and `keep` is the other.
+    std::shared_ptr<SocketTrainStepCall> keep = std::move(self_);
+    std::function<void(v1::ShmServerMessage)> answer = std::move(answer_);
+    answer(std::move(a));
+  }
+
+  KilnService& svc_;
+  Tenant* const tenant_;
+  const absl::Time deadline_;
+  const std::string request_id_;
+  std::function<void(v1::ShmServerMessage)> answer_;
+  std::shared_ptr<SocketTrainStepCall> self_;  // until answered
 };
 
 // TrainSteps: a stream of steps of one session. Steps run one at a time and
@@ -564,7 +692,16 @@ absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session
 grpc::ServerUnaryReactor* KilnService::TrainStep(grpc::CallbackServerContext* ctx,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
-  return new TrainStepReactor(*this, ctx, request, response);
+  auto* call = new TrainStepReactor(*this, ctx, request, response);
+  call->Start();  // gRPC calls OnDone only after this handler returns
+  return call;
+}
+
+std::shared_ptr<ShmRunCall> KilnService::TrainStepOnSocket(ShmRunRequest request) {
+  std::shared_ptr<SocketTrainStepCall> call =
+      SocketTrainStepCall::Create(*this, std::move(request));
+  call->Start();
+  return call;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KilnService::TrainSteps(

@@ -283,9 +283,12 @@ absl::StatusOr<std::unique_ptr<KilnServer>> KilnServer::Create(const v1::ServerC
   if (s->shm_) {
     // Runs on the shared-memory socket: the service's Run code (StopRuns in
     // the teardown, before the service goes).
-    s->shm_->SetRunner([service = s->service_.get()](ShmRunRequest r) {
-      return service->RunOnSocket(std::move(r));
-    });
+    s->shm_->SetRunner(
+        [service = s->service_.get()](ShmRunRequest r) {
+          return r.train_step ? service->TrainStepOnSocket(std::move(r))
+                              : service->RunOnSocket(std::move(r));
+        },
+        /*train_steps=*/true);
   }
 
   s->metrics_->SetCollector([engine = s->engine_.get(), tenants = s->tenants_.get(),

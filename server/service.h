@@ -159,6 +159,9 @@ class KilnService final : public RawKilnService {
   // A run message of the shared-memory socket (ShmRegistry's runner): the
   // same run as Kiln.Run's, answered through request.answer. (rpc_run.cc)
   std::shared_ptr<ShmRunCall> RunOnSocket(ShmRunRequest request);
+  // A train_step message of the shared-memory socket: the same step as
+  // Kiln.TrainStep's, answered through request.answer. (rpc_train.cc)
+  std::shared_ptr<ShmRunCall> TrainStepOnSocket(ShmRunRequest request);
 
   const ServiceDeps& deps() const { return deps_; }
 

@@ -207,11 +207,12 @@ ShmRegistry::~ShmRegistry() {
   if (!unlink_path_.empty()) ::unlink(unlink_path_.c_str());
 }
 
-void ShmRegistry::SetRunner(ShmRunner runner) {
+void ShmRegistry::SetRunner(ShmRunner runner, bool train_steps) {
   absl::MutexLock lock(&runner_mu_);
   if (runs_stopped_) return;
   runner_ = std::move(runner);
   takes_runs_.store(runner_ != nullptr);
+  takes_train_steps_.store(runner_ != nullptr && train_steps);
 }
 
 void ShmRegistry::StopRuns() {
@@ -220,6 +221,7 @@ void ShmRegistry::StopRuns() {
     runs_stopped_ = true;
     runner_ = nullptr;
     takes_runs_.store(false);
+    takes_train_steps_.store(false);
   }
   std::vector<std::shared_ptr<ShmRunCall>> running;
   {
@@ -280,6 +282,7 @@ v1::ConnectSharedMemoryResponse ShmRegistry::NewTicket(Tenant& tenant) {
   r.set_max_regions(tenant.quota().max_shm_regions());
   r.set_max_bytes(tenant.quota().max_shm_bytes());
   if (takes_runs_.load()) r.set_max_run_message_bytes(kMaxRunMessageBytes);
+  r.set_train_steps(takes_train_steps_.load());
   return r;
 }
 
@@ -425,7 +428,13 @@ bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
         "run_timeout_ms is ", m.run_timeout_ms(), ": give a deadline in ms >= 0 (0 = none)")));
   }
   if (m.run_timeout_ms() > 0) r.deadline = now + absl::Milliseconds(m.run_timeout_ms());
-  r.run = std::move(*m.mutable_run());
+  r.train_step = m.kind_case() == v1::ShmClientMessage::kTrainStep;
+  if (r.train_step && !takes_train_steps_.load()) {
+    return answer_now(absl::UnimplementedError(
+        "this kilnd takes no training steps on its shared-memory socket (its ticket says "
+        "train_steps false): send TrainStep over gRPC"));
+  }
+  r.run = r.train_step ? std::move(*m.mutable_train_step()) : std::move(*m.mutable_run());
   const absl::Time deadline = r.deadline;
   const int fd = c.fd;
   r.answer = [fd, wait](v1::ShmServerMessage a) {
@@ -593,11 +602,14 @@ bool ShmRegistry::HandleMessage(Connection& c, bool own_thread) {
     }
   } else if (m.kind_case() == v1::ShmClientMessage::kUnregisterRegion && fds.empty()) {
     answer = Unregister(c, m.unregister_region());
-  } else if (m.kind_case() == v1::ShmClientMessage::kRun && fds.empty() && own_thread) {
+  } else if ((m.kind_case() == v1::ShmClientMessage::kRun ||
+              m.kind_case() == v1::ShmClientMessage::kTrainStep) &&
+             fds.empty() && own_thread) {
     return RunMessage(c, m);  // answered there
   } else {
     answer = Answer(absl::InvalidArgumentError(
-        "after the ticket: register_region (with one fd), unregister_region or run (with none)"));
+        "after the ticket: register_region (with one fd), unregister_region, run or train_step "
+        "(with none)"));
   }
   // Never an empty datagram: on a SOCK_SEQPACKET socket a client reads one
   // as the end of the connection (an all-default proto3 message has no bytes).

@@ -116,10 +116,15 @@ class ShmRegion {
   const std::shared_ptr<ShmUsage> usage_;
 };
 
-// A run that came over the socket, as the server's run code takes it.
+// A run (or a training step) that came over the socket, as the server's
+// run code takes it.
 struct ShmRunRequest {
   Tenant* tenant = nullptr;  // the ticket's
-  std::string run;           // ShmClientMessage.run: a serialized kiln.v1.RunRequest
+  // ShmClientMessage.run: a serialized kiln.v1.RunRequest; with train_step,
+  // ShmClientMessage.train_step: a serialized kiln.v1.TrainStepRequest,
+  // answered with train_step_response.
+  std::string run;
+  bool train_step = false;
   absl::Time deadline = absl::InfiniteFuture();  // from run_timeout_ms
   std::string request_id;    // the client's, or empty
   // Called exactly once with the run's answer (request_id and run_response
@@ -160,7 +165,10 @@ class ShmRegistry {
 
   // Takes runs on the socket from now on (until StopRuns); before, a run
   // message is answered UNIMPLEMENTED and tickets say max_run_message_bytes 0.
-  void SetRunner(ShmRunner runner);
+  // With `train_steps`, the runner takes training steps too
+  // (ShmRunRequest::train_step; tickets say train_steps); without, a
+  // train_step message is answered UNIMPLEMENTED.
+  void SetRunner(ShmRunner runner, bool train_steps = false);
   // No run starts after this returns (the runner is not called again; a run
   // message is answered UNAVAILABLE), and every run started on the socket
   // was cancelled, answered and let go. For the server's teardown, before
@@ -251,6 +259,7 @@ class ShmRegistry {
   std::map<uint64_t, std::shared_ptr<ShmRunCall>> runs_ ABSL_GUARDED_BY(runs_mu_);
   uint64_t next_run_ ABSL_GUARDED_BY(runs_mu_) = 0;
   std::atomic<bool> takes_runs_ = false;
+  std::atomic<bool> takes_train_steps_ = false;
 
   std::atomic<bool> stopping_ = false;  // set by the destructor before it wakes Serve
   std::thread thread_;                  // runs Serve; joined by the destructor

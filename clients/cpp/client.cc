@@ -662,8 +662,10 @@ absl::StatusOr<Client::RunResult> Client::Run(const v1::GraphSource& graph, cons
 
 absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& session_id,
                                                         const TensorMap& batch,
-                                                        bool* shared_memory) const {
+                                                        bool* shared_memory,
+                                                        bool* over_socket_out) const {
   if (shared_memory) *shared_memory = false;
+  if (over_socket_out) *over_socket_out = false;
   if (session_id.empty()) return absl::InvalidArgumentError("TrainStep: empty session id");
   v1::TrainStepRequest req;
   req.set_session_id(session_id);
@@ -674,8 +676,38 @@ absl::StatusOr<v1::TrainStepResponse> Client::TrainStep(const std::string& sessi
     // The answer is a few scalars: the region holds the batch only.
     if (std::optional<ShmLease> lease = AcquireShm(batch_bytes, /*outputs=*/false)) {
       PlaceInShm(batch, *lease->region, *req.mutable_inputs());
-      auto ctx = NewContext();
-      absl::Status s = FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp));
+      absl::Status s;
+      bool over_socket = false;
+      if (options_.shm_train_steps && !Off("KILN_SHM_TRAIN_STEP")) {
+        // Over kilnd's shared-memory socket (docs/training.md "Steps over
+        // the socket"); gRPC when it was not sent there.
+        const absl::Time deadline = options_.timeout == absl::InfiniteDuration()
+                                        ? absl::InfiniteFuture()
+                                        : absl::Now() + options_.timeout;
+        std::optional<absl::StatusOr<v1::TrainStepResponse>> r =
+            lease->connection->TryTrainStep(req, deadline);
+        if (r) {
+          over_socket = true;
+          if (r->ok()) {
+            resp = **std::move(r);
+          } else {
+            s = r->status();
+          }
+          if (s.code() == absl::StatusCode::kUnavailable) {
+            // The socket broke (kilnd went away or restarted): a new connection next time.
+            absl::MutexLock lock(&shm_->mu);
+            if (shm_->connection == lease->connection) {
+              shm_->connection.reset();
+              shm_->idle.clear();
+            }
+          }
+        }
+      }
+      if (!over_socket) {
+        auto ctx = NewContext();
+        s = FromGrpcStatus(stub_->TrainStep(ctx.get(), req, &resp));
+      }
+      if (over_socket_out) *over_socket_out = over_socket && s.ok();
       if (!ShmLost(s, *lease)) {
         ReleaseShm(*std::move(lease));
         if (s.ok()) {

@@ -75,6 +75,11 @@ struct ClientOptions {
   // its socket (an older kilnd), or for a call made while another thread's
   // run is on the socket. KILN_SHM_RUN=0 turns it off for every client.
   bool shm_runs = true;
+  // The same for TrainStep (docs/training.md "Steps over the socket"): its
+  // batch in shared memory, the step sent over kilnd's shared-memory socket;
+  // gRPC when this is false or kilnd takes no steps there (its ticket's
+  // train_steps). KILN_SHM_TRAIN_STEP=0 turns it off for every client.
+  bool shm_train_steps = true;
 
   // Options from the environment: KILN_API_KEY, KILN_TLS (1/true/yes),
   // KILN_CA, KILN_CERT, KILN_KEY, KILN_TLS_SERVER_NAME. Unset variables leave
@@ -179,10 +184,13 @@ class Client {
   // kilnd, ClientOptions::shared_memory), else as bytes; `shared_memory`
   // (may be null) is set to whether it did. Against a kilnd that refuses a
   // batch in shared memory the step is sent again as bytes (nothing ran),
-  // and every later step goes as bytes.
+  // and every later step goes as bytes. With the batch in shared memory the
+  // step goes over kilnd's shared-memory socket (ClientOptions::
+  // shm_train_steps); `over_socket` (may be null) is set to whether it did.
   absl::StatusOr<v1::TrainStepResponse> TrainStep(const std::string& session_id,
                                                   const TensorMap& batch,
-                                                  bool* shared_memory = nullptr) const;
+                                                  bool* shared_memory = nullptr,
+                                                  bool* over_socket = nullptr) const;
   // Many steps in one call (TrainSteps, a bidirectional stream): batches are
   // sent one ahead of the answers (kilnd checks the next batch while a step
   // runs and starts it when the step ends), steps run in order, and

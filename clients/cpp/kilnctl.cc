@@ -52,6 +52,7 @@ struct GlobalFlags {
   bool progress = false;
   bool no_shm = false;
   bool no_shm_run = false;
+  bool no_shm_train_step = false;
 };
 
 struct RunFlags {
@@ -98,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const GlobalFlags& g) {
   options.tls_server_name = g.tls_server_name;
   options.shared_memory = !g.no_shm;
   options.shm_runs = !g.no_shm_run;
+  options.shm_train_steps = !g.no_shm_train_step;
   if (g.timeout_s > 0) options.timeout = absl::Seconds(g.timeout_s);
   return Client::Create(g.addr, options);
 }
@@ -470,6 +472,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-shm-run", g.no_shm_run,
                "with shared memory, send Run over gRPC instead of kilnd's shared-memory socket "
                "(default: the socket when kilnd takes runs there; KILN_SHM_RUN=0 does the same)");
+  app.add_flag("--no-shm-train-step", g.no_shm_train_step,
+               "with shared memory, send train's steps over gRPC instead of kilnd's shared-memory "
+               "socket (default: the socket when kilnd takes steps there; KILN_SHM_TRAIN_STEP=0 "
+               "does the same)");
 
   app.add_subcommand("devices", "list the server's devices");
   std::string health_service;

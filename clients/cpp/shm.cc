@@ -69,6 +69,7 @@ absl::StatusOr<std::shared_ptr<ShmConnection>> ShmConnection::Connect(v1::Kiln::
   c->max_regions_ = ticket.max_regions();
   c->max_bytes_ = ticket.max_bytes();
   c->max_run_message_bytes_ = ticket.max_run_message_bytes();
+  c->train_steps_ = ticket.train_steps();
   v1::ShmClientMessage hello;
   hello.set_ticket(ticket.ticket());
   KILN_ASSIGN_OR_RETURN(v1::ShmServerMessage answer, c->Call(hello, -1));
@@ -115,11 +116,8 @@ absl::StatusOr<v1::ShmServerMessage> ShmConnection::Call(const v1::ShmClientMess
   return reply;
 }
 
-std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
-    const v1::RunRequest& request, absl::Time deadline) {
-  if (!takes_runs()) return std::nullopt;
-  v1::ShmClientMessage m;
-  if (!request.SerializeToString(m.mutable_run())) return std::nullopt;
+std::optional<absl::StatusOr<v1::ShmServerMessage>> ShmConnection::TrySend(
+    v1::ShmClientMessage& m, absl::Time deadline, const char* what) {
   if (deadline != absl::InfiniteFuture()) {
     // At least 1 ms: 0 would mean none.
     m.set_run_timeout_ms(std::max<int64_t>(
@@ -133,7 +131,8 @@ std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
     ~Unlock() { mu->Unlock(); }
   } unlock{&socket_mu_};
   if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    return absl::UnavailableError(Errno("sending a run to kilnd's shared-memory socket"));
+    const std::string doing = absl::StrCat("sending a ", what, " to kilnd's shared-memory socket");
+    return absl::UnavailableError(Errno(doing.c_str()));
   }
   // kilnd answers at the deadline (DEADLINE_EXCEEDED) or when the run ends;
   // a second past it, it is not answering.
@@ -146,16 +145,34 @@ std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
     pollfd p{fd_, POLLIN, 0};
     const int n = ::poll(&p, 1, timeout_ms);
     if (n < 0 && errno == EINTR) continue;
-    if (n != 1) return absl::DeadlineExceededError("kilnd did not answer the run by its deadline");
+    if (n != 1) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("kilnd did not answer the ", what, " by its deadline"));
+    }
     break;
   }
   run_answer_.resize(static_cast<size_t>(max_run_message_bytes_) + 1);
   const ssize_t n = ::recv(fd_, run_answer_.data(), run_answer_.size(), 0);
-  if (n <= 0) return absl::UnavailableError("kilnd closed the shared-memory socket during a run");
+  if (n <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("kilnd closed the shared-memory socket during a ", what));
+  }
   v1::ShmServerMessage reply;
   if (!reply.ParseFromArray(run_answer_.data(), static_cast<int>(n))) {
-    return absl::DataLossError("kilnd's answer to a run does not parse");
+    return absl::DataLossError(absl::StrCat("kilnd's answer to a ", what, " does not parse"));
   }
+  return reply;
+}
+
+std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
+    const v1::RunRequest& request, absl::Time deadline) {
+  if (!takes_runs()) return std::nullopt;
+  v1::ShmClientMessage m;
+  if (!request.SerializeToString(m.mutable_run())) return std::nullopt;
+  std::optional<absl::StatusOr<v1::ShmServerMessage>> sent = TrySend(m, deadline, "run");
+  if (!sent) return std::nullopt;
+  if (!sent->ok()) return sent->status();
+  const v1::ShmServerMessage& reply = **sent;
   if (reply.request_id().empty()) {
     // A kilnd that takes no runs on its socket answered as to an unknown
     // message (nothing ran): gRPC from now on.
@@ -168,6 +185,34 @@ std::optional<absl::StatusOr<v1::RunResponse>> ShmConnection::TryRun(
   v1::RunResponse response;
   if (!response.ParseFromString(reply.run_response())) {
     return absl::DataLossError("kilnd's RunResponse on the shared-memory socket does not parse");
+  }
+  return response;
+}
+
+std::optional<absl::StatusOr<v1::TrainStepResponse>> ShmConnection::TryTrainStep(
+    const v1::TrainStepRequest& request, absl::Time deadline) {
+  if (!takes_train_steps()) return std::nullopt;
+  v1::ShmClientMessage m;
+  if (!request.SerializeToString(m.mutable_train_step())) return std::nullopt;
+  std::optional<absl::StatusOr<v1::ShmServerMessage>> sent =
+      TrySend(m, deadline, "training step");
+  if (!sent) return std::nullopt;
+  if (!sent->ok()) return sent->status();
+  const v1::ShmServerMessage& reply = **sent;
+  if (reply.request_id().empty() ||
+      (reply.code() == static_cast<int>(absl::StatusCode::kUnimplemented) &&
+       absl::StrContains(reply.message(), "no training steps"))) {
+    // Nothing ran: this kilnd takes no training steps here; gRPC from now on.
+    train_steps_refused_.store(true);
+    return std::nullopt;
+  }
+  if (reply.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
+  }
+  v1::TrainStepResponse response;
+  if (!response.ParseFromString(reply.train_step_response())) {
+    return absl::DataLossError(
+        "kilnd's TrainStepResponse on the shared-memory socket does not parse");
   }
   return response;
 }

@@ -87,6 +87,16 @@ class ShmConnection : public std::enable_shared_from_this<ShmConnection> {
   // was refused as an unknown message since).
   bool takes_runs() const { return max_run_message_bytes_ > 0 && !runs_refused_.load(); }
   int64_t max_run_message_bytes() const { return max_run_message_bytes_; }
+  // A TrainStep over the socket (ShmClientMessage.train_step; docs/
+  // training.md "Steps over the socket"), as TryRun is for Run: kilnd runs
+  // it exactly as Kiln.TrainStep. nullopt when it was not sent and should go
+  // over gRPC: kilnd takes none on its socket (its ticket says train_steps
+  // false), or as for TryRun.
+  std::optional<absl::StatusOr<v1::TrainStepResponse>> TryTrainStep(
+      const v1::TrainStepRequest& request, absl::Time deadline);
+  bool takes_train_steps() const {
+    return takes_runs() && train_steps_ && !train_steps_refused_.load();
+  }
 
   const std::string& socket_name() const { return socket_name_; }
   int64_t max_regions() const { return max_regions_; }
@@ -96,6 +106,12 @@ class ShmConnection : public std::enable_shared_from_this<ShmConnection> {
   ShmConnection(int fd, std::string socket_name) : fd_(fd), socket_name_(std::move(socket_name)) {}
   // Sends `message` (with `fd` attached when >= 0) and reads kilnd's answer.
   absl::StatusOr<v1::ShmServerMessage> Call(const v1::ShmClientMessage& message, int fd);
+  // Sends a run or train_step message `m` (its deadline set from
+  // `deadline`) and reads its answer: nullopt when not sent (too large, or
+  // the socket is busy with another thread's message).
+  std::optional<absl::StatusOr<v1::ShmServerMessage>> TrySend(v1::ShmClientMessage& m,
+                                                              absl::Time deadline,
+                                                              const char* what);
 
   absl::Mutex socket_mu_;
   const int fd_;  // guarded by socket_mu_ for sends and receives
@@ -104,6 +120,8 @@ class ShmConnection : public std::enable_shared_from_this<ShmConnection> {
   int64_t max_bytes_ = 0;
   int64_t max_run_message_bytes_ = 0;
   std::atomic<bool> runs_refused_ = false;
+  bool train_steps_ = false;  // the ticket's train_steps
+  std::atomic<bool> train_steps_refused_ = false;
   std::string run_answer_ ABSL_GUARDED_BY(socket_mu_);  // a run's answer, received here
 };
 

@@ -265,12 +265,63 @@ class ShmTest(unittest.TestCase):
         finally:
             del os.environ["KILN_SHM_RUN"]
 
+    def test_train_steps_go_over_the_shm_socket(self):
+        # train_step() goes over kilnd's shared-memory socket by default: the
+        # same losses, step for step, as a twin session stepped over gRPC;
+        # errors as KilnError with gRPC's code and message; off by kwarg and
+        # by $KILN_SHM_TRAIN_STEP=0.
+        g = kiln.parse("graph \"ts\"\ninput x: f32[16, 8]\ninput y: i64[16]\n"
+                       "param w: f32[8, 3]\nparam b: f32[3]\n"
+                       "let loss = softmax_cross_entropy(x @ w + b, y)\nout loss\n")
+        rng = np.random.default_rng(5)
+        init = {"w": rng.standard_normal((8, 3)).astype(np.float32) * 0.1,
+                "b": np.zeros(3, np.float32)}
+        batches = [{"x": rng.standard_normal((16, 8)).astype(np.float32),
+                    "y": rng.integers(0, 3, 16).astype(np.int64)} for _ in range(4)]
+        with kiln.Client(KILND_PROC.addr) as c, \
+                kiln.Client(KILND_PROC.addr, shm_train_steps=False) as o:
+            sc = c.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+            so = o.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+            for batch in batches:
+                lc, lo = sc.step(batch), so.step(batch)
+                self.assertTrue(c.last_train_step_shared_memory)
+                self.assertTrue(c.last_train_step_over_shm_socket)
+                self.assertTrue(o.last_train_step_shared_memory)
+                self.assertFalse(o.last_train_step_over_shm_socket)
+                self.assertEqual(lc, lo)
+            self.assertEqual(sc.last.step, len(batches))
+            self.assertTrue(sc.last.request_id)
+            pc, po = c.get_params(sc), o.get_params(so)
+            for name in ("w", "b", "opt/w/m", "opt/w/v"):
+                np.testing.assert_array_equal(pc[name], po[name])
+            errors = []
+            for client, session in ((c, sc), (o, so)):
+                with self.assertRaises(kiln.KilnError) as e:
+                    client.train_step(session, {"x": np.ones((16, 7), np.float32),
+                                                "y": batches[0]["y"]})
+                errors.append((e.exception.code, e.exception.message))
+            self.assertTrue(c.last_train_step_over_shm_socket)
+            self.assertEqual(errors[0], errors[1])
+            self.assertEqual(errors[0][0].name, "INVALID_ARGUMENT")
+            sc.step(batches[0])
+            self.assertEqual(sc.last.step, len(batches) + 1)
+        os.environ["KILN_SHM_TRAIN_STEP"] = "0"
+        try:
+            with kiln.Client(KILND_PROC.addr) as c:
+                s = c.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+                s.step(batches[0])
+                self.assertTrue(c.last_train_step_shared_memory)
+                self.assertFalse(c.last_train_step_over_shm_socket)
+        finally:
+            del os.environ["KILN_SHM_TRAIN_STEP"]
+
     def test_raw_run_message(self):
         # kiln.shm.ShmConnection.try_run: the raw call, and the ticket's limit.
         with kiln.Client(KILND_PROC.addr) as c:
             conn = shm.ShmConnection(c._call("ConnectSharedMemory",
                                               shm_pb2.ConnectSharedMemoryRequest()))
             self.assertEqual(conn.max_run_message_bytes, 128 << 10)
+            self.assertTrue(conn.train_steps)
             req = service_pb2.RunRequest()
             req.graph.text = TWO_OUTPUTS
             t = req.inputs.add(name="x")

@@ -274,12 +274,16 @@ class Client:
     $KILN_SHM_RUN=0 turns it off) sends run() itself over kilnd's
     shared-memory socket instead of gRPC (one Unix-socket round trip;
     docs/clients.md "Runs over the socket"); gRPC when kilnd takes no runs
-    there (an older kilnd) or another thread's run is on the socket."""
+    there (an older kilnd) or another thread's run is on the socket.
+    `shm_train_steps` (default True; $KILN_SHM_TRAIN_STEP=0 turns it off)
+    does the same for train_step() (docs/training.md "Steps over the
+    socket"); gRPC when kilnd takes none there."""
 
     def __init__(self, addr: str = None, api_key: str = None, timeout: float = None,
                  chunk_bytes: int = 1 << 20, tls: bool = None, ca: str = None,
                  cert: str = None, key: str = None, tls_server_name: str = None,
-                 shared_memory: bool = True, shm_runs: bool = True):
+                 shared_memory: bool = True, shm_runs: bool = True,
+                 shm_train_steps: bool = True):
         self.addr = addr or os.environ.get("KILN_ADDR") or DEFAULT_ADDR
         api_key = api_key if api_key is not None else os.environ.get("KILN_API_KEY", "")
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -331,6 +335,11 @@ class Client:
         self._shm_runs = shm_runs and not run_env_off
         # Whether the last run() went over the shared-memory socket (not gRPC).
         self.last_run_over_shm_socket = False
+        step_env_off = os.environ.get("KILN_SHM_TRAIN_STEP", "").strip().lower() in (
+            "0", "false", "no", "off")
+        self._shm_train_steps = shm_train_steps and not step_env_off
+        # Whether the last train_step() went over the shared-memory socket.
+        self.last_train_step_over_shm_socket = False
 
     def close(self):
         if self._shm is not None:
@@ -475,6 +484,7 @@ class Client:
         batch goes through shared memory when run() would use it (a local
         kilnd; last_train_step_shared_memory tells), else as bytes."""
         req = service_pb2.TrainStepRequest(session_id=_session_id(session))
+        self.last_train_step_over_shm_socket = False
         use_shm = self._shm is not None and not self._train_step_shm_refused
         resp = self._train_step_shm(req, batch) if use_shm else None
         self.last_train_step_shared_memory = resp is not None
@@ -516,7 +526,12 @@ class Client:
         shm_req.CopyFrom(req)
         try:
             fill(shm_req, region, arrays)
-            resp = self._socket_run(conn, shm_req) if method == "Run" else None
+            if method == "Run":
+                resp = self._socket_run(conn, shm_req)
+            elif method == "TrainStep":
+                resp = self._socket_train_step(conn, shm_req)
+            else:
+                resp = None
             if resp is None:
                 resp = self._call(method, shm_req)
             return resp, conn, region
@@ -672,6 +687,26 @@ class Client:
             raise KilnError(_STATUS_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message,
                             "Run")
         return service_pb2.RunResponse.FromString(reply.run_response)
+
+    def _socket_train_step(self, conn, req):
+        """The TrainStepResponse of `req` sent over the shared-memory socket,
+        or None when it was not sent (gRPC then). KilnError as gRPC's would be."""
+        if not self._shm_train_steps:
+            return None
+        try:
+            reply = conn.try_train_step(req.SerializeToString(), self._timeout)
+        except OSError as e:
+            # The socket broke: a new connection next time; the step's fate
+            # is unknown, as a gRPC call cut mid-way.
+            self._shm.reset(conn)
+            raise KilnError(grpc.StatusCode.UNAVAILABLE, str(e), "TrainStep") from None
+        if reply is None:
+            return None
+        self.last_train_step_over_shm_socket = True
+        if reply.code != 0:
+            raise KilnError(_STATUS_CODES.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message,
+                            "TrainStep")
+        return service_pb2.TrainStepResponse.FromString(reply.train_step_response)
 
     def _run_shm(self, req, inputs):
         """(response, outputs) through shared memory, or (None, None) when it

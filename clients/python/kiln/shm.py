@@ -110,7 +110,11 @@ class ShmConnection:
         # Runs over the socket (docs/clients.md "Runs over the socket"): the
         # largest message kilnd takes; 0 when it takes none (an older kilnd).
         self.max_run_message_bytes = ticket.max_run_message_bytes
+        # Training steps over the socket (docs/training.md "Steps over the
+        # socket"): False from a kilnd that takes none there.
+        self.train_steps = bool(ticket.train_steps)
         self._runs_refused = False
+        self._train_steps_refused = False
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -141,7 +145,24 @@ class ShmConnection:
     def takes_runs(self) -> bool:
         return self.max_run_message_bytes > 0 and not self._runs_refused
 
-    def try_run(self, request: bytes, timeout: float = None):
+    def takes_train_steps(self) -> bool:
+        return self.takes_runs() and self.train_steps and not self._train_steps_refused
+
+    def try_train_step(self, request: bytes, timeout: float = None):
+        """try_run for a serialized kiln.v1.TrainStepRequest: kilnd's
+        ShmServerMessage (train_step_response the serialized
+        TrainStepResponse when its code is 0), or None when it was not sent
+        (gRPC then)."""
+        if not self.takes_train_steps():
+            return None
+        reply = self.try_run(request, timeout, kind="train_step")
+        if reply is not None and reply.code == 12 and "no training steps" in reply.message:
+            # UNIMPLEMENTED: this kilnd takes none here after all (nothing ran).
+            self._train_steps_refused = True
+            return None
+        return reply
+
+    def try_run(self, request: bytes, timeout: float = None, kind: str = "run"):
         """Sends a serialized kiln.v1.RunRequest as a run message and returns
         kilnd's ShmServerMessage (its code the run's status, run_response the
         serialized RunResponse when 0), or None when it was not sent and the
@@ -151,7 +172,7 @@ class ShmConnection:
         the socket broke."""
         if not self.takes_runs():
             return None
-        msg = shm_pb2.ShmClientMessage(run=request)
+        msg = shm_pb2.ShmClientMessage(**{kind: request})
         if timeout is not None:
             msg.run_timeout_ms = max(1, int(timeout * 1000 + 0.999))
         data = msg.SerializeToString()

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,12 @@ class RawSocket {
       return m;
     }
     return Receive();
+  }
+  v1::ShmServerMessage TrainStep(const v1::TrainStepRequest& req, const std::string& request_id = "") {
+    v1::ShmClientMessage m;
+    req.SerializeToString(m.mutable_train_step());
+    m.set_run_request_id(request_id);
+    return Call(m.SerializeAsString());
   }
   v1::ShmServerMessage Run(const v1::RunRequest& req, int64_t timeout_ms = 0,
                            const std::string& request_id = "") {
@@ -440,6 +447,162 @@ TEST_F(ShmRunTest, AnotherTenantIsNotHeldUp) {
   v1::ShmServerMessage a = long_run.get();
   EXPECT_EQ(a.code(), 0) << a.message();
   EXPECT_EQ(answered_while_alice_ran, 5);
+}
+
+// Training steps over the socket (ShmClientMessage.train_step, docs/
+// training.md "Steps over the socket"): the ticket says kilnd takes them;
+// each answer is Kiln.TrainStep's (the same losses, lr and step count as a
+// twin session stepped over gRPC, bit for bit); bad steps get gRPC's status
+// and message; they are counted as ShmTrainStep and in the step metrics; the
+// C++ client sends its steps there by itself, and not when told not to.
+constexpr char kTrainGraph[] = R"(graph "socket_train"
+input x: f32[8, 6]
+input y: i64[8]
+param w: f32[6, 3]
+param b: f32[3]
+let loss = softmax_cross_entropy(x @ w + b, y)
+out loss
+)";
+
+v1::CreateSessionRequest TrainingSessionRequest() {
+  v1::CreateSessionRequest req;
+  req.mutable_graph()->set_text(kTrainGraph);
+  req.mutable_options()->set_device("cpu:0");
+  v1::TrainingSpec* t = req.mutable_options()->mutable_transforms()->mutable_training();
+  t->set_loss("loss");
+  t->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+  t->mutable_optimizer()->set_lr(0.05);
+  std::vector<double> w(18), b = {0.1, -0.2, 0.05};
+  for (int i = 0; i < 18; ++i) w[i] = 0.04 * (i % 7) - 0.1;
+  kiln::testing::AddTensor(req.mutable_params(), "w", v1::DTYPE_F32, {6, 3}, w);
+  kiln::testing::AddTensor(req.mutable_params(), "b", v1::DTYPE_F32, {3}, b);
+  return req;
+}
+
+v1::TrainStepRequest TrainBatch(const std::string& sid, int step) {
+  v1::TrainStepRequest req;
+  req.set_session_id(sid);
+  std::vector<double> x(48), y(8);
+  for (int i = 0; i < 48; ++i) x[i] = std::sin(0.31 * (i + 1) * step);
+  for (int i = 0; i < 8; ++i) y[i] = (i + step) % 3;
+  kiln::testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {8, 6}, x);
+  kiln::testing::AddTensor(req.mutable_inputs(), "y", v1::DTYPE_I64, {8}, y);
+  return req;
+}
+
+TEST_F(ShmRunTest, TrainStepsOverTheSocketAreKilnTrainSteps) {
+  v1::ConnectSharedMemoryResponse ticket;
+  auto sock = RawSocket::Open(*kilnd_, kAlice, &ticket);
+  ASSERT_NE(sock, nullptr);
+  EXPECT_TRUE(ticket.train_steps());
+  auto CreateTrainingSession = [] {
+    v1::CreateSessionResponse resp;
+    grpc::Status s =
+        kilnd_->Stub()->CreateSession(Context(kAlice).get(), TrainingSessionRequest(), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.session_id();
+  };
+  const std::string over_socket = CreateTrainingSession();
+  const std::string over_grpc = CreateTrainingSession();
+  const double steps_before =
+      Metric("kiln_requests_total", {{"tenant", "alice"}, {"method", "ShmTrainStep"},
+                                     {"code", "OK"}});
+  auto stub = kilnd_->Stub();
+  for (int step = 1; step <= 4; ++step) {
+    v1::ShmServerMessage a = sock->TrainStep(TrainBatch(over_socket, step),
+                                             absl::StrCat("my-step-", step));
+    ASSERT_EQ(a.code(), 0) << a.message();
+    EXPECT_EQ(a.request_id(), absl::StrCat("my-step-", step));
+    EXPECT_TRUE(a.run_response().empty());
+    v1::TrainStepResponse got;
+    ASSERT_TRUE(got.ParseFromString(a.train_step_response()));
+    v1::TrainStepResponse want;
+    grpc::Status g = stub->TrainStep(Context(kAlice).get(), TrainBatch(over_grpc, step), &want);
+    ASSERT_TRUE(g.ok()) << g.error_message();
+    EXPECT_EQ(got.step(), step);
+    EXPECT_EQ(got.step(), want.step());
+    EXPECT_EQ(got.loss(), want.loss()) << "step " << step;
+    EXPECT_EQ(got.lr(), want.lr()) << "step " << step;
+    EXPECT_EQ(got.request_id(), absl::StrCat("my-step-", step));
+  }
+  EXPECT_EQ(Metric("kiln_requests_total", {{"tenant", "alice"}, {"method", "ShmTrainStep"},
+                                           {"code", "OK"}}) - steps_before,
+            4);
+
+  // Bad steps: gRPC's status and message, nothing run.
+  auto same_as_grpc = [&](const v1::TrainStepRequest& req, grpc::StatusCode code) {
+    v1::ShmServerMessage a = sock->TrainStep(req);
+    v1::TrainStepResponse unused;
+    grpc::Status g = stub->TrainStep(Context(kAlice).get(), req, &unused);
+    EXPECT_EQ(a.code(), static_cast<int>(code)) << a.message();
+    EXPECT_EQ(g.error_code(), code) << g.error_message();
+    EXPECT_EQ(a.message(), g.error_message());
+    EXPECT_FALSE(a.request_id().empty());
+    EXPECT_TRUE(a.train_step_response().empty());
+  };
+  same_as_grpc(TrainBatch("no-such-session", 1), grpc::NOT_FOUND);
+  v1::TrainStepRequest wrong = TrainBatch(over_socket, 5);
+  wrong.mutable_inputs(0)->mutable_tensor()->set_dtype(v1::DTYPE_I32);
+  same_as_grpc(wrong, grpc::INVALID_ARGUMENT);
+  v1::TrainStepRequest not_training = TrainBatch(CreateSession(kTwoOutputs), 1);
+  same_as_grpc(not_training, grpc::FAILED_PRECONDITION);
+  // A message that is no TrainStepRequest.
+  v1::ShmClientMessage garbage;
+  garbage.set_train_step("\xff\xff\xff");
+  v1::ShmServerMessage a = sock->Call(garbage.SerializeAsString());
+  EXPECT_EQ(a.code(), static_cast<int>(grpc::INVALID_ARGUMENT)) << a.message();
+  // Steps that failed did not count: the next one is step 5 on both.
+  v1::ShmServerMessage next = sock->TrainStep(TrainBatch(over_socket, 5));
+  ASSERT_EQ(next.code(), 0) << next.message();
+  v1::TrainStepResponse fifth;
+  ASSERT_TRUE(fifth.ParseFromString(next.train_step_response()));
+  EXPECT_EQ(fifth.step(), 5);
+
+  // The C++ client: its steps go over the socket with the batch in shared
+  // memory, the same losses as over gRPC; off by option and by
+  // KILN_SHM_TRAIN_STEP=0.
+  ClientOptions options;
+  options.api_key = kAlice;
+  auto client = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  options.shm_train_steps = false;
+  auto grpc_client = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(grpc_client.ok()) << grpc_client.status();
+  const std::string by_client = CreateTrainingSession();
+  const std::string by_grpc_client = CreateTrainingSession();
+  for (int step = 1; step <= 3; ++step) {
+    const v1::TrainStepRequest req = TrainBatch("", step);
+    TensorMap batch;
+    for (const v1::NamedTensor& t : req.inputs()) {
+      batch.emplace(t.name(), kiln::testing::FromProto(t.tensor()));
+    }
+    bool shm = false, socket = false, grpc_shm = false, grpc_socket = true;
+    auto r = (*client)->TrainStep(by_client, batch, &shm, &socket);
+    auto g = (*grpc_client)->TrainStep(by_grpc_client, batch, &grpc_shm, &grpc_socket);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(shm);
+    EXPECT_TRUE(socket) << "step " << step;
+    EXPECT_TRUE(grpc_shm);
+    EXPECT_FALSE(grpc_socket);
+    EXPECT_EQ(r->step(), step);
+    EXPECT_EQ(r->loss(), g->loss()) << "step " << step;
+  }
+  setenv("KILN_SHM_TRAIN_STEP", "0", 1);
+  options.shm_train_steps = true;
+  auto env_off = Client::Create(kilnd_->address(), options);
+  ASSERT_TRUE(env_off.ok());
+  TensorMap batch;
+  const v1::TrainStepRequest fourth = TrainBatch("", 4);
+  for (const v1::NamedTensor& t : fourth.inputs()) {
+    batch.emplace(t.name(), kiln::testing::FromProto(t.tensor()));
+  }
+  bool socket = true;
+  auto r = (*env_off)->TrainStep(by_client, batch, nullptr, &socket);
+  unsetenv("KILN_SHM_TRAIN_STEP");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(socket);
+  EXPECT_EQ(r->step(), 4);
 }
 
 TEST_F(ShmRunTest, ClientSendsRunsOverTheSocketByItself) {
