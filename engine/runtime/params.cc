@@ -51,6 +51,32 @@ const ParamSetImpl::Entry* ParamSetImpl::Find(const std::string& name) const {
   return it == entries_.end() ? nullptr : &it->second;
 }
 
+absl::StatusOr<backend::BufferView> ParamSetImpl::Spare(const std::string& name) const {
+  const Entry* e = Find(name);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));
+  if (!training_step_set()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("param \"", name, "\" belongs to no training step's set"));
+  }
+  std::unique_ptr<backend::Buffer>& spare = spare_buffers_[name];
+  if (spare == nullptr) {
+    auto made = home_.Allocate(e->bytes);
+    if (!made.ok()) {
+      return StatusBuilder(made.status())
+             << "for the second buffer of trained param \"" << name << "\"";
+    }
+    spare = std::move(made).value();
+    spare_bytes_.fetch_add(e->bytes, std::memory_order_relaxed);
+  }
+  return backend::BufferView{spare.get(), 0, e->bytes};
+}
+
+void ParamSetImpl::CommitSpare(const std::string& name) const {
+  auto it = spare_buffers_.find(name);
+  if (it == spare_buffers_.end() || it->second == nullptr) return;
+  std::swap(home_buffers_.at(name), it->second);
+}
+
 absl::StatusOr<HostTensor> ParamSetImpl::Read(const std::string& name) const {
   const Entry* e = Find(name);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no param \"", name, "\""));

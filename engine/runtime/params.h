@@ -5,6 +5,7 @@
 // Thread safety: thread-safe; mirrors are created under mirrors_mu_.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -40,12 +41,28 @@ class ParamSetImpl final : public ParamSet {
   std::vector<std::string> names() const override;
   absl::StatusOr<HostTensor> Read(const std::string& name) const override;
   bool training() const override { return training_; }
+  // A training step's set (every param written), not a session's state set.
+  bool training_step_set() const { return training_ && written_.empty(); }
   backend::Device& home() const { return home_; }
   // Held exclusively by a training step's run for its whole length (steps on
   // one set are serialized), shared by Read (which sees whole steps).
   absl::Mutex& step_mu() const { return step_mu_; }
 
   const Entry* Find(const std::string& name) const;
+
+  // A training step's set (training_step_set()): its second buffer for
+  // `name` on home. The step's kernels
+  // write the param's new value there (Program::Run binds the LIR
+  // param_update slot to it) while they read the current one, and
+  // CommitSpare makes it current once the whole step succeeded (the old
+  // buffer becomes the next step's spare). No copy per step, and a step that
+  // fails part-way leaves every param as it was. Allocated on first use and
+  // kept with the set; spare_bytes() counts them. The caller holds step_mu()
+  // exclusively (a training step's run) for both calls and everything
+  // between them.
+  absl::StatusOr<backend::BufferView> Spare(const std::string& name) const;
+  void CommitSpare(const std::string& name) const;
+  int64_t spare_bytes() const { return spare_bytes_.load(std::memory_order_relaxed); }
   // The parameter's bytes on `device`, copying it there on first use.
   absl::StatusOr<backend::BufferView> On(const std::string& name, backend::Device& device) const;
 
@@ -71,7 +88,12 @@ class ParamSetImpl final : public ParamSet {
   std::set<std::string> written_;  // of a training set; empty = all
   mutable absl::Mutex step_mu_;
   std::map<std::string, Entry> entries_;
-  std::map<std::string, std::unique_ptr<backend::Buffer>> home_buffers_;
+  // Its keys are fixed at Create; a training step swaps a value with its
+  // spare_buffers_ entry (CommitSpare) under step_mu_ held exclusively, and
+  // every reader of a written param holds step_mu_ (Read, a run).
+  mutable std::map<std::string, std::unique_ptr<backend::Buffer>> home_buffers_;
+  mutable std::map<std::string, std::unique_ptr<backend::Buffer>> spare_buffers_;  // step_mu_
+  mutable std::atomic<int64_t> spare_bytes_{0};
   int64_t total_bytes_ = 0;
 
   mutable absl::Mutex mirrors_mu_;

@@ -297,6 +297,38 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
       p->direct_output_[i] = alone;
     }
   }
+  {
+    // A param update written in place: one kernel step writes its slot (an
+    // arena slot on the device that holds the params), and no view slot
+    // made after it (a reshape of it: a later reader or an output) shares
+    // its bytes, since a view would still read the arena. Every other
+    // update is copied after the kernels.
+    std::vector<int> writers(l.slots_size(), 0);
+    for (const v1::LirStep& step : l.steps()) {
+      for (int slot : step.outputs()) {
+        writers[slot] += step.kind() == v1::STEP_KERNEL ? 1 : 2;
+      }
+    }
+    std::vector<int> updates_per_slot(l.slots_size(), 0);
+    for (const auto& u : l.param_updates()) ++updates_per_slot[u.slot()];
+    for (const auto& u : l.param_updates()) {
+      const int i = u.slot();
+      const v1::Slot& slot = l.slots(i);
+      bool ok = slot.storage() == v1::SLOT_ARENA && slot.bytes() > 0 && writers[i] == 1 &&
+                updates_per_slot[i] == 1 && !p->direct_output_[i] &&
+                slot.device() != p->graph_device_;
+      for (int j = i + 1; j < l.slots_size() && ok; ++j) {
+        const v1::Slot& other = l.slots(j);
+        if (writers[j] != 0 || other.storage() != v1::SLOT_ARENA ||
+            other.device() != slot.device()) {
+          continue;
+        }
+        ok = other.offset() + other.bytes() <= slot.offset() ||
+             slot.offset() + slot.bytes() <= other.offset();
+      }
+      p->update_in_place_.push_back(ok);
+    }
+  }
   for (const auto& in : l.inputs()) {
     p->signature_.inputs.push_back({in.name(), l.slots(in.slot()).type()});
   }
@@ -575,6 +607,14 @@ void Program::ReleaseContext(std::unique_ptr<RunContext> context,
   idle_contexts_.push_back(std::move(context));
 }
 
+Program::ParamUpdateStats Program::param_update_stats() const {
+  ParamUpdateStats s;
+  s.in_place = updates_in_place_.load(std::memory_order_relaxed);
+  s.copied = updates_copied_.load(std::memory_order_relaxed);
+  s.copied_bytes = update_bytes_copied_.load(std::memory_order_relaxed);
+  return s;
+}
+
 Program::ContextStats Program::context_stats() const {
   absl::MutexLock lock(&contexts_mu_);
   ContextStats s;
@@ -823,6 +863,20 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
         return absl::InternalError("slot with unknown storage");
     }
   }
+  // A training step's updates written in place go into its param set's
+  // spare buffers (made current below once every device finished).
+  std::vector<bool> spare_bound(lir_.param_updates_size(), false);
+  if (params != nullptr && params->training_step_set()) {
+    for (int k = 0; k < lir_.param_updates_size(); ++k) {
+      if (!update_in_place_[k]) continue;
+      const v1::LirNamedSlot& u = lir_.param_updates(k);
+      const v1::Slot& slot = lir_.slots(u.slot());
+      const ParamSetImpl::Entry* e = params->Find(u.name());
+      if (e == nullptr || e->bytes != slot.bytes()) continue;  // the copy below says why
+      KILN_ASSIGN_OR_RETURN(views[u.slot()], params->Spare(u.name()));
+      spare_bound[k] = true;
+    }
+  }
   std::vector<std::shared_ptr<const backend::PackedOperand>> packed;  // bound for this run
   KILN_RETURN_IF_ERROR(BindPacked(context, constants, params, &packed));
   struct Timing {
@@ -998,7 +1052,10 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
   // go into its param set on the device, in stream order after the kernels
   // and after the outputs are read, so an output that is a view of an
   // updated param (a reshape of it) has the value the run read.
-  for (const v1::LirNamedSlot& u : lir_.param_updates()) {
+  int64_t copied = 0, copied_bytes = 0;
+  for (int k = 0; k < lir_.param_updates_size(); ++k) {
+    if (spare_bound[k]) continue;
+    const v1::LirNamedSlot& u = lir_.param_updates(k);
     const v1::Slot& slot = lir_.slots(u.slot());
     RunContext::DeviceState& s = devices_.at(slot.device());
     KILN_ASSIGN_OR_RETURN(backend::BufferView dst, params->On(u.name(), *s.device));
@@ -1010,9 +1067,24 @@ absl::StatusOr<RunResult> Program::RunOn(RunContext& context, const Constants& c
     }
     KILN_RETURN_IF_ERROR(s.device->CopyOnDevice(*s.stream, src, dst))
         << "while writing param \"" << u.name() << "\"";
+    ++copied;
+    copied_bytes += src.bytes;
   }
   for (auto& [id, s] : devices_) KILN_RETURN_IF_ERROR(s.stream->SynchronizeFor(wait_timeout_));
   outputs_landed = true;
+  // Every kernel and copy finished: the step's new values become the set's
+  // (under its step lock, held since Run began).
+  int64_t in_place = 0;
+  for (int k = 0; k < lir_.param_updates_size(); ++k) {
+    if (!spare_bound[k]) continue;
+    params->CommitSpare(lir_.param_updates(k).name());
+    ++in_place;
+  }
+  if (in_place > 0) updates_in_place_.fetch_add(in_place, std::memory_order_relaxed);
+  if (copied > 0) {
+    updates_copied_.fetch_add(copied, std::memory_order_relaxed);
+    update_bytes_copied_.fetch_add(copied_bytes, std::memory_order_relaxed);
+  }
   const double total_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - wall_start).count();
 

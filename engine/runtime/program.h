@@ -114,6 +114,22 @@ class Program final : public Executable {
     int64_t graph_failures = 0;  // captures that failed (the context then runs unrolled)
   };
   ContextStats context_stats() const;
+
+  // A training step's param updates (LIR param_updates). `in_place`: the
+  // updates its kernels wrote into the param set's spare buffer, made
+  // current when the step succeeded (ParamSetImpl::Spare / CommitSpare):
+  // no copy. `copied`, `copied_bytes`: those copied into the param after
+  // the kernels instead (an update that is a view of another value, or
+  // shares its slot's bytes with a view, or a device that replays a
+  // captured graph, whose bindings must not change). Since Load.
+  struct ParamUpdateStats {
+    int64_t in_place = 0;
+    int64_t copied = 0;
+    int64_t copied_bytes = 0;
+  };
+  ParamUpdateStats param_update_stats() const;
+  // Per LIR param update: whether runs write it in the set's spare buffer.
+  const std::vector<bool>& updates_in_place() const { return update_in_place_; }
   // Operands packed for kernels that take them packed (backends/packing.h):
   // constants once per program (at Load), params once per inference
   // ParamSet. Counts every Pack call since Load.
@@ -200,6 +216,11 @@ class Program final : public Executable {
   // caller's result tensor (host-memory device, written by one kernel step,
   // sharing no arena bytes with any other slot), saving the copy-out.
   std::vector<bool> direct_output_;
+  // Per LIR param update: its slot is written by one kernel step and shares
+  // no bytes with a view slot made after it, so runs may bind it to the
+  // param set's spare buffer (ParamUpdateStats).
+  std::vector<bool> update_in_place_;
+  std::atomic<int64_t> updates_in_place_{0}, updates_copied_{0}, update_bytes_copied_{0};
   std::atomic<int64_t> packs_made_{0};
   // Per step: a While step's cond and body programs (null for other steps).
   std::vector<std::array<std::shared_ptr<Program>, 2>> while_programs_;

@@ -12,12 +12,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/engine.h"
 #include "engine/ir/text.h"
+#include "engine/runtime/program.h"
 #include "engine/train/train_step.h"
 #include "nlohmann/json.hpp"
 
@@ -454,6 +456,115 @@ TEST(TrainStep, ParamSetsAreChecked) {
   auto r = SharedEngine().Run(*exe->executable, inputs, plain->get(), {});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_NE(r.status().message().find("training set"), std::string::npos) << r.status();
+}
+
+
+// A training step writes its new params and optimizer state in place: the
+// kernels write each update in the training set's second buffer, which
+// becomes current when the step succeeded; no update is copied after the
+// kernels (Program::ParamUpdateStats). A step that fails in a kernel leaves
+// every param and state as it was, and a set restored from a snapshot
+// continues bit for bit as the original does.
+TEST(TrainStep, UpdatesAreWrittenInPlaceAndAFailedStepChangesNothing) {
+  auto graph = ir::ParseGraphProto(kMlp);
+  ASSERT_TRUE(graph.ok());
+  CompileOptions co;
+  co.device = "cpu:0";
+  co.transforms.mutable_training()->set_loss("loss");
+  co.transforms.mutable_training()->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+  co.transforms.mutable_training()->mutable_optimizer()->set_lr(0.01);
+  auto exe = SharedEngine().Compile(*graph, co, {});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  auto* program = dynamic_cast<runtime::Program*>(exe->executable.get());
+  ASSERT_NE(program, nullptr);
+  const int updates = exe->executable->lir().param_updates_size();
+  ASSERT_GT(updates, 8);  // 4 params, their AdamW m and v, the step count
+  for (int k = 0; k < updates; ++k) {
+    EXPECT_TRUE(program->updates_in_place()[k])
+        << exe->executable->lir().param_updates(k).name() << " is copied after the kernels";
+  }
+  const std::map<std::string, Dims> dims = {
+      {"w1", {8, 32}}, {"b1", {32}}, {"w2", {32, 4}}, {"b2", {4}}};
+  std::vector<HostTensor> init;
+  std::vector<TensorRef> refs;
+  uint32_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 1664525u + 1013904223u;
+    return static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) - 0.5f;
+  };
+  for (const auto& [name, d] : dims) {
+    HostTensor t = HostTensor::Create(v1::DTYPE_F32, d).value();
+    for (int64_t k = 0; k < t.num_elements(); ++k) t.data_as<float>()[k] = next();
+    init.push_back(std::move(t));
+  }
+  int i = 0;
+  for (const auto& [name, d] : dims) refs.push_back(TensorRef::Of(name, init[i++]));
+  auto set = SharedEngine().CreateTrainingParams(*exe->executable, refs);
+  ASSERT_TRUE(set.ok()) << set.status();
+  std::vector<HostTensor> xs, ys;
+  for (int step = 0; step < 8; ++step) {
+    HostTensor x = HostTensor::Create(v1::DTYPE_F32, {16, 8}).value();
+    for (int64_t k = 0; k < x.num_elements(); ++k) x.data_as<float>()[k] = 2 * next();
+    HostTensor y = HostTensor::Create(v1::DTYPE_I64, {16}).value();
+    for (int64_t k = 0; k < 16; ++k) y.data_as<int64_t>()[k] = (k * 7 + step) % 4;
+    xs.push_back(std::move(x));
+    ys.push_back(std::move(y));
+  }
+  auto step_on = [&](ParamSet& params, int step) {
+    std::vector<TensorRef> inputs = {TensorRef::Of("x", xs[step]), TensorRef::Of("y", ys[step])};
+    return SharedEngine().Run(*exe->executable, inputs, &params, {});
+  };
+  // Every param and state value, bytes and all.
+  auto snapshot = [](const ParamSet& params) {
+    std::map<std::string, HostTensor> out;
+    for (const std::string& name : params.names()) {
+      auto t = params.Read(name);
+      EXPECT_TRUE(t.ok()) << t.status();
+      if (t.ok()) out.emplace(name, std::move(t).value());
+    }
+    return out;
+  };
+  auto same_bytes = [](const std::map<std::string, HostTensor>& a,
+                       const std::map<std::string, HostTensor>& b) {
+    if (a.size() != b.size()) return std::string("a different set of names");
+    for (const auto& [name, t] : a) {
+      const HostTensor& u = b.at(name);
+      if (t.num_bytes() != u.num_bytes() || std::memcmp(t.data(), u.data(), t.num_bytes()) != 0) {
+        return absl::StrCat("\"", name, "\" differs");
+      }
+    }
+    return std::string();
+  };
+  const runtime::Program::ParamUpdateStats before = program->param_update_stats();
+  for (int step = 0; step < 4; ++step) ASSERT_TRUE(step_on(**set, step).ok());
+  const runtime::Program::ParamUpdateStats after = program->param_update_stats();
+  EXPECT_EQ(after.in_place - before.in_place, 4 * updates);
+  EXPECT_EQ(after.copied - before.copied, 0);
+  EXPECT_EQ(after.copied_bytes - before.copied_bytes, 0);
+
+  // A step failing in a kernel (a label out of range) changes nothing.
+  const std::map<std::string, HostTensor> at4 = snapshot(**set);
+  ASSERT_EQ(at4.at(train::kStepParam).GetAsDouble(0), 4);
+  HostTensor bad = HostTensor::Create(v1::DTYPE_I64, {16}).value();
+  bad.data_as<int64_t>()[5] = 9;  // of 4 classes
+  std::vector<TensorRef> bad_inputs = {TensorRef::Of("x", xs[4]), TensorRef::Of("y", bad)};
+  auto failed = SharedEngine().Run(*exe->executable, bad_inputs, set->get(), {});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(same_bytes(at4, snapshot(**set)), "");
+
+  // A set made from the snapshot continues exactly as the original.
+  std::vector<TensorRef> restored_refs;
+  for (const auto& [name, t] : at4) restored_refs.push_back(TensorRef::Of(name, t));
+  auto restored = SharedEngine().CreateTrainingParams(*exe->executable, restored_refs);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  for (int step = 4; step < 8; ++step) {
+    auto a = step_on(**set, step);
+    auto b = step_on(**restored, step);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    EXPECT_EQ(a->outputs[0].second.GetAsDouble(0), b->outputs[0].second.GetAsDouble(0))
+        << "loss of step " << step + 1;
+    EXPECT_EQ(same_bytes(snapshot(**set), snapshot(**restored)), "") << "after step " << step + 1;
+  }
 }
 
 }  // namespace
