@@ -343,6 +343,66 @@ class FakeRun final : public ShmRunCall {
   std::atomic<bool> answered_ = false;
 };
 
+// Training steps on the socket: only when the runner takes them (the ticket's
+// train_steps says so; otherwise UNIMPLEMENTED with a request id, and the
+// runner is not called), handed to the runner marked train_step with the
+// TrainStepRequest's bytes; a run is not marked.
+TEST(ShmRegistry, TrainStepsOnlyWhenTheRunnerTakesThem) {
+  Tenant erin("erin", ShmQuota(4, 4 * kShmRegionBytes), 1.0);
+  auto registry = ShmRegistry::Create(v1::ServerConfig());
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ShmRegistry& reg = **registry;
+  std::atomic<int> calls = 0;
+  std::atomic<bool> last_was_step = false;
+  auto runner = [&](ShmRunRequest r) -> std::shared_ptr<ShmRunCall> {
+    ++calls;
+    last_was_step.store(r.train_step);
+    auto run = std::make_shared<FakeRun>(std::move(r));
+    run->Answer(absl::OkStatus());  // echoes the message's bytes
+    return nullptr;
+  };
+  auto message = [](bool step, const std::string& bytes) {
+    v1::ShmClientMessage m;
+    if (step) {
+      m.set_train_step(bytes);
+    } else {
+      m.set_run(bytes);
+    }
+    return m;
+  };
+  reg.SetRunner(runner);
+  v1::ConnectSharedMemoryResponse ticket = reg.NewTicket(erin);
+  EXPECT_GT(ticket.max_run_message_bytes(), 0);
+  EXPECT_FALSE(ticket.train_steps());
+  {
+    RawShmClient c(ticket.socket());
+    ASSERT_EQ(c.Hello(ticket.ticket()).code(), 0);
+    v1::ShmServerMessage a = c.Call(message(true, "step"));
+    EXPECT_EQ(a.code(), static_cast<int>(absl::StatusCode::kUnimplemented)) << a.message();
+    EXPECT_NE(a.message().find("no training steps"), std::string::npos) << a.message();
+    EXPECT_FALSE(a.request_id().empty());
+    EXPECT_EQ(calls.load(), 0);
+    a = c.Call(message(false, "run"));
+    EXPECT_EQ(a.code(), 0) << a.message();
+    EXPECT_EQ(calls.load(), 1);
+  }
+  reg.SetRunner(runner, /*train_steps=*/true);
+  ticket = reg.NewTicket(erin);
+  EXPECT_TRUE(ticket.train_steps());
+  RawShmClient c(ticket.socket());
+  ASSERT_EQ(c.Hello(ticket.ticket()).code(), 0);
+  v1::ShmServerMessage a = c.Call(message(true, "the step"));
+  EXPECT_EQ(a.code(), 0) << a.message();
+  EXPECT_EQ(a.message(), "the step");
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_TRUE(last_was_step.load());
+  a = c.Call(message(false, "a run"));
+  EXPECT_EQ(a.message(), "a run");
+  EXPECT_FALSE(last_was_step.load());
+  reg.StopRuns();
+  EXPECT_FALSE(reg.NewTicket(erin).train_steps());
+}
+
 TEST(ShmRegistry, RunsOnTheSocket) {
   Tenant dora("dora", ShmQuota(4, 4 * kShmRegionBytes), 1.0);
   auto registry = ShmRegistry::Create(v1::ServerConfig());
