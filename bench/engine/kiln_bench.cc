@@ -6,7 +6,8 @@
 //   kiln_bench matmul  [--sizes 512,1024,2048] [--rounds 7] [--threads 2]
 //   kiln_bench compile [--rounds 5]
 //   kiln_bench memory
-//   kiln_bench placement [--reps 5] [--cache_dir DIR]
+//   kiln_bench placement [--reps 5] [--cache_dir DIR] [--threads N]
+//                        [--graphs a,b (matmul_N: any N)] [--explain 1] [--tf32 1]
 //   kiln_bench mlp | fixed_cost: small_batch_bench.h
 //   kiln_bench timings [--threads 2]  (a worker: "mlp N" / "encoder N" on stdin)
 //   kiln_bench onednn_matmul [--iters 100]  (dnnl_sgemm alone, no engine)
@@ -518,7 +519,7 @@ struct PlacementCase {
   models::Model params;  // for graphs with params
 };
 
-std::vector<PlacementCase> PlacementCases() {
+std::vector<PlacementCase> PlacementCases(const std::vector<std::string>& extra) {
   std::vector<PlacementCase> cases;
   std::mt19937_64 rng(5);
   auto elementwise = [&](const std::string& name, int64_t n, int depth) {
@@ -582,7 +583,42 @@ std::vector<PlacementCase> PlacementCases() {
   matmul("matmul_2048", 2048);
   attention("attention_h16_s2048", 16, 2048);
   matmul("matmul_4096", 4096);
+  // Probes beyond the 15 (--graphs matmul_N): matmuls of any size.
+  for (const std::string& name : extra) {
+    int64_t n = 0;
+    if (name.rfind("matmul_", 0) == 0) n = std::atoll(name.c_str() + 7);
+    if (n > 0) matmul(name, n);
+  }
   return cases;
+}
+
+// One reported run of `executable`: where its time went (the run's own time,
+// kernel and copy steps, the largest steps), for the explain output.
+json ExplainRun(Engine& engine, Executable& executable, std::span<const TensorRef> inputs,
+                const ParamSet* params) {
+  RunOptions ro;
+  ro.report = true;
+  const auto t0 = Clock::now();
+  auto run = engine.Run(executable, inputs, params, ro);
+  const double wall_ms = Ms(t0, Clock::now());
+  if (!run.ok()) return {{"error", std::string(run.status().message())}};
+  const v1::DispatchReport& r = run->report;
+  double kernel_us = 0, copy_us = 0;
+  std::vector<std::pair<double, std::string>> steps;
+  for (const v1::DispatchStep& st : r.steps()) {
+    (st.kind() == v1::STEP_COPY ? copy_us : kernel_us) += st.duration_micros();
+    steps.emplace_back(st.duration_micros(),
+                       absl::StrCat(st.kind() == v1::STEP_COPY ? "copy" : st.implementation(), "@",
+                                    st.device(), "+", static_cast<int64_t>(st.start_micros())));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  json top = json::array();
+  for (size_t i = 0; i < steps.size() && i < 4; ++i) {
+    top.push_back({{"step", steps[i].second}, {"us", steps[i].first}});
+  }
+  return {{"wall_ms", wall_ms}, {"run_us", r.run_micros()}, {"queue_us", r.queue_micros()},
+          {"kernels_us", kernel_us}, {"copies_us", copy_us}, {"steps", r.steps_size()},
+          {"cuda_graph", r.cuda_graph()}, {"top", top}};
 }
 
 int Placement(const std::map<std::string, std::string>& flags) {
@@ -604,9 +640,29 @@ int Placement(const std::map<std::string, std::string>& flags) {
                         {"launch_us", d->profile.launch_overhead_us},
                         {"sync_us", d->profile.sync_overhead_us}});
   }
+  // --graphs a,b: only these (matmul_N of any N is made on demand); a name
+  // that matches no graph is an error, not an empty run.
+  std::vector<std::string> only;
+  if (flags.contains("graphs")) only = absl::StrSplit(flags.at("graphs"), ',', absl::SkipEmpty());
+  std::vector<PlacementCase> cases = PlacementCases(only);
+  if (!only.empty()) {
+    std::vector<PlacementCase> kept;
+    for (const std::string& name : only) {
+      auto it = std::find_if(cases.begin(), cases.end(), [&](const PlacementCase& c) { return c.name == name; });
+      if (it == cases.end()) {
+        std::fprintf(stderr, "--graphs: no graph named %s\n", name.c_str());
+        return 2;
+      }
+      kept.push_back(std::move(*it));
+      cases.erase(it);
+    }
+    cases = std::move(kept);
+  }
+  const bool explain = Flag(flags, "explain", 0) != 0;
+  const bool tf32 = Flag(flags, "tf32", 0) != 0;
   json results = json::array();
   int good = 0, total = 0;
-  for (PlacementCase& c : PlacementCases()) {
+  for (PlacementCase& c : cases) {
     std::vector<TensorRef> inputs;
     for (size_t i = 0; i < c.inputs.size(); ++i) inputs.push_back(TensorRef::Of(c.input_names[i], c.inputs[i]));
     std::shared_ptr<ParamSet> params;
@@ -616,9 +672,11 @@ int Placement(const std::map<std::string, std::string>& flags) {
       params = *p;
     }
     json estimates = json::object();  // the cost model's view, from the auto compile
+    json explained = json::object();
     auto time_on = [&](const std::string& device, std::string* chosen) -> double {
       CompileOptions co;
       co.device = device;
+      co.allow_tf32 = tf32;
       std::vector<std::pair<std::string, Dims>> shapes;
       for (const auto& t : inputs) shapes.emplace_back(t.name, t.dims);
       auto compiled = engine->Compile(c.graph, co, shapes);
@@ -641,6 +699,13 @@ int Placement(const std::map<std::string, std::string>& flags) {
         if (!run.ok()) return -1;
         if (r > 0) ms.push_back(Ms(t0, Clock::now()));
       }
+      if (explain && chosen == nullptr) {
+        json e = ExplainRun(*engine, *compiled->executable, inputs, params.get());
+        e["median_ms"] = Median(ms);
+        e["min_ms"] = *std::min_element(ms.begin(), ms.end());
+        explained[device] = e;
+        std::fprintf(stderr, "explain %s %s %s\n", c.name.c_str(), device.c_str(), e.dump().c_str());
+      }
       return Median(ms);
     };
     json per_device = json::object();
@@ -660,6 +725,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
     results.push_back({{"graph", c.name}, {"ms", per_device}, {"estimate_ms", estimates},
                        {"fastest", fastest},
                        {"auto", chosen}, {"auto_within_10pct", ok}});
+    if (explain) results.back()["explain"] = explained;
+    std::fprintf(stderr, "placement %s\n", results.back().dump().c_str());
   }
   std::printf("%s\n", json({{"bench", "placement_accuracy"}, {"devices", profiles},
                             {"graphs", total}, {"auto_fastest_or_within_10pct", good},

@@ -21,18 +21,39 @@
 namespace kiln::passes {
 namespace {
 
+// Whether fusion is expected to fold `n` into the kernel of one of its
+// operands' producers: an elementwise node fed by another elementwise node
+// (one fused region) or by a matmul (its epilogue).
+bool FusesIntoProducer(const ir::Graph& g, const ir::Node& n) {
+  if (runtime::FamilyOf(n.op) != runtime::OpFamily::kElementwise) return false;
+  for (const ir::ValueRef& v : n.operands) {
+    const ir::Node* p = g.FindNode(v.node);
+    if (p == nullptr || IsSource(*p)) continue;
+    const runtime::OpFamily f = runtime::FamilyOf(p->op);
+    if (f == runtime::OpFamily::kElementwise || f == runtime::OpFamily::kMatMul) return true;
+  }
+  return false;
+}
+
 // Estimated time of the whole graph on `device`, with nodes it cannot claim
 // run on the CPU plus the copies there and back.
 double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Device& cpu,
                      const runtime::CostModel& model, std::string* dominant) {
   double total = 0;
   double worst = 0;
+  bool spans_team = false;
   for (const auto& np : g.nodes()) {
     if (IsSource(*np)) continue;
     const backend::KernelSpec spec = SpecOf(g, *np);
     double t;
     if (device.Supports(spec).native) {
+      const runtime::Work w = runtime::EstimateWork(spec);
       t = model.KernelMicros(spec, device.info());
+      spans_team = spans_team || runtime::SpansThreadTeam(w);
+      // Fusion (a later stage) folds an elementwise node into the kernel of
+      // the elementwise region or matmul epilogue that produces its operand:
+      // that node launches nothing of its own.
+      if (FusesIntoProducer(g, *np)) t -= model.FixedMicros(w, device.info());
     } else {
       const runtime::Work w = runtime::EstimateWork(spec);
       t = model.KernelMicros(spec, cpu.info()) + model.CopyMicros(w.bytes, device.info(), cpu.info());
@@ -49,8 +70,9 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
   for (const auto& o : g.outputs()) out_bytes += static_cast<double>(g.TypeOf(o.value).num_bytes());
   total += model.CopyMicros(in_bytes, cpu.info(), device.info()) +
            model.CopyMicros(out_bytes, device.info(), cpu.info());
-  // Every run submits to the device's queue and waits for it once.
-  total += model.Profile(device.info()).sync_overhead_us;
+  // Every run submits to the device's queue and waits for it once (and wakes
+  // a host device's thread team when a kernel spans it).
+  total += model.RunMicros(device.info(), spans_team);
   return total;
 }
 

@@ -1,7 +1,13 @@
 #include "engine/runtime/calibration.h"
 
+#include <sys/mman.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -23,6 +29,17 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Asks for transparent huge pages over the whole 2 MiB pages inside
+// [p, p + bytes), before first touch: a fresh 4 KiB page costs ~15 us to fault
+// on a virtualized host, which would make the memory probe's hundreds of MiB
+// cost seconds at every start. A hint only: no THP, no change.
+void AdviseHugePages(void* p, int64_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 // Buffers, a kernel and a stream for one spec on one device.
 struct Bench {
   backend::Device& device;
@@ -40,17 +57,26 @@ struct Bench {
     KILN_ASSIGN_OR_RETURN(b->stream, device.CreateStream());
     for (const auto& t : spec.inputs) {
       KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(t.num_bytes()));
+      backend::BufferView v{buf.get(), 0, t.num_bytes()};
       // Ordinary values in [0.5, 1): zeros would let a backend shortcut, and
       // denormals would measure a CPU's microcode assists, not its peak.
-      KILN_ASSIGN_OR_RETURN(HostTensor fill, HostTensor::Create(t.dtype, t.dims));
-      for (int64_t i = 0; i < fill.num_elements(); ++i) fill.SetFromDouble(i, 0.5 + (i % 61) / 128.0);
-      backend::BufferView v{buf.get(), 0, t.num_bytes()};
-      KILN_RETURN_IF_ERROR(device.CopyToDevice(*b->stream, fill.data(), v));
+      if (buf->host_ptr() != nullptr && t.dtype == v1::DTYPE_F32) {
+        // Host memory is filled in place (the memory probe's buffers are
+        // hundreds of MiB: no staging copy, huge pages where the OS gives them).
+        AdviseHugePages(buf->host_ptr(), t.num_bytes());
+        float* f = v.as<float>();
+        for (int64_t i = 0; i < t.num_elements(); ++i) f[i] = 0.5f + static_cast<float>(i % 61) / 128.0f;
+      } else {
+        KILN_ASSIGN_OR_RETURN(HostTensor fill, HostTensor::Create(t.dtype, t.dims));
+        for (int64_t i = 0; i < fill.num_elements(); ++i) fill.SetFromDouble(i, 0.5 + (i % 61) / 128.0);
+        KILN_RETURN_IF_ERROR(device.CopyToDevice(*b->stream, fill.data(), v));
+      }
       b->ins.push_back(v);
       b->buffers.push_back(std::move(buf));
     }
     for (const auto& t : spec.outputs) {
       KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(t.num_bytes()));
+      if (buf->host_ptr() != nullptr) AdviseHugePages(buf->host_ptr(), t.num_bytes());
       b->outs.push_back(backend::BufferView{buf.get(), 0, t.num_bytes()});
       b->buffers.push_back(std::move(buf));
     }
@@ -124,8 +150,9 @@ absl::StatusOr<double> MatMulGflops(backend::Device& device, DType dtype) {
   return best;
 }
 
-absl::StatusOr<double> BandwidthGbps(backend::Device& device) {
-  const int64_t n = int64_t{1} << 21;  // 3 x 8 MiB of traffic per add: past the caches
+// GB/s of an f32 add over `n` elements (3 x 4n bytes a launch), timed on warm
+// buffers only (the first pass faults the pages in and is not counted).
+absl::StatusOr<double> AddGbps(backend::Device& device, int64_t n) {
   KILN_ASSIGN_OR_RETURN(auto bench, Bench::Create(device, AddSpec(n)));
   KILN_ASSIGN_OR_RETURN(double once, bench->Time(1, 1));
   const int reps = std::clamp(static_cast<int>(kBatchSeconds / std::max(once, 1e-6)), 1, 50);
@@ -133,14 +160,151 @@ absl::StatusOr<double> BandwidthGbps(backend::Device& device) {
   return 3.0 * 4.0 * n / s / 1e9;
 }
 
+// 3 x 8 MiB of traffic per add: past a GPU's caches (the H100's L2 is 50 MiB,
+// so on it this is partly a cache figure), and the probe of a host device
+// whose cache size is unknown.
+constexpr int64_t kDefaultBandwidthElems = int64_t{1} << 21;
+// The memory probe of a host device: its three buffers together at least
+// twice its last-level cache, each at most 32 MiB: the first touch of fresh
+// pages is what costs (~15 us a 4 KiB page on a virtualized host), and every
+// kilnd start with an empty cache directory pays it.
+constexpr int64_t kMaxBandwidthElems = int64_t{1} << 23;
+
+backend::KernelSpec TanhSpec(int64_t n) {
+  backend::KernelSpec s;
+  s.name = "calibrate_tanh";
+  s.label = s.name;
+  s.op = v1::OP_UNARY;
+  s.attrs.mutable_unary()->set_kind(v1::UNARY_TANH);
+  s.inputs = {{v1::DTYPE_F32, {n}}};
+  s.outputs = {{v1::DTYPE_F32, {n}}};
+  return s;
+}
+
+// Billions of tanh a second over 2^20 elements (8 MiB in and out).
+absl::StatusOr<double> TanhGelems(backend::Device& device) {
+  const int64_t n = int64_t{1} << 20;
+  KILN_ASSIGN_OR_RETURN(auto bench, Bench::Create(device, TanhSpec(n)));
+  KILN_ASSIGN_OR_RETURN(double once, bench->Time(1, 1));
+  const int reps = std::clamp(static_cast<int>(kBatchSeconds / std::max(once, 1e-6)), 1, 50);
+  KILN_ASSIGN_OR_RETURN(double s, bench->Time(reps, 3));
+  return n / s / 1e9;
+}
+
+// The small parallel kernel of the team probe: a one-row product of
+// 64 x threads columns over K = 512, which the CPU's small-M matmul splits
+// into one 4-panel chunk (~32k FMAs) per thread (backends/cpu/small_matmul.cc),
+// the shape of a batch-1 MLP layer.
+backend::KernelSpec TeamSpec(int threads) {
+  backend::KernelSpec s;
+  s.name = "calibrate_team";
+  s.label = s.name;
+  s.op = v1::OP_MATMUL;
+  s.attrs.mutable_matmul();
+  const int64_t n = int64_t{64} * std::max(threads, 1);
+  s.inputs = {{v1::DTYPE_F32, {1, 512}}, {v1::DTYPE_F32, {512, n}}};
+  s.outputs = {{v1::DTYPE_F32, {1, n}}};
+  return s;
+}
+
+// The thread team's costs on a host device (HostProfile): back to back, a
+// small kernel that spans the team takes `warm`; after the host idled long
+// enough for the team to sleep (libgomp spins GOMP_SPINCOUNT, then waits on
+// a futex), `cold`. Beyond the kernel's own work and launch cost, the first is
+// the fork + join, the difference the wake-up.
+absl::Status MeasureTeam(backend::Device& device, const backend::DeviceProfile& p, HostProfile* host) {
+  const backend::KernelSpec spec = TeamSpec(device.info().threads);
+  KILN_ASSIGN_OR_RETURN(auto bench, Bench::Create(device, spec));
+  KILN_RETURN_IF_ERROR(bench->Time(10, 1).status());
+  KILN_ASSIGN_OR_RETURN(double warm, bench->Time(50, 3));
+  std::vector<double> cold;
+  for (int r = 0; r < 9; ++r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    KILN_ASSIGN_OR_RETURN(double once, bench->Time(1, 1));
+    cold.push_back(once);
+  }
+  std::nth_element(cold.begin(), cold.begin() + cold.size() / 2, cold.end());
+  const double cold_median = cold[cold.size() / 2];
+  const Work w = EstimateWork(spec);
+  const double work_us = std::max(p.peak_gflops_f32 > 0 ? w.flops / (p.peak_gflops_f32 * 1e3) : 0.0,
+                                  host->cache_bandwidth_gbps > 0
+                                      ? w.bytes / (host->cache_bandwidth_gbps * 1e3)
+                                      : 0.0);
+  host->parallel_launch_us = std::max(0.0, warm * 1e6 - work_us - p.launch_overhead_us);
+  host->team_wake_us = std::max(0.0, (cold_median - warm) * 1e6);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device) {
-  backend::DeviceProfile p = device.info().profile;
+int64_t LastLevelCacheBytes() {
+  // sysfs names each cache of cpu0 with its level; the highest level wins.
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = absl::StrCat("/sys/devices/system/cpu/cpu0/cache/index", i);
+    std::ifstream level_in(dir + "/level"), size_in(dir + "/size"), type_in(dir + "/type");
+    int level = 0;
+    std::string size, type;
+    if (!(level_in >> level) || !(size_in >> size)) continue;
+    type_in >> type;
+    if (type == "Instruction" || size.empty()) continue;
+    int64_t bytes = 0;
+    try {
+      bytes = std::stoll(size);
+    } catch (...) {
+      continue;
+    }
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    if (level > best_level || (level == best_level && bytes > best_bytes)) {
+      best_level = level;
+      best_bytes = bytes;
+    }
+  }
+  if (best_bytes > 0) return best_bytes;
+  for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long v = ::sysconf(name);
+    if (v > 0) return v;
+  }
+  return 0;
+}
+
+std::string CalibrationFingerprint(const backend::DeviceInfo& info) {
+  struct utsname u {};
+  const std::string kernel = ::uname(&u) == 0 ? u.release : "";
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  // Memory in GiB: the kernel's own reservations move the byte count by a
+  // few pages between boots of one machine.
+  const int64_t memory_gib = static_cast<int64_t>(pages) * page_size >> 30;
+  return absl::StrCat(info.identity, "|driver=", info.driver_version, "|cores=", cores,
+                      "|memory_gib=", memory_gib, "|llc=", LastLevelCacheBytes(),
+                      "|kernel=", kernel);
+}
+
+absl::StatusOr<CalibrationResult> Calibrate(backend::Device& device) {
+  CalibrationResult result;
+  backend::DeviceProfile& p = result.profile;
+  HostProfile& host = result.host;
+  p = device.info().profile;
   KILN_ASSIGN_OR_RETURN(p.peak_gflops_f32, MatMulGflops(device, v1::DTYPE_F32));
   auto f16 = MatMulGflops(device, v1::DTYPE_F16);
   p.peak_gflops_f16 = f16.ok() ? *f16 : p.peak_gflops_f32;
-  KILN_ASSIGN_OR_RETURN(p.bandwidth_gbps, BandwidthGbps(device));
+  KILN_ASSIGN_OR_RETURN(p.bandwidth_gbps, AddGbps(device, kDefaultBandwidthElems));
+  // Host devices: the probe above is a cache figure when the last-level cache
+  // holds its 24 MiB; memory bandwidth is measured past the cache, sized from
+  // what the OS reports.
+  const int64_t llc = device.info().host_memory ? LastLevelCacheBytes() : 0;
+  const int64_t memory_elems = std::min(2 * llc / 12 + 1, kMaxBandwidthElems);
+  if (llc >= 12 * kDefaultBandwidthElems && memory_elems > kDefaultBandwidthElems) {
+    const double cache_gbps = p.bandwidth_gbps;
+    KILN_ASSIGN_OR_RETURN(p.bandwidth_gbps, AddGbps(device, memory_elems));
+    if (cache_gbps > p.bandwidth_gbps) {
+      host.cache_bandwidth_gbps = cache_gbps;
+      host.cache_bytes = llc;
+    }
+  }
   KILN_ASSIGN_OR_RETURN(auto tiny, Bench::Create(device, TinySpec()));
   KILN_RETURN_IF_ERROR(tiny->Time(10, 1).status());
   // Back-to-back launches amortize the queue's submit + wait; single synced
@@ -149,6 +313,12 @@ absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device) {
   KILN_ASSIGN_OR_RETURN(double synced, tiny->Time(1, 20));
   p.launch_overhead_us = batched * 1e6;
   p.sync_overhead_us = std::max(0.0, (synced - batched) * 1e6);
+  if (device.info().host_memory && device.info().kind == backend::DeviceKind::kCpu) {
+    KILN_ASSIGN_OR_RETURN(host.transcendental_gelems, TanhGelems(device));
+    if (device.info().threads > 1) {
+      KILN_RETURN_IF_ERROR(MeasureTeam(device, p, &host)) << "while timing the thread team";
+    }
+  }
   if (!device.info().host_memory) {
     const int64_t bytes = int64_t{16} << 20;
     KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(bytes));
@@ -169,7 +339,7 @@ absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device) {
     p.device_to_host_gbps = bytes / down / 1e9;
   }
   p.calibrated = true;
-  return p;
+  return result;
 }
 
 double HostLoadPerCore() {
@@ -182,13 +352,13 @@ double HostLoadPerCore() {
 
 absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
                                                   const std::string& cache_dir,
-                                                  double max_load_per_core) {
+                                                  double max_load_per_core, bool refresh) {
   const backend::DeviceInfo& info = device.info();
-  const std::string id_key = absl::StrCat("calibration-v", kCalibrationVersion, "|", info.identity);
+  const std::string id_key =
+      absl::StrCat("calibration-v", kCalibrationVersion, "|", CalibrationFingerprint(info));
   const std::filesystem::path dir = std::filesystem::path(cache_dir) / "calibration";
   const std::filesystem::path file = dir / (compile::Sha256Hex(id_key).substr(0, 32) + ".json");
-  CalibrationResult result;
-  if (!cache_dir.empty()) {
+  if (!cache_dir.empty() && !refresh) {
     // Only a regular file is read: a FIFO planted in its place would block
     // this open, and the engine's start with it.
     std::error_code ec;
@@ -197,20 +367,37 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
     if (regular) in.open(file);
     if (regular && in) {
       auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_discarded() && j.value("key", "") == id_key) {
-        backend::DeviceProfile& p = result.profile;
-        p.peak_gflops_f32 = j.value("peak_gflops_f32", 0.0);
-        p.peak_gflops_f16 = j.value("peak_gflops_f16", 0.0);
-        p.bandwidth_gbps = j.value("bandwidth_gbps", 0.0);
-        p.launch_overhead_us = j.value("launch_overhead_us", 0.0);
-        p.sync_overhead_us = j.value("sync_overhead_us", 0.0);
-        p.host_to_device_gbps = j.value("host_to_device_gbps", 0.0);
-        p.device_to_host_gbps = j.value("device_to_host_gbps", 0.0);
+      // Every figure must be a number: a file edited by hand or cut short is
+      // measured over (j.value would throw on a string where a number was).
+      auto number = [&](const char* name, double* out) {
+        auto it = j.find(name);
+        if (it == j.end() || !it->is_number()) return false;
+        *out = it->get<double>();
+        return std::isfinite(*out) && *out >= 0;
+      };
+      CalibrationResult result;
+      backend::DeviceProfile& p = result.profile;
+      HostProfile& h = result.host;
+      double cache_bytes = 0;
+      const bool complete =
+          !j.is_discarded() && j.is_object() && j.contains("key") && j["key"].is_string() &&
+          j["key"].get<std::string>() == id_key && number("peak_gflops_f32", &p.peak_gflops_f32) &&
+          number("peak_gflops_f16", &p.peak_gflops_f16) &&
+          number("bandwidth_gbps", &p.bandwidth_gbps) &&
+          number("launch_overhead_us", &p.launch_overhead_us) &&
+          number("sync_overhead_us", &p.sync_overhead_us) &&
+          number("host_to_device_gbps", &p.host_to_device_gbps) &&
+          number("device_to_host_gbps", &p.device_to_host_gbps) &&
+          number("parallel_launch_us", &h.parallel_launch_us) &&
+          number("team_wake_us", &h.team_wake_us) &&
+          number("cache_bandwidth_gbps", &h.cache_bandwidth_gbps) &&
+          number("cache_bytes", &cache_bytes) &&
+          number("transcendental_gelems", &h.transcendental_gelems);
+      if (complete && p.peak_gflops_f32 > 0 && p.bandwidth_gbps > 0) {
+        h.cache_bytes = static_cast<int64_t>(cache_bytes);
         p.calibrated = true;
-        if (p.peak_gflops_f32 > 0 && p.bandwidth_gbps > 0) {
-          result.from_cache = true;
-          return result;
-        }
+        result.from_cache = true;
+        return result;
       }
       spdlog::warn("calibration cache {} is unreadable or foreign; measuring again", file.string());
     }
@@ -220,7 +407,7 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
   // sides of the measurement).
   const double load_before = HostLoadPerCore();
   const auto t0 = Clock::now();
-  KILN_ASSIGN_OR_RETURN(result.profile, Calibrate(device));
+  KILN_ASSIGN_OR_RETURN(CalibrationResult result, Calibrate(device));
   result.seconds = Seconds(t0, Clock::now());
   const double load = std::max(load_before, HostLoadPerCore());
   result.contended = load > max_load_per_core;
@@ -234,6 +421,7 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     const backend::DeviceProfile& p = result.profile;
+    const HostProfile& h = result.host;
     const nlohmann::json j = {{"key", id_key},
                               {"device", info.id},
                               {"name", info.name},
@@ -243,7 +431,12 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
                               {"launch_overhead_us", p.launch_overhead_us},
                               {"sync_overhead_us", p.sync_overhead_us},
                               {"host_to_device_gbps", p.host_to_device_gbps},
-                              {"device_to_host_gbps", p.device_to_host_gbps}};
+                              {"device_to_host_gbps", p.device_to_host_gbps},
+                              {"parallel_launch_us", h.parallel_launch_us},
+                              {"team_wake_us", h.team_wake_us},
+                              {"cache_bandwidth_gbps", h.cache_bandwidth_gbps},
+                              {"cache_bytes", h.cache_bytes},
+                              {"transcendental_gelems", h.transcendental_gelems}};
     const std::filesystem::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
     {
       std::ofstream out(tmp);

@@ -1,22 +1,27 @@
 // Device calibration (DESIGN.md section 5): micro-benchmarks through the
 // device's own kernels measure peak FLOP/s per dtype (matmul), memory
-// bandwidth (a large elementwise add), launch overhead (tiny kernels back to
-// back) and the fixed cost of a synchronizing run. Results are cached on disk
-// by device identity, so a restart reuses them.
+// bandwidth (a large elementwise add; on a host device past its last-level
+// cache, with the cache's own bandwidth beside it), launch overhead (tiny
+// kernels back to back), the fixed cost of a synchronizing run, and on a
+// multi-threaded CPU the cost of its thread team (runtime::HostProfile).
+// Results are cached on disk keyed by the device's identity and a machine
+// fingerprint (CalibrationFingerprint), so a restart reuses them.
 #pragma once
 
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "engine/runtime/cost_model.h"
 
 namespace kiln::runtime {
 
 // Bumped when the procedure changes; older cached profiles are re-measured.
-inline constexpr int kCalibrationVersion = 2;
+inline constexpr int kCalibrationVersion = 3;
 
 struct CalibrationResult {
   backend::DeviceProfile profile;
+  HostProfile host;  // all zero but on a multi-threaded host device
   bool from_cache = false;
   double seconds = 0;  // time spent measuring (0 from the cache)
   // The host was busy while measuring (load average above twice the cores):
@@ -28,15 +33,27 @@ struct CalibrationResult {
 // The host's 1-minute load average per online core (0 when unknown).
 double HostLoadPerCore();
 
-// Measures `device`. Takes a fraction of a second to a few seconds.
-absl::StatusOr<backend::DeviceProfile> Calibrate(backend::Device& device);
+// Size of the host's last-level data cache as the OS reports it (sysfs, then
+// sysconf); 0 when unknown.
+int64_t LastLevelCacheBytes();
+
+// What a calibration is valid for: the device's identity plus the machine
+// around it (driver, online cores, memory, last-level cache, kernel release).
+// A cached calibration under another fingerprint is not used.
+std::string CalibrationFingerprint(const backend::DeviceInfo& info);
+
+// Measures `device` (from_cache false, seconds 0). Takes a fraction of a
+// second to a few seconds.
+absl::StatusOr<CalibrationResult> Calibrate(backend::Device& device);
 
 // The cached profile for `device` under `cache_dir`, or a fresh measurement
 // that is then stored unless the host's load average per core exceeded
-// `max_load_per_core` around it. An unreadable or foreign cache file is
-// measured over.
+// `max_load_per_core` around it. An unreadable, incomplete or foreign cache
+// file (another fingerprint or calibration version) is measured over and
+// rewritten. `refresh` measures without reading the cache (and stores).
 absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
                                                   const std::string& cache_dir,
-                                                  double max_load_per_core = 2.0);
+                                                  double max_load_per_core = 2.0,
+                                                  bool refresh = false);
 
 }  // namespace kiln::runtime

@@ -59,10 +59,54 @@ const char* FamilyName(OpFamily family) {
   return "other";
 }
 
+bool IsTranscendental(v1::UnaryKind kind) {
+  switch (kind) {
+    case v1::UNARY_GELU: case v1::UNARY_GELU_TANH: case v1::UNARY_SILU: case v1::UNARY_SIGMOID:
+    case v1::UNARY_TANH: case v1::UNARY_EXP: case v1::UNARY_LOG: case v1::UNARY_SIN:
+    case v1::UNARY_COS: case v1::UNARY_ERF: case v1::UNARY_SOFTPLUS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+// Transcendental evaluations per output element of one elementwise step.
+double TranscendentalsOf(v1::OpKind op, const v1::UnaryAttrs* unary, const v1::BinaryAttrs* binary) {
+  if (op == v1::OP_UNARY && unary != nullptr && IsTranscendental(unary->kind())) return 1;
+  if (op == v1::OP_BINARY && binary != nullptr && binary->kind() == v1::BINARY_POW) return 1;
+  return 0;
+}
+
+}  // namespace
+
 Work EstimateWork(const backend::KernelSpec& spec) {
   Work w;
   w.bytes = IoBytes(spec);
   const double out = spec.outputs.empty() ? 0 : Elems(spec.outputs[0]);
+  switch (spec.op) {
+    case v1::OP_UNARY:
+      w.transcendentals = out * TranscendentalsOf(spec.op, &spec.attrs.unary(), nullptr);
+      break;
+    case v1::OP_BINARY:
+      w.transcendentals = out * TranscendentalsOf(spec.op, nullptr, &spec.attrs.binary());
+      break;
+    case v1::OP_FUSED_ELEMENTWISE:
+      for (const v1::FusedInstr& in : spec.attrs.fused_elementwise().instrs()) {
+        w.transcendentals += out * TranscendentalsOf(in.op(), in.has_unary() ? &in.unary() : nullptr,
+                                                     in.has_binary() ? &in.binary() : nullptr);
+      }
+      break;
+    case v1::OP_FUSED_MATMUL:
+      if (IsTranscendental(spec.attrs.fused_matmul().activation())) w.transcendentals = out;
+      break;
+    case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX:
+      w.transcendentals = spec.inputs.empty() ? 0 : Elems(spec.inputs[0]);
+      break;
+    default:
+      break;
+  }
   switch (spec.op) {
     case v1::OP_MATMUL:
     case v1::OP_FUSED_MATMUL: {
@@ -109,6 +153,10 @@ Work EstimateWork(const backend::KernelSpec& spec) {
   return w;
 }
 
+bool SpansThreadTeam(const Work& work) {
+  return work.flops >= 65536.0 || work.bytes >= 262144.0;
+}
+
 CostModel::CostModel() = default;
 
 double CostModel::Efficiency(const backend::DeviceInfo& device, OpFamily family) const {
@@ -124,6 +172,20 @@ void CostModel::SetProfile(const std::string& device, const backend::DeviceProfi
 const backend::DeviceProfile& CostModel::Profile(const backend::DeviceInfo& device) const {
   auto it = profiles_.find(device.id);
   return it == profiles_.end() ? device.profile : it->second;
+}
+
+void CostModel::SetHostProfile(const std::string& device, const HostProfile& profile) {
+  host_profiles_[device] = profile;
+}
+
+const HostProfile& CostModel::Host(const backend::DeviceInfo& device) const {
+  static const HostProfile kNone;
+  auto it = host_profiles_.find(device.id);
+  return it == host_profiles_.end() ? kNone : it->second;
+}
+
+double CostModel::RunMicros(const backend::DeviceInfo& device, bool spans_team) const {
+  return Profile(device).sync_overhead_us + (spans_team ? Host(device).team_wake_us : 0.0);
 }
 
 double CostModel::KernelMicros(const backend::KernelSpec& spec,
@@ -142,9 +204,21 @@ double CostModel::KernelMicros(const Work& work, OpFamily family, DType dtype,
   const double eff = measured ? 1.0 : Efficiency(device, family);
   const double gflops =
       (dtype == v1::DTYPE_F16 || dtype == v1::DTYPE_BF16) ? p.peak_gflops_f16 : p.peak_gflops_f32;
-  const double compute_us = gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0;
-  const double memory_us = p.bandwidth_gbps > 0 ? work.bytes / (p.bandwidth_gbps * 1e3 * eff) : 0;
-  return std::max(compute_us, memory_us) + p.launch_overhead_us;
+  const HostProfile& h = Host(device);
+  // A working set that fits the last-level cache streams at its speed; past
+  // it, at the memory's (both measured by calibration on host devices).
+  const double bandwidth = h.cache_bandwidth_gbps > 0 && work.bytes <= static_cast<double>(h.cache_bytes)
+                               ? h.cache_bandwidth_gbps
+                               : p.bandwidth_gbps;
+  const double compute_us = (gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0) +
+                            (h.transcendental_gelems > 0 ? work.transcendentals / (h.transcendental_gelems * 1e3) : 0);
+  const double memory_us = bandwidth > 0 ? work.bytes / (bandwidth * 1e3 * eff) : 0;
+  return std::max(compute_us, memory_us) + FixedMicros(work, device);
+}
+
+double CostModel::FixedMicros(const Work& work, const backend::DeviceInfo& device) const {
+  return Profile(device).launch_overhead_us +
+         (SpansThreadTeam(work) ? Host(device).parallel_launch_us : 0.0);
 }
 
 double CostModel::CopyMicros(double bytes, const backend::DeviceInfo& from,
