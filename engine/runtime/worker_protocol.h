@@ -7,6 +7,7 @@
 // allocator is thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -89,6 +90,14 @@ class ShmRegion {
   std::map<int64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   std::map<int64_t, int64_t> used_ ABSL_GUARDED_BY(mu_);
 };
+
+// Steady-clock nanoseconds: CLOCK_MONOTONIC on Linux, one clock for kilnd and
+// its workers, so their timestamps of one round trip compare (SyncTimes).
+inline int64_t MonotonicNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void ToProto(const backend::DeviceInfo& in, v1::worker::Info* out);
 backend::DeviceInfo FromProto(const v1::worker::Info& in);
