@@ -86,8 +86,9 @@ class Worker {
 
  private:
   Worker(pid_t pid, std::unique_ptr<Channel> channel, std::unique_ptr<ShmRegion> shm,
-         HostArena* arena, std::string device)
-      : pid_(pid),
+         HostArena* arena, std::string device, absl::Duration reply_spin)
+      : reply_spin_(reply_spin),
+        pid_(pid),
         channel_(std::move(channel)),
         shm_(std::move(shm)),
         arena_(arena),
@@ -102,6 +103,7 @@ class Worker {
     wp::Reply reply;
   };
 
+  const absl::Duration reply_spin_;
   const pid_t pid_;
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<ShmRegion> shm_;
@@ -180,7 +182,7 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
         absl::StrCat("could not start ", options.binary, ": ", std::strerror(rc)));
   }
   std::shared_ptr<Worker> w(new Worker(pid, std::make_unique<Channel>(parent_fd), std::move(shm),
-                                       options.host_arena, device));
+                                       options.host_arena, device, options.reply_spin));
   w->reader_ = std::thread([p = w.get()] { p->ReadLoop(); });
   wp::Request hello;
   hello.mutable_hello()->set_protocol(kProtocol);
@@ -262,7 +264,9 @@ void Worker::UnholdWhenGone(std::vector<int64_t> blocks) {
 void Worker::ReadLoop() {
   for (;;) {
     wp::Reply reply;
-    absl::Status s = channel_->Receive(&reply);
+    // After an answer the next one (the next run's) often follows within
+    // reply_spin: polled for, it costs no wake-up.
+    absl::Status s = channel_->Receive(&reply, reply_spin_);
     if (!s.ok()) break;
     const int64_t read_ns = MonotonicNanos();
     absl::MutexLock lock(&mu_);

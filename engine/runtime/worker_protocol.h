@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "backends/backend.h"
 #include "kiln/v1/worker.pb.h"
 
@@ -42,8 +43,12 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   absl::Status Send(const google::protobuf::MessageLite& message);
-  // Blocks for the next frame; UNAVAILABLE at end of stream.
-  absl::Status Receive(google::protobuf::MessageLite* message);
+  // Blocks for the next frame; UNAVAILABLE at end of stream. With `poll_first`,
+  // it first polls the socket (yielding the core) that long before it sleeps
+  // in the kernel: a frame that comes meanwhile costs no wake-up of a sleeping
+  // thread (issue 8, bert8: the next run's Submit, the next answer).
+  absl::Status Receive(google::protobuf::MessageLite* message,
+                       absl::Duration poll_first = absl::ZeroDuration());
   // Wakes a blocked Receive (it returns UNAVAILABLE) and fails later Sends.
   void Shutdown();
   int fd() const { return fd_; }
