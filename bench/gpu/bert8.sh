@@ -8,13 +8,15 @@
 #   old      main's path: process isolation, a report every run, --inline_run_micros 0
 #            (every run handed to the device's scheduler thread) and no spin-then-block
 #            waits (KILN_WORKER_REPLY_SPIN_US=0 KILN_WORKER_QUEUE_SPIN_US=0); twice
-#   every    process isolation, a report every run, bert8's defaults (Engine::Run
-#            inline, the spin-then-block waits)
-#   last     as every, no report in the timed runs (one after them gives the device
-#            busy time); "hops_us" splits the Run along its worker round trip; twice
-#   nospin_last  as last without the spin-then-block waits
-#   old_last as nospin_last with --inline_run_micros 0
+#   last     process isolation, no report in the timed runs (one after them gives the
+#            device busy time), bert8's defaults (Engine::Run inline, the spin-then-block
+#            waits and socket polls); "hops_us" splits the Run along its worker round
+#            trip; twice
+#   nospin_last  as last without the spin-then-block waits and socket polls
+#   graphs_on    as last with --cuda_graphs on (the bf16 layer is not launch-bound: auto
+#            launches it kernel by kernel); twice
 #   thread   the device in this process (no worker), no report in the timed runs
+#   every    as last with a report every run (res8's way of timing)
 # then torch_layers.py --e2e on the exported weights (eager per call + sync, CUDA events).
 # Bundle folder in KILN_GPU_BUNDLE: kiln-gpu.tar.xz (layers_bf16, kiln-device-worker),
 # with torch_layers.py beside this script.
@@ -80,13 +82,14 @@ for i in 0 1; do
   R=("${L[@]}" --io resident --iters "$iters" --cache_dir "$cache")
   kiln "export:$name" "${L[@]}" --iters 3 --export "/tmp/bert8_$name" --cache_dir "$cache"
   kiln "old:$name" "${nospin[@]}" "${R[@]}" --report every --inline_run_micros 0
-  kiln "every:$name" "${R[@]}" --report every
   kiln "last:$name" "${R[@]}" --report last
   kiln "nospin_last:$name" "${nospin[@]}" "${R[@]}" --report last
-  kiln "old_last:$name" "${nospin[@]}" "${R[@]}" --report last --inline_run_micros 0
+  kiln "graphs_on:$name" "${R[@]}" --report last --cuda_graphs on
   kiln "thread:$name" "${R[@]}" --report last --isolation thread
+  kiln "every:$name" "${R[@]}" --report every
   kiln "old:$name" "${nospin[@]}" "${R[@]}" --report every --inline_run_micros 0
   kiln "last:$name" "${R[@]}" --report last
+  kiln "graphs_on:$name" "${R[@]}" --report last --cuda_graphs on
   LD_LIBRARY_PATH= timeout 60 python3 "$here/torch_layers.py" "/tmp/bert8_$name" --e2e \
     | sed "s/\"impl\": \"torch_eager\"/\"impl\": \"torch:$name\"/" >> "$res" 2>> "$log"
   echo "  torch_layers $name exit $?"
