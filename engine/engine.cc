@@ -18,6 +18,7 @@
 #include "engine/runtime/fair_scheduler.h"
 #include "engine/runtime/params.h"
 #include "engine/runtime/program.h"
+#include "engine/runtime/worker_client.h"
 #include "engine/train/train_step.h"
 #include "spdlog/spdlog.h"
 
@@ -87,12 +88,14 @@ struct Engine::Impl {
   double options_inline_run_micros() const { return options.inline_run_micros; }
   // Queues (or runs inline) one run on its device's scheduler; `done` gets
   // the outcome, then `keep_alive_until_done` runs (it may free `program`).
+  // `caller_waits`: the submitting thread blocks until `done` (Engine::Run).
   absl::StatusOr<RunTicket> SubmitRun(runtime::Program& program,
                                       std::span<const TensorRef> inputs,
                                       const runtime::ParamSetImpl* params,
                                       const RunOptions& options,
                                       std::function<void(absl::StatusOr<RunResult>)> done,
-                                      std::function<void()> keep_alive_until_done);
+                                      std::function<void()> keep_alive_until_done,
+                                      bool caller_waits = false);
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -240,6 +243,9 @@ std::vector<DeviceStats> Engine::DeviceStatistics() const {
     s.restarts = h.restarts;
     s.worker_pid = impl_->registry->worker_pid(w.name);
     s.isolated = s.worker_pid != 0;
+    const runtime::worker::WorkerTraffic traffic = runtime::worker::WorkerMessages(*devices[i]);
+    s.worker_round_trips = traffic.round_trips;
+    s.worker_one_way_messages = traffic.one_way;
     s.memory_in_use = devices[i]->memory_in_use();
     s.calibrated = impl_->infos[i].profile.calibrated;
     s.calibration_from_cache = impl_->calibration_from_cache[i];
@@ -424,7 +430,7 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
     runtime::Program& program, std::span<const TensorRef> inputs,
     const runtime::ParamSetImpl* params, const RunOptions& options,
     std::function<void(absl::StatusOr<RunResult>)> done,
-    std::function<void()> keep_alive_until_done) {
+    std::function<void()> keep_alive_until_done, bool caller_waits) {
   std::string device = program.device();
   auto it = schedulers.find(device);
   if (it == schedulers.end()) {
@@ -468,7 +474,16 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
     done(std::move(*outcome));
     if (keep) keep();
   };
-  const bool may_run_inline = estimate > 0 && estimate <= options_inline_run_micros();
+  // A caller that blocks for the run anyway runs it itself when the device's
+  // memory is not host memory (a GPU, a device worker): its thread only
+  // enqueues and waits, and the hand-off to the device's thread and back cost
+  // two wake-ups per run (issue 8, bert8). CPU runs stay on the device's own
+  // thread (its warm OpenMP team) unless they are short.
+  const bool waits_on_device =
+      caller_waits && placed != nullptr && !placed->info().host_memory;
+  const bool may_run_inline =
+      options_inline_run_micros() > 0 &&
+      ((estimate > 0 && estimate <= options_inline_run_micros()) || waits_on_device);
   if (may_run_inline && it->second->TryRunInline(job)) return RunTicket{device, 0};
   KILN_ASSIGN_OR_RETURN(const uint64_t id, it->second->Submit(std::move(job)));
   return RunTicket{device, id};
@@ -485,7 +500,7 @@ absl::StatusOr<RunResult> Engine::Run(Executable& executable, std::span<const Te
         result = std::move(r);
         done.Notify();
       },
-      nullptr).status());
+      nullptr, /*caller_waits=*/true).status());
   done.WaitForNotification();
   return result;
 }

@@ -59,7 +59,10 @@ struct EngineOptions {
   // A run whose executable the cost model estimates at or below this many
   // microseconds runs on the caller's thread when its device is idle, instead
   // of waking the device's worker thread (a wake-up costs tens of
-  // microseconds on a virtualized host). 0 always hands runs to the worker.
+  // microseconds on a virtualized host). Engine::Run, whose caller waits for
+  // the run anyway, runs a run of a device whose memory is not host memory (a
+  // GPU, a device worker) on its thread whatever the estimate. 0 always hands
+  // runs to the worker.
   double inline_run_micros = 250;
   // Runs of one program that may proceed at once, each on its own run
   // context (arena, streams, kernels).
@@ -119,6 +122,10 @@ struct DeviceStats {
   int64_t restarts = 0;    // times the device came back after a fault
   bool isolated = false;   // runs in a device worker process
   int64_t worker_pid = 0;  // that process, while it lives
+  // Messages to that process since it started: requests it answered (a run
+  // makes one round trip: its synchronize) and one-way ones (command lists).
+  int64_t worker_round_trips = 0;
+  int64_t worker_one_way_messages = 0;
   int64_t memory_in_use = 0;
   bool calibrated = false;
   bool calibration_from_cache = false;

@@ -25,6 +25,20 @@
 // device-resident counterpart of PyTorch eager with its tensors on the GPU. The host
 // copies of the weights (and x) are dropped once uploaded, as a user would.
 // --dtype f32 --seq 128 --batch 8 is the fp32 BERT encoder layer (B8 S128).
+// bert8 (issue 8, where a Run's time goes besides the kernels):
+//   --isolation auto|thread|process  the device in kilnd's process or in its worker;
+//   --report every|last  every timed run asks for the dispatch report (its events
+//     around each kernel), or none does and one run after them gives the report's
+//     figures (device busy, kernels);
+//   --cache_dir DIR  a compile cache for several runs of a script (no calibration);
+//   --inline_run_micros N  EngineOptions::inline_run_micros (0: every run through the
+//     device's scheduler thread);
+//   "hops_us": medians over the timed runs of where each Run's time went, from the
+//     timestamps of its last round trip to the device worker (worker_client.h,
+//     RoundTripTimes): before_submit (Run entry to the Submit written: the scheduler,
+//     Program::Run, the command list), to_worker, worker_queue (its reader thread to
+//     the stream's thread), launch (the commands handed to the device), device_wait,
+//     answer (the event times), to_kilnd, wake_caller, after (the outputs, the report).
 //   layers_bf16 --layer decoder --compile_once DIR
 //     issue 8's compile target: one Engine::Compile of the layer for the device with the
 //     disk cache in DIR, timed alone (the Engine, its calibration and the weights are made
@@ -39,13 +53,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
+#include "engine/runtime/worker_client.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -148,15 +165,30 @@ int main(int argc, char** argv) {
   const int64_t batch = std::stoll(flag("--batch", which == "bert" ? "32" : "4"));
   const int64_t seq = std::stoll(flag("--seq", which == "bert" ? "512" : "2048"));
   const bool resident = io == "resident";
+  const std::string isolation = flag("--isolation", "auto");
+  const std::string report_mode = flag("--report", "every");
   if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0 || seq <= 0 ||
       (outputs != "fresh" && outputs != "reused") || (io != "host" && io != "resident") ||
       (dtype != "bf16" && dtype != "f32") ||
+      (isolation != "auto" && isolation != "thread" && isolation != "process") ||
+      (report_mode != "every" && report_mode != "last") ||
       (resident && (outputs == "reused" || flags.contains("--compile_once"))) ||
       ((outputs == "reused" || resident) && flags.contains("--export"))) {  // y is not kept then
     return 2;
   }
   kiln::EngineOptions eo;
   eo.cpu_threads = 4;
+  // 0 hands every run to the device's scheduler thread (main's path before bert8).
+  // A compile cache shared by several processes of one script (the kernels compile
+  // once); no calibration, whose figures would come from it.
+  if (flags.contains("--cache_dir")) {
+    eo.cache_dir = flags.at("--cache_dir");
+    eo.calibration = kiln::EngineOptions::Calibration::kNever;
+  }
+  if (flags.contains("--inline_run_micros")) eo.inline_run_micros = std::stod(flags.at("--inline_run_micros"));
+  eo.device_isolation = isolation == "thread"    ? kiln::EngineOptions::DeviceIsolation::kThread
+                        : isolation == "process" ? kiln::EngineOptions::DeviceIsolation::kProcess
+                                                 : kiln::EngineOptions::DeviceIsolation::kAuto;
   const bool compile_once = flags.contains("--compile_once");
   if (compile_once) {
     eo.cache_dir = flags.at("--compile_once");
@@ -272,9 +304,15 @@ int main(int argc, char** argv) {
   if (outputs == "reused") {
     y_destination = std::move(HostTensor::CreateUninitialized(L.x.dtype(), L.x.dims())).value();
   }
-  for (int i = 0; i < 3 + iters; ++i) {
+  namespace worker = kiln::runtime::worker;
+  const char* hop_names[] = {"before_submit", "to_worker", "worker_queue", "launch",
+                             "device_wait", "answer", "to_kilnd", "wake_caller", "after"};
+  std::vector<std::vector<double>> hops(std::size(hop_names));
+  const int total_runs = 3 + iters + (report_mode == "last" ? 1 : 0);
+  for (int i = 0; i < total_runs; ++i) {
+    const bool timed = i >= 3 && i < 3 + iters;
     kiln::RunOptions ro;
-    ro.report = true;
+    ro.report = report_mode == "every" || i == total_runs - 1;
     if (outputs == "reused") {
       ro.output_destinations.push_back({"y", y_destination.data(), y_destination.num_bytes()});
     }
@@ -285,13 +323,23 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "run: %s\n", std::string(r.status().message()).c_str());
       return 1;
     }
-    if (i < 3) continue;
-    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (timed) {
+      wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      const int64_t n0 = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+      const int64_t n1 = std::chrono::duration_cast<std::chrono::nanoseconds>(t1.time_since_epoch()).count();
+      const std::optional<worker::RoundTripTimes> trip = worker::LastRoundTrip();
+      if (trip && trip->sent >= n0 && trip->woken <= n1) {
+        const int64_t at[] = {n0, trip->sent, trip->received, trip->started, trip->launched,
+                              trip->done, trip->replied, trip->read, trip->woken, n1};
+        for (size_t h = 0; h < hops.size(); ++h) hops[h].push_back((at[h + 1] - at[h]) / 1e3);
+      }
+    }
+    if (i + 1 != total_runs && !(report_mode == "every" && timed)) continue;
     double us = 0;
     for (const auto& t : r->report.totals()) us += t.busy_micros();
     busy.push_back(us / 1000.0);
     graph_state = r->report.cuda_graph();
-    if (i + 1 == 3 + iters) {
+    if (i + 1 == total_runs) {
       for (const auto& step : r->report.steps()) {
         by_impl[step.implementation()] += step.duration_micros() / 1000.0;
       }
@@ -315,6 +363,11 @@ int main(int argc, char** argv) {
   std::sort(busy.begin(), busy.end());
   json kernels = json::object();
   for (const auto& [impl, ms] : by_impl) kernels[impl] = ms;
+  json hops_us = json::object();
+  for (size_t h = 0; h < hops.size() && !hops[0].empty(); ++h) {
+    std::sort(hops[h].begin(), hops[h].end());
+    hops_us[hop_names[h]] = hops[h][hops[h].size() / 2];
+  }
   const json out = {{"bench", "layer_bf16"},
                     {"impl", flag("--label", "kiln")},
                     {"layer", which},
@@ -325,6 +378,9 @@ int main(int argc, char** argv) {
                     {"io", io},
                     {"dtype", dtype},
                     {"iters", iters},
+                    {"isolation", isolation},
+                    {"report", report_mode},
+                    {"hops_us", hops_us},
                     {"p50_ms", wall[wall.size() / 2]},
                     {"device_busy_ms", busy[busy.size() / 2]},
                     {"kernels_ms", kernels}};

@@ -44,6 +44,9 @@ std::string DescribeExit(int status) {
 
 constexpr char kStopped[] = "was stopped";
 
+absl::Mutex last_round_trip_mu;
+std::optional<RoundTripTimes> last_round_trip ABSL_GUARDED_BY(last_round_trip_mu);
+
 // One worker process: its socket, staging region, reader thread and the
 // calls waiting for answers. Dead once the socket closes or it is killed;
 // every call then fails as a fault of its device.
@@ -54,9 +57,17 @@ class Worker {
   ~Worker();
 
   // One request and its answer within `timeout`; a worker that does not
-  // answer in time is killed as hung.
-  absl::StatusOr<wp::Reply> Call(wp::Request request, absl::Duration timeout);
+  // answer in time is killed as hung. `read_ns`, when set, gets the
+  // MonotonicNanos at which the reader thread had the answer. The caller
+  // polls (yielding) for the answer for `spin` before it sleeps.
+  absl::StatusOr<wp::Reply> Call(wp::Request request, absl::Duration timeout,
+                                 int64_t* read_ns = nullptr,
+                                 absl::Duration spin = absl::ZeroDuration());
   void Post(wp::Request request);
+  WorkerTraffic traffic() const {
+    return {round_trips_.load(std::memory_order_relaxed), one_way_.load(std::memory_order_relaxed)};
+  }
+
   void Kill(const std::string& reason);
   // OK while the worker lives, else the device fault every call gets.
   absl::Status DeadStatus() const;
@@ -75,8 +86,9 @@ class Worker {
 
  private:
   Worker(pid_t pid, std::unique_ptr<Channel> channel, std::unique_ptr<ShmRegion> shm,
-         HostArena* arena, std::string device)
-      : pid_(pid),
+         HostArena* arena, std::string device, absl::Duration reply_spin)
+      : reply_spin_(reply_spin),
+        pid_(pid),
         channel_(std::move(channel)),
         shm_(std::move(shm)),
         arena_(arena),
@@ -86,9 +98,12 @@ class Worker {
 
   struct Pending {
     bool done = false;
+    std::atomic<bool> ready = false;  // `done`, for a caller polling without mu_
+    int64_t read_ns = 0;
     wp::Reply reply;
   };
 
+  const absl::Duration reply_spin_;
   const pid_t pid_;
   std::unique_ptr<Channel> channel_;
   std::unique_ptr<ShmRegion> shm_;
@@ -97,6 +112,8 @@ class Worker {
   wp::HelloReply hello_;
   std::atomic<uint64_t> next_id_ = 0;
   std::atomic<uint64_t> next_event_ = 0;
+  std::atomic<int64_t> round_trips_ = 0;
+  std::atomic<int64_t> one_way_ = 0;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Pending*> pending_ ABSL_GUARDED_BY(mu_);
@@ -127,6 +144,7 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       absl::StrCat("--cpu_threads=", options.backend_options.cpu_threads),
       absl::StrCat("--cache_max_bytes=", options.cache_max_bytes),
       absl::StrCat("--parent_pid=", ::getpid()),
+      absl::StrCat("--queue_spin_us=", absl::ToInt64Microseconds(options.queue_spin)),
       "--socket_fd=3",
       "--shm_fd=4",
   };
@@ -164,7 +182,7 @@ absl::StatusOr<std::shared_ptr<Worker>> Worker::Start(const WorkerOptions& optio
         absl::StrCat("could not start ", options.binary, ": ", std::strerror(rc)));
   }
   std::shared_ptr<Worker> w(new Worker(pid, std::make_unique<Channel>(parent_fd), std::move(shm),
-                                       options.host_arena, device));
+                                       options.host_arena, device, options.reply_spin));
   w->reader_ = std::thread([p = w.get()] { p->ReadLoop(); });
   wp::Request hello;
   hello.mutable_hello()->set_protocol(kProtocol);
@@ -246,13 +264,18 @@ void Worker::UnholdWhenGone(std::vector<int64_t> blocks) {
 void Worker::ReadLoop() {
   for (;;) {
     wp::Reply reply;
-    absl::Status s = channel_->Receive(&reply);
+    // After an answer the next one (the next run's) often follows within
+    // reply_spin: polled for, it costs no wake-up.
+    absl::Status s = channel_->Receive(&reply, reply_spin_);
     if (!s.ok()) break;
+    const int64_t read_ns = MonotonicNanos();
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(reply.id());
     if (it == pending_.end()) continue;  // its caller gave up
+    it->second->read_ns = read_ns;
     it->second->reply = std::move(reply);
     it->second->done = true;
+    it->second->ready.store(true, std::memory_order_release);
     pending_.erase(it);
   }
   Reap();  // fills in how it ended unless it was killed on purpose
@@ -274,7 +297,9 @@ absl::Status Worker::DeadStatus() const {
                                                     reason_.empty() ? "ended" : reason_));
 }
 
-absl::StatusOr<wp::Reply> Worker::Call(wp::Request request, absl::Duration timeout) {
+absl::StatusOr<wp::Reply> Worker::Call(wp::Request request, absl::Duration timeout,
+                                       int64_t* read_ns, absl::Duration spin) {
+  round_trips_.fetch_add(1, std::memory_order_relaxed);
   Pending p;
   const uint64_t id = next_id_.fetch_add(1) + 1;
   request.set_id(id);
@@ -293,6 +318,13 @@ absl::StatusOr<wp::Reply> Worker::Call(wp::Request request, absl::Duration timeo
     dead_ = true;
     if (reason_.empty()) reason_ = absl::StrCat("could not be written to: ", s.message());
   }
+  if (spin > absl::ZeroDuration()) {
+    // Bounded: a worker that died is noticed after it, under mu_ below.
+    const absl::Time until = absl::Now() + std::min(spin, timeout);
+    while (!p.ready.load(std::memory_order_acquire) && absl::Now() < until) {
+      std::this_thread::yield();
+    }
+  }
   bool done, dead;
   {
     absl::MutexLock lock(&mu_);
@@ -302,7 +334,10 @@ absl::StatusOr<wp::Reply> Worker::Call(wp::Request request, absl::Duration timeo
     done = p.done;
     dead = dead_;
   }
-  if (done) return std::move(p.reply);
+  if (done) {
+    if (read_ns != nullptr) *read_ns = p.read_ns;
+    return std::move(p.reply);
+  }
   if (!dead) {
     Kill(absl::StrCat("did not answer within ", absl::FormatDuration(timeout),
                       ": it or its device hung, and it was killed"));
@@ -312,6 +347,7 @@ absl::StatusOr<wp::Reply> Worker::Call(wp::Request request, absl::Duration timeo
 
 void Worker::Post(wp::Request request) {
   if (!alive()) return;
+  one_way_.fetch_add(1, std::memory_order_relaxed);
   if (!channel_->Send(request).ok()) {
     absl::MutexLock lock(&mu_);
     dead_ = true;
@@ -650,7 +686,17 @@ absl::Status RemoteStream::SynchronizeFor(absl::Duration timeout) {
     if (e->released) released.push_back(e);
   }
   unflushed_.clear();
-  absl::StatusOr<wp::Reply> reply = w_->Call(std::move(r), timeout + options_.grace);
+  const int64_t sent_ns = MonotonicNanos();
+  int64_t read_ns = 0;
+  absl::StatusOr<wp::Reply> reply =
+      w_->Call(std::move(r), timeout + options_.grace, &read_ns, options_.reply_spin);
+  if (reply.ok() && reply->has_sync_times()) {
+    const wp::SyncTimes& t = reply->sync_times();
+    const RoundTripTimes trip{sent_ns, t.received(), t.started(), t.launched(), t.done(),
+                              t.replied(), read_ns, MonotonicNanos()};
+    absl::MutexLock lock(&last_round_trip_mu);
+    last_round_trip = trip;
+  }
   for (auto& e : released) {
     wp::Request d;
     d.set_destroy_event(e->id);
@@ -848,6 +894,7 @@ class IsolatedDevice final : public backend::Device {
   }
   absl::Status Restart() override;
   int64_t pid() const { return Current()->pid(); }
+  WorkerTraffic traffic() const { return Current()->traffic(); }
 
  private:
   std::shared_ptr<Worker> Current() const {
@@ -1005,6 +1052,12 @@ absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given)
       env != nullptr && *env != '\0') {
     options.upload_piece_bytes = std::strtoll(env, nullptr, 10);
   }
+  if (const char* env = std::getenv("KILN_WORKER_REPLY_SPIN_US"); env != nullptr && *env != '\0') {
+    options.reply_spin = absl::Microseconds(std::max<int64_t>(0, std::strtoll(env, nullptr, 10)));
+  }
+  if (const char* env = std::getenv("KILN_WORKER_QUEUE_SPIN_US"); env != nullptr && *env != '\0') {
+    options.queue_spin = absl::Microseconds(std::max<int64_t>(0, std::strtoll(env, nullptr, 10)));
+  }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Worker> first,
                         Worker::Start(options, 0, absl::StrCat(options.backend, " device 0")));
   IsolatedBackend out;
@@ -1034,6 +1087,16 @@ absl::StatusOr<IsolatedBackend> StartIsolatedBackend(const WorkerOptions& given)
 int64_t WorkerPid(const backend::Device& device) {
   const auto* d = dynamic_cast<const IsolatedDevice*>(&device);
   return d == nullptr ? 0 : d->pid();
+}
+
+WorkerTraffic WorkerMessages(const backend::Device& device) {
+  const auto* d = dynamic_cast<const IsolatedDevice*>(&device);
+  return d == nullptr ? WorkerTraffic{} : d->traffic();
+}
+
+std::optional<RoundTripTimes> LastRoundTrip() {
+  absl::MutexLock lock(&last_round_trip_mu);
+  return last_round_trip;
 }
 
 }  // namespace kiln::runtime::worker

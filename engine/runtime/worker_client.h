@@ -29,6 +29,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,15 @@ struct WorkerOptions {
   int64_t host_arena_bytes = HostArena::kDefaultBytes;
   // Set: this arena instead of the process's (tests; HostTensor does not use it).
   HostArena* host_arena = nullptr;
+  // Spin-then-block waits (issue 8, bert8): a waiting end polls, yielding its
+  // core, this long before it sleeps, so an answer or a command list that
+  // comes within it costs no wake-up of a sleeping thread (~10-50 us each on
+  // a virtualized host, four per round trip). reply_spin: kilnd's caller
+  // waiting for a synchronize's answer (KILN_WORKER_REPLY_SPIN_US overrides
+  // it); queue_spin: the worker's stream thread after each command list, for
+  // the next run's (KILN_WORKER_QUEUE_SPIN_US). Zero = sleep at once.
+  absl::Duration reply_spin = absl::Milliseconds(2);
+  absl::Duration queue_spin = absl::Milliseconds(1);
   // Starting the worker and its backend (driver initialisation).
   absl::Duration start_timeout = absl::Seconds(60);
   // Beyond a synchronize's own bound before the worker counts as hung.
@@ -102,5 +112,34 @@ std::vector<UploadPiece> UploadPieces(int64_t bytes, int64_t piece_bytes);
 
 // The pid of the worker now serving `device` (an IsolatedDevice), else 0.
 int64_t WorkerPid(const backend::Device& device);
+
+// Messages kilnd sent to the worker now serving `device` since it started:
+// requests it answered (round trips: a synchronize, an allocation, ...) and
+// one-way ones (a flushed command list, a free). Zero for other devices.
+struct WorkerTraffic {
+  int64_t round_trips = 0;
+  int64_t one_way = 0;
+};
+WorkerTraffic WorkerMessages(const backend::Device& device);
+
+// The hops of one synchronizing round trip to a worker (a stream's
+// SynchronizeFor), as MonotonicNanos (worker_protocol.h: one clock in both
+// processes), in order: kilnd wrote the Submit (`sent`); the worker's reader
+// thread read it, its stream's thread took it, handed its commands to the
+// device, saw the device finish and wrote the answer; kilnd's reader thread
+// read the answer; the waiting caller had it (`woken`). bench/gpu/layers_bf16
+// reports their medians (bert8, issue 8).
+struct RoundTripTimes {
+  int64_t sent = 0;
+  int64_t received = 0;
+  int64_t started = 0;
+  int64_t launched = 0;
+  int64_t done = 0;
+  int64_t replied = 0;
+  int64_t read = 0;
+  int64_t woken = 0;
+};
+// The last one in this process (of any worker); nullopt before the first.
+std::optional<RoundTripTimes> LastRoundTrip();
 
 }  // namespace kiln::runtime::worker

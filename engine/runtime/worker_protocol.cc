@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+
+#include "absl/time/clock.h"
 
 #include "base/host_arena.h"
 #include "base/status.h"
@@ -70,7 +73,18 @@ absl::Status Channel::Send(const google::protobuf::MessageLite& message) {
   return WriteAll(fd_, frame.data(), frame.size());
 }
 
-absl::Status Channel::Receive(google::protobuf::MessageLite* message) {
+absl::Status Channel::Receive(google::protobuf::MessageLite* message, absl::Duration poll_first) {
+  if (poll_first > absl::ZeroDuration()) {
+    const absl::Time until = absl::Now() + poll_first;
+    for (;;) {
+      char c;
+      const ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (r >= 0) break;  // a frame, or the end of the stream: read it below
+      if (errno == EINTR) continue;
+      if ((errno != EAGAIN && errno != EWOULDBLOCK) || absl::Now() >= until) break;
+      std::this_thread::yield();
+    }
+  }
   unsigned char head[4];
   if (absl::Status s = ReadAll(fd_, reinterpret_cast<char*>(head), 4); !s.ok()) return s;
   const uint32_t len = head[0] | (head[1] << 8) | (head[2] << 16) | (uint32_t{head[3]} << 24);

@@ -7,6 +7,7 @@
 // allocator is thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "backends/backend.h"
 #include "kiln/v1/worker.pb.h"
 
@@ -41,8 +43,12 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   absl::Status Send(const google::protobuf::MessageLite& message);
-  // Blocks for the next frame; UNAVAILABLE at end of stream.
-  absl::Status Receive(google::protobuf::MessageLite* message);
+  // Blocks for the next frame; UNAVAILABLE at end of stream. With `poll_first`,
+  // it first polls the socket (yielding the core) that long before it sleeps
+  // in the kernel: a frame that comes meanwhile costs no wake-up of a sleeping
+  // thread (issue 8, bert8: the next run's Submit, the next answer).
+  absl::Status Receive(google::protobuf::MessageLite* message,
+                       absl::Duration poll_first = absl::ZeroDuration());
   // Wakes a blocked Receive (it returns UNAVAILABLE) and fails later Sends.
   void Shutdown();
   int fd() const { return fd_; }
@@ -89,6 +95,14 @@ class ShmRegion {
   std::map<int64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   std::map<int64_t, int64_t> used_ ABSL_GUARDED_BY(mu_);
 };
+
+// Steady-clock nanoseconds: CLOCK_MONOTONIC on Linux, one clock for kilnd and
+// its workers, so their timestamps of one round trip compare (SyncTimes).
+inline int64_t MonotonicNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void ToProto(const backend::DeviceInfo& in, v1::worker::Info* out);
 backend::DeviceInfo FromProto(const v1::worker::Info& in);

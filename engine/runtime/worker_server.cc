@@ -55,26 +55,30 @@ class StreamWorker {
     std::vector<std::shared_ptr<GraphEntry>> graphs;
     uint64_t reply_id = 0;
     bool destroy = false;
+    int64_t received_ns = 0;  // MonotonicNanos when the reader thread had it
   };
 
-  StreamWorker(Server& server, std::unique_ptr<backend::Stream> stream)
-      : server_(server), stream_(std::move(stream)), thread_([this] { Loop(); }) {}
+  StreamWorker(Server& server, std::unique_ptr<backend::Stream> stream, absl::Duration spin)
+      : server_(server), stream_(std::move(stream)), spin_(spin), thread_([this] { Loop(); }) {}
   ~StreamWorker() { thread_.join(); }
 
   void Enqueue(Item item) {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(item));
+    queued_.fetch_add(1, std::memory_order_release);
   }
   bool done() const { return done_.load(); }
 
  private:
   void Loop();
-  void Run(Item& item);
+  void Run(Item& item, int64_t started_ns);
 
   Server& server_;
   std::unique_ptr<backend::Stream> stream_;
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  const absl::Duration spin_;
+  std::atomic<int64_t> queued_ = 0;  // queue_.size(), read without mu_ while polling
   std::atomic<bool> done_ = false;
   // Between synchronizations: the first failure, the events recorded (for
   // their times) and the inline copy-outs.
@@ -176,6 +180,7 @@ class Server {
   std::map<uint64_t, std::shared_ptr<EventEntry>> events_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<GraphEntry>> graphs_ ABSL_GUARDED_BY(mu_);
   // Touched by the reader thread only.
+  int64_t received_ns_ = 0;  // when the request being dispatched was read
   std::map<uint64_t, std::unique_ptr<StreamWorker>> streams_;
   std::vector<std::unique_ptr<StreamWorker>> retired_;
 
@@ -187,13 +192,21 @@ class Server {
 
 void StreamWorker::Loop() {
   for (;;) {
+    if (spin_ > absl::ZeroDuration() && queued_.load(std::memory_order_acquire) == 0) {
+      const absl::Time until = absl::Now() + spin_;
+      while (queued_.load(std::memory_order_acquire) == 0 && absl::Now() < until) {
+        std::this_thread::yield();
+      }
+    }
     Item item;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(+[](std::deque<Item>* q) { return !q->empty(); }, &queue_));
       item = std::move(queue_.front());
       queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_relaxed);
     }
+    const int64_t started_ns = MonotonicNanos();
     if (item.destroy) {
       // Everything queued before ran; the stream's destructor waits for its
       // device work as in-process destruction would.
@@ -205,11 +218,11 @@ void StreamWorker::Loop() {
       if (item.reply_id != 0) server_.Reply(reply);
       return;
     }
-    Run(item);
+    Run(item, started_ns);
   }
 }
 
-void StreamWorker::Run(Item& item) {
+void StreamWorker::Run(Item& item, int64_t started_ns) {
   backend::Device& dev = server_.device();
   size_t next_record = 0, next_graph = 0;
   std::vector<std::shared_ptr<EventEntry>> batch_events;
@@ -404,7 +417,12 @@ void StreamWorker::Run(Item& item) {
   if (!item.submit.sync()) return;
   wp::Reply reply;
   reply.set_id(item.reply_id);
+  wp::SyncTimes* times = reply.mutable_sync_times();
+  times->set_received(item.received_ns);
+  times->set_started(started_ns);
+  times->set_launched(MonotonicNanos());
   absl::Status s = stream_->SynchronizeFor(absl::Microseconds(item.submit.timeout_micros()));
+  times->set_done(MonotonicNanos());
   if (error_.ok()) error_ = s;
   if (error_.ok()) {
     for (auto& [id, e] : recorded_) {
@@ -442,6 +460,7 @@ void StreamWorker::Run(Item& item) {
   if (!backend::FaultedDevice(error_)) error_ = absl::OkStatus();
   recorded_.clear();
   inline_out_.clear();
+  times->set_replied(MonotonicNanos());
   server_.Reply(reply);
 }
 
@@ -483,7 +502,10 @@ int Server::Loop() {
   for (int i = 0; i < 4; ++i) pool_.emplace_back([this] { PoolLoop(); });
   for (;;) {
     wp::Request request;
-    absl::Status s = channel_.Receive(&request);
+    // The next run's Submit often follows within the spin: polled for, it
+    // costs no wake-up.
+    absl::Status s = channel_.Receive(&request, absl::Microseconds(options_.queue_spin_micros));
+    received_ns_ = MonotonicNanos();
     if (!s.ok()) {
       // kilnd closed the socket (shutdown) or died: nothing left to serve.
       // Close down in order, so the backend keeps what it saves at the end
@@ -537,6 +559,7 @@ void Server::Dispatch(wp::Request request) {
         return;
       }
       item.reply_id = request.id();
+      item.received_ns = received_ns_;
       item.submit = std::move(*request.mutable_submit());
       it->second->Enqueue(std::move(item));
       return;
@@ -573,7 +596,8 @@ void Server::Dispatch(wp::Request request) {
           absl::MutexLock lock(&mu_);
           h = next_handle_++;
         }
-        streams_[h] = std::make_unique<StreamWorker>(*this, std::move(stream).value());
+        streams_[h] = std::make_unique<StreamWorker>(
+            *this, std::move(stream).value(), absl::Microseconds(options_.queue_spin_micros));
         reply.set_handle(h);
       }
       Reply(reply);

@@ -27,6 +27,10 @@ struct ServeOptions {
   int socket_fd = 3;
   int shm_fd = 4;
   int arena_fd = -1;  // kilnd's host arena (base/host_arena.h); -1 = none
+  // After a stream's thread ran a command list it polls its queue (yielding)
+  // this long before it sleeps: a run that follows at once is picked up
+  // without a wake-up (issue 8, bert8). 0 = sleep at once.
+  int64_t queue_spin_micros = 0;
 };
 
 // Decorates the served device (test-only fault kernels); null = serve as is.
@@ -37,7 +41,7 @@ int Serve(const ServeOptions& options, const DeviceWrapper& wrap = nullptr);
 
 // Parses kiln-device-worker's command line (--backend=, --device=,
 // --cache_dir=, --cache_max_bytes=, --cpu_threads=, --socket_fd=, --shm_fd=,
-// --arena_fd=)
+// --arena_fd=, --queue_spin_us=)
 // and serves; 2 on a bad command line.
 int WorkerMain(int argc, char** argv, const DeviceWrapper& wrap = nullptr);
 

@@ -19,6 +19,8 @@ int WorkerMain(int argc, char** argv, const DeviceWrapper& wrap) {
   app.add_option("--socket_fd", o.socket_fd, "the socket to kilnd");
   app.add_option("--shm_fd", o.shm_fd, "the shared staging region");
   app.add_option("--arena_fd", o.arena_fd, "kilnd's host arena (base/host_arena.h)");
+  app.add_option("--queue_spin_us", o.queue_spin_micros,
+                 "how long a stream's thread polls its queue before it sleeps");
   app.add_option("--parent_pid", parent_pid, "kilnd's pid: exit at once if it is gone");
   try {
     app.parse(argc, argv);

@@ -15,10 +15,12 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/host_arena.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
+#include "engine/runtime/worker_client.h"
 #include "tests/e2e/models.h"
 #include "tests/engine/runtime/worker/fault_graph.h"
 
@@ -285,6 +287,64 @@ TEST(DeviceIsolation, HostArenaCarriesRunInputsAndOutputsByReference) {
   EXPECT_FALSE(arena->Contains(r->outputs[0].second.data()));
   EXPECT_TRUE(check(r->outputs[0].second.data_as<float>()));
   for (void* p : filler) EXPECT_TRUE(arena->Release(p));
+}
+
+// Issue 8 (bert8): a run on a device worker makes one round trip to it (its
+// synchronize; the command list and the copies travel with it), with or
+// without a report, and Engine::Run, whose caller waits anyway, runs it on the
+// caller's thread when the device is idle, however long the cost model says it
+// is; RunAsync's and the CPU's runs of that size go through the device's thread.
+TEST(DeviceIsolation, ARunIsOneRoundTripOnTheCallersThread) {
+  EngineOptions o;
+  o.inline_run_micros = 1e-3;  // no program is this short: only a waiting caller runs inline
+  auto engine = MakeIsolatedEngine(o);
+  ASSERT_NE(engine, nullptr);
+  if (!HasVulkan(*engine)) GTEST_SKIP() << "no Vulkan device";
+  const v1::Graph g = models::MatMulChain(64, 4);
+  std::mt19937_64 rng(5);
+  HostTensor x = models::RandomF32(rng, {64, 64}, 0.1), w = models::RandomF32(rng, {64, 64}, 0.1);
+  const std::vector<TensorRef> in = {TensorRef::Of("x", x), TensorRef::Of("w", w)};
+  auto on_vk = CompileOn(*engine, g, "vulkan:0");
+  auto on_cpu = CompileOn(*engine, g, "cpu:0");
+  ASSERT_NE(on_vk, nullptr);
+  ASSERT_NE(on_cpu, nullptr);
+  ASSERT_TRUE(engine->Run(*on_vk, in, nullptr, {}).ok());  // its run context is made
+  for (const bool report : {false, true}) {
+    RunOptions ro;
+    ro.report = report;
+    const DeviceStats before = StatsOf(*engine, "vulkan:0");
+    auto r = engine->Run(*on_vk, in, nullptr, ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const DeviceStats after = StatsOf(*engine, "vulkan:0");
+    EXPECT_EQ(after.worker_round_trips - before.worker_round_trips, 1) << "report " << report;
+    EXPECT_EQ(after.runs - before.runs, 1);
+    EXPECT_EQ(after.inline_runs - before.inline_runs, 1) << "report " << report;
+    // Its hops (one clock in both processes), in order.
+    const std::optional<runtime::worker::RoundTripTimes> t = runtime::worker::LastRoundTrip();
+    ASSERT_TRUE(t.has_value());
+    const int64_t hops[] = {t->sent, t->received, t->started, t->launched,
+                            t->done, t->replied,  t->read,    t->woken};
+    for (size_t k = 1; k < std::size(hops); ++k) EXPECT_LE(hops[k - 1], hops[k]) << "hop " << k;
+    EXPECT_GT(t->sent, 0);
+  }
+  // Through RunAsync: the device's thread.
+  const DeviceStats before = StatsOf(*engine, "vulkan:0");
+  absl::Notification done;
+  absl::Status async_status;
+  auto ticket = engine->RunAsync(on_vk, in, nullptr, {}, [&](absl::StatusOr<RunResult> r) {
+    async_status = r.status();
+    done.Notify();
+  });
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  done.WaitForNotification();
+  EXPECT_TRUE(async_status.ok()) << async_status;
+  const DeviceStats after = StatsOf(*engine, "vulkan:0");
+  EXPECT_EQ(after.runs - before.runs, 1);
+  EXPECT_EQ(after.inline_runs, before.inline_runs);
+  // The CPU's runs stay on its thread (its OpenMP team).
+  ASSERT_TRUE(engine->Run(*on_cpu, in, nullptr, {}).ok());
+  EXPECT_EQ(StatsOf(*engine, "cpu:0").inline_runs, 0);
+  EXPECT_EQ(StatsOf(*engine, "cpu:0").worker_round_trips, 0);
 }
 
 }  // namespace
