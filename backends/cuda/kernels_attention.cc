@@ -8,9 +8,11 @@
 //   rows over many keys (decoding, Sq <= 8 and Sk >= 256): split-K over the
 //   keys, a warp per (row, split) into f32 partials the kernel owns, then a
 //   combine kernel; for f16/bf16 at D == Dv in {64, 128, 256} without a
-//   custom mask or bias, nvrtc:attention_decode16_split<n>_r<R>_<dt>: a
-//   block per (batch, kv head, split) reading K/V once for the R query rows of
-//   the kv head, 16-byte loads, the splits filling one wave of the device;
+//   custom mask or bias, nvrtc:attention_decode16_split<n>_r<R>_<dt>
+//   (kernels/attention_decode.cu): a block per (batch, kv head, split)
+//   reading K/V once for the R query rows of the kv head, 16-byte pieces
+//   through a cp.async ring, the splits filling one wave of the device, the
+//   combine done by the last block of each row tile (one launch);
 // - nvrtc:flash_attn_simt_f32 (kernels/attention_tiled.cu): f32 with
 //   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
 //   SIMT units, online softmax;
@@ -214,7 +216,8 @@ int DecodeRowsPerBlock(int64_t group_rows) {
 
 int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block) {
   const int64_t keys_per_step = std::max<int64_t>(1, 256 / std::max<int64_t>(head_dim, 1));
-  const int64_t steps = rows_per_block >= 8 ? 2 : 4;  // attention_decode16's U
+  (void)rows_per_block;
+  const int64_t steps = 2;  // attention_decode16's U (KDecodeShape)
   return kDecodeWarps * keys_per_step * steps;
 }
 
@@ -244,7 +247,7 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   const double bytes = static_cast<double>(B * Hkv * Sk * (D + Dv) * element_bytes);
   const double ctas = static_cast<double>(B * Hq * ((Sq + 63) / 64));
   DecodeCost c;
-  c.own_us = 2 * kLaunchUs + bytes / (kKilnDecodeFraction * dram) * 1e6;
+  c.own_us = kLaunchUs + bytes / (kKilnDecodeFraction * dram) * 1e6;
   const double cudnn_bw =
       std::max(1.0, std::min(kCudnnPeakFraction, ctas * kCudnnPerCtaFraction) * dram);
   c.cudnn_us = kLaunchUs + bytes / cudnn_bw * 1e6;
@@ -290,16 +293,19 @@ class AttentionKernel final : public CudaKernel {
 
   // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
   // launched when the operands are 16-byte aligned, with `vec_splits` key
-  // splits and `vec_rows` query rows per block; `fast` otherwise.
+  // splits and `vec_rows` query rows per block; `fast` otherwise. `zero`:
+  // its module's kiln_decode_counters_zero.
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
                   LoadedFunction fast, LoadedFunction combine, LoadedFunction vec,
-                  int64_t vec_splits, int vec_rows, AttnParams params, std::string impl)
+                  LoadedFunction zero, int64_t vec_splits, int vec_rows, AttnParams params,
+                  std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         path_(path),
         rows_(std::move(rows)),
         fast_(std::move(fast)),
         combine_(std::move(combine)),
         vec_(std::move(vec)),
+        zero_(std::move(zero)),
         vec_splits_(vec_splits),
         vec_rows_(vec_rows),
         params_(params) {}
@@ -340,16 +346,33 @@ class AttentionKernel final : public CudaKernel {
         KILN_ASSIGN_OR_RETURN(partials_, device_.Allocate(rows * most * (2 + p.Dv) * int64_t{4}));
       }
       CUdeviceptr part = static_cast<CudaBuffer*>(partials_.get())->ptr();
-      void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
-      int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
-                                           device_.caps().max_grid_x);
       if (vec) {
-        // A block per (batch, kv head, split, row tile); blocks loop past the grid's limit.
+        // A block per (batch, kv head, split, row tile); blocks loop past the
+        // grid's limit. The combine is the kernel's own (its last block per
+        // (batch, kv head, row tile)), counted in `counters_`, zeroed once here
+        // (stream-ordered before the first launch) and left at zero by every launch.
         const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows_ - 1) / vec_rows_;
-        blocks = std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
+        if (counters_ == nullptr) {
+          int64_t n = std::max<int64_t>(p.B * p.Hkv * tiles, 1);
+          KILN_ASSIGN_OR_RETURN(counters_, device_.Allocate(n * int64_t{4}));
+          CUdeviceptr c = static_cast<CudaBuffer*>(counters_.get())->ptr();
+          void* zargs[] = {&c, &n};
+          const int64_t zblocks = std::clamp<int64_t>((n + 255) / 256, 1, 1024);
+          KILN_RETURN_IF_ERROR(LaunchKernel(s, zero_.fn, static_cast<unsigned>(zblocks), 1, 1,
+                                            256, 0, zargs));
+        }
+        CUdeviceptr counters = static_cast<CudaBuffer*>(counters_.get())->ptr();
+        void* args[] = {&q, &k, &v, &extra, &part, &o, &counters, &p, &splits};
+        const int64_t blocks =
+            std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
+        return LaunchKernel(s, vec_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kDecodeWarps, 0,
+                            args);
       }
-      KILN_RETURN_IF_ERROR(LaunchKernel(s, vec ? vec_.fn : fast_.fn, static_cast<unsigned>(blocks),
-                                        1, 1, 32 * kWarps, 0, args));
+      void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
+      const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
+                                                 device_.caps().max_grid_x);
+      KILN_RETURN_IF_ERROR(
+          LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args));
       void* cargs[] = {&part, &o, &p, &splits};
       const int64_t cblocks =
           std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
@@ -364,11 +387,12 @@ class AttentionKernel final : public CudaKernel {
 
  private:
   const AttentionPath path_;
-  LoadedFunction rows_, fast_, combine_, vec_;
+  LoadedFunction rows_, fast_, combine_, vec_, zero_;
   const int64_t vec_splits_;
   const int vec_rows_;
   AttnParams params_;
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
+  std::unique_ptr<backend::Buffer> counters_;  // the 16-byte kernel's splits done per row tile
 };
 
 // cudnn:sdpa_fwd_<dt>: cuDNN's fused attention (cudnn_sdpa.h) with a plan
@@ -475,7 +499,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
   KILN_ASSIGN_OR_RETURN(LoadedFunction rows,
                         LoadFunction(d, "attention", KernelSource("attention.cu"),
                                      absl::StrCat("kiln_attention_", dt), context));
-  LoadedFunction fast, combine, vec;
+  LoadedFunction fast, combine, vec, zero;
   int64_t vec_splits = 0;
   int vec_rows = 1;
   std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
@@ -516,6 +540,8 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                               DecodeAttentionSource(dtype, p.D, vec_rows),
                                               absl::StrCat("kiln_attention_decode16_", variant),
                                               context));
+      zero.module = vec.module;
+      KILN_ASSIGN_OR_RETURN(zero.fn, vec.module->Function("kiln_decode_counters_zero"));
       KILN_RETURN_IF_ERROR(d.Enter());
       KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, vec.fn, 32 * kDecodeWarps));
       // The keys a block's rows may see: a sliding window's, or all of them.
@@ -534,7 +560,8 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
     }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
-                                           std::move(combine), std::move(vec), vec_splits, vec_rows, p,
+                                           std::move(combine), std::move(vec), std::move(zero),
+                                           vec_splits, vec_rows, p,
                                            std::move(impl));
 }
 

@@ -169,6 +169,9 @@ TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
             CompileCubin(entry, DecodeAttentionSource(dt, d, r), kArch);
         ASSERT_TRUE(cubin.ok()) << cubin.status();
         EXPECT_NE(cubin->find(entry + '\0'), std::string::npos) << entry;
+        // The counters' zeroing kernel the fused combine relies on.
+        EXPECT_NE(cubin->find(std::string("kiln_decode_counters_zero") + '\0'), std::string::npos)
+            << entry;
         // One entry point per module: no other variant rides along.
         EXPECT_EQ(cubin->find(absl::StrCat("kiln_attention_decode16_", DTypeName(dt), "_d", d,
                                            "_r", r == 1 ? 2 : 1, std::string(1, '\0'))),
