@@ -27,9 +27,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cudnn_sdpa.h"
@@ -214,11 +216,10 @@ int DecodeRowsPerBlock(int64_t group_rows) {
   return r;
 }
 
-int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block) {
+int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block, DecodeRing ring) {
   const int64_t keys_per_step = std::max<int64_t>(1, 256 / std::max<int64_t>(head_dim, 1));
   (void)rows_per_block;
-  const int64_t steps = 2;  // attention_decode16's U (KDecodeShape)
-  return kDecodeWarps * keys_per_step * steps;
+  return kDecodeWarps * keys_per_step * ring.steps;
 }
 
 int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_t keys_per_pass,
@@ -254,9 +255,15 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   return c;
 }
 
-std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block) {
+std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block,
+                                  DecodeRing ring) {
   const std::string dt = DTypeSuffix(dtype);
-  return absl::StrCat(KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
+  std::string defines;
+  if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes) {
+    defines = absl::StrCat("#define KILN_DECODE_U ", ring.steps, "\n#define KILN_DECODE_P ",
+                           ring.passes, "\n");
+  }
+  return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
                       dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
                       rows_per_block, ")\n");
 }
@@ -534,10 +541,21 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
       vec_rows = DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
+      // KILN_DECODE_RING=<steps>x<passes>: a benchmark's sweep of the load ring.
+      DecodeRing ring;
+      if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {
+        std::vector<absl::string_view> parts = absl::StrSplit(env, 'x');
+        int steps = 0, passes = 0;
+        if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &steps) &&
+            absl::SimpleAtoi(parts[1], &passes) && steps >= 1 && steps <= 8 && passes >= 2 &&
+            passes <= 8) {
+          ring = {steps, passes};
+        }
+      }
       // Its own module per variant: a prepare compiles only the one it runs.
       const std::string variant = absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
       KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
-                                              DecodeAttentionSource(dtype, p.D, vec_rows),
+                                              DecodeAttentionSource(dtype, p.D, vec_rows, ring),
                                               absl::StrCat("kiln_attention_decode16_", variant),
                                               context));
       zero.module = vec.module;
@@ -549,7 +567,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                ? std::min(p.Sk, p.window + p.Sq - 1)
                                : p.Sk;
       const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows - 1) / vec_rows;
-      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows),
+      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows, ring),
                                 resident);
       // KILN_DECODE_SPLITS=n: a benchmark's sweep of the split count.
       if (const char* env = std::getenv("KILN_DECODE_SPLITS"); env != nullptr) {
@@ -557,6 +575,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
         if (absl::SimpleAtoi(env, &n) && n > 0) vec_splits = std::min<int64_t>(n, std::max<int64_t>(keys, 1));
       }
       impl = absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_", dt);
+      if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes) {
+        absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes);
+      }
     }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),

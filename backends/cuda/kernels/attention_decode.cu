@@ -39,8 +39,16 @@
 // result does not depend on which block is last), writes the output and
 // sets the count back to 0 for the next launch (kiln_decode_counters_zero
 // clears them once, when the kernel allocates them).
-constexpr int K_DECODE_NW = 4;  // warps per block
-constexpr int K_DECODE_P = 5;   // passes in a warp's ring (P - 1 in flight)
+// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 2 and 5
+// unless the source defines them first (DecodeAttentionSource's benchmark sweep).
+#ifndef KILN_DECODE_U
+#define KILN_DECODE_U 2
+#endif
+#ifndef KILN_DECODE_P
+#define KILN_DECODE_P 5
+#endif
+constexpr int K_DECODE_NW = 4;              // warps per block
+constexpr int K_DECODE_P = KILN_DECODE_P;   // passes in a warp's ring (P - 1 in flight)
 
 __device__ __forceinline__ unsigned k_dec_smem_addr(const void* p) {
   unsigned a;
@@ -75,7 +83,7 @@ struct KDecodeShape {
   enum {
     G = D / 8,                  // lanes per key
     KP = 32 / G,                // keys per warp step
-    U = 2,                      // steps per pass (one softmax rescale per pass)
+    U = KILN_DECODE_U,          // steps per pass (one softmax rescale per pass)
     RING = K_DECODE_NW * K_DECODE_P * U * 2 * 32,  // k_v16 pieces in the rings
     MERGE = (K_DECODE_NW * R * D + 2 * K_DECODE_NW * R + 3) / 4,  // f32 merge area, in k_v16
     SMEM = RING > MERGE ? RING : MERGE,
@@ -90,7 +98,9 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
   constexpr int G = S::G, KP = S::KP, U = S::U, NW = K_DECODE_NW, P = K_DECODE_P;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   __shared__ k_v16 smem[S::SMEM];
-  __shared__ int last_block;
+  // Whether this block combines: in the shared bytes' first word, written
+  // once every thread is past its reads of the merge area (a barrier).
+  int& last_block = *reinterpret_cast<int*>(smem);
   // After the loop the ring's bytes hold the warps' merge: o, then m, then l.
   float* sm_o = reinterpret_cast<float*>(smem);           // [NW][R][D]
   float* sm_m = sm_o + NW * R * D;                        // [NW][R]
