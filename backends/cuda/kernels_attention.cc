@@ -35,6 +35,7 @@
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cudnn_sdpa.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -473,7 +474,12 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                                                  const KernelSpec& spec,
                                                                  backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AttentionKernel> own, CreateOwnAttention(d, spec, context));
+  std::unique_ptr<AttentionKernel> own;
+  {
+    SlowStepLog slow(absl::StrCat(d.info().id, ": Kiln's attention kernels"), 2.0);
+    slow.set_outcome("prepared");
+    KILN_ASSIGN_OR_RETURN(own, CreateOwnAttention(d, spec, context));
+  }
   if (own->decode16()) {
     // A decoding shape both paths may serve: the one the cost model expects
     // faster (attention_plan.h); KILN_DECODE_ATTENTION=own|cudnn overrides
