@@ -70,7 +70,8 @@ int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_
 // serve it, from the bytes of K and V (read once by either) and each path's
 // bandwidth measured on the H100 (docs/cuda.md, "Single-row decode
 // attention"), scaled to the device's DRAM bandwidth: Kiln's 16-byte split-K
-// kernel (one launch: its last block per row tile combines the splits) reaches a fixed
+// kernel (one launch whose last block per row tile combines the splits, a
+// serial tail costed as the second launch it replaced) reaches a fixed
 // fraction of the DRAM bandwidth whatever B and H (the splits fill the
 // device); cuDNN's fused kernel parallelises over query heads and query tiles
 // only, so its bandwidth grows with B * Hq * ceil(Sq / 64) until it saturates.

@@ -244,12 +244,16 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   constexpr double kCudnnPerCtaFraction = 997e9 / 32 / kH100Bytes;
   constexpr double kKilnDecodeFraction = 2422e9 / kH100Bytes;
   constexpr double kLaunchUs = 2.0;  // a kernel launch's share of a stream's time
+  // Kiln's kernel is one launch since the combine moved into its last blocks,
+  // but that combine is still a serial tail (after every split, a dependent
+  // read of all the splits' records): counted as the second launch it was,
+  // until a GPU times the fused kernel on a short cache.
   double dram = 2.0 * caps.memory_clock_khz * 1e3 * caps.bus_width_bits / 8;
   if (dram <= 0) dram = kH100Bytes;
   const double bytes = static_cast<double>(B * Hkv * Sk * (D + Dv) * element_bytes);
   const double ctas = static_cast<double>(B * Hq * ((Sq + 63) / 64));
   DecodeCost c;
-  c.own_us = kLaunchUs + bytes / (kKilnDecodeFraction * dram) * 1e6;
+  c.own_us = 2 * kLaunchUs + bytes / (kKilnDecodeFraction * dram) * 1e6;
   const double cudnn_bw =
       std::max(1.0, std::min(kCudnnPeakFraction, ctas * kCudnnPerCtaFraction) * dram);
   c.cudnn_us = kLaunchUs + bytes / cudnn_bw * 1e6;
