@@ -39,10 +39,12 @@ int DecodeRowsPerBlock(int64_t group_rows);
 
 // The 16-byte decode kernel's load ring (kernels/attention_decode.cu): each
 // warp's K/V pieces travel by cp.async `steps` per pass, `passes` passes per
-// ring (passes - 1 in flight). The defaults are the kernel's;
-// KILN_DECODE_RING=<steps>x<passes> overrides them for a benchmark's sweep.
+// ring (passes - 1 in flight); `min_blocks` is the blocks per SM its
+// __launch_bounds__ asks the register allocation for. The defaults are the
+// kernel's; KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>] overrides them
+// for a benchmark's sweep.
 struct DecodeRing {
-  int steps = 2, passes = 5;
+  int steps = 2, passes = 5, min_blocks = 1;
 };
 inline constexpr DecodeRing kDefaultDecodeRing{};
 

@@ -264,9 +264,10 @@ std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_bl
                                   DecodeRing ring) {
   const std::string dt = DTypeSuffix(dtype);
   std::string defines;
-  if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes) {
+  if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes ||
+      ring.min_blocks != kDefaultDecodeRing.min_blocks) {
     defines = absl::StrCat("#define KILN_DECODE_U ", ring.steps, "\n#define KILN_DECODE_P ",
-                           ring.passes, "\n");
+                           ring.passes, "\n#define KILN_DECODE_MINB ", ring.min_blocks, "\n");
   }
   return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
                       dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
@@ -555,11 +556,13 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       DecodeRing ring;
       if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {
         std::vector<absl::string_view> parts = absl::StrSplit(env, 'x');
-        int steps = 0, passes = 0;
-        if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &steps) &&
+        int steps = 0, passes = 0, min_blocks = 1;
+        if ((parts.size() == 2 || parts.size() == 3) && absl::SimpleAtoi(parts[0], &steps) &&
             absl::SimpleAtoi(parts[1], &passes) && steps >= 1 && steps <= 8 && passes >= 2 &&
-            passes <= 8) {
-          ring = {steps, passes};
+            passes <= 8 &&
+            (parts.size() == 2 ||
+             (absl::SimpleAtoi(parts[2], &min_blocks) && min_blocks >= 1 && min_blocks <= 16))) {
+          ring = {steps, passes, min_blocks};
         }
       }
       // Its own module per variant: a prepare compiles only the one it runs.
@@ -585,8 +588,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
         if (absl::SimpleAtoi(env, &n) && n > 0) vec_splits = std::min<int64_t>(n, std::max<int64_t>(keys, 1));
       }
       impl = absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_", dt);
-      if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes) {
-        absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes);
+      if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes ||
+          ring.min_blocks != kDefaultDecodeRing.min_blocks) {
+        absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes, "x", ring.min_blocks);
       }
     }
   }

@@ -15,10 +15,10 @@
 // "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
 // choice was Kiln's kernel. --splits 4,8,16 times Kiln's decode kernel at each
 // split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice;
-// --rings 4x3,1x8 its load ring at each <steps per pass>x<passes per ring>
-// (KILN_DECODE_RING, "impl": "kiln_own_ring<s>x<p>").
+// --rings 4x3,1x8,2x5x4 its load ring at each <steps per pass>x<passes per ring>
+// [x<blocks per SM for __launch_bounds__>] (KILN_DECODE_RING, "impl": "kiln_own_ring<...>").
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
-//                 [--splits n,n,...] [--rings SxP,SxP,...]
+//                 [--splits n,n,...] [--rings SxP[xB],...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -99,10 +99,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> rings;
   for (absl::string_view part : absl::StrSplit(rings_arg, ',', absl::SkipEmpty())) {
     std::vector<absl::string_view> sp = absl::StrSplit(part, 'x');
-    int steps = 0, passes = 0;
-    if (sp.size() != 2 || !absl::SimpleAtoi(sp[0], &steps) || !absl::SimpleAtoi(sp[1], &passes) ||
-        steps < 1 || steps > 8 || passes < 2 || passes > 8) {
-      std::fprintf(stderr, "--rings takes <steps 1-8>x<passes 2-8> pairs, not %s\n",
+    int steps = 0, passes = 0, min_blocks = 1;
+    if ((sp.size() != 2 && sp.size() != 3) || !absl::SimpleAtoi(sp[0], &steps) ||
+        !absl::SimpleAtoi(sp[1], &passes) || steps < 1 || steps > 8 || passes < 2 || passes > 8 ||
+        (sp.size() == 3 && (!absl::SimpleAtoi(sp[2], &min_blocks) || min_blocks < 1 ||
+                            min_blocks > 16))) {
+      std::fprintf(stderr,
+                   "--rings takes <steps 1-8>x<passes 2-8>[x<blocks per SM 1-16>], not %s\n",
                    rings_arg.c_str());
       return 2;
     }

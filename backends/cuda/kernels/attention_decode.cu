@@ -47,6 +47,11 @@
 #ifndef KILN_DECODE_P
 #define KILN_DECODE_P 5
 #endif
+// KILN_DECODE_MINB: the blocks per SM __launch_bounds__ asks registers for (1
+// unless defined first: the sweep's third figure).
+#ifndef KILN_DECODE_MINB
+#define KILN_DECODE_MINB 1
+#endif
 constexpr int K_DECODE_NW = 4;              // warps per block
 constexpr int K_DECODE_P = KILN_DECODE_P;   // passes in a warp's ring (P - 1 in flight)
 
@@ -349,7 +354,7 @@ extern "C" __global__ void kiln_decode_counters_zero(int* counters, k_i64 n) {
 }
 
 #define KILN_ATTENTION_DECODE16(S, T, D, R)                                                    \
-  extern "C" __global__ void __launch_bounds__(128)                                            \
+  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                          \
       kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,            \
                                                 const void* extra, float* part, T* out,        \
                                                 int* counters, AttnParams p, k_i64 splits) {   \
