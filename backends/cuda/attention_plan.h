@@ -37,14 +37,29 @@ constexpr int kDecodeWarps = 4;
 // of two that holds them, at most 8 (more rows take several tiles).
 int DecodeRowsPerBlock(int64_t group_rows);
 
+// The 16-byte decode kernel's load ring (kernels/attention_decode.cu): each
+// warp's K/V pieces travel by cp.async `steps` per pass, `passes` passes per
+// ring (passes - 1 in flight); `min_blocks` is the blocks per SM its
+// __launch_bounds__ asks the register allocation for. The defaults are the
+// kernel's; KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>] overrides them
+// for a benchmark's sweep.
+struct DecodeRing {
+  int steps = 2, passes = 5, min_blocks = 1;
+};
+inline constexpr DecodeRing kDefaultDecodeRing{};
+
 // The source of the 16-byte decode kernel for f16 or bf16 `dtype`, head dim
 // D in {64, 128, 256} and R rows per block: kernels/attention_decode.cu and
-// one instantiation, entry point kiln_attention_decode16_<dt>_d<D>_r<R>.
-std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block);
+// one instantiation, entry point kiln_attention_decode16_<dt>_d<D>_r<R>
+// (and kiln_decode_counters_zero); a ring other than the default is defined
+// ahead of the source.
+std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block,
+                                  DecodeRing ring = kDefaultDecodeRing);
 
 // The keys one pass of the block's warps takes (kDecodeWarps x keys per warp
-// step x steps in flight), for head dim D and R rows per block.
-int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block);
+// step x steps per pass), for head dim D and R rows per block.
+int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block,
+                          DecodeRing ring = kDefaultDecodeRing);
 
 // Key splits for the 16-byte decode kernel: as many as fill the device's
 // `resident_blocks` (blocks of the kernel resident at once, all SMs) in one
@@ -57,7 +72,8 @@ int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_
 // serve it, from the bytes of K and V (read once by either) and each path's
 // bandwidth measured on the H100 (docs/cuda.md, "Single-row decode
 // attention"), scaled to the device's DRAM bandwidth: Kiln's 16-byte split-K
-// kernel (two launches: the split kernel and the combine) reaches a fixed
+// kernel (one launch whose last block per row tile combines the splits, a
+// serial tail costed as the second launch it replaced) reaches a fixed
 // fraction of the DRAM bandwidth whatever B and H (the splits fill the
 // device); cuDNN's fused kernel parallelises over query heads and query tiles
 // only, so its bandwidth grows with B * Hq * ceil(Sq / 64) until it saturates.

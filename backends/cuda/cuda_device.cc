@@ -4,14 +4,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cuda_stream.h"
 #include "backends/cuda/cudnn_sdpa.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "backends/cuda/nvrtc_compiler.h"
 #include "base/status.h"
 #include "spdlog/spdlog.h"
@@ -155,18 +159,52 @@ void CudaDevice::OpenLibraries() {
   (void)LoadNvrtc();
   const double nvrtc = ms(t);
   t = Clock::now();
+  if (cudnn_version_ != 0) (void)cudnn_context();
+  const double dnn = ms(t);
+  const char* mode = std::getenv("KILN_CUDA_WARMUP");
+  const std::string_view warm = mode != nullptr ? mode : "";
+  spdlog::info("{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuDNN's handle {:.1f}); cuBLASLt "
+               "and cuDNN's engines warm up {}",
+               info_.id, nvrtc + dnn, nvrtc, dnn,
+               warm == "0" ? "at first use (KILN_CUDA_WARMUP=0)"
+               : warm == "sync" ? "now (KILN_CUDA_WARMUP=sync)"
+                                : "on a thread of their own");
+  if (warm == "0") return;
+  if (warm == "sync") {
+    WarmUp();
+    return;
+  }
+  warm_up_ = std::thread([this] { WarmUp(); });
+}
+
+void CudaDevice::WarmUp() {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const auto start = Clock::now();
+  if (!Enter().ok()) return;
+  auto t = Clock::now();
   absl::StatusOr<cublasLtHandle_t> handle = LtHandle();
   const double lt = ms(t);
   t = Clock::now();
   if (handle.ok()) WarmUpCublasLt(*handle);
   const double lt_types = ms(t);
+  // cuDNN opens its engine libraries at the first plan that needs one (a
+  // warm start's first attention prepare paid it): opened here instead.
+  // KILN_CUDNN_PRELOAD=0 leaves them to cuDNN (a benchmark's comparison).
   t = Clock::now();
-  if (cudnn_version_ != 0) (void)cudnn_context();
-  const double dnn = ms(t);
+  std::string engines = "not opened";
+  const char* preload = std::getenv("KILN_CUDNN_PRELOAD");
+  if (cudnn_version_ != 0 && (preload == nullptr || std::string_view(preload) != "0")) {
+    const std::set<std::string> opened = OpenCudnnEngineLibraries();
+    engines = opened.empty() ? "none found" : absl::StrJoin(opened, ", ");
+  }
+  const double dnn_engines = ms(t);
   spdlog::info(
-      "{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuBLASLt and its handle {:.1f}, "
-      "cuBLASLt's first query per data type {:.1f}, cuDNN's handle {:.1f})",
-      info_.id, nvrtc + lt + lt_types + dnn, nvrtc, lt, lt_types, dnn);
+      "{}: warm-up done in {:.1f} ms (cuBLASLt's handle {:.1f}, its first query per data type "
+      "{:.1f}, cuDNN's engine libraries {:.1f}: {})",
+      info_.id, ms(start), lt, lt_types, dnn_engines, engines);
 }
 
 void CudaDevice::WarmUpCublasLt(cublasLtHandle_t handle) {
@@ -199,6 +237,7 @@ void CudaDevice::WarmUpCublasLt(cublasLtHandle_t handle) {
 }
 
 CudaDevice::~CudaDevice() {
+  if (warm_up_.joinable()) warm_up_.join();
   if (context_ == nullptr) return;
   const DriverApi& api = Driver();
   if (Enter().ok()) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -144,7 +145,16 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
   // included, which compiles nothing) then does not pay. Calibration, which
   // runs matmuls, paid it at the start before; a start that took the profile
   // from the cache left it to the first compile.
+  //
+  // The slow parts (cuBLASLt's handle and its per-type set-up below, 420-480
+  // ms on an H200; cuDNN's engine libraries) run on a thread of their own,
+  // warm_up_, started here: the device is usable at once (a prepare that
+  // needs cuBLASLt before the thread is done waits for the handle's lock or
+  // for cuBLASLt's own set-up, as it would have paid them anyway), and the
+  // thread logs its parts when done. KILN_CUDA_WARMUP=sync runs them before
+  // the device is returned, =0 not at all (the first use pays them).
   void OpenLibraries();
+  void WarmUp();
   // cuBLASLt sets up its heuristic for a data type at the first query that
   // uses it: on an H100 the first bf16 matmul's prepare took 76-116 ms in a
   // warm compile, with its algorithm from the cache (cublasLtMatmulAlgoCheck)
@@ -170,6 +180,8 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
   cublasLtHandle_t lt_ ABSL_GUARDED_BY(lt_mu_) = nullptr;
   mutable absl::Mutex algos_mu_;
   absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos_ ABSL_GUARDED_BY(algos_mu_);
+
+  std::thread warm_up_;  // WarmUp's, joined first by the destructor
 
   size_t cudnn_version_ = 0;
   std::string cudnn_missing_;

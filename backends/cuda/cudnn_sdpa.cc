@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "backends/cuda/prepare_cache.h"
 #include "base/status.h"
 
@@ -247,6 +248,8 @@ absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> CudnnContext::SdpaPlan(
       auto plan = std::make_shared<CudnnSdpaPlan>();
       absl::Status loaded;
       {
+        SlowStepLog slow(absl::StrCat(device_.info().id, ": cuDNN attention plan"));
+        slow.set_outcome("finalized from its cached JSON");
         absl::MutexLock handle_lock(&handle_mu_);
         loaded = Load(shape, *json, *plan);
       }
@@ -265,6 +268,8 @@ absl::StatusOr<std::shared_ptr<const CudnnSdpaPlan>> CudnnContext::SdpaPlan(
   auto plan = std::make_shared<CudnnSdpaPlan>();
   absl::Status built;
   {
+    SlowStepLog slow(absl::StrCat(device_.info().id, ": cuDNN attention plan"));
+    slow.set_outcome("built");
     absl::MutexLock handle_lock(&handle_mu_);
     built = Build(shape, *plan);
   }

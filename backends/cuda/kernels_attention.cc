@@ -8,9 +8,11 @@
 //   rows over many keys (decoding, Sq <= 8 and Sk >= 256): split-K over the
 //   keys, a warp per (row, split) into f32 partials the kernel owns, then a
 //   combine kernel; for f16/bf16 at D == Dv in {64, 128, 256} without a
-//   custom mask or bias, nvrtc:attention_decode16_split<n>_r<R>_<dt>: a
-//   block per (batch, kv head, split) reading K/V once for the R query rows of
-//   the kv head, 16-byte loads, the splits filling one wave of the device;
+//   custom mask or bias, nvrtc:attention_decode16_split<n>_r<R>_<dt>
+//   (kernels/attention_decode.cu): a block per (batch, kv head, split)
+//   reading K/V once for the R query rows of the kv head, 16-byte pieces
+//   through a cp.async ring, the splits filling one wave of the device, the
+//   combine done by the last block of each row tile (one launch);
 // - nvrtc:flash_attn_simt_f32 (kernels/attention_tiled.cu): f32 with
 //   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
 //   SIMT units, online softmax;
@@ -25,12 +27,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "backends/cuda/attention_plan.h"
 #include "backends/cuda/cuda_kernel.h"
 #include "backends/cuda/cudnn_sdpa.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -212,10 +217,10 @@ int DecodeRowsPerBlock(int64_t group_rows) {
   return r;
 }
 
-int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block) {
+int64_t DecodeKeysPerPass(int64_t head_dim, int rows_per_block, DecodeRing ring) {
   const int64_t keys_per_step = std::max<int64_t>(1, 256 / std::max<int64_t>(head_dim, 1));
-  const int64_t steps = rows_per_block >= 8 ? 2 : 4;  // attention_decode16's U
-  return kDecodeWarps * keys_per_step * steps;
+  (void)rows_per_block;
+  return kDecodeWarps * keys_per_step * ring.steps;
 }
 
 int64_t DecodeSplits(int64_t B, int64_t Hkv, int64_t tiles, int64_t keys, int64_t keys_per_pass,
@@ -239,6 +244,10 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   constexpr double kCudnnPerCtaFraction = 997e9 / 32 / kH100Bytes;
   constexpr double kKilnDecodeFraction = 2422e9 / kH100Bytes;
   constexpr double kLaunchUs = 2.0;  // a kernel launch's share of a stream's time
+  // Kiln's kernel is one launch since the combine moved into its last blocks,
+  // but that combine is still a serial tail (after every split, a dependent
+  // read of all the splits' records): counted as the second launch it was,
+  // until a GPU times the fused kernel on a short cache.
   double dram = 2.0 * caps.memory_clock_khz * 1e3 * caps.bus_width_bits / 8;
   if (dram <= 0) dram = kH100Bytes;
   const double bytes = static_cast<double>(B * Hkv * Sk * (D + Dv) * element_bytes);
@@ -251,9 +260,16 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
   return c;
 }
 
-std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block) {
+std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_block,
+                                  DecodeRing ring) {
   const std::string dt = DTypeSuffix(dtype);
-  return absl::StrCat(KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
+  std::string defines;
+  if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes ||
+      ring.min_blocks != kDefaultDecodeRing.min_blocks) {
+    defines = absl::StrCat("#define KILN_DECODE_U ", ring.steps, "\n#define KILN_DECODE_P ",
+                           ring.passes, "\n#define KILN_DECODE_MINB ", ring.min_blocks, "\n");
+  }
+  return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
                       dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
                       rows_per_block, ")\n");
 }
@@ -290,16 +306,19 @@ class AttentionKernel final : public CudaKernel {
 
   // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
   // launched when the operands are 16-byte aligned, with `vec_splits` key
-  // splits and `vec_rows` query rows per block; `fast` otherwise.
+  // splits and `vec_rows` query rows per block; `fast` otherwise. `zero`:
+  // its module's kiln_decode_counters_zero.
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
                   LoadedFunction fast, LoadedFunction combine, LoadedFunction vec,
-                  int64_t vec_splits, int vec_rows, AttnParams params, std::string impl)
+                  LoadedFunction zero, int64_t vec_splits, int vec_rows, AttnParams params,
+                  std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         path_(path),
         rows_(std::move(rows)),
         fast_(std::move(fast)),
         combine_(std::move(combine)),
         vec_(std::move(vec)),
+        zero_(std::move(zero)),
         vec_splits_(vec_splits),
         vec_rows_(vec_rows),
         params_(params) {}
@@ -340,16 +359,33 @@ class AttentionKernel final : public CudaKernel {
         KILN_ASSIGN_OR_RETURN(partials_, device_.Allocate(rows * most * (2 + p.Dv) * int64_t{4}));
       }
       CUdeviceptr part = static_cast<CudaBuffer*>(partials_.get())->ptr();
-      void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
-      int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
-                                           device_.caps().max_grid_x);
       if (vec) {
-        // A block per (batch, kv head, split, row tile); blocks loop past the grid's limit.
+        // A block per (batch, kv head, split, row tile); blocks loop past the
+        // grid's limit. The combine is the kernel's own (its last block per
+        // (batch, kv head, row tile)), counted in `counters_`, zeroed once here
+        // (stream-ordered before the first launch) and left at zero by every launch.
         const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows_ - 1) / vec_rows_;
-        blocks = std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
+        if (counters_ == nullptr) {
+          int64_t n = std::max<int64_t>(p.B * p.Hkv * tiles, 1);
+          KILN_ASSIGN_OR_RETURN(counters_, device_.Allocate(n * int64_t{4}));
+          CUdeviceptr c = static_cast<CudaBuffer*>(counters_.get())->ptr();
+          void* zargs[] = {&c, &n};
+          const int64_t zblocks = std::clamp<int64_t>((n + 255) / 256, 1, 1024);
+          KILN_RETURN_IF_ERROR(LaunchKernel(s, zero_.fn, static_cast<unsigned>(zblocks), 1, 1,
+                                            256, 0, zargs));
+        }
+        CUdeviceptr counters = static_cast<CudaBuffer*>(counters_.get())->ptr();
+        void* args[] = {&q, &k, &v, &extra, &part, &o, &counters, &p, &splits};
+        const int64_t blocks =
+            std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
+        return LaunchKernel(s, vec_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kDecodeWarps, 0,
+                            args);
       }
-      KILN_RETURN_IF_ERROR(LaunchKernel(s, vec ? vec_.fn : fast_.fn, static_cast<unsigned>(blocks),
-                                        1, 1, 32 * kWarps, 0, args));
+      void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
+      const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
+                                                 device_.caps().max_grid_x);
+      KILN_RETURN_IF_ERROR(
+          LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args));
       void* cargs[] = {&part, &o, &p, &splits};
       const int64_t cblocks =
           std::clamp<int64_t>((rows + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
@@ -364,11 +400,12 @@ class AttentionKernel final : public CudaKernel {
 
  private:
   const AttentionPath path_;
-  LoadedFunction rows_, fast_, combine_, vec_;
+  LoadedFunction rows_, fast_, combine_, vec_, zero_;
   const int64_t vec_splits_;
   const int vec_rows_;
   AttnParams params_;
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
+  std::unique_ptr<backend::Buffer> counters_;  // the 16-byte kernel's splits done per row tile
 };
 
 // cudnn:sdpa_fwd_<dt>: cuDNN's fused attention (cudnn_sdpa.h) with a plan
@@ -442,7 +479,12 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateAttention(CudaDevice& d,
                                                                  const KernelSpec& spec,
                                                                  backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(AttnParams p, PlanAttention(spec));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<AttentionKernel> own, CreateOwnAttention(d, spec, context));
+  std::unique_ptr<AttentionKernel> own;
+  {
+    SlowStepLog slow(absl::StrCat(d.info().id, ": Kiln's attention kernels"), 2.0);
+    slow.set_outcome("prepared");
+    KILN_ASSIGN_OR_RETURN(own, CreateOwnAttention(d, spec, context));
+  }
   if (own->decode16()) {
     // A decoding shape both paths may serve: the one the cost model expects
     // faster (attention_plan.h); KILN_DECODE_ATTENTION=own|cudnn overrides
@@ -475,7 +517,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
   KILN_ASSIGN_OR_RETURN(LoadedFunction rows,
                         LoadFunction(d, "attention", KernelSource("attention.cu"),
                                      absl::StrCat("kiln_attention_", dt), context));
-  LoadedFunction fast, combine, vec;
+  LoadedFunction fast, combine, vec, zero;
   int64_t vec_splits = 0;
   int vec_rows = 1;
   std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
@@ -510,12 +552,27 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
       vec_rows = DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
+      // KILN_DECODE_RING=<steps>x<passes>: a benchmark's sweep of the load ring.
+      DecodeRing ring;
+      if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {
+        std::vector<absl::string_view> parts = absl::StrSplit(env, 'x');
+        int steps = 0, passes = 0, min_blocks = 1;
+        if ((parts.size() == 2 || parts.size() == 3) && absl::SimpleAtoi(parts[0], &steps) &&
+            absl::SimpleAtoi(parts[1], &passes) && steps >= 1 && steps <= 8 && passes >= 2 &&
+            passes <= 8 &&
+            (parts.size() == 2 ||
+             (absl::SimpleAtoi(parts[2], &min_blocks) && min_blocks >= 1 && min_blocks <= 16))) {
+          ring = {steps, passes, min_blocks};
+        }
+      }
       // Its own module per variant: a prepare compiles only the one it runs.
       const std::string variant = absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
       KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
-                                              DecodeAttentionSource(dtype, p.D, vec_rows),
+                                              DecodeAttentionSource(dtype, p.D, vec_rows, ring),
                                               absl::StrCat("kiln_attention_decode16_", variant),
                                               context));
+      zero.module = vec.module;
+      KILN_ASSIGN_OR_RETURN(zero.fn, vec.module->Function("kiln_decode_counters_zero"));
       KILN_RETURN_IF_ERROR(d.Enter());
       KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, vec.fn, 32 * kDecodeWarps));
       // The keys a block's rows may see: a sliding window's, or all of them.
@@ -523,7 +580,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                ? std::min(p.Sk, p.window + p.Sq - 1)
                                : p.Sk;
       const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows - 1) / vec_rows;
-      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows),
+      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows, ring),
                                 resident);
       // KILN_DECODE_SPLITS=n: a benchmark's sweep of the split count.
       if (const char* env = std::getenv("KILN_DECODE_SPLITS"); env != nullptr) {
@@ -531,10 +588,15 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
         if (absl::SimpleAtoi(env, &n) && n > 0) vec_splits = std::min<int64_t>(n, std::max<int64_t>(keys, 1));
       }
       impl = absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_", dt);
+      if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes ||
+          ring.min_blocks != kDefaultDecodeRing.min_blocks) {
+        absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes, "x", ring.min_blocks);
+      }
     }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
-                                           std::move(combine), std::move(vec), vec_splits, vec_rows, p,
+                                           std::move(combine), std::move(vec), std::move(zero),
+                                           vec_splits, vec_rows, p,
                                            std::move(impl));
 }
 

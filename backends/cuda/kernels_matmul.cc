@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "backends/cuda/matmul_plan.h"
 #include "backends/cuda/prepare_cache.h"
 #include "base/status.h"
@@ -254,6 +255,7 @@ class MatMulKernel final : public CudaKernel {
       if (context != nullptr) ++context->kernel_cache_hits;
       return algos_[align] = *known;
     }
+    SlowStepLog slow(absl::StrCat(device_.info().id, ": cuBLASLt algorithm for ", key));
     const CublasLtApi& lt = CublasLt();
     KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
     backend::KernelBinaryCache* binaries = context != nullptr ? context->binaries : nullptr;
@@ -272,6 +274,7 @@ class MatMulKernel final : public CudaKernel {
       if (std::optional<cublasLtMatmulAlgo_t> cached =
               CachedAlgorithm(*binaries, disk_key, handle)) {
         ++context->kernel_cache_hits;
+        slow.set_outcome("from the cache (checked)");
         device_.KeepAlgo(key, *cached);
         return algos_[align] = *cached;
       }
@@ -299,6 +302,7 @@ class MatMulKernel final : public CudaKernel {
           absl::StrCat(device_.info().id, ": cuBLASLt has no algorithm for ", key));
     }
     if (context != nullptr) ++context->kernel_cache_misses;
+    slow.set_outcome("from the heuristic");
     if (binaries != nullptr) {
       binaries->Store(
           disk_key, EncodePrepareEntry(kAlgoEntry, disk_key,

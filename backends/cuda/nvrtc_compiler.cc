@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/loaded_libraries.h"
 #include "base/sha256.h"
 #include "base/status.h"
 
@@ -105,6 +106,8 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleCache::Get(const std::string
   }
   KILN_RETURN_IF_ERROR(device_.Enter());
   auto load = [&](const std::string& cubin) -> absl::StatusOr<std::shared_ptr<const Module>> {
+    SlowStepLog slow(absl::StrCat(device_.info().id, ": module ", name), 2.0);
+    slow.set_outcome(absl::StrCat("loaded (", cubin.size() >> 10, " KiB cubin)"));
     CUmodule m = nullptr;
     KILN_RETURN_IF_ERROR(
         device_.Check(Driver().cuModuleLoadData(&m, cubin.data()), "cuModuleLoadData"))

@@ -14,9 +14,11 @@
 // KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
 // "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
 // choice was Kiln's kernel. --splits 4,8,16 times Kiln's decode kernel at each
-// split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice.
+// split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice;
+// --rings 4x3,1x8,2x5x4 its load ring at each <steps per pass>x<passes per ring>
+// [x<blocks per SM for __launch_bounds__>] (KILN_DECODE_RING, "impl": "kiln_own_ring<...>").
 //   attention_fwd [--device cuda:0] [--reps 10] [--rounds 7] [--cases all|big|decode|f32]
-//                 [--splits n,n,...]
+//                 [--splits n,n,...] [--rings SxP[xB],...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -84,7 +86,7 @@ std::vector<char> Random(DType dt, int64_t n, uint64_t seed, float scale) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device_id = "cuda:0", which = "all", splits_arg;
+  std::string device_id = "cuda:0", which = "all", splits_arg, rings_arg;
   int reps = 10, rounds = 7;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--device") == 0) device_id = argv[i + 1];
@@ -92,6 +94,22 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--rounds") == 0) rounds = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--cases") == 0) which = argv[i + 1];
     if (std::strcmp(argv[i], "--splits") == 0) splits_arg = argv[i + 1];
+    if (std::strcmp(argv[i], "--rings") == 0) rings_arg = argv[i + 1];
+  }
+  std::vector<std::string> rings;
+  for (absl::string_view part : absl::StrSplit(rings_arg, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> sp = absl::StrSplit(part, 'x');
+    int steps = 0, passes = 0, min_blocks = 1;
+    if ((sp.size() != 2 && sp.size() != 3) || !absl::SimpleAtoi(sp[0], &steps) ||
+        !absl::SimpleAtoi(sp[1], &passes) || steps < 1 || steps > 8 || passes < 2 || passes > 8 ||
+        (sp.size() == 3 && (!absl::SimpleAtoi(sp[2], &min_blocks) || min_blocks < 1 ||
+                            min_blocks > 16))) {
+      std::fprintf(stderr,
+                   "--rings takes <steps 1-8>x<passes 2-8>[x<blocks per SM 1-16>], not %s\n",
+                   rings_arg.c_str());
+      return 2;
+    }
+    rings.emplace_back(part);
   }
   std::vector<int> sweep;
   for (absl::string_view part : absl::StrSplit(splits_arg, ',', absl::SkipEmpty())) {
@@ -269,6 +287,12 @@ int main(int argc, char** argv) {
       const std::string label = "kiln_own_split" + std::to_string(n);
       if (!with_env("KILN_DECODE_SPLITS", std::to_string(n),
                     [&] { return measure(c, own, label.c_str()); })) {
+        return 1;
+      }
+    }
+    for (const std::string& r : rings) {
+      const std::string label = "kiln_own_ring" + r;
+      if (!with_env("KILN_DECODE_RING", r, [&] { return measure(c, own, label.c_str()); })) {
         return 1;
       }
     }

@@ -1,6 +1,7 @@
 // Single-row decode attention over 16-byte vectors (kernels_attention.cc,
-// "nvrtc:attention_decode16_split<n>_r<R>_<dt>"): the split half of the
-// split-K pair whose combine is attention.cu's attention_combine. This file
+// "nvrtc:attention_decode16_split<n>_r<R>_<dt>"): split-K over the keys with
+// the combine fused in (the last block of a (batch, kv head, row tile) to
+// finish its split merges every split's record into the output). This file
 // instantiates nothing: each (dtype, head dim, rows per block) the backend
 // uses is its own module, the source followed by one
 // KILN_ATTENTION_DECODE16(S, T, D, R) line (DecodeAttentionSource), so a
@@ -13,28 +14,105 @@
 // NW = 4 warps takes one (batch, kv head, key split) and R query rows that
 // read that kv head (the GQA group's heads x the query rows, R in {1, 2, 4,
 // 8}; more rows take several row tiles), so each K/V byte is read once for
-// all of them. The split's keys are dealt to the warps KP * U at a time
-// (adjacent warps read adjacent keys); inside a warp a group of G = D / 8
-// lanes takes one key, each lane 8 elements: one 16-byte load of K and one of
-// V per key, the loads of U steps issued before the first is used. Per step
-// each lane's 8 elements of every row's dot product, log2(G) shuffles; the
-// online softmax is per U keys (one rescale of o per U keys, exp2 of logits
-// scaled by log2(e)). At the end the KP lane groups are merged with shuffles,
-// the NW warps through shared memory, and the block writes the same (m, l,
-// o) record per (row, split) as attention_split, for attention_combine.
+// all of them. The split's keys are dealt to the warps KP * U at a time (a
+// pass; adjacent warps read adjacent keys); inside a warp a group of G = D /
+// 8 lanes takes one key, each lane 8 elements: one 16-byte piece of K and
+// one of V per key.
+//
+// The pieces travel by cp.async into a ring of P passes per warp in shared
+// memory, P - 1 passes ahead of the one computed: each lane copies its own
+// pieces and reads back only those, so the ring needs cp.async.wait_group
+// and no barrier, and the loads in flight hold no registers (the kernel's
+// first form loaded U steps into registers and computed them before issuing
+// the next: 167 registers at R = 4, 3 blocks per SM, nothing in flight
+// while it computed).
+//
+// Per step each lane's 8 elements of every row's dot product, log2(G)
+// shuffles; the online softmax is per U keys (one rescale of o per U keys,
+// exp2 of logits scaled by log2(e)). At the end the KP lane groups are
+// merged with shuffles, the NW warps through shared memory (the ring's
+// bytes), and the block writes an (m, l, o) record per (row, split) into
+// `part` ([rows][splits][2 + D] f32, m in natural-log units). With one split
+// the block writes the output itself; otherwise it counts itself done in
+// `counters[(b * Hkv + hk) * tiles + tile]`, and the block that brings the
+// count to `splits` merges the R rows' records (in split order, so the
+// result does not depend on which block is last), writes the output and
+// sets the count back to 0 for the next launch (kiln_decode_counters_zero
+// clears them once, when the kernel allocates them).
+// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 2 and 5
+// unless the source defines them first (DecodeAttentionSource's benchmark sweep).
+#ifndef KILN_DECODE_U
+#define KILN_DECODE_U 2
+#endif
+#ifndef KILN_DECODE_P
+#define KILN_DECODE_P 5
+#endif
+// KILN_DECODE_MINB: the blocks per SM __launch_bounds__ asks registers for (1
+// unless defined first: the sweep's third figure).
+#ifndef KILN_DECODE_MINB
+#define KILN_DECODE_MINB 1
+#endif
+constexpr int K_DECODE_NW = 4;              // warps per block
+constexpr int K_DECODE_P = KILN_DECODE_P;   // passes in a warp's ring (P - 1 in flight)
+
+__device__ __forceinline__ unsigned k_dec_smem_addr(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// 16 bytes global -> shared (16 zero bytes when !valid; `gmem` is read only
+// when valid).
+__device__ __forceinline__ void k_dec_cp16(k_v16* smem, const void* gmem, bool valid) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(k_dec_smem_addr(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *smem = valid ? *static_cast<const k_v16*>(gmem) : k_v16{0u, 0u, 0u, 0u};
+#endif
+}
+__device__ __forceinline__ void k_dec_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void k_dec_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+template <int D, int R>
+struct KDecodeShape {
+  enum {
+    G = D / 8,                  // lanes per key
+    KP = 32 / G,                // keys per warp step
+    U = KILN_DECODE_U,          // steps per pass (one softmax rescale per pass)
+    RING = K_DECODE_NW * K_DECODE_P * U * 2 * 32,  // k_v16 pieces in the rings
+    MERGE = (K_DECODE_NW * R * D + 2 * K_DECODE_NW * R + 3) / 4,  // f32 merge area, in k_v16
+    SMEM = RING > MERGE ? RING : MERGE,
+  };
+};
+
 template <typename T, int D, int R>
-__device__ __forceinline__ void attention_decode16(const T* q, const T* k, const T* v,
-                                                   float* part, const AttnParams& p,
+__device__ __forceinline__ void attention_decode16(const T* q, const T* k, const T* v, float* part,
+                                                   T* out, int* counters, const AttnParams& p,
                                                    k_i64 splits) {
-  constexpr int G = D / 8;               // lanes per key
-  constexpr int KP = 32 / G;             // keys per warp step
-  constexpr int U = R >= 8 ? 2 : 4;      // steps whose loads are in flight together
-  constexpr int NW = 4;                  // warps per block
+  using S = KDecodeShape<D, R>;
+  constexpr int G = S::G, KP = S::KP, U = S::U, NW = K_DECODE_NW, P = K_DECODE_P;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-  __shared__ float sm_m[NW][R], sm_l[NW][R];
-  __shared__ float sm_o[NW][R][D];
+  __shared__ k_v16 smem[S::SMEM];
+  // Whether this block combines: in the shared bytes' first word, written
+  // once every thread is past its reads of the merge area (a barrier).
+  int& last_block = *reinterpret_cast<int*>(smem);
+  // After the loop the ring's bytes hold the warps' merge: o, then m, then l.
+  float* sm_o = reinterpret_cast<float*>(smem);           // [NW][R][D]
+  float* sm_m = sm_o + NW * R * D;                        // [NW][R]
+  float* sm_l = sm_m + NW * R;                            // [NW][R]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = lane / G, c = lane % G;  // this lane's key of a step, its 8 elements
+  k_v16* ring = smem + warp * (P * U * 2 * 32);  // [P][U][K, V][32 lanes]
   const k_i64 group = p.Hq / p.Hkv;
   const k_i64 per_kv = group * p.Sq;  // rows that read one kv head
   const k_i64 tiles = (per_kv + R - 1) / R;
@@ -79,23 +157,39 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
 #pragma unroll
       for (int t = 0; t < 8; ++t) o[r][t] = 0.0f;
     }
-    for (int j0 = a + warp * KP * U; j0 < z; j0 += NW * KP * U) {
-      k_v16 kw[U], vw[U];
+    // This warp's passes: pass n's keys start at a + (warp + n * NW) * KP * U.
+    const int first = a + warp * KP * U;
+    const int passes = first < z ? (z - first + NW * KP * U - 1) / (NW * KP * U) : 0;
+    auto issue = [&](int n) {
+      k_v16* dst = ring + (n % P) * (U * 2 * 32);
+      const int j0 = first + n * NW * KP * U;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = j0 + u * KP + slot;
-        kw[u] = k_v16{0u, 0u, 0u, 0u};
-        vw[u] = k_v16{0u, 0u, 0u, 0u};
-        if (j < z) {
-          kw[u] = k_ldraw(kb, static_cast<k_i64>(j) * D);
-          vw[u] = k_ldraw(vb, static_cast<k_i64>(j) * D);
-        }
+        const bool in = j < z;
+        const k_i64 off = in ? static_cast<k_i64>(j) * D : 0;
+        k_dec_cp16(dst + (2 * u) * 32 + lane, kb + off, in);
+        k_dec_cp16(dst + (2 * u + 1) * 32 + lane, vb + off, in);
       }
+    };
+    // Every iteration commits one group (empty past the last pass), so
+    // waiting for all but the newest P - 1 groups means pass n has landed.
+#pragma unroll
+    for (int n = 0; n < P - 1; ++n) {
+      if (n < passes) issue(n);
+      k_dec_commit();
+    }
+    for (int n = 0; n < passes; ++n) {
+      if (n + P - 1 < passes) issue(n + P - 1);
+      k_dec_commit();
+      k_dec_wait<P - 1>();
+      const k_v16* src = ring + (n % P) * (U * 2 * 32);
+      const int j0 = first + n * NW * KP * U;
       float s[R][U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float kf[8];
-        k_unpack(k, kw[u], kf);
+        k_unpack(k, src[(2 * u) * 32 + lane], kf);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float dot = 0.0f;
@@ -141,7 +235,7 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         float vf[8];
-        k_unpack(v, vw[u], vf);
+        k_unpack(v, src[(2 * u + 1) * 32 + lane], vf);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -149,6 +243,7 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
         }
       }
     }
+    k_dec_wait<0>();
     // Merge the KP lane groups (lanes c of every group hold the same elements).
 #pragma unroll
     for (int off = G; off < 32; off <<= 1) {
@@ -167,15 +262,17 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
         m[r] = mx;
       }
     }
-    // Merge the NW warps through shared memory into the (row, split) records.
+    // Merge the NW warps through shared memory (the rings' bytes: every warp
+    // is past its loop first) into the (row, split) records.
+    __syncthreads();
     if (slot == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int t = 0; t < 8; ++t) sm_o[warp][r][c * 8 + t] = o[r][t];
+        for (int t = 0; t < 8; ++t) sm_o[(warp * R + r) * D + c * 8 + t] = o[r][t];
         if (c == 0) {
-          sm_m[warp][r] = m[r];
-          sm_l[warp][r] = l[r];
+          sm_m[warp * R + r] = m[r];
+          sm_l[warp * R + r] = l[r];
         }
       }
     }
@@ -186,30 +283,80 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
       if (inner >= per_kv) continue;
       float mx = -K_INF;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][r]);
+      for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w * R + r]);
       float acc = 0.0f, lsum = 0.0f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
-        const float cw = sm_m[w][r] == -K_INF ? 0.0f : exp2f(sm_m[w][r] - mx);
-        acc += sm_o[w][r][d] * cw;
-        lsum += sm_l[w][r] * cw;
+        const float mw = sm_m[w * R + r];
+        const float cw = mw == -K_INF ? 0.0f : exp2f(mw - mx);
+        acc += sm_o[(w * R + r) * D + d] * cw;
+        lsum += sm_l[w * R + r] * cw;
       }
       const k_i64 i = inner % p.Sq, h = hk * group + inner / p.Sq;
-      float* rec = part + (((b * p.Hq + h) * p.Sq + i) * splits + sp) * (2 + D);
+      const k_i64 row = (b * p.Hq + h) * p.Sq + i;
+      if (splits == 1) {
+        k_store(out + row * D, d, lsum > 0.0f ? acc / lsum : 0.0f);
+        continue;
+      }
+      float* rec = part + (row * splits + sp) * (2 + D);
       rec[2 + d] = acc;
       if (d == 0) {
         rec[0] = mx == -K_INF ? -K_INF : mx * kLn2;  // natural log units, as attention_split
         rec[1] = lsum;
       }
     }
-    __syncthreads();  // the shared records are rewritten by the next item
+    if (splits > 1) {
+      // Publish this split's records, then count it; the last split's block combines.
+      __threadfence();
+      __syncthreads();
+      int* count = counters + bk * tiles + tile;
+      if (threadIdx.x == 0) last_block = atomicAdd(count, 1) == static_cast<int>(splits) - 1;
+      __syncthreads();
+      if (last_block) {
+        __threadfence();
+        for (int e = threadIdx.x; e < R * D; e += NW * 32) {
+          const int r = e / D, d = e % D;
+          const k_i64 inner = tile * R + r;
+          if (inner >= per_kv) continue;
+          const k_i64 i = inner % p.Sq, h = hk * group + inner / p.Sq;
+          const k_i64 row = (b * p.Hq + h) * p.Sq + i;
+          const float* recs = part + row * splits * (2 + D);
+          // attention_combine's arithmetic, in split order.
+          float mx = -K_INF;
+          for (k_i64 s2 = 0; s2 < splits; ++s2) mx = fmaxf(mx, __ldcg(recs + s2 * (2 + D)));
+          float lsum = 0.0f, acc = 0.0f;
+          if (mx != -K_INF) {
+            for (k_i64 s2 = 0; s2 < splits; ++s2) {
+              const float* rec = recs + s2 * (2 + D);
+              const float ms = __ldcg(rec);
+              if (ms == -K_INF) continue;
+              const float cs = expf(ms - mx);
+              lsum += __ldcg(rec + 1) * cs;
+              acc += __ldcg(rec + 2 + d) * cs;
+            }
+          }
+          k_store(out + row * D, d, lsum > 0.0f ? acc / lsum : 0.0f);
+        }
+        if (threadIdx.x == 0) *count = 0;  // ready for the next launch
+      }
+    }
+    __syncthreads();  // the shared bytes are rewritten by the next item
   }
 }
 
-#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                   \
-  extern "C" __global__ void __launch_bounds__(128)                                           \
-      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,           \
-                                                const void* extra, float* part, AttnParams p, \
-                                                k_i64 splits) {                               \
-    attention_decode16<T, D, R>(q, k, v, part, p, splits);                                    \
+// The counters start at zero once (the kernel that owns them launches this
+// when it allocates them); every decode launch leaves them at zero.
+extern "C" __global__ void kiln_decode_counters_zero(int* counters, k_i64 n) {
+  for (k_i64 i = blockIdx.x * static_cast<k_i64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<k_i64>(gridDim.x) * blockDim.x) {
+    counters[i] = 0;
+  }
+}
+
+#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                    \
+  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                          \
+      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,            \
+                                                const void* extra, float* part, T* out,        \
+                                                int* counters, AttnParams p, k_i64 splits) {   \
+    attention_decode16<T, D, R>(q, k, v, part, out, counters, p, splits);                      \
   }

@@ -108,9 +108,9 @@ TEST(AttentionPlan, DecodeKernelTakesTheGqaGroupPerBlock) {
   EXPECT_EQ(DecodeRowsPerBlock(4), 4);
   EXPECT_EQ(DecodeRowsPerBlock(5), 8);
   EXPECT_EQ(DecodeRowsPerBlock(32), 8);
-  // 4 warps x (256 / D) keys per step x 4 steps (2 at 8 rows).
-  EXPECT_EQ(DecodeKeysPerPass(128, 4), 4 * 2 * 4);
-  EXPECT_EQ(DecodeKeysPerPass(64, 1), 4 * 4 * 4);
+  // 4 warps x (256 / D) keys per step x 2 steps per pass.
+  EXPECT_EQ(DecodeKeysPerPass(128, 4), 4 * 2 * 2);
+  EXPECT_EQ(DecodeKeysPerPass(64, 1), 4 * 4 * 2);
   EXPECT_EQ(DecodeKeysPerPass(256, 8), 4 * 1 * 2);
 }
 
@@ -137,7 +137,8 @@ TEST(AttentionPlan, DecodeCostPrefersTheSplitKernelOnLongCaches) {
   c = EstimateDecodeCost(1, 32, 32, 1, 32768, 128, 128, 2, caps);
   EXPECT_LT(c.own_us, c.cudnn_us);
   EXPECT_NEAR(c.cudnn_us, 2 + 536.9e6 / 997e9 * 1e6, 5.0);
-  // A short cache over many heads is launch-bound: cuDNN's one launch wins.
+  // A short cache over many heads is launch-bound: cuDNN's one launch wins
+  // (the split kernel's combine, now in its last blocks, still a serial tail).
   c = EstimateDecodeCost(8, 32, 8, 1, 256, 128, 128, 2, caps);
   EXPECT_GT(c.own_us, c.cudnn_us);
   // Without the DRAM figures the H100's bandwidth is assumed.

@@ -812,6 +812,9 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
       {v1::DTYPE_F16, 2, 4, 4, 2, 513, 128, v1::MASK_PREFIX, 0, "decode16_split"},
       {v1::DTYPE_BF16, 1, 8, 2, 1, 3000, 64, v1::MASK_NONE, 15, "decode16_split"},
       {v1::DTYPE_F16, 1, 2, 1, 1, 700, 256, v1::MASK_CAUSAL, 0, "decode16_split"},
+      // 1024 blocks per split, more than a GPU of up to 204 SMs holds at 5
+      // per SM: one split, the block writes the output itself (no combine).
+      {v1::DTYPE_BF16, 128, 8, 8, 1, 256, 64, v1::MASK_NONE, 0, "decode16_split1_"},
       {v1::DTYPE_F32, 1, 4, 4, 2, 700, 80, v1::MASK_CAUSAL, 0, "decode_split"},
       {v1::DTYPE_F16, 2, 4, 4, 1, 600, 64, v1::MASK_CUSTOM, 0, "decode_split"},
       {v1::DTYPE_BF16, 1, 2, 2, 40, 40, 96, v1::MASK_CAUSAL, 0, "attention_rows"},
@@ -893,9 +896,18 @@ void CudaDeviceTest::CheckAttention(const AttnCase& c, int seed) {
   auto out = dev_->Allocate(out_n * es);
   ASSERT_TRUE(out.ok());
   const std::vector<backend::BufferView> outs = {{out->get(), 0, out_n * es}};
-  // Twice: the split path's partials are the kernel's own and reused.
-  for (int rep = 0; rep < 2; ++rep) ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
-  const std::vector<char> got = Download(**out, out_n * es);
+  // Twice: the split path's partials (and the 16-byte kernel's split
+  // counters, which each launch must leave at zero) are the kernel's own and
+  // reused. The second launch writes over all-ones bytes (NaN in every float
+  // type), so an output the second launch did not write fails; both are checked.
+  ASSERT_TRUE((*k)->Launch(*stream_, ins, outs).ok());
+  const std::vector<char> first = Download(**out, out_n * es);
+  const std::vector<char> poison(out_n * es, static_cast<char>(0xff));
+  std::unique_ptr<backend::Buffer> out2 = Upload(poison.data(), out_n * es);
+  const std::vector<backend::BufferView> outs2 = {{out2.get(), 0, out_n * es}};
+  ASSERT_TRUE((*k)->Launch(*stream_, ins, outs2).ok());
+  const std::vector<char> got = Download(*out2, out_n * es);
+  EXPECT_EQ(got, first) << "the second launch differs from the first";
 
   const int64_t group = c.Hq / c.Hkv;
   const double tol = c.dt == v1::DTYPE_F32 ? 1e-5 : c.dt == v1::DTYPE_F16 ? 4e-3 : 2e-2;

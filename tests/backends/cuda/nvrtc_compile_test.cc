@@ -169,12 +169,24 @@ TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
             CompileCubin(entry, DecodeAttentionSource(dt, d, r), kArch);
         ASSERT_TRUE(cubin.ok()) << cubin.status();
         EXPECT_NE(cubin->find(entry + '\0'), std::string::npos) << entry;
+        // The counters' zeroing kernel the fused combine relies on.
+        EXPECT_NE(cubin->find(std::string("kiln_decode_counters_zero") + '\0'), std::string::npos)
+            << entry;
         // One entry point per module: no other variant rides along.
         EXPECT_EQ(cubin->find(absl::StrCat("kiln_attention_decode16_", DTypeName(dt), "_d", d,
                                            "_r", r == 1 ? 2 : 1, std::string(1, '\0'))),
                   std::string::npos);
       }
     }
+  }
+  // The load rings a benchmark sweeps (KILN_DECODE_RING) fit the shared
+  // memory of the largest variant (D 256, 8 rows) too.
+  for (DecodeRing ring : {DecodeRing{1, 8}, DecodeRing{2, 4}, DecodeRing{4, 3}, DecodeRing{4, 2},
+                          DecodeRing{2, 5, 4}}) {
+    const std::string entry = "kiln_attention_decode16_bf16_d256_r8";
+    absl::StatusOr<std::string> cubin =
+        CompileCubin(entry, DecodeAttentionSource(v1::DTYPE_BF16, 256, 8, ring), kArch);
+    ASSERT_TRUE(cubin.ok()) << ring.steps << "x" << ring.passes << ": " << cubin.status();
   }
 }
 
