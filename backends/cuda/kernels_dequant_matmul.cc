@@ -169,7 +169,8 @@ std::string DequantMmaSource(DType wtype, DType act, int tiles) {
   }
   const std::string x = DTypeSuffix(act);
   const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
-  return absl::StrCat(KernelSource("dequant_matmul.cu"), "\nKILN_DEQUANT_MMA(", DTypeName(wtype),
+  return absl::StrCat("#define DQ_MMA_ONLY 1\n", KernelSource("dequant_matmul.cu"),
+                      "\nKILN_DEQUANT_MMA(", DTypeName(wtype),
                       ", ", kBlockMacro[block], ", ", x, ", ", type, ", ", tiles,
                       ")\nKILN_DEQUANT_MMA_REDUCE(", x, ", ", type, ")\n");
 }

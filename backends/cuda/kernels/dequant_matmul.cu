@@ -890,9 +890,10 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 // kiln_dequant_mma_n<NT>_<w>_<x>: DQ_MMA_WARPS * 32 threads; grid
 // (N / DQ_MMA_ROWS, M / (8 NT), splits), rounded up. Empty below sm_80 (the
 // host never picks it there). Each variant is a module of its own: the host
-// appends `KILN_DEQUANT_MMA(q4_k, DQ_Q4_K, f32, float, 8)` and
-// `KILN_DEQUANT_MMA_REDUCE(f32, float)` to this source (the matvec and tiled
-// kernels above stay one module: NVRTC compiles 45 mma variants slowly).
+// defines DQ_MMA_ONLY before this source (leaving out the matvec and tiled
+// entry points, one module of their own) and appends
+// `KILN_DEQUANT_MMA(q4_k, DQ_Q4_K, f32, float, 8)` and
+// `KILN_DEQUANT_MMA_REDUCE(f32, float)`: NVRTC would compile all 45 slowly.
 #if __CUDA_ARCH__ >= 800 || defined(DQ_HOST)
 #define DQ_MMA_BODY(WT, NT, T) dequant_mma<WT, NT, T>(x, w, y, part, M, N, K, row_bytes, splits);
 #else
@@ -917,11 +918,14 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
   KILN_DEQUANT(WN, WT, f32, float) \
   KILN_DEQUANT(WN, WT, f16, k_f16) \
   KILN_DEQUANT(WN, WT, bf16, k_bf16)
+// A tensor-core variant's module (DQ_MMA_ONLY) holds that variant alone.
+#ifndef DQ_MMA_ONLY
 KILN_DEQUANT_ALL(q8_0, DQ_Q8_0)
 KILN_DEQUANT_ALL(q4_0, DQ_Q4_0)
 KILN_DEQUANT_ALL(q4_k, DQ_Q4_K)
 KILN_DEQUANT_ALL(q5_k, DQ_Q5_K)
 KILN_DEQUANT_ALL(q6_k, DQ_Q6_K)
+#endif
 #define KILN_DEQUANT_MMA_REDUCE(S, T)                                                            \
   extern "C" __global__ void kiln_dequant_mma_reduce_##S(const float* part, T* y, k_i64 MN,      \
                                                          int splits) {                          \
