@@ -1,12 +1,23 @@
 // DequantMatMul on CUDA (kernels/dequant_matmul.cu): f32/f16/bf16 activations
 // times a GGUF block-quantized weight (q8_0, q4_0, q4_k, q5_k, q6_k), the
 // dequantization fused into the kernel. A weight stored [N, K] with M <=
-// kMatVecMaxM takes the matvec kernel (a block of 4 warps per 2 weight rows,
-// the blocks read once per 8 rows of x); everything else the tiled kernel
-// (32 x 64 tiles, weight tiles decoded into shared memory).
+// 8 takes the matvec kernel (a block of 4 warps per 2 weight rows, the
+// blocks read once for all rows of x); with more rows the tensor-core kernel
+// (mma.sync on the codes, scales applied in f32 per group, f32 activations
+// as bf16 hi + lo; sm_80 and newer, else the matvec kernel up to 32 rows);
+// everything else ([K, N] weights, or older devices past 32 rows) the tiled
+// kernel (32 x 64 tiles, weight tiles decoded into shared memory, FMA).
+// KILN_DEQUANT_PATH=matvec|mma|tiled and KILN_DEQUANT_SPLITS=n override the
+// choices where the shape allows (benchmarks time each).
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backends/common/dequant_matmul_shape.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/dequant_plan.h"
 #include "base/status.h"
 
 namespace kiln::cuda {
@@ -19,38 +30,73 @@ using backend::KernelSpec;
 // dequant_matmul.cu's DQ_MV_R weight rows per block of DQ_MV_WARPS warps.
 constexpr int64_t kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
-// Up to 32 rows of x take the matvec kernel (the weights re-read per 8 rows,
-// mostly from L2): the FMA-tiled one decodes a 64-row weight tile per 32
-// rows of x with a quarter of its threads and took 5-20x PyTorch bf16's time
-// at M = 32 on an H100; the crossover is not yet timed (docs/benchmarks.md,
-// dqc10).
-constexpr int64_t kMatVecMaxM = 32;
+// Up to 32 rows of x may take the matvec kernel (the weights re-read per 8
+// rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel.
+constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 8;
+// dequant_matmul.cu's DQ_MMA_ROWS weight rows per block of 4 warps.
+constexpr int64_t kMmaRows = 64;
+constexpr unsigned kMmaThreads = 128;
 constexpr int64_t kTileM = 32, kTileN = 64;
 constexpr unsigned kTileThreads = 256;
 
-bool UseMatVec(const DequantMatMulShape& s) { return s.transpose_b && s.m <= kMatVecMaxM; }
+enum class Path { kMatVec, kMma, kTiled };
+
+bool HasMma(const CudaDevice& d) { return d.caps().cc_major >= 8; }
+
+Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
+  // KILN_DEQUANT_PATH: a benchmark's choice, honoured where the kernel
+  // serves the shape (the matvec and mma kernels need [N, K] weights, mma
+  // sm_80; the tiled one serves everything).
+  if (const char* force = std::getenv("KILN_DEQUANT_PATH"); force != nullptr) {
+    const std::string_view f(force);
+    if (f == "tiled") return Path::kTiled;
+    if (f == "matvec" && s.transpose_b) return Path::kMatVec;
+    if (f == "mma" && s.transpose_b && HasMma(d)) return Path::kMma;
+  }
+  if (!s.transpose_b) return Path::kTiled;
+  if (HasMma(d)) return s.m <= kMatVecMaxMWithMma ? Path::kMatVec : Path::kMma;
+  return s.m <= kMatVecMaxM ? Path::kMatVec : Path::kTiled;
+}
 
 // The matvec instance's rows of x per pass: the least of 1, 4, 8 >= M
 // (fewer accumulators, more warps resident), else 8. Three instances per
 // block and activation type keep the module's NVRTC compile short.
 int MatVecRows(int64_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
 
+// The mma instance's n8 tiles of x per block (8 NT rows of x).
+int MmaTiles(int64_t m) { return m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 Claim SupportsDequantMatMul(const CudaDevice& d, const KernelSpec& spec) {
   absl::StatusOr<DequantMatMulShape> s = backend::DequantMatMulShapeOf(spec);
   if (!s.ok()) return Claim::No(absl::StrCat("cuda dequant_matmul: ", s.status().message()));
-  if (UseMatVec(*s) ? (s->n + kMatVecRowsPerBlock - 1) / kMatVecRowsPerBlock > d.caps().max_grid_x
-                     : ((s->n + kTileN - 1) / kTileN > d.caps().max_grid_x ||
-                        (s->m + kTileM - 1) / kTileM > 65535)) {
-    return Claim::No("cuda dequant_matmul: the result has more tiles than a grid holds");
+  bool fits = true;
+  switch (PathFor(d, *s)) {
+    case Path::kMatVec: fits = CeilDiv(s->n, kMatVecRowsPerBlock) <= d.caps().max_grid_x; break;
+    case Path::kMma:
+      fits = CeilDiv(s->n, kMmaRows) <= d.caps().max_grid_x &&
+             CeilDiv(s->m, 8 * MmaTiles(s->m)) <= 65535;
+      break;
+    case Path::kTiled:
+      fits = CeilDiv(s->n, kTileN) <= d.caps().max_grid_x && CeilDiv(s->m, kTileM) <= 65535;
+      break;
   }
+  if (!fits) return Claim::No("cuda dequant_matmul: the result has more tiles than a grid holds");
   return Claim::Yes();
 }
 
 class DequantMatMulKernel final : public CudaKernel {
  public:
   DequantMatMulKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn,
-                      DequantMatMulShape shape, std::string impl)
-      : CudaKernel(d, spec, std::move(impl)), fn_(std::move(fn)), shape_(shape) {}
+                      LoadedFunction reduce, DequantMatMulShape shape, Path path, int splits,
+                      std::string impl)
+      : CudaKernel(d, spec, std::move(impl)),
+        fn_(std::move(fn)),
+        reduce_(std::move(reduce)),
+        shape_(shape),
+        path_(path),
+        splits_(splits) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -67,38 +113,121 @@ class DequantMatMulKernel final : public CudaKernel {
           " mod 16"));
     }
     int64_t m = shape_.m, n = shape_.n, k = shape_.k, row_bytes = shape_.row_bytes;
-    if (UseMatVec(shape_)) {
-      void* args[] = {&x, &w, &y, &m, &n, &k, &row_bytes};
-      const unsigned grid =
-          static_cast<unsigned>((n + kMatVecRowsPerBlock - 1) / kMatVecRowsPerBlock);
-      return LaunchKernel(s, fn_.fn, grid, 1, 1, kMatVecThreads, 0, args);
+    switch (path_) {
+      case Path::kMatVec: {
+        void* args[] = {&x, &w, &y, &m, &n, &k, &row_bytes};
+        const unsigned grid = static_cast<unsigned>(CeilDiv(n, kMatVecRowsPerBlock));
+        return LaunchKernel(s, fn_.fn, grid, 1, 1, kMatVecThreads, 0, args);
+      }
+      case Path::kMma: {
+        // Split K: the partial sums in the stream's workspace, then summed.
+        CUdeviceptr part = 0;
+        if (splits_ > 1) {
+          KILN_ASSIGN_OR_RETURN(part, s.Workspace(int64_t{splits_} * m * n * 4));
+        }
+        int splits = splits_;
+        void* args[] = {&x, &w, &y, &part, &m, &n, &k, &row_bytes, &splits};
+        KILN_RETURN_IF_ERROR(LaunchKernel(
+            s, fn_.fn, static_cast<unsigned>(CeilDiv(n, kMmaRows)),
+            static_cast<unsigned>(CeilDiv(m, 8 * MmaTiles(m))), static_cast<unsigned>(splits),
+            kMmaThreads, 0, args));
+        if (splits_ == 1) return absl::OkStatus();
+        int64_t mn = m * n;
+        void* rargs[] = {&part, &y, &mn, &splits};
+        return LaunchKernel(s, reduce_.fn, GridFor(device_.caps(), mn, 256), 1, 1, 256, 0,
+                            rargs);
+      }
+      case Path::kTiled: {
+        int trans_b = shape_.transpose_b;
+        void* args[] = {&x, &w, &y, &m, &n, &k, &row_bytes, &trans_b};
+        return LaunchKernel(s, fn_.fn, static_cast<unsigned>(CeilDiv(n, kTileN)),
+                            static_cast<unsigned>(CeilDiv(m, kTileM)), 1, kTileThreads, 0, args);
+      }
     }
-    int trans_b = shape_.transpose_b;
-    void* args[] = {&x, &w, &y, &m, &n, &k, &row_bytes, &trans_b};
-    return LaunchKernel(s, fn_.fn, static_cast<unsigned>((n + kTileN - 1) / kTileN),
-                        static_cast<unsigned>((m + kTileM - 1) / kTileM), 1, kTileThreads, 0, args);
+    return absl::InternalError("cuda dequant_matmul: unknown path");
   }
 
  private:
-  LoadedFunction fn_;
+  LoadedFunction fn_, reduce_;
   DequantMatMulShape shape_;
+  Path path_;
+  int splits_;
 };
+
+}  // namespace
+
+std::string DequantMmaSource(DType wtype, DType act, int tiles) {
+  static constexpr const char* kBlockMacro[] = {"DQ_Q8_0", "DQ_Q4_0", "DQ_Q4_K", "DQ_Q5_K",
+                                                "DQ_Q6_K"};
+  int block = 0;
+  switch (wtype) {
+    case v1::DTYPE_Q8_0: block = 0; break;
+    case v1::DTYPE_Q4_0: block = 1; break;
+    case v1::DTYPE_Q4_K: block = 2; break;
+    case v1::DTYPE_Q5_K: block = 3; break;
+    default: block = 4; break;
+  }
+  const std::string x = DTypeSuffix(act);
+  const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
+  return absl::StrCat("#define DQ_MMA_ONLY 1\n", KernelSource("dequant_matmul.cu"),
+                      "\nKILN_DEQUANT_MMA(", DTypeName(wtype),
+                      ", ", kBlockMacro[block], ", ", x, ", ", type, ", ", tiles,
+                      ")\nKILN_DEQUANT_MMA_REDUCE(", x, ", ", type, ")\n");
+}
+
+namespace {
+
+// How many shares of K the mma kernel's grid takes: enough blocks to fill
+// what the device holds at once, each share at least 8 ksteps (512 of K),
+// at most 32 (the partials are M x N f32 each). KILN_DEQUANT_SPLITS=n
+// overrides it (a benchmark's sweep).
+absl::StatusOr<int> MmaSplits(CudaDevice& d, CUfunction fn, const DequantMatMulShape& s) {
+  const int64_t steps = CeilDiv(s.k, 64);
+  if (const char* env = std::getenv("KILN_DEQUANT_SPLITS"); env != nullptr) {
+    int64_t v = 0;
+    if (absl::SimpleAtoi(env, &v) && v > 0) return static_cast<int>(std::min(v, steps));
+  }
+  KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, fn, kMmaThreads));
+  const int64_t tiles = CeilDiv(s.n, kMmaRows) * CeilDiv(s.m, 8 * MmaTiles(s.m));
+  if (tiles >= resident) return 1;
+  const int64_t most = std::min<int64_t>(32, std::max<int64_t>(1, steps / 8));
+  return static_cast<int>(std::min(CeilDiv(resident, tiles), most));
+}
 
 absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
     CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(DequantMatMulShape shape, backend::DequantMatMulShapeOf(spec));
-  const std::string path =
-      UseMatVec(shape) ? absl::StrCat("matvec_m", MatVecRows(shape.m)) : "matmul";
-  const std::string entry = absl::StrCat("kiln_dequant_", path, "_", DTypeName(shape.wtype), "_",
-                                         DTypeSuffix(shape.act));
-  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, "dequant_matmul",
-                                                        KernelSource("dequant_matmul.cu"), entry,
-                                                        context));
-  std::string impl = absl::StrCat("nvrtc:dequant_", path, "_", DTypeName(shape.wtype), "_",
-                                  DTypeSuffix(shape.act));
-  if (!UseMatVec(shape)) absl::StrAppend(&impl, shape.transpose_b ? "_nk_" : "_kn_", "32x64");
-  return std::unique_ptr<backend::Kernel>(
-      std::make_unique<DequantMatMulKernel>(d, spec, std::move(fn), shape, std::move(impl)));
+  const Path path = PathFor(d, shape);
+  std::string kind;
+  switch (path) {
+    case Path::kMatVec: kind = absl::StrCat("matvec_m", MatVecRows(shape.m)); break;
+    case Path::kMma: kind = absl::StrCat("mma_n", MmaTiles(shape.m)); break;
+    case Path::kTiled: kind = "matmul"; break;
+  }
+  const std::string suffix = absl::StrCat(DTypeName(shape.wtype), "_", DTypeSuffix(shape.act));
+  const std::string entry = absl::StrCat("kiln_dequant_", kind, "_", suffix);
+  // The mma variants are modules of their own (dequant_matmul.cu's
+  // KILN_DEQUANT_MMA), the rest one module.
+  const std::string module = path == Path::kMma ? entry.substr(5) : "dequant_matmul";
+  const std::string source = path == Path::kMma ? DequantMmaSource(shape.wtype, shape.act, MmaTiles(shape.m))
+                                                : KernelSource("dequant_matmul.cu");
+  KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, module, source, entry, context));
+  std::string impl = absl::StrCat("nvrtc:dequant_", kind, "_", suffix);
+  LoadedFunction reduce;
+  int splits = 1;
+  if (path == Path::kMma) {
+    KILN_ASSIGN_OR_RETURN(splits, MmaSplits(d, fn.fn, shape));
+    if (splits > 1) {
+      KILN_ASSIGN_OR_RETURN(
+          reduce, LoadFunction(d, module, source,
+                               absl::StrCat("kiln_dequant_mma_reduce_", DTypeSuffix(shape.act)),
+                               context));
+      absl::StrAppend(&impl, "_split", splits);
+    }
+  }
+  if (path == Path::kTiled) absl::StrAppend(&impl, shape.transpose_b ? "_nk_" : "_kn_", "32x64");
+  return std::unique_ptr<backend::Kernel>(std::make_unique<DequantMatMulKernel>(
+      d, spec, std::move(fn), std::move(reduce), shape, path, splits, std::move(impl)));
 }
 
 const CudaOpRegistration kDequantMatmulRegistration({

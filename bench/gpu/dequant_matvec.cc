@@ -1,7 +1,7 @@
 // DequantMatMul on cuda:0 against the device's copy bandwidth, in one process:
 // Kiln's fused dequant kernels (kernels/dequant_matmul.cu, through the
-// backend interface) on LLM-layer weights, q4_k and q8_0, M = 1 (decode), 8,
-// 16 and 32 (batches; all the matvec kernel) and 64 (the tiled kernel), as GB/s of
+// backend interface) on LLM-layer weights, q4_k and q8_0, M = 1 (decode) and 8
+// (the matvec kernel), 16 .. 512 (batches and prefill: the tensor-core kernel), as GB/s of
 // quantized weights streamed, vs cudaMemcpyAsync device to device (read +
 // write counted) in the same process. bench/gpu/torch_dequant_matvec.py is
 // the PyTorch peer (a bf16 matvec of the dequantized weight), run beside it
@@ -11,7 +11,8 @@
 // launches after warm-up. Prints one JSON object.
 //
 //   dequant_matvec [--device=cuda:0] [--types=q4_k,q8_0] [--shapes=4096x4096,14336x4096,...]
-//                  [--ms=1,8,16,32,64] [--reps=50] [--rounds=7]  (shapes are N x K)
+//                  [--ms=1,8,16,32,64,128,512] [--act=f32|bf16] [--reps=50] [--rounds=7]
+//                  (shapes are N x K)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,8 +41,11 @@ ABSL_FLAG(std::vector<std::string>, types, std::vector<std::string>({"q4_k", "q8
 ABSL_FLAG(std::vector<std::string>, shapes,
           std::vector<std::string>({"4096x4096", "14336x4096", "4096x14336"}),
           "weights, N x K (stored [N, K] as GGUF stores a linear layer)");
-ABSL_FLAG(std::vector<std::string>, ms, std::vector<std::string>({"1", "8", "16", "32", "64"}),
-          "activation rows (<= 32: the matvec kernel; more: the tiled one)");
+ABSL_FLAG(std::vector<std::string>, ms,
+          std::vector<std::string>({"1", "8", "16", "32", "64", "128", "512"}),
+          "activation rows (<= 8: the matvec kernel; more: the tensor-core one on sm_80+; "
+          "KILN_DEQUANT_PATH=matvec|mma|tiled forces one)");
+ABSL_FLAG(std::string, act, "f32", "activation type: f32 or bf16");
 ABSL_FLAG(int, reps, 50, "launches per timed batch");
 ABSL_FLAG(int, rounds, 7, "timed batches (the median is reported)");
 
@@ -87,6 +91,13 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string device_id = absl::GetFlag(FLAGS_device);
   const int reps = absl::GetFlag(FLAGS_reps), rounds = absl::GetFlag(FLAGS_rounds);
+  const std::string act_name = absl::GetFlag(FLAGS_act);
+  if (act_name != "f32" && act_name != "bf16") {
+    std::fprintf(stderr, "--act must be f32 or bf16\n");
+    return 2;
+  }
+  const DType act = act_name == "f32" ? v1::DTYPE_F32 : v1::DTYPE_BF16;
+  const int64_t esize = act == v1::DTYPE_F32 ? 4 : 2;
   if (reps <= 0 || rounds <= 0) {
     std::fprintf(stderr, "--reps and --rounds must be positive\n");
     return 2;
@@ -166,27 +177,33 @@ int main(int argc, char** argv) {
         if (!absl::SimpleAtoi(m_text, &m) || m <= 0 || m > 4096) return 2;
         std::uniform_real_distribution<float> u(-1, 1);
         std::vector<float> x(m * k);
-        for (float& v : x) v = u(rng);
+        std::vector<uint16_t> x16(act == v1::DTYPE_BF16 ? m * k : 0);
+        for (size_t i = 0; i < x.size(); ++i) {
+          x[i] = u(rng);
+          if (act == v1::DTYPE_BF16) x16[i] = kiln::FloatToBf16(x[i]), x[i] = kiln::Bf16ToFloat(x16[i]);
+        }
         kiln::backend::KernelSpec spec;
         spec.name = spec.label = "bench_dequant_matmul";
         spec.op = v1::OP_DEQUANT_MATMUL;
         spec.attrs.mutable_dequant_matmul()->set_transpose_b(true);
-        spec.inputs = {{v1::DTYPE_F32, {m, k}}, {*wt, {n, k}}};
-        spec.outputs = {{v1::DTYPE_F32, {m, n}}};
-        json entry = {{"type", type_name}, {"n", n}, {"k", k}, {"m", m}, {"weight_bytes", w_bytes}};
+        spec.inputs = {{act, {m, k}}, {*wt, {n, k}}};
+        spec.outputs = {{act, {m, n}}};
+        json entry = {{"type", type_name}, {"act", act_name}, {"n", n}, {"k", k}, {"m", m},
+                      {"weight_bytes", w_bytes}};
         kiln::backend::PrepareContext ctx;
         auto kernel = dev->PrepareKernel(spec, ctx);
-        auto xbuf = dev->Allocate(m * k * 4);
-        auto ybuf = dev->Allocate(m * n * 4);
+        auto xbuf = dev->Allocate(m * k * esize);
+        auto ybuf = dev->Allocate(m * n * esize);
         if (!kernel.ok() || !xbuf.ok() || !ybuf.ok()) {
           entry["error"] = kernel.ok() ? "allocate" : std::string(kernel.status().message());
           results.push_back(entry);
           continue;
         }
-        const kiln::backend::BufferView ins[] = {{xbuf->get(), 0, m * k * 4},
+        const kiln::backend::BufferView ins[] = {{xbuf->get(), 0, m * k * esize},
                                                  {wbuf->get(), 0, w_bytes}};
-        const kiln::backend::BufferView outs[] = {{ybuf->get(), 0, m * n * 4}};
-        if (!dev->CopyToDevice(*stream, x.data(), ins[0]).ok()) return 1;
+        const kiln::backend::BufferView outs[] = {{ybuf->get(), 0, m * n * esize}};
+        const void* xsrc = act == v1::DTYPE_F32 ? static_cast<const void*>(x.data()) : x16.data();
+        if (!dev->CopyToDevice(*stream, xsrc, ins[0]).ok()) return 1;
         auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
         bool ok = launch() && launch() && launch() && stream->Synchronize().ok();
         std::vector<double> ms;
@@ -208,8 +225,11 @@ int main(int argc, char** argv) {
         const double t = Median(ms);
         // Sampled outputs against the f64 reference.
         std::vector<float> y(m * n);
+        std::vector<uint16_t> y16(act == v1::DTYPE_BF16 ? m * n : 0);
         double max_rel = -1;
-        if (dev->CopyToHost(*stream, outs[0], y.data()).ok() && stream->Synchronize().ok()) {
+        void* ydst = act == v1::DTYPE_F32 ? static_cast<void*>(y.data()) : y16.data();
+        if (dev->CopyToHost(*stream, outs[0], ydst).ok() && stream->Synchronize().ok()) {
+          for (size_t i = 0; i < y16.size(); ++i) y[i] = kiln::Bf16ToFloat(y16[i]);
           max_rel = 0;
           const int64_t row_bytes = w_bytes / n;
           const int64_t blocks = k / kiln::LayoutOf(*wt).block_elems;

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The PyTorch peer of dequant_matvec: what a PyTorch user runs for a GGUF
 layer without a fused dequant kernel, a bf16 matvec (M = 1) or small batch
-(M = 8 .. 64) against the dequantized weight, F.linear(x, W) with W bf16 [N, K],
+(M = 8 .. 512, prefill) against the dequantized weight, F.linear(x, W) with W bf16 [N, K],
 plus a device-to-device copy (Tensor.copy_, 256 MiB) for its own copy
 bandwidth. CUDA events: the median of `rounds` batches of `reps` calls after
 warm-up. GB/s counts the bf16 weight bytes (2 N K). Prints one JSON object.
 
-usage: torch_dequant_matvec.py [--shapes 4096x4096,14336x4096,4096x14336] [--ms 1,8,16,32,64]
+usage: torch_dequant_matvec.py [--shapes 4096x4096,14336x4096,4096x14336] [--ms 1,8,16,32,64,128,512]
                                [--reps 50] [--rounds 7]
 """
 import argparse
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336")
-    ap.add_argument("--ms", default="1,8,16,32,64")
+    ap.add_argument("--ms", default="1,8,16,32,64,128,512")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()

@@ -427,6 +427,373 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
     __syncthreads();
   }
 }
+// ---- The tensor-core kernel ([N, K] weights, M > 8; sm_80 and newer) ----
+// kiln_dequant_mma_n<NT>_<w>_<x>: a block of DQ_MMA_WARPS warps takes
+// DQ_MMA_ROWS weight rows (16 per warp) and MT = 8 NT rows of x; blockIdx.z
+// takes a share of K (partial sums to `part`, [splits, M, N] f32, summed by
+// kiln_dequant_mma_reduce_<x>) when the tiles alone do not fill the device.
+// mma.sync m16n8k16 (bf16 in, f32 accumulation) with the warp's 16 weight
+// rows as A and 8 rows of x as B, per n8 tile of x.
+//
+// A is the quantized codes themselves, exact in bf16 (< 128 for the 4/5/6-bit
+// types: the byte 0x43 | code is the bf16 128 + code, less 128 by one bf16x2
+// FMA; q8_0's signed bytes through f32, exactly), and the block scales are
+// applied in f32 per scale group (32 elements; 16 for q6_k): for each group
+// the mma sums T = sum code x, and y += a T + c S_x with S_x = sum x over the
+// group (a the group's scale, c its offset: q4_k's minimum, -8 d for q4_0,
+// -32 s for q6_k, 0 for q8_0). f32 activations go in as two bf16 halves,
+// x = hi + lo (|x - hi - lo| <= 2^-18 |x|), each through the mma (two per
+// chunk), and S_x is the sum of the same hi + lo, so the offset cancels
+// exactly what the mma saw; f16 activations split exactly; bf16 go in once.
+//
+// The k order inside a 64-element step ("kstep") is the blocks' byte order,
+// not k's: lane (g, t) of the warp decodes 4 codes per chunk of 16 of weight
+// rows g and g + 8 from consecutive bytes (dq_mma_fetch), and x is staged in
+// shared memory with the same permutation (dq_mma_xoff), in the mma's B
+// fragment order, hi and lo, double-buffered: one barrier per kstep. Every
+// chunk of 16 lies in one scale group.
+#define DQ_MMA_WARPS 4
+#define DQ_MMA_ROWS (16 * DQ_MMA_WARPS)
+
+#if defined(DQ_HOST) || __CUDA_ARCH__ >= 800
+#if !defined(DQ_HOST)
+// C += A B, m16n8k16, bf16 operands, f32 accumulation.
+__device__ __forceinline__ void dq_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Each bf16 half of v less 128 (exact for 128 + c, 0 <= c < 128).
+__device__ __forceinline__ unsigned dq_bf16x2_less128(unsigned v) {
+  unsigned r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC300C300u));
+  return r;
+}
+// lo and hi rounded to bf16, lo in the low half.
+__device__ __forceinline__ unsigned dq_pack_bf16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float dq_shfl_xor(float v, int o) {
+  return __shfl_xor_sync(0xffffffffu, v, o);
+}
+#endif
+
+template <int WT> struct dq_mma_t;  // NG scale groups per kstep, SX: needs S_x
+template <> struct dq_mma_t<DQ_Q8_0> { static constexpr int NG = 2; static constexpr bool SX = false; };
+template <> struct dq_mma_t<DQ_Q4_0> { static constexpr int NG = 2; static constexpr bool SX = true; };
+template <> struct dq_mma_t<DQ_Q4_K> { static constexpr int NG = 2; static constexpr bool SX = true; };
+template <> struct dq_mma_t<DQ_Q5_K> { static constexpr int NG = 2; static constexpr bool SX = true; };
+template <> struct dq_mma_t<DQ_Q6_K> { static constexpr int NG = 4; static constexpr bool SX = true; };
+
+template <typename T> struct dq_hilo { static constexpr bool value = true; };
+template <> struct dq_hilo<k_bf16> { static constexpr bool value = false; };
+
+// Where kstep s starts in k, and where lane column t's 4 consecutive
+// elements of chunk j (0..3) lie after it.
+template <int WT>
+__device__ __forceinline__ k_i64 dq_mma_kbase(int s) {
+  if (WT == DQ_Q6_K) return 256 * static_cast<k_i64>(s >> 2) + 128 * ((s >> 1) & 1) + 32 * (s & 1);
+  return 64 * static_cast<k_i64>(s);
+}
+template <int WT>
+__device__ __forceinline__ int dq_mma_xoff(int j, int t) {
+  if (WT == DQ_Q4_0) return 32 * (j >> 1) + 16 * (j & 1) + 4 * t;
+  if (WT == DQ_Q6_K) return 64 * (j >> 1) + 16 * (j & 1) + 4 * t;
+  return 32 * (j >> 1) + 8 * t + 4 * (j & 1);  // q8_0, q4_k, q5_k
+}
+
+// A 2-byte aligned word.
+__device__ __forceinline__ unsigned dq_ld4u(const k_u8* p) {
+  return dq_u16(p) | (dq_u16(p + 2) << 16);
+}
+// 8 bytes as 2 words: one load where `al` (8-byte aligned), else 2-byte words.
+__device__ __forceinline__ void dq_ld8w(const k_u8* p, unsigned q[2], bool al) {
+  if (al) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    q[0] = v.x, q[1] = v.y;
+    return;
+  }
+  q[0] = dq_ld4u(p), q[1] = dq_ld4u(p + 4);
+}
+
+// Lane column t's raw words of kstep s of the row at `row` (nb blocks).
+template <int WT>
+__device__ __forceinline__ void dq_mma_fetch(const k_u8* row, int s, int t, int nb, bool al16,
+                                             unsigned r[8]) {
+  if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
+    const k_u8* b = row + static_cast<k_i64>(s >> 2) * dq_traits<WT>::bytes;
+    dq_ld16w(b, r, al16);  // d, dmin, scales[12]
+    dq_ld8w(b + (WT == DQ_Q4_K ? 16 : 48) + 32 * (s & 3) + 8 * t, r + 4, al16);
+    if (WT == DQ_Q5_K) dq_ld8w(b + 16 + 8 * t, r + 6, al16);
+  } else if (WT == DQ_Q6_K) {
+    const k_u8* b = row + static_cast<k_i64>(s >> 2) * 210;
+    const int h = (s >> 1) & 1, a = s & 1;
+    r[0] = dq_ld4u(b + 64 * h + 32 * a + 4 * t);
+    r[1] = dq_ld4u(b + 64 * h + 32 * a + 16 + 4 * t);
+    r[2] = dq_ld4u(b + 128 + 32 * h + 4 * t);
+    r[3] = dq_ld4u(b + 128 + 32 * h + 16 + 4 * t);
+    r[4] = dq_u16(b + 192 + 8 * h + 2 * a);      // scales of chunks 0, 1
+    r[5] = dq_u16(b + 192 + 8 * h + 4 + 2 * a);  // chunks 2, 3
+    r[6] = dq_u16(b + 208);
+  } else {  // q8_0, q4_0: blocks 2s and 2s + 1 (absent past K: zeros)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int blk = 2 * s + e;
+      const k_u8* b = row + static_cast<k_i64>(blk) * dq_traits<WT>::bytes;
+      const bool in = blk < nb;
+      if (WT == DQ_Q8_0) {
+        r[3 * e] = in ? dq_u16(b) : 0u;
+        r[3 * e + 1] = in ? dq_ld4u(b + 2 + 8 * t) : 0u;
+        r[3 * e + 2] = in ? dq_ld4u(b + 6 + 8 * t) : 0u;
+      } else {
+        r[2 * e] = in ? dq_u16(b) : 0u;
+        r[2 * e + 1] = in ? dq_ld4u(b + 2 + 4 * t) : 0u;
+      }
+    }
+  }
+}
+
+// The raw words as each chunk's 4 codes (a byte each; q8_0's signed) and
+// each scale group's a and c (y += a sum(code x) + c sum(x)).
+template <int WT>
+__device__ __forceinline__ void dq_mma_decode(const unsigned r[8], int s, unsigned cw[4],
+                                              float sa[4], float sc[4]) {
+  constexpr unsigned M4 = 0x0F0F0F0Fu;
+  if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
+    const int i = s & 3;
+    cw[0] = r[4] & M4, cw[1] = r[5] & M4, cw[2] = (r[4] >> 4) & M4, cw[3] = (r[5] >> 4) & M4;
+    if (WT == DQ_Q5_K) {
+      cw[0] |= ((r[6] >> (2 * i)) & 0x01010101u) << 4;
+      cw[1] |= ((r[7] >> (2 * i)) & 0x01010101u) << 4;
+      cw[2] |= ((r[6] >> (2 * i + 1)) & 0x01010101u) << 4;
+      cw[3] |= ((r[7] >> (2 * i + 1)) & 0x01010101u) << 4;
+    }
+    const float d = k_f16_to_f32(static_cast<unsigned short>(r[0] & 0xffffu));
+    const float dmin = k_f16_to_f32(static_cast<unsigned short>(r[0] >> 16));
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      unsigned sv, mv;
+      dq_scale_min_k4(r + 1, 2 * i + e, sv, mv);
+      sa[e] = d * static_cast<float>(sv);
+      sc[e] = -dmin * static_cast<float>(mv);
+    }
+  } else if (WT == DQ_Q6_K) {
+    const int a = s & 1;
+    cw[0] = (r[0] & M4) | (((r[2] >> (2 * a)) & 0x03030303u) << 4);
+    cw[1] = (r[1] & M4) | (((r[3] >> (2 * a)) & 0x03030303u) << 4);
+    cw[2] = ((r[0] >> 4) & M4) | (((r[2] >> (2 * a + 4)) & 0x03030303u) << 4);
+    cw[3] = ((r[1] >> 4) & M4) | (((r[3] >> (2 * a + 4)) & 0x03030303u) << 4);
+    const float d = k_f16_to_f32(static_cast<unsigned short>(r[6]));
+    sa[0] = d * static_cast<float>(dq_i8(r[4] & 0xffu));
+    sa[1] = d * static_cast<float>(dq_i8(r[4] >> 8));
+    sa[2] = d * static_cast<float>(dq_i8(r[5] & 0xffu));
+    sa[3] = d * static_cast<float>(dq_i8(r[5] >> 8));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[e] = -32.0f * sa[e];
+  } else if (WT == DQ_Q8_0) {
+    cw[0] = r[1], cw[1] = r[2], cw[2] = r[4], cw[3] = r[5];
+    sa[0] = k_f16_to_f32(static_cast<unsigned short>(r[0]));
+    sa[1] = k_f16_to_f32(static_cast<unsigned short>(r[3]));
+    sc[0] = sc[1] = 0.0f;
+  } else {  // q4_0: low nibbles then high, per block
+    cw[0] = r[1] & M4, cw[1] = (r[1] >> 4) & M4, cw[2] = r[3] & M4, cw[3] = (r[3] >> 4) & M4;
+    sa[0] = k_f16_to_f32(static_cast<unsigned short>(r[0]));
+    sa[1] = k_f16_to_f32(static_cast<unsigned short>(r[2]));
+    sc[0] = -8.0f * sa[0], sc[1] = -8.0f * sa[1];
+  }
+}
+
+// A chunk's 4 codes (bytes of cw) as bf16 pairs: codes 0, 1 and 2, 3.
+template <int WT>
+__device__ __forceinline__ void dq_mma_pairs(unsigned cw, unsigned& p01, unsigned& p23) {
+  if (WT == DQ_Q8_0) {  // signed: 2^23 + (c + 128) less 2^23 + 128, exact in f32 and bf16
+    const unsigned u = cw ^ 0x80808080u;
+    float f[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      f[e] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7650u | static_cast<unsigned>(e))) -
+             8388736.0f;
+    }
+    p01 = dq_pack_bf16x2(f[0], f[1]);
+    p23 = dq_pack_bf16x2(f[2], f[3]);
+  } else {
+    p01 = dq_bf16x2_less128(__byte_perm(cw, 0x43434343u, 0x4140u));
+    p23 = dq_bf16x2_less128(__byte_perm(cw, 0x43434343u, 0x4342u));
+  }
+}
+
+// 4 consecutive activations at x[off ..] (`valid` of them, the rest 0) as f32.
+__device__ __forceinline__ void dq_x4(const float* x, k_i64 off, int valid, bool vec, float v[4]) {
+  if (vec && valid == 4) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + off));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = e < valid ? x[off + e] : 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ void dq_x4(const T* x, k_i64 off, int valid, bool vec, float v[4]) {
+  if (vec && valid == 4) {
+    const uint2 a = __ldg(reinterpret_cast<const uint2*>(x + off));
+    const unsigned w[2] = {a.x, a.y};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const T h = {static_cast<unsigned short>(w[e >> 1] >> (16 * (e & 1)))};
+      v[e] = k_load(&h, 0);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = e < valid ? k_load(x, off + e) : 0.0f;
+}
+
+template <int WT, int NT, typename T>
+__device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 M, k_i64 N,
+                            k_i64 K, k_i64 row_bytes, int splits) {
+  constexpr int MT = 8 * NT, NG = dq_mma_t<WT>::NG, CPG = 4 / NG, BE = dq_traits<WT>::elems;
+  constexpr bool HILO = dq_hilo<T>::value, SX = dq_mma_t<WT>::SX;
+  // x of a kstep in B fragment order: [n8 tile][chunk][lane] = {hi b0, hi b1,
+  // lo b0, lo b1}; S_x per scale group and row of x.
+  __shared__ uint4 xs[2][NT][4][32];
+  __shared__ float sxs[2][NG][MT];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * DQ_MMA_ROWS + 16 * warp;
+  const k_i64 m0 = static_cast<k_i64>(blockIdx.y) * MT;
+  const int nb = static_cast<int>(K / BE), steps = static_cast<int>((K + 63) / 64);
+  const int z = blockIdx.z;
+  const int s_begin = static_cast<int>(static_cast<k_i64>(steps) * z / splits);
+  const int s_end = static_cast<int>(static_cast<k_i64>(steps) * (z + 1) / splits);
+  const bool al16 = ((reinterpret_cast<k_u64>(w) | static_cast<k_u64>(row_bytes)) & 15u) == 0;
+  const bool xvec = K % 4 == 0 && (reinterpret_cast<k_u64>(x) & (sizeof(T) == 4 ? 15u : 7u)) == 0;
+  const k_u8* row0 = w + (n0 + g < N ? n0 + g : N - 1) * row_bytes;
+  const k_u8* row1 = w + (n0 + g + 8 < N ? n0 + g + 8 : N - 1) * row_bytes;
+
+  // Staging: unit u = tid + 128 i (i < NT) is row u / 16 of the tile, chunk
+  // (u / 4) % 4, lane column u % 4: 4 activations.
+  float xv[NT][4];
+  auto stage_load = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int u = tid + 128 * i, m = u >> 4, j = (u >> 2) & 3, tt = u & 3;
+      const k_i64 k = dq_mma_kbase<WT>(s) + dq_mma_xoff<WT>(j, tt);
+      const k_i64 left = K - k;
+      const int valid = m0 + m < M ? (left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0)) : 0;
+      dq_x4(x, (m0 + m < M ? m0 + m : 0) * K + k, valid, xvec, xv[i]);
+    }
+  };
+  auto stage_store = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int u = tid + 128 * i, m = u >> 4, j = (u >> 2) & 3, tt = u & 3;
+      const unsigned h01 = dq_pack_bf16x2(xv[i][0], xv[i][1]);
+      const unsigned h23 = dq_pack_bf16x2(xv[i][2], xv[i][3]);
+      float hf[4] = {__uint_as_float(h01 << 16), __uint_as_float(h01 & 0xffff0000u),
+                     __uint_as_float(h23 << 16), __uint_as_float(h23 & 0xffff0000u)};
+      unsigned l01 = 0, l23 = 0;
+      float sum = (hf[0] + hf[1]) + (hf[2] + hf[3]);
+      if (HILO) {
+        l01 = dq_pack_bf16x2(xv[i][0] - hf[0], xv[i][1] - hf[1]);
+        l23 = dq_pack_bf16x2(xv[i][2] - hf[2], xv[i][3] - hf[3]);
+        sum = (hf[0] + __uint_as_float(l01 << 16)) + (hf[1] + __uint_as_float(l01 & 0xffff0000u)) +
+              ((hf[2] + __uint_as_float(l23 << 16)) + (hf[3] + __uint_as_float(l23 & 0xffff0000u)));
+      }
+      xs[buf][m >> 3][j][(m & 7) * 4 + tt] = make_uint4(h01, h23, l01, l23);
+      if (SX) {
+        sum += dq_shfl_xor(sum, 1);
+        sum += dq_shfl_xor(sum, 2);
+        if (CPG == 2) sum += dq_shfl_xor(sum, 4);
+        if (tt == 0 && j % CPG == 0) sxs[buf][j / CPG][m] = sum;
+      }
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  unsigned r0[8], r1[8];
+  if (s_begin < s_end) {
+    stage_load(s_begin);
+    stage_store(0);
+    dq_mma_fetch<WT>(row0, s_begin, t, nb, al16, r0);
+    dq_mma_fetch<WT>(row1, s_begin, t, nb, al16, r1);
+  }
+  __syncthreads();
+  for (int s = s_begin; s < s_end; ++s) {
+    const int buf = (s - s_begin) & 1;
+    unsigned cw0[4], cw1[4];
+    float sa0[4], sc0[4], sa1[4], sc1[4];
+    dq_mma_decode<WT>(r0, s, cw0, sa0, sc0);
+    dq_mma_decode<WT>(r1, s, cw1, sa1, sc1);
+    const bool more = s + 1 < s_end;
+    if (more) {
+      dq_mma_fetch<WT>(row0, s + 1, t, nb, al16, r0);
+      dq_mma_fetch<WT>(row1, s + 1, t, nb, al16, r1);
+      stage_load(s + 1);
+    }
+    unsigned af[4][4];  // A fragments: rows g, g + 8; codes 0, 1 then 2, 3
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      dq_mma_pairs<WT>(cw0[j], af[j][0], af[j][2]);
+      dq_mma_pairs<WT>(cw1[j], af[j][1], af[j][3]);
+    }
+#pragma unroll
+    for (int gr = 0; gr < NG; ++gr) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int jj = 0; jj < CPG; ++jj) {
+          const uint4 b = xs[buf][nt][gr * CPG + jj][lane];
+          dq_mma(c, af[gr * CPG + jj], b.x, b.y);
+          if (HILO) dq_mma(c, af[gr * CPG + jj], b.z, b.w);
+        }
+        float sx0 = 0.0f, sx1 = 0.0f;
+        if (SX) sx0 = sxs[buf][gr][8 * nt + 2 * t], sx1 = sxs[buf][gr][8 * nt + 2 * t + 1];
+        // c: D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1].
+        acc[nt][0] += fmaf(sa0[gr], c[0], sc0[gr] * sx0);
+        acc[nt][1] += fmaf(sa0[gr], c[1], sc0[gr] * sx1);
+        acc[nt][2] += fmaf(sa1[gr], c[2], sc1[gr] * sx0);
+        acc[nt][3] += fmaf(sa1[gr], c[3], sc1[gr] * sx1);
+      }
+    }
+    if (more) stage_store(buf ^ 1);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const k_i64 n = n0 + g + 8 * (e >> 1), m = m0 + 8 * nt + 2 * t + (e & 1);
+      if (n < N && m < M) {
+        if (splits == 1) {
+          k_store(y, m * N + n, acc[nt][e]);
+        } else {
+          part[(static_cast<k_i64>(z) * M + m) * N + n] = acc[nt][e];
+        }
+      }
+    }
+  }
+}
+#endif  // DQ_HOST || __CUDA_ARCH__ >= 800
+
+// The split-K partials [splits, M, N] summed into y.
+template <typename T>
+__device__ void dequant_mma_reduce(const float* part, T* y, k_i64 MN, int splits) {
+  for (k_i64 i = static_cast<k_i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < MN;
+       i += static_cast<k_i64>(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < splits; ++z) s += part[z * MN + i];
+    k_store(y, i, s);
+  }
+}
+
 #define DQ_BM 32
 #define DQ_BN 64
 #define DQ_BK 32
@@ -520,6 +887,24 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
                                             k_i64 K, k_i64 row_bytes) {                          \
     dequant_matvec<WT, MR, T>(x, w, y, M, N, K, row_bytes);                                      \
   }
+// kiln_dequant_mma_n<NT>_<w>_<x>: DQ_MMA_WARPS * 32 threads; grid
+// (N / DQ_MMA_ROWS, M / (8 NT), splits), rounded up. Empty below sm_80 (the
+// host never picks it there). Each variant is a module of its own: the host
+// defines DQ_MMA_ONLY before this source (leaving out the matvec and tiled
+// entry points, one module of their own) and appends
+// `KILN_DEQUANT_MMA(q4_k, DQ_Q4_K, f32, float, 8)` and
+// `KILN_DEQUANT_MMA_REDUCE(f32, float)`: NVRTC would compile all 45 slowly.
+#if __CUDA_ARCH__ >= 800 || defined(DQ_HOST)
+#define DQ_MMA_BODY(WT, NT, T) dequant_mma<WT, NT, T>(x, w, y, part, M, N, K, row_bytes, splits);
+#else
+#define DQ_MMA_BODY(WT, NT, T)
+#endif
+#define KILN_DEQUANT_MMA(WN, WT, S, T, NT)                                                       \
+  extern "C" __global__ void __launch_bounds__(DQ_MMA_WARPS * 32)                                \
+      kiln_dequant_mma_n##NT##_##WN##_##S(const T* x, const k_u8* w, T* y, float* part, k_i64 M, \
+                                          k_i64 N, k_i64 K, k_i64 row_bytes, int splits) {       \
+    DQ_MMA_BODY(WT, NT, T)                                                                       \
+  }
 #define KILN_DEQUANT(WN, WT, S, T)                                                               \
   KILN_DEQUANT_MV(WN, WT, S, T, 1)                                                             \
   KILN_DEQUANT_MV(WN, WT, S, T, 4)                                                             \
@@ -533,8 +918,16 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
   KILN_DEQUANT(WN, WT, f32, float) \
   KILN_DEQUANT(WN, WT, f16, k_f16) \
   KILN_DEQUANT(WN, WT, bf16, k_bf16)
+// A tensor-core variant's module (DQ_MMA_ONLY) holds that variant alone.
+#ifndef DQ_MMA_ONLY
 KILN_DEQUANT_ALL(q8_0, DQ_Q8_0)
 KILN_DEQUANT_ALL(q4_0, DQ_Q4_0)
 KILN_DEQUANT_ALL(q4_k, DQ_Q4_K)
 KILN_DEQUANT_ALL(q5_k, DQ_Q5_K)
 KILN_DEQUANT_ALL(q6_k, DQ_Q6_K)
+#endif
+#define KILN_DEQUANT_MMA_REDUCE(S, T)                                                            \
+  extern "C" __global__ void kiln_dequant_mma_reduce_##S(const float* part, T* y, k_i64 MN,      \
+                                                         int splits) {                          \
+    dequant_mma_reduce<T>(part, y, MN, splits);                                                  \
+  }

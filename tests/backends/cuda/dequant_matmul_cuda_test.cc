@@ -1,8 +1,9 @@
 // DequantMatMul on cuda:0 (kernels/dequant_matmul.cu) against an f64
 // dequantize-then-matmul reference: every block type on the matvec path
-// (decode shapes and batches up to 32, a weight as large as an LLM's layer)
-// and the tiled path (larger batches, [K, N] weights), weights at offsets that leave the blocks only
-// 2- or 4-byte aligned (the kernel's narrower loads), bf16 activations, and a
+// (decode shapes and batches up to 8, a weight as large as an LLM's layer),
+// the tensor-core path (more rows, split K, f16 / bf16 activations) and the
+// tiled path ([K, N] weights), weights at offsets that leave the blocks only
+// 2- or 4-byte aligned (the kernels' narrower loads), bf16 activations, and a
 // weight at an odd address refused with a clear status. Skips where no CUDA
 // device is present (the conformance family covers the small shapes too).
 #include <gtest/gtest.h>
@@ -118,6 +119,7 @@ class CudaDequantMatMulTest : public ::testing::Test {
     for (size_t i = 0; i < x.size(); ++i) {
       x[i] = u(rng);
       if (p.act == v1::DTYPE_BF16) x16[i] = FloatToBf16(x[i]), x[i] = Bf16ToFloat(x16[i]);
+      if (p.act == v1::DTYPE_F16) x16[i] = FloatToHalf(x[i]), x[i] = HalfToFloat(x16[i]);
     }
     const KernelSpec spec = SpecOf(p);
     ASSERT_TRUE(dev_->Supports(spec).native) << dev_->Supports(spec).reason;
@@ -153,7 +155,7 @@ class CudaDequantMatMulTest : public ::testing::Test {
         } else {
           uint16_t h;
           std::memcpy(&h, y.data() + 2 * (r * p.n + c), 2);
-          got = Bf16ToFloat(h);
+          got = p.act == v1::DTYPE_BF16 ? Bf16ToFloat(h) : HalfToFloat(h);
         }
         if (!(std::fabs(got - ref) <= rel * scale + 1e-30) && ++bad <= 5) {
           ADD_FAILURE() << "y[" << r << ", " << c << "] = " << got << ", want " << ref
@@ -180,13 +182,12 @@ TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
   Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
 }
 
-// Batches up to 32 rows take the matvec kernel: the instances for 1, 4
-// and 8 rows of x per pass, and several passes (13, 32), an odd row count
-// (the block's second weight row past N) and K that leaves some of a
-// block's warps without a quant block.
+// Batches up to 8 rows take the matvec kernel: the instances for 1, 4 and
+// 8 rows of x per pass, an odd row count (the block's second weight row past
+// N) and K that leaves some of a block's warps without a quant block.
 TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
   for (DType wt : kBlockTypes) {
-    for (int64_t m : {2, 4, 5, 8, 13, 32}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
+    for (int64_t m : {2, 4, 5, 8}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
     Check({wt, v1::DTYPE_F32, 2, 33, 256, true, 0});
     Check({wt, v1::DTYPE_BF16, 5, 33, 768, true, 0});
   }
@@ -194,17 +195,51 @@ TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
   Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
 }
 
+// More rows take the tensor-core kernel (sm_80+): the 2, 4 and 8-tile
+// instances, rows of x and weight rows ending inside a tile, K of half a
+// kstep more (q8_0, q4_0), f16 and bf16 activations, and shapes whose
+// tiles are too few for the device, so K is split (the partials summed by
+// the reduction kernel).
+TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
+  for (DType wt : kBlockTypes) {
+    for (int64_t m : {9, 16, 17, 32, 33, 64, 100}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
+    Check({wt, v1::DTYPE_F32, 13, 300, 1024, true, 0});
+    Check({wt, v1::DTYPE_BF16, 24, 130, 768, true, 0});
+    Check({wt, v1::DTYPE_F16, 40, 130, 768, true, 0});
+    Check({wt, v1::DTYPE_F32, 16, 96, 4096, true, 0});  // split K
+  }
+  Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 12, 50, 96, true, 0});
+  Check({v1::DTYPE_Q4_0, v1::DTYPE_F32, 12, 50, 1056, true, 0});
+  // A prefill of a 14336 x 4096 layer and a batch of 16 of a 4096 x 4096
+  // one (the bench's shapes).
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 64, 14336, 4096, true, 0});
+  Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 16, 4096, 4096, true, 0});
+}
+
 TEST_F(CudaDequantMatMulTest, PathByBatch) {
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
            {1, "matvec_m1"}, {2, "matvec_m4"}, {3, "matvec_m4"}, {8, "matvec_m8"},
-           {32, "matvec_m8"}, {33, "matmul"}}) {
+           {9, "mma_n2"}, {32, "mma_n4"}, {33, "mma_n8"}, {300, "mma_n8"}}) {
     const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_F32, m, 64, 256, true, 0};
     backend::PrepareContext ctx;
     auto kernel = dev_->PrepareKernel(SpecOf(p), ctx);
     ASSERT_TRUE(kernel.ok()) << kernel.status();
-    EXPECT_EQ((*kernel)->implementation(), absl::StrCat("nvrtc:dequant_", path, "_q4_k_f32",
-                                                        path == "matmul" ? "_nk_32x64" : ""));
+    EXPECT_EQ((*kernel)->implementation(),
+              absl::StrCat("nvrtc:dequant_", path, "_q4_k_f32"));
   }
+  // [K, N] weights: the tiled kernel at any batch.
+  const Problem kn{v1::DTYPE_Q4_K, v1::DTYPE_F32, 40, 256, 64, false, 0};
+  backend::PrepareContext ctx;
+  auto kernel = dev_->PrepareKernel(SpecOf(kn), ctx);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*kernel)->implementation(), "nvrtc:dequant_matmul_q4_k_f32_kn_32x64");
+  // Few tiles, long K: split.
+  const Problem few{v1::DTYPE_Q4_K, v1::DTYPE_F32, 16, 64, 4096, true, 0};
+  kernel = dev_->PrepareKernel(SpecOf(few), ctx);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_NE((*kernel)->implementation().find("nvrtc:dequant_mma_n2_q4_k_f32_split"),
+            std::string::npos)
+      << (*kernel)->implementation();
 }
 
 TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
@@ -216,12 +251,11 @@ TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
   }
 }
 
+// [K, N] weights (the tiled kernel at any batch).
 TEST_F(CudaDequantMatMulTest, TiledEveryBlockTypeAndLayout) {
   for (DType wt : kBlockTypes) {
     const int64_t be = LayoutOf(wt).block_elems;
-    Check({wt, v1::DTYPE_F32, 33, 300, 1024, true, 0});
-    Check({wt, v1::DTYPE_F32, 47, 129, 512, true, 0});
-    Check({wt, v1::DTYPE_F32, 70, 64, 256, true, 0});
+    Check({wt, v1::DTYPE_F32, 33, 2 * be, 300, false, 0});
     Check({wt, v1::DTYPE_F32, 1, 2 * be, 77, false, 0});
     Check({wt, v1::DTYPE_F32, 5, 3 * be, 300, false, 0});
   }

@@ -16,6 +16,7 @@
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_kernel.h"
+#include "backends/cuda/dequant_plan.h"
 #include "backends/cuda/nvrtc_compiler.h"
 
 namespace kiln::cuda {
@@ -154,6 +155,30 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
     }
     // Symbol names are NUL-terminated in the ELF string table.
     EXPECT_NE(cubins[source].find(entry + '\0'), std::string::npos) << source << ": " << entry;
+  }
+}
+
+// DequantMatMul's tensor-core kernel is a module per (block type,
+// activation type, tiles of x): every block type and tile count compiles
+// (each activation type with some of them: 15 of the 45 variants, NVRTC
+// being slow) and holds its entry point and the split-K reduction.
+TEST_F(NvrtcCompileTest, DequantMmaVariantsCompile) {
+  const DType acts[] = {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16};
+  int i = 0;
+  for (DType wt : {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0, v1::DTYPE_Q4_K, v1::DTYPE_Q5_K,
+                   v1::DTYPE_Q6_K}) {
+    for (int tiles : {2, 4, 8}) {
+      const DType act = acts[i++ % 3];
+      const std::string entry = absl::StrCat("kiln_dequant_mma_n", tiles, "_", DTypeName(wt),
+                                             "_", DTypeSuffix(act));
+      absl::StatusOr<std::string> cubin =
+          CompileCubin(entry, DequantMmaSource(wt, act, tiles), kArch);
+      ASSERT_TRUE(cubin.ok()) << cubin.status();
+      EXPECT_NE(cubin->find(entry + '\0'), std::string::npos) << entry;
+      EXPECT_NE(cubin->find(absl::StrCat("kiln_dequant_mma_reduce_", DTypeSuffix(act)) + '\0'),
+                std::string::npos)
+          << entry;
+    }
   }
 }
 
