@@ -57,6 +57,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -127,6 +128,7 @@ struct Flags {
   // shm_run: shared memory, Run over kilnd's shared-memory socket.
   std::string transport = "bytes";
   bool bare = true;  // (c) beside (a)
+  bool unix_socket = false;  // gRPC over a Unix-domain socket instead of TCP
 };
 
 // One graph through kilnd and in-process, alternating blocks.
@@ -210,13 +212,17 @@ int EchoServerMain(int argc, char** argv) {
   bool echo = false;
   std::string listen, port_file;
   app.add_flag("--echo_server", echo);
-  app.add_option("--listen", listen)->required();
+  // testing::KilndChild gives --listen=127.0.0.1:0 first; a --listen after it wins.
+  app.add_option("--listen", listen)->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--port_file", port_file)->required();
   CLI11_PARSE(app, argc, argv);
   // As the client does: freed 4 MiB buffers stay in the heap for the next
   // call instead of being unmapped and faulted in again (each fault is
   // expensive on this VM).
   TuneMallocForLargeTensors();
+  // As kilnd does (server/main.cc): Debian's Abseil records every lock in a
+  // global graph otherwise.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   EchoRun service;
   grpc::ServerBuilder builder;
   int port = 0;
@@ -224,6 +230,8 @@ int EchoServerMain(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(-1);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const bool unix_socket = listen.rfind("unix:", 0) == 0;  // no port to report
+  if (unix_socket && server != nullptr) port = 1;
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "kiln_wire --echo_server: cannot listen on %s\n", listen.c_str());
     return 1;
@@ -372,25 +380,36 @@ int Main(int argc, char** argv) {
                  "gRPC) or shm_run (shared memory, Run over kilnd's shared-memory socket)")
       ->check(CLI::IsMember({"bytes", "shm", "shm_run"}));
   app.add_flag("--bare,!--no_bare", f.bare, "skip (c), the bare gRPC echo beside (a)");
+  app.add_flag("--unix", f.unix_socket,
+               "gRPC over a Unix-domain socket (kilnd's unix: listener and the bare server's) "
+               "instead of TCP on 127.0.0.1");
   CLI11_PARSE(app, argc, argv);
   auto wanted = [&](const char* c) {
     return std::find(f.cases.begin(), f.cases.end(), c) != f.cases.end();
   };
 
   testing::ScratchDir cache, engine_cache;
-  auto kilnd = testing::KilndChild::Start(cache.path(), f.kilnd);
+  // --unix: kilnd and the bare server both on a Unix-domain socket.
+  const std::string kilnd_socket = cache.path() + "/kilnd.sock";
+  auto kilnd = testing::KilndChild::Start(
+      cache.path(), f.kilnd,
+      f.unix_socket ? std::vector<std::string>{"--listen=127.0.0.1:0,unix:" + kilnd_socket}
+                    : std::vector<std::string>{});
   Die(kilnd.status(), "kilnd");
   // Tensor bytes in the messages by default: what this bench measured first.
   ClientOptions grpc_bytes;
   grpc_bytes.shared_memory = f.transport != "bytes";
   grpc_bytes.shm_runs = f.transport == "shm_run";
-  auto client = Client::Create((*kilnd)->addr(), grpc_bytes);
+  auto client = Client::Create(f.unix_socket ? "unix:" + kilnd_socket : (*kilnd)->addr(), grpc_bytes);
   Die(client.status(), "client");
   EngineOptions eo;
   eo.cache_dir = engine_cache.path();
   auto engine = Engine::Create(eo);
   Die(engine.status(), "engine");
-  json out = {{"bench", "kiln_wire"}, {"machine", Machine()}, {"transport", f.transport}};
+  json out = {{"bench", "kiln_wire"},
+              {"machine", Machine()},
+              {"transport", f.transport},
+              {"grpc_socket", f.unix_socket ? "unix" : "tcp"}};
 
   // (a) 4 MiB each way.
   if (wanted("four_mib")) {
@@ -410,13 +429,15 @@ int Main(int argc, char** argv) {
     TensorMap in;
     in.emplace("x", models::RandomF32(rng, {n}, 1.0));
     // (c): the bare server, and the bytes kiln::Client sends for this run.
+    testing::ScratchDir echo_dir;
+    const std::string echo_socket = echo_dir.path() + "/echo.sock";
     std::unique_ptr<testing::KilndChild> echo;
     std::optional<BareCall> bare;
     if (f.bare && f.transport == "bytes") {
-      testing::ScratchDir echo_dir;
+      std::vector<std::string> flags = {"--echo_server"};
+      if (f.unix_socket) flags.push_back("--listen=unix:" + echo_socket);
       auto started = testing::KilndChild::Start(
-          echo_dir.path(), std::filesystem::read_symlink("/proc/self/exe").string(),
-          {"--echo_server"});
+          echo_dir.path(), std::filesystem::read_symlink("/proc/self/exe").string(), flags);
       Die(started.status(), "echo server");
       echo = std::move(started).value();
       v1::RunRequest req;
@@ -428,7 +449,8 @@ int Main(int argc, char** argv) {
       grpc::ChannelArguments args;  // kiln::Client's
       args.SetMaxReceiveMessageSize(-1);
       args.SetMaxSendMessageSize(-1);
-      bare.emplace(grpc::CreateCustomChannel(echo->addr(), grpc::InsecureChannelCredentials(), args),
+      bare.emplace(grpc::CreateCustomChannel(f.unix_socket ? "unix:" + echo_socket : echo->addr(),
+                                             grpc::InsecureChannelCredentials(), args),
                    req.SerializeAsString(), echo->pid());
     }
     std::fprintf(stderr, "kiln_wire: 4 MiB in / 4 MiB out\n");
