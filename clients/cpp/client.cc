@@ -559,6 +559,9 @@ struct SendHold {
   int pending ABSL_GUARDED_BY(mu) = 0;
 };
 
+// Await's condition (called with mu held).
+bool NothingPending(SendHold* hold) { return hold->pending == 0; }
+
 // A grpc::Slice's destroy callback; `holder` is a new'd shared_ptr<SendHold>.
 void ReleaseSent(void* holder) {
   auto* hold = static_cast<std::shared_ptr<SendHold>*>(holder);
@@ -625,9 +628,7 @@ absl::StatusOr<Client::RunResult> Client::RunWithBytes(const v1::RunRequest& req
     // written or the stream is gone: the caller's buffers may not be freed
     // before that.
     absl::MutexLock lock(&hold->mu);
-    hold->mu.Await(absl::Condition(
-        +[](SendHold* h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(h->mu) { return h->pending == 0; },
-        hold.get()));
+    hold->mu.Await(absl::Condition(&NothingPending, hold.get()));
   }
   KILN_RETURN_IF_ERROR(FromGrpcStatus(call_status));
 
