@@ -63,7 +63,10 @@ elif name == "kilnd_vs_ort":
          + f" / +{f(py['bytes_added_pct'], 1)}% (bytes) (target <= 5%)")
 elif name == "kiln_wire":
     a, b = j["four_mib"], j["mlp_b1"]
-    s = (f"4 MiB each way over gRPC: added {f(a['added_p50_ms'])} ms (target <= 2); MLP b1: kilnd "
+    s = (f"4 MiB each way over gRPC: added {f(a['added_p50_ms'])} ms (target <= 2)"
+         + (f", bare gRPC echo of the same bytes {f(a['bare_grpc']['p50_us'] / 1000)} ms "
+            f"(added / bare {f(a['added_over_bare_grpc_ratio'])})" if "bare_grpc" in a else "")
+         + f"; MLP b1: kilnd "
          f"- Kiln in process - round trip = {f(b['kilnd_minus_in_process_and_round_trip_p50_us'], 0)} us")
 elif name == "kiln_shm_bench":
     s = (f"4 MiB each way, added p50: gRPC TCP {f(j['grpc']['added_ms_p50'])} ms, gRPC Unix socket "

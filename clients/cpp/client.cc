@@ -545,10 +545,41 @@ std::optional<absl::StatusOr<Client::RunResult>> Client::RunWithShm(v1::RunReque
   return result;
 }
 
-// Tensor data crosses the client once each way: copied from the caller's
-// buffers into gRPC's slices (no protobuf string in between), and from the
-// response's slices into the outputs' HostTensors (shaped from the tensor's
-// header, which protobuf writes before the data).
+namespace {
+
+// Inputs and params at least this long are sent from the caller's buffers;
+// shorter ones are copied (a slice of their own costs more than the copy).
+constexpr int64_t kSendInPlaceMinBytes = int64_t{64} << 10;
+
+// Tensor data that gRPC sends straight from the caller's buffers: each such
+// slice holds one count of `pending`, released when gRPC drops its last
+// reference; RunWithBytes returns only after every count is back.
+struct SendHold {
+  absl::Mutex mu;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Await's condition (called with mu held).
+bool NothingPending(SendHold* hold) { return hold->pending == 0; }
+
+// A grpc::Slice's destroy callback; `holder` is a new'd shared_ptr<SendHold>.
+void ReleaseSent(void* holder) {
+  auto* hold = static_cast<std::shared_ptr<SendHold>*>(holder);
+  {
+    absl::MutexLock lock(&(*hold)->mu);
+    --(*hold)->pending;
+  }
+  delete hold;  // the hold itself lives on while RunWithBytes waits on it
+}
+
+}  // namespace
+
+// Tensor data crosses the client at most once each way: large inputs go out
+// as slices over the caller's own buffers (no copy; the call returns once
+// gRPC has let go of them), small ones are copied into gRPC's slices (no
+// protobuf string in between), and outputs are copied from the response's
+// slices into HostTensors (shaped from the tensor's header, which protobuf
+// writes before the data).
 absl::StatusOr<Client::RunResult> Client::RunWithBytes(const v1::RunRequest& req,
                                                        const TensorMap& inputs,
                                                        const TensorMap& params) const {
@@ -558,7 +589,7 @@ absl::StatusOr<Client::RunResult> Client::RunWithBytes(const v1::RunRequest& req
                                        std::pair{kRunRequestParams, &params}}) {
     for (const auto& [name, t] : *tensors) {
       AppendNamedTensor(field, name, t.dtype(), t.dims(), t.data(), t.num_bytes(),
-                        /*min_reference_bytes=*/1, pieces);
+                        kSendInPlaceMinBytes, pieces);
     }
   }
   if (pieces.size() > static_cast<uint64_t>(INT32_MAX)) {
@@ -566,20 +597,40 @@ absl::StatusOr<Client::RunResult> Client::RunWithBytes(const v1::RunRequest& req
         "Run: the request would be ", pieces.size(),
         " bytes, over protobuf's 2 GiB message limit; send fewer or smaller tensors"));
   }
-  std::vector<grpc::Slice> slices;
-  slices.reserve(pieces.pieces().size());
-  for (const WirePieces::Piece& p : pieces.pieces()) {
-    slices.emplace_back(p.data != nullptr ? p.data : p.owned.data(),
-                        p.data != nullptr ? p.size : p.owned.size());
-  }
-  const grpc::ByteBuffer request(slices.data(), slices.size());
-  slices.clear();
   grpc::ByteBuffer response;
-  auto ctx = NewContext();
-  const grpc::internal::RpcMethod method("/kiln.v1.Kiln/Run", grpc::internal::RpcMethod::NORMAL_RPC,
-                                         channel_);
-  KILN_RETURN_IF_ERROR(FromGrpcStatus(grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel_.get(), method, ctx.get(), request, &response)));
+  grpc::Status call_status;
+  auto hold = std::make_shared<SendHold>();
+  {
+    std::vector<grpc::Slice> slices;
+    slices.reserve(pieces.pieces().size());
+    for (const WirePieces::Piece& p : pieces.pieces()) {
+      if (p.data == nullptr) {
+        slices.emplace_back(p.owned.data(), p.owned.size());  // a copy
+        continue;
+      }
+      {
+        absl::MutexLock lock(&hold->mu);
+        ++hold->pending;
+      }
+      slices.emplace_back(const_cast<char*>(p.data), p.size, &ReleaseSent,
+                          new std::shared_ptr<SendHold>(hold));
+    }
+    grpc::ByteBuffer request(slices.data(), slices.size());
+    slices.clear();
+    auto ctx = NewContext();
+    const grpc::internal::RpcMethod method("/kiln.v1.Kiln/Run",
+                                           grpc::internal::RpcMethod::NORMAL_RPC, channel_);
+    call_status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel_.get(), method, ctx.get(), request, &response);
+  }  // the request and the call drop their references here
+  {
+    // What is left is in gRPC's transport, which lets go once the bytes are
+    // written or the stream is gone: the caller's buffers may not be freed
+    // before that.
+    absl::MutexLock lock(&hold->mu);
+    hold->mu.Await(absl::Condition(&NothingPending, hold.get()));
+  }
+  KILN_RETURN_IF_ERROR(FromGrpcStatus(call_status));
 
   std::vector<HostTensor> received;  // by output index; empty: in the message
   std::vector<SplitData> moved;

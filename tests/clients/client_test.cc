@@ -6,7 +6,9 @@
 #include "clients/cpp/client.h"
 
 #include <filesystem>
+#include <memory>
 #include <random>
+#include <tuple>
 
 #include "base/sanitizer.h"
 #include "clients/cpp/graph_builder.h"
@@ -227,6 +229,90 @@ TEST(ClientTest, RunTensorsCrossTheWireIntact) {
   EXPECT_EQ(r->outputs[2].second.data_as<float>()[0], 2.5f);
   EXPECT_FALSE(r->request_id.empty());
   EXPECT_EQ(r->report.request_id(), r->request_id);
+}
+
+// With shared memory off every tensor is bytes in the messages: large inputs
+// go out as slices over the caller's buffers (no copy) and small ones copied,
+// outputs are copied once out of the response. Both directions keep every
+// byte of every plain dtype: y = reshape(x) returns x's bytes as they are.
+TEST(ClientTest, BytesOnTheWireKeepEveryDtype) {
+  ClientOptions bytes_only;
+  bytes_only.shared_memory = false;
+  auto c = Connect(SharedKilnd().addr(), bytes_only);
+  for (const DType dtype : {v1::DTYPE_F32, v1::DTYPE_F16, v1::DTYPE_BF16, v1::DTYPE_F64,
+                            v1::DTYPE_I8, v1::DTYPE_U8, v1::DTYPE_I16, v1::DTYPE_I32,
+                            v1::DTYPE_I64, v1::DTYPE_BOOL}) {
+    SCOPED_TRACE(v1::DType_Name(dtype));
+    constexpr int64_t kBig = 70000;  // at least 64 KiB for every dtype: sent in place
+    GraphBuilder g("reshape_all");
+    g.output("big", g.reshape(g.input("big_in", dtype, {kBig}), {2, kBig / 2}));
+    g.output("small", g.reshape(g.input("small_in", dtype, {int64_t{6}}), {3, 2}));
+    auto session = c->CreateSession(GraphFromProto(g.Build()));
+    ASSERT_TRUE(session.ok()) << session.status();
+    TensorMap in;
+    for (const auto& [name, n] : {std::pair{"big_in", kBig}, std::pair{"small_in", int64_t{6}}}) {
+      HostTensor t = std::move(HostTensor::Create(dtype, {n})).value();
+      auto* bytes = static_cast<uint8_t*>(t.data());
+      for (int64_t i = 0; i < t.num_bytes(); ++i) {
+        // Finite floats of every width (no exponent of all ones); 0 / 1 for bool.
+        bytes[i] = dtype == v1::DTYPE_BOOL ? static_cast<uint8_t>(i & 1)
+                                           : static_cast<uint8_t>((i * 37 + 11) & 0x3f);
+      }
+      in.emplace(name, std::move(t));
+    }
+    for (int round = 0; round < 2; ++round) {  // the second reuses kilnd's and gRPC's buffers
+      auto r = c->Run(session->session_id(), in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_FALSE(r->shared_memory);
+      ASSERT_EQ(r->outputs.size(), 2u);
+      for (const auto& [name, want_dims, from] :
+           {std::tuple{"big", Dims{2, kBig / 2}, "big_in"}, std::tuple{"small", Dims{3, 2}, "small_in"}}) {
+        const HostTensor* y = r->output(name);
+        ASSERT_NE(y, nullptr) << name;
+        EXPECT_EQ(y->dtype(), dtype);
+        EXPECT_EQ(y->dims(), want_dims);
+        EXPECT_TRUE(y->bytes() == in.at(from).bytes()) << name << " changed on the way";
+      }
+    }
+    EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
+  }
+}
+
+// A call that fails while its large input is in flight (a deadline that ends
+// it mid-send, a refused input) returns only once gRPC has let go of the
+// caller's buffers, which the caller then frees; the client goes on working.
+TEST(ClientTest, FailedBytesRunsLetGoOfTheCallersBuffers) {
+  ClientOptions hurried;
+  hurried.shared_memory = false;
+  hurried.timeout = absl::Microseconds(200);
+  auto fast = Connect(SharedKilnd().addr(), hurried);
+  ClientOptions bytes_only;
+  bytes_only.shared_memory = false;
+  auto c = Connect(SharedKilnd().addr(), bytes_only);
+  GraphBuilder g("plus_one_wide");
+  g.output("y", g.add(g.input("x", v1::DTYPE_F32, {int64_t{1} << 22}), g.scalar(1.0)));
+  auto session = c->CreateSession(GraphFromProto(g.Build()));
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 4; ++i) {
+    // 16 MiB each: the deadline passes long before gRPC has sent it.
+    auto x = std::make_unique<TensorMap>(Inputs(models::RandomF32(rng, {int64_t{1} << 22}, 1.0)));
+    auto late = fast->Run(session->session_id(), *x);
+    ASSERT_FALSE(late.ok());
+    EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+    x.reset();
+    TensorMap wrong;
+    wrong.emplace("not_x", models::RandomF32(rng, {int64_t{1} << 22}, 1.0));
+    auto refused = c->Run(session->session_id(), wrong);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  }
+  HostTensor x = models::RandomF32(rng, {int64_t{1} << 22}, 1.0);
+  const float last = x.data_as<float>()[(int64_t{1} << 22) - 1];
+  auto r = c->Run(session->session_id(), Inputs(std::move(x)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FLOAT_EQ(r->outputs.at(0).second.data_as<float>()[(int64_t{1} << 22) - 1], last + 1.0f);
+  EXPECT_TRUE(c->CloseSession(session->session_id()).ok());
 }
 
 TEST(ClientTest, TextGraphsCompileAndRun) {
