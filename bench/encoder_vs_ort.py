@@ -6,8 +6,14 @@ that both compute the same output. --ort_no_spin adds ONNX Runtime with its intr
 threads' spinning off (its session option session.intra_op.allow_spinning = 0), which
 is its better setting on a loaded host.
 
+--baseline BENCH adds a second kiln_bench binary (another build's, e.g. main's copied
+aside) to every round, so a change is timed before and after beside ONNX Runtime in
+one run. --profile ends with where each side's time goes: Kiln's per-kernel medians
+(kiln_bench encoder --kernels) and ONNX Runtime's per-node medians from its own
+profiler (SessionOptions.enable_profiling), one run of each.
+
 usage: bench/encoder_vs_ort.py BUILD_DIR [--rounds 5] [--iters 40] [--threads 2]
-                               [--layers 1] [--ort_no_spin]
+                               [--layers 1] [--ort_no_spin] [--baseline BENCH] [--profile]
 """
 import argparse
 import json
@@ -118,6 +124,23 @@ def run_json(cmd, env=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def ort_profile(path, warmup):
+    """Per-node median microseconds (the runs after `warmup`) of an ORT profile, in node order."""
+    with open(path) as f:
+        events = json.load(f)
+    times, op = {}, {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            times.setdefault(name, []).append(e["dur"])
+            op[name] = e.get("args", {}).get("op_name", "")
+    runs = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    nodes = [{"node": n, "op": op[n], "us": statistics.median(t[warmup:] or t)}
+             for n, t in times.items()]
+    return {"nodes": nodes, "sum_of_nodes_us": sum(x["us"] for x in nodes),
+            "run_us": statistics.median(runs[warmup:] or runs)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build_dir")
@@ -127,6 +150,10 @@ def main():
     ap.add_argument("--layers", type=int, default=1, help="1: the layer; 12: BERT-base's encoder")
     ap.add_argument("--ort_no_spin", action="store_true",
                     help="also time ONNX Runtime with its intra-op spinning off, each round")
+    ap.add_argument("--baseline", default="",
+                    help="another kiln_bench binary, timed in every round beside this build's")
+    ap.add_argument("--profile", action="store_true",
+                    help="end with per-kernel times of Kiln and per-node times of ONNX Runtime")
     args = ap.parse_args()
     bench = os.path.join(args.build_dir, "bench", "engine", "kiln_bench")
     ort_dir = ensure_ort()
@@ -140,16 +167,29 @@ def main():
                   str(args.threads), "--export", tmp] + layers, env)
         model, tensors = build_onnx(tmp)
         ort_out = os.path.join(tmp, "y_ort.bin")
-        kiln, ortr, ort_nospin = [], [], []
+        kiln, ortr, ort_nospin, base = [], [], [], []
         ort_cmd = ["node", os.path.join(ort_dir, "ort_run.js"), model,
                    os.path.join(tmp, "inputs.json"), "--iters", str(args.iters), "--threads",
                    str(args.threads)]
         for r in range(args.rounds):
             kiln.append(run_json([bench, "encoder", "--iters", str(args.iters), "--threads",
                                   str(args.threads)] + layers, env)["p50_ms"])
+            if args.baseline:
+                base.append(run_json([args.baseline, "encoder", "--iters", str(args.iters),
+                                      "--threads", str(args.threads)] + layers, env)["p50_ms"])
             ortr.append(run_json(ort_cmd + (["--out", ort_out] if r == 0 else []), env)["p50_ms"])
             if args.ort_no_spin:
                 ort_nospin.append(run_json(ort_cmd + ["--spin", "0"], env)["p50_ms"])
+        profile = None
+        if args.profile:
+            kern = run_json([bench, "encoder", "--iters", "5", "--kernels", "100", "--threads",
+                             str(args.threads)] + layers, env)
+            warmup = 10
+            ort_prof = run_json(ort_cmd + ["--warmup", str(warmup), "--profile",
+                                           os.path.join(tmp, "ort_profile")], env)
+            profile = {"kiln_kernels": kern["kernels"], "kiln_kernel_gaps_ms": kern["kernel_gaps_ms"],
+                       "kiln_report_run_ms": kern["report_run_ms"],
+                       "ort": ort_profile(ort_prof["profile"], warmup)}
         y_ort = np.fromfile(ort_out, dtype=np.float32)
         y_kiln = tensors["y_kiln"].reshape(-1)
         max_diff = float(np.max(np.abs(y_ort - y_kiln)))
@@ -167,6 +207,14 @@ def main():
         out["ort_no_spin_p50_ms_rounds"] = ort_nospin
         out["ort_no_spin_p50_ms"] = statistics.median(ort_nospin)
         out["kiln_over_ort_no_spin"] = k / statistics.median(ort_nospin)
+    if base:
+        out["baseline"] = args.baseline
+        out["baseline_p50_ms_rounds"] = base
+        out["baseline_p50_ms"] = statistics.median(base)
+        out["baseline_over_ort"] = statistics.median(base) / o
+        out["kiln_over_baseline"] = k / statistics.median(base)
+    if profile:
+        out["profile"] = profile
     print(json.dumps(out))
     return 0 if max_diff < 1e-3 * args.layers else 1
 

@@ -196,8 +196,7 @@ CpuOpRegistration::CpuOpRegistration(std::initializer_list<CpuOpEntry> entries) 
 
 void ParallelMemcpy(void* dst, const void* src, int64_t bytes) {
   if (dst == src || bytes <= 0) return;
-  constexpr int64_t kGrain = int64_t{1} << 20;
-  ParallelFor(bytes, kGrain, [&](int64_t b, int64_t e) {
+  ParallelFor(bytes, kCopyGrainBytes, [&](int64_t b, int64_t e) {
     std::memcpy(static_cast<char*>(dst) + b, static_cast<const char*>(src) + b, e - b);
   });
 }

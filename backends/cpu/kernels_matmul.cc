@@ -744,7 +744,7 @@ class PackedPanels final : public backend::PackedOperand {
   std::vector<float> data;
 };
 
-// f32 products of at most kSmallMatMulMaxM rows (after a batch shared by B
+// f32 products of at most SmallMatMulMaxM() rows (after a batch shared by B
 // is folded into M) on the own micro-kernel of small_matmul.h, B read packed
 // when the engine packed it (constants, params) and in place otherwise.
 //
@@ -768,12 +768,16 @@ class SmallMatMulKernel final : public CpuKernel, public backend::PackingKernel 
     KILN_ASSIGN_OR_RETURN(auto v, Validate(spec));
     const MatMulPlan& p = v.second;
     SmallAct act = SmallAct::kNone;
-    if (!p.batch.empty() || p.ta || p.bias_per_row || p.m > kSmallMatMulMaxM ||
+    if (!p.batch.empty() || p.ta || p.bias_per_row || p.m > SmallMatMulMaxM(BestSmallMatMulIsa()) ||
         !SmallActOf(spec.op == v1::OP_FUSED_MATMUL ? spec.attrs.fused_matmul().activation()
                                                    : v1::UNARY_KIND_UNSPECIFIED,
                     &act)) {
       return std::unique_ptr<SmallMatMulKernel>();
     }
+    // Above kSmallMatMulMaxM rows a transcendental activation stays with
+    // oneDNN, whose GELU post-op cost ~2% of the encoder's FFN product where
+    // ours (accurate to ~2 ulp, ActRows) cost ~15% (docs/benchmarks.md, enc12b).
+    if (p.m > kSmallMatMulMaxM && SmallActAfterStore(act)) return std::unique_ptr<SmallMatMulKernel>();
     auto kernel = std::unique_ptr<SmallMatMulKernel>(new SmallMatMulKernel());
     kernel->parts_ = v.first;
     kernel->plan_ = v.second;
@@ -862,9 +866,11 @@ class SmallMatMulKernel final : public CpuKernel, public backend::PackingKernel 
     if (parts_.has_residual) {
       // The epilogue reads each residual element just before it writes the
       // same element of C: an exactly aliased residual is safe, a shifted one
-      // is not.
+      // is not, nor any with an activation that runs after C was stored.
       const BufferView& r = inputs[next];
-      g.residual = r.host() == out.host() ? r.as<const float>() : ReadOnly(r, out, &res_copy_);
+      g.residual = r.host() == out.host() && !SmallActAfterStore(act_)
+                       ? r.as<const float>()
+                       : ReadOnly(r, out, &res_copy_);
       g.ldr = n;
     }
     SmallMatMul(isa_, g);

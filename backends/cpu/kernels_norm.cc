@@ -329,7 +329,12 @@ absl::Status RunNorm(const NormPlan& p, std::span<const backend::BufferView> inp
   const char* res = in(p.residual);
   char* y = static_cast<char*>(HostPtr(outputs[0]));
   char* sum_out = p.emit_sum ? static_cast<char*>(HostPtr(outputs[1])) : nullptr;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / n);
+  // A norm reads and writes each row about as a copy does: chunks of at
+  // least kCopyGrainBytes read and written (the encoder layer's 128 x 768
+  // LayerNorms: 103-122 us p50 on two threads, 68-76 us on one, under load;
+  // docs/benchmarks.md, enc12b).
+  const int64_t grain =
+      std::max<int64_t>({int64_t{1}, kGrainElems / n, kCopyGrainBytes / (2 * n * esize)});
   if (p.dtype == v1::DTYPE_F64) {
     auto d = [](const char* c) { return reinterpret_cast<const double*>(c); };
     ParallelFor(p.rows, grain, [&](int64_t b, int64_t e) {

@@ -116,7 +116,7 @@ void InterleaveTwo(const uint32_t* in, uint32_t* out, const std::vector<int64_t>
   const int64_t outer_axes = static_cast<int64_t>(od.size()) - 2;
   int64_t rows = 1;
   for (int64_t a = 0; a < outer_axes; ++a) rows *= od[a];
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / (2 * ni));
+  const int64_t grain = std::max<int64_t>(1, kCopyGrainBytes / (2 * ni * 4));
   ParallelFor(rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> idx(outer_axes);
     int64_t rem = begin, src = 0;
@@ -175,7 +175,8 @@ void TiledTranspose(const T* in, T* out, const Layout& l) {
     }
   }
   const int64_t tiles_i = (ni + kTile - 1) / kTile;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kTile * nj + 1));
+  const int64_t grain =
+      std::max<int64_t>(1, kCopyGrainBytes / ((kTile * nj + 1) * static_cast<int64_t>(sizeof(T))));
   ParallelFor(outer_count * tiles_i, grain, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       int64_t o = u / tiles_i, ibase = 0, obase = 0;
@@ -201,7 +202,7 @@ void RowTranspose(const char* in, char* out, const Layout& l, int64_t esize) {
   for (int64_t a = r - 2; a >= 0; --a) in_stride[a] = in_stride[a + 1] * l.dims[a + 1];
   const int64_t row_bytes = l.dims[r - 1] * esize;
   const int64_t rows = Product(l.dims) / l.dims[r - 1];
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / row_bytes);
+  const int64_t grain = std::max<int64_t>(1, kCopyGrainBytes / row_bytes);
   ParallelFor(rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> idx(r - 1);
     int64_t rem = begin, src = 0;

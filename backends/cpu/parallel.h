@@ -9,6 +9,13 @@
 
 namespace kiln::cpu {
 
+// Bytes a memory-bound loop (copies, transposes) moves per chunk at least:
+// below ~1 MiB a thread, a second thread cost more than it saved on this
+// project's 2-core VMs (ParallelMemcpy's grain since issue 12; the encoder
+// layer's 384 KiB head transposes took 110-119 us p50 on two threads and
+// 46-81 us on one, under load, docs/benchmarks.md, enc12b).
+inline constexpr int64_t kCopyGrainBytes = int64_t{1} << 20;
+
 // Calls fn(begin, end) over [0, n) in chunks of at least `grain` items, in
 // parallel when there is more than one chunk. fn must be thread-safe.
 template <typename Fn>

@@ -34,6 +34,15 @@ bool SmallMatMulEnabled() {
   return enabled;
 }
 
+int64_t SmallMatMulMaxM(SmallMatMulIsa isa) {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("KILN_CPU_SMALL_MATMUL_MAX_M");
+    return v == nullptr ? int64_t{0} : static_cast<int64_t>(std::atoll(v));
+  }();
+  if (forced > 0) return forced;
+  return isa == SmallMatMulIsa::kAvx512 ? kSmallMatMulLargeMaxM : kSmallMatMulMaxM;
+}
+
 bool SmallActOf(v1::UnaryKind kind, SmallAct* act) {
   switch (kind) {
     case v1::UNARY_KIND_UNSPECIFIED:

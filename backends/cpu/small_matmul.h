@@ -1,4 +1,4 @@
-// f32 matrix products with few rows (M <= kSmallMatMulMaxM): an own
+// f32 matrix products with few rows (M <= SmallMatMulMaxM()): an own
 // register-blocked micro-kernel, for the batch-1..64 layers of a served model
 // where oneDNN's setup and its blocking for large M cost more than the
 // product (MLP 784x512 at M = 1: 103 us through oneDNN, ~8 GFLOP/s).
@@ -10,7 +10,9 @@
 // a row stride of N (and packs only a partial last panel, or a transposed B,
 // per call into scratch).
 //
-// The epilogue runs in registers: c = act(a @ b + bias) + residual.
+// The epilogue runs in registers: c = act(a @ b + bias) + residual; a
+// transcendental act (SmallActAfterStore) runs over the tile's rows of C
+// right after the tile stored them.
 //
 // Each ISA's loops live in their own file compiled with its own -m flags
 // (small_matmul_avx2.cc, small_matmul_avx512.cc); BestSmallMatMulIsa() picks
@@ -26,6 +28,10 @@
 namespace kiln::cpu {
 
 inline constexpr int64_t kSmallMatMulMaxM = 64;
+// On AVX-512 the kernel also takes products of up to this many rows, with B
+// packed (the encoder's M = seq = 128 at batch 1), where it measured faster
+// than oneDNN's matmul (docs/benchmarks.md, enc12b).
+inline constexpr int64_t kSmallMatMulLargeMaxM = 128;
 inline constexpr int64_t kSmallPanel = 16;
 
 enum class SmallMatMulIsa { kAvx2, kAvx512 };
@@ -34,12 +40,22 @@ const char* SmallMatMulIsaName(SmallMatMulIsa isa);
 SmallMatMulIsa BestSmallMatMulIsa();
 // False when KILN_CPU_SMALL_MATMUL=0 (read once).
 bool SmallMatMulEnabled();
+// The most rows a product on `isa` may have for this kernel: kSmallMatMulMaxM
+// on AVX2, kSmallMatMulLargeMaxM on AVX-512; KILN_CPU_SMALL_MATMUL_MAX_M
+// (read once) overrides both, to measure the crossover against oneDNN.
+int64_t SmallMatMulMaxM(SmallMatMulIsa isa);
 
 // Activations the epilogue computes in registers.
 enum class SmallAct { kNone, kRelu, kGelu, kGeluTanh, kSilu, kSigmoid, kTanh };
 // The epilogue activation for `kind`; false when it has none (the caller
 // keeps oneDNN for that product).
 bool SmallActOf(v1::UnaryKind kind, SmallAct* act);
+// True for the activations that run over a register tile's rows after the
+// tile stored act's argument to C (the transcendental ones); the residual is
+// then read after C was written, so it must not share C's memory.
+inline bool SmallActAfterStore(SmallAct act) {
+  return act != SmallAct::kNone && act != SmallAct::kRelu;
+}
 
 // One product C[m, n] = act(A[m, k] @ B[k, n] + bias) + residual.
 struct SmallMatMulArgs {

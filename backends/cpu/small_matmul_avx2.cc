@@ -14,6 +14,9 @@
 namespace kiln::cpu {
 namespace {
 
+// Vectors per V::ActBatch call (ActRows).
+constexpr int kActBatch = 4;
+
 struct V {
   using T = __m256;
   static constexpr int kLanes = 8;
@@ -25,29 +28,36 @@ struct V {
   static T Bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T Add(T a, T b) { return _mm256_add_ps(a, b); }
+  // The activations a tile's epilogue applies in registers (those
+  // SmallActAfterStore leaves there: none and relu).
   static T Act(T x, SmallAct act) {
-    if (act == SmallAct::kNone) return x;
     if (act == SmallAct::kRelu) return _mm256_max_ps(_mm256_setzero_ps(), x);  // NaN stays NaN
-    return ActCall(x, act);
-  }
-  // The transcendental activations, out of line: inlined into every
-  // register tile they made the code several times larger for no speed (the
-  // epilogue runs once per output, the K loop K times).
-  __attribute__((noinline)) static T ActCall(T x, SmallAct act) {
-    switch (act) {
-      case SmallAct::kNone: return x;
-      case SmallAct::kRelu: return _mm256_max_ps(_mm256_setzero_ps(), x);  // NaN stays NaN
-      case SmallAct::kGelu: return simd::Gelu(x);
-      case SmallAct::kGeluTanh: return simd::GeluTanh(x);
-      case SmallAct::kSilu: return simd::Silu(x);
-      case SmallAct::kSigmoid: return simd::Sigmoid(x);
-      case SmallAct::kTanh: return simd::Tanh(x);
-    }
     return x;
+  }
+  // Every activation on kActBatch vectors, for ActRows
+  // (small_matmul_kernel.inc), which runs the transcendental ones over a
+  // stored tile (inlined into every register tile they made the code several
+  // times larger and spilled its accumulators); several vectors per call let
+  // their long dependency chains overlap.
+  static void ActBatch(T* x, SmallAct act) {
+    auto each = [x](auto f) {
+#pragma GCC unroll 4
+      for (int i = 0; i < kActBatch; ++i) x[i] = f(x[i]);
+    };
+    switch (act) {
+      case SmallAct::kNone: return;
+      case SmallAct::kRelu: return each([](T v) { return _mm256_max_ps(_mm256_setzero_ps(), v); });
+      case SmallAct::kGelu: return each([](T v) { return simd::Gelu(v); });
+      case SmallAct::kGeluTanh: return each([](T v) { return simd::GeluTanh(v); });
+      case SmallAct::kSilu: return each([](T v) { return simd::Silu(v); });
+      case SmallAct::kSigmoid: return each([](T v) { return simd::Sigmoid(v); });
+      case SmallAct::kTanh: return each([](T v) { return simd::Tanh(v); });
+    }
   }
 };
 
 constexpr int kMaxMR = 6;
+constexpr int kLargeMR = kMaxMR;
 // 1 row: 4 panels (8 accumulators, B read straight into the FMAs); 2-3 rows:
 // 2 panels; 4-6 rows: 1 panel (up to 12 accumulators + 2 B + 1 broadcast).
 constexpr int NpFor(int mr) { return mr == 1 ? 4 : (mr <= 3 ? 2 : 1); }
@@ -57,7 +67,11 @@ constexpr int NpFor(int mr) { return mr == 1 ? 4 : (mr <= 3 ? 2 : 1); }
 }  // namespace
 
 void SmallMatMulAvx2(const SmallMatMulArgs& args, int64_t panel_begin, int64_t panel_end) {
-  RunPanels(args, panel_begin, panel_end);
+  if (args.m > kSmallMatMulMaxM) {
+    RunPanelsLarge(args, panel_begin, panel_end);
+  } else {
+    RunPanels(args, panel_begin, panel_end);
+  }
 }
 
 }  // namespace kiln::cpu

@@ -11,6 +11,8 @@
 //   kiln_bench mlp | fixed_cost: small_batch_bench.h
 //   kiln_bench timings [--threads 2]  (a worker: "mlp N" / "encoder N" on stdin)
 //   kiln_bench onednn_matmul [--iters 100]  (dnnl_sgemm alone, no engine)
+//   kiln_bench encoder_gemms [--m 128] [--rounds 15]  (the layer's six products alone,
+//                      Kiln's kernels vs dnnl_sgemm: the matmul floor)
 //
 // `matmul` alternates Kiln (a one-node graph through Engine::Run, output copy
 // included) with oneDNN's own dnnl_sgemm on the same operands, A B A B, and
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "backends/cpu/small_matmul.h"
 #include "base/openmp_policy.h"
 #include "bench/engine/small_batch_bench.h"
 #include "absl/strings/str_split.h"
@@ -409,6 +412,136 @@ int MatMul(const std::map<std::string, std::string>& flags) {
                        {"kiln_vs_onednn", d / k}});
   }
   std::printf("%s\n", json({{"bench", "matmul_f32"}, {"threads", threads}, {"results", results}}).dump().c_str());
+  return 0;
+}
+
+// kiln_bench encoder_gemms [--m 128] [--rounds 15] [--reps 10] [--threads 2]:
+// the encoder layer's six products alone, at its shapes (M = batch * seq
+// rows): each as a one-node graph through the engine with its weights as a
+// packed param and its epilogue (bias; GELU for the FFN up; a residual for
+// the output projection and the FFN down), timed by the run's report (the
+// kernel alone), alternating round by round with dnnl_sgemm on the same
+// operands (the product alone, B unpacked). Per product the median micros,
+// GFLOP/s and the kernel that ran; "layer_ms" sums the six (Q, K, V and the
+// output projection are the same shape): the layer's matmul floor for each.
+int EncoderGemms(const std::map<std::string, std::string>& flags) {
+  const int threads = static_cast<int>(Flag(flags, "threads", 2));
+  const int rounds = static_cast<int>(Flag(flags, "rounds", 15));
+  const int reps = static_cast<int>(Flag(flags, "reps", 10));
+  const int64_t m = Flag(flags, "m", 128);
+  const models::EncoderConfig cfg;
+  auto engine = MakeEngine(threads);
+  omp_set_num_threads(threads);
+  struct Product {
+    const char* name;
+    int64_t k, n;
+    bool gelu, residual;
+    int count;  // times it appears in the layer
+  };
+  const Product products[] = {{"qkv_o", cfg.hidden, cfg.hidden, false, false, 3},
+                              {"o_residual", cfg.hidden, cfg.hidden, false, true, 1},
+                              {"ffn_up_gelu", cfg.hidden, cfg.ffn, true, false, 1},
+                              {"ffn_down_residual", cfg.ffn, cfg.hidden, false, true, 1}};
+  json results = json::array();
+  double kiln_layer = 0, dnnl_layer = 0;
+  for (const Product& p : products) {
+    std::mt19937_64 rng(p.k * 7 + p.n);
+    models::Model model;
+    GraphBuilder g("gemm");
+    auto x = g.input("x", v1::DTYPE_F32, {m, p.k});
+    model.params["w"] = models::RandomF32(rng, {p.k, p.n}, 1.0 / std::sqrt(double(p.k)));
+    model.params["b"] = models::RandomF32(rng, {p.n}, 0.02);
+    auto y = g.add(g.matmul(x, g.param("w", v1::DTYPE_F32, {p.k, p.n})),
+                   g.param("b", v1::DTYPE_F32, {p.n}));
+    if (p.gelu) y = g.gelu(y);
+    std::vector<TensorRef> inputs;
+    HostTensor hx = models::RandomF32(rng, {m, p.k}, 1.0);
+    HostTensor hr = models::RandomF32(rng, {m, p.n}, 1.0);
+    inputs.push_back(TensorRef::Of("x", hx));
+    if (p.residual) {
+      y = g.add(y, g.input("r", v1::DTYPE_F32, {m, p.n}));
+      inputs.push_back(TensorRef::Of("r", hr));
+    }
+    g.output("y", y);
+    auto compiled = engine->Compile(g.Build(), {}, {});
+    auto params = engine->CreateParams(models::ParamRefs(model));
+    if (!compiled.ok() || !params.ok()) {
+      std::fprintf(stderr, "encoder_gemms: setup failed\n");
+      return 1;
+    }
+    std::string kernel;
+    auto time_kiln = [&] {
+      std::vector<double> us;
+      for (int r = 0; r < reps; ++r) {
+        RunOptions ro;
+        ro.report = true;
+        auto out = engine->Run(*compiled->executable, inputs, params->get(), ro);
+        if (!out.ok()) std::exit(1);
+        double step_us = 0;
+        for (const auto& step : out->report.steps()) {
+          step_us += step.duration_micros();
+          if (step.kernel().rfind("fused_matmul", 0) == 0) kernel = step.implementation();
+        }
+        us.push_back(step_us);
+      }
+      return Median(us);
+    };
+    std::vector<float> c(m * p.n);
+    const HostTensor& w = model.params["w"];
+    auto time_dnnl = [&] {
+      std::vector<double> us;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        dnnl_sgemm('N', 'N', m, p.n, p.k, 1.0f, hx.data_as<float>(), p.k, w.data_as<float>(), p.n,
+                   0.0f, c.data(), p.n);
+        us.push_back(Ms(t0, Clock::now()) * 1000.0);
+      }
+      return Median(us);
+    };
+    // The own kernel called directly (no engine around it), B packed once.
+    std::vector<float> packed(cpu::PackedBFloats(p.k, p.n));
+    cpu::PackB(w.data_as<float>(), p.k, p.n, false, packed.data());
+    cpu::SmallMatMulArgs args;
+    args.m = m, args.n = p.n, args.k = p.k;
+    args.a = hx.data_as<float>(), args.lda = p.k;
+    args.b = packed.data(), args.b_panel_stride = p.k * cpu::kSmallPanel;
+    args.b_row_stride = cpu::kSmallPanel;
+    args.bias = model.params["b"].data_as<float>();
+    if (p.residual) args.residual = hr.data_as<float>(), args.ldr = p.n;
+    args.c = c.data(), args.ldc = p.n;
+    args.act = p.gelu ? cpu::SmallAct::kGelu : cpu::SmallAct::kNone;
+    auto time_direct = [&] {
+      std::vector<double> us;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        cpu::SmallMatMul(cpu::BestSmallMatMulIsa(), args);
+        us.push_back(Ms(t0, Clock::now()) * 1000.0);
+      }
+      return Median(us);
+    };
+    time_kiln();
+    time_dnnl();
+    time_direct();
+    std::vector<double> kiln_us, dnnl_us, direct_us;
+    for (int r = 0; r < rounds; ++r) {
+      kiln_us.push_back(time_kiln());
+      dnnl_us.push_back(time_dnnl());
+      direct_us.push_back(time_direct());
+    }
+    const double k = Median(kiln_us), d = Median(dnnl_us), direct = Median(direct_us);
+    const double flop = 2.0 * m * p.k * p.n;
+    kiln_layer += p.count * k / 1000.0;
+    dnnl_layer += p.count * d / 1000.0;
+    results.push_back({{"product", p.name}, {"m", m}, {"k", p.k}, {"n", p.n},
+                       {"kiln_kernel", kernel}, {"kiln_us", k}, {"onednn_sgemm_us", d},
+                       {"kiln_gflops", flop / k / 1e3}, {"onednn_sgemm_gflops", flop / d / 1e3},
+                       {"small_matmul_direct_us", direct}});
+  }
+  std::printf("%s\n", json({{"bench", "encoder_gemms"}, {"threads", threads}, {"m", m},
+                            {"rounds", rounds}, {"results", results},
+                            {"kiln_layer_ms", kiln_layer}, {"onednn_sgemm_layer_ms", dnnl_layer}})
+                           .dump()
+                           .c_str());
   return 0;
 }
 
@@ -918,7 +1051,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: kiln_bench encoder|matmul|compile|memory|placement|shared|isolation|mlp|"
-                 "fixed_cost|timings|onednn_matmul [flags]\n");
+                 "fixed_cost|timings|onednn_matmul|encoder_gemms [flags]\n");
     return 2;
   }
   // stdout carries the JSON; the engine's log lines go to stderr.
@@ -929,6 +1062,7 @@ int main(int argc, char** argv) {
   if (cmd == "timings") return kiln::Timings(flags);
   if (cmd == "onednn_matmul") return kiln::OneDnnMatMulAlone(flags);
   if (cmd == "matmul") return kiln::MatMul(flags);
+  if (cmd == "encoder_gemms") return kiln::EncoderGemms(flags);
   if (cmd == "compile") return kiln::CompileBench(flags);
   if (cmd == "compile_once") return kiln::CompileOnce(flags);
   if (cmd == "memory") return kiln::Memory(flags);

@@ -453,10 +453,14 @@ std::vector<Case> SmallMCases() {
   return cases;
 }
 
-// Products with more rows than the small-M kernel takes (M = 65, 128, 130),
-// B plain and transposed, read as given and packed beforehand: on the CPU the
-// packed copy is B reordered into oneDNN's preferred layout (MatMulKernel's
-// packed path), with every epilogue fused into that primitive.
+// Products with more rows than the small-M kernel takes at every epilogue
+// (M = 65, 120, 128, 130), B plain and transposed, read as given and packed
+// beforehand. On an AVX-512 CPU the own micro-kernel takes M <= 128 with B
+// packed and no transcendental activation (its 8-row tiles: 120 and 128 are
+// whole, 65 is not); the other products run oneDNN, whose packed copy is B
+// reordered into its preferred layout (MatMulKernel's packed path), with
+// every epilogue fused into that primitive. Then the BERT-base encoder
+// layer's own products at seq 128.
 std::vector<Case> PackedCases() {
   std::vector<Case> cases;
   auto both = [&](const Shape& s, const Epilogue* e) {
@@ -467,7 +471,7 @@ std::vector<Case> PackedCases() {
                                            {true, true, v1::UNARY_KIND_UNSPECIFIED},
                                            {false, true, v1::UNARY_RELU},
                                            {true, true, v1::UNARY_GELU}};
-  for (int64_t m : {65, 128, 130}) {
+  for (int64_t m : {65, 120, 128, 130}) {
     for (auto [k, n] : std::vector<std::pair<int64_t, int64_t>>{{33, 47}, {96, 130}}) {
       for (bool tb : {false, true}) {
         const Shape s = {{m, k}, tb ? Dims{n, k} : Dims{k, n}, false, tb};
@@ -476,15 +480,26 @@ std::vector<Case> PackedCases() {
       }
     }
   }
-  // The residual overwritten by the result (an in-place plan).
+  const Epilogue bias_residual = {true, true, v1::UNARY_KIND_UNSPECIFIED};
+  const Epilogue bias = {true, false, v1::UNARY_KIND_UNSPECIFIED};
+  const Epilogue bias_gelu = {true, false, v1::UNARY_GELU};
+  both({{128, 768}, {768, 768}}, &bias);           // Q, K, V
+  both({{128, 768}, {768, 768}}, &bias_residual);  // output projection + x
+  both({{128, 768}, {768, 3072}}, &bias_gelu);     // FFN up
+  both({{128, 3072}, {3072, 768}}, &bias_residual);  // FFN down + h1
+  // The residual overwritten by the result (an in-place plan): with GELU
+  // (oneDNN above 64 rows) and without (the own kernel's exact alias).
   const Epilogue all = {true, true, v1::UNARY_GELU};
-  for (bool packed : {false, true}) {
-    Case c = MakeCase("matmul_packed", {{128, 40}, {40, 24}}, v1::DTYPE_F32, &all);
-    c.name += packed ? "/in_place_residual/packed" : "/in_place_residual";
-    c.spec.name = c.name;
-    c.in_place_input = 3;  // a, b, bias, residual
-    c.pack_inputs = packed;
-    cases.push_back(std::move(c));
+  for (const Epilogue* e : {&all, &bias_residual}) {
+    for (bool packed : {false, true}) {
+      Case c = MakeCase("matmul_packed", {{128, 40}, {40, 24}}, v1::DTYPE_F32, e);
+      c.name += e == &all ? "/in_place_residual" : "/in_place_residual_no_act";
+      if (packed) c.name += "/packed";
+      c.spec.name = c.name;
+      c.in_place_input = 3;  // a, b, bias, residual
+      c.pack_inputs = packed;
+      cases.push_back(std::move(c));
+    }
   }
   return cases;
 }
