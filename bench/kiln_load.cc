@@ -190,6 +190,7 @@ struct Flags {
   double batching_seconds = 4.0;
   int batching_blocks = 3;
   std::string batching_model = "encoder";  // or "mlp"
+  std::string device;                      // (d) the sessions' CompileOptions.device ("": kilnd's)
   // --encoder-overhead: only (c).
   bool encoder_overhead = false;
 };
@@ -211,6 +212,7 @@ int Batching(const Client& client, const Flags& f, pid_t kilnd_pid, json out) {
   std::string ids[2];  // 0: batching off, 1: on
   for (int on = 0; on < 2; ++on) {
     v1::CompileOptions options;
+    options.set_device(f.device);
     if (on) {
       options.mutable_batching()->set_max_batch(f.max_batch);
       options.mutable_batching()->set_max_queue_delay_micros(f.delay_us);
@@ -267,6 +269,7 @@ int Batching(const Client& client, const Flags& f, pid_t kilnd_pid, json out) {
   out["batching"] = {{"model", mlp ? "MLP 784-512-512-10, f32, batch 1"
                                    : "BERT-base encoder layer, f32, batch 1, seq 128"},
                      {"callers", f.callers},
+                     {"device", f.device.empty() ? "default" : f.device},
                      {"max_batch", f.max_batch},
                      {"max_queue_delay_us", f.delay_us},
                      {"seconds_per_block", f.batching_seconds},
@@ -382,6 +385,7 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--encoder-overhead", f.encoder_overhead,
                "only (c): the encoder layer through kilnd vs in this process");
+  app.add_option("--device", f.device, "(d) the sessions' device, e.g. cuda:0 (default: kilnd's)");
   app.add_option("--batching-model", f.batching_model, "(d) the model: encoder or mlp")
       ->check(CLI::IsMember({"encoder", "mlp"}))
       ->capture_default_str();

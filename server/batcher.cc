@@ -111,6 +111,13 @@ std::string OutputsBatchReason(const v1::Graph& graph, const std::vector<TensorR
   return "";
 }
 
+int64_t BatchBucketRows(int64_t rows, int64_t cap) {
+  for (int64_t p = 1;; p *= 2) {  // 1, 2, 3, 4, 6, 8, 12, ...
+    if (p >= rows) return std::min(p, cap);
+    if (p >= 2 && p + p / 2 >= rows) return std::min(p + p / 2, cap);
+  }
+}
+
 struct BatchRun;
 
 class Batcher::Member {
@@ -135,6 +142,8 @@ struct BatchRun {
   std::vector<Batcher::Ticket> members;
   std::vector<int64_t> offsets;  // each member's first row
   int64_t rows = 0;
+  int64_t cap = 0;                 // the queue's: the bucket never exceeds it
+  int64_t run_rows = 0;            // rows the run has: `rows` padded to a bucket
   std::vector<HostTensor> inputs;  // concatenated (none for one member: its own views)
   std::vector<TensorRef> refs;
   std::atomic<bool> cancelled = false;  // every member left
@@ -157,7 +166,7 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     std::shared_ptr<const Program> program;  // the first queued member's
     std::vector<Ticket> members;
     int64_t rows = 0;
-    int64_t cap = 0;  // rows this queue's batch may hold
+    int64_t cap = 0;                               // rows this queue's batch may hold
     absl::Time flush_at = absl::InfiniteFuture();  // while members wait
     // Batches of this program handed on (compiling, on the device's queue
     // or running) and not yet finished. Members wait only while it is > 0:
@@ -190,6 +199,7 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
   std::shared_ptr<BatchRun> TakeLocked(Queue& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto b = std::make_shared<BatchRun>();
     b->program = q.program;
+    b->cap = q.cap;
     for (Ticket& m : q.members) {
       b->offsets.push_back(b->rows);
       b->rows += m->request.rows;
@@ -287,17 +297,21 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     }
   }
 
-  // Concatenates the inputs and runs the batch (compiling its executable on
-  // the work pool first when needed).
+  // Concatenates the inputs, padded to the batch's bucket size with copies
+  // of its last row, and runs the batch (compiling its executable on the
+  // work pool first when needed). A batch of one request runs its own
+  // inputs, at its own size, as it would without batching.
   void Start(std::shared_ptr<BatchRun> b) {
     b->flushed = absl::Now();
     const Request& first = b->members[0]->request;
     if (b->members.size() == 1) {
+      b->run_rows = b->rows;
       b->refs = first.inputs;
     } else {
+      b->run_rows = BatchBucketRows(b->rows, std::max(b->cap, b->rows));
       for (const TensorRef& in : first.inputs) {
         Dims dims = in.dims;
-        dims[0] = b->rows;
+        dims[0] = b->run_rows;
         absl::StatusOr<HostTensor> t = HostTensor::CreateUninitialized(in.dtype, dims);
         if (!t.ok()) return Finish(b, t.status());
         char* out = static_cast<char*>(t->data());
@@ -309,6 +323,13 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
             if (own.bytes > 0) std::memcpy(out, own.data, static_cast<size_t>(own.bytes));
             out += own.bytes;
           }
+        }
+        // The padding: copies of the last row (real data: no value the
+        // graph could trip on), run and dropped.
+        const int64_t row_bytes = in.bytes / first.rows;
+        for (int64_t r = b->rows; r < b->run_rows && row_bytes > 0; ++r) {
+          std::memcpy(out, out - row_bytes, static_cast<size_t>(row_bytes));
+          out += row_bytes;
         }
         b->refs.push_back(TensorRef::Of(in.name, *t));
         b->inputs.push_back(std::move(*t));
@@ -372,10 +393,10 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
     }
     const bool split = b->members.size() > 1;
     for (const auto& [name, t] : r->outputs) {
-      if (split && (t.rank() < 1 || t.dims()[0] != b->rows)) {
+      if (split && (t.rank() < 1 || t.dims()[0] != b->run_rows)) {
         const absl::Status s = absl::InternalError(
             absl::StrCat("the batched run's output \"", name, "\" is ", DimsToString(t.dims()),
-                         ", not split by its ", b->rows, " batch rows"));
+                         ", not split by its ", b->run_rows, " batch rows"));
         for (const Ticket& m : b->members) Deliver(m, s);
         return;
       }
@@ -391,7 +412,7 @@ struct Batcher::Core : std::enable_shared_from_this<Core> {
           out.result.outputs.emplace_back(name, std::move(t));
           continue;
         }
-        const int64_t row_bytes = t.num_bytes() / b->rows;
+        const int64_t row_bytes = t.num_bytes() / b->run_rows;
         Dims dims = t.dims();
         dims[0] = m->request.rows;
         absl::StatusOr<HostTensor> own = HostTensor::FromBytes(

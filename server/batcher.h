@@ -16,6 +16,11 @@
 // So a lone request never waits for company, and under load each batch
 // holds what arrived while the previous one ran.
 //
+// A batch of several requests runs at a bucket size (1, 2, 3, 4, 6, 8, 12,
+// 16, 24, ... rows: powers of two and 1.5x them, up to the queue's cap),
+// padded with copies of its last row whose outputs are dropped: a program
+// compiles a few batch sizes, not one per size.
+//
 // A queue holds the runs of one program of one tenant: one session, or the
 // sessions of one tenant on one repository model version bound to the same
 // shared params, with the same compile options, batching config and
@@ -85,6 +90,11 @@ std::string InputsBatchReason(const GraphSignature& signature);
 // sizes 1 and 2 with the other dims as given).
 std::string OutputsBatchReason(const v1::Graph& graph, const std::vector<TensorRef>& inputs,
                                const ir::VerifyOptions& verify);
+
+// The rows a batch of `rows` (>= 1) runs at: the least of 1, 2, 3, 4, 6, 8,
+// 12, 16, 24, 32, ... (2^k and 3 * 2^k) that holds them, and at most `cap`
+// (>= rows), which is itself a bucket.
+int64_t BatchBucketRows(int64_t rows, int64_t cap);
 
 class Batcher {
  public:

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/io/safetensors.h"
+#include "server/batcher.h"
 #include "tests/e2e/models.h"
 #include "tests/server/kilnd_process.h"
 #include "tests/server/test_graphs.h"
@@ -251,7 +252,8 @@ TEST_F(ServerBatching, LoneRequestIsNotDelayed) {
 
 // While a batch of the program is in flight (here: queued behind a slow run),
 // requests gather; the moment it ends they go as one batch, without waiting
-// out max_queue_delay (1 s), each with its own rows.
+// out max_queue_delay (1 s), each with its own rows (5 rows, run as a batch
+// of 6 whose last row is padding).
 TEST_F(ServerBatching, RequestsGatherWhileABatchRunsAndGoWhenItEnds) {
   constexpr int64_t kDelayMicros = 1000000;
   const std::string batched = Session(testing::kAffineText, 64, kDelayMicros);
@@ -267,10 +269,11 @@ TEST_F(ServerBatching, RequestsGatherWhileABatchRunsAndGoWhenItEnds) {
   std::vector<std::unique_ptr<AsyncRun>> runs;
   int64_t rows = 0;
   for (int i = 0; i < kRequests; ++i) {
-    xs.push_back(Rows(1 + i % 2, 3, rng));
+    xs.push_back(Rows(i == 1 ? 2 : 1, 3, rng));
     rows += xs.back().dims()[0];
     runs.push_back(Send(RunOf(batched, "x", xs.back())));
   }
+  ASSERT_EQ(server::BatchBucketRows(rows, 64), rows + 1);
   // All admitted (the slow run, the first, the four): the four wait in the
   // batcher, none on the device.
   ASSERT_TRUE(WaitForGauge("kiln_runs_in_flight", kRequests + 2));
@@ -374,8 +377,8 @@ TEST_F(ServerBatching, DeadlineAndCancellationFailOnlyTheirRequests) {
     if (MetricValue(m, "kiln_runs_in_flight", {{"tenant", "default"}}) == kRequests &&
         MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "CANCELLED"}}) ==
             cancelled_before + 1 &&
-        MetricValue(m, "kiln_requests_total",
-                    {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}}) == deadline_before + 1) {
+        MetricValue(m, "kiln_requests_total", {{"method", "Run"}, {"code", "DEADLINE_EXCEEDED"}}) ==
+            deadline_before + 1) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -483,8 +486,8 @@ TEST_F(ServerBatching, RequestsThatCannotJoinRunAlone) {
     EXPECT_TRUE(first->status.get().ok());
     const grpc::Status s = hurried->status.get();
     EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_TRUE(absl::StrContains(hurried->response.report().batch().alone_reason(),
-                                  "its deadline is"))
+    EXPECT_TRUE(
+        absl::StrContains(hurried->response.report().batch().alone_reason(), "its deadline is"))
         << hurried->response.report().batch().alone_reason();
   }
 }
@@ -531,6 +534,19 @@ TEST_F(ServerBatching, SessionsOnOneModelBatchTogether) {
     // The six, from both sessions, in one run.
     EXPECT_EQ(runs[t]->response.report().batch().batch_requests(), kCallers);
   }
+}
+
+TEST_F(ServerBatching, BucketSizesArePowersOfTwoAndOneAndAHalfTimesThem) {
+  const std::vector<int64_t> want = {1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24};
+  for (int64_t rows = 1; rows <= static_cast<int64_t>(want.size()); ++rows) {
+    EXPECT_EQ(server::BatchBucketRows(rows, 64), want[static_cast<size_t>(rows - 1)]) << rows;
+  }
+  EXPECT_EQ(server::BatchBucketRows(9, 10), 10);
+  EXPECT_EQ(server::BatchBucketRows(10, 10), 10);
+  EXPECT_EQ(server::BatchBucketRows(700, 1024), 768);
+  EXPECT_EQ(server::BatchBucketRows(1000, 1024), 1024);
+  EXPECT_EQ(server::BatchBucketRows(900, 1000), 1000);
+  EXPECT_EQ(server::BatchBucketRows(1, 1), 1);
 }
 
 TEST_F(ServerBatching, BadConfigIsNamed) {
