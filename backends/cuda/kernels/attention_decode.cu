@@ -39,13 +39,15 @@
 // result does not depend on which block is last), writes the output and
 // sets the count back to 0 for the next launch (kiln_decode_counters_zero
 // clears them once, when the kernel allocates them).
-// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 2 and 5
-// unless the source defines them first (DecodeAttentionSource's benchmark sweep).
+// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 4 and 3
+// unless the source defines them first (DecodeAttentionSource's benchmark sweep;
+// on an H200 4 x 3 beat 2 x 5, 2 x 5 at 4 blocks per SM, and 1 x 8 on both
+// decode cases of attention_fwd).
 #ifndef KILN_DECODE_U
-#define KILN_DECODE_U 2
+#define KILN_DECODE_U 4
 #endif
 #ifndef KILN_DECODE_P
-#define KILN_DECODE_P 5
+#define KILN_DECODE_P 3
 #endif
 // KILN_DECODE_MINB: the blocks per SM __launch_bounds__ asks registers for (1
 // unless defined first: the sweep's third figure).
