@@ -54,8 +54,8 @@
 #ifndef KILN_DECODE_MINB
 #define KILN_DECODE_MINB 1
 #endif
-constexpr int K_DECODE_NW = 4;              // warps per block
-constexpr int K_DECODE_P = KILN_DECODE_P;   // passes in a warp's ring (P - 1 in flight)
+constexpr int K_DECODE_NW = 4;             // warps per block
+constexpr int K_DECODE_P = KILN_DECODE_P;  // passes in a warp's ring (P - 1 in flight)
 
 __device__ __forceinline__ unsigned k_dec_smem_addr(const void* p) {
   unsigned a;
@@ -88,9 +88,9 @@ __device__ __forceinline__ void k_dec_wait() {
 template <int D, int R>
 struct KDecodeShape {
   enum {
-    G = D / 8,                  // lanes per key
-    KP = 32 / G,                // keys per warp step
-    U = KILN_DECODE_U,          // steps per pass (one softmax rescale per pass)
+    G = D / 8,                                     // lanes per key
+    KP = 32 / G,                                   // keys per warp step
+    U = KILN_DECODE_U,                             // steps per pass (one softmax rescale per pass)
     RING = K_DECODE_NW * K_DECODE_P * U * 2 * 32,  // k_v16 pieces in the rings
     MERGE = (K_DECODE_NW * R * D + 2 * K_DECODE_NW * R + 3) / 4,  // f32 merge area, in k_v16
     SMEM = RING > MERGE ? RING : MERGE,
@@ -109,9 +109,9 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
   // once every thread is past its reads of the merge area (a barrier).
   int& last_block = *reinterpret_cast<int*>(smem);
   // After the loop the ring's bytes hold the warps' merge: o, then m, then l.
-  float* sm_o = reinterpret_cast<float*>(smem);           // [NW][R][D]
-  float* sm_m = sm_o + NW * R * D;                        // [NW][R]
-  float* sm_l = sm_m + NW * R;                            // [NW][R]
+  float* sm_o = reinterpret_cast<float*>(smem);  // [NW][R][D]
+  float* sm_m = sm_o + NW * R * D;               // [NW][R]
+  float* sm_l = sm_m + NW * R;                   // [NW][R]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = lane / G, c = lane % G;  // this lane's key of a step, its 8 elements
   k_v16* ring = smem + warp * (P * U * 2 * 32);  // [P][U][K, V][32 lanes]
@@ -355,10 +355,10 @@ extern "C" __global__ void kiln_decode_counters_zero(int* counters, k_i64 n) {
   }
 }
 
-#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                    \
-  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                          \
-      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,            \
-                                                const void* extra, float* part, T* out,        \
-                                                int* counters, AttnParams p, k_i64 splits) {   \
-    attention_decode16<T, D, R>(q, k, v, part, out, counters, p, splits);                      \
+#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                  \
+  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                        \
+      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,          \
+                                                const void* extra, float* part, T* out,      \
+                                                int* counters, AttnParams p, k_i64 splits) { \
+    attention_decode16<T, D, R>(q, k, v, part, out, counters, p, splits);                    \
   }
