@@ -44,7 +44,7 @@ int DecodeRowsPerBlock(int64_t group_rows);
 // kernel's; KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>] overrides them
 // for a benchmark's sweep.
 struct DecodeRing {
-  int steps = 2, passes = 5, min_blocks = 1;
+  int steps = 4, passes = 3, min_blocks = 1;
 };
 inline constexpr DecodeRing kDefaultDecodeRing{};
 

@@ -163,18 +163,19 @@ void CudaDevice::OpenLibraries() {
   const double dnn = ms(t);
   const char* mode = std::getenv("KILN_CUDA_WARMUP");
   const std::string_view warm = mode != nullptr ? mode : "";
-  spdlog::info("{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuDNN's handle {:.1f}); cuBLASLt "
-               "and cuDNN's engines warm up {}",
-               info_.id, nvrtc + dnn, nvrtc, dnn,
-               warm == "0" ? "at first use (KILN_CUDA_WARMUP=0)"
-               : warm == "sync" ? "now (KILN_CUDA_WARMUP=sync)"
-                                : "on a thread of their own");
+  spdlog::info(
+      "{}: libraries open in {:.1f} ms (NVRTC {:.1f}, cuDNN's handle {:.1f}); cuBLASLt "
+      "and cuDNN's engines warm up {}",
+      info_.id, nvrtc + dnn, nvrtc, dnn,
+      warm == "0"            ? "at first use (KILN_CUDA_WARMUP=0)"
+      : warm == "background" ? "on a thread of their own (KILN_CUDA_WARMUP=background)"
+                             : "now");
   if (warm == "0") return;
-  if (warm == "sync") {
-    WarmUp();
+  if (warm == "background") {
+    warm_up_ = std::thread([this] { WarmUp(); });
     return;
   }
-  warm_up_ = std::thread([this] { WarmUp(); });
+  WarmUp();
 }
 
 void CudaDevice::WarmUp() {

@@ -146,13 +146,13 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
   // runs matmuls, paid it at the start before; a start that took the profile
   // from the cache left it to the first compile.
   //
-  // The slow parts (cuBLASLt's handle and its per-type set-up below, 420-480
-  // ms on an H200; cuDNN's engine libraries) run on a thread of their own,
-  // warm_up_, started here: the device is usable at once (a prepare that
-  // needs cuBLASLt before the thread is done waits for the handle's lock or
-  // for cuBLASLt's own set-up, as it would have paid them anyway), and the
-  // thread logs its parts when done. KILN_CUDA_WARMUP=sync runs them before
-  // the device is returned, =0 not at all (the first use pays them).
+  // The slow parts (WarmUp: cuBLASLt's handle and its per-type set-up below,
+  // 420-480 ms on an H200; cuDNN's engine libraries) run before the device is
+  // returned (the measured behaviour). KILN_CUDA_WARMUP=background runs them
+  // on a thread of their own, warm_up_ (the device is usable at once; a
+  // prepare that needs cuBLASLt before the thread is done waits for the
+  // handle's lock or cuBLASLt's own set-up; not yet run on a GPU), =0 not at
+  // all (the first use pays them).
   void OpenLibraries();
   void WarmUp();
   // cuBLASLt sets up its heuristic for a data type at the first query that

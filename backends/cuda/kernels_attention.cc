@@ -269,8 +269,8 @@ std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_bl
     defines = absl::StrCat("#define KILN_DECODE_U ", ring.steps, "\n#define KILN_DECODE_P ",
                            ring.passes, "\n#define KILN_DECODE_MINB ", ring.min_blocks, "\n");
   }
-  return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(", dt, ", ",
-                      dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
+  return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE16(",
+                      dt, ", ", dtype == v1::DTYPE_F16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
                       rows_per_block, ")\n");
 }
 
@@ -371,8 +371,8 @@ class AttentionKernel final : public CudaKernel {
           CUdeviceptr c = static_cast<CudaBuffer*>(counters_.get())->ptr();
           void* zargs[] = {&c, &n};
           const int64_t zblocks = std::clamp<int64_t>((n + 255) / 256, 1, 1024);
-          KILN_RETURN_IF_ERROR(LaunchKernel(s, zero_.fn, static_cast<unsigned>(zblocks), 1, 1,
-                                            256, 0, zargs));
+          KILN_RETURN_IF_ERROR(
+              LaunchKernel(s, zero_.fn, static_cast<unsigned>(zblocks), 1, 1, 256, 0, zargs));
         }
         CUdeviceptr counters = static_cast<CudaBuffer*>(counters_.get())->ptr();
         void* args[] = {&q, &k, &v, &extra, &part, &o, &counters, &p, &splits};
@@ -382,8 +382,8 @@ class AttentionKernel final : public CudaKernel {
                             args);
       }
       void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
-      const int64_t blocks = std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1,
-                                                 device_.caps().max_grid_x);
+      const int64_t blocks =
+          std::clamp<int64_t>((rows * splits + kWarps - 1) / kWarps, 1, device_.caps().max_grid_x);
       KILN_RETURN_IF_ERROR(
           LaunchKernel(s, fast_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kWarps, 0, args));
       void* cargs[] = {&part, &o, &p, &splits};
@@ -567,10 +567,10 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       }
       // Its own module per variant: a prepare compiles only the one it runs.
       const std::string variant = absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
-      KILN_ASSIGN_OR_RETURN(vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
-                                              DecodeAttentionSource(dtype, p.D, vec_rows, ring),
-                                              absl::StrCat("kiln_attention_decode16_", variant),
-                                              context));
+      KILN_ASSIGN_OR_RETURN(
+          vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
+                            DecodeAttentionSource(dtype, p.D, vec_rows, ring),
+                            absl::StrCat("kiln_attention_decode16_", variant), context));
       zero.module = vec.module;
       KILN_ASSIGN_OR_RETURN(zero.fn, vec.module->Function("kiln_decode_counters_zero"));
       KILN_RETURN_IF_ERROR(d.Enter());
@@ -580,8 +580,8 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                ? std::min(p.Sk, p.window + p.Sq - 1)
                                : p.Sk;
       const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows - 1) / vec_rows;
-      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows, ring),
-                                resident);
+      vec_splits =
+          DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows, ring), resident);
       // KILN_DECODE_SPLITS=n: a benchmark's sweep of the split count.
       if (const char* env = std::getenv("KILN_DECODE_SPLITS"); env != nullptr) {
         int64_t n = 0;
@@ -596,8 +596,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
                                            std::move(combine), std::move(vec), std::move(zero),
-                                           vec_splits, vec_rows, p,
-                                           std::move(impl));
+                                           vec_splits, vec_rows, p, std::move(impl));
 }
 
 const CudaOpRegistration kAttentionRegistration({

@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
     int steps = 0, passes = 0, min_blocks = 1;
     if ((sp.size() != 2 && sp.size() != 3) || !absl::SimpleAtoi(sp[0], &steps) ||
         !absl::SimpleAtoi(sp[1], &passes) || steps < 1 || steps > 8 || passes < 2 || passes > 8 ||
-        (sp.size() == 3 && (!absl::SimpleAtoi(sp[2], &min_blocks) || min_blocks < 1 ||
-                            min_blocks > 16))) {
+        (sp.size() == 3 &&
+         (!absl::SimpleAtoi(sp[2], &min_blocks) || min_blocks < 1 || min_blocks > 16))) {
       std::fprintf(stderr,
                    "--rings takes <steps 1-8>x<passes 2-8>[x<blocks per SM 1-16>], not %s\n",
                    rings_arg.c_str());

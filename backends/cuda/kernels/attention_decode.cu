@@ -39,21 +39,23 @@
 // result does not depend on which block is last), writes the output and
 // sets the count back to 0 for the next launch (kiln_decode_counters_zero
 // clears them once, when the kernel allocates them).
-// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 2 and 5
-// unless the source defines them first (DecodeAttentionSource's benchmark sweep).
+// KILN_DECODE_U / KILN_DECODE_P: steps per pass and passes per ring, 4 and 3
+// unless the source defines them first (DecodeAttentionSource's benchmark sweep;
+// on an H200 4 x 3 beat 2 x 5, 2 x 5 at 4 blocks per SM, and 1 x 8 on both
+// decode cases of attention_fwd).
 #ifndef KILN_DECODE_U
-#define KILN_DECODE_U 2
+#define KILN_DECODE_U 4
 #endif
 #ifndef KILN_DECODE_P
-#define KILN_DECODE_P 5
+#define KILN_DECODE_P 3
 #endif
 // KILN_DECODE_MINB: the blocks per SM __launch_bounds__ asks registers for (1
 // unless defined first: the sweep's third figure).
 #ifndef KILN_DECODE_MINB
 #define KILN_DECODE_MINB 1
 #endif
-constexpr int K_DECODE_NW = 4;              // warps per block
-constexpr int K_DECODE_P = KILN_DECODE_P;   // passes in a warp's ring (P - 1 in flight)
+constexpr int K_DECODE_NW = 4;             // warps per block
+constexpr int K_DECODE_P = KILN_DECODE_P;  // passes in a warp's ring (P - 1 in flight)
 
 __device__ __forceinline__ unsigned k_dec_smem_addr(const void* p) {
   unsigned a;
@@ -86,9 +88,9 @@ __device__ __forceinline__ void k_dec_wait() {
 template <int D, int R>
 struct KDecodeShape {
   enum {
-    G = D / 8,                  // lanes per key
-    KP = 32 / G,                // keys per warp step
-    U = KILN_DECODE_U,          // steps per pass (one softmax rescale per pass)
+    G = D / 8,                                     // lanes per key
+    KP = 32 / G,                                   // keys per warp step
+    U = KILN_DECODE_U,                             // steps per pass (one softmax rescale per pass)
     RING = K_DECODE_NW * K_DECODE_P * U * 2 * 32,  // k_v16 pieces in the rings
     MERGE = (K_DECODE_NW * R * D + 2 * K_DECODE_NW * R + 3) / 4,  // f32 merge area, in k_v16
     SMEM = RING > MERGE ? RING : MERGE,
@@ -107,9 +109,9 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
   // once every thread is past its reads of the merge area (a barrier).
   int& last_block = *reinterpret_cast<int*>(smem);
   // After the loop the ring's bytes hold the warps' merge: o, then m, then l.
-  float* sm_o = reinterpret_cast<float*>(smem);           // [NW][R][D]
-  float* sm_m = sm_o + NW * R * D;                        // [NW][R]
-  float* sm_l = sm_m + NW * R;                            // [NW][R]
+  float* sm_o = reinterpret_cast<float*>(smem);  // [NW][R][D]
+  float* sm_m = sm_o + NW * R * D;               // [NW][R]
+  float* sm_l = sm_m + NW * R;                   // [NW][R]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slot = lane / G, c = lane % G;  // this lane's key of a step, its 8 elements
   k_v16* ring = smem + warp * (P * U * 2 * 32);  // [P][U][K, V][32 lanes]
@@ -353,10 +355,10 @@ extern "C" __global__ void kiln_decode_counters_zero(int* counters, k_i64 n) {
   }
 }
 
-#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                    \
-  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                          \
-      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,            \
-                                                const void* extra, float* part, T* out,        \
-                                                int* counters, AttnParams p, k_i64 splits) {   \
-    attention_decode16<T, D, R>(q, k, v, part, out, counters, p, splits);                      \
+#define KILN_ATTENTION_DECODE16(S, T, D, R)                                                  \
+  extern "C" __global__ void __launch_bounds__(128, KILN_DECODE_MINB)                        \
+      kiln_attention_decode16_##S##_d##D##_r##R(const T* q, const T* k, const T* v,          \
+                                                const void* extra, float* part, T* out,      \
+                                                int* counters, AttnParams p, k_i64 splits) { \
+    attention_decode16<T, D, R>(q, k, v, part, out, counters, p, splits);                    \
   }

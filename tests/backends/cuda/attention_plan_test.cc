@@ -108,10 +108,11 @@ TEST(AttentionPlan, DecodeKernelTakesTheGqaGroupPerBlock) {
   EXPECT_EQ(DecodeRowsPerBlock(4), 4);
   EXPECT_EQ(DecodeRowsPerBlock(5), 8);
   EXPECT_EQ(DecodeRowsPerBlock(32), 8);
-  // 4 warps x (256 / D) keys per step x 2 steps per pass.
-  EXPECT_EQ(DecodeKeysPerPass(128, 4), 4 * 2 * 2);
-  EXPECT_EQ(DecodeKeysPerPass(64, 1), 4 * 4 * 2);
-  EXPECT_EQ(DecodeKeysPerPass(256, 8), 4 * 1 * 2);
+  // 4 warps x (256 / D) keys per step x 4 steps per pass (the default ring).
+  EXPECT_EQ(DecodeKeysPerPass(128, 4), 4 * 2 * 4);
+  EXPECT_EQ(DecodeKeysPerPass(64, 1), 4 * 4 * 4);
+  EXPECT_EQ(DecodeKeysPerPass(256, 8), 4 * 1 * 4);
+  EXPECT_EQ(DecodeKeysPerPass(128, 4, DecodeRing{2, 5}), 4 * 2 * 2);
 }
 
 TEST(AttentionPlan, DecodeSplitsFillOneWave) {

@@ -206,7 +206,7 @@ TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
   }
   // The load rings a benchmark sweeps (KILN_DECODE_RING) fit the shared
   // memory of the largest variant (D 256, 8 rows) too.
-  for (DecodeRing ring : {DecodeRing{1, 8}, DecodeRing{2, 4}, DecodeRing{4, 3}, DecodeRing{4, 2},
+  for (DecodeRing ring : {DecodeRing{1, 8}, DecodeRing{2, 4}, DecodeRing{2, 5}, DecodeRing{4, 2},
                           DecodeRing{2, 5, 4}}) {
     const std::string entry = "kiln_attention_decode16_bf16_d256_r8";
     absl::StatusOr<std::string> cubin =
