@@ -626,7 +626,9 @@ int Placement(const std::map<std::string, std::string>& flags) {
   EngineOptions o;
   o.cpu_threads = static_cast<int>(Flag(flags, "threads", 0));
   o.cache_dir = flags.contains("cache_dir") ? flags.at("cache_dir") : "";
-  o.calibration = EngineOptions::Calibration::kAlways;
+  // Measured at every start, or read from --cache_dir's calibration cache.
+  o.calibration = o.cache_dir.empty() ? EngineOptions::Calibration::kAlways
+                                      : EngineOptions::Calibration::kIfCacheDir;
   auto created = Engine::Create(o);
   if (!created.ok()) return 1;
   auto engine = std::move(created).value();
@@ -638,7 +640,9 @@ int Placement(const std::map<std::string, std::string>& flags) {
                         {"gflops_f32", d->profile.peak_gflops_f32},
                         {"bandwidth_gbps", d->profile.bandwidth_gbps},
                         {"launch_us", d->profile.launch_overhead_us},
-                        {"sync_us", d->profile.sync_overhead_us}});
+                        {"sync_us", d->profile.sync_overhead_us},
+                        {"h2d_gbps", d->profile.host_to_device_gbps},
+                        {"d2h_gbps", d->profile.device_to_host_gbps}});
   }
   // --graphs a,b: only these (matmul_N of any N is made on demand); a name
   // that matches no graph is an error, not an empty run.
@@ -660,6 +664,7 @@ int Placement(const std::map<std::string, std::string>& flags) {
   }
   const bool explain = Flag(flags, "explain", 0) != 0;
   const bool tf32 = Flag(flags, "tf32", 0) != 0;
+  std::fprintf(stderr, "devices %s\n", profiles.dump().c_str());
   json results = json::array();
   int good = 0, total = 0;
   for (PlacementCase& c : cases) {

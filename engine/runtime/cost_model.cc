@@ -184,8 +184,10 @@ const HostProfile& CostModel::Host(const backend::DeviceInfo& device) const {
   return it == host_profiles_.end() ? kNone : it->second;
 }
 
-double CostModel::RunMicros(const backend::DeviceInfo& device, bool spans_team) const {
-  return Profile(device).sync_overhead_us + (spans_team ? Host(device).team_wake_us : 0.0);
+double CostModel::RunMicros(const backend::DeviceInfo& device, int team_kernels) const {
+  const HostProfile& h = Host(device);
+  const double mixed = team_kernels >= 2 ? std::max(0.0, h.mixed_launch_us - h.parallel_launch_us) : 0.0;
+  return Profile(device).sync_overhead_us + team_kernels * mixed;
 }
 
 double CostModel::KernelMicros(const backend::KernelSpec& spec,
