@@ -616,8 +616,9 @@ json ExplainRun(Engine& engine, Executable& executable, std::span<const TensorRe
   for (size_t i = 0; i < steps.size() && i < 4; ++i) {
     top.push_back({{"step", steps[i].second}, {"us", steps[i].first}});
   }
-  return {{"wall_ms", wall_ms}, {"run_us", r.run_micros()}, {"queue_us", r.queue_micros()},
-          {"kernels_us", kernel_us}, {"copies_us", copy_us}, {"steps", r.steps_size()},
+  return {{"wall_ms", wall_ms},           {"run_us", r.run_micros()},
+          {"queue_us", r.queue_micros()}, {"kernels_us", kernel_us},
+          {"copies_us", copy_us},         {"steps", r.steps_size()},
           {"cuda_graph", r.cuda_graph()}, {"top", top}};
 }
 
@@ -636,7 +637,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
   json profiles = json::array();
   for (const auto* d : engine->Devices()) {
     devices.push_back(d->id);
-    profiles.push_back({{"device", d->id}, {"name", d->name},
+    profiles.push_back({{"device", d->id},
+                        {"name", d->name},
                         {"gflops_f32", d->profile.peak_gflops_f32},
                         {"bandwidth_gbps", d->profile.bandwidth_gbps},
                         {"launch_us", d->profile.launch_overhead_us},
@@ -652,7 +654,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
   if (!only.empty()) {
     std::vector<PlacementCase> kept;
     for (const std::string& name : only) {
-      auto it = std::find_if(cases.begin(), cases.end(), [&](const PlacementCase& c) { return c.name == name; });
+      auto it = std::find_if(cases.begin(), cases.end(),
+                             [&](const PlacementCase& c) { return c.name == name; });
       if (it == cases.end()) {
         std::fprintf(stderr, "--graphs: no graph named %s\n", name.c_str());
         return 2;
@@ -709,7 +712,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
         e["median_ms"] = Median(ms);
         e["min_ms"] = *std::min_element(ms.begin(), ms.end());
         explained[device] = e;
-        std::fprintf(stderr, "explain %s %s %s\n", c.name.c_str(), device.c_str(), e.dump().c_str());
+        std::fprintf(stderr, "explain %s %s %s\n", c.name.c_str(), device.c_str(),
+                     e.dump().c_str());
       }
       return Median(ms);
     };

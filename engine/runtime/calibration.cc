@@ -31,12 +31,13 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 // Asks for transparent huge pages over the whole 2 MiB pages inside
 // [p, p + bytes), before first touch: a fresh 4 KiB page costs ~15 us to fault
-// on a virtualized host, which would make the memory probe's hundreds of MiB
-// cost seconds at every start. A hint only: no THP, no change.
+// on a virtualized host, and the memory probe's buffers are up to 32 MiB each.
+// A hint only: no THP, no change.
 void AdviseHugePages(void* p, int64_t bytes) {
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
@@ -61,14 +62,17 @@ struct Bench {
       // Ordinary values in [0.5, 1): zeros would let a backend shortcut, and
       // denormals would measure a CPU's microcode assists, not its peak.
       if (buf->host_ptr() != nullptr && t.dtype == v1::DTYPE_F32) {
-        // Host memory is filled in place (the memory probe's buffers are
-        // hundreds of MiB: no staging copy, huge pages where the OS gives them).
+        // Host memory is filled in place: no staging tensor and copy (the
+        // matmul and memory probes' buffers are tens of MiB), huge pages where
+        // the OS gives them.
         AdviseHugePages(buf->host_ptr(), t.num_bytes());
         float* f = v.as<float>();
-        for (int64_t i = 0; i < t.num_elements(); ++i) f[i] = 0.5f + static_cast<float>(i % 61) / 128.0f;
+        for (int64_t i = 0; i < t.num_elements(); ++i)
+          f[i] = 0.5f + static_cast<float>(i % 61) / 128.0f;
       } else {
         KILN_ASSIGN_OR_RETURN(HostTensor fill, HostTensor::Create(t.dtype, t.dims));
-        for (int64_t i = 0; i < fill.num_elements(); ++i) fill.SetFromDouble(i, 0.5 + (i % 61) / 128.0);
+        for (int64_t i = 0; i < fill.num_elements(); ++i)
+          fill.SetFromDouble(i, 0.5 + (i % 61) / 128.0);
         KILN_RETURN_IF_ERROR(device.CopyToDevice(*b->stream, fill.data(), v));
       }
       b->ins.push_back(v);
@@ -221,9 +225,11 @@ double TeamWorkMicros(const backend::KernelSpec& spec, const backend::DeviceProf
 // and alternating between the whole team and half of it, as the layers of a
 // small model do: fc1 of the batch-1 MLP splits 16 ways, fc2 8 ways, and on a
 // 16-core VM that run took 0.39 ms against an estimate of 0.02, while
-// one-kernel graphs of the same size took a tenth of it (libgomp docks the
-// threads a smaller team leaves out; the next larger team waits for them).
-absl::Status MeasureTeam(backend::Device& device, const backend::DeviceProfile& p, HostProfile* host) {
+// one-kernel graphs of the same size took a tenth of it. Teams whose size
+// changes between kernels are the likely difference (libgomp docks the threads
+// a smaller team leaves out); this probe times it, whatever the cause.
+absl::Status MeasureTeam(backend::Device& device, const backend::DeviceProfile& p,
+                         HostProfile* host) {
   const int threads = device.info().threads;
   const backend::KernelSpec whole_spec = TeamSpec(threads), half_spec = TeamSpec(threads / 2);
   KILN_ASSIGN_OR_RETURN(auto whole, Bench::Create(device, whole_spec));
@@ -246,9 +252,8 @@ absl::Status MeasureTeam(backend::Device& device, const backend::DeviceProfile& 
   const double whole_work = TeamWorkMicros(whole_spec, p, *host);
   const double half_work = TeamWorkMicros(half_spec, p, *host);
   host->parallel_launch_us = std::max(0.0, whole_s * 1e6 - whole_work - p.launch_overhead_us);
-  host->mixed_launch_us =
-      std::max(host->parallel_launch_us,
-               (pair_s * 1e6 - whole_work - half_work) / 2 - p.launch_overhead_us);
+  host->mixed_launch_us = std::max(
+      host->parallel_launch_us, (pair_s * 1e6 - whole_work - half_work) / 2 - p.launch_overhead_us);
   return absl::OkStatus();
 }
 
@@ -416,20 +421,20 @@ absl::StatusOr<CalibrationResult> CalibrateCached(backend::Device& device,
       backend::DeviceProfile& p = result.profile;
       HostProfile& h = result.host;
       double cache_bytes = 0;
-      const bool complete =
-          !j.is_discarded() && j.is_object() && j.contains("key") && j["key"].is_string() &&
-          j["key"].get<std::string>() == id_key && number("peak_gflops_f32", &p.peak_gflops_f32) &&
-          number("peak_gflops_f16", &p.peak_gflops_f16) &&
-          number("bandwidth_gbps", &p.bandwidth_gbps) &&
-          number("launch_overhead_us", &p.launch_overhead_us) &&
-          number("sync_overhead_us", &p.sync_overhead_us) &&
-          number("host_to_device_gbps", &p.host_to_device_gbps) &&
-          number("device_to_host_gbps", &p.device_to_host_gbps) &&
-          number("parallel_launch_us", &h.parallel_launch_us) &&
-          number("mixed_launch_us", &h.mixed_launch_us) &&
-          number("cache_bandwidth_gbps", &h.cache_bandwidth_gbps) &&
-          number("cache_bytes", &cache_bytes) &&
-          number("transcendental_gelems", &h.transcendental_gelems);
+      const bool complete = !j.is_discarded() && j.is_object() && j.contains("key") &&
+                            j["key"].is_string() && j["key"].get<std::string>() == id_key &&
+                            number("peak_gflops_f32", &p.peak_gflops_f32) &&
+                            number("peak_gflops_f16", &p.peak_gflops_f16) &&
+                            number("bandwidth_gbps", &p.bandwidth_gbps) &&
+                            number("launch_overhead_us", &p.launch_overhead_us) &&
+                            number("sync_overhead_us", &p.sync_overhead_us) &&
+                            number("host_to_device_gbps", &p.host_to_device_gbps) &&
+                            number("device_to_host_gbps", &p.device_to_host_gbps) &&
+                            number("parallel_launch_us", &h.parallel_launch_us) &&
+                            number("mixed_launch_us", &h.mixed_launch_us) &&
+                            number("cache_bandwidth_gbps", &h.cache_bandwidth_gbps) &&
+                            number("cache_bytes", &cache_bytes) &&
+                            number("transcendental_gelems", &h.transcendental_gelems);
       if (complete && p.peak_gflops_f32 > 0 && p.bandwidth_gbps > 0) {
         h.cache_bytes = static_cast<int64_t>(cache_bytes);
         p.calibrated = true;
