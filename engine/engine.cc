@@ -129,8 +129,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         options.calibration == EngineOptions::Calibration::kAlways ||
         (options.calibration == EngineOptions::Calibration::kIfCacheDir && !options.cache_dir.empty());
     if (calibrate) {
-      auto measured = runtime::CalibrateCached(*d, options.cache_dir,
-                                               options.calibration_max_load_per_core);
+      // kAlways (kilnd --calibration=always) measures at every start even
+      // where the cache holds a profile, and rewrites it: the way to force a
+      // recalibration; kIfCacheDir reads a cached profile when there is one.
+      auto measured = runtime::CalibrateCached(
+          *d, options.cache_dir, options.calibration_max_load_per_core,
+          /*refresh=*/options.calibration == EngineOptions::Calibration::kAlways);
       if (measured.ok()) {
         info.profile = measured->profile;
         from_cache = measured->from_cache;
@@ -138,19 +142,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         impl->cost_model.SetProfile(info.id, info.profile);
         impl->cost_model.SetHostProfile(info.id, measured->host);
         const runtime::HostProfile& h = measured->host;
-        spdlog::info("{}: {} ({:.1f} GFLOP/s f32, {:.1f} GB/s, launch {:.1f} us, sync {:.1f} us{}){}",
-                     info.id, info.name, info.profile.peak_gflops_f32, info.profile.bandwidth_gbps,
-                     info.profile.launch_overhead_us, info.profile.sync_overhead_us,
-                     h.parallel_launch_us > 0 || h.team_wake_us > 0 || h.cache_bytes > 0 ||
-                             h.transcendental_gelems > 0
-                         ? absl::StrCat(", team launch ", absl::SixDigits(h.parallel_launch_us),
-                                        " us, wake ", absl::SixDigits(h.team_wake_us), " us, tanh ",
-                                        absl::SixDigits(h.transcendental_gelems), " G/s, ",
-                                        absl::SixDigits(h.cache_bandwidth_gbps), " GB/s within ",
-                                        h.cache_bytes >> 20, " MiB of cache")
-                         : "",
-                     from_cache ? " from the calibration cache"
-                                : absl::StrCat(" calibrated in ", measured->seconds, " s"));
+        spdlog::info(
+            "{}: {} ({:.1f} GFLOP/s f32, {:.1f} GB/s, launch {:.1f} us, sync {:.1f} us{}){}",
+            info.id, info.name, info.profile.peak_gflops_f32, info.profile.bandwidth_gbps,
+            info.profile.launch_overhead_us, info.profile.sync_overhead_us,
+            h.parallel_launch_us > 0 || h.mixed_launch_us > 0 || h.cache_bytes > 0 ||
+                    h.transcendental_gelems > 0
+                ? absl::StrCat(", team launch ", absl::SixDigits(h.parallel_launch_us),
+                               " us (mixed sizes ", absl::SixDigits(h.mixed_launch_us),
+                               " us), tanh ", absl::SixDigits(h.transcendental_gelems), " G/s, ",
+                               absl::SixDigits(h.cache_bandwidth_gbps), " GB/s within ",
+                               h.cache_bytes >> 20, " MiB of cache")
+                : "",
+            from_cache ? " from the calibration cache"
+                       : absl::StrCat(" calibrated in ", measured->seconds, " s"));
       } else {
         spdlog::warn("{}: calibration failed ({}); using nominal figures", info.id,
                      std::string(measured.status().message()));

@@ -44,7 +44,8 @@ ABSL_FLAG(std::optional<int>, max_concurrent_runs, std::nullopt,
 ABSL_FLAG(std::optional<int>, cpu_threads, std::nullopt, "CPU kernel threads (default: every core).");
 ABSL_FLAG(std::optional<std::string>, calibration, std::nullopt,
           "Device calibration for placement: auto (once per device, cached in the cache dir), "
-          "always, or never (nominal profiles).");
+          "always (measure at every start, rewriting the cached profile), or never (nominal "
+          "profiles).");
 ABSL_FLAG(std::optional<std::string>, tls_cert, std::nullopt,
           "PEM server certificate: the gRPC port speaks TLS (with --tls_key; config tls.cert_file).");
 ABSL_FLAG(std::optional<std::string>, tls_key, std::nullopt,

@@ -749,8 +749,9 @@ json ExplainRun(Engine& engine, Executable& executable, std::span<const TensorRe
   for (size_t i = 0; i < steps.size() && i < 4; ++i) {
     top.push_back({{"step", steps[i].second}, {"us", steps[i].first}});
   }
-  return {{"wall_ms", wall_ms}, {"run_us", r.run_micros()}, {"queue_us", r.queue_micros()},
-          {"kernels_us", kernel_us}, {"copies_us", copy_us}, {"steps", r.steps_size()},
+  return {{"wall_ms", wall_ms},           {"run_us", r.run_micros()},
+          {"queue_us", r.queue_micros()}, {"kernels_us", kernel_us},
+          {"copies_us", copy_us},         {"steps", r.steps_size()},
           {"cuda_graph", r.cuda_graph()}, {"top", top}};
 }
 
@@ -759,7 +760,9 @@ int Placement(const std::map<std::string, std::string>& flags) {
   EngineOptions o;
   o.cpu_threads = static_cast<int>(Flag(flags, "threads", 0));
   o.cache_dir = flags.contains("cache_dir") ? flags.at("cache_dir") : "";
-  o.calibration = EngineOptions::Calibration::kAlways;
+  // Measured at every start, or read from --cache_dir's calibration cache.
+  o.calibration = o.cache_dir.empty() ? EngineOptions::Calibration::kAlways
+                                      : EngineOptions::Calibration::kIfCacheDir;
   auto created = Engine::Create(o);
   if (!created.ok()) return 1;
   auto engine = std::move(created).value();
@@ -767,11 +770,14 @@ int Placement(const std::map<std::string, std::string>& flags) {
   json profiles = json::array();
   for (const auto* d : engine->Devices()) {
     devices.push_back(d->id);
-    profiles.push_back({{"device", d->id}, {"name", d->name},
+    profiles.push_back({{"device", d->id},
+                        {"name", d->name},
                         {"gflops_f32", d->profile.peak_gflops_f32},
                         {"bandwidth_gbps", d->profile.bandwidth_gbps},
                         {"launch_us", d->profile.launch_overhead_us},
-                        {"sync_us", d->profile.sync_overhead_us}});
+                        {"sync_us", d->profile.sync_overhead_us},
+                        {"h2d_gbps", d->profile.host_to_device_gbps},
+                        {"d2h_gbps", d->profile.device_to_host_gbps}});
   }
   // --graphs a,b: only these (matmul_N of any N is made on demand); a name
   // that matches no graph is an error, not an empty run.
@@ -781,7 +787,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
   if (!only.empty()) {
     std::vector<PlacementCase> kept;
     for (const std::string& name : only) {
-      auto it = std::find_if(cases.begin(), cases.end(), [&](const PlacementCase& c) { return c.name == name; });
+      auto it = std::find_if(cases.begin(), cases.end(),
+                             [&](const PlacementCase& c) { return c.name == name; });
       if (it == cases.end()) {
         std::fprintf(stderr, "--graphs: no graph named %s\n", name.c_str());
         return 2;
@@ -793,6 +800,7 @@ int Placement(const std::map<std::string, std::string>& flags) {
   }
   const bool explain = Flag(flags, "explain", 0) != 0;
   const bool tf32 = Flag(flags, "tf32", 0) != 0;
+  std::fprintf(stderr, "devices %s\n", profiles.dump().c_str());
   json results = json::array();
   int good = 0, total = 0;
   for (PlacementCase& c : cases) {
@@ -837,7 +845,8 @@ int Placement(const std::map<std::string, std::string>& flags) {
         e["median_ms"] = Median(ms);
         e["min_ms"] = *std::min_element(ms.begin(), ms.end());
         explained[device] = e;
-        std::fprintf(stderr, "explain %s %s %s\n", c.name.c_str(), device.c_str(), e.dump().c_str());
+        std::fprintf(stderr, "explain %s %s %s\n", c.name.c_str(), device.c_str(),
+                     e.dump().c_str());
       }
       return Median(ms);
     };

@@ -41,7 +41,7 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
                      const runtime::CostModel& model, std::string* dominant) {
   double total = 0;
   double worst = 0;
-  bool spans_team = false;
+  int team_kernels = 0;  // kernels that split across a host's thread team
   for (const auto& np : g.nodes()) {
     if (IsSource(*np)) continue;
     const backend::KernelSpec spec = SpecOf(g, *np);
@@ -49,11 +49,14 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
     if (device.Supports(spec).native) {
       const runtime::Work w = runtime::EstimateWork(spec);
       t = model.KernelMicros(spec, device.info());
-      spans_team = spans_team || runtime::SpansThreadTeam(w);
       // Fusion (a later stage) folds an elementwise node into the kernel of
       // the elementwise region or matmul epilogue that produces its operand:
       // that node launches nothing of its own.
-      if (FusesIntoProducer(g, *np)) t -= model.FixedMicros(w, device.info());
+      if (FusesIntoProducer(g, *np)) {
+        t -= model.FixedMicros(w, device.info());
+      } else if (runtime::SpansThreadTeam(w)) {
+        ++team_kernels;
+      }
     } else {
       const runtime::Work w = runtime::EstimateWork(spec);
       t = model.KernelMicros(spec, cpu.info()) + model.CopyMicros(w.bytes, device.info(), cpu.info());
@@ -70,9 +73,9 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
   for (const auto& o : g.outputs()) out_bytes += static_cast<double>(g.TypeOf(o.value).num_bytes());
   total += model.CopyMicros(in_bytes, cpu.info(), device.info()) +
            model.CopyMicros(out_bytes, device.info(), cpu.info());
-  // Every run submits to the device's queue and waits for it once (and wakes
-  // a host device's thread team when a kernel spans it).
-  total += model.RunMicros(device.info(), spans_team);
+  // Every run submits to the device's queue and waits for it once (and on a
+  // host device, kernels of changing team sizes pay for the team's changes).
+  total += model.RunMicros(device.info(), team_kernels);
   return total;
 }
 

@@ -61,9 +61,17 @@ const char* FamilyName(OpFamily family) {
 
 bool IsTranscendental(v1::UnaryKind kind) {
   switch (kind) {
-    case v1::UNARY_GELU: case v1::UNARY_GELU_TANH: case v1::UNARY_SILU: case v1::UNARY_SIGMOID:
-    case v1::UNARY_TANH: case v1::UNARY_EXP: case v1::UNARY_LOG: case v1::UNARY_SIN:
-    case v1::UNARY_COS: case v1::UNARY_ERF: case v1::UNARY_SOFTPLUS:
+    case v1::UNARY_GELU:
+    case v1::UNARY_GELU_TANH:
+    case v1::UNARY_SILU:
+    case v1::UNARY_SIGMOID:
+    case v1::UNARY_TANH:
+    case v1::UNARY_EXP:
+    case v1::UNARY_LOG:
+    case v1::UNARY_SIN:
+    case v1::UNARY_COS:
+    case v1::UNARY_ERF:
+    case v1::UNARY_SOFTPLUS:
       return true;
     default:
       return false;
@@ -73,7 +81,8 @@ bool IsTranscendental(v1::UnaryKind kind) {
 namespace {
 
 // Transcendental evaluations per output element of one elementwise step.
-double TranscendentalsOf(v1::OpKind op, const v1::UnaryAttrs* unary, const v1::BinaryAttrs* binary) {
+double TranscendentalsOf(v1::OpKind op, const v1::UnaryAttrs* unary,
+                         const v1::BinaryAttrs* binary) {
   if (op == v1::OP_UNARY && unary != nullptr && IsTranscendental(unary->kind())) return 1;
   if (op == v1::OP_BINARY && binary != nullptr && binary->kind() == v1::BINARY_POW) return 1;
   return 0;
@@ -94,14 +103,16 @@ Work EstimateWork(const backend::KernelSpec& spec) {
       break;
     case v1::OP_FUSED_ELEMENTWISE:
       for (const v1::FusedInstr& in : spec.attrs.fused_elementwise().instrs()) {
-        w.transcendentals += out * TranscendentalsOf(in.op(), in.has_unary() ? &in.unary() : nullptr,
-                                                     in.has_binary() ? &in.binary() : nullptr);
+        w.transcendentals +=
+            out * TranscendentalsOf(in.op(), in.has_unary() ? &in.unary() : nullptr,
+                                    in.has_binary() ? &in.binary() : nullptr);
       }
       break;
     case v1::OP_FUSED_MATMUL:
       if (IsTranscendental(spec.attrs.fused_matmul().activation())) w.transcendentals = out;
       break;
-    case v1::OP_SOFTMAX: case v1::OP_LOG_SOFTMAX:
+    case v1::OP_SOFTMAX:
+    case v1::OP_LOG_SOFTMAX:
       w.transcendentals = spec.inputs.empty() ? 0 : Elems(spec.inputs[0]);
       break;
     default:
@@ -153,9 +164,7 @@ Work EstimateWork(const backend::KernelSpec& spec) {
   return w;
 }
 
-bool SpansThreadTeam(const Work& work) {
-  return work.flops >= 65536.0 || work.bytes >= 262144.0;
-}
+bool SpansThreadTeam(const Work& work) { return work.flops >= 65536.0 || work.bytes >= 262144.0; }
 
 CostModel::CostModel() = default;
 
@@ -184,8 +193,11 @@ const HostProfile& CostModel::Host(const backend::DeviceInfo& device) const {
   return it == host_profiles_.end() ? kNone : it->second;
 }
 
-double CostModel::RunMicros(const backend::DeviceInfo& device, bool spans_team) const {
-  return Profile(device).sync_overhead_us + (spans_team ? Host(device).team_wake_us : 0.0);
+double CostModel::RunMicros(const backend::DeviceInfo& device, int team_kernels) const {
+  const HostProfile& h = Host(device);
+  const double mixed =
+      team_kernels >= 2 ? std::max(0.0, h.mixed_launch_us - h.parallel_launch_us) : 0.0;
+  return Profile(device).sync_overhead_us + team_kernels * mixed;
 }
 
 double CostModel::KernelMicros(const backend::KernelSpec& spec,
@@ -207,11 +219,13 @@ double CostModel::KernelMicros(const Work& work, OpFamily family, DType dtype,
   const HostProfile& h = Host(device);
   // A working set that fits the last-level cache streams at its speed; past
   // it, at the memory's (both measured by calibration on host devices).
-  const double bandwidth = h.cache_bandwidth_gbps > 0 && work.bytes <= static_cast<double>(h.cache_bytes)
-                               ? h.cache_bandwidth_gbps
-                               : p.bandwidth_gbps;
-  const double compute_us = (gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0) +
-                            (h.transcendental_gelems > 0 ? work.transcendentals / (h.transcendental_gelems * 1e3) : 0);
+  const double bandwidth =
+      h.cache_bandwidth_gbps > 0 && work.bytes <= static_cast<double>(h.cache_bytes)
+          ? h.cache_bandwidth_gbps
+          : p.bandwidth_gbps;
+  const double compute_us =
+      (gflops > 0 ? work.flops / (gflops * 1e3 * eff) : 0) +
+      (h.transcendental_gelems > 0 ? work.transcendentals / (h.transcendental_gelems * 1e3) : 0);
   const double memory_us = bandwidth > 0 ? work.bytes / (bandwidth * 1e3 * eff) : 0;
   return std::max(compute_us, memory_us) + FixedMicros(work, device);
 }

@@ -35,11 +35,13 @@ Work EstimateWork(const backend::KernelSpec& spec);
 // zero for accelerators and for a CPU on one thread (nothing to add then).
 struct HostProfile {
   // Added to the launch cost of a kernel that spans the team
-  // (SpansThreadTeam): the fork and join of the OpenMP team, back to back.
+  // (SpansThreadTeam): the fork and join of the OpenMP team, back to back
+  // at one team size (a one-kernel run, again and again).
   double parallel_launch_us = 0;
-  // Added once to a run with such a kernel: waking a team that went to sleep
-  // between runs (the first parallel kernel after the host was idle).
-  double team_wake_us = 0;
+  // The same when consecutive kernels split into teams of different sizes,
+  // as the layers of a model do: charged instead of parallel_launch_us to
+  // every such kernel of a run that has two or more (CostModel::RunMicros).
+  double mixed_launch_us = 0;
   // Bandwidth while a kernel's bytes fit in the last-level cache of
   // `cache_bytes`; backend::DeviceProfile::bandwidth_gbps is then measured
   // past it (memory). 0 = one bandwidth for every size.
@@ -83,10 +85,11 @@ class CostModel {
   // The measured team and cache figures of a host device (none: all zero).
   void SetHostProfile(const std::string& device, const HostProfile& profile);
   const HostProfile& Host(const backend::DeviceInfo& device) const;
-  // Fixed cost of a run on `device` beyond its kernels and copies: the queue's
-  // submit + wait (sync_overhead_us), plus team_wake_us when any kernel of
-  // the run spans the host's thread team.
-  double RunMicros(const backend::DeviceInfo& device, bool spans_team) const;
+  // Fixed cost of a run on `device` beyond what KernelMicros gives its
+  // kernels and the copies: the queue's submit + wait (sync_overhead_us),
+  // and, when `team_kernels` (kernels that span a host's thread team) is two
+  // or more, mixed_launch_us - parallel_launch_us for each of them.
+  double RunMicros(const backend::DeviceInfo& device, int team_kernels) const;
 
   // Fraction of the roofline the device reaches for an op family, as its
   // backend reports it (DeviceInfo::roofline_efficiency; default 1).

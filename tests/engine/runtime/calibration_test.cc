@@ -84,5 +84,108 @@ TEST(Calibration, BusyHostIsNotCached) {
   fs::remove_all(dir);
 }
 
+// The one cache file under `dir` (there is one device per test).
+fs::path CalibrationCacheFile(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir / "calibration")) files.push_back(e.path());
+  EXPECT_EQ(files.size(), 1u);
+  return files.empty() ? fs::path() : files[0];
+}
+
+std::string ReadCalibrationFile(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Every figure survives the round trip through the cache file, the CPU's
+// team and cache figures (HostProfile) included, and `refresh` measures again
+// even though the file is good.
+TEST(Calibration, PersistedProfileRoundTrips) {
+  auto registry = DeviceRegistry::Create({});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  backend::Device& cpu = *(*registry)->cpu();
+  const fs::path dir = fs::temp_directory_path() / ("kiln_calib_rt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto first = CalibrateCached(cpu, dir.string(), 1e9);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->from_cache);
+  // Every CPU measures its tanh rate (the cost of transcendental elements).
+  EXPECT_GT(first->host.transcendental_gelems, 0.0);
+  auto second = CalibrateCached(cpu, dir.string(), 1e9);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->from_cache);
+  const backend::DeviceProfile& a = first->profile;
+  const backend::DeviceProfile& b = second->profile;
+  EXPECT_DOUBLE_EQ(b.peak_gflops_f32, a.peak_gflops_f32);
+  EXPECT_DOUBLE_EQ(b.peak_gflops_f16, a.peak_gflops_f16);
+  EXPECT_DOUBLE_EQ(b.bandwidth_gbps, a.bandwidth_gbps);
+  EXPECT_DOUBLE_EQ(b.launch_overhead_us, a.launch_overhead_us);
+  EXPECT_DOUBLE_EQ(b.sync_overhead_us, a.sync_overhead_us);
+  EXPECT_TRUE(b.calibrated);
+  EXPECT_DOUBLE_EQ(second->host.parallel_launch_us, first->host.parallel_launch_us);
+  EXPECT_DOUBLE_EQ(second->host.mixed_launch_us, first->host.mixed_launch_us);
+  EXPECT_DOUBLE_EQ(second->host.cache_bandwidth_gbps, first->host.cache_bandwidth_gbps);
+  EXPECT_EQ(second->host.cache_bytes, first->host.cache_bytes);
+  EXPECT_DOUBLE_EQ(second->host.transcendental_gelems, first->host.transcendental_gelems);
+  auto refreshed = CalibrateCached(cpu, dir.string(), 1e9, /*refresh=*/true);
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status();
+  EXPECT_FALSE(refreshed->from_cache);
+  fs::remove_all(dir);
+}
+
+// A file cut short, one with a figure of the wrong type (which the JSON
+// library would throw on if read unchecked) and one written for another
+// machine (fingerprint) are all measured over and rewritten, never trusted.
+TEST(Calibration, DamagedOrForeignFilesAreMeasuredOver) {
+  auto registry = DeviceRegistry::Create({});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  backend::Device& cpu = *(*registry)->cpu();
+  const fs::path dir = fs::temp_directory_path() / ("kiln_calib_bad_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_TRUE(CalibrateCached(cpu, dir.string(), 1e9).ok());
+  const fs::path file = CalibrationCacheFile(dir);
+  const std::string good = ReadCalibrationFile(file);
+  const std::string fingerprint = CalibrationFingerprint(cpu.info());
+  ASSERT_NE(good.find(fingerprint), std::string::npos) << good;
+  std::string wrong_type = good;
+  const size_t at = wrong_type.find("\"bandwidth_gbps\":");
+  ASSERT_NE(at, std::string::npos);
+  wrong_type.insert(at + std::string("\"bandwidth_gbps\":").size(), " \"fast\", \"was\":");
+  std::string foreign = good;
+  const size_t cores = foreign.find("|cores=");
+  ASSERT_NE(cores, std::string::npos);
+  foreign.insert(cores + 7, "9");  // the same file, for a machine with other cores
+  for (const std::string& bad : {good.substr(0, good.size() / 2), wrong_type, foreign}) {
+    std::ofstream(file, std::ios::trunc) << bad;
+    auto r = CalibrateCached(cpu, dir.string(), 1e9);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->from_cache) << bad;
+    EXPECT_GT(r->profile.bandwidth_gbps, 0.0);
+    // Rewritten: the next start reads it again.
+    auto again = CalibrateCached(cpu, dir.string(), 1e9);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->from_cache) << ReadCalibrationFile(file);
+  }
+  fs::remove_all(dir);
+}
+
+// The fingerprint names the device and the machine around it: another
+// identity or driver is another calibration.
+TEST(Calibration, FingerprintNamesDeviceAndMachine) {
+  backend::DeviceInfo a;
+  a.identity = "cpu|model|x86-64-v3|threads=16";
+  a.driver_version = "1";
+  backend::DeviceInfo b = a;
+  EXPECT_EQ(CalibrationFingerprint(a), CalibrationFingerprint(b));
+  b.identity = "cpu|model|x86-64-v3|threads=8";
+  EXPECT_NE(CalibrationFingerprint(a), CalibrationFingerprint(b));
+  b = a;
+  b.driver_version = "2";
+  EXPECT_NE(CalibrationFingerprint(a), CalibrationFingerprint(b));
+  const std::string f = CalibrationFingerprint(a);
+  EXPECT_NE(f.find("|cores="), std::string::npos) << f;
+  EXPECT_NE(f.find("|memory_gib="), std::string::npos) << f;
+}
+
 }  // namespace
 }  // namespace kiln::runtime
