@@ -209,8 +209,9 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
   // The mma variants are modules of their own (dequant_matmul.cu's
   // KILN_DEQUANT_MMA), the rest one module.
   const std::string module = path == Path::kMma ? entry.substr(5) : "dequant_matmul";
-  const std::string source = path == Path::kMma ? DequantMmaSource(shape.wtype, shape.act, MmaTiles(shape.m))
-                                                : KernelSource("dequant_matmul.cu");
+  const std::string source = path == Path::kMma
+                                 ? DequantMmaSource(shape.wtype, shape.act, MmaTiles(shape.m))
+                                 : KernelSource("dequant_matmul.cu");
   KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, module, source, entry, context));
   std::string impl = absl::StrCat("nvrtc:dequant_", kind, "_", suffix);
   LoadedFunction reduce;

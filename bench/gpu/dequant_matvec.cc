@@ -180,7 +180,10 @@ int main(int argc, char** argv) {
         std::vector<uint16_t> x16(act == v1::DTYPE_BF16 ? m * k : 0);
         for (size_t i = 0; i < x.size(); ++i) {
           x[i] = u(rng);
-          if (act == v1::DTYPE_BF16) x16[i] = kiln::FloatToBf16(x[i]), x[i] = kiln::Bf16ToFloat(x16[i]);
+          if (act == v1::DTYPE_BF16) {
+            x16[i] = kiln::FloatToBf16(x[i]);
+            x[i] = kiln::Bf16ToFloat(x16[i]);
+          }
         }
         kiln::backend::KernelSpec spec;
         spec.name = spec.label = "bench_dequant_matmul";

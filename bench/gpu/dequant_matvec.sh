@@ -15,14 +15,18 @@ logs=${logs:-/tmp/cuda-logs}
 mkdir -p "$logs"
 bin=${DEQUANT_BIN:-$stage/bin/dequant_matvec}
 #   $DEQUANT_ARGS: more flags for dequant_matvec and, where they mean the same
-#   (--ms), torch_dequant_matvec.py (e.g. "--ms=16,32 --act=bf16")
+#   (--ms, --shapes), torch_dequant_matvec.py (e.g. "--ms=16,32 --act=bf16")
 #   $KILN_DEQUANT_PATH: matvec|mma|tiled forces Kiln's kernel (default: by M)
+#   $DEQUANT_TIMEOUT, $TORCH_TIMEOUT: seconds for each side (150, 120)
 read -r -a extra <<< "${DEQUANT_ARGS:-}"
 torch_extra=()
-for a in "${extra[@]}"; do [[ $a == --ms=* ]] && torch_extra+=(--ms "${a#--ms=}"); done
-timeout 150 "$bin" --device=cuda:0 "${extra[@]}" > "$out/dequant_matvec.json" 2> "$logs/dequant_matvec.log"
+for a in "${extra[@]}"; do
+  [[ $a == --ms=* ]] && torch_extra+=(--ms "${a#--ms=}")
+  [[ $a == --shapes=* ]] && torch_extra+=(--shapes "${a#--shapes=}")
+done
+timeout "${DEQUANT_TIMEOUT:-150}" "$bin" --device=cuda:0 "${extra[@]}" > "$out/dequant_matvec.json" 2> "$logs/dequant_matvec.log"
 echo "dequant_matvec exit $?"
-LD_LIBRARY_PATH= timeout 120 python3 "$here/torch_dequant_matvec.py" "${torch_extra[@]}" \
+LD_LIBRARY_PATH= timeout "${TORCH_TIMEOUT:-120}" python3 "$here/torch_dequant_matvec.py" "${torch_extra[@]}" \
   > "$out/torch_dequant_matvec.json" 2>> "$logs/dequant_matvec.log"
 echo "torch_dequant_matvec exit $?"
 tail -n 20 "$logs/dequant_matvec.log" | cut -c1-300
