@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -200,7 +201,18 @@ TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
 // kstep more (q8_0, q4_0), f16 and bf16 activations, and shapes whose
 // tiles are too few for the device, so K is split (the partials summed by
 // the reduction kernel).
+// Sets KILN_DEQUANT_MMA=1 (the tensor-core kernel by default for batches of
+// more than 8 rows, kernels_dequant_matmul.cc's MmaByDefault) for one test.
+class ScopedMmaDefault {
+ public:
+  ScopedMmaDefault() { setenv("KILN_DEQUANT_MMA", "1", 1); }
+  ~ScopedMmaDefault() { unsetenv("KILN_DEQUANT_MMA"); }
+  ScopedMmaDefault(const ScopedMmaDefault&) = delete;
+  ScopedMmaDefault& operator=(const ScopedMmaDefault&) = delete;
+};
+
 TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
+  ScopedMmaDefault mma;
   for (DType wt : kBlockTypes) {
     for (int64_t m : {9, 16, 17, 32, 33, 64, 100}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
     Check({wt, v1::DTYPE_F32, 13, 300, 1024, true, 0});
@@ -217,7 +229,23 @@ TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
   Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 16, 4096, 4096, true, 0});
 }
 
+// Until the tensor-core kernel has run on a GPU it is opt-in: by default
+// batches keep the matvec kernel up to 32 rows and the tiled one above.
+TEST_F(CudaDequantMatMulTest, PathByBatchWithoutTheTensorCoreOptIn) {
+  for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
+           {1, "matvec_m1"}, {8, "matvec_m8"}, {9, "matvec_m8"}, {32, "matvec_m8"},
+           {33, "matmul"}}) {
+    const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_F32, m, 64, 256, true, 0};
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(SpecOf(p), ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_EQ((*kernel)->implementation(), absl::StrCat("nvrtc:dequant_", path, "_q4_k_f32",
+                                                        path == "matmul" ? "_nk_32x64" : ""));
+  }
+}
+
 TEST_F(CudaDequantMatMulTest, PathByBatch) {
+  ScopedMmaDefault mma;
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
            {1, "matvec_m1"}, {2, "matvec_m4"}, {3, "matvec_m4"}, {8, "matvec_m8"},
            {9, "mma_n2"}, {32, "mma_n4"}, {33, "mma_n8"}, {300, "mma_n8"}}) {
