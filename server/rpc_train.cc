@@ -361,30 +361,12 @@ class SocketTrainStepCall final : private SocketStepBuffers,
     return svc_.BeginLocal(tenant_, "ShmTrainStep", request_bytes, request_id_, call);
   }
   absl::Time Deadline() const override { return deadline_; }
-  // A cancel at or past the deadline is the connection's thread ending the
-  // step at its deadline (a gRPC client's deadline would say so itself).
   absl::Status Outcome(absl::Status s) const override {
-    if (s.code() == absl::StatusCode::kCancelled && absl::Now() >= deadline_) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the step's deadline (run_timeout_ms) passed: ", s.message()));
-    }
-    return s;
+    return SocketOutcome(std::move(s), deadline_, "step");
   }
   void Send(const absl::Status& s) override {
-    v1::ShmServerMessage a;
-    a.set_code(static_cast<int>(s.code()));
-    a.set_message(s.ok() ? std::string("ok") : ToGrpc(s).error_message());
-    a.set_request_id(call().request_id.empty() ? std::string("-") : call().request_id);
-    if (s.ok()) {
-      std::vector<grpc::Slice> slices;
-      if (response_bytes().Dump(&slices).ok()) {
-        std::string* out = a.mutable_train_step_response();
-        out->reserve(response_bytes().Length());
-        for (const grpc::Slice& slice : slices) {
-          out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-        }
-      }
-    }
+    v1::ShmServerMessage a =
+        SocketAnswer(s, call().request_id, response_bytes(), &v1::ShmServerMessage::mutable_train_step_response);
     // The last use of `this`: the answer may let the connection's thread
     // drop its reference, and `keep` is the other.
     std::shared_ptr<SocketTrainStepCall> keep = std::move(self_);

@@ -2,11 +2,16 @@
 
 #include <cstring>
 #include <optional>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/dtype.h"
 #include "base/status.h"
 #include "server/client_string.h"
+#include "server/service.h"
 
 namespace kiln::server {
 namespace {
@@ -200,6 +205,34 @@ void RunShm::Answer(const std::string& name, DType dtype, const Dims& dims, cons
   t->set_dtype(dtype);
   for (int64_t d : dims) t->add_dims(d);
   *out->mutable_shm() = p->ref;
+}
+
+v1::ShmServerMessage SocketAnswer(const absl::Status& s, const std::string& request_id,
+                                  const grpc::ByteBuffer& bytes,
+                                  std::string* (v1::ShmServerMessage::*field)()) {
+  v1::ShmServerMessage a;
+  a.set_code(static_cast<int>(s.code()));
+  a.set_message(s.ok() ? std::string("ok") : ToGrpc(s).error_message());
+  a.set_request_id(request_id.empty() ? std::string("-") : request_id);
+  if (s.ok()) {
+    std::vector<grpc::Slice> slices;
+    if (bytes.Dump(&slices).ok()) {
+      std::string* out = (a.*field)();
+      out->reserve(bytes.Length());
+      for (const grpc::Slice& slice : slices) {
+        out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+    }
+  }
+  return a;
+}
+
+absl::Status SocketOutcome(absl::Status s, absl::Time deadline, absl::string_view what) {
+  if (s.code() == absl::StatusCode::kCancelled && absl::Now() >= deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the ", what, "'s deadline (run_timeout_ms) passed: ", s.message()));
+  }
+  return s;
 }
 
 }  // namespace kiln::server

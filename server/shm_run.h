@@ -19,11 +19,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/host_tensor.h"
 #include "engine/engine.h"
 #include "kiln/v1/service.pb.h"
+#include "kiln/v1/shm.pb.h"
 #include "server/shm_regions.h"
 #include "server/tenants.h"
+
+namespace grpc {
+class ByteBuffer;
+}  // namespace grpc
 
 namespace kiln::server {
 
@@ -97,5 +104,17 @@ class RunShm {
   std::vector<const ShmRegion*> output_regions_;            // shm_outputs[i]'s region
   std::vector<Output> planned_;
 };
+
+// The answer a call over kilnd's shared-memory socket sends (a Run's or a
+// TrainStep's): `s` as code and message, the request id ("-" when none) and,
+// when `s` is OK, the serialized response `bytes` in the field `field` of the
+// message returns (mutable_run_response, mutable_train_step_response).
+v1::ShmServerMessage SocketAnswer(const absl::Status& s, const std::string& request_id,
+                                  const grpc::ByteBuffer& bytes,
+                                  std::string* (v1::ShmServerMessage::*field)());
+// A socket call's outcome: a cancel at or past `deadline` is the connection's
+// thread ending the call (`what`: "run", "step") at its deadline, which a gRPC
+// client's own deadline would have said itself.
+absl::Status SocketOutcome(absl::Status s, absl::Time deadline, absl::string_view what);
 
 }  // namespace kiln::server
