@@ -624,15 +624,11 @@ class GrpcRunCall final : public grpc::ServerUnaryReactor, public RunCall {
 // response serialized as gRPC's, then sent as ShmServerMessage.run_response.
 // Holds itself until it is answered; the connection's thread holds it to
 // cancel it.
-struct SocketRunBuffers {
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-};
-class SocketRunCall final : private SocketRunBuffers, public RunCall, public ShmRunCall {
+class SocketRunCall final : private SocketCallBuffers, public RunCall, public ShmRunCall {
  public:
   SocketRunCall(KilnService& service, ShmRunRequest r)
-      : SocketRunBuffers{ToByteBuffer(std::move(r.run)), {}},
-        RunCall(service, SocketRunBuffers::request, SocketRunBuffers::response),
+      : SocketCallBuffers(std::move(r.run)),
+        RunCall(service, SocketCallBuffers::request, SocketCallBuffers::response),
         svc_(service), tenant_(r.tenant), deadline_(r.deadline),
         request_id_(std::move(r.request_id)), answer_(std::move(r.answer)) {}
 
@@ -645,11 +641,6 @@ class SocketRunCall final : private SocketRunBuffers, public RunCall, public Shm
   void Cancel() override { CancelRun(); }
 
  private:
-  static grpc::ByteBuffer ToByteBuffer(std::string bytes) {
-    grpc::Slice slice(std::move(bytes));
-    return grpc::ByteBuffer(&slice, 1);
-  }
-
   absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
     return svc_.BeginLocal(tenant_, "ShmRun", request_bytes, request_id_, call);
   }

@@ -329,17 +329,13 @@ class TrainStepReactor final : public grpc::ServerUnaryReactor, public TrainStep
 // are; its response serialized as gRPC's, then sent as
 // ShmServerMessage.train_step_response. Holds itself until it is answered;
 // the connection's thread holds it to cancel it.
-struct SocketStepBuffers {
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-};
-class SocketTrainStepCall final : private SocketStepBuffers,
+class SocketTrainStepCall final : private SocketCallBuffers,
                                   public TrainStepCall,
                                   public ShmRunCall {
  public:
   SocketTrainStepCall(KilnService& service, ShmRunRequest r)
-      : SocketStepBuffers{ToByteBuffer(std::move(r.run)), {}},
-        TrainStepCall(service, SocketStepBuffers::request, SocketStepBuffers::response),
+      : SocketCallBuffers(std::move(r.run)),
+        TrainStepCall(service, SocketCallBuffers::request, SocketCallBuffers::response),
         svc_(service), tenant_(r.tenant), deadline_(r.deadline),
         request_id_(std::move(r.request_id)), answer_(std::move(r.answer)) {}
 
@@ -352,11 +348,6 @@ class SocketTrainStepCall final : private SocketStepBuffers,
   void Cancel() override { CancelStep(); }
 
  private:
-  static grpc::ByteBuffer ToByteBuffer(std::string bytes) {
-    grpc::Slice slice(std::move(bytes));
-    return grpc::ByteBuffer(&slice, 1);
-  }
-
   absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) override {
     return svc_.BeginLocal(tenant_, "ShmTrainStep", request_bytes, request_id_, call);
   }

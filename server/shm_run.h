@@ -28,9 +28,7 @@
 #include "server/shm_regions.h"
 #include "server/tenants.h"
 
-namespace grpc {
-class ByteBuffer;
-}  // namespace grpc
+#include <grpcpp/support/byte_buffer.h>
 
 namespace kiln::server {
 
@@ -103,6 +101,19 @@ class RunShm {
   const ShmRegion* area_ = nullptr;                         // shm_output_area's region
   std::vector<const ShmRegion*> output_regions_;            // shm_outputs[i]'s region
   std::vector<Output> planned_;
+};
+
+// The request and response bytes of a call over kilnd's shared-memory socket
+// (a Run's or a TrainStep's), a base of the call so that they outlive the
+// gRPC call classes that read and write them: the request is the datagram's
+// serialized message, taken without a copy.
+struct SocketCallBuffers {
+  explicit SocketCallBuffers(std::string request_bytes) {
+    grpc::Slice slice(std::move(request_bytes));
+    request = grpc::ByteBuffer(&slice, 1);
+  }
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
 };
 
 // The answer a call over kilnd's shared-memory socket sends (a Run's or a
