@@ -201,11 +201,12 @@ TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
 // kstep more (q8_0, q4_0), f16 and bf16 activations, and shapes whose
 // tiles are too few for the device, so K is split (the partials summed by
 // the reduction kernel).
-// Sets KILN_DEQUANT_MMA=1 (the tensor-core kernel by default for batches of
-// more than 8 rows, kernels_dequant_matmul.cc's MmaByDefault) for one test.
+// Sets KILN_DEQUANT_MMA for one test: "1" (the default, kernels_dequant_matmul.cc's
+// MmaByDefault, made explicit so a user's environment cannot change what the test
+// checks) or "0" (the tensor-core kernel off).
 class ScopedMmaDefault {
  public:
-  ScopedMmaDefault() { setenv("KILN_DEQUANT_MMA", "1", 1); }
+  explicit ScopedMmaDefault(const char* value = "1") { setenv("KILN_DEQUANT_MMA", value, 1); }
   ~ScopedMmaDefault() { unsetenv("KILN_DEQUANT_MMA"); }
   ScopedMmaDefault(const ScopedMmaDefault&) = delete;
   ScopedMmaDefault& operator=(const ScopedMmaDefault&) = delete;
@@ -229,9 +230,10 @@ TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
   Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 16, 4096, 4096, true, 0});
 }
 
-// Until the tensor-core kernel has run on a GPU it is opt-in: by default
-// batches keep the matvec kernel up to 32 rows and the tiled one above.
-TEST_F(CudaDequantMatMulTest, PathByBatchWithoutTheTensorCoreOptIn) {
+// KILN_DEQUANT_MMA=0 turns the tensor-core kernel off: batches keep the
+// matvec kernel up to 32 rows and the tiled one above.
+TEST_F(CudaDequantMatMulTest, PathByBatchWithTheTensorCoresOff) {
+  ScopedMmaDefault off("0");
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
            {1, "matvec_m1"}, {8, "matvec_m8"}, {9, "matvec_m8"}, {32, "matvec_m8"},
            {33, "matmul"}}) {
@@ -245,7 +247,7 @@ TEST_F(CudaDequantMatMulTest, PathByBatchWithoutTheTensorCoreOptIn) {
 }
 
 TEST_F(CudaDequantMatMulTest, PathByBatch) {
-  ScopedMmaDefault mma;
+  unsetenv("KILN_DEQUANT_MMA");  // the default: tensor cores past 8 rows
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
            {1, "matvec_m1"}, {2, "matvec_m4"}, {3, "matvec_m4"}, {8, "matvec_m8"},
            {9, "mma_n2"}, {32, "mma_n4"}, {33, "mma_n8"}, {300, "mma_n8"}}) {
