@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      std::string(measured.status().message()));
       }
     }
+    impl->program_options.launch_overhead_us[info.id] = info.profile.launch_overhead_us;
     impl->infos.push_back(std::move(info));
     impl->calibration_from_cache.push_back(from_cache);
     impl->calibration_contended.push_back(contended);

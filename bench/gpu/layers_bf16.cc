@@ -39,6 +39,11 @@
 //     Program::Run, the command list), to_worker, worker_queue (its reader thread to
 //     the stream's thread), launch (the commands handed to the device), device_wait,
 //     answer (the event times), to_kilnd, wake_caller, after (the outputs, the report).
+// graphs8 (issue 8, CUDA graphs' AUTO and TF32):
+//   --allow_tf32 on|off  CompileOptions.allow_tf32 (f32 GEMMs on cuBLASLt's TF32 compute
+//   type; default off);
+//   the JSON gives what AUTO weighed: "kernels" (the program's steps), "estimate_us"
+//   (the cost model's), "launch_us" (the device's launch cost per kernel), "uses_graphs".
 //   layers_bf16 --layer decoder --compile_once DIR
 //     issue 8's compile target: one Engine::Compile of the layer for the device with the
 //     disk cache in DIR, timed alone (the Engine, its calibration and the weights are made
@@ -62,6 +67,7 @@
 
 #include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
+#include "engine/runtime/program.h"
 #include "engine/runtime/worker_client.h"
 #include "nlohmann/json.hpp"
 
@@ -167,11 +173,12 @@ int main(int argc, char** argv) {
   const bool resident = io == "resident";
   const std::string isolation = flag("--isolation", "auto");
   const std::string report_mode = flag("--report", "every");
+  const std::string tf32 = flag("--allow_tf32", "off");
   if ((which != "bert" && which != "decoder") || iters <= 0 || batch <= 0 || seq <= 0 ||
       (outputs != "fresh" && outputs != "reused") || (io != "host" && io != "resident") ||
       (dtype != "bf16" && dtype != "f32") ||
       (isolation != "auto" && isolation != "thread" && isolation != "process") ||
-      (report_mode != "every" && report_mode != "last") ||
+      (report_mode != "every" && report_mode != "last") || (tf32 != "on" && tf32 != "off") ||
       (resident && (outputs == "reused" || flags.contains("--compile_once"))) ||
       ((outputs == "reused" || resident) && flags.contains("--export"))) {  // y is not kept then
     return 2;
@@ -210,6 +217,7 @@ int main(int argc, char** argv) {
                    : graphs == "off" ? v1::CUDA_GRAPHS_OFF
                                      : v1::CUDA_GRAPHS_AUTO;
   if (resident) co.state_updates = {{"y", "x"}};
+  co.allow_tf32 = tf32 == "on";
   const auto c0 = std::chrono::steady_clock::now();
   auto compiled = (*engine)->Compile(L.graph, co, {});
   const auto c1 = std::chrono::steady_clock::now();
@@ -368,7 +376,18 @@ int main(int argc, char** argv) {
     std::sort(hops[h].begin(), hops[h].end());
     hops_us[hop_names[h]] = hops[h][hops[h].size() / 2];
   }
+  // What CUDA graphs' AUTO weighed (runtime::UseCapturedGraphs).
+  const auto* program = dynamic_cast<const kiln::runtime::Program*>(compiled->executable.get());
+  double launch_us = 0;
+  for (const auto* d : (*engine)->Devices()) {
+    if (d->id == co.device) launch_us = d->profile.launch_overhead_us;
+  }
   const json out = {{"bench", "layer_bf16"},
+                    {"allow_tf32", co.allow_tf32},
+                    {"kernels", program ? program->lir().steps_size() : -1},
+                    {"estimate_us", compiled->executable->estimated_run_micros()},
+                    {"launch_us", launch_us},
+                    {"uses_graphs", program != nullptr && program->uses_graphs()},
                     {"impl", flag("--label", "kiln")},
                     {"layer", which},
                     {"config", L.config},

@@ -12,7 +12,7 @@ back, from pageable memory (y.cpu(), a fresh tensor each call: "e2e_pageable_ms"
 from pinned memory (y copied into one pinned tensor, non_blocking, then a synchronize:
 "e2e_pinned_ms"), Kiln's --io host counterparts.
 
-usage: torch_layers.py EXPORT_DIR [--iters 20] [--e2e]
+usage: torch_layers.py EXPORT_DIR [--iters 20] [--e2e] [--tf32]
 """
 import argparse
 import json
@@ -29,9 +29,11 @@ def main():
     ap.add_argument("export_dir")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--e2e", action="store_true")
+    ap.add_argument("--tf32", action="store_true",
+                    help="torch.backends.cuda.matmul.allow_tf32 (and cudnn's) on")
     args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     with open(os.path.join(args.export_dir, "manifest.json")) as f:
         manifest = json.load(f)
     cfg = manifest["config"]
@@ -91,7 +93,7 @@ def main():
     diff = (y.float() - t["y_kiln"].float()).abs()
     row = {"bench": "layer_bf16", "impl": "torch_eager", "layer": cfg["layer"],
            "dtype": cfg.get("dtype", "bf16"), "batch": cfg["batch"], "seq": cfg["seq"],
-           "eager_ms": times[len(times) // 2], "torch": torch.__version__,
+           "eager_ms": times[len(times) // 2], "torch": torch.__version__, "tf32": args.tf32,
            "max_abs_diff_vs_kiln": diff.max().item(),
            "mean_abs_diff_vs_kiln": diff.mean().item()}
     if args.e2e:

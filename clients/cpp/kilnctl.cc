@@ -311,7 +311,8 @@ void AddCudaGraphsOption(CLI::App& app, v1::CudaGraphs& out) {
   const std::map<std::string, v1::CudaGraphs> values = {
       {"auto", v1::CUDA_GRAPHS_AUTO}, {"on", v1::CUDA_GRAPHS_ON}, {"off", v1::CUDA_GRAPHS_OFF}};
   app.add_option("--cuda-graphs", out,
-                 "CUDA graphs on cuda devices: auto (launch-bound programs), on, off")
+                 "CUDA graphs on cuda devices: auto (when the launches saved are >= 1% of the "
+                 "run), on, off")
       ->transform(CLI::CheckedTransformer(values, CLI::ignore_case))
       ->default_str("auto");
 }

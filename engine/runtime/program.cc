@@ -162,10 +162,11 @@ class RunContext {
 };
 
 bool UseCapturedGraphs(v1::CudaGraphs mode, bool capturable, int kernels,
-                       double estimated_run_micros) {
+                       double estimated_run_micros, double launch_micros) {
   if (mode == v1::CUDA_GRAPHS_OFF || !capturable || kernels <= 0) return false;
   if (mode == v1::CUDA_GRAPHS_ON) return true;
-  return estimated_run_micros / kernels <= kLaunchBoundMicros;
+  const double saved = kernels * std::max(0.0, launch_micros);
+  return saved >= kMinGraphSaving * std::max(0.0, estimated_run_micros);
 }
 
 Program::Program(v1::Executable lir, std::shared_ptr<const DeviceRegistry> registry,
@@ -263,11 +264,18 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
       capturable = l.steps(i).kind() == v1::STEP_KERNEL && l.steps(i).device() == device &&
                    kernel != nullptr && kernel->capturable();
     }
+    double launch_micros = 0;
     if (capturable) {
-      const auto& features = p->registry_->Find(device)->info().features;
-      capturable = std::find(features.begin(), features.end(), "graphs") != features.end();
+      const backend::DeviceInfo& info = p->registry_->Find(device)->info();
+      capturable = std::find(info.features.begin(), info.features.end(), "graphs") !=
+                   info.features.end();
+      const auto calibrated = options.launch_overhead_us.find(device);
+      launch_micros = calibrated != options.launch_overhead_us.end()
+                          ? calibrated->second
+                          : info.profile.launch_overhead_us;
     }
-    if (UseCapturedGraphs(l.cuda_graphs(), capturable, l.steps_size(), p->estimated_run_micros_)) {
+    if (UseCapturedGraphs(l.cuda_graphs(), capturable, l.steps_size(), p->estimated_run_micros_,
+                          launch_micros)) {
       p->graph_device_ = device;
     }
   }

@@ -58,6 +58,11 @@ struct ProgramOptions {
   int64_t max_while_iterations = 1000000;
   // Where a run's context memory is charged to its tenant; may be null.
   std::shared_ptr<RunMemoryLedger> ledger;
+  // Per device id: its launch cost per kernel in microseconds, as the engine
+  // calibrated it (DeviceProfile::launch_overhead_us; CUDA graphs' AUTO
+  // weighs it, UseCapturedGraphs). A device not listed uses its info's
+  // nominal profile.
+  std::map<std::string, double> launch_overhead_us;
   // CompileOptions.allow_int8_activations of the executable being loaded: set
   // on every kernel's spec (backend::KernelSpec.allow_int8_activations). The
   // LIR does not record it; the executable key does, so an executable is only
@@ -70,11 +75,17 @@ class RunContext;
 // CUDA graphs (Executable.cuda_graphs, docs/cuda.md): whether runs of a
 // program replay a captured graph. `capturable`: every step is a kernel on
 // one device with the "graphs" feature, and every kernel is capturable.
-// OFF: never; ON: when capturable; AUTO: when capturable and launch-bound,
-// the cost model's estimate at most kLaunchBoundMicros per kernel.
-inline constexpr double kLaunchBoundMicros = 100;
+// OFF: never; ON: when capturable; AUTO: when capturable and the graph saves
+// at least kMinGraphSaving of a run: a replay is one launch for the device
+// instead of `kernels`, so it saves about `kernels` x `launch_micros` (the
+// device's launch cost per kernel, calibrated: DeviceProfile::
+// launch_overhead_us) of a run the cost model estimates at
+// `estimated_run_micros` (0: unknown, counted as launch-bound). The estimate
+// runs high (1.5-2x the kernels' device time on an H100), which the small
+// fraction absorbs.
+inline constexpr double kMinGraphSaving = 0.01;
 bool UseCapturedGraphs(v1::CudaGraphs mode, bool capturable, int kernels,
-                       double estimated_run_micros);
+                       double estimated_run_micros, double launch_micros);
 
 class Program final : public Executable {
  public:

@@ -372,7 +372,8 @@ class Client:
         compile report. `allow_tf32` lets f32 matmuls use TF32 tensor cores
         (CUDA devices; ~1e-3 relative error; part of the executable key).
         `cuda_graphs` ("auto", "on" or "off"): whether runs on a CUDA device
-        replay a captured CUDA graph (auto: launch-bound programs).
+        replay a captured CUDA graph (auto: when the launches it saves are
+        at least 1% of the estimated run).
         `allow_int8_activations` lets DequantMatMul round its activations to
         int8 per 32 values and multiply in integers (the CPU; ~0.5% relative
         error; part of the executable key; docs/quantization.md)."""

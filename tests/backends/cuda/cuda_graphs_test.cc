@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "clients/cpp/graph_builder.h"
 #include "engine/engine.h"
 #include "engine/runtime/program.h"
 #include "tests/e2e/models.h"
@@ -17,23 +18,47 @@ namespace kiln::runtime {
 namespace {
 
 
-TEST(CudaGraphsDecision, OffNeverOnWhenCapturableAutoWhenLaunchBound) {
+TEST(CudaGraphsDecision, OffNeverOnWhenCapturableAutoWhenTheGraphSavesEnough) {
   // OFF never; nothing that cannot be captured, whatever the mode.
-  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_OFF, true, 20, 100));
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_OFF, true, 20, 100, 5));
   for (v1::CudaGraphs mode : {v1::CUDA_GRAPHS_AUTO, v1::CUDA_GRAPHS_ON}) {
-    EXPECT_FALSE(UseCapturedGraphs(mode, false, 20, 100));
-    EXPECT_FALSE(UseCapturedGraphs(mode, true, 0, 0));
+    EXPECT_FALSE(UseCapturedGraphs(mode, false, 20, 100, 5));
+    EXPECT_FALSE(UseCapturedGraphs(mode, true, 0, 0, 5));
   }
   // ON: every capturable program, however long its kernels run.
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_ON, true, 2, 1e6));
-  // AUTO: launch-bound programs only (the estimate per kernel at most
-  // kLaunchBoundMicros): the BERT-base layer at B8 S128 (~15 kernels,
-  // ~0.8 ms) is; a 5 ms decoder layer of 12 kernels is not.
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 15, 800));
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 1, kLaunchBoundMicros));
-  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 12, 5000));
-  // An unknown estimate (0) counts as launch-bound.
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 0));
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_ON, true, 2, 1e6, 5));
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_ON, true, 2, 1e6, 0));
+}
+
+TEST(CudaGraphsDecision, AutoWeighsTheLaunchesSavedAgainstTheEstimate) {
+  // Saved: kernels x launch cost; captured when that is at least
+  // kMinGraphSaving of the estimated run.
+  // The BERT-base layer fp32 B8 S128: 13 kernels, estimated 0.23-0.8 ms.
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 13, 800, 4));
+  // The bf16 layer at B32 S512: ~10 kernels estimated at ~1.1 ms (0.68 ms of
+  // kernels on an H100) whose launches cost 100-200 us of a run: captured
+  // with the nominal launch cost (4 us) and the calibrated one (6.6 us). The
+  // rule before (at most 100 us of estimate per kernel) declined it.
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 1100, 4));
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 1100, 6.6));
+  // A 7B-style decoder layer (~10 kernels, estimated ~11 ms): 40 us saved is
+  // 0.4% of the run, below the bar; one large GEMM saves one launch.
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 11000, 4));
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 1, 2900, 6.6));
+  // The bar itself: exactly kMinGraphSaving is enough, just under is not.
+  const double run = 1000;
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 4, run, kMinGraphSaving * run / 4));
+  EXPECT_FALSE(
+      UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 4, run, 0.99 * kMinGraphSaving * run / 4));
+  // The launch cost decides: the same program on a device whose launches
+  // cost a tenth as much saves too little.
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 2000, 4));
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 2000, 0.4));
+  // An unknown estimate (0) counts as launch-bound; a launch cost that is
+  // unknown (0) or nonsense (negative) saves nothing.
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 0, 4));
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, 0));
+  EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, -4));
 }
 
 
@@ -98,6 +123,52 @@ TEST(CudaGraphsEngine, SecondRunCapturesLaterRunsReplayWithTheSameResults) {
     EXPECT_EQ(stats.graph_captures, 1);
     EXPECT_EQ(stats.graph_replays, 4);
     EXPECT_EQ(stats.graph_failures, 0);
+  }
+}
+
+// AUTO through the engine on cuda:0 (nominal profile: no calibration): a chain
+// of small kernels captures, one large GEMM (a launch saved of a ~3 ms run)
+// does not, and ON captures it anyway.
+TEST(CudaGraphsEngine, AutoCapturesWhatTheGraphSavesEnoughOn) {
+  EngineOptions o;
+  o.calibration = EngineOptions::Calibration::kNever;
+  o.device_isolation = EngineOptions::DeviceIsolation::kThread;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const backend::DeviceInfo* cuda = nullptr;
+  for (const auto* d : (*engine)->Devices()) {
+    if (d->id == "cuda:0") cuda = d;
+  }
+  if (cuda == nullptr) GTEST_SKIP() << "no CUDA device";
+  GraphBuilder big("one_gemm");
+  const int64_t n = 4096;
+  big.output("y", big.matmul(big.input("x", v1::DTYPE_F32, {n, n}),
+                             big.input("w", v1::DTYPE_F32, {n, n})));
+  struct Case {
+    const char* name;
+    v1::Graph graph;
+    v1::CudaGraphs mode;
+    bool graphs;
+  };
+  const Case cases[] = {{"chain auto", models::MatMulChain(96, 6), v1::CUDA_GRAPHS_AUTO, true},
+                        {"gemm auto", big.Build(), v1::CUDA_GRAPHS_AUTO, false},
+                        {"gemm on", big.Build(), v1::CUDA_GRAPHS_ON, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    CompileOptions co;
+    co.device = "cuda:0";
+    co.cuda_graphs = c.mode;
+    auto compiled = (*engine)->Compile(c.graph, co, {});
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    auto* program = dynamic_cast<Program*>(compiled->executable.get());
+    ASSERT_NE(program, nullptr);
+    const int kernels = program->lir().steps_size();
+    EXPECT_EQ(program->uses_graphs(), c.graphs)
+        << kernels << " kernels, estimate " << program->estimated_run_micros() << " us, launch "
+        << cuda->profile.launch_overhead_us << " us";
+    EXPECT_EQ(program->uses_graphs(),
+              UseCapturedGraphs(c.mode, true, kernels, program->estimated_run_micros(),
+                                cuda->profile.launch_overhead_us));
   }
 }
 
