@@ -67,12 +67,16 @@ double EstimateGraph(const ir::Graph& g, backend::Device& device, backend::Devic
       *dominant = ir::NodeLabel(*np);
     }
   }
-  // Inputs arrive from the host and outputs return to it.
-  double in_bytes = 0, out_bytes = 0;
-  for (const ir::Node* in : g.Inputs()) in_bytes += static_cast<double>(in->type().num_bytes());
-  for (const auto& o : g.outputs()) out_bytes += static_cast<double>(g.TypeOf(o.value).num_bytes());
-  total += model.CopyMicros(in_bytes, cpu.info(), device.info()) +
-           model.CopyMicros(out_bytes, device.info(), cpu.info());
+  // Inputs arrive from the host and outputs return to it, one copy each (as
+  // a run makes them: each pays its own fixed cost; empty ones are skipped).
+  for (const ir::Node* in : g.Inputs()) {
+    const double bytes = static_cast<double>(in->type().num_bytes());
+    if (bytes > 0) total += model.CopyMicros(bytes, cpu.info(), device.info());
+  }
+  for (const auto& o : g.outputs()) {
+    const double bytes = static_cast<double>(g.TypeOf(o.value).num_bytes());
+    if (bytes > 0) total += model.CopyMicros(bytes, device.info(), cpu.info());
+  }
   // Every run submits to the device's queue and waits for it once (and on a
   // host device, kernels of changing team sizes pay for the team's changes).
   total += model.RunMicros(device.info(), team_kernels);

@@ -305,6 +305,55 @@ std::string CalibrationFingerprint(const backend::DeviceInfo& info) {
                       "|kernel=", kernel);
 }
 
+absl::Status MeasureCopyRates(backend::Device& device, backend::DeviceProfile* p) {
+  if (device.info().host_memory) return absl::OkStatus();
+  // Copies are timed on the path a run's inputs and outputs take: from and
+  // into a HostTensor, as Engine::Run's callers pass inputs and as it makes
+  // each fresh output. Once a CUDA worker serves the device, HostTensors of
+  // 1 MiB or more live in the host arena that the worker registered, so the
+  // worker DMAs straight from and into them (res8); elsewhere (heap memory,
+  // in-process devices, lavapipe) they take the device's staging path, and
+  // so does the probe. A std::vector here timed the staging path even where
+  // runs take the direct one: 17.6 / 26 GB/s on an H100 whose runs moved
+  // 64-192 MiB at ~52 GB/s each way.
+  // Copies pay a fixed cost (a worker's round trip) besides their
+  // bandwidth: on a GPU the rate is the slope between 4 and 64 MiB, the
+  // fixed part the launch and sync costs' (CostModel::CopyMicros). Other
+  // devices (lavapipe) keep one 16 MiB copy: every test's kilnd start
+  // calibrates them.
+  const bool gpu = device.info().kind == backend::DeviceKind::kGpu;
+  const int64_t small = gpu ? int64_t{4} << 20 : 0;
+  const int64_t bytes = gpu ? int64_t{64} << 20 : int64_t{16} << 20;
+  KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(bytes));
+  KILN_ASSIGN_OR_RETURN(auto stream, device.CreateStream());
+  // Zero-filled: its pages are touched before the first timed copy.
+  KILN_ASSIGN_OR_RETURN(HostTensor host, HostTensor::Create(v1::DTYPE_U8, {bytes}));
+  // Best seconds of 3 copies of `n` bytes each way.
+  auto time_copies = [&](int64_t n, double* up, double* down) -> absl::Status {
+    *up = *down = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      auto t0 = Clock::now();
+      KILN_RETURN_IF_ERROR(device.CopyToDevice(*stream, host.data(), {buf.get(), 0, n}));
+      KILN_RETURN_IF_ERROR(stream->Synchronize());
+      *up = std::min(*up, Seconds(t0, Clock::now()));
+      t0 = Clock::now();
+      KILN_RETURN_IF_ERROR(device.CopyToHost(*stream, {buf.get(), 0, n}, host.data()));
+      KILN_RETURN_IF_ERROR(stream->Synchronize());
+      *down = std::min(*down, Seconds(t0, Clock::now()));
+    }
+    return absl::OkStatus();
+  };
+  double up = 0, down = 0, small_up = 0, small_down = 0;
+  KILN_RETURN_IF_ERROR(time_copies(bytes, &up, &down));
+  if (small > 0) KILN_RETURN_IF_ERROR(time_copies(small, &small_up, &small_down));
+  auto rate = [&](double t, double t_small) {
+    return t_small > 0 && t > t_small ? (bytes - small) / (t - t_small) / 1e9 : bytes / t / 1e9;
+  };
+  p->host_to_device_gbps = rate(up, small_up);
+  p->device_to_host_gbps = rate(down, small_down);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CalibrationResult> Calibrate(backend::Device& device) {
   CalibrationResult result;
   backend::DeviceProfile& p = result.profile;
@@ -343,43 +392,7 @@ absl::StatusOr<CalibrationResult> Calibrate(backend::Device& device) {
       KILN_RETURN_IF_ERROR(MeasureTeam(device, p, &host)) << "while timing the thread team";
     }
   }
-  if (!device.info().host_memory) {
-    // Copies pay a fixed cost (a worker's round trip, staging) besides their
-    // bandwidth; one 16 MiB copy measured both as one slow rate (a GPU run
-    // moved 48-192 MiB at 43-51 GB/s where that said ~17). On a GPU the rate
-    // is the slope between 4 and 64 MiB; the fixed part is the launch and
-    // sync costs' (CostModel::CopyMicros). Other devices (lavapipe) keep one
-    // 16 MiB copy: every test's kilnd start calibrates them.
-    const bool gpu = device.info().kind == backend::DeviceKind::kGpu;
-    const int64_t small = gpu ? int64_t{4} << 20 : 0;
-    const int64_t bytes = gpu ? int64_t{64} << 20 : int64_t{16} << 20;
-    KILN_ASSIGN_OR_RETURN(auto buf, device.Allocate(bytes));
-    KILN_ASSIGN_OR_RETURN(auto stream, device.CreateStream());
-    std::vector<char> host(bytes, 1);
-    // Best seconds of 3 copies of `n` bytes each way.
-    auto time_copies = [&](int64_t n, double* up, double* down) -> absl::Status {
-      *up = *down = 1e30;
-      for (int r = 0; r < 3; ++r) {
-        auto t0 = Clock::now();
-        KILN_RETURN_IF_ERROR(device.CopyToDevice(*stream, host.data(), {buf.get(), 0, n}));
-        KILN_RETURN_IF_ERROR(stream->Synchronize());
-        *up = std::min(*up, Seconds(t0, Clock::now()));
-        t0 = Clock::now();
-        KILN_RETURN_IF_ERROR(device.CopyToHost(*stream, {buf.get(), 0, n}, host.data()));
-        KILN_RETURN_IF_ERROR(stream->Synchronize());
-        *down = std::min(*down, Seconds(t0, Clock::now()));
-      }
-      return absl::OkStatus();
-    };
-    double up = 0, down = 0, small_up = 0, small_down = 0;
-    KILN_RETURN_IF_ERROR(time_copies(bytes, &up, &down));
-    if (small > 0) KILN_RETURN_IF_ERROR(time_copies(small, &small_up, &small_down));
-    auto rate = [&](double t, double t_small) {
-      return t_small > 0 && t > t_small ? (bytes - small) / (t - t_small) / 1e9 : bytes / t / 1e9;
-    };
-    p.host_to_device_gbps = rate(up, small_up);
-    p.device_to_host_gbps = rate(down, small_down);
-  }
+  KILN_RETURN_IF_ERROR(MeasureCopyRates(device, &p)) << "while timing copies";
   p.calibrated = true;
   return result;
 }

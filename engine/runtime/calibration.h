@@ -17,7 +17,8 @@
 namespace kiln::runtime {
 
 // Bumped when the procedure changes; older cached profiles are re-measured.
-inline constexpr int kCalibrationVersion = 3;
+// 4: a device's copy rates are timed from and into HostTensor buffers.
+inline constexpr int kCalibrationVersion = 4;
 
 struct CalibrationResult {
   backend::DeviceProfile profile;
@@ -41,6 +42,13 @@ int64_t LastLevelCacheBytes();
 // around it (driver, online cores, memory, last-level cache, kernel release).
 // A cached calibration under another fingerprint is not used.
 std::string CalibrationFingerprint(const backend::DeviceInfo& info);
+
+// The copy rates of a device with its own memory (host_to_device_gbps,
+// device_to_host_gbps in `p`), timed from and into a HostTensor: the memory a
+// run's inputs come from and its outputs go to, so the same path (the host
+// arena's direct DMA where a CUDA worker serves the device, the staging path
+// elsewhere). Nothing to do for a host-memory device. Part of Calibrate.
+absl::Status MeasureCopyRates(backend::Device& device, backend::DeviceProfile* p);
 
 // Measures `device` (from_cache false, seconds 0). Takes a fraction of a
 // second to a few seconds.

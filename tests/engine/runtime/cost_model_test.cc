@@ -131,4 +131,49 @@ TEST(CostModel, FusedChainPaysOneLaunch) {
   EXPECT_LT(estimate(6), 1100);
 }
 
+// A run copies each input to the device and each output back on its own
+// (program.cc): legalize charges every one its fixed cost, not one for all
+// the inputs together.
+TEST(CostModel, EachInputAndOutputPaysItsOwnCopy) {
+  auto registry = DeviceRegistry::Create({});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  backend::Device* cpu = (*registry)->cpu();
+  backend::Device* other = nullptr;
+  for (backend::Device* d : (*registry)->devices()) {
+    if (!d->info().host_memory) other = d;
+  }
+  if (other == nullptr) GTEST_SKIP() << "no device with its own memory (lavapipe)";
+  CostModel model;
+  backend::DeviceProfile p = other->info().profile;
+  p.peak_gflops_f32 = p.peak_gflops_f16 = 1e6;
+  p.bandwidth_gbps = 1e6;
+  p.host_to_device_gbps = p.device_to_host_gbps = 1e6;  // the bytes cost ~nothing
+  p.launch_overhead_us = 1000;  // each kernel and each copy
+  p.sync_overhead_us = 0;
+  p.calibrated = true;
+  model.SetProfile(other->info().id, p);
+  auto estimate = [&](int inputs) {
+    GraphBuilder b("sum");
+    auto y = b.input("x0", v1::DTYPE_F32, {int64_t{16}});
+    for (int i = 1; i < inputs; ++i) y = b.add(y, b.input("x" + std::to_string(i), v1::DTYPE_F32, {int64_t{16}}));
+    b.output("y", y);
+    auto g = ir::ImportGraph(b.Build());
+    EXPECT_TRUE(g.ok()) << g.status();
+    passes::PassContext ctx;
+    ctx.devices = {cpu, other};
+    ctx.cost_model = &model;
+    auto legalize = passes::CreatePass("legalize");
+    EXPECT_TRUE((*legalize)->Run(**g, ctx).ok());
+    for (const v1::DeviceEstimate& e : ctx.placement_report.estimates()) {
+      if (e.device() == other->info().id) return e.estimate_micros();
+    }
+    ADD_FAILURE() << "no estimate for " << other->info().id;
+    return 0.0;
+  };
+  // Two inputs, one add, one output: 2 + 1 + 1 launches' worth.
+  EXPECT_NEAR(estimate(2), 4000, 1);
+  // Three inputs, two fused adds (one kernel), one output.
+  EXPECT_NEAR(estimate(3), 5000, 1);
+}
+
 }  // namespace kiln::runtime::cost_model_test
