@@ -16,9 +16,10 @@ Each step is split with clocks both sides read (CLOCK_REALTIME, one host):
                  answer built and sent, the client's wake)
   client_post    the answer received -> step() returns (parse, region freed)
 
-The report each step asks for (report: true) makes the answer ~3 KB larger;
-"wall" is also timed on steps without it (the plain step() call), which is
-what bench/train_mlp_vs_torch.py times. With --baseline_kilnd another build
+The split steps are plain step() calls (the answer without a report); the
+step's run times come from kilnd's dispatch report fetched after it
+(GetReport of the answer's request id, outside the timed call). "wall" is
+the same call timed on its own, as bench/train_mlp_vs_torch.py times it. With --baseline_kilnd another build
 (e.g. main's before a change) runs beside this one, alternating series, so
 before / after come from one run. With --inproc, kiln_train_bench's median
 (the engine in process, no kilnd) is printed beside it.
@@ -41,7 +42,6 @@ import time
 import numpy as np
 
 import kiln
-from kiln import service_pb2
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_mlp_vs_torch as tb  # noqa: E402  (the same graphs, params and kilnd launcher)
@@ -94,14 +94,13 @@ class Side:
         self.wall.append((time.perf_counter() - t0) * 1e3)
 
     def split_step(self, batch):
-        req = service_pb2.TrainStepRequest(session_id=self.session.id, report=True)
         t_call = time.time()
-        resp = self.client._train_step_shm(req, batch)
+        self.session.step(batch)
         t_ret = time.time()
         sock = self.timed_socket()
-        if resp is None or sock is None or not self.client.last_train_step_over_shm_socket:
+        if sock is None or not self.client.last_train_step_over_shm_socket:
             raise RuntimeError(f"{self.label}: the step did not go over the shared-memory socket")
-        r = resp.report
+        r = self.client.report(request_id=self.session.last.request_id)
         run_end = (r.start_unix_micros + r.run_micros) / 1e6
         run_start = r.start_unix_micros / 1e6
         h = self.hops
