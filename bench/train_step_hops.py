@@ -16,10 +16,10 @@ Each step is split with clocks both sides read (CLOCK_REALTIME, one host):
                  answer built and sent, the client's wake)
   client_post    the answer received -> step() returns (parse, region freed)
 
-The split steps are plain step() calls (the answer without a report); the
-step's run times come from kilnd's dispatch report fetched after it
-(GetReport of the answer's request id, outside the timed call). "wall" is
-the same call timed on its own, as bench/train_mlp_vs_torch.py times it. With --baseline_kilnd another build
+The steps are plain step() calls back to back (the answer without a report),
+as bench/train_mlp_vs_torch.py times them ("wall"); each step's run times come
+from kilnd's dispatch reports, fetched once the series is done (GetReport,
+matched by the answers' request ids), so nothing runs between two steps. With --baseline_kilnd another build
 (e.g. main's before a change) runs beside this one, alternating series, so
 before / after come from one run. With --inproc, kiln_train_bench's median
 (the engine in process, no kilnd) is printed beside it.
@@ -88,28 +88,36 @@ class Side:
             conn._sock = TimedSocket(conn._sock)
         return conn._sock
 
-    def plain_step(self, batch):
-        t0 = time.perf_counter()
+    def warm_step(self, batch):
         self.session.step(batch)
-        self.wall.append((time.perf_counter() - t0) * 1e3)
 
-    def split_step(self, batch):
-        t_call = time.time()
-        self.session.step(batch)
-        t_ret = time.time()
-        sock = self.timed_socket()
-        if sock is None or not self.client.last_train_step_over_shm_socket:
-            raise RuntimeError(f"{self.label}: the step did not go over the shared-memory socket")
-        r = self.client.report(request_id=self.session.last.request_id)
-        run_end = (r.start_unix_micros + r.run_micros) / 1e6
-        run_start = r.start_unix_micros / 1e6
+    def series(self, batches):
+        stamps = []
+        for b in batches:
+            t0 = time.perf_counter()
+            t_call = time.time()
+            self.session.step(b)
+            t_ret = time.time()
+            self.wall.append((time.perf_counter() - t0) * 1e3)
+            sock = self.timed_socket()
+            if sock is None or not self.client.last_train_step_over_shm_socket:
+                raise RuntimeError(f"{self.label}: the step did not go over the shared-memory "
+                                   "socket")
+            stamps.append((self.session.last.request_id, t_call, sock.t_send, sock.t_recv, t_ret))
+        reports = {r.request_id: r for r in self.client.report(last=0)}
         h = self.hops
-        h["client_pre"].append((sock.t_send - t_call) * 1e3)
-        h["to_run"].append((run_start - sock.t_send) * 1e3)
-        h["run"].append(r.run_micros / 1e3)
-        h["run_to_answer"].append((sock.t_recv - run_end) * 1e3)
-        h["client_post"].append((t_ret - sock.t_recv) * 1e3)
-        h["split_total"].append((t_ret - t_call) * 1e3)
+        for request_id, t_call, t_send, t_recv, t_ret in stamps:
+            r = reports.get(request_id)
+            if r is None:
+                continue  # no longer kept
+            run_end = (r.start_unix_micros + r.run_micros) / 1e6
+            run_start = r.start_unix_micros / 1e6
+            h["client_pre"].append((t_send - t_call) * 1e3)
+            h["to_run"].append((run_start - t_send) * 1e3)
+            h["run"].append(r.run_micros / 1e3)
+            h["run_to_answer"].append((t_recv - run_end) * 1e3)
+            h["client_post"].append((t_ret - t_recv) * 1e3)
+            h["split_total"].append((t_ret - t_call) * 1e3)
 
     def close(self):
         self.session.close()
@@ -147,14 +155,10 @@ def main():
         sides = [Side(label, server, args.model, init) for label, server in servers]
         for s in sides:  # warm-up: compile, the training set, the connection
             for b in batches[:3]:
-                s.plain_step(b)
-            s.wall.clear()
+                s.warm_step(b)
         for _ in range(args.rounds):
             for s in sides:
-                for b in batches:
-                    s.plain_step(b)
-                for b in batches:
-                    s.split_step(b)
+                s.series(batches)
             if args.inproc:
                 out = subprocess.run([args.inproc, "--model", args.model, "--steps",
                                       str(args.steps), "--threads", "2"],
