@@ -484,12 +484,15 @@ absl::StatusOr<Engine::RunTicket> Engine::Impl::SubmitRun(
   // memory is not host memory (a GPU, a device worker): its thread only
   // enqueues and waits, and the hand-off to the device's thread and back cost
   // two wake-ups per run (issue 8, bert8). CPU runs stay on the device's own
-  // thread (its warm OpenMP team) unless they are short.
+  // thread (its warm OpenMP team) unless they are short, or the caller runs
+  // many and waits for each (RunOptions::on_caller_when_idle: its own team
+  // stays warm).
   const bool waits_on_device =
       caller_waits && placed != nullptr && !placed->info().host_memory;
   const bool may_run_inline =
       options_inline_run_micros() > 0 &&
-      ((estimate > 0 && estimate <= options_inline_run_micros()) || waits_on_device);
+      ((estimate > 0 && estimate <= options_inline_run_micros()) || waits_on_device ||
+       options.on_caller_when_idle);
   if (may_run_inline && it->second->TryRunInline(job)) return RunTicket{device, 0};
   KILN_ASSIGN_OR_RETURN(const uint64_t id, it->second->Submit(std::move(job)));
   return RunTicket{device, id};

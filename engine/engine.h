@@ -240,6 +240,16 @@ struct RunOptions {
     int64_t bytes = 0;
   };
   std::vector<OutputDestination> output_destinations;
+  // RunAsync's caller waits for this run anyway and runs many (kilnd's
+  // shared-memory connection thread, which blocks until its training step
+  // is answered): when the device is idle the run goes on the calling
+  // thread, whatever the device and its estimate, instead of being handed
+  // to the device's thread and back (two thread wakes per run). On the CPU
+  // the kernels then use the calling thread's own OpenMP team, which stays
+  // warm between its runs (a thread that runs once pays the team's start).
+  // Engine::Run does this by itself for devices whose memory is not the
+  // host's.
+  bool on_caller_when_idle = false;
 };
 
 struct RunResult {

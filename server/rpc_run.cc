@@ -744,15 +744,9 @@ absl::StatusOr<Session::Compiled> SessionExecutable(KilnService& service, Sessio
   ScopeCacheReport(*d.tenants, session.owner(), r.report);
   Session::Compiled c{std::move(r.executable), std::move(r.report), 0, {}};
   if (spec) c.fixed = spec->fixed;
+  // A training step's second buffers (its updates' new values) are its
+  // training set's, charged with the set (TrainingParams), not here.
   c.arena_bytes = ArenaBytes(c.report);
-  // A training step writes its params' and optimizer state's new values in
-  // a second buffer of each, which its training set keeps (ParamSetImpl::
-  // Spare): charged with the step's run memory.
-  if (training) {
-    for (const v1::LirNamedSlot& u : c.executable->lir().param_updates()) {
-      c.arena_bytes += c.executable->lir().slots(u.slot()).bytes();
-    }
-  }
   KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(0, c.arena_bytes));
   if (const int64_t release = session.AddExecutable(key, c); release > 0) {
     session.owner().ReleaseBytes(0, release);

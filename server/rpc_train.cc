@@ -115,10 +115,19 @@ class StepWork {
   // Queues the step; `done` gets its outcome (the response filled) exactly
   // once, maybe before this returns, unless this returns an error. With
   // `account`, the step is accounted (Account) before `done`; else the
-  // caller does it before writing the answer.
+  // caller does it before writing the answer. With `on_caller` (the calling
+  // thread would only wait for the answer: the shared-memory socket's
+  // connection thread), a step the cost model puts at most
+  // kMaxStepOnCallerMicros runs on this thread when its device is idle
+  // (RunOptions::on_caller_when_idle): no hand-off to the device's thread
+  // and back. Longer ones still go to the device's thread, where a client's
+  // hang-up or kilnd's shutdown stops them between kernels.
   absl::Status Start(absl::Time deadline, const std::atomic<bool>* cancelled, bool account,
-                     std::function<void(absl::Status)> done) {
+                     std::function<void(absl::Status)> done, bool on_caller = false) {
     RunOptions options;
+    const double estimate = exe_->estimated_run_micros();
+    options.on_caller_when_idle =
+        on_caller && estimate > 0 && estimate <= kMaxStepOnCallerMicros;
     options.report = true;
     options.request_id = call_.request_id;
     options.tenant = call_.tenant->name();
@@ -140,6 +149,10 @@ class StepWork {
 
   const std::shared_ptr<Session>& session() const { return session_; }
   const v1::TrainStepResponse& response() const { return response_; }
+  // Start's bound for a step on the caller's thread: while it runs there,
+  // nothing watches the client's socket (its hang-up cancels the step only
+  // after it).
+  static constexpr double kMaxStepOnCallerMicros = 100'000;
   // Counts a step that ran in the tenant's metrics and keeps its dispatch
   // report (GetReport); once, before its answer is written. A TrainSteps
   // stream does it on gRPC's thread, not between the device's steps.
@@ -238,8 +251,10 @@ class TrainStepCall {
       return;
     }
     if (step_.PrepareIfReady()) {
-      // On success the step's outcome answers the call, maybe already.
-      s = step_.Start(Deadline(), &cancelled_, true, [this](absl::Status r) { Complete(r); });
+      // On success the step's outcome answers the call, maybe already (on
+      // this thread when StepOnCaller).
+      s = step_.Start(Deadline(), &cancelled_, true, [this](absl::Status r) { Complete(r); },
+                      StepOnCaller());
       if (!s.ok()) Complete(s);
       return;
     }
@@ -267,6 +282,9 @@ class TrainStepCall {
   // Begin or BeginLocal).
   virtual absl::Status BeginCall(KilnService::Call& call, int64_t request_bytes) = 0;
   virtual absl::Time Deadline() const = 0;
+  // Whether the thread that calls Start only waits for the answer after it
+  // (StepWork::Start's `on_caller`): not gRPC's threads, which serve others.
+  virtual bool StepOnCaller() const { return false; }
   // The status the call ends with, from the step's (a transport may say more).
   virtual absl::Status Outcome(absl::Status s) const { return s; }
   // Answers the call with `s` and, when OK, response_bytes(); the last use
@@ -352,6 +370,9 @@ class SocketTrainStepCall final : private SocketCallBuffers,
     return svc_.BeginLocal(tenant_, "ShmTrainStep", request_bytes, request_id_, call);
   }
   absl::Time Deadline() const override { return deadline_; }
+  // The connection's thread waits for this answer (ShmRegistry::RunMessage)
+  // and reads the connection's next message only after it.
+  bool StepOnCaller() const override { return true; }
   absl::Status Outcome(absl::Status s) const override {
     return SocketOutcome(std::move(s), deadline_, "step");
   }
@@ -653,10 +674,19 @@ absl::StatusOr<std::shared_ptr<ParamSet>> TrainingParams(Engine& engine, Session
     bytes[e.name] = *b;
     added += *b;
   }
-  KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(added, added))
-      << "for the " << added << " bytes of optimizer state of session " << session.id();
-  if (absl::Status s = session.SetParams(*set, std::move(bytes)); !s.ok()) {
-    session.owner().ReleaseBytes(added, added);
+  // The set keeps a second buffer of each value a step updates (ParamSetImpl::
+  // Spare, made by the first step; the in-place updates): device memory for
+  // as long as the set is the session's, whatever executables the session
+  // remembers or forgets meanwhile.
+  int64_t second = 0;
+  for (const v1::LirNamedSlot& u : step.lir().param_updates()) {
+    second += step.lir().slots(u.slot()).bytes();
+  }
+  KILN_RETURN_IF_ERROR(session.owner().AcquireBytes(added, added + second))
+      << "for the " << added << " bytes of optimizer state of session " << session.id()
+      << " and the " << second << " bytes of the second buffers its steps update in place";
+  if (absl::Status s = session.SetParams(*set, std::move(bytes), second); !s.ok()) {
+    session.owner().ReleaseBytes(added, added + second);
     return s;
   }
   return *set;

@@ -109,7 +109,8 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
                                 MetricType::Gauge, capacity));
   // The devices' workers: busy time (its rate over a window is the busy
   // ratio), runs, queue length, and whether the profile was calibrated.
-  Samples busy, busy_ratio, device_runs, device_queued, calibrated, healthy, faults, restarts;
+  Samples busy, busy_ratio, device_runs, device_queued, calibrated, healthy, faults, restarts,
+      caller_runs;
   std::map<std::string, int64_t> tenant_queued, tenant_running;
   for (const DeviceStats& d : engine.DeviceStatistics()) {
     const Metrics::Labels labels{{"device", d.device}};
@@ -121,6 +122,7 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
     busy.push_back({labels, d.busy_micros / 1e6});
     busy_ratio.push_back({labels, d.uptime_micros > 0 ? d.busy_micros / d.uptime_micros : 0.0});
     device_runs.push_back({labels, static_cast<double>(d.runs)});
+    caller_runs.push_back({labels, static_cast<double>(d.inline_runs)});
     device_queued.push_back({labels, static_cast<double>(d.queued)});
     calibrated.push_back({labels, d.calibrated ? (d.calibration_from_cache ? 2.0 : 1.0) : 0.0});
   }
@@ -132,6 +134,12 @@ std::vector<prometheus::MetricFamily> Scrape(const Engine& engine, const TenantR
                                 busy_ratio));
   out.push_back(Metrics::Family("kiln_device_runs_total", "Runs executed on each device",
                                 MetricType::Counter, device_runs));
+  out.push_back(Metrics::Family(
+      "kiln_device_caller_runs_total",
+      "Of kiln_device_runs_total, runs executed on the thread that asked for them (short runs, "
+      "GPU runs of a blocking caller, training steps over the shared-memory socket), not handed "
+      "to the device's own thread",
+      MetricType::Counter, caller_runs));
   out.push_back(Metrics::Family("kiln_device_queued_runs", "Runs waiting for each device",
                                 MetricType::Gauge, device_queued));
   out.push_back(Metrics::Family("kiln_device_healthy",

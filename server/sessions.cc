@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <span>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/limits.h"
@@ -110,12 +111,17 @@ std::map<std::string, int64_t> Session::param_bytes() const {
 }
 
 absl::Status Session::SetParams(std::shared_ptr<ParamSet> params,
-                                std::map<std::string, int64_t> bytes) {
-  absl::MutexLock lock(&state_mu_);
-  if (closed_) return absl::NotFoundError(absl::StrCat("session \"", id_, "\" was closed"));
-  params_ = std::move(params);
-  param_bytes_ = std::move(bytes);
-  params_shared_ = false;
+                                std::map<std::string, int64_t> bytes, int64_t set_device_bytes) {
+  int64_t released = 0;
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (closed_) return absl::NotFoundError(absl::StrCat("session \"", id_, "\" was closed"));
+    params_ = std::move(params);
+    param_bytes_ = std::move(bytes);
+    params_shared_ = false;
+    released = std::exchange(set_device_bytes_, set_device_bytes);
+  }
+  if (released > 0) owner_.ReleaseBytes(0, released);
   return absl::OkStatus();
 }
 
@@ -149,7 +155,7 @@ Session::Charge Session::ChargeLocked() const {
   Charge c;
   if (closed_) return c;
   for (const auto& [name, b] : param_bytes_) c.param_bytes += b;
-  c.device_bytes = c.param_bytes;
+  c.device_bytes = c.param_bytes + set_device_bytes_;
   for (const auto& [key, e] : executables_) c.device_bytes += e.arena_bytes;
   return c;
 }

@@ -92,10 +92,16 @@ class Session {
 
   // Serializes param updates (read current set, merge, swap).
   absl::Mutex& update_mu() { return update_mu_; }
-  // Binds a new param set. REQUIRES: update_mu() held. Fails NOT_FOUND when
-  // the session was closed meanwhile.
-  absl::Status SetParams(std::shared_ptr<ParamSet> params, std::map<std::string, int64_t> bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
+  // Binds a new param set. `set_device_bytes`: device memory the set holds
+  // besides its params' bytes (a training set's second buffer of each
+  // updated value, ParamSetImpl::Spare), which the caller charged to the
+  // tenant's device memory and which stays charged while the set is the
+  // session's, whatever executables the session remembers or forgets. The
+  // replaced set's such bytes are released to the tenant here. REQUIRES:
+  // update_mu() held. Fails NOT_FOUND when the session was closed meanwhile
+  // (nothing released).
+  absl::Status SetParams(std::shared_ptr<ParamSet> params, std::map<std::string, int64_t> bytes,
+                         int64_t set_device_bytes = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
 
   // Dynamic batching of the session's runs (server/batcher.h): `config`, and
   // why runs can never join a batch ("" when they may: InputsBatchReason).
@@ -146,6 +152,7 @@ class Session {
   std::list<std::string> lru_ ABSL_GUARDED_BY(state_mu_);  // front = most recent
   std::shared_ptr<ParamSet> params_ ABSL_GUARDED_BY(state_mu_);
   std::map<std::string, int64_t> param_bytes_ ABSL_GUARDED_BY(state_mu_);
+  int64_t set_device_bytes_ ABSL_GUARDED_BY(state_mu_) = 0;  // SetParams
   bool closed_ ABSL_GUARDED_BY(state_mu_) = false;
   std::unique_ptr<ModelLease> model_ ABSL_GUARDED_BY(state_mu_);
   bool params_shared_ ABSL_GUARDED_BY(state_mu_) = false;

@@ -382,18 +382,46 @@ void ShmRegistry::Serve() {
   for (Connection& c : connections) Close(c);
 }
 
+// How long a connection's thread polls (yielding) for the client's next
+// message after answering one before it sleeps: a client in a loop of runs
+// or training steps sends the next within its own per-call work, and finds
+// the thread awake (one thread wake fewer per call; the spin-then-block of
+// bert8's device workers). KILN_SHM_NEXT_MESSAGE_SPIN_US, default 1000; 0
+// sleeps at once.
+namespace {
+absl::Duration NextMessageSpin() {
+  static const absl::Duration spin = [] {
+    int64_t us = 1000;
+    if (const char* env = std::getenv("KILN_SHM_NEXT_MESSAGE_SPIN_US");
+        env != nullptr && *env != '\0') {
+      us = std::max<int64_t>(0, std::strtoll(env, nullptr, 10));
+    }
+    return absl::Microseconds(us);
+  }();
+  return spin;
+}
+}  // namespace
+
 void ShmRegistry::ServeConnection(Connection c) {
+  const absl::Duration spin = NextMessageSpin();
+  absl::Time spin_until = absl::InfinitePast();
   while (!stopping_.load()) {
     pollfd fds[2] = {{c.fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    const int n = ::poll(fds, 2, -1);
+    const bool spinning = spin_until > absl::InfinitePast() && absl::Now() < spin_until;
+    const int n = ::poll(fds, 2, spinning ? 0 : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       spdlog::error("shared-memory connection: {}", Errno("poll"));
       break;
     }
+    if (n == 0) {  // spinning: nothing yet
+      std::this_thread::yield();
+      continue;
+    }
     if (stopping_.load()) break;
     if (fds[0].revents & POLLIN) {
       if (!HandleMessage(c, /*own_thread=*/true)) break;
+      spin_until = spin > absl::ZeroDuration() ? absl::Now() + spin : absl::InfinitePast();
     } else if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
       break;
     }
@@ -407,11 +435,6 @@ void ShmRegistry::ServeConnection(Connection c) {
 
 bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
   auto wait = std::make_shared<RunWait>();
-  wait->event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wait->event_fd < 0) {
-    spdlog::error("shared-memory run: {}", Errno("eventfd"));
-    return false;
-  }
   const absl::Time now = absl::Now();
   ShmRunRequest r;
   r.tenant = c.tenant;
@@ -450,9 +473,10 @@ bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
     // A client that went away is cancelled by the connection's thread; the
     // connection's fd stays open until that thread saw `done`.
     (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    absl::MutexLock lock(&wait->mu);
     wait->done.store(true);
     const uint64_t one = 1;
-    if (::write(wait->event_fd, &one, sizeof(one)) < 0) {
+    if (wait->event_fd >= 0 && ::write(wait->event_fd, &one, sizeof(one)) < 0) {
       // Cannot fail: one write per eventfd.
     }
   };
@@ -475,19 +499,34 @@ bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
       runs_.emplace(run_id, call);
     }
   }
-  // The answer may have gone already (an error, or a run inline here).
+  // The answer may have gone already (an error, or a run inline here: a
+  // training step runs on this thread when its device is idle). Else an
+  // eventfd to sleep on, which the answer writes.
+  int event_fd = -1;
+  {
+    absl::MutexLock lock(&wait->mu);
+    if (!wait->done.load()) {
+      wait->event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (wait->event_fd < 0) {
+        spdlog::error("shared-memory run: {}; polling for its answer every millisecond",
+                      Errno("eventfd"));
+      }
+      event_fd = wait->event_fd;
+    }
+  }
   // Until it goes: the client hanging up, the registry ending or the
   // deadline passing cancels the run (and then only the answer is awaited).
   bool hung_up = false;
   bool cancelled = false;
   while (!wait->done.load()) {
-    pollfd fds[3] = {{wait->event_fd, POLLIN, 0}, {fd, 0, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[3] = {{event_fd, POLLIN, 0}, {fd, 0, 0}, {wake_fd_, POLLIN, 0}};
     int timeout_ms = -1;
     if (!cancelled && deadline != absl::InfiniteFuture()) {
       timeout_ms = static_cast<int>(std::clamp<int64_t>(
           absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1))), 0,
           1 << 30));
     }
+    if (event_fd < 0) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
     // The connection's hang-up only (its next message waits).
     const int n = ::poll(fds, cancelled ? 1 : 3, timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -498,7 +537,8 @@ bool ShmRegistry::RunMessage(Connection& c, v1::ShmClientMessage& m) {
     if (wait->done.load() || cancelled) continue;
     const bool gone = (fds[1].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
     hung_up = hung_up || gone;
-    const bool expired = n == 0 && timeout_ms >= 0;
+    const bool expired =
+        n == 0 && deadline != absl::InfiniteFuture() && absl::Now() >= deadline;
     if (gone || expired || stopping_.load() || (fds[2].revents & POLLIN)) {
       if (call) call->Cancel();
       cancelled = true;

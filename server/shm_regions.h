@@ -206,11 +206,15 @@ class ShmRegistry {
     Tenant* tenant = nullptr;
     absl::Time expires;
   };
-  // A run in flight on a connection: set by its answer.
+  // A run in flight on a connection: set by its answer. The eventfd the
+  // connection's thread sleeps on is made only when the answer has not come
+  // by the time the run was started (a step run on that thread, or any
+  // error, answers first: no eventfd made and closed per message).
   struct RunWait {
     ~RunWait();
-    std::atomic<bool> done = false;
-    int event_fd = -1;  // eventfd written once `done` is set; closed by the last holder
+    absl::Mutex mu;
+    std::atomic<bool> done = false;  // set under mu
+    int event_fd ABSL_GUARDED_BY(mu) = -1;  // written once `done` is set; closed by the last holder
   };
 
   ShmRegistry(int listen_fd, int wake_fd, std::string socket_name, std::string unlink_path);

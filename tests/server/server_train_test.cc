@@ -1,9 +1,13 @@
 // Training sessions in a real kilnd (server/rpc_train.cc): the optimizer
 // state counts against the tenant's param quota (a step whose Adam state does
 // not fit is refused, naming the bytes, and nothing is charged; closing the
-// session gives it all back), and the per-tenant step metrics move (for a
-// TrainSteps stream too, before each answer).
+// session gives it all back; a training set's second buffers stay charged
+// while the set lives, whatever executables the session forgets), and the
+// per-tenant step metrics move (for a TrainSteps stream too, before each
+// answer).
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/config.h"
@@ -19,6 +23,7 @@ using testing::TempDir;
 
 constexpr char kKey[] = "trainer-key";
 constexpr char kSmallKey[] = "small-trainer-key";
+constexpr char kEvictKey[] = "evicting-trainer-key";
 
 // w: f32[64, 64] (16384 bytes) + b: f32[64]; Adam's state doubles each.
 constexpr char kGraph[] = R"(graph "quota_mlp"
@@ -30,6 +35,16 @@ let loss = softmax_cross_entropy(x @ w + b, y)
 out loss
 )";
 constexpr int64_t kParamBytes = 64 * 64 * 4 + 64 * 4;
+
+// The same model over any batch size: an executable per batch size.
+constexpr char kSymbolicGraph[] = R"(graph "quota_mlp_any_batch"
+input x: f32[n, 64]
+input y: i64[n]
+param w: f32[64, 64]
+param b: f32[64]
+let loss = softmax_cross_entropy(x @ w + b, y)
+out loss
+)";
 
 std::string TrainConfig() {
   using server::Sha256Hex;
@@ -45,6 +60,11 @@ tenants {
                       Sha256Hex(kSmallKey), R"("
   quota { max_param_bytes: )",
                       2 * kParamBytes, R"( }
+}
+tenants {
+  name: "evicting"
+  api_key_sha256: ")",
+                      Sha256Hex(kEvictKey), R"("
 }
 )");
 }
@@ -93,6 +113,17 @@ class ServerTrain : public ::testing::Test {
     y->set_name("y");
     *y->mutable_tensor() = testing::ToProto(HostTensor::Create(v1::DTYPE_I64, {4}).value());
     return req;
+  }
+
+  // A batch of `n` rows for kSymbolicGraph (a training step, or with
+  // `report` a Run of the forward graph).
+  static void AddBatch(google::protobuf::RepeatedPtrField<v1::NamedTensor>* inputs, int64_t n) {
+    v1::NamedTensor* x = inputs->Add();
+    x->set_name("x");
+    *x->mutable_tensor() = testing::ToProto(HostTensor::Create(v1::DTYPE_F32, {n, 64}).value());
+    v1::NamedTensor* y = inputs->Add();
+    y->set_name("y");
+    *y->mutable_tensor() = testing::ToProto(HostTensor::Create(v1::DTYPE_I64, {n}).value());
   }
 
   static double Metric(const std::string& name, const std::string& tenant) {
@@ -185,6 +216,80 @@ TEST_F(ServerTrain, StreamedStepsAreCountedAndReportedBeforeTheirAnswers) {
   ASSERT_TRUE(stream->WritesDone());
   s = stream->Finish();
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// A training set keeps a second buffer of each param and optimizer-state
+// value for the in-place updates (docs/training.md "How a step stays on the
+// device"). Those buffers live as long as the set, not as long as the
+// training executable the session remembers: when the executable leaves the
+// session's LRU (16 executables; here 16 forward runs of other batch sizes),
+// the tenant's device charge drops by the executable's arena only, and the
+// next step (the executable compiled again) charges no second copy. Closing
+// the session gives everything back.
+TEST_F(ServerTrain, SecondBuffersStayChargedWhenTheStepLeavesTheSessionsExecutables) {
+  auto stub = kilnd_->Stub();
+  auto device_bytes = [] { return Metric("kiln_tenant_device_bytes", "evicting"); };
+  auto arena = [](const v1::DispatchReport& r) {
+    int64_t bytes = 0;
+    for (const v1::MemoryPlanSummary& m : r.compile().memory()) bytes += m.arena_bytes();
+    return bytes;
+  };
+  const double before = device_bytes();
+  v1::CreateSessionRequest create = Request(v1::OPTIMIZER_ADAM);
+  create.mutable_graph()->set_text(kSymbolicGraph);
+  v1::CreateSessionResponse session;
+  grpc::Status s = stub->CreateSession(Context(kEvictKey).get(), create, &session);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(device_bytes(), before + kParamBytes);  // symbolic: nothing compiled yet
+
+  // Params w, b; Adam's m and v of each and opt/step; a second buffer of
+  // every one of them (all are updated by the step).
+  const int64_t state = 2 * kParamBytes + 8;
+  const int64_t second = kParamBytes + state;
+  v1::TrainStepRequest step;
+  step.set_session_id(session.session_id());
+  step.set_report(true);
+  AddBatch(step.mutable_inputs(), 4);
+  v1::TrainStepResponse r;
+  s = stub->TrainStep(Context(kEvictKey).get(), step, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(r.step(), 1);
+  const int64_t step_arena = arena(r.report());
+  EXPECT_EQ(device_bytes(), before + kParamBytes + state + second + step_arena);
+
+  // 16 forward runs of other batch sizes: 16 executables, the step's the
+  // least recently used one, forgotten by the 16th.
+  std::vector<int64_t> forward_arena;
+  int64_t forward_arenas = 0;
+  for (int n = 1; n <= 16; ++n) {
+    v1::RunRequest run;
+    run.set_session_id(session.session_id());
+    run.set_report(true);
+    AddBatch(run.mutable_inputs(), n);
+    v1::RunResponse out;
+    s = stub->Run(Context(kEvictKey).get(), run, &out);
+    ASSERT_TRUE(s.ok()) << "batch " << n << ": " << s.error_message();
+    forward_arena.push_back(arena(out.report()));
+    forward_arenas += forward_arena.back();
+  }
+  // The step's executable is gone; its set's second buffers are not.
+  EXPECT_EQ(device_bytes(), before + kParamBytes + state + second + forward_arenas);
+
+  // The next step compiles the step again (charging its arena; the batch
+  // of 1's executable, now the least recently used, is forgotten) and goes
+  // on from step 1's params and state, with no second copy charged.
+  s = stub->TrainStep(Context(kEvictKey).get(), step, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.step(), 2);
+  EXPECT_EQ(arena(r.report()), step_arena);
+  EXPECT_EQ(device_bytes(), before + kParamBytes + state + second + step_arena + forward_arenas -
+                                forward_arena[0]);
+
+  v1::CloseSessionRequest close;
+  close.set_session_id(session.session_id());
+  v1::CloseSessionResponse closed;
+  ASSERT_TRUE(stub->CloseSession(Context(kEvictKey).get(), close, &closed).ok());
+  EXPECT_EQ(device_bytes(), before);
 }
 
 }  // namespace

@@ -484,13 +484,17 @@ class Client:
         """One training step of a training session: loss, step and lr. The
         batch goes through shared memory when run() would use it (a local
         kilnd; last_train_step_shared_memory tells), else as bytes."""
-        req = service_pb2.TrainStepRequest(session_id=_session_id(session))
+        sid = _session_id(session)
         self.last_train_step_over_shm_socket = False
         use_shm = self._shm is not None and not self._train_step_shm_refused
-        resp = self._train_step_shm(req, batch) if use_shm else None
+        # The shared-memory request is filled in place (no copy of a template:
+        # a step is the client's hot path); bytes get a request of their own.
+        resp = (self._train_step_shm(service_pb2.TrainStepRequest(session_id=sid), batch)
+                if use_shm else None)
         self.last_train_step_shared_memory = resp is not None
         if resp is not None:
             return resp
+        req = service_pb2.TrainStepRequest(session_id=sid)
         _named(batch, req.inputs)
         return self._call("TrainStep", req)
 
@@ -504,27 +508,31 @@ class Client:
                 self._train_step_shm_refused = True
                 return True
             return False
-        sent = self._shm_call("TrainStep", req, batch, shm.fill_inputs, refused)
+        sent = self._shm_call("TrainStep", req, batch, shm.fill_inputs, refused, copy=False)
         if sent is None:
             return None
         resp, conn, region = sent
         self._shm.release(conn, region)
         return resp
 
-    def _shm_call(self, method, req, tensors, fill, refused=None):
-        """Calls `method` with a copy of `req` whose `tensors` ({name: array})
-        `fill` placed in a shared-memory region: (response, conn, region), the
-        region still held by the caller, or None when shared memory is not
-        possible this time (nothing ran; the caller sends bytes). `refused(e)`
-        says whether an error means this kilnd does not take shared memory
-        for `method`."""
+    def _shm_call(self, method, req, tensors, fill, refused=None, copy=True):
+        """Calls `method` with a copy of `req` (`req` itself when not `copy`:
+        the caller then sends another request if this returns None) whose
+        `tensors` ({name: array}) `fill` placed in a shared-memory region:
+        (response, conn, region), the region still held by the caller, or None
+        when shared memory is not possible this time (nothing ran; the caller
+        sends bytes). `refused(e)` says whether an error means this kilnd does
+        not take shared memory for `method`."""
         arrays = {name: np.asarray(v) for name, v in tensors.items()}
         got = self._shm.acquire(sum(shm._align64(a.nbytes) for a in arrays.values()))
         if got is None:
             return None
         conn, region = got
-        shm_req = type(req)()
-        shm_req.CopyFrom(req)
+        if copy:
+            shm_req = type(req)()
+            shm_req.CopyFrom(req)
+        else:
+            shm_req = req
         try:
             fill(shm_req, region, arrays)
             if method == "Run":

@@ -605,6 +605,103 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketAreKilnTrainSteps) {
   EXPECT_EQ(r->step(), 4);
 }
 
+// A training step over the socket runs on the connection's own thread when
+// its device is idle (the thread only waits for the answer; server/
+// rpc_train.cc, RunOptions::on_caller_when_idle), whatever the cost model
+// says of it: no hand-off to the device's thread and back. The same step over
+// gRPC, too long for the engine's short-run rule, goes to the device's
+// thread. kiln_device_caller_runs_total counts the runs on callers' threads.
+// Both give the same losses.
+TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
+  // Three 512 x 512 layers of a batch of 16: long enough (by the cost model)
+  // that the engine would not run it on a caller's thread by itself.
+  constexpr int kWidth = 512;
+  constexpr int kBatch = 16;
+  const std::string graph = absl::StrCat(
+      "graph \"socket_train_wide\"\ninput x: f32[", kBatch, ", ", kWidth, "]\ninput y: i64[",
+      kBatch, "]\nparam w1: f32[", kWidth, ", ", kWidth, "]\nparam w2: f32[", kWidth, ", ",
+      kWidth, "]\nparam w3: f32[", kWidth, ", ", kWidth,
+      "]\nlet loss = softmax_cross_entropy(relu(relu(x @ w1) @ w2) @ w3, y)\nout loss\n");
+  auto create = [&] {
+    v1::CreateSessionRequest req;
+    req.mutable_graph()->set_text(graph);
+    req.mutable_options()->set_device("cpu:0");
+    v1::TrainingSpec* t = req.mutable_options()->mutable_transforms()->mutable_training();
+    t->set_loss("loss");
+    t->mutable_optimizer()->set_kind(v1::OPTIMIZER_ADAMW);
+    t->mutable_optimizer()->set_lr(0.01);
+    std::vector<double> w(kWidth * kWidth);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.002 * static_cast<double>(i % 17) - 0.016;
+    for (const char* name : {"w1", "w2", "w3"}) {
+      kiln::testing::AddTensor(req.mutable_params(), name, v1::DTYPE_F32, {kWidth, kWidth}, w);
+    }
+    v1::CreateSessionResponse resp;
+    grpc::Status s = kilnd_->Stub()->CreateSession(Context(kAlice).get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.session_id();
+  };
+  auto batch = [&](const std::string& sid, int step) {
+    v1::TrainStepRequest req;
+    req.set_session_id(sid);
+    std::vector<double> x(kBatch * kWidth), y(kBatch);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.013 * static_cast<double>(i + 1) * step);
+    for (int i = 0; i < kBatch; ++i) y[i] = (i * 7 + step) % kWidth;
+    kiln::testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {kBatch, kWidth}, x);
+    kiln::testing::AddTensor(req.mutable_inputs(), "y", v1::DTYPE_I64, {kBatch}, y);
+    return req;
+  };
+  const std::string over_socket = create();
+  const std::string over_grpc = create();
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  auto stub = kilnd_->Stub();
+  auto caller_runs = [] { return Metric("kiln_device_caller_runs_total", {{"device", "cpu:0"}}); };
+  auto socket_step = [&](int step) {
+    v1::ShmServerMessage a = sock->TrainStep(batch(over_socket, step));
+    EXPECT_EQ(a.code(), 0) << a.message();
+    v1::TrainStepResponse r;
+    EXPECT_TRUE(r.ParseFromString(a.train_step_response()));
+    return r;
+  };
+  auto grpc_step = [&](int step) {
+    v1::TrainStepResponse r;
+    grpc::Status g = stub->TrainStep(Context(kAlice).get(), batch(over_grpc, step), &r);
+    EXPECT_TRUE(g.ok()) << g.error_message();
+    return r;
+  };
+  // The first step of each prepares the training set on kilnd's work pool.
+  EXPECT_EQ(socket_step(1).loss(), grpc_step(1).loss());
+  double before = caller_runs();
+  for (int step = 2; step <= 4; ++step) {
+    const v1::TrainStepResponse g = grpc_step(step);
+    EXPECT_EQ(g.step(), step);
+  }
+  ASSERT_EQ(caller_runs() - before, 0)
+      << "the step is short enough for the engine's own rule: the premise of this test is gone";
+  before = caller_runs();
+  for (int step = 2; step <= 4; ++step) {
+    const v1::TrainStepResponse r = socket_step(step);
+    EXPECT_EQ(r.step(), step);
+  }
+  EXPECT_EQ(caller_runs() - before, 3);
+  // The params the two sessions trained are the same bytes.
+  v1::GetParamsRequest get;
+  get.add_names("w3");
+  auto read = [&](const std::string& sid) {
+    get.set_session_id(sid);
+    auto ctx = Context(kAlice);
+    auto reader = stub->GetParams(ctx.get(), get);
+    std::string bytes;
+    v1::ParamChunk c;
+    while (reader->Read(&c)) bytes += c.data();
+    EXPECT_TRUE(reader->Finish().ok());
+    return bytes;
+  };
+  const std::string a = read(over_socket);
+  EXPECT_EQ(a.size(), size_t{kWidth * kWidth * 4});
+  EXPECT_TRUE(a == read(over_grpc)) << "the socket's steps trained other values";
+}
+
 TEST_F(ShmRunTest, ClientSendsRunsOverTheSocketByItself) {
   ClientOptions options;
   options.api_key = kAlice;
