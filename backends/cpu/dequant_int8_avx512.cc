@@ -205,15 +205,15 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
     std::memcpy(&h0, b0, 4);
     std::memcpy(&h1, b1, 4);
     const __m512 dd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1)));
-    __m512 mn = _mm512_mul_ps(mf, _mm512_permutexvar_ps(dmin_lanes, dd));
+    const __m512 mn = _mm512_mul_ps(mf, _mm512_permutexvar_ps(dmin_lanes, dd));
     const __m512 d0 = _mm512_broadcastss_ps(_mm512_castps512_ps128(dd));
     const __m512 d1 = kLone ? _mm512_setzero_ps() : _mm512_permutexvar_ps(d1_lanes, dd);
-    if constexpr (kLone) mn = _mm512_maskz_mov_ps(0x00ff, mn);
     __m512i u0[4], u1[4];
     quants(b0, u0);
     if constexpr (!kLone) quants(b1, u1);
     for (int r = 0; r < R; ++r) {
       const float* sums = x.sums[r] + 8 * b;
+      // A lone block's lanes 8-15 (its own mins again) meet zero sums.
       const __m512 xs = kLone ? _mm512_maskz_loadu_ps(0x00ff, sums) : _mm512_loadu_ps(sums);
       acc[r][C - 1] = _mm512_fnmadd_ps(mn, xs, acc[r][C - 1]);
       const int8_t* xb = x.q[r] + 256 * b;
