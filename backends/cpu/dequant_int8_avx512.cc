@@ -30,12 +30,15 @@
 namespace kiln::cpu::dq {
 namespace {
 
-// How far ahead of the block being multiplied the loops ask for weight lines.
-// The HW prefetcher alone left the one-thread q4_k matvec at ~65% of a plain
-// read; 2 KB ahead did no better under a loaded host's memory latency, 8 KB
-// brought q4_k and q8_0 to 74-76% and 76-94% of the read in the same runs
-// (docs/benchmarks.md, q4k10b).
-constexpr int64_t kPrefetchBytes = 8192;
+// How far ahead of the block being multiplied the loops ask for weight lines,
+// for R activation rows. With one or two rows the HW prefetcher alone left the
+// q4_k matvec at ~65% of a plain read and 2 KB ahead did no better under a
+// loaded host's memory latency; 8 KB brought q4_k and q8_0 to 74-76% and
+// 76-94% of the read in the same runs (docs/benchmarks.md, q4k10b). With more
+// rows the loops are bound by their work, and 8 KB of lines on top of the rows'
+// int8 activations (4 KB each at K = 4096) crowd L1: M = 8 ran 20% slower.
+template <int R>
+constexpr int64_t kPrefetchBytes = R <= 2 ? 8192 : 2048;
 
 inline __m512i Load64(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -185,7 +188,7 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
     const uint8_t* b1 = kLone ? b0 : b0 + kBytes;
     if constexpr (!kLone) {
       for (int64_t p = 0; p < 2 * kBytes; p += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(b0 + kPrefetchBytes + p), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b0 + kPrefetchBytes<R> + p), _MM_HINT_T0);
       }
     }
     const __m256i smb = ScaleMinBytes2(
@@ -193,11 +196,6 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 4)), 1));
     const __m512i z = _mm512_castsi256_si512(smb);
     const __m512i s0 = _mm512_shuffle_i32x4(z, z, 0x00), s1 = _mm512_shuffle_i32x4(z, z, 0x55);
-    __m512i sc0[4], sc1[4];
-    for (int i = 0; i < 4; ++i) {
-      sc0[i] = _mm512_shuffle_epi8(s0, shuf[i]);
-      sc1[i] = _mm512_shuffle_epi8(s1, shuf[i]);
-    }
     // The mins of both blocks (bytes 8-15 and 24-31) as 16 floats times dmin.
     const __m512 mf = _mm512_cvtepi32_ps(
         _mm512_cvtepu8_epi32(_mm256_castsi256_si128(_mm256_permute4x64_epi64(smb, _MM_SHUFFLE(3, 1, 3, 1)))));
@@ -208,20 +206,38 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
     const __m512 mn = _mm512_mul_ps(mf, _mm512_permutexvar_ps(dmin_lanes, dd));
     const __m512 d0 = _mm512_broadcastss_ps(_mm512_castps512_ps128(dd));
     const __m512 d1 = kLone ? _mm512_setzero_ps() : _mm512_permutexvar_ps(d1_lanes, dd);
-    __m512i u0[4], u1[4];
-    quants(b0, u0);
-    if constexpr (!kLone) quants(b1, u1);
-    for (int r = 0; r < R; ++r) {
+    // Row r's mins of both blocks and its product with block 0 / block 1.
+    auto first = [&](int r, const __m512i (&u)[4], const __m512i (&sc)[4]) __attribute__((always_inline)) {
       const float* sums = x.sums[r] + 8 * b;
       // A lone block's lanes 8-15 (its own mins again) meet zero sums.
       const __m512 xs = kLone ? _mm512_maskz_loadu_ps(0x00ff, sums) : _mm512_loadu_ps(sums);
       acc[r][C - 1] = _mm512_fnmadd_ps(mn, xs, acc[r][C - 1]);
-      const int8_t* xb = x.q[r] + 256 * b;
-      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot(u0, sc0, xb)),
+      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot(u, sc, x.q[r] + 256 * b)),
                                   _mm512_mul_ps(d0, _mm512_set1_ps(x.dx[r][8 * b])), acc[r][0]);
+    };
+    auto second = [&](int r, const __m512i (&u)[4], const __m512i (&sc)[4]) __attribute__((always_inline)) {
+      acc[r][C - 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot(u, sc, x.q[r] + 256 * b + 256)),
+                                      _mm512_mul_ps(d1, _mm512_set1_ps(x.dx[r][8 * b + 8])), acc[r][C - 1]);
+    };
+    __m512i u[4], sc[4];
+    quants(b0, u);
+    for (int i = 0; i < 4; ++i) sc[i] = _mm512_shuffle_epi8(s0, shuf[i]);
+    if constexpr (R <= 2 && !kLone) {
+      // Both blocks' quants and scales up front (the one-row loop ran ~10%
+      // faster so from L2 than block after block).
+      __m512i u1[4], sc1[4];
+      quants(b1, u1);
+      for (int i = 0; i < 4; ++i) sc1[i] = _mm512_shuffle_epi8(s1, shuf[i]);
+      for (int r = 0; r < R; ++r) first(r, u, sc), second(r, u1, sc1);
+    } else {
+      // Block 0 for every row, then block 1: one block's quants and scales
+      // live at a time (at 8 rows both blocks' spilled: 20% slower than the
+      // one-block loop before this one).
+      for (int r = 0; r < R; ++r) first(r, u, sc);
       if constexpr (!kLone) {
-        acc[r][C - 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot(u1, sc1, xb + 256)),
-                                        _mm512_mul_ps(d1, _mm512_set1_ps(x.dx[r][8 * b + 8])), acc[r][C - 1]);
+        quants(b1, u);
+        for (int i = 0; i < 4; ++i) sc[i] = _mm512_shuffle_epi8(s1, shuf[i]);
+        for (int r = 0; r < R; ++r) second(r, u, sc);
       }
     }
   };
@@ -255,10 +271,10 @@ void DotQ6K(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out)
   const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = row + b * 210;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 192), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R>), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R> + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R> + 128), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R> + 192), _MM_HINT_T0);
     const __m512 sc = _mm512_mul_ps(
         _mm512_set1_ps(Half(blk + 208)),
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
@@ -306,7 +322,7 @@ void Dot32(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
   // Blocks b, b + 1 into accumulator chain c (a constant: see DotK4).
   auto pair = [&]<int c>(int64_t b) __attribute__((always_inline)) {
     const uint8_t* blk = row + b * kBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R>), _MM_HINT_T0);
     __m512i u;
     if constexpr (kFour) {
       const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(blk + 20),
