@@ -1,6 +1,10 @@
 // Int8 activations for DequantMatMul (dequant_dot.h): the per-32 rounding of
 // the activation rows, shared by every ISA so the f64 references can mirror it,
 // and the portable dot products over it.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,6 +34,46 @@ int OffsetOf(DType wtype) {
 // round-half-even(x / d) computed as x * (1 / d), in f32. A group holding a NaN
 // or an infinity gets d = NaN and q = 0, so its rows' results are NaN (never a
 // silently finite number).
+#if defined(__AVX2__)
+// With AVX2 (the backend's baseline ISA), bit for bit what the portable loop
+// below computes: the max of |x| is order-free, x * id rounds once, and
+// vcvtps2dq rounds half to even under the default MXCSR as nearbyint does. The
+// scalar loop took ~4 us per 4096 values, ~2% of a 4096 x 4096 q4_k matvec.
+// REQUIRES: count a multiple of 32.
+float QuantizeBlock(const float* x, int8_t* q, int64_t count = kInt8Block) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int64_t i = 0; i < count; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    vmax = _mm256_max_ps(vmax, a);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or NaN
+  }
+  if (_mm256_movemask_ps(bad) != 0) {
+    std::memset(q, 0, count);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float amax = _mm_cvtss_f32(m);
+  const float d = amax / 127.0f;
+  const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  // vpackssdw / vpacksswb interleave 4-value groups per 128-bit lane.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < count; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), id));
+      v[j] = _mm256_min_epi32(_mm256_max_epi32(v[j], lo), hi);
+    }
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(b, order));
+  }
+  return d;
+}
+#else
 float QuantizeBlock(const float* x, int8_t* q, int64_t count = kInt8Block) {
   float amax = 0;
   bool finite = true;
@@ -49,6 +93,7 @@ float QuantizeBlock(const float* x, int8_t* q, int64_t count = kInt8Block) {
   }
   return d;
 }
+#endif
 
 }  // namespace
 
