@@ -310,8 +310,11 @@ TEST(CudaDecodeMmaHostTest, GqaGroupsMasksAndSplits) {
       {false, 1, 8, 2, 1, 300, 64, 0, 0, 3, 2},
       // 4 heads x 4 causal rows: two row tiles; f16.
       {true, 2, 4, 1, 4, 200, 64, K_MASK_CAUSAL, 0, 2, 3},
-      // A group of 5, softcap, a sliding window, one split (the block writes the output).
-      {false, 1, 5, 1, 1, 150, 128, K_MASK_SLIDING_WINDOW, 20, 1, 1},
+      // A group of 5, softcap, one split (the block writes the output), 5
+      // passes for warp 0 (its ring of 3 wraps).
+      {false, 1, 5, 1, 1, 300, 128, 0, 20, 1, 1},
+      // 2 heads x 2 rows in a sliding window (17 keys: most warps see none).
+      {true, 1, 2, 1, 2, 100, 64, K_MASK_SLIDING_WINDOW, 0, 2, 1},
       // A group of 2 x 3 rows under a prefix mask at D 256.
       {true, 1, 4, 2, 3, 90, 256, K_MASK_PREFIX, 0, 2, 2},
       // A group of 16 (two full tiles), keys off the 64-key pass, 4 splits.
