@@ -91,14 +91,18 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
 // and `passes` passes per warp in dynamic shared memory. It serves the
 // decoding shapes the 16-byte kernel does whose kv head is read by at least
 // kDecodeMmaMinRows query rows (GQA groups x query rows; DecodeUsesMma);
-// KILN_DECODE_MMA=0 keeps the 16-byte kernel (a benchmark's comparison).
+// KILN_DECODE_MMA=0 keeps the 16-byte kernel everywhere, =1 takes the
+// tensor-core kernel for one row too (a benchmark's comparisons).
 constexpr int kDecodeMmaRows = 8;
 constexpr int64_t kDecodeMmaMinRows = 2;
 inline constexpr DecodeRing kDefaultDecodeMmaRing{1, 3, 1};
 
+// KILN_DECODE_MMA's setting: unset (the rule), 0 or 1.
+enum class DecodeMmaMode { kAuto, kOff, kOn };
+
 // Whether `group_rows` = (Hq / Hkv) * Sq rows per kv head take the
-// tensor-core decode kernel (with `allowed`, the KILN_DECODE_MMA switch).
-bool DecodeUsesMma(int64_t group_rows, bool allowed = true);
+// tensor-core decode kernel under `mode`.
+bool DecodeUsesMma(int64_t group_rows, DecodeMmaMode mode = DecodeMmaMode::kAuto);
 
 // The source of the tensor-core decode kernel for f16 or bf16 `dtype` and
 // head dim D in {64, 128, 256}: kernels/attention_decode.cu and one

@@ -277,8 +277,9 @@ std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_bl
                       rows_per_block, ")\n");
 }
 
-bool DecodeUsesMma(int64_t group_rows, bool allowed) {
-  return allowed && group_rows >= kDecodeMmaMinRows;
+bool DecodeUsesMma(int64_t group_rows, DecodeMmaMode mode) {
+  if (mode == DecodeMmaMode::kOff) return false;
+  return group_rows >= (mode == DecodeMmaMode::kOn ? 1 : kDecodeMmaMinRows);
 }
 
 std::string DecodeMmaAttentionSource(DType dtype, int64_t head_dim, DecodeRing ring) {
@@ -590,11 +591,13 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
       // GQA groups (and several query rows per kv head) take the
-      // tensor-core kernel where its shared memory fits; KILN_DECODE_MMA=0
-      // keeps the 16-byte one (a benchmark's comparison).
+      // tensor-core kernel where its shared memory fits; KILN_DECODE_MMA=0|1
+      // overrides the rule (a benchmark's comparisons).
       const char* mma_env = std::getenv("KILN_DECODE_MMA");
-      const bool allowed = !(mma_env != nullptr && std::string_view(mma_env) == "0");
-      bool mma = DecodeUsesMma(p.Hq / p.Hkv * p.Sq, allowed) && d.caps().cc_major >= 8;
+      DecodeMmaMode mode = DecodeMmaMode::kAuto;
+      if (mma_env != nullptr && std::string_view(mma_env) == "0") mode = DecodeMmaMode::kOff;
+      if (mma_env != nullptr && std::string_view(mma_env) == "1") mode = DecodeMmaMode::kOn;
+      bool mma = DecodeUsesMma(p.Hq / p.Hkv * p.Sq, mode) && d.caps().cc_major >= 8;
       // KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>]: a benchmark's sweep of the load ring.
       DecodeRing ring = mma ? kDefaultDecodeMmaRing : kDefaultDecodeRing;
       if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {

@@ -14,7 +14,8 @@
 // KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
 // "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
 // choice was Kiln's kernel, and "impl": "kiln_own_fma" (KILN_DECODE_MMA=0, the
-// 16-byte FMA kernel) where it was the tensor-core decode kernel. --splits 4,8,16 times Kiln's decode kernel at each
+// 16-byte FMA kernel) where it was the tensor-core decode kernel, "impl":
+// "kiln_own_mma" (KILN_DECODE_MMA=1) where it was the 16-byte kernel. --splits 4,8,16 times Kiln's decode kernel at each
 // split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice;
 // --rings 4x3,1x8,2x5x4 its load ring at each <steps per pass>x<passes per ring>
 // [x<blocks per SM for __launch_bounds__>] (KILN_DECODE_RING, "impl": "kiln_own_ring<...>").
@@ -286,9 +287,14 @@ int main(int argc, char** argv) {
         !with_env("KILN_DECODE_ATTENTION", "cudnn", [&] { return measure(c, dev, "kiln_cudnn"); })) {
       return 1;
     }
-    // The tensor-core decode kernel's shapes on the 16-byte kernel too.
+    // The tensor-core decode kernel's shapes on the 16-byte kernel, and the
+    // 16-byte kernel's on the tensor-core one.
     if (c.Sq == 1 && own != nullptr && last_impl.find("decode_mma") != std::string::npos &&
         !with_env("KILN_DECODE_MMA", "0", [&] { return measure(c, own, "kiln_own_fma"); })) {
+      return 1;
+    }
+    if (c.Sq == 1 && own != nullptr && last_impl.find("decode16") != std::string::npos &&
+        !with_env("KILN_DECODE_MMA", "1", [&] { return measure(c, own, "kiln_own_mma"); })) {
       return 1;
     }
     if (c.Sq != 1 || own == nullptr) continue;

@@ -118,12 +118,14 @@ TEST(AttentionPlan, DecodeKernelTakesTheGqaGroupPerBlock) {
 TEST(AttentionPlan, DecodeTakesTheTensorCoresForGqaGroups) {
   // Two or more query rows per kv head (a GQA group, or several query rows)
   // take the tensor-core kernel; one row (MHA decoding) the 16-byte kernel;
-  // KILN_DECODE_MMA=0 (allowed false) keeps the 16-byte kernel everywhere.
+  // KILN_DECODE_MMA=0 keeps the 16-byte kernel everywhere, =1 takes the
+  // tensor-core kernel for one row too.
   EXPECT_FALSE(DecodeUsesMma(1));
   EXPECT_TRUE(DecodeUsesMma(2));
   EXPECT_TRUE(DecodeUsesMma(4));
   EXPECT_TRUE(DecodeUsesMma(32));
-  EXPECT_FALSE(DecodeUsesMma(4, false));
+  EXPECT_FALSE(DecodeUsesMma(4, DecodeMmaMode::kOff));
+  EXPECT_TRUE(DecodeUsesMma(1, DecodeMmaMode::kOn));
   // 4 warps x 16 keys per mma tile x tiles per pass.
   EXPECT_EQ(DecodeMmaKeysPerPass(), 4 * 16 * kDefaultDecodeMmaRing.steps);
   EXPECT_EQ(DecodeMmaKeysPerPass(DecodeRing{2, 3}), 4 * 16 * 2);

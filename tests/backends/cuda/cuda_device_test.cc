@@ -854,6 +854,15 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
     CheckAttention(c, seed);
     seed += 8;
   }
+  // And the 16-byte kernel's one-row shapes on the tensor-core kernel
+  // (KILN_DECODE_MMA=1: 7 padding rows per tile; one split of 1,024 items).
+  setenv("KILN_DECODE_MMA", "1", 1);
+  for (AttnCase c : cases) {
+    if (!absl::StartsWith(c.path, "decode16_split")) continue;
+    c.path = "decode_mma_split";
+    CheckAttention(c, seed);
+    seed += 8;
+  }
   unsetenv("KILN_DECODE_MMA");
 }
 
