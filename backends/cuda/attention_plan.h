@@ -84,6 +84,41 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
                               int64_t D, int64_t Dv, int64_t element_bytes,
                               const DeviceCaps& caps);
 
+// The tensor-core decode kernel (kernels/attention_decode.cu,
+// attention_decode_mma): a block of kDecodeWarps warps per (batch, kv head,
+// key split, row tile) with kDecodeMmaRows query rows per tile (the N of its
+// mma.sync tiles), K/V through a cp.async ring of `steps` x 16 keys per pass
+// and `passes` passes per warp in dynamic shared memory. It serves the
+// decoding shapes the 16-byte kernel does whose kv head is read by at least
+// kDecodeMmaMinRows query rows (GQA groups x query rows; DecodeUsesMma);
+// KILN_DECODE_MMA=0 keeps the 16-byte kernel everywhere, =1 takes the
+// tensor-core kernel for one row too (a benchmark's comparisons).
+constexpr int kDecodeMmaRows = 8;
+constexpr int64_t kDecodeMmaMinRows = 2;
+inline constexpr DecodeRing kDefaultDecodeMmaRing{1, 3, 1};
+
+// KILN_DECODE_MMA's setting: unset (the rule), 0 or 1.
+enum class DecodeMmaMode { kAuto, kOff, kOn };
+
+// Whether `group_rows` = (Hq / Hkv) * Sq rows per kv head take the
+// tensor-core decode kernel under `mode`.
+bool DecodeUsesMma(int64_t group_rows, DecodeMmaMode mode = DecodeMmaMode::kAuto);
+
+// The source of the tensor-core decode kernel for f16 or bf16 `dtype` and
+// head dim D in {64, 128, 256}: kernels/attention_decode.cu and one
+// instantiation, entry point kiln_attention_decode_mma_<dt>_d<D> (and
+// kiln_decode_counters_zero); a ring other than the default is defined
+// ahead of the source.
+std::string DecodeMmaAttentionSource(DType dtype, int64_t head_dim,
+                                     DecodeRing ring = kDefaultDecodeMmaRing);
+
+// Its dynamic shared memory: the warps' rings, or the warps' merge area if
+// larger.
+int64_t DecodeMmaSharedBytes(int64_t head_dim, DecodeRing ring = kDefaultDecodeMmaRing);
+
+// The keys one pass of its block's warps takes.
+int64_t DecodeMmaKeysPerPass(DecodeRing ring = kDefaultDecodeMmaRing);
+
 // Dynamic shared memory of the tensor-core kernel for head dim D (Q, K and V
 // tiles of 64 x (D + 8) halves).
 int64_t FlashSharedBytes(int64_t head_dim);

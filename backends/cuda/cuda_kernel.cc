@@ -77,10 +77,11 @@ unsigned GridFor(const DeviceCaps& caps, int64_t count, unsigned block) {
   return static_cast<unsigned>(std::clamp<int64_t>(want, 1, std::max<int64_t>(cap, 1)));
 }
 
-absl::StatusOr<unsigned> ResidentBlocks(CudaDevice& device, CUfunction fn, unsigned block) {
+absl::StatusOr<unsigned> ResidentBlocks(CudaDevice& device, CUfunction fn, unsigned block,
+                                        size_t dynamic_shared) {
   int per_sm = 0;
   KILN_RETURN_IF_ERROR(device.Check(Driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                                        &per_sm, fn, static_cast<int>(block), 0),
+                                        &per_sm, fn, static_cast<int>(block), dynamic_shared),
                                     "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
   const int64_t blocks = int64_t{std::max(per_sm, 1)} * std::max(device.caps().sm_count, 1);
   return static_cast<unsigned>(std::min<int64_t>(blocks, device.caps().max_grid_x));

@@ -82,10 +82,12 @@ absl::Status LaunchKernel(CudaStream& stream, CUfunction fn, unsigned grid_x, un
 // enough to fill the device a few times over, capped by the grid limit.
 unsigned GridFor(const DeviceCaps& caps, int64_t count, unsigned block);
 
-// How many blocks of `block` threads (no dynamic shared memory) of `fn` the
-// whole device holds at once (the driver's occupancy for one SM times the
-// SMs): the grid of a persistent kernel whose blocks stride over work.
-absl::StatusOr<unsigned> ResidentBlocks(CudaDevice& device, CUfunction fn, unsigned block);
+// How many blocks of `block` threads (and `dynamic_shared` bytes of dynamic
+// shared memory each) of `fn` the whole device holds at once (the driver's
+// occupancy for one SM times the SMs): the grid of a persistent kernel whose
+// blocks stride over work.
+absl::StatusOr<unsigned> ResidentBlocks(CudaDevice& device, CUfunction fn, unsigned block,
+                                        size_t dynamic_shared = 0);
 
 // f32, f16 and bf16: the float types the hand-written kernels serve.
 bool IsFloat(DType dtype);

@@ -12,7 +12,10 @@
 //   (kernels/attention_decode.cu): a block per (batch, kv head, split)
 //   reading K/V once for the R query rows of the kv head, 16-byte pieces
 //   through a cp.async ring, the splits filling one wave of the device, the
-//   combine done by the last block of each row tile (one launch);
+//   combine done by the last block of each row tile (one launch); where two
+//   or more query rows read each kv head (GQA groups),
+//   nvrtc:attention_decode_mma_split<n>_<dt> instead: the same blocks and
+//   combine with q.k and p.v on the tensor cores (mma.sync, 8-row tiles);
 // - nvrtc:flash_attn_simt_f32 (kernels/attention_tiled.cu): f32 with
 //   D == Dv in {64, 128}: 32-row query tiles, register-tiled S and P V on the
 //   SIMT units, online softmax;
@@ -274,6 +277,38 @@ std::string DecodeAttentionSource(DType dtype, int64_t head_dim, int rows_per_bl
                       rows_per_block, ")\n");
 }
 
+bool DecodeUsesMma(int64_t group_rows, DecodeMmaMode mode) {
+  if (mode == DecodeMmaMode::kOff) return false;
+  return group_rows >= (mode == DecodeMmaMode::kOn ? 1 : kDecodeMmaMinRows);
+}
+
+std::string DecodeMmaAttentionSource(DType dtype, int64_t head_dim, DecodeRing ring) {
+  const std::string dt = DTypeSuffix(dtype);
+  std::string defines;
+  if (ring.steps != kDefaultDecodeMmaRing.steps || ring.passes != kDefaultDecodeMmaRing.passes ||
+      ring.min_blocks != kDefaultDecodeMmaRing.min_blocks) {
+    defines = absl::StrCat("#define KILN_DECODE_MMA_U ", ring.steps, "\n#define KILN_DECODE_MMA_P ",
+                           ring.passes, "\n#define KILN_DECODE_MMA_MINB ", ring.min_blocks, "\n");
+  }
+  const bool f16 = dtype == v1::DTYPE_F16;
+  return absl::StrCat(defines, KernelSource("attention_decode.cu"), "\nKILN_ATTENTION_DECODE_MMA(",
+                      dt, ", ", f16 ? "k_f16" : "k_bf16", ", ", head_dim, ", ",
+                      f16 ? "true" : "false", ")\n");
+}
+
+int64_t DecodeMmaSharedBytes(int64_t head_dim, DecodeRing ring) {
+  // attention_decode_mma: per warp `passes` x (K and V: 16 x steps keys of
+  // D + 8 halves); the merge: o [warps][rows][D], m and l [warps][rows] f32.
+  const int64_t rings =
+      int64_t{kDecodeWarps} * ring.passes * 2 * 16 * ring.steps * (head_dim + 8) * 2;
+  const int64_t merge = (int64_t{kDecodeWarps} * kDecodeMmaRows * head_dim +
+                         int64_t{2} * kDecodeWarps * kDecodeMmaRows) *
+                        4;
+  return std::max(rings, merge);
+}
+
+int64_t DecodeMmaKeysPerPass(DecodeRing ring) { return int64_t{kDecodeWarps} * 16 * ring.steps; }
+
 int64_t FlashSharedBytes(int64_t head_dim) {
   return int64_t{3} * kFlashTile * (head_dim + 8) * 2;
 }
@@ -304,14 +339,15 @@ class AttentionKernel final : public CudaKernel {
     return Enqueue(s, in, out);
   }
 
-  // `vec`: the split path's 16-byte kernel (attention_decode16), or none;
-  // launched when the operands are 16-byte aligned, with `vec_splits` key
-  // splits and `vec_rows` query rows per block; `fast` otherwise. `zero`:
-  // its module's kiln_decode_counters_zero.
+  // `vec`: the split path's 16-byte kernel (attention_decode16) or its
+  // tensor-core kernel (attention_decode_mma), or none; launched when the
+  // operands are 16-byte aligned, with `vec_splits` key splits, `vec_rows`
+  // query rows per block and `vec_shared` bytes of dynamic shared memory;
+  // `fast` otherwise. `zero`: its module's kiln_decode_counters_zero.
   AttentionKernel(CudaDevice& d, const KernelSpec& spec, AttentionPath path, LoadedFunction rows,
                   LoadedFunction fast, LoadedFunction combine, LoadedFunction vec,
-                  LoadedFunction zero, int64_t vec_splits, int vec_rows, AttnParams params,
-                  std::string impl)
+                  LoadedFunction zero, int64_t vec_splits, int vec_rows, unsigned vec_shared,
+                  AttnParams params, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         path_(path),
         rows_(std::move(rows)),
@@ -321,9 +357,10 @@ class AttentionKernel final : public CudaKernel {
         zero_(std::move(zero)),
         vec_splits_(vec_splits),
         vec_rows_(vec_rows),
+        vec_shared_(vec_shared),
         params_(params) {}
 
-  // Whether the 16-byte decode kernel serves aligned operands.
+  // Whether a 16-byte decode kernel (either) serves aligned operands.
   bool decode16() const { return vec_.fn != nullptr; }
 
  protected:
@@ -378,8 +415,8 @@ class AttentionKernel final : public CudaKernel {
         void* args[] = {&q, &k, &v, &extra, &part, &o, &counters, &p, &splits};
         const int64_t blocks =
             std::clamp<int64_t>(p.B * p.Hkv * splits * tiles, 1, device_.caps().max_grid_x);
-        return LaunchKernel(s, vec_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kDecodeWarps, 0,
-                            args);
+        return LaunchKernel(s, vec_.fn, static_cast<unsigned>(blocks), 1, 1, 32 * kDecodeWarps,
+                            vec_shared_, args);
       }
       void* args[] = {&q, &k, &v, &extra, &part, &p, &splits};
       const int64_t blocks =
@@ -403,6 +440,7 @@ class AttentionKernel final : public CudaKernel {
   LoadedFunction rows_, fast_, combine_, vec_, zero_;
   const int64_t vec_splits_;
   const int vec_rows_;
+  const unsigned vec_shared_;
   AttnParams params_;
   std::unique_ptr<backend::Buffer> partials_;  // the split path's (m, l, o) records
   std::unique_ptr<backend::Buffer> counters_;  // the 16-byte kernel's splits done per row tile
@@ -520,6 +558,7 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
   LoadedFunction fast, combine, vec, zero;
   int64_t vec_splits = 0;
   int vec_rows = 1;
+  unsigned vec_shared = 0;
   std::string impl = absl::StrCat("nvrtc:attention_rows_", dt);
   if (path.kind == AttentionPath::kFlash) {
     KILN_ASSIGN_OR_RETURN(fast, LoadFunction(d, "flash_attention",
@@ -551,9 +590,16 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
                                        absl::StrCat("kiln_attention_combine_", dt), context));
     impl = absl::StrCat("nvrtc:attention_decode_split", path.splits, "_", dt);
     if (DecodeVectorized(dtype, p)) {
-      vec_rows = DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
-      // KILN_DECODE_RING=<steps>x<passes>: a benchmark's sweep of the load ring.
-      DecodeRing ring;
+      // GQA groups (and several query rows per kv head) take the
+      // tensor-core kernel where its shared memory fits; KILN_DECODE_MMA=0|1
+      // overrides the rule (a benchmark's comparisons).
+      const char* mma_env = std::getenv("KILN_DECODE_MMA");
+      DecodeMmaMode mode = DecodeMmaMode::kAuto;
+      if (mma_env != nullptr && std::string_view(mma_env) == "0") mode = DecodeMmaMode::kOff;
+      if (mma_env != nullptr && std::string_view(mma_env) == "1") mode = DecodeMmaMode::kOn;
+      bool mma = DecodeUsesMma(p.Hq / p.Hkv * p.Sq, mode) && d.caps().cc_major >= 8;
+      // KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>]: a benchmark's sweep of the load ring.
+      DecodeRing ring = mma ? kDefaultDecodeMmaRing : kDefaultDecodeRing;
       if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {
         std::vector<absl::string_view> parts = absl::StrSplit(env, 'x');
         int steps = 0, passes = 0, min_blocks = 1;
@@ -565,38 +611,64 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
           ring = {steps, passes, min_blocks};
         }
       }
+      const int64_t optin = d.caps().max_shared_per_block_optin;
+      if (mma && DecodeMmaSharedBytes(p.D, ring) > optin) {
+        // A swept ring too large for the device: the default, else 2 passes
+        // (D 256 on an A100), else the 16-byte kernel.
+        ring = kDefaultDecodeMmaRing;
+        if (DecodeMmaSharedBytes(p.D, ring) > optin) ring.passes = 2;
+        mma = DecodeMmaSharedBytes(p.D, ring) <= optin;
+        if (!mma) ring = kDefaultDecodeRing;
+      }
+      vec_rows = mma ? kDecodeMmaRows : DecodeRowsPerBlock(p.Hq / p.Hkv * p.Sq);
       // Its own module per variant: a prepare compiles only the one it runs.
-      const std::string variant = absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
+      const std::string kernel = mma ? "attention_decode_mma" : "attention_decode16";
+      const std::string variant =
+          mma ? absl::StrCat(dt, "_d", p.D) : absl::StrCat(dt, "_d", p.D, "_r", vec_rows);
       KILN_ASSIGN_OR_RETURN(
-          vec, LoadFunction(d, absl::StrCat("attention_decode16_", variant),
-                            DecodeAttentionSource(dtype, p.D, vec_rows, ring),
-                            absl::StrCat("kiln_attention_decode16_", variant), context));
+          vec, LoadFunction(d, absl::StrCat(kernel, "_", variant),
+                            mma ? DecodeMmaAttentionSource(dtype, p.D, ring)
+                                : DecodeAttentionSource(dtype, p.D, vec_rows, ring),
+                            absl::StrCat("kiln_", kernel, "_", variant), context));
       zero.module = vec.module;
       KILN_ASSIGN_OR_RETURN(zero.fn, vec.module->Function("kiln_decode_counters_zero"));
       KILN_RETURN_IF_ERROR(d.Enter());
-      KILN_ASSIGN_OR_RETURN(unsigned resident, ResidentBlocks(d, vec.fn, 32 * kDecodeWarps));
+      if (mma) {
+        vec_shared = static_cast<unsigned>(DecodeMmaSharedBytes(p.D, ring));
+        KILN_RETURN_IF_ERROR(d.Check(
+            Driver().cuFuncSetAttribute(vec.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        static_cast<int>(vec_shared)),
+            "cuFuncSetAttribute"));
+      }
+      KILN_ASSIGN_OR_RETURN(unsigned resident,
+                            ResidentBlocks(d, vec.fn, 32 * kDecodeWarps, vec_shared));
       // The keys a block's rows may see: a sliding window's, or all of them.
       const int64_t keys = p.mask == v1::MASK_SLIDING_WINDOW
                                ? std::min(p.Sk, p.window + p.Sq - 1)
                                : p.Sk;
       const int64_t tiles = (p.Hq / p.Hkv * p.Sq + vec_rows - 1) / vec_rows;
-      vec_splits =
-          DecodeSplits(p.B, p.Hkv, tiles, keys, DecodeKeysPerPass(p.D, vec_rows, ring), resident);
+      const int64_t keys_per_pass =
+          mma ? DecodeMmaKeysPerPass(ring) : DecodeKeysPerPass(p.D, vec_rows, ring);
+      vec_splits = DecodeSplits(p.B, p.Hkv, tiles, keys, keys_per_pass, resident);
       // KILN_DECODE_SPLITS=n: a benchmark's sweep of the split count.
       if (const char* env = std::getenv("KILN_DECODE_SPLITS"); env != nullptr) {
         int64_t n = 0;
         if (absl::SimpleAtoi(env, &n) && n > 0) vec_splits = std::min<int64_t>(n, std::max<int64_t>(keys, 1));
       }
-      impl = absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_", dt);
-      if (ring.steps != kDefaultDecodeRing.steps || ring.passes != kDefaultDecodeRing.passes ||
-          ring.min_blocks != kDefaultDecodeRing.min_blocks) {
+      impl = mma ? absl::StrCat("nvrtc:attention_decode_mma_split", vec_splits, "_", dt)
+                 : absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_",
+                                dt);
+      const DecodeRing defaults = mma ? kDefaultDecodeMmaRing : kDefaultDecodeRing;
+      if (ring.steps != defaults.steps || ring.passes != defaults.passes ||
+          ring.min_blocks != defaults.min_blocks) {
         absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes, "x", ring.min_blocks);
       }
     }
   }
   return std::make_unique<AttentionKernel>(d, spec, path, std::move(rows), std::move(fast),
                                            std::move(combine), std::move(vec), std::move(zero),
-                                           vec_splits, vec_rows, p, std::move(impl));
+                                           vec_splits, vec_rows, vec_shared, p,
+                                           std::move(impl));
 }
 
 const CudaOpRegistration kAttentionRegistration({

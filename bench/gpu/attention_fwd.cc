@@ -13,7 +13,9 @@
 // "impl": "kiln_own" a second device of the same GPU created with
 // KILN_CUDNN=0 (Kiln's own kernels) where the choice was cuDNN, and
 // "impl": "kiln_cudnn" (KILN_DECODE_ATTENTION=cudnn) where a decode case's
-// choice was Kiln's kernel. --splits 4,8,16 times Kiln's decode kernel at each
+// choice was Kiln's kernel, and "impl": "kiln_own_fma" (KILN_DECODE_MMA=0, the
+// 16-byte FMA kernel) where it was the tensor-core decode kernel, "impl":
+// "kiln_own_mma" (KILN_DECODE_MMA=1) where it was the 16-byte kernel. --splits 4,8,16 times Kiln's decode kernel at each
 // split count (KILN_DECODE_SPLITS, "impl": "kiln_own_split<n>") beside its own choice;
 // --rings 4x3,1x8,2x5x4 its load ring at each <steps per pass>x<passes per ring>
 // [x<blocks per SM for __launch_bounds__>] (KILN_DECODE_RING, "impl": "kiln_own_ring<...>").
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
   if (which == "all" || which == "decode") {
     cases.push_back({"decode_B8_H32_KV8_S1_Sk8192_D128", v1::DTYPE_BF16, 8, 32, 8, 1, 8192, 128, true});
     cases.push_back({"decode_B1_H32_S1_Sk32768_D128", v1::DTYPE_BF16, 1, 32, 32, 1, 32768, 128, true});
+    cases.push_back({"decode_B4_H32_KV4_S1_Sk16384_D128", v1::DTYPE_BF16, 4, 32, 4, 1, 16384, 128, true});
   }
   if (which == "all" || which == "f32") {
     cases.push_back({"bert_f32_B8_H12_S128_D64", v1::DTYPE_F32, 8, 12, 12, 128, 128, 64, false});
@@ -278,8 +281,20 @@ int main(int argc, char** argv) {
     if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
       return 1;
     }
-    if (c.Sq == 1 && last_impl.find("decode16") != std::string::npos &&
+    const bool own_decode = last_impl.find("decode16") != std::string::npos ||
+                            last_impl.find("decode_mma") != std::string::npos;
+    if (c.Sq == 1 && own_decode &&
         !with_env("KILN_DECODE_ATTENTION", "cudnn", [&] { return measure(c, dev, "kiln_cudnn"); })) {
+      return 1;
+    }
+    // The tensor-core decode kernel's shapes on the 16-byte kernel, and the
+    // 16-byte kernel's on the tensor-core one.
+    if (c.Sq == 1 && own != nullptr && last_impl.find("decode_mma") != std::string::npos &&
+        !with_env("KILN_DECODE_MMA", "0", [&] { return measure(c, own, "kiln_own_fma"); })) {
+      return 1;
+    }
+    if (c.Sq == 1 && own != nullptr && last_impl.find("decode16") != std::string::npos &&
+        !with_env("KILN_DECODE_MMA", "1", [&] { return measure(c, own, "kiln_own_mma"); })) {
       return 1;
     }
     if (c.Sq != 1 || own == nullptr) continue;

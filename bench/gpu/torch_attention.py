@@ -21,6 +21,7 @@ CASES = [
     ("gqa_causal_B4_H32_KV8_S2048_D128", 4, 32, 8, 2048, 2048, 128, True, "big"),
     ("decode_B8_H32_KV8_S1_Sk8192_D128", 8, 32, 8, 1, 8192, 128, True, "decode"),
     ("decode_B1_H32_S1_Sk32768_D128", 1, 32, 32, 1, 32768, 128, True, "decode"),
+    ("decode_B4_H32_KV4_S1_Sk16384_D128", 4, 32, 4, 1, 16384, 128, True, "decode"),
     # f32 (TF32 off), as Kiln's f32 layer runs it.
     ("bert_f32_B8_H12_S128_D64", 8, 12, 12, 128, 128, 64, False, "f32"),
     ("f32_B4_H16_S512_D64", 4, 16, 16, 512, 512, 64, False, "f32"),

@@ -25,6 +25,7 @@ struct FlashParams {
 };
 
 #include "attention_mask.cuh"
+#include "mma.cuh"
 
 extern __shared__ __align__(16) unsigned short k_flash_smem[];
 
@@ -43,46 +44,6 @@ __device__ __forceinline__ void k_cp_commit() { asm volatile("cp.async.commit_gr
 template <int N>
 __device__ __forceinline__ void k_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void k_ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(k_smem_addr(p)));
-}
-__device__ __forceinline__ void k_ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(k_smem_addr(p)));
-}
-
-// C += A B for one m16n8k16 tile; IsF16 picks f16 or bf16 operands.
-template <bool IsF16>
-__device__ __forceinline__ void k_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0,
-                                      unsigned b1) {
-  if (IsF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-// Two floats as one register of two halves, `lo` in the low half.
-template <bool IsF16>
-__device__ __forceinline__ unsigned k_pack2(float lo, float hi) {
-  unsigned r;
-  if (IsF16) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  }
-  return r;
 }
 
 // The structural key range [lo, hi) of query row i.

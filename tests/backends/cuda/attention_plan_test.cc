@@ -115,6 +115,33 @@ TEST(AttentionPlan, DecodeKernelTakesTheGqaGroupPerBlock) {
   EXPECT_EQ(DecodeKeysPerPass(128, 4, DecodeRing{2, 5}), 4 * 2 * 2);
 }
 
+TEST(AttentionPlan, DecodeTakesTheTensorCoresForGqaGroups) {
+  // Two or more query rows per kv head (a GQA group, or several query rows)
+  // take the tensor-core kernel; one row (MHA decoding) the 16-byte kernel;
+  // KILN_DECODE_MMA=0 keeps the 16-byte kernel everywhere, =1 takes the
+  // tensor-core kernel for one row too.
+  EXPECT_FALSE(DecodeUsesMma(1));
+  EXPECT_TRUE(DecodeUsesMma(2));
+  EXPECT_TRUE(DecodeUsesMma(4));
+  EXPECT_TRUE(DecodeUsesMma(32));
+  EXPECT_FALSE(DecodeUsesMma(4, DecodeMmaMode::kOff));
+  EXPECT_TRUE(DecodeUsesMma(1, DecodeMmaMode::kOn));
+  // 4 warps x 16 keys per mma tile x tiles per pass.
+  EXPECT_EQ(DecodeMmaKeysPerPass(), 4 * 16 * kDefaultDecodeMmaRing.steps);
+  EXPECT_EQ(DecodeMmaKeysPerPass(DecodeRing{2, 3}), 4 * 16 * 2);
+  // The rings: 4 warps x passes x (K and V: 16 keys x (D + 8) halves).
+  EXPECT_EQ(DecodeMmaSharedBytes(128, DecodeRing{1, 3}), 4 * 3 * 2 * 16 * 136 * 2);
+  EXPECT_EQ(DecodeMmaSharedBytes(256, DecodeRing{2, 2}), 4 * 2 * 2 * 32 * 264 * 2);
+  // The smallest ring still holds the warps' merge (o of 8 rows x D, m and l, f32).
+  EXPECT_GE(DecodeMmaSharedBytes(64, DecodeRing{1, 2}), (4 * 8 * 64 + 2 * 4 * 8) * 4);
+  // The default ring fits every head dim in an H100's 227 KiB per block, two
+  // blocks per SM up to D 128; an A100's 163 KiB takes D 256 at 2 passes.
+  for (int64_t d : {64, 128, 256}) EXPECT_LE(DecodeMmaSharedBytes(d), 227 * 1024) << d;
+  EXPECT_LE(2 * DecodeMmaSharedBytes(128), 228 * 1024);
+  EXPECT_GT(DecodeMmaSharedBytes(256), 163 * 1024);
+  EXPECT_LE(DecodeMmaSharedBytes(256, DecodeRing{1, 2}), 163 * 1024);
+}
+
 TEST(AttentionPlan, DecodeSplitsFillOneWave) {
   // 396 resident blocks (3 per SM on 132 SMs): B8 KV8 has 64 blocks per split.
   EXPECT_EQ(DecodeSplits(8, 8, 1, 8192, 32, 396), 6);

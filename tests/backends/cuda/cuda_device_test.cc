@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -796,22 +797,31 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
       {v1::DTYPE_BF16, 1, 2, 2, 90, 90, 64, v1::MASK_PREFIX, 30, "flash_attn_fwd_bf16"},
       {v1::DTYPE_BF16, 2, 4, 1, 33, 77, 128, v1::MASK_CUSTOM, 0, "flash_attn_fwd_bf16"},
       {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
-      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode16_split"},
-      // The 16-byte decode kernel: head dims 64 / 256, MQA, causal over a few
-      // query rows, sliding window, softcap, key counts off every step size.
-      {v1::DTYPE_F16, 2, 4, 1, 4, 777, 64, v1::MASK_CAUSAL, 0, "decode16_split"},
-      {v1::DTYPE_BF16, 1, 4, 2, 1, 301, 256, v1::MASK_NONE, 20, "decode16_split"},
-      {v1::DTYPE_BF16, 3, 8, 8, 2, 4100, 128, v1::MASK_SLIDING_WINDOW, 0, "decode16_split"},
-      {v1::DTYPE_F16, 1, 32, 8, 1, 8192, 128, v1::MASK_NONE, 0, "decode16_split"},
-      // Row tiles of the block: a GQA group of 8 (8 rows), 2 heads x 3 causal
-      // rows (6 of 8), 4 heads x 4 rows (two tiles of 8), a prefix mask,
-      // softcap with GQA, one kv head of 2 rows at D 256.
-      {v1::DTYPE_BF16, 2, 16, 2, 1, 2000, 128, v1::MASK_NONE, 0, "decode16_split"},
-      {v1::DTYPE_F16, 1, 4, 2, 3, 999, 64, v1::MASK_CAUSAL, 0, "decode16_split"},
-      {v1::DTYPE_BF16, 1, 8, 2, 4, 1500, 128, v1::MASK_CAUSAL, 0, "decode16_split"},
-      {v1::DTYPE_F16, 2, 4, 4, 2, 513, 128, v1::MASK_PREFIX, 0, "decode16_split"},
-      {v1::DTYPE_BF16, 1, 8, 2, 1, 3000, 64, v1::MASK_NONE, 15, "decode16_split"},
-      {v1::DTYPE_F16, 1, 2, 1, 1, 700, 256, v1::MASK_CAUSAL, 0, "decode16_split"},
+      // Decoding with two or more query rows per kv head: the tensor-core
+      // kernel (rows padded to tiles of 8): head dims 64 / 256, MQA, causal
+      // over a few query rows, sliding window, softcap, key counts off every
+      // pass size. Each runs again on the 16-byte kernel below.
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 2, 4, 1, 4, 777, 64, v1::MASK_CAUSAL, 0, "decode_mma_split"},
+      {v1::DTYPE_BF16, 1, 4, 2, 1, 301, 256, v1::MASK_NONE, 20, "decode_mma_split"},
+      {v1::DTYPE_BF16, 3, 8, 8, 2, 4100, 128, v1::MASK_SLIDING_WINDOW, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 1, 32, 8, 1, 8192, 128, v1::MASK_NONE, 0, "decode_mma_split"},
+      // Row tiles: a GQA group of 8 (8 rows), 2 heads x 3 causal rows (6 of
+      // 8), 4 heads x 4 rows (two tiles of 8), a prefix mask, softcap with
+      // GQA, one kv head of 2 rows at D 256; then a group of 5 (3 padding
+      // rows), a group of 16 (two tiles) under a causal mask, a group of 8 at
+      // D 256 in a sliding window.
+      {v1::DTYPE_BF16, 2, 16, 2, 1, 2000, 128, v1::MASK_NONE, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 1, 4, 2, 3, 999, 64, v1::MASK_CAUSAL, 0, "decode_mma_split"},
+      {v1::DTYPE_BF16, 1, 8, 2, 4, 1500, 128, v1::MASK_CAUSAL, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 2, 4, 4, 2, 513, 128, v1::MASK_PREFIX, 0, "decode_mma_split"},
+      {v1::DTYPE_BF16, 1, 8, 2, 1, 3000, 64, v1::MASK_NONE, 15, "decode_mma_split"},
+      {v1::DTYPE_F16, 1, 2, 1, 1, 700, 256, v1::MASK_CAUSAL, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 2, 40, 8, 1, 1200, 128, v1::MASK_NONE, 0, "decode_mma_split"},
+      {v1::DTYPE_BF16, 1, 32, 2, 1, 2500, 128, v1::MASK_CAUSAL, 0, "decode_mma_split"},
+      {v1::DTYPE_F16, 1, 16, 2, 1, 900, 256, v1::MASK_SLIDING_WINDOW, 0, "decode_mma_split"},
+      // One query row per kv head (MHA decoding): the 16-byte kernel, one row per block.
+      {v1::DTYPE_BF16, 1, 4, 4, 1, 3000, 128, v1::MASK_NONE, 0, "decode16_split"},
       // 1024 blocks per split, more than a GPU of up to 204 SMs holds at 5
       // per SM: one split, the block writes the output itself (no combine).
       {v1::DTYPE_BF16, 128, 8, 8, 1, 256, 64, v1::MASK_NONE, 0, "decode16_split1_"},
@@ -835,6 +845,25 @@ TEST_F(CudaDeviceTest, AttentionPathsMatchAReference) {
     CheckAttention(c, seed);
     seed += 8;
   }
+  // The tensor-core kernel's shapes on the 16-byte kernel (KILN_DECODE_MMA=0):
+  // row tiles of 2, 4 and 8 rows, several tiles per kv head.
+  setenv("KILN_DECODE_MMA", "0", 1);
+  for (AttnCase c : cases) {
+    if (std::string_view(c.path) != "decode_mma_split") continue;
+    c.path = "decode16_split";
+    CheckAttention(c, seed);
+    seed += 8;
+  }
+  // And the 16-byte kernel's one-row shapes on the tensor-core kernel
+  // (KILN_DECODE_MMA=1: 7 padding rows per tile; one split of 1,024 items).
+  setenv("KILN_DECODE_MMA", "1", 1);
+  for (AttnCase c : cases) {
+    if (!absl::StartsWith(c.path, "decode16_split")) continue;
+    c.path = "decode_mma_split";
+    CheckAttention(c, seed);
+    seed += 8;
+  }
+  unsetenv("KILN_DECODE_MMA");
 }
 
 // Prepares `c` on dev_, runs it twice and checks the result against an f64
@@ -990,7 +1019,7 @@ TEST_F(CudaDeviceTest, CudnnAttentionMatchesAReference) {
       {v1::DTYPE_F16, 2, 4, 2, 65, 129, 64, v1::MASK_BIAS, 0, "flash_attn_fwd_f16"},
       // Decoding: the path EstimateDecodeCost expects faster, Kiln's split
       // kernel over few heads, cuDNN's one launch on a short cache of many.
-      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode16_split"},
+      {v1::DTYPE_BF16, 2, 8, 2, 1, 1000, 128, v1::MASK_NONE, 0, "decode_mma_split"},
       {v1::DTYPE_BF16, 8, 32, 8, 1, 256, 128, v1::MASK_NONE, 0, "cudnn:sdpa_fwd_bf16"},
       {v1::DTYPE_F32, 2, 4, 2, 100, 150, 64, v1::MASK_NONE, 0, "flash_attn_simt_f32"},
       {v1::DTYPE_F16, 2, 4, 2, 64, 64, 60, v1::MASK_NONE, 0, "attention_rows_f16"},

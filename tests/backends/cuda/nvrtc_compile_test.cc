@@ -215,6 +215,33 @@ TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
   }
 }
 
+// The tensor-core decode kernel is a module per (dtype, head dim): the
+// variants of both types and every head dim the plan may pick (4 of the 6,
+// NVRTC being slow: bf16 at 64 and 256 differ from f16's only in the mma's
+// type), and a swept ring, compile and hold their entry point and the
+// counters' zeroing kernel, and nothing of the 16-byte kernel.
+TEST_F(NvrtcCompileTest, DecodeMmaVariantsCompile) {
+  struct Variant {
+    DType dt;
+    int64_t d;
+    DecodeRing ring;
+  };
+  for (const Variant& v : {Variant{v1::DTYPE_F16, 64, kDefaultDecodeMmaRing},
+                           Variant{v1::DTYPE_BF16, 128, kDefaultDecodeMmaRing},
+                           Variant{v1::DTYPE_F16, 256, kDefaultDecodeMmaRing},
+                           Variant{v1::DTYPE_BF16, 128, DecodeRing{2, 3, 1}}}) {
+    const std::string entry = absl::StrCat("kiln_attention_decode_mma_", DTypeName(v.dt), "_d", v.d);
+    absl::StatusOr<std::string> cubin =
+        CompileCubin(entry, DecodeMmaAttentionSource(v.dt, v.d, v.ring), kArch);
+    ASSERT_TRUE(cubin.ok()) << entry << " " << v.ring.steps << "x" << v.ring.passes << ": "
+                            << cubin.status();
+    EXPECT_NE(cubin->find(entry + '\0'), std::string::npos) << entry;
+    EXPECT_NE(cubin->find(std::string("kiln_decode_counters_zero") + '\0'), std::string::npos)
+        << entry;
+    EXPECT_EQ(cubin->find("kiln_attention_decode16_"), std::string::npos) << entry;
+  }
+}
+
 TEST_F(NvrtcCompileTest, UnaryEveryKind) {
   for (int k = v1::UNARY_IDENTITY; k <= v1::UNARY_SOFTPLUS; ++k) {
     if (!v1::UnaryKind_IsValid(k)) continue;
