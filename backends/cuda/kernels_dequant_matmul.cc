@@ -27,8 +27,10 @@ using backend::Claim;
 using backend::DequantMatMulShape;
 using backend::KernelSpec;
 
-// dequant_matmul.cu's DQ_MV_R weight rows per block of DQ_MV_WARPS warps.
-constexpr int64_t kMatVecRowsPerBlock = 2;
+// dequant_matmul.cu's DQ_MV_R weight rows per block of DQ_MV_WARPS warps
+// (the instances in the shared module); 4 and 8 are modules of their own
+// (KILN_DEQUANT_MVR).
+constexpr int kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
 // Up to 32 rows of x may take the matvec kernel (the weights re-read per 8
 // rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel.
@@ -73,8 +75,27 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
 // block and activation type keep the module's NVRTC compile short.
 int MatVecRows(int64_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
 
+// The mma kernel's ksteps loaded ahead: 2, or 1 where KILN_DEQUANT_MMA_PREFETCH=1
+// asks (a benchmark's comparison).
+int MmaPrefetch() {
+  const char* env = std::getenv("KILN_DEQUANT_MMA_PREFETCH");
+  return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
+}
+
 // The mma instance's n8 tiles of x per block (8 NT rows of x).
-int MmaTiles(int64_t m) { return m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+int MmaTiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+// Weight rows per block of the matvec kernel: 2, or 4 / 8 where
+// KILN_DEQUANT_MV_ROWS asks (a benchmark's sweep; M = 1 only, the other
+// instances keep 2).
+int MatVecRowsPerBlock(int64_t m) {
+  if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr && m == 1) {
+    const std::string_view v(env);
+    if (v == "4") return 4;
+    if (v == "8") return 8;
+  }
+  return kMatVecRowsPerBlock;
+}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -83,7 +104,9 @@ Claim SupportsDequantMatMul(const CudaDevice& d, const KernelSpec& spec) {
   if (!s.ok()) return Claim::No(absl::StrCat("cuda dequant_matmul: ", s.status().message()));
   bool fits = true;
   switch (PathFor(d, *s)) {
-    case Path::kMatVec: fits = CeilDiv(s->n, kMatVecRowsPerBlock) <= d.caps().max_grid_x; break;
+    case Path::kMatVec:
+      fits = CeilDiv(s->n, MatVecRowsPerBlock(s->m)) <= d.caps().max_grid_x;
+      break;
     case Path::kMma:
       fits = CeilDiv(s->n, kMmaRows) <= d.caps().max_grid_x &&
              CeilDiv(s->m, 8 * MmaTiles(s->m)) <= 65535;
@@ -100,13 +123,14 @@ class DequantMatMulKernel final : public CudaKernel {
  public:
   DequantMatMulKernel(CudaDevice& d, const KernelSpec& spec, LoadedFunction fn,
                       LoadedFunction reduce, DequantMatMulShape shape, Path path, int splits,
-                      std::string impl)
+                      int mv_rows, std::string impl)
       : CudaKernel(d, spec, std::move(impl)),
         fn_(std::move(fn)),
         reduce_(std::move(reduce)),
         shape_(shape),
         path_(path),
-        splits_(splits) {}
+        splits_(splits),
+        mv_rows_(mv_rows) {}
 
  protected:
   absl::Status Enqueue(CudaStream& s, std::span<const CUdeviceptr> in,
@@ -126,7 +150,7 @@ class DequantMatMulKernel final : public CudaKernel {
     switch (path_) {
       case Path::kMatVec: {
         void* args[] = {&x, &w, &y, &m, &n, &k, &row_bytes};
-        const unsigned grid = static_cast<unsigned>(CeilDiv(n, kMatVecRowsPerBlock));
+        const unsigned grid = static_cast<unsigned>(CeilDiv(n, mv_rows_));
         return LaunchKernel(s, fn_.fn, grid, 1, 1, kMatVecThreads, 0, args);
       }
       case Path::kMma: {
@@ -162,11 +186,16 @@ class DequantMatMulKernel final : public CudaKernel {
   DequantMatMulShape shape_;
   Path path_;
   int splits_;
+  int mv_rows_;  // the matvec kernel's weight rows per block
 };
 
 }  // namespace
 
-std::string DequantMmaSource(DType wtype, DType act, int tiles) {
+namespace {
+
+// dequant_matmul.cu's macro arguments for a block type and an activation
+// type: "q4_k, DQ_Q4_K, f32, float".
+std::string VariantArgs(DType wtype, DType act) {
   static constexpr const char* kBlockMacro[] = {"DQ_Q8_0", "DQ_Q4_0", "DQ_Q4_K", "DQ_Q5_K",
                                                 "DQ_Q6_K"};
   int block = 0;
@@ -177,12 +206,25 @@ std::string DequantMmaSource(DType wtype, DType act, int tiles) {
     case v1::DTYPE_Q5_K: block = 3; break;
     default: block = 4; break;
   }
-  const std::string x = DTypeSuffix(act);
   const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
+  return absl::StrCat(DTypeName(wtype), ", ", kBlockMacro[block], ", ", DTypeSuffix(act), ", ",
+                      type);
+}
+
+}  // namespace
+
+std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch) {
+  const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
+  return absl::StrCat("#define DQ_MMA_ONLY 1\n", prefetch == 1 ? "#define DQ_MMA_PF 1\n" : "",
+                      KernelSource("dequant_matmul.cu"),
+                      "\nKILN_DEQUANT_MMA(", VariantArgs(wtype, act), ", ", tiles,
+                      ")\nKILN_DEQUANT_MMA_REDUCE(", DTypeSuffix(act), ", ", type, ")\n");
+}
+
+std::string DequantMatVecSource(DType wtype, DType act, int mr, int rows) {
   return absl::StrCat("#define DQ_MMA_ONLY 1\n", KernelSource("dequant_matmul.cu"),
-                      "\nKILN_DEQUANT_MMA(", DTypeName(wtype),
-                      ", ", kBlockMacro[block], ", ", x, ", ", type, ", ", tiles,
-                      ")\nKILN_DEQUANT_MMA_REDUCE(", x, ", ", type, ")\n");
+                      "\nKILN_DEQUANT_MVR(", VariantArgs(wtype, act), ", ", mr, ", ", rows,
+                      ")\n");
 }
 
 namespace {
@@ -208,20 +250,32 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
     CudaDevice& d, const KernelSpec& spec, backend::PrepareContext& context) {
   KILN_ASSIGN_OR_RETURN(DequantMatMulShape shape, backend::DequantMatMulShapeOf(spec));
   const Path path = PathFor(d, shape);
+  const int mv_rows = MatVecRowsPerBlock(shape.m);
   std::string kind;
   switch (path) {
-    case Path::kMatVec: kind = absl::StrCat("matvec_m", MatVecRows(shape.m)); break;
+    case Path::kMatVec:
+      kind = absl::StrCat("matvec_",
+                          mv_rows == kMatVecRowsPerBlock ? "" : absl::StrCat("r", mv_rows, "_"),
+                          "m", MatVecRows(shape.m));
+      break;
     case Path::kMma: kind = absl::StrCat("mma_n", MmaTiles(shape.m)); break;
     case Path::kTiled: kind = "matmul"; break;
   }
   const std::string suffix = absl::StrCat(DTypeName(shape.wtype), "_", DTypeSuffix(shape.act));
   const std::string entry = absl::StrCat("kiln_dequant_", kind, "_", suffix);
-  // The mma variants are modules of their own (dequant_matmul.cu's
-  // KILN_DEQUANT_MMA), the rest one module.
-  const std::string module = path == Path::kMma ? entry.substr(5) : "dequant_matmul";
-  const std::string source = path == Path::kMma
-                                 ? DequantMmaSource(shape.wtype, shape.act, MmaTiles(shape.m))
-                                 : KernelSource("dequant_matmul.cu");
+  // The mma variants and the matvec ones with 4 or 8 rows per block are
+  // modules of their own (dequant_matmul.cu's KILN_DEQUANT_MMA /
+  // KILN_DEQUANT_MVR), the rest one module.
+  const bool own_mv = path == Path::kMatVec && mv_rows != kMatVecRowsPerBlock;
+  const int prefetch = MmaPrefetch();
+  const std::string module =
+      path == Path::kMma ? absl::StrCat(entry.substr(5), prefetch == 1 ? "_pf1" : "")
+      : own_mv           ? entry.substr(5)
+                         : std::string("dequant_matmul");
+  const std::string source =
+      path == Path::kMma ? DequantMmaSource(shape.wtype, shape.act, MmaTiles(shape.m), prefetch)
+      : own_mv ? DequantMatVecSource(shape.wtype, shape.act, MatVecRows(shape.m), mv_rows)
+               : KernelSource("dequant_matmul.cu");
   KILN_ASSIGN_OR_RETURN(LoadedFunction fn, LoadFunction(d, module, source, entry, context));
   std::string impl = absl::StrCat("nvrtc:dequant_", kind, "_", suffix);
   LoadedFunction reduce;
@@ -235,10 +289,11 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
                                context));
       absl::StrAppend(&impl, "_split", splits);
     }
+    if (prefetch == 1) absl::StrAppend(&impl, "_pf1");
   }
   if (path == Path::kTiled) absl::StrAppend(&impl, shape.transpose_b ? "_nk_" : "_kn_", "32x64");
   return std::unique_ptr<backend::Kernel>(std::make_unique<DequantMatMulKernel>(
-      d, spec, std::move(fn), std::move(reduce), shape, path, splits, std::move(impl)));
+      d, spec, std::move(fn), std::move(reduce), shape, path, splits, mv_rows, std::move(impl)));
 }
 
 const CudaOpRegistration kDequantMatmulRegistration({

@@ -192,24 +192,24 @@ __device__ __forceinline__ void dq_nib16(const unsigned q[4], int hi, float f[16
   dq_mant16(b, f);
 }
 
-// Byte t (0..11, varying by lane) of the 3 words sc: selects, not an indexed
-// register array (which would live in local memory).
-__device__ __forceinline__ unsigned dq_byte3(const unsigned sc[3], int t) {
-  const int i = t >> 2;
-  const unsigned w = i == 0 ? sc[0] : (i == 1 ? sc[1] : sc[2]);
-  return (w >> (8 * (t & 3))) & 0xffu;
-}
 // q4_k / q5_k's 6-bit scale and minimum of group g (scales at sc, 12 bytes
-// in 3 words).
+// in 3 words): bytes g & 3 of the three words, shifted alike (g may vary by
+// lane: no indexed register array, which would live in local memory, and no
+// branch, which would split a warp whose lanes hold groups below and above 4).
 __device__ __forceinline__ void dq_scale_min_k4(const unsigned sc[3], int g, unsigned& s,
                                                 unsigned& m) {
-  if (g < 4) {
-    s = dq_byte3(sc, g) & 63u;
-    m = dq_byte3(sc, g + 4) & 63u;
-  } else {
-    s = (dq_byte3(sc, g + 4) & 15u) | ((dq_byte3(sc, g - 4) >> 6) << 4);
-    m = (dq_byte3(sc, g + 4) >> 4) | ((dq_byte3(sc, g) >> 6) << 4);
-  }
+  const unsigned sh = 8u * static_cast<unsigned>(g & 3);
+  const unsigned a = sc[0] >> sh, b = sc[1] >> sh, c = sc[2] >> sh;  // bytes j, j + 4, j + 8
+  const unsigned s_hi = (c & 15u) | ((a >> 2) & 0x30u);
+  const unsigned m_hi = ((c >> 4) & 15u) | ((b >> 2) & 0x30u);
+  s = g < 4 ? a & 63u : s_hi;
+  m = g < 4 ? b & 63u : m_hi;
+}
+// A small unsigned integer (< 2^23) as a float, exactly: placed in the
+// mantissa of 2^23 and 2^23 taken off (two full-rate instructions, not the
+// quarter-rate int-to-float conversion).
+__device__ __forceinline__ float dq_u2f(unsigned v) {
+  return __uint_as_float(0x4B000000u | v) - 8388608.0f;
 }
 
 // Lane `sub`'s share of the block at b: NRUN runs of 16 weights as f (see
@@ -255,7 +255,7 @@ __device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float
       const int g = 2 * (sub >> 1) + r;
       unsigned s, m;
       dq_scale_min_k4(h + 1, g, s, m);
-      const float dg = d * static_cast<float>(s), mg = dmin * static_cast<float>(m);
+      const float dg = d * dq_u2f(s), mg = dmin * dq_u2f(m);
       if (WT == DQ_Q4_K) {
         dq_nib16(q, r, f[r]);
         a[r] = 16.0f * dg;
@@ -346,20 +346,54 @@ __device__ __forceinline__ void dq_ldx16(const T* p, float v[16], bool al) {
 // of x from m0 (acc[r][m]), over the blocks b = first, first + stride, ...
 // of the rows: the kernel's arithmetic, separate from its reductions so
 // that a host build can replay it lane by lane.
-template <int WT, int MR, typename T>
-__device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ_MV_R], k_i64 M,
+template <int WT, int MR, typename T, int R>
+__device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R], k_i64 M,
                                            k_i64 K, k_i64 m0, int sub, int first, int stride,
-                                           bool al16, bool xal, float acc[DQ_MV_R][MR]) {
+                                           bool al16, bool xal, float acc[R][MR]) {
   constexpr int NRUN = dq_mv<WT>::NRUN, BE = dq_traits<WT>::elems, BB = dq_traits<WT>::bytes;
   const int nb = static_cast<int>(K / BE);
 #pragma unroll
-  for (int r = 0; r < DQ_MV_R; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < MR; ++m) acc[r][m] = 0.0f;
-  for (int b = first; b < nb; b += stride) {
-    float f[DQ_MV_R][NRUN][16], a[DQ_MV_R][NRUN], c[DQ_MV_R][NRUN];
+  if (MR == 1) {
+    // One row of x: its runs loaded once, then the weight rows decoded one
+    // at a time (R rows' decoded weights never live at once, so R = 4 or 8
+    // rows per block keep the registers of R = 2). The same sums in the same
+    // order as below.
+    for (int b = first; b < nb; b += stride) {
+      float xv[NRUN][16], sx[NRUN];
 #pragma unroll
-    for (int r = 0; r < DQ_MV_R; ++r) {
+      for (int run = 0; run < NRUN; ++run) {
+        dq_ldx16(x + m0 * K + static_cast<k_i64>(b) * BE + dq_xoff<WT>(sub, run), xv[run], xal);
+        sx[run] = 0.0f;
+        if (dq_mv<WT>::SX) {
+#pragma unroll
+          for (int t = 0; t < 16; ++t) sx[run] += xv[run][t];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float f[NRUN][16], a[NRUN], c[NRUN];
+        dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f, a, c);
+#pragma unroll
+        for (int run = 0; run < NRUN; ++run) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int t = 0; t < 16; t += 2) {
+            s0 = fmaf(f[run][t], xv[run][t], s0);
+            s1 = fmaf(f[run][t + 1], xv[run][t + 1], s1);
+          }
+          acc[r][0] += dq_mv<WT>::SX ? fmaf(a[run], s0 + s1, c[run] * sx[run]) : a[run] * (s0 + s1);
+        }
+      }
+    }
+    return;
+  }
+  for (int b = first; b < nb; b += stride) {
+    float f[R][NRUN][16], a[R][NRUN], c[R][NRUN];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
       dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f[r], a[r], c[r]);
     }
 #pragma unroll
@@ -375,7 +409,7 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ
           for (int t = 0; t < 16; ++t) sx += xv[t];
         }
 #pragma unroll
-        for (int r = 0; r < DQ_MV_R; ++r) {
+        for (int r = 0; r < R; ++r) {
           float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
           for (int t = 0; t < 16; t += 2) {
@@ -390,24 +424,24 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ
   }
 }
 
-template <int WT, int MR, typename T>
+template <int WT, int MR, typename T, int R = DQ_MV_R>
 __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
                                k_i64 row_bytes) {
   constexpr int LPB = dq_mv<WT>::LPB, BPS = 32 / LPB;  // blocks per warp step
-  __shared__ float part[DQ_MV_WARPS][DQ_MV_R][MR];
+  __shared__ float part[DQ_MV_WARPS][R][MR];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * DQ_MV_R;
+  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * R;
   const bool al16 = ((reinterpret_cast<k_u64>(w) | static_cast<k_u64>(row_bytes)) & 15u) == 0;
   const bool xal = (reinterpret_cast<k_u64>(x) & 15u) == 0 && K % 8 == 0;
-  const k_u8* rows[DQ_MV_R];
+  const k_u8* rows[R];
 #pragma unroll
-  for (int r = 0; r < DQ_MV_R; ++r) rows[r] = w + (n0 + r < N ? n0 + r : N - 1) * row_bytes;
+  for (int r = 0; r < R; ++r) rows[r] = w + (n0 + r < N ? n0 + r : N - 1) * row_bytes;
   for (k_i64 m0 = 0; m0 < M; m0 += MR) {
-    float acc[DQ_MV_R][MR];
-    dq_mv_lane<WT, MR, T>(x, rows, M, K, m0, lane & (LPB - 1), warp * BPS + lane / LPB,
-                          DQ_MV_WARPS * BPS, al16, xal, acc);
+    float acc[R][MR];
+    dq_mv_lane<WT, MR, T, R>(x, rows, M, K, m0, lane & (LPB - 1), warp * BPS + lane / LPB,
+                             DQ_MV_WARPS * BPS, al16, xal, acc);
 #pragma unroll
-    for (int r = 0; r < DQ_MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int m = 0; m < MR; ++m) {
         const float v = k_warp_sum(acc[r][m]);
@@ -415,7 +449,7 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
       }
     __syncthreads();
     const int t = threadIdx.x;
-    if (t < DQ_MV_R * MR) {
+    if (t < R * MR) {
       const int r = t / MR, m = t % MR;
       if (n0 + r < N && m0 + m < M) {
         float s = 0.0f;
@@ -454,6 +488,11 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 // chunk of 16 lies in one scale group.
 #define DQ_MMA_WARPS 4
 #define DQ_MMA_ROWS (16 * DQ_MMA_WARPS)
+// How many ksteps ahead each lane loads its weights: 2 (the default) or 1
+// (the host defines it for a benchmark's comparison, a module of its own).
+#ifndef DQ_MMA_PF
+#define DQ_MMA_PF 2
+#endif
 
 #if defined(DQ_HOST) || __CUDA_ARCH__ >= 800
 #if !defined(DQ_HOST)
@@ -578,8 +617,8 @@ __device__ __forceinline__ void dq_mma_decode(const unsigned r[8], int s, unsign
     for (int e = 0; e < 2; ++e) {
       unsigned sv, mv;
       dq_scale_min_k4(r + 1, 2 * i + e, sv, mv);
-      sa[e] = d * static_cast<float>(sv);
-      sc[e] = -dmin * static_cast<float>(mv);
+      sa[e] = d * dq_u2f(sv);
+      sc[e] = -dmin * dq_u2f(mv);
     }
   } else if (WT == DQ_Q6_K) {
     const int a = s & 1;
@@ -652,7 +691,7 @@ __device__ __forceinline__ void dq_x4(const T* x, k_i64 off, int valid, bool vec
   for (int e = 0; e < 4; ++e) v[e] = e < valid ? k_load(x, off + e) : 0.0f;
 }
 
-template <int WT, int NT, typename T>
+template <int WT, int NT, typename T, int PF = DQ_MMA_PF>
 __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 M, k_i64 N,
                             k_i64 K, k_i64 row_bytes, int splits) {
   constexpr int MT = 8 * NT, NG = dq_mma_t<WT>::NG, CPG = 4 / NG, BE = dq_traits<WT>::elems;
@@ -717,26 +756,33 @@ __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  unsigned r0[8], r1[8];
+  // The weights' raw words PF ksteps ahead: set a holds the even
+  // ksteps of the share, set b the odd ones (where PF is 2), each
+  // refilled right after it is decoded.
+  unsigned ra0[8], ra1[8], rb0[8], rb1[8];
   if (s_begin < s_end) {
     stage_load(s_begin);
     stage_store(0);
-    dq_mma_fetch<WT>(row0, s_begin, t, nb, al16, r0);
-    dq_mma_fetch<WT>(row1, s_begin, t, nb, al16, r1);
+    dq_mma_fetch<WT>(row0, s_begin, t, nb, al16, ra0);
+    dq_mma_fetch<WT>(row1, s_begin, t, nb, al16, ra1);
+  }
+  if (PF == 2 && s_begin + 1 < s_end) {
+    dq_mma_fetch<WT>(row0, s_begin + 1, t, nb, al16, rb0);
+    dq_mma_fetch<WT>(row1, s_begin + 1, t, nb, al16, rb1);
   }
   __syncthreads();
-  for (int s = s_begin; s < s_end; ++s) {
+  auto step = [&](int s, unsigned (&r0)[8], unsigned (&r1)[8]) {
     const int buf = (s - s_begin) & 1;
     unsigned cw0[4], cw1[4];
     float sa0[4], sc0[4], sa1[4], sc1[4];
     dq_mma_decode<WT>(r0, s, cw0, sa0, sc0);
     dq_mma_decode<WT>(r1, s, cw1, sa1, sc1);
-    const bool more = s + 1 < s_end;
-    if (more) {
-      dq_mma_fetch<WT>(row0, s + 1, t, nb, al16, r0);
-      dq_mma_fetch<WT>(row1, s + 1, t, nb, al16, r1);
-      stage_load(s + 1);
+    if (s + PF < s_end) {
+      dq_mma_fetch<WT>(row0, s + PF, t, nb, al16, r0);
+      dq_mma_fetch<WT>(row1, s + PF, t, nb, al16, r1);
     }
+    const bool more = s + 1 < s_end;
+    if (more) stage_load(s + 1);
     unsigned af[4][4];  // A fragments: rows g, g + 8; codes 0, 1 then 2, 3
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -765,6 +811,14 @@ __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 
     }
     if (more) stage_store(buf ^ 1);
     __syncthreads();
+  };
+  if (PF == 2) {
+    for (int s = s_begin; s < s_end; s += 2) {
+      step(s, ra0, ra1);
+      if (s + 1 < s_end) step(s + 1, rb0, rb1);
+    }
+  } else {
+    for (int s = s_begin; s < s_end; ++s) step(s, ra0, ra1);
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -886,6 +940,17 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
       kiln_dequant_matvec_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N,  \
                                             k_i64 K, k_i64 row_bytes) {                          \
     dequant_matvec<WT, MR, T>(x, w, y, M, N, K, row_bytes);                                      \
+  }
+// kiln_dequant_matvec_r<R>_m<MR>_<w>_<x>: the same kernel with R weight rows
+// per block (4 or 8: the x runs a lane loads serve R rows, fewer blocks).
+// A module of its own per instance, as the tensor-core variants below: the
+// host defines DQ_MMA_ONLY and appends `KILN_DEQUANT_MVR(q4_k, DQ_Q4_K, f32,
+// float, 1, 4)`.
+#define KILN_DEQUANT_MVR(WN, WT, S, T, MR, R)                                                    \
+  extern "C" __global__ void __launch_bounds__(DQ_MV_WARPS * 32)                                 \
+      kiln_dequant_matvec_r##R##_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M,    \
+                                                    k_i64 N, k_i64 K, k_i64 row_bytes) {         \
+    dequant_matvec<WT, MR, T, R>(x, w, y, M, N, K, row_bytes);                                   \
   }
 // kiln_dequant_mma_n<NT>_<w>_<x>: DQ_MMA_WARPS * 32 threads; grid
 // (N / DQ_MMA_ROWS, M / (8 NT), splits), rounded up. Empty below sm_80 (the
