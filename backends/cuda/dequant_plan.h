@@ -15,6 +15,10 @@ namespace kiln::cuda {
 // ahead (dequant_matmul.cu's DQ_MMA_PF: 2, or 1).
 std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch = 2);
 
+// The module of kiln_dequant_to_<w>_<x>: the weight decoded into f16 / bf16
+// [N, K] (the lt path's workspace for a cuBLASLt GEMM).
+std::string DequantToSource(DType wtype, DType act);
+
 // The module of the matvec kernel kiln_dequant_matvec_r<rows>_m<mr>_<w>_<x>
 // (`rows` weight rows per block, 4 or 8; `mr` rows of x per pass, 1, 4, 8).
 std::string DequantMatVecSource(DType wtype, DType act, int mr, int rows);

@@ -195,6 +195,16 @@ TEST_F(NvrtcCompileTest, DequantMatVecRowsVariantCompiles) {
   EXPECT_EQ(cubin->find("kiln_dequant_matvec_m1_q4_k_f32"), std::string::npos);
 }
 
+// The lt path's dequantize kernel is a module per (block type, activation
+// type): one compiles and holds its entry point.
+TEST_F(NvrtcCompileTest, DequantToWorkspaceCompiles) {
+  const std::string entry = "kiln_dequant_to_q6_k_bf16";
+  absl::StatusOr<std::string> cubin =
+      CompileCubin(entry, DequantToSource(v1::DTYPE_Q6_K, v1::DTYPE_BF16), kArch);
+  ASSERT_TRUE(cubin.ok()) << cubin.status();
+  EXPECT_NE(cubin->find(entry + '\0'), std::string::npos);
+}
+
 // The 16-byte decode kernel is a module per (dtype, head dim, rows per
 // block): each variant's source compiles and holds its entry point.
 TEST_F(NvrtcCompileTest, DecodeVariantsCompile) {
