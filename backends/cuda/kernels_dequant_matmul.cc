@@ -102,10 +102,9 @@ int MmaPrefetch() {
 int MmaTiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 // Weight rows per block of the matvec kernel: 2, or 4 / 8 where
-// KILN_DEQUANT_MV_ROWS asks (a benchmark's sweep; M = 1 only, the other
-// instances keep 2).
+// KILN_DEQUANT_MV_ROWS asks (a benchmark's sweep).
 int MatVecRowsPerBlock(int64_t m) {
-  if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr && m == 1) {
+  if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr) {
     const std::string_view v(env);
     if (v == "4") return 4;
     if (v == "8") return 8;

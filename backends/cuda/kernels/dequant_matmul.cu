@@ -216,7 +216,7 @@ __device__ __forceinline__ float dq_u2f(unsigned v) {
 // loads alone, so that a caller can put several rows' loads in flight
 // before it decodes any), then decoded (dq_unit_decode): NRUN runs of 16
 // weights as f (see above), each run's w x sum being a[r] S_f + c[r] S_x.
-#define DQ_RAW 11
+#define DQ_RAW 12  // q5_k: header, quants, high bits; q6_k 11
 template <int WT>
 __device__ __forceinline__ void dq_unit_load(const k_u8* b, int sub, bool al16,
                                              unsigned r[DQ_RAW]) {

@@ -428,14 +428,15 @@ TEST(CudaDequantMatVecHostTest, Bf16Activations) {
 
 // The matvec kernel with 4 and 8 weight rows per block
 // (kiln_dequant_matvec_r<R>_m<MR>_<w>_<x>): row counts that end inside a
-// block, one and several blocks per lane, weights 2-byte aligned, bf16
-// (M = 1: the host takes them for one row of x only).
+// block, one and several blocks per lane, weights 2-byte aligned, bf16,
+// several rows of x.
 TEST(CudaDequantMatVecHostTest, FourAndEightRowsPerBlock) {
   for (const Type& t : kTypes) {
     Check({t.wt, t.code, 1, 11, 1024, 0, 0, false, 0, false, 4});
     Check({t.wt, t.code, 1, 6, 512, 0, 3, true, 0, false, 4});
     Check({t.wt, t.code, 1, 9, 4096, 0, 0, false, 0, false, 8});
     Check({t.wt, t.code, 1, 5, 768, 6, 0, false, 0, false, 8});
+    Check({t.wt, t.code, 6, 7, 512, 0, 0, false, 0, false, 4});  // m8
   }
 }
 
