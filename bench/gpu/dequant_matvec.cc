@@ -12,16 +12,20 @@
 //
 //   dequant_matvec [--device=cuda:0] [--types=q4_k,q8_0] [--shapes=4096x4096,14336x4096,...]
 //                  [--ms=1,8,16,32,64,128,512] [--act=f32|bf16] [--reps=50] [--rounds=7]
-//                  (shapes are N x K)
+//                  [--variants=default,KILN_DEQUANT_PATH=mma+KILN_DEQUANT_SPLITS=2,...]
+//                  (shapes are N x K; each variant's ENV=VALUE pairs are set while its
+//                  kernel is prepared, so one process times several kernel choices)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -48,6 +52,9 @@ ABSL_FLAG(std::vector<std::string>, ms,
 ABSL_FLAG(std::string, act, "f32", "activation type: f32 or bf16");
 ABSL_FLAG(int, reps, 50, "launches per timed batch");
 ABSL_FLAG(int, rounds, 7, "timed batches (the median is reported)");
+ABSL_FLAG(std::vector<std::string>, variants, std::vector<std::string>({"default"}),
+          "kernel choices to time: 'default', or '+'-joined ENV=VALUE pairs set while the "
+          "kernel is prepared (KILN_DEQUANT_PATH, KILN_DEQUANT_SPLITS, KILN_DEQUANT_MV_ROWS)");
 
 namespace {
 
@@ -56,6 +63,17 @@ using kiln::DType;
 namespace v1 = kiln::v1;
 
 using kiln::bench::Median;
+
+// A --variants entry as (name, value) pairs; "default" sets nothing.
+std::vector<std::pair<std::string, std::string>> VariantEnv(const std::string& variant) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (variant == "default") return env;
+  for (absl::string_view kv : absl::StrSplit(variant, '+')) {
+    std::vector<std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.size() == 2 && !p[0].empty()) env.emplace_back(p[0], p[1]);
+  }
+  return env;
+}
 
 void PutHalf(uint8_t* p, double v) {
   const uint16_t h = kiln::FloatToHalf(static_cast<float>(v));
@@ -185,81 +203,88 @@ int main(int argc, char** argv) {
             x[i] = kiln::Bf16ToFloat(x16[i]);
           }
         }
-        kiln::backend::KernelSpec spec;
-        spec.name = spec.label = "bench_dequant_matmul";
-        spec.op = v1::OP_DEQUANT_MATMUL;
-        spec.attrs.mutable_dequant_matmul()->set_transpose_b(true);
-        spec.inputs = {{act, {m, k}}, {*wt, {n, k}}};
-        spec.outputs = {{act, {m, n}}};
-        json entry = {{"type", type_name}, {"act", act_name}, {"n", n}, {"k", k}, {"m", m},
-                      {"weight_bytes", w_bytes}};
-        kiln::backend::PrepareContext ctx;
-        auto kernel = dev->PrepareKernel(spec, ctx);
-        auto xbuf = dev->Allocate(m * k * esize);
-        auto ybuf = dev->Allocate(m * n * esize);
-        if (!kernel.ok() || !xbuf.ok() || !ybuf.ok()) {
-          entry["error"] = kernel.ok() ? "allocate" : std::string(kernel.status().message());
-          results.push_back(entry);
-          continue;
-        }
-        const kiln::backend::BufferView ins[] = {{xbuf->get(), 0, m * k * esize},
-                                                 {wbuf->get(), 0, w_bytes}};
-        const kiln::backend::BufferView outs[] = {{ybuf->get(), 0, m * n * esize}};
-        const void* xsrc = act == v1::DTYPE_F32 ? static_cast<const void*>(x.data()) : x16.data();
-        if (!dev->CopyToDevice(*stream, xsrc, ins[0]).ok()) return 1;
-        auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
-        bool ok = launch() && launch() && launch() && stream->Synchronize().ok();
-        std::vector<double> ms;
-        for (int r = 0; ok && r < rounds; ++r) {
-          auto e0 = stream->Record();
-          for (int i = 0; ok && i < reps; ++i) ok = launch();
-          auto e1 = stream->Record();
-          ok = ok && e0.ok() && e1.ok() && stream->Synchronize().ok();
-          if (!ok) break;
-          auto us = (*e1)->MicrosSince(**e0);
-          ok = us.ok();
-          if (ok) ms.push_back(*us / 1000.0 / reps);
-        }
-        if (!ok) {
-          entry["error"] = "launch failed";
-          results.push_back(entry);
-          continue;
-        }
-        const double t = Median(ms);
-        // Sampled outputs against the f64 reference.
-        std::vector<float> y(m * n);
-        std::vector<uint16_t> y16(act == v1::DTYPE_BF16 ? m * n : 0);
-        double max_rel = -1;
-        void* ydst = act == v1::DTYPE_F32 ? static_cast<void*>(y.data()) : y16.data();
-        if (dev->CopyToHost(*stream, outs[0], ydst).ok() && stream->Synchronize().ok()) {
-          for (size_t i = 0; i < y16.size(); ++i) y[i] = kiln::Bf16ToFloat(y16[i]);
-          max_rel = 0;
-          const int64_t row_bytes = w_bytes / n;
-          const int64_t blocks = k / kiln::LayoutOf(*wt).block_elems;
-          std::vector<double> wrow(k);
-          for (int64_t c : {int64_t{0}, n / 3, n - 1}) {
-            kiln::quant::DequantizeBlocks(*wt, w.data() + c * row_bytes, blocks, wrow.data());
-            for (int64_t r = 0; r < m; ++r) {
-              double ref = 0, scale = 0;
-              for (int64_t j = 0; j < k; ++j) {
-                ref += double{x[r * k + j]} * wrow[j];
-                scale += std::fabs(double{x[r * k + j]} * wrow[j]);
+        for (const std::string& variant : absl::GetFlag(FLAGS_variants)) {
+          kiln::backend::KernelSpec spec;
+          spec.name = spec.label = "bench_dequant_matmul";
+          spec.op = v1::OP_DEQUANT_MATMUL;
+          spec.attrs.mutable_dequant_matmul()->set_transpose_b(true);
+          spec.inputs = {{act, {m, k}}, {*wt, {n, k}}};
+          spec.outputs = {{act, {m, n}}};
+          json entry = {
+              {"type", type_name},       {"act", act_name},   {"n", n}, {"k", k}, {"m", m},
+              {"weight_bytes", w_bytes}, {"variant", variant}};
+          kiln::backend::PrepareContext ctx;
+          const auto env = VariantEnv(variant);
+          for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+          auto kernel = dev->PrepareKernel(spec, ctx);
+          for (const auto& [name, value] : env) unsetenv(name.c_str());
+          auto xbuf = dev->Allocate(m * k * esize);
+          auto ybuf = dev->Allocate(m * n * esize);
+          if (!kernel.ok() || !xbuf.ok() || !ybuf.ok()) {
+            entry["error"] = kernel.ok() ? "allocate" : std::string(kernel.status().message());
+            results.push_back(entry);
+            continue;
+          }
+          const kiln::backend::BufferView ins[] = {{xbuf->get(), 0, m * k * esize},
+                                                   {wbuf->get(), 0, w_bytes}};
+          const kiln::backend::BufferView outs[] = {{ybuf->get(), 0, m * n * esize}};
+          const void* xsrc = act == v1::DTYPE_F32 ? static_cast<const void*>(x.data()) : x16.data();
+          if (!dev->CopyToDevice(*stream, xsrc, ins[0]).ok()) return 1;
+          auto launch = [&] { return (*kernel)->Launch(*stream, ins, outs).ok(); };
+          bool ok = launch() && launch() && launch() && stream->Synchronize().ok();
+          std::vector<double> ms;
+          for (int r = 0; ok && r < rounds; ++r) {
+            auto e0 = stream->Record();
+            for (int i = 0; ok && i < reps; ++i) ok = launch();
+            auto e1 = stream->Record();
+            ok = ok && e0.ok() && e1.ok() && stream->Synchronize().ok();
+            if (!ok) break;
+            auto us = (*e1)->MicrosSince(**e0);
+            ok = us.ok();
+            if (ok) ms.push_back(*us / 1000.0 / reps);
+          }
+          if (!ok) {
+            entry["error"] = "launch failed";
+            results.push_back(entry);
+            continue;
+          }
+          const double t = Median(ms);
+          // Sampled outputs against the f64 reference.
+          std::vector<float> y(m * n);
+          std::vector<uint16_t> y16(act == v1::DTYPE_BF16 ? m * n : 0);
+          double max_rel = -1;
+          void* ydst = act == v1::DTYPE_F32 ? static_cast<void*>(y.data()) : y16.data();
+          if (dev->CopyToHost(*stream, outs[0], ydst).ok() && stream->Synchronize().ok()) {
+            for (size_t i = 0; i < y16.size(); ++i) y[i] = kiln::Bf16ToFloat(y16[i]);
+            max_rel = 0;
+            const int64_t row_bytes = w_bytes / n;
+            const int64_t blocks = k / kiln::LayoutOf(*wt).block_elems;
+            std::vector<double> wrow(k);
+            for (int64_t c : {int64_t{0}, n / 3, n - 1}) {
+              kiln::quant::DequantizeBlocks(*wt, w.data() + c * row_bytes, blocks, wrow.data());
+              for (int64_t r = 0; r < m; ++r) {
+                double ref = 0, scale = 0;
+                for (int64_t j = 0; j < k; ++j) {
+                  ref += double{x[r * k + j]} * wrow[j];
+                  scale += std::fabs(double{x[r * k + j]} * wrow[j]);
+                }
+                max_rel = std::max(max_rel, std::fabs(y[r * n + c] - ref) / scale);
               }
-              max_rel = std::max(max_rel, std::fabs(y[r * n + c] - ref) / scale);
             }
           }
-        }
-        const double gbps = w_bytes / t / 1e6;
-        entry.update({{"ms", t},
-                      {"gbps", gbps},
-                      {"of_copy", gbps / copy_gbps},
-                      {"impl", (*kernel)->implementation()},
-                      {"max_rel_err", max_rel}});
-        std::fprintf(stderr, "%s %lldx%lld m=%lld: %.4f ms, %.0f GB/s = %.3f of copy (%s), rel err %.2g\n",
-                     type_name.c_str(), static_cast<long long>(n), static_cast<long long>(k),
-                     static_cast<long long>(m), t, gbps, gbps / copy_gbps,
-                     (*kernel)->implementation().c_str(), max_rel);
-        results.push_back(entry);
+          const double gbps = w_bytes / t / 1e6;
+          entry.update({{"ms", t},
+                        {"gbps", gbps},
+                        {"of_copy", gbps / copy_gbps},
+                        {"impl", (*kernel)->implementation()},
+                        {"max_rel_err", max_rel}});
+          std::fprintf(
+              stderr, "%s %lldx%lld m=%lld: %.4f ms, %.0f GB/s = %.3f of copy (%s), rel err %.2g\n",
+              type_name.c_str(), static_cast<long long>(n), static_cast<long long>(k),
+              static_cast<long long>(m), t, gbps, gbps / copy_gbps,
+              (*kernel)->implementation().c_str(), max_rel);
+          results.push_back(entry);
+        }  // variants
       }
     }
   }

@@ -192,38 +192,63 @@ __device__ __forceinline__ void dq_nib16(const unsigned q[4], int hi, float f[16
   dq_mant16(b, f);
 }
 
-// Byte t (0..11, varying by lane) of the 3 words sc: selects, not an indexed
-// register array (which would live in local memory).
-__device__ __forceinline__ unsigned dq_byte3(const unsigned sc[3], int t) {
-  const int i = t >> 2;
-  const unsigned w = i == 0 ? sc[0] : (i == 1 ? sc[1] : sc[2]);
-  return (w >> (8 * (t & 3))) & 0xffu;
-}
 // q4_k / q5_k's 6-bit scale and minimum of group g (scales at sc, 12 bytes
-// in 3 words).
+// in 3 words): bytes g & 3 of the three words, shifted alike (g may vary by
+// lane: no indexed register array, which would live in local memory, and no
+// branch, which would split a warp whose lanes hold groups below and above 4).
 __device__ __forceinline__ void dq_scale_min_k4(const unsigned sc[3], int g, unsigned& s,
                                                 unsigned& m) {
-  if (g < 4) {
-    s = dq_byte3(sc, g) & 63u;
-    m = dq_byte3(sc, g + 4) & 63u;
-  } else {
-    s = (dq_byte3(sc, g + 4) & 15u) | ((dq_byte3(sc, g - 4) >> 6) << 4);
-    m = (dq_byte3(sc, g + 4) >> 4) | ((dq_byte3(sc, g) >> 6) << 4);
+  const unsigned sh = 8u * static_cast<unsigned>(g & 3);
+  const unsigned a = sc[0] >> sh, b = sc[1] >> sh, c = sc[2] >> sh;  // bytes j, j + 4, j + 8
+  const unsigned s_hi = (c & 15u) | ((a >> 2) & 0x30u);
+  const unsigned m_hi = ((c >> 4) & 15u) | ((b >> 2) & 0x30u);
+  s = g < 4 ? a & 63u : s_hi;
+  m = g < 4 ? b & 63u : m_hi;
+}
+// A small unsigned integer (< 2^23) as a float, exactly: placed in the
+// mantissa of 2^23 and 2^23 taken off (two full-rate instructions, not the
+// quarter-rate int-to-float conversion).
+__device__ __forceinline__ float dq_u2f(unsigned v) {
+  return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+}
+
+// Lane `sub`'s share of the block at b, as raw words (dq_unit_load: the
+// loads alone, so that a caller can put several rows' loads in flight
+// before it decodes any), then decoded (dq_unit_decode): NRUN runs of 16
+// weights as f (see above), each run's w x sum being a[r] S_f + c[r] S_x.
+#define DQ_RAW 12  // q5_k: header, quants, high bits; q6_k 11
+template <int WT>
+__device__ __forceinline__ void dq_unit_load(const k_u8* b, int sub, bool al16,
+                                             unsigned r[DQ_RAW]) {
+  if (WT == DQ_Q8_0) {  // d, then 16 codes: lanes 0, 1 take weights 0..15, 16..31
+    r[0] = dq_u16(b);
+    dq_ld16w(b + 2 + 16 * sub, r + 1, false);
+  } else if (WT == DQ_Q4_0) {  // d, then 32 nibbles
+    r[0] = dq_u16(b);
+    dq_ld16w(b + 2, r + 1, false);
+  } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
+    // d, dmin, scales[12]; quant bytes 16 sub .. 16 sub + 15; q5_k's high bits
+    dq_ld16w(b, r, al16);
+    dq_ld16w(b + (WT == DQ_Q4_K ? 16 : 48) + 16 * sub, r + 4, al16);
+    if (WT == DQ_Q5_K) dq_ld16w(b + 16 + 16 * (sub & 1), r + 8, al16);
+  } else {  // q6_k: ql, qh, d and the two groups' scales (dq_unit_decode has the layout)
+    const int half = sub >> 2, jj = (sub >> 1) & 1, t0 = 16 * (sub & 1);
+    dq_ld16w(b + 64 * half + 32 * jj + t0, r, false);
+    dq_ld16w(b + 128 + 32 * half + t0, r + 4, false);
+    r[8] = dq_u16(b + 208);
+    r[9] = b[192 + 2 * (4 * half + jj) + (sub & 1)];
+    r[10] = b[192 + 2 * (4 * half + jj + 2) + (sub & 1)];
   }
 }
 
-// Lane `sub`'s share of the block at b: NRUN runs of 16 weights as f (see
-// above), each run's w x sum being a[r] S_f + c[r] S_x.
 template <int WT>
-__device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float f[][16],
-                                        float a[], float c[]) {
-  if (WT == DQ_Q8_0) {  // lanes 0, 1: weights 0..15, 16..31
-    const float d = k_f16_to_f32(dq_u16(b));
-    unsigned q[4];
-    dq_ld16w(b + 2 + 16 * sub, q, false);
+__device__ __forceinline__ void dq_unit_decode(const unsigned r[DQ_RAW], int sub, float f[][16],
+                                               float a[], float c[]) {
+  if (WT == DQ_Q8_0) {
+    const float d = k_f16_to_f32(static_cast<unsigned short>(r[0]));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const unsigned u = q[i] ^ 0x80808080u;
+      const unsigned u = r[1 + i] ^ 0x80808080u;
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         f[0][4 * i + t] =
@@ -232,70 +257,73 @@ __device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float
       }
     }
     a[0] = d, c[0] = 0.0f;
-  } else if (WT == DQ_Q4_0) {  // one lane: low nibbles 0..15, high 16..31
-    const float d = k_f16_to_f32(dq_u16(b));
-    unsigned q[4];
-    dq_ld16w(b + 2, q, false);
-    dq_nib16(q, 0, f[0]);
-    dq_nib16(q, 1, f[1]);
+  } else if (WT == DQ_Q4_0) {  // low nibbles 0..15, high 16..31
+    const float d = k_f16_to_f32(static_cast<unsigned short>(r[0]));
+    dq_nib16(r + 1, 0, f[0]);
+    dq_nib16(r + 1, 1, f[1]);
     a[0] = a[1] = 16.0f * d;
     c[0] = c[1] = -24.0f * d;
   } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
     // Lane sub: quant bytes 16 sub .. 16 sub + 15, groups 2 (sub / 2) (low
     // nibbles) and 2 (sub / 2) + 1 (high), elements 16 (sub % 2) + 0..15.
-    unsigned h[4], q[4];
-    dq_ld16w(b, h, al16);  // d, dmin, scales[12]
-    dq_ld16w(b + (WT == DQ_Q4_K ? 16 : 48) + 16 * sub, q, al16);
-    unsigned qh[4];
-    if (WT == DQ_Q5_K) dq_ld16w(b + 16 + 16 * (sub & 1), qh, al16);
+    const unsigned* h = r;
+    const unsigned* q = r + 4;
+    const unsigned* qh = r + 8;
     const float d = k_f16_to_f32(static_cast<unsigned short>(h[0] & 0xffffu));
     const float dmin = k_f16_to_f32(static_cast<unsigned short>(h[0] >> 16));
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int g = 2 * (sub >> 1) + r;
-      unsigned s, m;
-      dq_scale_min_k4(h + 1, g, s, m);
-      const float dg = d * static_cast<float>(s), mg = dmin * static_cast<float>(m);
+    for (int e = 0; e < 2; ++e) {
+      const int g = 2 * (sub >> 1) + e;
+      unsigned sv, mv;
+      dq_scale_min_k4(h + 1, g, sv, mv);
+      const float dg = d * dq_u2f(sv), mg = dmin * dq_u2f(mv);
       if (WT == DQ_Q4_K) {
-        dq_nib16(q, r, f[r]);
-        a[r] = 16.0f * dg;
-        c[r] = -(16.0f * dg + mg);
+        dq_nib16(q, e, f[e]);
+        a[e] = 16.0f * dg;
+        c[e] = -(16.0f * dg + mg);
       } else {  // c = nibble | bit g of qh << 4, as 1 + c / 32
         unsigned bb[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          bb[i] = (((q[i] >> (4 * r)) & 0x0F0F0F0Fu) << 2) | (((qh[i] >> g) & 0x01010101u) << 6) |
+          bb[i] = (((q[i] >> (4 * e)) & 0x0F0F0F0Fu) << 2) | (((qh[i] >> g) & 0x01010101u) << 6) |
                   0x80808080u;
         }
-        dq_mant16(bb, f[r]);
-        a[r] = 32.0f * dg;
-        c[r] = -(32.0f * dg + mg);
+        dq_mant16(bb, f[e]);
+        a[e] = 32.0f * dg;
+        c[e] = -(32.0f * dg + mg);
       }
     }
   } else {  // q6_k
     // Lane sub: ql bytes 64 half + 16 (sub % 4), half = sub / 4: the low
     // nibbles are group ga = 4 half + jj, the high ones ga + 2, elements
     // t0 + 0..15 of each (jj = (sub / 2) % 2, t0 = 16 (sub % 2)).
-    const int half = sub >> 2, jj = (sub >> 1) & 1, t0 = 16 * (sub & 1);
-    unsigned ql[4], qh[4];
-    dq_ld16w(b + 64 * half + 32 * jj + t0, ql, false);
-    dq_ld16w(b + 128 + 32 * half + t0, qh, false);
-    const float d = k_f16_to_f32(dq_u16(b + 208));
+    const int jj = (sub >> 1) & 1;
+    const unsigned* ql = r;
+    const unsigned* qh = r + 4;
+    const float d = k_f16_to_f32(static_cast<unsigned short>(r[8]));
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int g = 4 * half + jj + 2 * r, hshift = 2 * (jj + 2 * r);
+    for (int e = 0; e < 2; ++e) {
+      const int hshift = 2 * (jj + 2 * e);
       unsigned bb[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        bb[i] = (((ql[i] >> (4 * r)) & 0x0F0F0F0Fu) << 1) |
+        bb[i] = (((ql[i] >> (4 * e)) & 0x0F0F0F0Fu) << 1) |
                 (((qh[i] >> hshift) & 0x03030303u) << 5) | 0x80808080u;
       }
-      dq_mant16(bb, f[r]);
-      const float s = d * static_cast<float>(static_cast<signed char>(b[192 + 2 * g + (sub & 1)]));
-      a[r] = 64.0f * s;
-      c[r] = -96.0f * s;
+      dq_mant16(bb, f[e]);
+      const float sc = d * static_cast<float>(dq_i8(r[9 + e]));
+      a[e] = 64.0f * sc;
+      c[e] = -96.0f * sc;
     }
   }
+}
+
+template <int WT>
+__device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float f[][16],
+                                        float a[], float c[]) {
+  unsigned r[DQ_RAW];
+  dq_unit_load<WT>(b, sub, al16, r);
+  dq_unit_decode<WT>(r, sub, f, a, c);
 }
 
 // Where run r of lane sub's share starts within its block (elements).
@@ -346,20 +374,59 @@ __device__ __forceinline__ void dq_ldx16(const T* p, float v[16], bool al) {
 // of x from m0 (acc[r][m]), over the blocks b = first, first + stride, ...
 // of the rows: the kernel's arithmetic, separate from its reductions so
 // that a host build can replay it lane by lane.
-template <int WT, int MR, typename T>
-__device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ_MV_R], k_i64 M,
+template <int WT, int MR, typename T, int R>
+__device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R], k_i64 M,
                                            k_i64 K, k_i64 m0, int sub, int first, int stride,
-                                           bool al16, bool xal, float acc[DQ_MV_R][MR]) {
+                                           bool al16, bool xal, float acc[R][MR]) {
   constexpr int NRUN = dq_mv<WT>::NRUN, BE = dq_traits<WT>::elems, BB = dq_traits<WT>::bytes;
   const int nb = static_cast<int>(K / BE);
 #pragma unroll
-  for (int r = 0; r < DQ_MV_R; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < MR; ++m) acc[r][m] = 0.0f;
-  for (int b = first; b < nb; b += stride) {
-    float f[DQ_MV_R][NRUN][16], a[DQ_MV_R][NRUN], c[DQ_MV_R][NRUN];
+  if (MR == 1) {
+    // One row of x: its runs loaded once, then the weight rows decoded one
+    // at a time (R rows' decoded weights never live at once, so R = 4 or 8
+    // rows per block keep the registers of R = 2). The same sums in the same
+    // order as below.
+    for (int b = first; b < nb; b += stride) {
+      unsigned raw[R][DQ_RAW];  // every row's loads in flight before any decoding
 #pragma unroll
-    for (int r = 0; r < DQ_MV_R; ++r) {
+      for (int r = 0; r < R; ++r) {
+        dq_unit_load<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, raw[r]);
+      }
+      float xv[NRUN][16], sx[NRUN];
+#pragma unroll
+      for (int run = 0; run < NRUN; ++run) {
+        dq_ldx16(x + m0 * K + static_cast<k_i64>(b) * BE + dq_xoff<WT>(sub, run), xv[run], xal);
+        sx[run] = 0.0f;
+        if (dq_mv<WT>::SX) {
+#pragma unroll
+          for (int t = 0; t < 16; ++t) sx[run] += xv[run][t];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float f[NRUN][16], a[NRUN], c[NRUN];
+        dq_unit_decode<WT>(raw[r], sub, f, a, c);
+#pragma unroll
+        for (int run = 0; run < NRUN; ++run) {
+          float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+          for (int t = 0; t < 16; t += 2) {
+            s0 = fmaf(f[run][t], xv[run][t], s0);
+            s1 = fmaf(f[run][t + 1], xv[run][t + 1], s1);
+          }
+          acc[r][0] += dq_mv<WT>::SX ? fmaf(a[run], s0 + s1, c[run] * sx[run]) : a[run] * (s0 + s1);
+        }
+      }
+    }
+    return;
+  }
+  for (int b = first; b < nb; b += stride) {
+    float f[R][NRUN][16], a[R][NRUN], c[R][NRUN];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
       dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f[r], a[r], c[r]);
     }
 #pragma unroll
@@ -375,7 +442,7 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ
           for (int t = 0; t < 16; ++t) sx += xv[t];
         }
 #pragma unroll
-        for (int r = 0; r < DQ_MV_R; ++r) {
+        for (int r = 0; r < R; ++r) {
           float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
           for (int t = 0; t < 16; t += 2) {
@@ -390,24 +457,24 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[DQ
   }
 }
 
-template <int WT, int MR, typename T>
+template <int WT, int MR, typename T, int R = DQ_MV_R>
 __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N, k_i64 K,
                                k_i64 row_bytes) {
   constexpr int LPB = dq_mv<WT>::LPB, BPS = 32 / LPB;  // blocks per warp step
-  __shared__ float part[DQ_MV_WARPS][DQ_MV_R][MR];
+  __shared__ float part[DQ_MV_WARPS][R][MR];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * DQ_MV_R;
+  const k_i64 n0 = static_cast<k_i64>(blockIdx.x) * R;
   const bool al16 = ((reinterpret_cast<k_u64>(w) | static_cast<k_u64>(row_bytes)) & 15u) == 0;
   const bool xal = (reinterpret_cast<k_u64>(x) & 15u) == 0 && K % 8 == 0;
-  const k_u8* rows[DQ_MV_R];
+  const k_u8* rows[R];
 #pragma unroll
-  for (int r = 0; r < DQ_MV_R; ++r) rows[r] = w + (n0 + r < N ? n0 + r : N - 1) * row_bytes;
+  for (int r = 0; r < R; ++r) rows[r] = w + (n0 + r < N ? n0 + r : N - 1) * row_bytes;
   for (k_i64 m0 = 0; m0 < M; m0 += MR) {
-    float acc[DQ_MV_R][MR];
-    dq_mv_lane<WT, MR, T>(x, rows, M, K, m0, lane & (LPB - 1), warp * BPS + lane / LPB,
-                          DQ_MV_WARPS * BPS, al16, xal, acc);
+    float acc[R][MR];
+    dq_mv_lane<WT, MR, T, R>(x, rows, M, K, m0, lane & (LPB - 1), warp * BPS + lane / LPB,
+                             DQ_MV_WARPS * BPS, al16, xal, acc);
 #pragma unroll
-    for (int r = 0; r < DQ_MV_R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int m = 0; m < MR; ++m) {
         const float v = k_warp_sum(acc[r][m]);
@@ -415,7 +482,7 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
       }
     __syncthreads();
     const int t = threadIdx.x;
-    if (t < DQ_MV_R * MR) {
+    if (t < R * MR) {
       const int r = t / MR, m = t % MR;
       if (n0 + r < N && m0 + m < M) {
         float s = 0.0f;
@@ -454,6 +521,11 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 // chunk of 16 lies in one scale group.
 #define DQ_MMA_WARPS 4
 #define DQ_MMA_ROWS (16 * DQ_MMA_WARPS)
+// How many ksteps ahead each lane loads its weights: 2 (the default) or 1
+// (the host defines it for a benchmark's comparison, a module of its own).
+#ifndef DQ_MMA_PF
+#define DQ_MMA_PF 2
+#endif
 
 #if defined(DQ_HOST) || __CUDA_ARCH__ >= 800
 #if !defined(DQ_HOST)
@@ -578,8 +650,8 @@ __device__ __forceinline__ void dq_mma_decode(const unsigned r[8], int s, unsign
     for (int e = 0; e < 2; ++e) {
       unsigned sv, mv;
       dq_scale_min_k4(r + 1, 2 * i + e, sv, mv);
-      sa[e] = d * static_cast<float>(sv);
-      sc[e] = -dmin * static_cast<float>(mv);
+      sa[e] = d * dq_u2f(sv);
+      sc[e] = -dmin * dq_u2f(mv);
     }
   } else if (WT == DQ_Q6_K) {
     const int a = s & 1;
@@ -652,7 +724,7 @@ __device__ __forceinline__ void dq_x4(const T* x, k_i64 off, int valid, bool vec
   for (int e = 0; e < 4; ++e) v[e] = e < valid ? k_load(x, off + e) : 0.0f;
 }
 
-template <int WT, int NT, typename T>
+template <int WT, int NT, typename T, int PF = DQ_MMA_PF>
 __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 M, k_i64 N,
                             k_i64 K, k_i64 row_bytes, int splits) {
   constexpr int MT = 8 * NT, NG = dq_mma_t<WT>::NG, CPG = 4 / NG, BE = dq_traits<WT>::elems;
@@ -717,26 +789,33 @@ __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-  unsigned r0[8], r1[8];
+  // The weights' raw words PF ksteps ahead: set a holds the even
+  // ksteps of the share, set b the odd ones (where PF is 2), each
+  // refilled right after it is decoded.
+  unsigned ra0[8], ra1[8], rb0[8], rb1[8];
   if (s_begin < s_end) {
     stage_load(s_begin);
     stage_store(0);
-    dq_mma_fetch<WT>(row0, s_begin, t, nb, al16, r0);
-    dq_mma_fetch<WT>(row1, s_begin, t, nb, al16, r1);
+    dq_mma_fetch<WT>(row0, s_begin, t, nb, al16, ra0);
+    dq_mma_fetch<WT>(row1, s_begin, t, nb, al16, ra1);
+  }
+  if (PF == 2 && s_begin + 1 < s_end) {
+    dq_mma_fetch<WT>(row0, s_begin + 1, t, nb, al16, rb0);
+    dq_mma_fetch<WT>(row1, s_begin + 1, t, nb, al16, rb1);
   }
   __syncthreads();
-  for (int s = s_begin; s < s_end; ++s) {
+  auto step = [&](int s, unsigned (&r0)[8], unsigned (&r1)[8]) {
     const int buf = (s - s_begin) & 1;
     unsigned cw0[4], cw1[4];
     float sa0[4], sc0[4], sa1[4], sc1[4];
     dq_mma_decode<WT>(r0, s, cw0, sa0, sc0);
     dq_mma_decode<WT>(r1, s, cw1, sa1, sc1);
-    const bool more = s + 1 < s_end;
-    if (more) {
-      dq_mma_fetch<WT>(row0, s + 1, t, nb, al16, r0);
-      dq_mma_fetch<WT>(row1, s + 1, t, nb, al16, r1);
-      stage_load(s + 1);
+    if (s + PF < s_end) {
+      dq_mma_fetch<WT>(row0, s + PF, t, nb, al16, r0);
+      dq_mma_fetch<WT>(row1, s + PF, t, nb, al16, r1);
     }
+    const bool more = s + 1 < s_end;
+    if (more) stage_load(s + 1);
     unsigned af[4][4];  // A fragments: rows g, g + 8; codes 0, 1 then 2, 3
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -765,6 +844,14 @@ __device__ void dequant_mma(const T* x, const k_u8* w, T* y, float* part, k_i64 
     }
     if (more) stage_store(buf ^ 1);
     __syncthreads();
+  };
+  if (PF == 2) {
+    for (int s = s_begin; s < s_end; s += 2) {
+      step(s, ra0, ra1);
+      if (s + 1 < s_end) step(s + 1, rb0, rb1);
+    }
+  } else {
+    for (int s = s_begin; s < s_end; ++s) step(s, ra0, ra1);
   }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -791,6 +878,37 @@ __device__ void dequant_mma_reduce(const float* part, T* y, k_i64 MN, int splits
     float s = 0.0f;
     for (int z = 0; z < splits; ++z) s += part[z * MN + i];
     k_store(y, i, s);
+  }
+}
+
+// The weight [N, K] (`row_bytes` per row) decoded into T [N, K] (f16 or
+// bf16, rounded to nearest even): the workspace a cuBLASLt GEMM reads for
+// long batches (kernels_dequant_matmul.cc's lt path). A thread per 32-element
+// quant group, its 64 bytes written as four 16-byte stores (K is whole
+// blocks, so every group starts 64-byte aligned in `out`).
+template <int WT, typename T>
+__device__ void dequant_to(const k_u8* w, T* out, k_i64 N, k_i64 K, k_i64 row_bytes) {
+  constexpr int BE = dq_traits<WT>::elems, BB = dq_traits<WT>::bytes, GPB = BE / 32;
+  const k_i64 per_row = K / 32, groups = N * per_row;
+  for (k_i64 i = static_cast<k_i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < groups;
+       i += static_cast<k_i64>(gridDim.x) * blockDim.x) {
+    const k_i64 n = i / per_row, g = i % per_row;
+    float v[32];
+    dq_group<WT>(w + n * row_bytes + (g / GPB) * BB, static_cast<int>(g % GPB), v);
+    T h[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) k_store(h, e, v[e]);
+    uint4* o = reinterpret_cast<uint4*>(out + n * K + 32 * g);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      unsigned u[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        u[e] = static_cast<unsigned>(h[8 * q + 2 * e].bits) |
+               (static_cast<unsigned>(h[8 * q + 2 * e + 1].bits) << 16);
+      }
+      o[q] = make_uint4(u[0], u[1], u[2], u[3]);
+    }
   }
 }
 
@@ -886,6 +1004,25 @@ __device__ void dequant_matmul(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
       kiln_dequant_matvec_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N,  \
                                             k_i64 K, k_i64 row_bytes) {                          \
     dequant_matvec<WT, MR, T>(x, w, y, M, N, K, row_bytes);                                      \
+  }
+// kiln_dequant_matvec_r<R>_m<MR>_<w>_<x>: the same kernel with R weight rows
+// per block (4 or 8: the x runs a lane loads serve R rows, fewer blocks).
+// A module of its own per instance, as the tensor-core variants below: the
+// host defines DQ_MMA_ONLY and appends `KILN_DEQUANT_MVR(q4_k, DQ_Q4_K, f32,
+// float, 1, 4)`.
+#define KILN_DEQUANT_MVR(WN, WT, S, T, MR, R)                                                    \
+  extern "C" __global__ void __launch_bounds__(DQ_MV_WARPS * 32)                                 \
+      kiln_dequant_matvec_r##R##_m##MR##_##WN##_##S(const T* x, const k_u8* w, T* y, k_i64 M,    \
+                                                    k_i64 N, k_i64 K, k_i64 row_bytes) {         \
+    dequant_matvec<WT, MR, T, R>(x, w, y, M, N, K, row_bytes);                                   \
+  }
+// kiln_dequant_to_<w>_<x>: dequant_to over a grid-stride grid; a module of
+// its own per (w, x) (DQ_MMA_ONLY and `KILN_DEQUANT_TO(q4_k, DQ_Q4_K, bf16,
+// k_bf16)` appended).
+#define KILN_DEQUANT_TO(WN, WT, S, T)                                                            \
+  extern "C" __global__ void kiln_dequant_to_##WN##_##S(const k_u8* w, T* out, k_i64 N, k_i64 K, \
+                                                        k_i64 row_bytes) {                       \
+    dequant_to<WT, T>(w, out, N, K, row_bytes);                                                  \
   }
 // kiln_dequant_mma_n<NT>_<w>_<x>: DQ_MMA_WARPS * 32 threads; grid
 // (N / DQ_MMA_ROWS, M / (8 NT), splits), rounded up. Empty below sm_80 (the

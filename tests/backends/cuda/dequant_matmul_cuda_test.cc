@@ -273,6 +273,36 @@ TEST_F(CudaDequantMatMulTest, PathByBatch) {
       << (*kernel)->implementation();
 }
 
+// The lt path (KILN_DEQUANT_PATH=lt: the weight dequantized into an f16 /
+// bf16 workspace, then a cuBLASLt GEMM): every block type, both activation
+// types, a long batch of a 14336 x 4096 layer; f32 activations keep the
+// tensor-core kernel (a 16-bit workspace would miss their tolerance).
+class ScopedDequantPath {
+ public:
+  explicit ScopedDequantPath(const char* path) { setenv("KILN_DEQUANT_PATH", path, 1); }
+  ~ScopedDequantPath() { unsetenv("KILN_DEQUANT_PATH"); }
+  ScopedDequantPath(const ScopedDequantPath&) = delete;
+  ScopedDequantPath& operator=(const ScopedDequantPath&) = delete;
+};
+
+TEST_F(CudaDequantMatMulTest, DequantizeThenCublasLt) {
+  ScopedDequantPath lt("lt");
+  for (DType wt : kBlockTypes) {
+    Check({wt, v1::DTYPE_BF16, 40, 130, 768, true, 0});
+    Check({wt, v1::DTYPE_F16, 129, 64, 512, true, 0});
+  }
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_BF16, 256, 14336, 4096, true, 0});
+  for (const auto& [act, impl] : std::vector<std::pair<DType, std::string>>{
+           {v1::DTYPE_BF16, "nvrtc:dequant_to_q8_0_bf16+cublasLt"},
+           {v1::DTYPE_F32, "nvrtc:dequant_mma_n8_q8_0_f32"}}) {
+    const Problem p{v1::DTYPE_Q8_0, act, 64, 128, 256, true, 0};
+    backend::PrepareContext ctx;
+    auto kernel = dev_->PrepareKernel(SpecOf(p), ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_EQ((*kernel)->implementation(), impl);
+  }
+}
+
 TEST_F(CudaDequantMatMulTest, WeightsOnlyTwoOrFourByteAligned) {
   for (DType wt : kBlockTypes) {
     for (int64_t offset : {2, 4, 6}) {

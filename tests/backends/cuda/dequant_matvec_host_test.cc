@@ -200,16 +200,16 @@ void RunGrid(unsigned gx, unsigned gy, unsigned gz, int threads, const Body& bod
 }
 
 // Runs a matvec entry point over the grid the host launches (a block of
-// DQ_MV_WARPS warps per DQ_MV_R weight rows).
-void Launch(Entry fn, const void* x, const k_u8* w, void* y, k_i64 m, k_i64 n, k_i64 k,
-            k_i64 row_bytes) {
-  RunGrid(static_cast<unsigned>((n + DQ_MV_R - 1) / DQ_MV_R), 1, 1, DQ_MV_WARPS * 32,
+// DQ_MV_WARPS warps per `rows` weight rows).
+void Launch(Entry fn, int rows, const void* x, const k_u8* w, void* y, k_i64 m, k_i64 n,
+            k_i64 k, k_i64 row_bytes) {
+  RunGrid(static_cast<unsigned>((n + rows - 1) / rows), 1, 1, DQ_MV_WARPS * 32,
           [&] { fn(x, w, y, m, n, k, row_bytes); });
 }
 
-template <typename T, int MR, int WT>
+template <typename T, int MR, int WT, int R>
 void EntryFor(const void* x, const k_u8* w, void* y, k_i64 M, k_i64 N, k_i64 K, k_i64 rb) {
-  dequant_matvec<WT, MR, T>(static_cast<const T*>(x), w, static_cast<T*>(y), M, N, K, rb);
+  dequant_matvec<WT, MR, T, R>(static_cast<const T*>(x), w, static_cast<T*>(y), M, N, K, rb);
 }
 
 struct Case {
@@ -221,12 +221,16 @@ struct Case {
   bool bf16;
   int mma_splits = 0;  // > 0: the tensor-core kernel with this many shares of K
   bool f16 = false;    // f16 activations (the tensor-core kernel's cases)
+  int rows = DQ_MV_R;  // the matvec kernel's weight rows per block (2, 4, 8)
+  int prefetch = DQ_MMA_PF;  // the tensor-core kernel's ksteps loaded ahead (1, 2)
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(DTypeName(c.wt), c.bf16 ? "_bf16" : (c.f16 ? "_f16" : "_f32"), "_m", c.m,
                       "_n", c.n, "_k", c.k, "_w+", c.weight_offset, "_x+", c.x_offset,
-                      c.mma_splits > 0 ? absl::StrCat("_mma_split", c.mma_splits) : "");
+                      c.mma_splits > 0 ? absl::StrCat("_mma_split", c.mma_splits) : "",
+                      c.rows != DQ_MV_R ? absl::StrCat("_r", c.rows) : "",
+                      c.prefetch != DQ_MMA_PF ? absl::StrCat("_pf", c.prefetch) : "");
 }
 
 void PutHalf(uint8_t* p, double v) {
@@ -235,17 +239,24 @@ void PutHalf(uint8_t* p, double v) {
   p[1] = static_cast<uint8_t>(h >> 8);
 }
 
-template <int WT, typename T>
+template <int WT, typename T, int R>
 Entry Pick(int64_t m) {
   // kernels_dequant_matmul.cc's MatVecRows.
-  if (m <= 1) return &EntryFor<T, 1, WT>;
-  if (m <= 4) return &EntryFor<T, 4, WT>;
-  return &EntryFor<T, 8, WT>;
+  if (m <= 1) return &EntryFor<T, 1, WT, R>;
+  if (m <= 4) return &EntryFor<T, 4, WT, R>;
+  return &EntryFor<T, 8, WT, R>;
+}
+
+template <int WT, typename T>
+Entry PickRows(int64_t m, int rows) {
+  if (rows == 4) return Pick<WT, T, 4>(m);
+  if (rows == 8) return Pick<WT, T, 8>(m);
+  return Pick<WT, T, DQ_MV_R>(m);
 }
 
 template <int WT>
-Entry PickFor(int64_t m, bool bf16) {
-  return bf16 ? Pick<WT, k_bf16>(m) : Pick<WT, float>(m);
+Entry PickFor(int64_t m, bool bf16, int rows) {
+  return bf16 ? PickRows<WT, k_bf16>(m, rows) : PickRows<WT, float>(m, rows);
 }
 
 // The tensor-core kernel over the grid the host launches (kernels_dequant_
@@ -257,8 +268,13 @@ void RunMmaTiles(const Case& c, const void* x, const k_u8* w, void* y, k_i64 row
   RunGrid(static_cast<unsigned>((c.n + DQ_MMA_ROWS - 1) / DQ_MMA_ROWS),
           static_cast<unsigned>((c.m + 8 * NT - 1) / (8 * NT)), static_cast<unsigned>(splits),
           DQ_MMA_WARPS * 32, [&] {
-            dequant_mma<WT, NT, T>(static_cast<const T*>(x), w, static_cast<T*>(y), part.data(),
-                                   c.m, c.n, c.k, row_bytes, splits);
+            if (c.prefetch == 1) {
+              dequant_mma<WT, NT, T, 1>(static_cast<const T*>(x), w, static_cast<T*>(y),
+                                        part.data(), c.m, c.n, c.k, row_bytes, splits);
+            } else {
+              dequant_mma<WT, NT, T, 2>(static_cast<const T*>(x), w, static_cast<T*>(y),
+                                        part.data(), c.m, c.n, c.k, row_bytes, splits);
+            }
           });
   if (splits > 1) {
     RunGrid(1, 1, 1, 1, [&] {
@@ -268,6 +284,7 @@ void RunMmaTiles(const Case& c, const void* x, const k_u8* w, void* y, k_i64 row
 }
 template <int WT, typename T>
 void RunMmaAct(const Case& c, const void* x, const k_u8* w, void* y, k_i64 row_bytes) {
+  if (c.m <= 8) return RunMmaTiles<WT, 1, T>(c, x, w, y, row_bytes);
   if (c.m <= 16) return RunMmaTiles<WT, 2, T>(c, x, w, y, row_bytes);
   if (c.m <= 32) return RunMmaTiles<WT, 4, T>(c, x, w, y, row_bytes);
   RunMmaTiles<WT, 8, T>(c, x, w, y, row_bytes);
@@ -338,13 +355,13 @@ void Check(const Case& c) {
   } else {
     Entry fn = nullptr;
     switch (c.wt_code) {
-      case DQ_Q8_0: fn = PickFor<DQ_Q8_0>(c.m, c.bf16); break;
-      case DQ_Q4_0: fn = PickFor<DQ_Q4_0>(c.m, c.bf16); break;
-      case DQ_Q4_K: fn = PickFor<DQ_Q4_K>(c.m, c.bf16); break;
-      case DQ_Q5_K: fn = PickFor<DQ_Q5_K>(c.m, c.bf16); break;
-      default: fn = PickFor<DQ_Q6_K>(c.m, c.bf16); break;
+      case DQ_Q8_0: fn = PickFor<DQ_Q8_0>(c.m, c.bf16, c.rows); break;
+      case DQ_Q4_0: fn = PickFor<DQ_Q4_0>(c.m, c.bf16, c.rows); break;
+      case DQ_Q4_K: fn = PickFor<DQ_Q4_K>(c.m, c.bf16, c.rows); break;
+      case DQ_Q5_K: fn = PickFor<DQ_Q5_K>(c.m, c.bf16, c.rows); break;
+      default: fn = PickFor<DQ_Q6_K>(c.m, c.bf16, c.rows); break;
     }
-    Launch(fn, x, w, y, c.m, c.n, c.k, row_bytes);
+    Launch(fn, c.rows, x, w, y, c.m, c.n, c.k, row_bytes);
   }
   // Within 1e-5 (f32) or 2^-8 (bf16 / f16 storage) of sum_k |x w|, as the GPU test.
   const double tol = half ? 1.0 / 256 : 1e-5;
@@ -409,6 +426,20 @@ TEST(CudaDequantMatVecHostTest, Bf16Activations) {
   }
 }
 
+// The matvec kernel with 4 and 8 weight rows per block
+// (kiln_dequant_matvec_r<R>_m<MR>_<w>_<x>): row counts that end inside a
+// block, one and several blocks per lane, weights 2-byte aligned, bf16,
+// several rows of x.
+TEST(CudaDequantMatVecHostTest, FourAndEightRowsPerBlock) {
+  for (const Type& t : kTypes) {
+    Check({t.wt, t.code, 1, 11, 1024, 0, 0, false, 0, false, 4});
+    Check({t.wt, t.code, 1, 6, 512, 0, 3, true, 0, false, 4});
+    Check({t.wt, t.code, 1, 9, 4096, 0, 0, false, 0, false, 8});
+    Check({t.wt, t.code, 1, 5, 768, 6, 0, false, 0, false, 8});
+    Check({t.wt, t.code, 6, 7, 512, 0, 0, false, 0, false, 4});  // m8
+  }
+}
+
 // The tensor-core kernel (kiln_dequant_mma_n<NT>_<w>_<x>): every block type,
 // the 2, 4 and 8-tile instances, rows of x and weight rows that end inside a
 // tile, K of whole ksteps and (q8_0, q4_0) half of one, shares of K summed by
@@ -420,6 +451,11 @@ TEST(CudaDequantMmaHostTest, EveryBlockTypeAndInstance) {
     Check({t.wt, t.code, 32, 64, 256, 0, 0, false, 1});    // n4
     Check({t.wt, t.code, 37, 19, 768, 0, 0, false, 2});    // n8, split
     Check({t.wt, t.code, 70, 16, 256, 0, 0, false, 1});    // two tiles of x
+    Check({t.wt, t.code, 1, 70, 512, 0, 0, false, 1});     // n1: one row of x
+    Check({t.wt, t.code, 8, 19, 768, 0, 0, false, 3});     // n1, split
+    Check({t.wt, t.code, 3, 9, 512, 2, 1, true, 2});       // n1, bf16, w +2, x +1
+    // One kstep loaded ahead (KILN_DEQUANT_MMA_PREFETCH=1), two shares.
+    Check({t.wt, t.code, 12, 20, 768, 0, 0, false, 2, false, DQ_MV_R, 1});
   }
   for (DType wt : {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0}) {
     const int code = wt == v1::DTYPE_Q8_0 ? DQ_Q8_0 : DQ_Q4_0;

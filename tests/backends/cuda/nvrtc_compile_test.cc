@@ -160,17 +160,19 @@ TEST_F(NvrtcCompileTest, EveryEntryPointTheFamiliesLookUpExists) {
 
 // DequantMatMul's tensor-core kernel is a module per (block type,
 // activation type, tiles of x): every block type and tile count compiles
-// (each activation type with some of them: 15 of the 45 variants, NVRTC
-// being slow) and holds its entry point and the split-K reduction.
+// (each with some of the others: 15 of the 60 variants, NVRTC being slow)
+// and holds its entry point and the split-K reduction.
 TEST_F(NvrtcCompileTest, DequantMmaVariantsCompile) {
   const DType acts[] = {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_F16};
+  const int tile_counts[] = {1, 2, 4, 8};
   int i = 0;
-  for (DType wt : {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0, v1::DTYPE_Q4_K, v1::DTYPE_Q5_K,
-                   v1::DTYPE_Q6_K}) {
-    for (int tiles : {2, 4, 8}) {
-      const DType act = acts[i++ % 3];
-      const std::string entry = absl::StrCat("kiln_dequant_mma_n", tiles, "_", DTypeName(wt),
-                                             "_", DTypeSuffix(act));
+  for (DType wt :
+       {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0, v1::DTYPE_Q4_K, v1::DTYPE_Q5_K, v1::DTYPE_Q6_K}) {
+    for (int j = 0; j < 3; ++j, ++i) {
+      const DType act = acts[i % 3];
+      const int tiles = tile_counts[i % 4];
+      const std::string entry =
+          absl::StrCat("kiln_dequant_mma_n", tiles, "_", DTypeName(wt), "_", DTypeSuffix(act));
       absl::StatusOr<std::string> cubin =
           CompileCubin(entry, DequantMmaSource(wt, act, tiles), kArch);
       ASSERT_TRUE(cubin.ok()) << cubin.status();
@@ -180,6 +182,27 @@ TEST_F(NvrtcCompileTest, DequantMmaVariantsCompile) {
           << entry;
     }
   }
+}
+
+// The matvec kernel with 4 or 8 weight rows per block is a module per
+// instance (KILN_DEQUANT_MVR): one compiles and holds its entry point alone.
+TEST_F(NvrtcCompileTest, DequantMatVecRowsVariantCompiles) {
+  const std::string entry = "kiln_dequant_matvec_r8_m1_q4_k_f32";
+  absl::StatusOr<std::string> cubin =
+      CompileCubin(entry, DequantMatVecSource(v1::DTYPE_Q4_K, v1::DTYPE_F32, 1, 8), kArch);
+  ASSERT_TRUE(cubin.ok()) << cubin.status();
+  EXPECT_NE(cubin->find(entry + '\0'), std::string::npos);
+  EXPECT_EQ(cubin->find("kiln_dequant_matvec_m1_q4_k_f32"), std::string::npos);
+}
+
+// The lt path's dequantize kernel is a module per (block type, activation
+// type): one compiles and holds its entry point.
+TEST_F(NvrtcCompileTest, DequantToWorkspaceCompiles) {
+  const std::string entry = "kiln_dequant_to_q6_k_bf16";
+  absl::StatusOr<std::string> cubin =
+      CompileCubin(entry, DequantToSource(v1::DTYPE_Q6_K, v1::DTYPE_BF16), kArch);
+  ASSERT_TRUE(cubin.ok()) << cubin.status();
+  EXPECT_NE(cubin->find(entry + '\0'), std::string::npos);
 }
 
 // The 16-byte decode kernel is a module per (dtype, head dim, rows per
