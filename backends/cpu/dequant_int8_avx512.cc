@@ -31,7 +31,7 @@ namespace kiln::cpu::dq {
 namespace {
 
 // How far ahead of the block being multiplied the loops ask for weight lines,
-// for R activation rows. With one or two rows the HW prefetcher alone left the
+// for R activation rows (DotK4 serves 1-2 rows, DotK4OneBlock 3 or more). With one or two rows the HW prefetcher alone left the
 // q4_k matvec at ~65% of a plain read and 2 KB ahead did no better under a
 // loaded host's memory latency; 8 KB brought q4_k and q8_0 to 74-76% and
 // 76-94% of the read in the same runs (docs/benchmarks.md, q4k10b). With more
@@ -124,6 +124,84 @@ inline __m512i ScaleShuffle(int a, int b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(ia), ib, 1);
 }
 
+// One block's eight 6-bit scales (bytes 0-7) and mins (bytes 8-15) of a q4_k / q5_k
+// block (quant::ScaleMinK4) from its 12 bytes at blk, with vector operations
+// (the word formulas of dequant_dot_avx512.cc, one 32-bit lane each: w0 w1 w2
+// are the scale bytes 0-3, 4-7, 8-11).
+inline __m128i ScaleMinBytes(const uint8_t* blk) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));  // w0 w1 w2 -
+  const __m128i lo = _mm_and_si128(t, _mm_set1_epi8(0x3f));
+  const __m128i w22 = _mm_shuffle_epi32(t, _MM_SHUFFLE(3, 3, 2, 2));
+  const __m128i b = _mm_and_si128(_mm_srlv_epi32(w22, _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi8(0x0f));
+  const __m128i c = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(t, 6), _mm_set1_epi8(0x03)), 4);
+  return _mm_unpacklo_epi32(lo, _mm_or_si128(b, c));
+}
+
+// q4_k / q5_k for 3 or more activation rows: one block per step (the loop
+// before the two-block step below, kept for R >= 3: with 8 rows the two-block
+// step ran 13% slower from memory, 1.32-1.40 vs 1.18-1.20 ms for 4096 x 4096 on
+// one thread, though faster from L2). The activation layout and the
+// arithmetic are DotK4's.
+template <bool kFive, int R>
+void DotK4OneBlock(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
+  constexpr int64_t kBytes = kFive ? 176 : 144;
+  __m512 acc[R][kChains<R>];
+  __m256 mins[R];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < kChains<R>; ++c) acc[r][c] = _mm512_setzero_ps();
+    mins[r] = _mm256_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i pick[4] = {Pick2(0, 2), Pick2(1, 3), Pick2(4, 6), Pick2(5, 7)};
+  // q5_k: the fifth bit of the low nibbles of qs[32p + l] is bit 2p of qh[l],
+  // of the high nibbles bit 2p + 1; per vector, one bit per 32-byte half.
+  const __m512i bit[4] = {
+      _mm512_inserti64x4(_mm512_set1_epi8(0x01), _mm256_set1_epi8(0x04), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x02), _mm256_set1_epi8(0x08), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x10), _mm256_set1_epi8(0x40), 1),
+      _mm512_inserti64x4(_mm512_set1_epi8(0x20), _mm256_set1_epi8(static_cast<char>(0x80)), 1)};
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = row + b * kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R>), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R> + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes<R> + 128), _MM_HINT_T0);
+    const __m512i smi = _mm512_cvtepu8_epi32(ScaleMinBytes(blk + 4));  // 0-7 scales, 8-15 mins
+    // Each int32 lane's two int16 halves hold its sub-block's scale.
+    const __m512i scw = _mm512_or_si512(smi, _mm512_slli_epi32(smi, 16));
+    const __m256 mn = _mm256_mul_ps(_mm256_set1_ps(Half(blk + 2)),
+                                    _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(smi, 1)));
+    const float dd = Half(blk);
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    const __m512i v0 = Load64(qs), v1 = Load64(qs + 64);
+    __m512i u[4] = {_mm512_and_si512(v0, low4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4),
+                    _mm512_and_si512(v1, low4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4)};
+    if constexpr (kFive) {
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
+      for (int i = 0; i < 4; ++i) {
+        u[i] = _mm512_mask_add_epi8(u[i], _mm512_test_epi8_mask(h, bit[i]), u[i], sixteen);
+      }
+    }
+    __m512i sc[4];
+    for (int i = 0; i < 4; ++i) sc[i] = _mm512_permutexvar_epi32(pick[i], scw);
+    constexpr int c = 0;  // R >= 3: the rows' own chains hide the FMA latency
+    for (int r = 0; r < R; ++r) {
+      mins[r] = _mm256_fmadd_ps(mn, Load8(x.sums[r] + 8 * b), mins[r]);
+      const int8_t* xb = x.q[r] + 256 * b;
+      __m512i is = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(u[0], Load64(xb)), sc[0]);
+      __m512i it = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_maddubs_epi16(u[1], Load64(xb + 64)), sc[1]);
+      is = _mm512_dpwssd_epi32(is, _mm512_maddubs_epi16(u[2], Load64(xb + 128)), sc[2]);
+      it = _mm512_dpwssd_epi32(it, _mm512_maddubs_epi16(u[3], Load64(xb + 192)), sc[3]);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is, it)),
+                                  _mm512_set1_ps(dd * x.dx[r][8 * b]), acc[r][c]);
+    }
+  }
+  Finish<R>(acc, out);
+  for (int r = 0; r < R; ++r) out[r] -= Sum8(mins[r]);
+}
+
 // q4_k (kFive = false) and q5_k, with one activation scale per 256 (Int8Group:
 // x.dx holds it 8 times per block). The activations are `paired` (sub-blocks
 // 0 2 1 3 4 6 5 7): the low nibbles of qs[0, 64) are sub-blocks 0 and 2, the
@@ -142,7 +220,8 @@ inline __m512i ScaleShuffle(int a, int b) {
 template <bool kFive, int R>
 void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) {
   constexpr int64_t kBytes = kFive ? 176 : 144;
-  constexpr int C = R <= 2 ? 2 : 1;  // accumulator chains per row
+  static_assert(R <= 2, "3+ rows: DotK4OneBlock");
+  constexpr int C = 2;  // accumulator chains per row
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -222,23 +301,13 @@ void DotK4(const uint8_t* row, int64_t blocks, const RowPtrs<R>& x, float* out) 
     __m512i u[4], sc[4];
     quants(b0, u);
     for (int i = 0; i < 4; ++i) sc[i] = _mm512_shuffle_epi8(s0, shuf[i]);
-    if constexpr (R <= 2 && !kLone) {
-      // Both blocks' quants and scales up front (the one-row loop ran ~10%
-      // faster so from L2 than block after block).
+    if constexpr (kLone) {
+      for (int r = 0; r < R; ++r) first(r, u, sc);
+    } else {
       __m512i u1[4], sc1[4];
       quants(b1, u1);
       for (int i = 0; i < 4; ++i) sc1[i] = _mm512_shuffle_epi8(s1, shuf[i]);
       for (int r = 0; r < R; ++r) first(r, u, sc), second(r, u1, sc1);
-    } else {
-      // Block 0 for every row, then block 1: one block's quants and scales
-      // live at a time (at 8 rows both blocks' spilled: 20% slower than the
-      // one-block loop before this one).
-      for (int r = 0; r < R; ++r) first(r, u, sc);
-      if constexpr (!kLone) {
-        quants(b1, u);
-        for (int i = 0; i < 4; ++i) sc[i] = _mm512_shuffle_epi8(s1, shuf[i]);
-        for (int r = 0; r < R; ++r) second(r, u, sc);
-      }
     }
   };
   int64_t b = 0;
@@ -388,10 +457,18 @@ void DotRows(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const 
         Dot32<true, R>(row, k / 32, x, out);
         break;
       case v1::DTYPE_Q4_K:
-        DotK4<false, R>(row, k / 256, x, out);
+        if constexpr (R <= 2) {
+          DotK4<false, R>(row, k / 256, x, out);
+        } else {
+          DotK4OneBlock<false, R>(row, k / 256, x, out);
+        }
         break;
       case v1::DTYPE_Q5_K:
-        DotK4<true, R>(row, k / 256, x, out);
+        if constexpr (R <= 2) {
+          DotK4<true, R>(row, k / 256, x, out);
+        } else {
+          DotK4OneBlock<true, R>(row, k / 256, x, out);
+        }
         break;
       case v1::DTYPE_Q6_K:
         DotQ6K<R>(row, k / 256, x, out);
