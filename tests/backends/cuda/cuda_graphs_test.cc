@@ -17,7 +17,6 @@
 namespace kiln::runtime {
 namespace {
 
-
 TEST(CudaGraphsDecision, OffNeverOnWhenCapturableAutoWhenTheGraphSavesEnough) {
   // OFF never; nothing that cannot be captured, whatever the mode.
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_OFF, true, 20, 100, 5));
@@ -60,7 +59,6 @@ TEST(CudaGraphsDecision, AutoWeighsTheLaunchesSavedAgainstTheEstimate) {
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, 0));
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, -4));
 }
-
 
 TEST(CudaGraphsEngine, SecondRunCapturesLaterRunsReplayWithTheSameResults) {
   for (auto iso : {EngineOptions::DeviceIsolation::kThread, EngineOptions::DeviceIsolation::kProcess}) {
