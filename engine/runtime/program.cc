@@ -267,8 +267,8 @@ absl::StatusOr<std::unique_ptr<Program>> Program::Load(
     double launch_micros = 0;
     if (capturable) {
       const backend::DeviceInfo& info = p->registry_->Find(device)->info();
-      capturable = std::find(info.features.begin(), info.features.end(), "graphs") !=
-                   info.features.end();
+      capturable =
+          std::find(info.features.begin(), info.features.end(), "graphs") != info.features.end();
       const auto calibrated = options.launch_overhead_us.find(device);
       launch_micros = calibrated != options.launch_overhead_us.end()
                           ? calibrated->second

@@ -61,8 +61,9 @@ TEST(CudaEncoder, LayerMatchesAReferenceInBothIsolations) {
 // layer matches the f64 reference at f32's tolerance; on, the same graph is
 // another executable whose GEMMs are all "cublasLt:gemm_tf32..." (the compute
 // type the report names) and the layer matches the reference within what TF32
-// operands (10-bit mantissas) allow: 2e-2 absolute + relative on a layer whose
-// outputs are layer-normed to ~1, where f32 needs 2e-4.
+// operands (10-bit mantissas) allow: 5e-3 absolute + relative on a layer whose
+// outputs are layer-normed to ~1, where f32 needs 2e-4 (an H100 measured 3.8e-4
+// and 9.5e-7 at most).
 TEST(CudaEncoder, Tf32OnlyWhenTheCompileOptionsAllowIt) {
   EngineOptions o;
   o.calibration = EngineOptions::Calibration::kNever;
@@ -99,7 +100,7 @@ TEST(CudaEncoder, Tf32OnlyWhenTheCompileOptionsAllowIt) {
       EXPECT_EQ(s.implementation().rfind(want_prefix, 0), 0u) << s.implementation();
     }
     EXPECT_GE(gemms, 4);  // Q, K, V (or one QKV), the output projection, the FFN's two
-    const double tol = tf32 ? 2e-2 : 2e-4;
+    const double tol = tf32 ? 5e-3 : 2e-4;
     EXPECT_LE(models::WorstError(r->outputs[0].second, want, tol, tol), 1.0);
     worst[tf32] = models::WorstError(r->outputs[0].second, want, 1, 0);
   }

@@ -17,7 +17,6 @@
 namespace kiln::runtime {
 namespace {
 
-
 TEST(CudaGraphsDecision, OffNeverOnWhenCapturableAutoWhenTheGraphSavesEnough) {
   // OFF never; nothing that cannot be captured, whatever the mode.
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_OFF, true, 20, 100, 5));
@@ -33,14 +32,14 @@ TEST(CudaGraphsDecision, OffNeverOnWhenCapturableAutoWhenTheGraphSavesEnough) {
 TEST(CudaGraphsDecision, AutoWeighsTheLaunchesSavedAgainstTheEstimate) {
   // Saved: kernels x launch cost; captured when that is at least
   // kMinGraphSaving of the estimated run.
-  // The BERT-base layer fp32 B8 S128: 13 kernels, estimated 0.23-0.8 ms.
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 13, 800, 4));
-  // The bf16 layer at B32 S512: ~10 kernels estimated at ~1.1 ms (0.68 ms of
-  // kernels on an H100) whose launches cost 100-200 us of a run: captured
+  // The BERT-base layer fp32 B8 S128: 13 kernels, estimated 621 us.
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 13, 621, 4));
+  // The bf16 layer at B32 S512: 13 kernels estimated at 2474 us (0.68 ms of
+  // kernels on an H100) whose launches cost 120-200 us of a run: captured
   // with the nominal launch cost (4 us) and the calibrated one (6.6 us). The
   // rule before (at most 100 us of estimate per kernel) declined it.
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 1100, 4));
-  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 1100, 6.6));
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 13, 2474, 4));
+  EXPECT_TRUE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 13, 2474, 6.6));
   // A 7B-style decoder layer (~10 kernels, estimated ~11 ms): 40 us saved is
   // 0.4% of the run, below the bar; one large GEMM saves one launch.
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 10, 11000, 4));
@@ -60,7 +59,6 @@ TEST(CudaGraphsDecision, AutoWeighsTheLaunchesSavedAgainstTheEstimate) {
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, 0));
   EXPECT_FALSE(UseCapturedGraphs(v1::CUDA_GRAPHS_AUTO, true, 3, 500, -4));
 }
-
 
 TEST(CudaGraphsEngine, SecondRunCapturesLaterRunsReplayWithTheSameResults) {
   for (auto iso : {EngineOptions::DeviceIsolation::kThread, EngineOptions::DeviceIsolation::kProcess}) {
