@@ -613,10 +613,10 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       }
       const int64_t optin = d.caps().max_shared_per_block_optin;
       if (mma && DecodeMmaSharedBytes(p.D, ring) > optin) {
-        // A swept ring too large for the device: the default, else 2 passes
-        // (D 256 on an A100), else the 16-byte kernel.
+        // A swept ring too large for the device: the default, else 1 x 2
+        // (the smallest), else the 16-byte kernel.
         ring = kDefaultDecodeMmaRing;
-        if (DecodeMmaSharedBytes(p.D, ring) > optin) ring.passes = 2;
+        if (DecodeMmaSharedBytes(p.D, ring) > optin) ring = DecodeRing{1, 2, 1};
         mma = DecodeMmaSharedBytes(p.D, ring) <= optin;
         if (!mma) ring = kDefaultDecodeRing;
       }
