@@ -405,10 +405,10 @@ __device__ __forceinline__ void attention_decode16(const T* q, const T* k, const
 // the blocks per SM __launch_bounds__ asks for (DecodeMmaAttentionSource
 // defines them for a benchmark's sweep).
 #ifndef KILN_DECODE_MMA_U
-#define KILN_DECODE_MMA_U 2
+#define KILN_DECODE_MMA_U 1
 #endif
 #ifndef KILN_DECODE_MMA_P
-#define KILN_DECODE_MMA_P 2
+#define KILN_DECODE_MMA_P 3
 #endif
 #ifndef KILN_DECODE_MMA_MINB
 #define KILN_DECODE_MMA_MINB 1
