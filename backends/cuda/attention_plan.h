@@ -95,7 +95,17 @@ DecodeCost EstimateDecodeCost(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, in
 // tensor-core kernel for one row too (a benchmark's comparisons).
 constexpr int kDecodeMmaRows = 8;
 constexpr int64_t kDecodeMmaMinRows = 2;
+// The kernel source's own ring (no defines): 1 x 3, 102 KiB at D 128 (two
+// blocks per SM), 198 KiB at D 256.
 inline constexpr DecodeRing kDefaultDecodeMmaRing{1, 3, 1};
+
+// The ring a prepare uses for `dtype` and head dim D: 2 x 2 (32 keys per
+// pass, 136 KiB, one block per SM, so the splits make ~1 block per SM) for
+// bf16 at D 128, the one variant an H100 ran at 2 x 2 (attention_fwd's GQA
+// cases, checked against the f64 reference: 0.1021 ms against 0.1053 at
+// 1 x 3, docs/benchmarks.md "gqa8"); kDefaultDecodeMmaRing, which the GPU
+// tests ran at every dtype and head dim, elsewhere.
+DecodeRing DefaultDecodeMmaRing(DType dtype, int64_t head_dim);
 
 // KILN_DECODE_MMA's setting: unset (the rule), 0 or 1.
 enum class DecodeMmaMode { kAuto, kOff, kOn };

@@ -307,6 +307,11 @@ int64_t DecodeMmaSharedBytes(int64_t head_dim, DecodeRing ring) {
   return std::max(rings, merge);
 }
 
+DecodeRing DefaultDecodeMmaRing(DType dtype, int64_t head_dim) {
+  if (dtype == v1::DTYPE_BF16 && head_dim == 128) return DecodeRing{2, 2, 1};
+  return kDefaultDecodeMmaRing;
+}
+
 int64_t DecodeMmaKeysPerPass(DecodeRing ring) { return int64_t{kDecodeWarps} * 16 * ring.steps; }
 
 int64_t FlashSharedBytes(int64_t head_dim) {
@@ -599,7 +604,8 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       if (mma_env != nullptr && std::string_view(mma_env) == "1") mode = DecodeMmaMode::kOn;
       bool mma = DecodeUsesMma(p.Hq / p.Hkv * p.Sq, mode) && d.caps().cc_major >= 8;
       // KILN_DECODE_RING=<steps>x<passes>[x<min_blocks>]: a benchmark's sweep of the load ring.
-      DecodeRing ring = mma ? kDefaultDecodeMmaRing : kDefaultDecodeRing;
+      const DecodeRing defaults = mma ? DefaultDecodeMmaRing(dtype, p.D) : kDefaultDecodeRing;
+      DecodeRing ring = defaults;
       if (const char* env = std::getenv("KILN_DECODE_RING"); env != nullptr) {
         std::vector<absl::string_view> parts = absl::StrSplit(env, 'x');
         int steps = 0, passes = 0, min_blocks = 1;
@@ -613,10 +619,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       }
       const int64_t optin = d.caps().max_shared_per_block_optin;
       if (mma && DecodeMmaSharedBytes(p.D, ring) > optin) {
-        // A swept ring too large for the device: the default, else 2 passes
-        // (D 256 on an A100), else the 16-byte kernel.
-        ring = kDefaultDecodeMmaRing;
-        if (DecodeMmaSharedBytes(p.D, ring) > optin) ring.passes = 2;
+        // A swept ring too large for the device: the default, else (D 256
+        // on a device of less than 198 KiB per block) the 16-byte kernel.
+        ring = defaults;
         mma = DecodeMmaSharedBytes(p.D, ring) <= optin;
         if (!mma) ring = kDefaultDecodeRing;
       }
@@ -658,9 +663,9 @@ absl::StatusOr<std::unique_ptr<AttentionKernel>> CreateOwnAttention(
       impl = mma ? absl::StrCat("nvrtc:attention_decode_mma_split", vec_splits, "_", dt)
                  : absl::StrCat("nvrtc:attention_decode16_split", vec_splits, "_r", vec_rows, "_",
                                 dt);
-      const DecodeRing defaults = mma ? kDefaultDecodeMmaRing : kDefaultDecodeRing;
-      if (ring.steps != defaults.steps || ring.passes != defaults.passes ||
-          ring.min_blocks != defaults.min_blocks) {
+      const DecodeRing chosen = mma ? DefaultDecodeMmaRing(dtype, p.D) : kDefaultDecodeRing;
+      if (ring.steps != chosen.steps || ring.passes != defaults.passes ||
+          ring.min_blocks != chosen.min_blocks) {
         absl::StrAppend(&impl, "_ring", ring.steps, "x", ring.passes, "x", ring.min_blocks);
       }
     }

@@ -278,6 +278,7 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     if (!measure(c, dev, "kiln")) return 1;
+    const std::string chosen = last_impl;  // the later measures overwrite last_impl
     if (last_impl.rfind("cudnn:", 0) == 0 && own != nullptr && !measure(c, own, "kiln_own")) {
       return 1;
     }
@@ -289,11 +290,11 @@ int main(int argc, char** argv) {
     }
     // The tensor-core decode kernel's shapes on the 16-byte kernel, and the
     // 16-byte kernel's on the tensor-core one.
-    if (c.Sq == 1 && own != nullptr && last_impl.find("decode_mma") != std::string::npos &&
+    if (c.Sq == 1 && own != nullptr && chosen.find("decode_mma") != std::string::npos &&
         !with_env("KILN_DECODE_MMA", "0", [&] { return measure(c, own, "kiln_own_fma"); })) {
       return 1;
     }
-    if (c.Sq == 1 && own != nullptr && last_impl.find("decode16") != std::string::npos &&
+    if (c.Sq == 1 && own != nullptr && chosen.find("decode16") != std::string::npos &&
         !with_env("KILN_DECODE_MMA", "1", [&] { return measure(c, own, "kiln_own_mma"); })) {
       return 1;
     }

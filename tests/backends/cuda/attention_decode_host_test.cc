@@ -177,7 +177,7 @@ inline unsigned k_pack2(float lo, float hi) {
 #include "backends/cuda/kernels/attention_decode.cu"
 
 // The block's dynamic shared memory (the largest ring the cases use).
-alignas(16) unsigned short k_dec_mma_smem[128 * 1024 / 2];
+alignas(16) unsigned short k_dec_mma_smem[256 * 1024 / 2];
 
 // Runs `body` as CUDA runs a grid of `blocks` 128-thread blocks, one block
 // after another.

@@ -134,12 +134,23 @@ TEST(AttentionPlan, DecodeTakesTheTensorCoresForGqaGroups) {
   EXPECT_EQ(DecodeMmaSharedBytes(256, DecodeRing{2, 2}), 4 * 2 * 2 * 32 * 264 * 2);
   // The smallest ring still holds the warps' merge (o of 8 rows x D, m and l, f32).
   EXPECT_GE(DecodeMmaSharedBytes(64, DecodeRing{1, 2}), (4 * 8 * 64 + 2 * 4 * 8) * 4);
-  // The default ring fits every head dim in an H100's 227 KiB per block, two
-  // blocks per SM up to D 128; an A100's 163 KiB takes D 256 at 2 passes.
+  // The source's ring (1 x 3) fits every head dim in an H100's 227 KiB per
+  // block, two blocks per SM at D 128; bf16 at D 128 takes 2 x 2 (one block
+  // per SM), the only variant a GPU ran at another ring; the rest 1 x 3.
+  EXPECT_EQ(DecodeMmaSharedBytes(128), 4 * 3 * 2 * 16 * 136 * 2);
   for (int64_t d : {64, 128, 256}) EXPECT_LE(DecodeMmaSharedBytes(d), 227 * 1024) << d;
   EXPECT_LE(2 * DecodeMmaSharedBytes(128), 228 * 1024);
-  EXPECT_GT(DecodeMmaSharedBytes(256), 163 * 1024);
-  EXPECT_LE(DecodeMmaSharedBytes(256, DecodeRing{1, 2}), 163 * 1024);
+  const DecodeRing bf16 = DefaultDecodeMmaRing(v1::DTYPE_BF16, 128);
+  EXPECT_EQ(bf16.steps, 2);
+  EXPECT_EQ(bf16.passes, 2);
+  EXPECT_GT(2 * DecodeMmaSharedBytes(128, bf16), 228 * 1024);
+  for (DType dt : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (int64_t d : {64, 128, 256}) {
+      if (dt == v1::DTYPE_BF16 && d == 128) continue;
+      EXPECT_EQ(DefaultDecodeMmaRing(dt, d).steps, 1) << d;
+      EXPECT_EQ(DefaultDecodeMmaRing(dt, d).passes, 3) << d;
+    }
+  }
 }
 
 TEST(AttentionPlan, DecodeSplitsFillOneWave) {

@@ -252,7 +252,7 @@ TEST_F(NvrtcCompileTest, DecodeMmaVariantsCompile) {
   for (const Variant& v : {Variant{v1::DTYPE_F16, 64, kDefaultDecodeMmaRing},
                            Variant{v1::DTYPE_BF16, 128, kDefaultDecodeMmaRing},
                            Variant{v1::DTYPE_F16, 256, kDefaultDecodeMmaRing},
-                           Variant{v1::DTYPE_BF16, 128, DecodeRing{2, 3, 1}}}) {
+                           Variant{v1::DTYPE_BF16, 128, DefaultDecodeMmaRing(v1::DTYPE_BF16, 128)}}) {
     const std::string entry = absl::StrCat("kiln_attention_decode_mma_", DTypeName(v.dt), "_d", v.d);
     absl::StatusOr<std::string> cubin =
         CompileCubin(entry, DecodeMmaAttentionSource(v.dt, v.d, v.ring), kArch);
