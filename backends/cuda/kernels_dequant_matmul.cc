@@ -1,15 +1,15 @@
 // DequantMatMul on CUDA (kernels/dequant_matmul.cu): f32/f16/bf16 activations
 // times a GGUF block-quantized weight (q8_0, q4_0, q4_k, q5_k, q6_k), the
 // dequantization fused into the kernel. A weight stored [N, K] with M <=
-// 8 takes the matvec kernel (a block of 4 warps per 2 weight rows, the
-// blocks read once for all rows of x); with more rows the tensor-core kernel
+// 2 takes the matvec kernel (a block of 4 warps per 2, 4 or 8 weight rows,
+// the blocks read once for all rows of x); with more rows the tensor-core kernel
 // (mma.sync on the codes, scales applied in f32 per group, f32 activations
 // as bf16 hi + lo; sm_80 and newer, else the matvec kernel up to 32 rows);
 // everything else ([K, N] weights, or older devices past 32 rows) the tiled
 // kernel (32 x 64 tiles, weight tiles decoded into shared memory, FMA).
 // f16 / bf16 activations with many rows may instead take the lt path: the
 // weight dequantized into a workspace of the activation type, then a
-// cuBLASLt GEMM (f32 accumulation).
+// cuBLASLt GEMM (f32 accumulation), from 64 rows by default.
 // KILN_DEQUANT_PATH=matvec|mma|tiled|lt and KILN_DEQUANT_SPLITS=n override the
 // choices where the shape allows (benchmarks time each).
 #include <algorithm>
@@ -37,8 +37,8 @@ using backend::KernelSpec;
 constexpr int kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
 // Up to 32 rows of x may take the matvec kernel (the weights re-read per 8
-// rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel.
-constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 8;
+// rows, mostly from L2); on sm_80+ rows past 2 take the tensor-core kernel.
+constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 2;
 // dequant_matmul.cu's DQ_MMA_ROWS weight rows per block of 4 warps.
 constexpr int64_t kMmaRows = 64;
 constexpr unsigned kMmaThreads = 128;
@@ -48,15 +48,18 @@ constexpr unsigned kTileThreads = 256;
 // The lt path's cuBLASLt workspace, at the front of the stream's workspace;
 // the dequantized weight follows it.
 constexpr int64_t kLtWorkspaceBytes = int64_t{32} << 20;
-// Rows of x from which f16 / bf16 activations take the lt path by default:
-// 0 = never (not yet chosen by a measurement).
-constexpr int64_t kLtMinRows = 0;
+// Rows of x from which f16 / bf16 activations take the lt path by default.
+// On an H100 (docs/benchmarks.md "dqv10") the mma kernel took 518-2244 us for
+// 14336 x 4096 / 4096 x 14336 at M = 128 and 512 with bf16 activations,
+// against 46-88 us for PyTorch's bf16 F.linear, whose time the lt path pays
+// plus one pass writing the workspace.
+constexpr int64_t kLtMinRows = 64;
 
 enum class Path { kMatVec, kMma, kTiled, kLt };
 
 bool HasMma(const CudaDevice& d) { return d.caps().cc_major >= 8; }
 
-// The tensor-core kernel serves batches of more than 8 rows by default: it
+// The tensor-core kernel serves batches of more than 2 rows by default: it
 // passed CudaDequantMatMulTest.TensorCoresEveryBlockType on an H100 (stop 25)
 // and is 3-5x faster than the matvec / tiled kernels at M 16..512
 // (docs/benchmarks.md "Coordinator, stop 25"). KILN_DEQUANT_MMA=0 turns it off
@@ -91,25 +94,33 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
 // block and activation type keep the module's NVRTC compile short.
 int MatVecRows(int64_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
 
-// The mma kernel's ksteps loaded ahead: 2, or 1 where KILN_DEQUANT_MMA_PREFETCH=1
+// The mma kernel's ksteps loaded ahead: 1, or 2 where KILN_DEQUANT_MMA_PREFETCH=2
 // asks (a benchmark's comparison).
 int MmaPrefetch() {
   const char* env = std::getenv("KILN_DEQUANT_MMA_PREFETCH");
-  return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
+  return env != nullptr && std::string_view(env) == "2" ? 2 : 1;
 }
 
-// The mma instance's n8 tiles of x per block (8 NT rows of x).
+// The mma instance's n8 tiles of x per block (8 NT rows of x): one for
+// M 3..8 (where it beat the matvec kernel's 4- and 8-row instances 1.3-3.5x
+// on an H100, its time flat in M).
 int MmaTiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-// Weight rows per block of the matvec kernel: 2, or 4 / 8 where
-// KILN_DEQUANT_MV_ROWS asks (a benchmark's sweep).
-int MatVecRowsPerBlock(int64_t m) {
+// Weight rows per block of the matvec kernel (KILN_DEQUANT_MV_ROWS=2|4|8
+// overrides it for a benchmark's sweep). One row of x: 8 for q4_k, 4 for
+// the other types, the fastest of 2 / 4 / 8 on an H100 (docs/benchmarks.md
+// "dqv10": q4_k 14336 x 4096 at 0.35 / 0.41 / 0.47 of copy, q8_0 0.70 /
+// 0.74 / 0.68; q5_k / q6_k at 8 rows need 255 registers, so 4); more rows
+// of x keep 2 (their decoded weights fill the registers).
+int MatVecRowsPerBlock(int64_t m, DType wtype) {
   if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr) {
     const std::string_view v(env);
+    if (v == "2") return 2;
     if (v == "4") return 4;
     if (v == "8") return 8;
   }
-  return kMatVecRowsPerBlock;
+  if (m > 1) return kMatVecRowsPerBlock;
+  return wtype == v1::DTYPE_Q4_K ? 8 : 4;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -120,7 +131,7 @@ Claim SupportsDequantMatMul(const CudaDevice& d, const KernelSpec& spec) {
   bool fits = true;
   switch (PathFor(d, *s)) {
     case Path::kMatVec:
-      fits = CeilDiv(s->n, MatVecRowsPerBlock(s->m)) <= d.caps().max_grid_x;
+      fits = CeilDiv(s->n, MatVecRowsPerBlock(s->m, s->wtype)) <= d.caps().max_grid_x;
       break;
     case Path::kMma:
     case Path::kLt:  // its fallback for misaligned x or y is the mma kernel
@@ -325,7 +336,7 @@ std::string VariantArgs(DType wtype, DType act) {
 
 std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch) {
   const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
-  return absl::StrCat("#define DQ_MMA_ONLY 1\n", prefetch == 1 ? "#define DQ_MMA_PF 1\n" : "",
+  return absl::StrCat("#define DQ_MMA_ONLY 1\n", prefetch == 2 ? "#define DQ_MMA_PF 2\n" : "",
                       KernelSource("dequant_matmul.cu"),
                       "\nKILN_DEQUANT_MMA(", VariantArgs(wtype, act), ", ", tiles,
                       ")\nKILN_DEQUANT_MMA_REDUCE(", DTypeSuffix(act), ", ", type, ")\n");
@@ -367,7 +378,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
   const Path path = PathFor(d, shape);
   // The lt path also loads the mma kernel (its fallback for misaligned x, y).
   const Path kernel_path = path == Path::kLt ? Path::kMma : path;
-  const int mv_rows = MatVecRowsPerBlock(shape.m);
+  const int mv_rows = MatVecRowsPerBlock(shape.m, shape.wtype);
   std::string kind;
   switch (kernel_path) {
     case Path::kMatVec:
@@ -387,7 +398,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
   const bool own_mv = kernel_path == Path::kMatVec && mv_rows != kMatVecRowsPerBlock;
   const int prefetch = MmaPrefetch();
   const std::string module =
-      kernel_path == Path::kMma ? absl::StrCat(entry.substr(5), prefetch == 1 ? "_pf1" : "")
+      kernel_path == Path::kMma ? absl::StrCat(entry.substr(5), prefetch == 2 ? "_pf2" : "")
       : own_mv                  ? entry.substr(5)
                                 : std::string("dequant_matmul");
   const std::string source =
@@ -409,7 +420,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
                                context));
       if (path == Path::kMma) absl::StrAppend(&impl, "_split", splits);
     }
-    if (path == Path::kMma && prefetch == 1) absl::StrAppend(&impl, "_pf1");
+    if (path == Path::kMma && prefetch == 2) absl::StrAppend(&impl, "_pf2");
   }
   if (path == Path::kTiled) absl::StrAppend(&impl, shape.transpose_b ? "_nk_" : "_kn_", "32x64");
   auto kernel = std::make_unique<DequantMatMulKernel>(d, spec, std::move(fn), std::move(reduce),

@@ -213,8 +213,7 @@ __device__ __forceinline__ float dq_u2f(unsigned v) {
 }
 
 // Lane `sub`'s share of the block at b, as raw words (dq_unit_load: the
-// loads alone, so that a caller can put several rows' loads in flight
-// before it decodes any), then decoded (dq_unit_decode): NRUN runs of 16
+// loads alone), then decoded (dq_unit_decode): NRUN runs of 16
 // weights as f (see above), each run's w x sum being a[r] S_f + c[r] S_x.
 #define DQ_RAW 12  // q5_k: header, quants, high bits; q6_k 11
 template <int WT>
@@ -390,11 +389,6 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R]
     // rows per block keep the registers of R = 2). The same sums in the same
     // order as below.
     for (int b = first; b < nb; b += stride) {
-      unsigned raw[R][DQ_RAW];  // every row's loads in flight before any decoding
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        dq_unit_load<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, raw[r]);
-      }
       float xv[NRUN][16], sx[NRUN];
 #pragma unroll
       for (int run = 0; run < NRUN; ++run) {
@@ -408,7 +402,7 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R]
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float f[NRUN][16], a[NRUN], c[NRUN];
-        dq_unit_decode<WT>(raw[r], sub, f, a, c);
+        dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f, a, c);
 #pragma unroll
         for (int run = 0; run < NRUN; ++run) {
           float s0 = 0.0f, s1 = 0.0f;
@@ -521,10 +515,12 @@ __device__ void dequant_matvec(const T* x, const k_u8* w, T* y, k_i64 M, k_i64 N
 // chunk of 16 lies in one scale group.
 #define DQ_MMA_WARPS 4
 #define DQ_MMA_ROWS (16 * DQ_MMA_WARPS)
-// How many ksteps ahead each lane loads its weights: 2 (the default) or 1
+// How many ksteps ahead each lane loads its weights: 1 (the default) or 2
 // (the host defines it for a benchmark's comparison, a module of its own).
+// Two did not pay on an H100 (docs/benchmarks.md "dqv10"): its 16 more
+// registers cost resident blocks, and the split count follows those.
 #ifndef DQ_MMA_PF
-#define DQ_MMA_PF 2
+#define DQ_MMA_PF 1
 #endif
 
 #if defined(DQ_HOST) || __CUDA_ARCH__ >= 800
