@@ -12,8 +12,8 @@ namespace kiln::cuda {
 // (and its split-K reduction kiln_dequant_mma_reduce_<x>): dequant_matmul.cu
 // with that one variant instantiated. `wtype` a GGUF block type, `act` f32,
 // f16 or bf16, `tiles` 1, 2, 4 or 8, `prefetch` the ksteps each lane loads
-// ahead (dequant_matmul.cu's DQ_MMA_PF: 1, or 2).
-std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch = 1);
+// ahead (dequant_matmul.cu's DQ_MMA_PF: 2, or 1).
+std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch = 2);
 
 // The module of kiln_dequant_to_<w>_<x>: the weight decoded into f16 / bf16
 // [N, K] (the lt path's workspace for a cuBLASLt GEMM).

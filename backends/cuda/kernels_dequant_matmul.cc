@@ -1,15 +1,17 @@
 // DequantMatMul on CUDA (kernels/dequant_matmul.cu): f32/f16/bf16 activations
 // times a GGUF block-quantized weight (q8_0, q4_0, q4_k, q5_k, q6_k), the
 // dequantization fused into the kernel. A weight stored [N, K] with M <=
-// 2 takes the matvec kernel (a block of 4 warps per 2, 4 or 8 weight rows,
-// the blocks read once for all rows of x); with more rows the tensor-core kernel
+// 8 takes the matvec kernel (a block of 4 warps per 2, 4 or 8 weight rows,
+// the blocks read once for all rows of x; q4_k / q8_0 with f32 activations
+// only up to 2 rows); with more rows the tensor-core kernel
 // (mma.sync on the codes, scales applied in f32 per group, f32 activations
 // as bf16 hi + lo; sm_80 and newer, else the matvec kernel up to 32 rows);
 // everything else ([K, N] weights, or older devices past 32 rows) the tiled
 // kernel (32 x 64 tiles, weight tiles decoded into shared memory, FMA).
 // f16 / bf16 activations with many rows may instead take the lt path: the
 // weight dequantized into a workspace of the activation type, then a
-// cuBLASLt GEMM (f32 accumulation), from 64 rows by default.
+// cuBLASLt GEMM (f32 accumulation); not run on a GPU yet, so only where
+// KILN_DEQUANT_PATH=lt asks.
 // KILN_DEQUANT_PATH=matvec|mma|tiled|lt and KILN_DEQUANT_SPLITS=n override the
 // choices where the shape allows (benchmarks time each).
 #include <algorithm>
@@ -37,8 +39,9 @@ using backend::KernelSpec;
 constexpr int kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
 // Up to 32 rows of x may take the matvec kernel (the weights re-read per 8
-// rows, mostly from L2); on sm_80+ rows past 2 take the tensor-core kernel.
-constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 2;
+// rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel,
+// and for q4_k / q8_0 weights with f32 activations rows past 2 (MatVecMaxM).
+constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 8;
 // dequant_matmul.cu's DQ_MMA_ROWS weight rows per block of 4 warps.
 constexpr int64_t kMmaRows = 64;
 constexpr unsigned kMmaThreads = 128;
@@ -48,12 +51,12 @@ constexpr unsigned kTileThreads = 256;
 // The lt path's cuBLASLt workspace, at the front of the stream's workspace;
 // the dequantized weight follows it.
 constexpr int64_t kLtWorkspaceBytes = int64_t{32} << 20;
-// Rows of x from which f16 / bf16 activations take the lt path by default.
-// On an H100 (docs/benchmarks.md "dqv10") the mma kernel took 518-2244 us for
-// 14336 x 4096 / 4096 x 14336 at M = 128 and 512 with bf16 activations,
-// against 46-88 us for PyTorch's bf16 F.linear, whose time the lt path pays
-// plus one pass writing the workspace.
-constexpr int64_t kLtMinRows = 64;
+// Rows of x from which f16 / bf16 activations would take the lt path by
+// default: 0 = never. On an H100 (docs/benchmarks.md "dqv10") the mma kernel
+// took 518-2244 us for 14336 x 4096 / 4096 x 14336 at M = 128 and 512 with
+// bf16 activations against 46-88 us for PyTorch's bf16 F.linear, but the lt
+// path itself has not run on a GPU: opt-in (KILN_DEQUANT_PATH=lt) until it has.
+constexpr int64_t kLtMinRows = 0;
 
 enum class Path { kMatVec, kMma, kTiled, kLt };
 
@@ -85,7 +88,14 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
       s.m >= kLtMinRows) {
     return Path::kLt;
   }
-  if (HasMma(d) && MmaByDefault()) return s.m <= kMatVecMaxMWithMma ? Path::kMatVec : Path::kMma;
+  if (HasMma(d) && MmaByDefault()) {
+    // 3..8 rows of x on the tensor cores' one-tile instance where an H100 ran
+    // and timed it (q4_k / q8_0, f32 activations: 1.3-3.5x faster than the
+    // matvec m4 / m8 instances); elsewhere the matvec kernel up to 8.
+    const bool mma_small = s.act == v1::DTYPE_F32 &&
+                           (s.wtype == v1::DTYPE_Q4_K || s.wtype == v1::DTYPE_Q8_0);
+    return s.m <= (mma_small ? 2 : kMatVecMaxMWithMma) ? Path::kMatVec : Path::kMma;
+  }
   return s.m <= kMatVecMaxM ? Path::kMatVec : Path::kTiled;
 }
 
@@ -94,24 +104,24 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
 // block and activation type keep the module's NVRTC compile short.
 int MatVecRows(int64_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
 
-// The mma kernel's ksteps loaded ahead: 1, or 2 where KILN_DEQUANT_MMA_PREFETCH=2
-// asks (a benchmark's comparison).
+// The mma kernel's ksteps loaded ahead: 2, or 1 where KILN_DEQUANT_MMA_PREFETCH=1
+// asks (faster in 9 of 14 of round 1's comparisons on an H100, but only the
+// 2 form ran the GPU tests, so it stays the default).
 int MmaPrefetch() {
   const char* env = std::getenv("KILN_DEQUANT_MMA_PREFETCH");
-  return env != nullptr && std::string_view(env) == "2" ? 2 : 1;
+  return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
 }
 
 // The mma instance's n8 tiles of x per block (8 NT rows of x): one for
-// M 3..8 (where it beat the matvec kernel's 4- and 8-row instances 1.3-3.5x
-// on an H100, its time flat in M).
+// M <= 8 (where it beat the matvec kernel's 4- and 8-row instances 1.3-3.5x
+// on an H100 for q4_k / q8_0, its time flat in M).
 int MmaTiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 // Weight rows per block of the matvec kernel (KILN_DEQUANT_MV_ROWS=2|4|8
 // overrides it for a benchmark's sweep). One row of x: 8 for q4_k, 4 for
-// the other types, the fastest of 2 / 4 / 8 on an H100 (docs/benchmarks.md
-// "dqv10": q4_k 14336 x 4096 at 0.35 / 0.41 / 0.47 of copy, q8_0 0.70 /
-// 0.74 / 0.68; q5_k / q6_k at 8 rows need 255 registers, so 4); more rows
-// of x keep 2 (their decoded weights fill the registers).
+// q8_0, the fastest of 2 / 4 / 8 on an H100 (docs/benchmarks.md "dqv10":
+// q4_k 14336 x 4096 at 0.35 / 0.41 / 0.47 of copy, q8_0 0.70 / 0.74 / 0.68);
+// the types not timed there and more rows of x keep 2.
 int MatVecRowsPerBlock(int64_t m, DType wtype) {
   if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr) {
     const std::string_view v(env);
@@ -120,7 +130,7 @@ int MatVecRowsPerBlock(int64_t m, DType wtype) {
     if (v == "8") return 8;
   }
   if (m > 1) return kMatVecRowsPerBlock;
-  return wtype == v1::DTYPE_Q4_K ? 8 : 4;
+  return wtype == v1::DTYPE_Q4_K ? 8 : wtype == v1::DTYPE_Q8_0 ? 4 : kMatVecRowsPerBlock;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -336,7 +346,7 @@ std::string VariantArgs(DType wtype, DType act) {
 
 std::string DequantMmaSource(DType wtype, DType act, int tiles, int prefetch) {
   const char* type = act == v1::DTYPE_F32 ? "float" : (act == v1::DTYPE_F16 ? "k_f16" : "k_bf16");
-  return absl::StrCat("#define DQ_MMA_ONLY 1\n", prefetch == 2 ? "#define DQ_MMA_PF 2\n" : "",
+  return absl::StrCat("#define DQ_MMA_ONLY 1\n", prefetch == 1 ? "#define DQ_MMA_PF 1\n" : "",
                       KernelSource("dequant_matmul.cu"),
                       "\nKILN_DEQUANT_MMA(", VariantArgs(wtype, act), ", ", tiles,
                       ")\nKILN_DEQUANT_MMA_REDUCE(", DTypeSuffix(act), ", ", type, ")\n");
@@ -398,7 +408,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
   const bool own_mv = kernel_path == Path::kMatVec && mv_rows != kMatVecRowsPerBlock;
   const int prefetch = MmaPrefetch();
   const std::string module =
-      kernel_path == Path::kMma ? absl::StrCat(entry.substr(5), prefetch == 2 ? "_pf2" : "")
+      kernel_path == Path::kMma ? absl::StrCat(entry.substr(5), prefetch == 1 ? "_pf1" : "")
       : own_mv                  ? entry.substr(5)
                                 : std::string("dequant_matmul");
   const std::string source =
@@ -420,7 +430,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
                                context));
       if (path == Path::kMma) absl::StrAppend(&impl, "_split", splits);
     }
-    if (path == Path::kMma && prefetch == 2) absl::StrAppend(&impl, "_pf2");
+    if (path == Path::kMma && prefetch == 1) absl::StrAppend(&impl, "_pf1");
   }
   if (path == Path::kTiled) absl::StrAppend(&impl, shape.transpose_b ? "_nk_" : "_kn_", "32x64");
   auto kernel = std::make_unique<DequantMatMulKernel>(d, spec, std::move(fn), std::move(reduce),

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -203,8 +204,8 @@ TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
   Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
 }
 
-// Batches up to 8 rows on the matvec kernel (by default only up to 2 take it,
-// the tensor cores the rest; forced here): the instances for 1, 4 and 8 rows
+// Batches up to 8 rows on the matvec kernel (q4_k / q8_0 with f32
+// activations take it only up to 2 by default; forced here): the instances for 1, 4 and 8 rows
 // of x per pass, an odd row count (the block's second weight row past N) and
 // K that leaves some of a block's warps without a quant block.
 TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
@@ -218,11 +219,11 @@ TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
   Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
 }
 
-// Batches of 3..8 rows take the tensor-core kernel's one-tile instance by
-// default (mma_n1): every block type, f32 / bf16, a decode batch of a
-// 14336 x 4096 layer.
+// The tensor-core kernel's one-tile instance (mma_n1; the default for q4_k /
+// q8_0 with f32 activations at 3..8 rows, forced here for the rest): every
+// block type, f32 / bf16, a decode batch of a 14336 x 4096 layer.
 TEST_F(CudaDequantMatMulTest, SmallBatchesOnTheTensorCores) {
-  ScopedMmaDefault mma;
+  ScopedDequantPath mma("mma");
   for (DType wt : kBlockTypes) {
     for (int64_t m : {3, 5, 8}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
     Check({wt, v1::DTYPE_BF16, 4, 130, 768, true, 0});
@@ -299,11 +300,16 @@ TEST_F(CudaDequantMatMulTest, PathByBatch) {
   kernel = dev_->PrepareKernel(SpecOf(q8), ctx);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   EXPECT_EQ((*kernel)->implementation(), "nvrtc:dequant_matvec_r4_m1_q8_0_f32");
-  // bf16 activations from 64 rows: dequantize + cuBLASLt.
-  for (const auto& [m, impl] : std::vector<std::pair<int64_t, std::string>>{
-           {63, "nvrtc:dequant_mma_n8_q4_k_bf16"},
-           {64, "nvrtc:dequant_to_q4_k_bf16+cublasLt"}}) {
-    const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_BF16, m, 64, 256, true, 0};
+  // Block types and activations not timed on a GPU keep 2 rows per block
+  // and the matvec kernel up to 8 rows; bf16 at 64 rows keeps the tensor cores
+  // (the lt path is opt-in).
+  for (const auto& [wt, act, m, impl] :
+       std::vector<std::tuple<DType, DType, int64_t, std::string>>{
+           {v1::DTYPE_Q6_K, v1::DTYPE_F32, 1, "nvrtc:dequant_matvec_m1_q6_k_f32"},
+           {v1::DTYPE_Q5_K, v1::DTYPE_F32, 5, "nvrtc:dequant_matvec_m8_q5_k_f32"},
+           {v1::DTYPE_Q4_K, v1::DTYPE_BF16, 8, "nvrtc:dequant_matvec_m8_q4_k_bf16"},
+           {v1::DTYPE_Q4_K, v1::DTYPE_BF16, 64, "nvrtc:dequant_mma_n8_q4_k_bf16"}}) {
+    const Problem p{wt, act, m, 64, 256, true, 0};
     kernel = dev_->PrepareKernel(SpecOf(p), ctx);
     ASSERT_TRUE(kernel.ok()) << kernel.status();
     EXPECT_EQ((*kernel)->implementation(), impl);

@@ -454,8 +454,8 @@ TEST(CudaDequantMmaHostTest, EveryBlockTypeAndInstance) {
     Check({t.wt, t.code, 1, 70, 512, 0, 0, false, 1});     // n1: one row of x
     Check({t.wt, t.code, 8, 19, 768, 0, 0, false, 3});     // n1, split
     Check({t.wt, t.code, 3, 9, 512, 2, 1, true, 2});       // n1, bf16, w +2, x +1
-    // Two ksteps loaded ahead (KILN_DEQUANT_MMA_PREFETCH=2), two shares.
-    Check({t.wt, t.code, 12, 20, 768, 0, 0, false, 2, false, DQ_MV_R, 2});
+    // One kstep loaded ahead (KILN_DEQUANT_MMA_PREFETCH=1), two shares.
+    Check({t.wt, t.code, 12, 20, 768, 0, 0, false, 2, false, DQ_MV_R, 1});
   }
   for (DType wt : {v1::DTYPE_Q8_0, v1::DTYPE_Q4_0}) {
     const int code = wt == v1::DTYPE_Q8_0 ? DQ_Q8_0 : DQ_Q4_0;
