@@ -1,15 +1,17 @@
 // DequantMatMul on CUDA (kernels/dequant_matmul.cu): f32/f16/bf16 activations
 // times a GGUF block-quantized weight (q8_0, q4_0, q4_k, q5_k, q6_k), the
 // dequantization fused into the kernel. A weight stored [N, K] with M <=
-// 8 takes the matvec kernel (a block of 4 warps per 2 weight rows, the
-// blocks read once for all rows of x); with more rows the tensor-core kernel
+// 8 takes the matvec kernel (a block of 4 warps per 2, 4 or 8 weight rows,
+// the blocks read once for all rows of x; q4_k / q8_0 with f32 activations
+// only up to 2 rows); with more rows the tensor-core kernel
 // (mma.sync on the codes, scales applied in f32 per group, f32 activations
 // as bf16 hi + lo; sm_80 and newer, else the matvec kernel up to 32 rows);
 // everything else ([K, N] weights, or older devices past 32 rows) the tiled
 // kernel (32 x 64 tiles, weight tiles decoded into shared memory, FMA).
 // f16 / bf16 activations with many rows may instead take the lt path: the
 // weight dequantized into a workspace of the activation type, then a
-// cuBLASLt GEMM (f32 accumulation).
+// cuBLASLt GEMM (f32 accumulation); not run on a GPU yet, so only where
+// KILN_DEQUANT_PATH=lt asks.
 // KILN_DEQUANT_PATH=matvec|mma|tiled|lt and KILN_DEQUANT_SPLITS=n override the
 // choices where the shape allows (benchmarks time each).
 #include <algorithm>
@@ -37,7 +39,8 @@ using backend::KernelSpec;
 constexpr int kMatVecRowsPerBlock = 2;
 constexpr unsigned kMatVecThreads = 128;
 // Up to 32 rows of x may take the matvec kernel (the weights re-read per 8
-// rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel.
+// rows, mostly from L2); on sm_80+ rows past 8 take the tensor-core kernel,
+// and for q4_k / q8_0 weights with f32 activations rows past 2 (MatVecMaxM).
 constexpr int64_t kMatVecMaxM = 32, kMatVecMaxMWithMma = 8;
 // dequant_matmul.cu's DQ_MMA_ROWS weight rows per block of 4 warps.
 constexpr int64_t kMmaRows = 64;
@@ -48,15 +51,18 @@ constexpr unsigned kTileThreads = 256;
 // The lt path's cuBLASLt workspace, at the front of the stream's workspace;
 // the dequantized weight follows it.
 constexpr int64_t kLtWorkspaceBytes = int64_t{32} << 20;
-// Rows of x from which f16 / bf16 activations take the lt path by default:
-// 0 = never (not yet chosen by a measurement).
+// Rows of x from which f16 / bf16 activations would take the lt path by
+// default: 0 = never. On an H100 (docs/benchmarks.md "dqv10") the mma kernel
+// took 518-2244 us for 14336 x 4096 / 4096 x 14336 at M = 128 and 512 with
+// bf16 activations against 46-88 us for PyTorch's bf16 F.linear, but the lt
+// path itself has not run on a GPU: opt-in (KILN_DEQUANT_PATH=lt) until it has.
 constexpr int64_t kLtMinRows = 0;
 
 enum class Path { kMatVec, kMma, kTiled, kLt };
 
 bool HasMma(const CudaDevice& d) { return d.caps().cc_major >= 8; }
 
-// The tensor-core kernel serves batches of more than 8 rows by default: it
+// The tensor-core kernel serves batches of more than 2 rows by default: it
 // passed CudaDequantMatMulTest.TensorCoresEveryBlockType on an H100 (stop 25)
 // and is 3-5x faster than the matvec / tiled kernels at M 16..512
 // (docs/benchmarks.md "Coordinator, stop 25"). KILN_DEQUANT_MMA=0 turns it off
@@ -82,7 +88,14 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
       s.m >= kLtMinRows) {
     return Path::kLt;
   }
-  if (HasMma(d) && MmaByDefault()) return s.m <= kMatVecMaxMWithMma ? Path::kMatVec : Path::kMma;
+  if (HasMma(d) && MmaByDefault()) {
+    // 3..8 rows of x on the tensor cores' one-tile instance where an H100 ran
+    // and timed it (q4_k / q8_0, f32 activations: 1.3-3.5x faster than the
+    // matvec m4 / m8 instances); elsewhere the matvec kernel up to 8.
+    const bool mma_small = s.act == v1::DTYPE_F32 &&
+                           (s.wtype == v1::DTYPE_Q4_K || s.wtype == v1::DTYPE_Q8_0);
+    return s.m <= (mma_small ? 2 : kMatVecMaxMWithMma) ? Path::kMatVec : Path::kMma;
+  }
   return s.m <= kMatVecMaxM ? Path::kMatVec : Path::kTiled;
 }
 
@@ -92,24 +105,32 @@ Path PathFor(const CudaDevice& d, const DequantMatMulShape& s) {
 int MatVecRows(int64_t m) { return m <= 1 ? 1 : m <= 4 ? 4 : 8; }
 
 // The mma kernel's ksteps loaded ahead: 2, or 1 where KILN_DEQUANT_MMA_PREFETCH=1
-// asks (a benchmark's comparison).
+// asks (faster in 9 of 14 of round 1's comparisons on an H100, but only the
+// 2 form ran the GPU tests, so it stays the default).
 int MmaPrefetch() {
   const char* env = std::getenv("KILN_DEQUANT_MMA_PREFETCH");
   return env != nullptr && std::string_view(env) == "1" ? 1 : 2;
 }
 
-// The mma instance's n8 tiles of x per block (8 NT rows of x).
+// The mma instance's n8 tiles of x per block (8 NT rows of x): one for
+// M <= 8 (where it beat the matvec kernel's 4- and 8-row instances 1.3-3.5x
+// on an H100 for q4_k / q8_0, its time flat in M).
 int MmaTiles(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
-// Weight rows per block of the matvec kernel: 2, or 4 / 8 where
-// KILN_DEQUANT_MV_ROWS asks (a benchmark's sweep).
-int MatVecRowsPerBlock(int64_t m) {
+// Weight rows per block of the matvec kernel (KILN_DEQUANT_MV_ROWS=2|4|8
+// overrides it for a benchmark's sweep). One row of x: 8 for q4_k, 4 for
+// q8_0, the fastest of 2 / 4 / 8 on an H100 (docs/benchmarks.md "dqv10":
+// q4_k 14336 x 4096 at 0.35 / 0.41 / 0.47 of copy, q8_0 0.70 / 0.74 / 0.68);
+// the types not timed there and more rows of x keep 2.
+int MatVecRowsPerBlock(int64_t m, DType wtype) {
   if (const char* env = std::getenv("KILN_DEQUANT_MV_ROWS"); env != nullptr) {
     const std::string_view v(env);
+    if (v == "2") return 2;
     if (v == "4") return 4;
     if (v == "8") return 8;
   }
-  return kMatVecRowsPerBlock;
+  if (m > 1) return kMatVecRowsPerBlock;
+  return wtype == v1::DTYPE_Q4_K ? 8 : wtype == v1::DTYPE_Q8_0 ? 4 : kMatVecRowsPerBlock;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -120,7 +141,7 @@ Claim SupportsDequantMatMul(const CudaDevice& d, const KernelSpec& spec) {
   bool fits = true;
   switch (PathFor(d, *s)) {
     case Path::kMatVec:
-      fits = CeilDiv(s->n, MatVecRowsPerBlock(s->m)) <= d.caps().max_grid_x;
+      fits = CeilDiv(s->n, MatVecRowsPerBlock(s->m, s->wtype)) <= d.caps().max_grid_x;
       break;
     case Path::kMma:
     case Path::kLt:  // its fallback for misaligned x or y is the mma kernel
@@ -367,7 +388,7 @@ absl::StatusOr<std::unique_ptr<backend::Kernel>> CreateDequantMatMul(
   const Path path = PathFor(d, shape);
   // The lt path also loads the mma kernel (its fallback for misaligned x, y).
   const Path kernel_path = path == Path::kLt ? Path::kMma : path;
-  const int mv_rows = MatVecRowsPerBlock(shape.m);
+  const int mv_rows = MatVecRowsPerBlock(shape.m, shape.wtype);
   std::string kind;
   switch (kernel_path) {
     case Path::kMatVec:

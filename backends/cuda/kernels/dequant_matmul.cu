@@ -212,43 +212,18 @@ __device__ __forceinline__ float dq_u2f(unsigned v) {
   return __uint_as_float(0x4B000000u | v) - 8388608.0f;
 }
 
-// Lane `sub`'s share of the block at b, as raw words (dq_unit_load: the
-// loads alone, so that a caller can put several rows' loads in flight
-// before it decodes any), then decoded (dq_unit_decode): NRUN runs of 16
-// weights as f (see above), each run's w x sum being a[r] S_f + c[r] S_x.
-#define DQ_RAW 12  // q5_k: header, quants, high bits; q6_k 11
+// Lane `sub`'s share of the block at b: NRUN runs of 16 weights as f (see
+// above), each run's w x sum being a[r] S_f + c[r] S_x.
 template <int WT>
-__device__ __forceinline__ void dq_unit_load(const k_u8* b, int sub, bool al16,
-                                             unsigned r[DQ_RAW]) {
-  if (WT == DQ_Q8_0) {  // d, then 16 codes: lanes 0, 1 take weights 0..15, 16..31
-    r[0] = dq_u16(b);
-    dq_ld16w(b + 2 + 16 * sub, r + 1, false);
-  } else if (WT == DQ_Q4_0) {  // d, then 32 nibbles
-    r[0] = dq_u16(b);
-    dq_ld16w(b + 2, r + 1, false);
-  } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
-    // d, dmin, scales[12]; quant bytes 16 sub .. 16 sub + 15; q5_k's high bits
-    dq_ld16w(b, r, al16);
-    dq_ld16w(b + (WT == DQ_Q4_K ? 16 : 48) + 16 * sub, r + 4, al16);
-    if (WT == DQ_Q5_K) dq_ld16w(b + 16 + 16 * (sub & 1), r + 8, al16);
-  } else {  // q6_k: ql, qh, d and the two groups' scales (dq_unit_decode has the layout)
-    const int half = sub >> 2, jj = (sub >> 1) & 1, t0 = 16 * (sub & 1);
-    dq_ld16w(b + 64 * half + 32 * jj + t0, r, false);
-    dq_ld16w(b + 128 + 32 * half + t0, r + 4, false);
-    r[8] = dq_u16(b + 208);
-    r[9] = b[192 + 2 * (4 * half + jj) + (sub & 1)];
-    r[10] = b[192 + 2 * (4 * half + jj + 2) + (sub & 1)];
-  }
-}
-
-template <int WT>
-__device__ __forceinline__ void dq_unit_decode(const unsigned r[DQ_RAW], int sub, float f[][16],
-                                               float a[], float c[]) {
-  if (WT == DQ_Q8_0) {
-    const float d = k_f16_to_f32(static_cast<unsigned short>(r[0]));
+__device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float f[][16],
+                                        float a[], float c[]) {
+  if (WT == DQ_Q8_0) {  // lanes 0, 1: weights 0..15, 16..31
+    const float d = k_f16_to_f32(dq_u16(b));
+    unsigned q[4];
+    dq_ld16w(b + 2 + 16 * sub, q, false);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const unsigned u = r[1 + i] ^ 0x80808080u;
+      const unsigned u = q[i] ^ 0x80808080u;
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         f[0][4 * i + t] =
@@ -257,73 +232,70 @@ __device__ __forceinline__ void dq_unit_decode(const unsigned r[DQ_RAW], int sub
       }
     }
     a[0] = d, c[0] = 0.0f;
-  } else if (WT == DQ_Q4_0) {  // low nibbles 0..15, high 16..31
-    const float d = k_f16_to_f32(static_cast<unsigned short>(r[0]));
-    dq_nib16(r + 1, 0, f[0]);
-    dq_nib16(r + 1, 1, f[1]);
+  } else if (WT == DQ_Q4_0) {  // one lane: low nibbles 0..15, high 16..31
+    const float d = k_f16_to_f32(dq_u16(b));
+    unsigned q[4];
+    dq_ld16w(b + 2, q, false);
+    dq_nib16(q, 0, f[0]);
+    dq_nib16(q, 1, f[1]);
     a[0] = a[1] = 16.0f * d;
     c[0] = c[1] = -24.0f * d;
   } else if (WT == DQ_Q4_K || WT == DQ_Q5_K) {
     // Lane sub: quant bytes 16 sub .. 16 sub + 15, groups 2 (sub / 2) (low
     // nibbles) and 2 (sub / 2) + 1 (high), elements 16 (sub % 2) + 0..15.
-    const unsigned* h = r;
-    const unsigned* q = r + 4;
-    const unsigned* qh = r + 8;
+    unsigned h[4], q[4];
+    dq_ld16w(b, h, al16);  // d, dmin, scales[12]
+    dq_ld16w(b + (WT == DQ_Q4_K ? 16 : 48) + 16 * sub, q, al16);
+    unsigned qh[4];
+    if (WT == DQ_Q5_K) dq_ld16w(b + 16 + 16 * (sub & 1), qh, al16);
     const float d = k_f16_to_f32(static_cast<unsigned short>(h[0] & 0xffffu));
     const float dmin = k_f16_to_f32(static_cast<unsigned short>(h[0] >> 16));
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int g = 2 * (sub >> 1) + e;
-      unsigned sv, mv;
-      dq_scale_min_k4(h + 1, g, sv, mv);
-      const float dg = d * dq_u2f(sv), mg = dmin * dq_u2f(mv);
+    for (int r = 0; r < 2; ++r) {
+      const int g = 2 * (sub >> 1) + r;
+      unsigned s, m;
+      dq_scale_min_k4(h + 1, g, s, m);
+      const float dg = d * dq_u2f(s), mg = dmin * dq_u2f(m);
       if (WT == DQ_Q4_K) {
-        dq_nib16(q, e, f[e]);
-        a[e] = 16.0f * dg;
-        c[e] = -(16.0f * dg + mg);
+        dq_nib16(q, r, f[r]);
+        a[r] = 16.0f * dg;
+        c[r] = -(16.0f * dg + mg);
       } else {  // c = nibble | bit g of qh << 4, as 1 + c / 32
         unsigned bb[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          bb[i] = (((q[i] >> (4 * e)) & 0x0F0F0F0Fu) << 2) | (((qh[i] >> g) & 0x01010101u) << 6) |
+          bb[i] = (((q[i] >> (4 * r)) & 0x0F0F0F0Fu) << 2) | (((qh[i] >> g) & 0x01010101u) << 6) |
                   0x80808080u;
         }
-        dq_mant16(bb, f[e]);
-        a[e] = 32.0f * dg;
-        c[e] = -(32.0f * dg + mg);
+        dq_mant16(bb, f[r]);
+        a[r] = 32.0f * dg;
+        c[r] = -(32.0f * dg + mg);
       }
     }
   } else {  // q6_k
     // Lane sub: ql bytes 64 half + 16 (sub % 4), half = sub / 4: the low
     // nibbles are group ga = 4 half + jj, the high ones ga + 2, elements
     // t0 + 0..15 of each (jj = (sub / 2) % 2, t0 = 16 (sub % 2)).
-    const int jj = (sub >> 1) & 1;
-    const unsigned* ql = r;
-    const unsigned* qh = r + 4;
-    const float d = k_f16_to_f32(static_cast<unsigned short>(r[8]));
+    const int half = sub >> 2, jj = (sub >> 1) & 1, t0 = 16 * (sub & 1);
+    unsigned ql[4], qh[4];
+    dq_ld16w(b + 64 * half + 32 * jj + t0, ql, false);
+    dq_ld16w(b + 128 + 32 * half + t0, qh, false);
+    const float d = k_f16_to_f32(dq_u16(b + 208));
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int hshift = 2 * (jj + 2 * e);
+    for (int r = 0; r < 2; ++r) {
+      const int g = 4 * half + jj + 2 * r, hshift = 2 * (jj + 2 * r);
       unsigned bb[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        bb[i] = (((ql[i] >> (4 * e)) & 0x0F0F0F0Fu) << 1) |
+        bb[i] = (((ql[i] >> (4 * r)) & 0x0F0F0F0Fu) << 1) |
                 (((qh[i] >> hshift) & 0x03030303u) << 5) | 0x80808080u;
       }
-      dq_mant16(bb, f[e]);
-      const float sc = d * static_cast<float>(dq_i8(r[9 + e]));
-      a[e] = 64.0f * sc;
-      c[e] = -96.0f * sc;
+      dq_mant16(bb, f[r]);
+      const float s = d * static_cast<float>(static_cast<signed char>(b[192 + 2 * g + (sub & 1)]));
+      a[r] = 64.0f * s;
+      c[r] = -96.0f * s;
     }
   }
-}
-
-template <int WT>
-__device__ __forceinline__ void dq_unit(const k_u8* b, int sub, bool al16, float f[][16],
-                                        float a[], float c[]) {
-  unsigned r[DQ_RAW];
-  dq_unit_load<WT>(b, sub, al16, r);
-  dq_unit_decode<WT>(r, sub, f, a, c);
 }
 
 // Where run r of lane sub's share starts within its block (elements).
@@ -390,11 +362,6 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R]
     // rows per block keep the registers of R = 2). The same sums in the same
     // order as below.
     for (int b = first; b < nb; b += stride) {
-      unsigned raw[R][DQ_RAW];  // every row's loads in flight before any decoding
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        dq_unit_load<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, raw[r]);
-      }
       float xv[NRUN][16], sx[NRUN];
 #pragma unroll
       for (int run = 0; run < NRUN; ++run) {
@@ -408,7 +375,7 @@ __device__ __forceinline__ void dq_mv_lane(const T* x, const k_u8* const rows[R]
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float f[NRUN][16], a[NRUN], c[NRUN];
-        dq_unit_decode<WT>(raw[r], sub, f, a, c);
+        dq_unit<WT>(rows[r] + static_cast<k_i64>(b) * BB, sub, al16, f, a, c);
 #pragma unroll
         for (int run = 0; run < NRUN; ++run) {
           float s0 = 0.0f, s1 = 0.0f;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -173,34 +174,6 @@ class CudaDequantMatMulTest : public ::testing::Test {
   std::unique_ptr<backend::Stream> stream_;
 };
 
-TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
-  for (DType wt : kBlockTypes) {
-    Check({wt, v1::DTYPE_F32, 1, 1031, 1024, true, 0});
-    Check({wt, v1::DTYPE_F32, 3, 257, 512, true, 0});
-  }
-  // An LLM layer's shape (4096 x 4096), decode.
-  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
-  Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
-}
-
-// Batches up to 8 rows take the matvec kernel: the instances for 1, 4 and
-// 8 rows of x per pass, an odd row count (the block's second weight row past
-// N) and K that leaves some of a block's warps without a quant block.
-TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
-  for (DType wt : kBlockTypes) {
-    for (int64_t m : {2, 4, 5, 8}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
-    Check({wt, v1::DTYPE_F32, 2, 33, 256, true, 0});
-    Check({wt, v1::DTYPE_BF16, 5, 33, 768, true, 0});
-  }
-  // A decode batch of a 14336 x 4096 layer (the bench's shape).
-  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
-}
-
-// More rows take the tensor-core kernel (sm_80+): the 2, 4 and 8-tile
-// instances, rows of x and weight rows ending inside a tile, K of half a
-// kstep more (q8_0, q4_0), f16 and bf16 activations, and shapes whose
-// tiles are too few for the device, so K is split (the partials summed by
-// the reduction kernel).
 // Sets KILN_DEQUANT_MMA for one test: "1" (the default, kernels_dequant_matmul.cc's
 // MmaByDefault, made explicit so a user's environment cannot change what the test
 // checks) or "0" (the tensor-core kernel off).
@@ -211,6 +184,58 @@ class ScopedMmaDefault {
   ScopedMmaDefault(const ScopedMmaDefault&) = delete;
   ScopedMmaDefault& operator=(const ScopedMmaDefault&) = delete;
 };
+
+// Forces KILN_DEQUANT_PATH (a kernel the default would not pick) for one test.
+class ScopedDequantPath {
+ public:
+  explicit ScopedDequantPath(const char* path) { setenv("KILN_DEQUANT_PATH", path, 1); }
+  ~ScopedDequantPath() { unsetenv("KILN_DEQUANT_PATH"); }
+  ScopedDequantPath(const ScopedDequantPath&) = delete;
+  ScopedDequantPath& operator=(const ScopedDequantPath&) = delete;
+};
+
+TEST_F(CudaDequantMatMulTest, MatVecEveryBlockType) {
+  for (DType wt : kBlockTypes) {
+    Check({wt, v1::DTYPE_F32, 1, 1031, 1024, true, 0});
+    Check({wt, v1::DTYPE_F32, 3, 257, 512, true, 0});
+  }
+  // An LLM layer's shape (4096 x 4096), decode.
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
+  Check({v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 4096, 4096, true, 0});
+}
+
+// Batches up to 8 rows on the matvec kernel (q4_k / q8_0 with f32
+// activations take it only up to 2 by default; forced here): the instances for 1, 4 and 8 rows
+// of x per pass, an odd row count (the block's second weight row past N) and
+// K that leaves some of a block's warps without a quant block.
+TEST_F(CudaDequantMatMulTest, MatVecBatchesAndPasses) {
+  ScopedDequantPath matvec("matvec");
+  for (DType wt : kBlockTypes) {
+    for (int64_t m : {2, 4, 5, 8}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
+    Check({wt, v1::DTYPE_F32, 2, 33, 256, true, 0});
+    Check({wt, v1::DTYPE_BF16, 5, 33, 768, true, 0});
+  }
+  // A decode batch of a 14336 x 4096 layer (the bench's shape).
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
+}
+
+// The tensor-core kernel's one-tile instance (mma_n1; the default for q4_k /
+// q8_0 with f32 activations at 3..8 rows, forced here for the rest): every
+// block type, f32 / bf16, a decode batch of a 14336 x 4096 layer.
+TEST_F(CudaDequantMatMulTest, SmallBatchesOnTheTensorCores) {
+  ScopedDequantPath mma("mma");
+  for (DType wt : kBlockTypes) {
+    for (int64_t m : {3, 5, 8}) Check({wt, v1::DTYPE_F32, m, 67, 512, true, 0});
+    Check({wt, v1::DTYPE_BF16, 4, 130, 768, true, 0});
+  }
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_F32, 8, 14336, 4096, true, 0});
+}
+
+// More rows take the tensor-core kernel (sm_80+): the 2, 4 and 8-tile
+// instances, rows of x and weight rows ending inside a tile, K of half a
+// kstep more (q8_0, q4_0), f16 and bf16 activations, and shapes whose
+// tiles are too few for the device, so K is split (the partials summed by
+// the reduction kernel).
 
 TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
   ScopedMmaDefault mma;
@@ -235,7 +260,7 @@ TEST_F(CudaDequantMatMulTest, TensorCoresEveryBlockType) {
 TEST_F(CudaDequantMatMulTest, PathByBatchWithTheTensorCoresOff) {
   ScopedMmaDefault off("0");
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
-           {1, "matvec_m1"}, {8, "matvec_m8"}, {9, "matvec_m8"}, {32, "matvec_m8"},
+           {1, "matvec_r8_m1"}, {8, "matvec_m8"}, {9, "matvec_m8"}, {32, "matvec_m8"},
            {33, "matmul"}}) {
     const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_F32, m, 64, 256, true, 0};
     backend::PrepareContext ctx;
@@ -247,9 +272,9 @@ TEST_F(CudaDequantMatMulTest, PathByBatchWithTheTensorCoresOff) {
 }
 
 TEST_F(CudaDequantMatMulTest, PathByBatch) {
-  unsetenv("KILN_DEQUANT_MMA");  // the default: tensor cores past 8 rows
+  unsetenv("KILN_DEQUANT_MMA");  // the default: tensor cores past 2 rows
   for (const auto& [m, path] : std::vector<std::pair<int64_t, std::string>>{
-           {1, "matvec_m1"}, {2, "matvec_m4"}, {3, "matvec_m4"}, {8, "matvec_m8"},
+           {1, "matvec_r8_m1"}, {2, "matvec_m4"}, {3, "mma_n1"}, {8, "mma_n1"},
            {9, "mma_n2"}, {32, "mma_n4"}, {33, "mma_n8"}, {300, "mma_n8"}}) {
     const Problem p{v1::DTYPE_Q4_K, v1::DTYPE_F32, m, 64, 256, true, 0};
     backend::PrepareContext ctx;
@@ -270,28 +295,38 @@ TEST_F(CudaDequantMatMulTest, PathByBatch) {
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   EXPECT_NE((*kernel)->implementation().find("nvrtc:dequant_mma_n2_q4_k_f32_split"),
             std::string::npos)
-      << (*kernel)->implementation();
+      << (*kernel)->implementation();  // One row of x, other block types: 4 weight rows per block.
+  const Problem q8{v1::DTYPE_Q8_0, v1::DTYPE_F32, 1, 64, 256, true, 0};
+  kernel = dev_->PrepareKernel(SpecOf(q8), ctx);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*kernel)->implementation(), "nvrtc:dequant_matvec_r4_m1_q8_0_f32");
+  // Block types and activations not timed on a GPU keep 2 rows per block
+  // and the matvec kernel up to 8 rows; bf16 at 64 rows keeps the tensor cores
+  // (the lt path is opt-in).
+  for (const auto& [wt, act, m, impl] :
+       std::vector<std::tuple<DType, DType, int64_t, std::string>>{
+           {v1::DTYPE_Q6_K, v1::DTYPE_F32, 1, "nvrtc:dequant_matvec_m1_q6_k_f32"},
+           {v1::DTYPE_Q5_K, v1::DTYPE_F32, 5, "nvrtc:dequant_matvec_m8_q5_k_f32"},
+           {v1::DTYPE_Q4_K, v1::DTYPE_BF16, 8, "nvrtc:dequant_matvec_m8_q4_k_bf16"},
+           {v1::DTYPE_Q4_K, v1::DTYPE_BF16, 64, "nvrtc:dequant_mma_n8_q4_k_bf16"}}) {
+    const Problem p{wt, act, m, 64, 256, true, 0};
+    kernel = dev_->PrepareKernel(SpecOf(p), ctx);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_EQ((*kernel)->implementation(), impl);
+  }
 }
 
 // The lt path (KILN_DEQUANT_PATH=lt: the weight dequantized into an f16 /
 // bf16 workspace, then a cuBLASLt GEMM): every block type, both activation
-// types, a long batch of a 14336 x 4096 layer; f32 activations keep the
+// types, a batch of 64 of a 4096 x 4096 layer; f32 activations keep the
 // tensor-core kernel (a 16-bit workspace would miss their tolerance).
-class ScopedDequantPath {
- public:
-  explicit ScopedDequantPath(const char* path) { setenv("KILN_DEQUANT_PATH", path, 1); }
-  ~ScopedDequantPath() { unsetenv("KILN_DEQUANT_PATH"); }
-  ScopedDequantPath(const ScopedDequantPath&) = delete;
-  ScopedDequantPath& operator=(const ScopedDequantPath&) = delete;
-};
-
 TEST_F(CudaDequantMatMulTest, DequantizeThenCublasLt) {
   ScopedDequantPath lt("lt");
   for (DType wt : kBlockTypes) {
     Check({wt, v1::DTYPE_BF16, 40, 130, 768, true, 0});
     Check({wt, v1::DTYPE_F16, 129, 64, 512, true, 0});
   }
-  Check({v1::DTYPE_Q4_K, v1::DTYPE_BF16, 256, 14336, 4096, true, 0});
+  Check({v1::DTYPE_Q4_K, v1::DTYPE_BF16, 64, 4096, 4096, true, 0});
   for (const auto& [act, impl] : std::vector<std::pair<DType, std::string>>{
            {v1::DTYPE_BF16, "nvrtc:dequant_to_q8_0_bf16+cublasLt"},
            {v1::DTYPE_F32, "nvrtc:dequant_mma_n8_q8_0_f32"}}) {
