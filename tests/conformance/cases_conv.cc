@@ -86,7 +86,7 @@ Case MakeConv(const ConvShape& s, DType dtype) {
                         absl::StrJoin(s.w, "x"));
   std::mt19937_64 rng = RngFor(c.name);
   const int sp = static_cast<int>(s.x.size()) - 2;
-  auto get = [sp](const std::vector<int64_t>& v, int i, int64_t def) {
+  auto get = [](const std::vector<int64_t>& v, int i, int64_t def) {
     return v.empty() ? def : v[i];
   };
   Dims out = {s.x[0], s.w[0]};
