@@ -670,7 +670,27 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
     return r;
   };
   // The first step of each prepares the training set on kilnd's work pool.
-  EXPECT_EQ(socket_step(1).loss(), grpc_step(1).loss());
+  // Its report gives the cost model's estimate of the step: a step estimated
+  // past server/rpc_train.cc's 100 ms goes to the device's thread by design.
+  // A sanitizer build's calibration measures its own instrumented probes and
+  // can put this step there (make test-asan): the premise is gone, not the
+  // behaviour, so the test says so and stops.
+  v1::TrainStepRequest first = batch(over_grpc, 1);
+  first.set_report(true);
+  v1::TrainStepResponse g1;
+  {
+    grpc::Status g = stub->TrainStep(Context(kAlice).get(), first, &g1);
+    ASSERT_TRUE(g.ok()) << g.error_message();
+  }
+  EXPECT_EQ(socket_step(1).loss(), g1.loss());
+  double estimate = 0;
+  for (const v1::DeviceEstimate& e : g1.report().placement().estimates()) {
+    if (e.device() == g1.report().placement().chosen()) estimate = e.estimate_micros();
+  }
+  if (estimate <= 0 || estimate > 100'000) {
+    GTEST_SKIP() << "the cost model puts this step at " << estimate
+                 << " us on this build, not within (0, 100 ms]: it runs on the device's thread";
+  }
   double before = caller_runs();
   for (int step = 2; step <= 4; ++step) {
     const v1::TrainStepResponse g = grpc_step(step);
