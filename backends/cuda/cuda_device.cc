@@ -272,6 +272,37 @@ absl::Status CudaDevice::Check(CUresult r, const char* call) const {
   return s;
 }
 
+absl::StatusOr<cublasLtMatmulAlgo_t> CudaDevice::LtHeuristicAlgo(
+    cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+    cublasLtMatrixLayout_t c, uint64_t workspace_bytes, uint32_t min_alignment,
+    absl::string_view what) {
+  const CublasLtApi& lt = CublasLt();
+  KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, LtHandle());
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_RETURN_IF_ERROR(
+      CheckCublas(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+  lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                          &workspace_bytes, sizeof(workspace_bytes));
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &min_alignment, sizeof(min_alignment));
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const absl::Status s =
+      CheckCublas(lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, c, pref, 1, &result,
+                                                    &found),
+                  "cublasLtMatmulAlgoGetHeuristic");
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  KILN_RETURN_IF_ERROR(s) << "for " << what;
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnimplementedError(
+        absl::StrCat(info_.id, ": cuBLASLt has no algorithm for ", what));
+  }
+  return result.algo;
+}
+
 absl::Status CudaDevice::CheckCublas(cublasStatus_t r, const char* call) const {
   absl::Status s = CublasCheck(r, call, info_.id);
   if (!s.ok() && backend::FaultedDevice(s)) MarkFaulted(s);

@@ -113,6 +113,17 @@ class CudaDevice final : public backend::Device, public backend::HostMemoryRegis
 
   // cuBLASLt handle (created at first use; cuBLASLt handles are thread-safe).
   absl::StatusOr<cublasLtHandle_t> LtHandle();
+  // cuBLASLt's first heuristic choice for `desc` over the layouts a, b and c
+  // (c is also the output's), within `workspace_bytes` of workspace and for
+  // operands aligned to `min_alignment` bytes. UNIMPLEMENTED naming `what`
+  // when cuBLASLt has none.
+  absl::StatusOr<cublasLtMatmulAlgo_t> LtHeuristicAlgo(cublasLtMatmulDesc_t desc,
+                                                       cublasLtMatrixLayout_t a,
+                                                       cublasLtMatrixLayout_t b,
+                                                       cublasLtMatrixLayout_t c,
+                                                       uint64_t workspace_bytes,
+                                                       uint32_t min_alignment,
+                                                       absl::string_view what);
   // The cuBLASLt algorithms chosen on this device, by the product's key
   // (kernels_matmul.cc): each shape asks the heuristic or the kernel cache
   // once per device.

@@ -204,32 +204,9 @@ class DequantMatMulKernel final : public CudaKernel {
                                              "cublasLtMatrixLayoutCreate(B)"));
     KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatrixLayoutCreate(&c_, type, n, m, n),
                                              "cublasLtMatrixLayoutCreate(C)"));
-    KILN_ASSIGN_OR_RETURN(cublasLtHandle_t handle, device_.LtHandle());
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatmulPreferenceCreate(&pref),
-                                             "cublasLtMatmulPreferenceCreate"));
-    const uint64_t ws = kLtWorkspaceBytes;
-    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof(ws));
-    const uint32_t align = 16;
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const absl::Status st = device_.CheckCublas(
-        lt.cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, c_, c_, pref, 1, &result, &found),
-        "cublasLtMatmulAlgoGetHeuristic");
-    lt.cublasLtMatmulPreferenceDestroy(pref);
-    KILN_RETURN_IF_ERROR(st);
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
-      return absl::UnimplementedError(absl::StrCat(device_.info().id,
-                                                   ": cuBLASLt has no algorithm for dequant_matmul ",
-                                                   m, "x", n, "x", k));
-    }
-    algo_ = result.algo;
+    KILN_ASSIGN_OR_RETURN(algo_, device_.LtHeuristicAlgo(
+                                     desc_, a_, b_, c_, kLtWorkspaceBytes, 16,
+                                     absl::StrCat("dequant_matmul ", m, "x", n, "x", k)));
     return absl::OkStatus();
   }
 

@@ -279,38 +279,18 @@ class MatMulKernel final : public CudaKernel {
         return algos_[align] = *cached;
       }
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_RETURN_IF_ERROR(device_.CheckCublas(lt.cublasLtMatmulPreferenceCreate(&pref),
-                                             "cublasLtMatmulPreferenceCreate"));
-    const uint64_t ws = kWorkspaceBytes;
-    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof(ws));
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      lt.cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const absl::Status s = device_.CheckCublas(
-        lt.cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, c_, c_, pref, 1, &result, &found),
-        "cublasLtMatmulAlgoGetHeuristic");
-    lt.cublasLtMatmulPreferenceDestroy(pref);
-    KILN_RETURN_IF_ERROR(s) << "for " << key;
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
-      return absl::UnimplementedError(
-          absl::StrCat(device_.info().id, ": cuBLASLt has no algorithm for ", key));
-    }
+    KILN_ASSIGN_OR_RETURN(const cublasLtMatmulAlgo_t algo,
+                          device_.LtHeuristicAlgo(desc_, a_, b_, c_, kWorkspaceBytes, align, key));
     if (context != nullptr) ++context->kernel_cache_misses;
     slow.set_outcome("from the heuristic");
     if (binaries != nullptr) {
       binaries->Store(
           disk_key, EncodePrepareEntry(kAlgoEntry, disk_key,
-                                       std::string_view(reinterpret_cast<const char*>(&result.algo),
-                                                        sizeof(result.algo))));
+                                       std::string_view(reinterpret_cast<const char*>(&algo),
+                                                        sizeof(algo))));
     }
-    device_.KeepAlgo(key, result.algo);
-    return algos_[align] = result.algo;
+    device_.KeepAlgo(key, algo);
+    return algos_[align] = algo;
   }
 
   // The algorithm of `disk_key`'s entry when it decodes and cuBLASLt accepts
