@@ -92,6 +92,9 @@ absl::Status InferQuant(Ctx& c) {
       const auto& a = c.node.attrs.dequantize();
       const DType to = a.to() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : a.to();
       if (!IsFloat(to)) return c.Error("attribute to must be a float type");
+      // Before any operand is read (kiln_fuzz_graph_ingest: a dequantize with
+      // no operands read operand 0).
+      if (auto s = c.Arity(1, 3); !s.ok()) return s;
       if (IsQuantized(c.in(0).dtype)) {
         if (auto s = c.Arity(1, 1); !s.ok()) return s;
         if (auto s = CheckWholeBlockRows(c, 0); !s.ok()) return s;

@@ -202,7 +202,9 @@ absl::StatusOr<bool> FoldCast(Importer& c, DType to) {
       SetInt(b.t, i, x.t->GetAsDouble(i) != 0);
     } else if (int_out) {
       const double v = x.t->GetAsDouble(i);
-      if (!std::isfinite(v)) return false;  // the kernel's saturation rules apply
+      // Not finite or past int64: the kernel's saturation rules apply (a cast
+      // here would be undefined behaviour).
+      if (!std::isfinite(v) || v < -0x1p63 || v >= 0x1p63) return false;
       SetInt(b.t, i, static_cast<int64_t>(v));
     } else {
       b.t.SetFromDouble(i, IsInteger(x.t->dtype()) ? static_cast<double>(GetInt(*x.t, i))

@@ -82,6 +82,12 @@ struct Window {
 absl::StatusOr<Window> ReadWindow(Importer& c, const std::vector<int64_t>& kernel, bool ceil_mode,
                                   bool* extended) {
   const int64_t sp = static_cast<int64_t>(kernel.size());
+  // kernel_shape is the client's and may disagree with X's rank
+  // (kiln_fuzz_onnx_import: a 2-entry kernel_shape on a 1-D Conv read X's dims past the end).
+  if (sp + 2 != c.rank(0)) {
+    return c.Invalid(absl::StrCat("kernel_shape has ", sp, " entries; X of rank ", c.rank(0), " needs ",
+                                  c.rank(0) - 2));
+  }
   Window w;
   w.kernel = kernel;
   w.stride = c.AttrInts("strides").value_or(std::vector<int64_t>(sp, 1));

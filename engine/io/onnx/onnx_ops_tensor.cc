@@ -603,6 +603,10 @@ absl::Status ResizeOp(Importer& c) {
       else if (transform == "asymmetric") xo = o / s;
       else if (transform == "tf_half_pixel_for_nn") xo = (o + 0.5) / s;
       else return c.Invalid(absl::StrCat("unknown coordinate_transformation_mode \"", transform, "\""));
+      // Every tap past an edge clamps to it, so a source coordinate beyond the
+      // edges by more than the taps' reach picks the same elements: clamped
+      // here, it always fits the int64 casts below (a tiny scale made it ~1e24).
+      xo = std::clamp(xo, -4.0, static_cast<double>(n) + 4.0);
       if (taps == 1) {
         double r;
         if (nearest == "round_prefer_floor") r = xo == std::floor(xo) + 0.5 ? std::floor(xo) : std::round(xo);
@@ -761,7 +765,10 @@ absl::Status TriluOp(Importer& c) {
   int64_t k = 0;
   if (c.has(1)) {
     KILN_ASSIGN_OR_RETURN(double kd, c.Scalar(1));
-    k = static_cast<int64_t>(kd);
+    if (kd != kd) return c.Invalid("Trilu's k is NaN");
+    // Past +-2^62 every element is on one side of diagonal k; clamped, the
+    // value always fits int64 (a float k of 1e30 would not).
+    k = static_cast<int64_t>(std::clamp(kd, -0x1p62, 0x1p62));
   }
   const bool upper = c.AttrInt("upper", 1) != 0;
   const int64_t n = c.type(0).dims[c.rank(0) - 2], m = c.type(0).dims[c.rank(0) - 1];

@@ -383,6 +383,50 @@ TEST(OnnxImportHostile, ConvWeightRankIsChecked) {
       << r.status();
 }
 
+// A Conv whose kernel_shape has more entries than X has spatial dims is
+// refused before X's dims are read (kiln_fuzz_onnx_import, CI: a 2-entry
+// kernel_shape on a rank-3 X read X's dims past the end).
+TEST(OnnxImportHostile, ConvKernelShapeRankIsChecked) {
+  Model m(13);
+  m.Input("x", {1, 1, 7});
+  m.Init("w", {1, 1, 3}, {1, 2, 3});
+  Model::Ints(m.Node("Conv", {"x", "w"}, {"y"}), "kernel_shape", {3, 3});
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "kernel_shape has 2 entries; X of rank 3 needs 1"))
+      << r.status();
+  // The fuzzer's input itself (tests/fuzz/corpus/onnx_import).
+  std::ifstream in(std::string(KILN_SOURCE_DIR) +
+                       "/tests/fuzz/corpus/onnx_import/conv_kernel_shape_past_x_rank.onnx",
+                   std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(io::ImportOnnx(bytes, {}).ok());
+}
+
+// A float attribute that becomes an integer constant and fits no int64 is
+// refused, never cast (kiln_fuzz_onnx_import: UBSan's float-cast-overflow on
+// a Shrink bias of 1.9e21 over an int8 input).
+TEST(OnnxImportHostile, IntegerConstantsFromFloatAttributesMustFit) {
+  Model m(13);
+  m.Input("x", {5}, onnx::TensorProto::INT8);
+  Model::Float(m.Node("Shrink", {"x"}, {"y"}), "bias", 1e30f);
+  m.Output("y");
+  auto r = Import(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "does not fit the integer type DTYPE_I8"))
+      << r.status();
+  std::ifstream in(std::string(KILN_SOURCE_DIR) +
+                       "/tests/fuzz/corpus/onnx_import/shrink_bias_past_int64.onnx",
+                   std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(io::ImportOnnx(bytes, {}).ok());
+}
+
 // A constant-foldable Add with one input: refused, never folded by reading a
 // second operand that is not there (kiln_fuzz_onnx_import).
 TEST(OnnxImportHostile, FoldedArithmeticChecksItsInputCount) {

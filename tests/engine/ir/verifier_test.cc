@@ -422,5 +422,20 @@ TEST(VerifierTest, QuantizedRowsMustBeWholeBlocks) {
                   .ok());
 }
 
+// Every op's operand count is checked before an operand is read
+// (kiln_fuzz_graph_ingest: a dequantize with no operands read operand 0).
+TEST(VerifierTest, OperandlessNodesAreRefusedBeforeTheirOperandsAreRead) {
+  for (const v1::OpKind op : {v1::OP_DEQUANTIZE, v1::OP_QUANTIZE, v1::OP_FAKE_QUANTIZE}) {
+    GraphBuilder b("g");
+    b.input("x", kF32, {int64_t{2}});
+    v1::Attrs attrs;
+    if (op == v1::OP_DEQUANTIZE) attrs.mutable_dequantize();
+    if (op == v1::OP_QUANTIZE) attrs.mutable_quantize()->set_bits(8);
+    if (op == v1::OP_FAKE_QUANTIZE) attrs.mutable_fake_quantize()->set_bits(8);
+    b.output("y", b.node(op, {}, attrs, "y"));
+    ExpectInvalid(b.Build(), "node 1 \"y\"", "operands, got 0");
+  }
+}
+
 }  // namespace
 }  // namespace kiln::ir
