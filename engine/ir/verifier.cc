@@ -114,6 +114,12 @@ absl::StatusOr<std::unique_ptr<Graph>> ImportGraph(const v1::Graph& proto,
   absl::flat_hash_set<std::string> source_names;
   for (const v1::Node& pn : proto.nodes()) {
     if (pn.id() < 0) return ProtoError(pn, "node ids must be >= 0");
+    // The compiler numbers the nodes it adds after the largest id
+    // (Graph::AddNode): a client's id near INT32_MAX left no room and
+    // overflowed it (kiln_fuzz_graph_ingest).
+    if (pn.id() > kMaxClientNodeId) {
+      return ProtoError(pn, absl::StrCat("node id ", pn.id(), " is over the limit of ", kMaxClientNodeId));
+    }
     if (!ids.insert(pn.id()).second) return ProtoError(pn, "duplicate node id");
     if (!v1::OpKind_IsValid(pn.op()) || pn.op() == v1::OP_KIND_UNSPECIFIED) {
       return ProtoError(pn, absl::StrCat("unknown op ", static_cast<int>(pn.op())));

@@ -18,6 +18,10 @@ namespace kiln::ir {
 
 // The newest graph.proto revision this compiler understands.
 inline constexpr int32_t kIrVersion = 1;
+// The largest node id a client may send: the ids above it (to INT32_MAX) are
+// left for the nodes the compiler adds (Graph::AddNode numbers them after the
+// largest id).
+inline constexpr int32_t kMaxClientNodeId = (int32_t{1} << 30) - 1;
 
 struct VerifyOptions {
   InferLimits limits;

@@ -3,8 +3,10 @@
 // graph, for graph-level limits). Plus Specialize.
 #include "engine/ir/verifier.h"
 
+#include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "clients/cpp/graph_builder.h"
 #include "engine/ir/text.h"
 #include "gmock/gmock.h"
@@ -420,6 +422,22 @@ TEST(VerifierTest, QuantizedRowsMustBeWholeBlocks) {
   EXPECT_TRUE(ParseGraph("input x: f32[3, 64]\nparam w: q4_0[5, 64]\n"
                          "let y = dequant_matmul(x, w, transpose_b=true)\nout y")
                   .ok());
+}
+
+// A node id near INT32_MAX is refused: the compiler numbers the nodes it adds
+// after the largest id (kiln_fuzz_graph_ingest: UBSan's signed overflow in
+// Graph::AddNode on id 2147483647).
+TEST(VerifierTest, NodeIdsLeaveRoomForTheCompilersNodes) {
+  for (const int32_t id : {kMaxClientNodeId + 1, std::numeric_limits<int32_t>::max()}) {
+    v1::Graph g = ReluOf(V{0, 0});
+    g.mutable_nodes(1)->set_id(id);
+    g.mutable_outputs(0)->mutable_value()->set_node(id);
+    ExpectInvalid(g, "(relu)", absl::StrCat("node id ", id, " is over the limit of ", kMaxClientNodeId));
+  }
+  v1::Graph g = ReluOf(V{0, 0});
+  g.mutable_nodes(1)->set_id(kMaxClientNodeId);
+  g.mutable_outputs(0)->mutable_value()->set_node(kMaxClientNodeId);
+  EXPECT_TRUE(ImportGraph(g).ok());
 }
 
 // Every op's operand count is checked before an operand is read
