@@ -17,6 +17,7 @@
 // admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
 // stdout (bench/run_all.sh collects one per line); progress goes to stderr.
 #include <sys/resource.h>
+#include <time.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -24,7 +25,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -129,27 +129,24 @@ double CpuSeconds(pid_t pid) {
   return s + ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// What a process has used so far, to the nanosecond: the sum of its threads'
-// on-CPU time (/proc/PID/task/*/schedstat, field 1) and its minor page faults
-// (/proc/PID/stat, field 10). Per run, around blocks of runs, it says where a
-// run's CPU goes (this process or kilnd) and whether a side faults per run;
-// clock ticks (CpuSeconds) are too coarse for one block. A thread that ended
-// takes its time with it: compare blocks, not the whole process.
+// What a process has used so far: its CPU time to the nanosecond (its
+// process CPU clock, clock_getcpuclockid: cheap, unlike reading every
+// thread's /proc file, which a block's figure would count) and its minor page
+// faults (/proc/PID/stat, field 10). Per run, around blocks of runs, it says
+// where a run's CPU goes (this process or kilnd) and whether a side faults per
+// run; clock ticks (CpuSeconds) are too coarse for one block.
 struct ProcUse {
   double cpu_us = 0;
   double minflt = 0;
 };
 
 ProcUse ReadProcUse(pid_t pid) {
-  const std::string dir = pid > 0 ? "/proc/" + std::to_string(pid) : "/proc/self";
   ProcUse u;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator(dir + "/task", ec)) {
-    std::ifstream in(task.path() / "schedstat");
-    double ns = 0;
-    if (in >> ns) u.cpu_us += ns / 1e3;
-  }
-  std::ifstream stat(dir + "/stat");
+  clockid_t clock = CLOCK_PROCESS_CPUTIME_ID;
+  if (pid > 0 && clock_getcpuclockid(pid, &clock) != 0) return u;
+  timespec ts{};
+  if (clock_gettime(clock, &ts) == 0) u.cpu_us = ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+  std::ifstream stat(pid > 0 ? "/proc/" + std::to_string(pid) + "/stat" : "/proc/self/stat");
   std::string line;
   std::getline(stat, line);
   std::istringstream rest(line.substr(line.rfind(')') + 2));  // field 3 onwards
