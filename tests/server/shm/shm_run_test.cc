@@ -722,6 +722,82 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
   EXPECT_TRUE(a == read(over_grpc)) << "the socket's steps trained other values";
 }
 
+// A session's run over the socket runs on the connection's own thread when
+// its device is idle, as a training step does (server/rpc_run.cc,
+// RunCall::RunOnCaller): the thread only waits for the answer, so the
+// hand-off to the device's thread and the wake back are saved. The same run
+// over gRPC, too long for the engine's short-run rule, goes to the device's
+// thread. kiln_device_caller_runs_total counts the runs on callers' threads;
+// the answers are the same.
+TEST_F(ShmRunTest, SessionRunsOverTheSocketRunOnTheConnectionsThread) {
+  // x f32[32, 512] through six 512 x 512 layers (~100 MFLOP): past the
+  // engine's 250 us rule, with an output small enough for an answer's bytes.
+  constexpr int kRows = 32;
+  constexpr int kWidth = 512;
+  std::string body = "x";
+  for (int layer = 0; layer < 6; ++layer) body = absl::StrCat("relu(", body, " @ w)");
+  const std::string graph = absl::StrCat("graph \"socket_run_wide\"\ninput x: f32[", kRows, ", ",
+                                         kWidth, "]\nparam w: f32[", kWidth, ", ", kWidth,
+                                         "]\nlet y = ", body, "\nout y\n");
+  v1::CreateSessionRequest create;
+  create.mutable_graph()->set_text(graph);
+  create.mutable_options()->set_device("cpu:0");
+  std::vector<double> w(kWidth * kWidth);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.002 * static_cast<double>(i % 17) - 0.016;
+  kiln::testing::AddTensor(create.mutable_params(), "w", v1::DTYPE_F32, {kWidth, kWidth}, w);
+  v1::CreateSessionResponse created;
+  auto stub = kilnd_->Stub();
+  {
+    grpc::Status s = stub->CreateSession(Context(kAlice).get(), create, &created);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  auto request = [&](int i) {
+    v1::RunRequest req;
+    req.set_session_id(created.session_id());
+    std::vector<double> x(kRows * kWidth);
+    for (size_t k = 0; k < x.size(); ++k) x[k] = std::sin(0.011 * static_cast<double>(k + 1) * i);
+    kiln::testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {kRows, kWidth}, x);
+    return req;
+  };
+  auto caller_runs = [] { return Metric("kiln_device_caller_runs_total", {{"device", "cpu:0"}}); };
+  // The first run compiles on kilnd's work pool; its report gives the cost
+  // model's estimate. The premise: past the engine's own 250 us rule (gRPC's
+  // runs go to the device's thread) and within rpc_run.cc's 100 ms bound.
+  v1::RunRequest first = request(1);
+  first.set_report(true);
+  v1::RunResponse r1;
+  ASSERT_TRUE(GrpcRun(first, &r1).ok());
+  double estimate = 0;
+  for (const v1::DeviceEstimate& e : r1.report().placement().estimates()) {
+    if (e.device() == r1.report().placement().chosen()) estimate = e.estimate_micros();
+  }
+  if (estimate <= 0 || estimate > 100'000) {
+    GTEST_SKIP() << "the cost model puts this run at " << estimate
+                 << " us on this build, not within (0, 100 ms]: it runs on the device's thread";
+  }
+  std::vector<v1::RunResponse> over_grpc;
+  double before = caller_runs();
+  for (int i = 2; i <= 4; ++i) {
+    v1::RunResponse r;
+    ASSERT_TRUE(GrpcRun(request(i), &r).ok());
+    over_grpc.push_back(Comparable(r));
+  }
+  ASSERT_EQ(caller_runs() - before, 0)
+      << "the run is short enough for the engine's own rule: the premise of this test is gone";
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  before = caller_runs();
+  for (int i = 2; i <= 4; ++i) {
+    v1::ShmServerMessage a = sock->Run(request(i));
+    ASSERT_EQ(a.code(), 0) << a.message();
+    v1::RunResponse r;
+    ASSERT_TRUE(r.ParseFromString(a.run_response()));
+    EXPECT_TRUE(Comparable(r).SerializeAsString() == over_grpc[i - 2].SerializeAsString())
+        << "run " << i << " answered differently over the socket";
+  }
+  EXPECT_EQ(caller_runs() - before, 3);
+}
+
 TEST_F(ShmRunTest, ClientSendsRunsOverTheSocketByItself) {
   ClientOptions options;
   options.api_key = kAlice;
