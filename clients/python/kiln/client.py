@@ -83,8 +83,10 @@ class TrainSession(Session):
         return self.last.loss
 
     def steps(self, batches):
-        """Trains on every batch of the iterable `batches` through one stream
-        (fewer round trips than step()); yields each batch's loss."""
+        """Trains on every batch of the iterable `batches`, each step sent
+        as soon as the one before it answered (over kilnd's shared-memory
+        socket when it is local, else one TrainSteps stream); yields each
+        batch's loss."""
         for resp in self.client.train_steps(self, batches):
             self.last = resp
             yield resp.loss
@@ -620,8 +622,12 @@ class Client:
     _STEPS_SHM_RING = 3
 
     def train_steps(self, session, batches):
-        """Steps of a training session over the iterable `batches` in one
-        TrainSteps stream; yields each step's TrainStepResponse in order.
+        """Steps of a training session over the iterable `batches`; yields
+        each step's TrainStepResponse in order. Over kilnd's shared-memory
+        socket when train_step() would go there (_SocketSteps: the next
+        step's message sent the moment the one before it answered OK;
+        last_train_steps_over_shm_socket tells), else (or for the batches the
+        socket could not take) in one TrainSteps stream.
 
         The batches go through shared memory when train_step() would use it
         (a local kilnd), each in a region of a small ring that is reused only
