@@ -316,11 +316,12 @@ class ShmTest(unittest.TestCase):
             del os.environ["KILN_SHM_TRAIN_STEP"]
 
     def test_train_steps_stream_over_the_shm_socket(self):
-        # steps() goes over kilnd's shared-memory socket by default, the next
-        # step sent as soon as the one before it answered OK: the same losses
-        # and params as unary steps over gRPC; a failed step ends the stream
-        # with nothing after it run; a caller that stops early had one more
-        # step sent, which runs, and the connection serves on.
+        # steps() goes over kilnd's shared-memory socket by default, each
+        # step sent once the one before it answered OK: the same losses and
+        # params as unary steps over gRPC; a failed step ends the stream with
+        # nothing after it run; the loop's body may use the client (its
+        # calls, a new region's registration included, go on the same
+        # connection); a caller that stops early ran no step it did not see.
         g = kiln.parse("graph \"tss\"\ninput x: f32[16, 8]\ninput y: i64[16]\n"
                        "param w: f32[8, 3]\nparam b: f32[3]\n"
                        "let loss = softmax_cross_entropy(x @ w + b, y)\nout loss\n")
@@ -354,15 +355,24 @@ class ShmTest(unittest.TestCase):
             self.assertEqual(len(seen), 2)
             sc.step(batches[3])
             self.assertEqual(sc.last.step, len(batches) + 3)
-            # Stopping after the first answer: the second step was already
-            # sent and runs; the connection then serves the next calls.
+            # Runs in the loop's body, each with an input larger than any
+            # region so far (a new region registered on the connection).
+            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            before = sc.last.step
+            for i, _ in enumerate(sc.steps(batches[:3])):
+                x = np.arange((i + 1) << 19, dtype=np.float32)
+                np.testing.assert_array_equal(s.run({"x": x})["y"], x * 2)
+                self.assertTrue(c.last_run_shared_memory)
+            self.assertTrue(c.last_train_steps_over_shm_socket)
+            self.assertEqual(sc.last.step, before + 3)
+            # Stopping after the first answer: no other step ran, and the
+            # connection serves the next calls.
             before = sc.last.step
             for _ in sc.steps(batches):
                 break
             sc.step(batches[4])
             self.assertTrue(c.last_train_step_over_shm_socket)
-            self.assertEqual(sc.last.step, before + 3)
-            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            self.assertEqual(sc.last.step, before + 2)
             x = np.arange(5, dtype=np.float32)
             np.testing.assert_array_equal(s.run({"x": x})["y"], x * 2)
             self.assertTrue(c.last_run_over_shm_socket)

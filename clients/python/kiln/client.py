@@ -227,14 +227,12 @@ class _SocketSteps:
     (docs/training.md "Steps over the socket"): each step is the train_step
     message train_step() sends, on the pool's connection, held for the whole
     stream. While a step runs, the next batch goes into a second region and
-    its message is built; it is sent the moment the step's answer says OK,
-    before that answer is parsed or yielded, so kilnd's connection thread finds
-    it waiting and the device goes from step to step with no wake-up and no
-    client work between them. A step is sent only after the one before it
-    answered OK: a failed step ends the stream and nothing after it runs, as
-    with TrainSteps. A caller that stops early may have had one more step sent
-    (it runs, and its answer is read before the connection serves anything
-    else), as TrainSteps reads ahead too.
+    its message is built, so that once the step's answer is yielded the next
+    step costs the device only a send. A step is sent only after the one
+    before it answered OK and its loss was taken: a failed step ends the
+    stream and nothing after it runs, as with TrainSteps, and a caller that
+    stops early ran no step it did not see. The connection is held only while
+    a step is in flight, so the caller's loop may use the client meanwhile.
 
     After responses() ends without an error, `fallback` is None when every
     batch ran here, else (batches not run, shared memory still usable): the
@@ -299,6 +297,7 @@ class _SocketSteps:
             return
         in_flight = False  # a step sent whose answer is not read yet
         lost = False       # the connection broke: its regions are kilnd's no more
+        locked = True      # conn._lock held
         try:
             data = self._message(first, region)
             if len(data) > conn.max_run_message_bytes:
@@ -314,6 +313,7 @@ class _SocketSteps:
                 return
             in_flight, current = True, first
             while True:
+                # While the step runs: the next batch into the other region.
                 nxt = next(self._source, _END)
                 nxt_data = None
                 if nxt is not _END:
@@ -348,40 +348,48 @@ class _SocketSteps:
                         return
                     raise KilnError(_STATUS_CODES.get(reply.code, grpc.StatusCode.UNKNOWN),
                                     reply.message, "TrainSteps")
-                sent_next = False
-                if nxt_data is not None:
-                    try:
-                        conn._sock.send(nxt_data)
-                        sent_next = in_flight = True
-                    except OSError:
-                        lost = True
                 c.last_train_step_over_shm_socket = True
-                yield service_pb2.TrainStepResponse.FromString(reply.train_step_response)
+                resp = service_pb2.TrainStepResponse.FromString(reply.train_step_response)
+                # Nothing is in flight while the caller has the step: the
+                # connection serves its other calls meanwhile (a run in the
+                # loop's body), and a caller that stops here ran no more.
+                conn._lock.release()
+                locked = False
+                yield resp
                 if nxt is _END:
                     return
-                if not sent_next:
-                    # Not sent (larger than the regions, a message too large,
-                    # or the socket broke): this batch and the rest through
-                    # TrainSteps.
-                    self.fallback = ([nxt], not lost)
+                if nxt_data is None:
+                    # Larger than the stream's regions, or a message too
+                    # large: this batch and the rest through TrainSteps.
+                    self.fallback = ([nxt], True)
                     return
-                current = nxt
+                conn._lock.acquire()
+                locked = True
+                try:
+                    conn._sock.send(nxt_data)
+                except OSError:
+                    lost = True  # not sent, so not run
+                    self.fallback = ([nxt], False)
+                    return
+                in_flight, current = True, nxt
                 region, spare = spare, region
         finally:
             if in_flight:
-                # The caller stopped early (or an error above): the step sent
-                # runs; its answer is read before the connection serves again.
+                # An error above: the step sent runs; its answer is read
+                # before the connection serves again.
                 try:
                     self._receive(conn)
                 except OSError:
                     lost = True
-            conn._lock.release()
+            if locked:
+                conn._lock.release()
+            for r in (region, spare):
+                if lost:
+                    r.close(unregister=False)
+                else:
+                    pool.release(conn, r)
             if lost:
                 pool.reset(conn)
-            else:
-                for r in (region, spare):
-                    if r is not None:
-                        pool.release(conn, r)
 
 
 def _named(tensors, field) -> None:
@@ -625,9 +633,9 @@ class Client:
         """Steps of a training session over the iterable `batches`; yields
         each step's TrainStepResponse in order. Over kilnd's shared-memory
         socket when train_step() would go there (_SocketSteps: the next
-        step's message sent the moment the one before it answered OK;
-        last_train_steps_over_shm_socket tells), else (or for the batches the
-        socket could not take) in one TrainSteps stream.
+        batch placed while a step runs, its message sent once the step's
+        response is taken; last_train_steps_over_shm_socket tells), else (or
+        for the batches the socket could not take) in one TrainSteps stream.
 
         The batches go through shared memory when train_step() would use it
         (a local kilnd), each in a region of a small ring that is reused only
