@@ -703,7 +703,8 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
   };
   // The first step of each prepares the training set on kilnd's work pool.
   // Its report gives the cost model's estimate of the step: a step estimated
-  // past server/rpc_train.cc's 100 ms goes to the device's thread by design.
+  // past kMaxSocketCallOnCallerMicros (server/shm_run.h, 100 ms) goes to the
+  // device's thread by design.
   // A sanitizer build's calibration measures its own instrumented probes and
   // can put this step there (make test-asan): the premise is gone, not the
   // behaviour, so the test says so and stops.
@@ -768,7 +769,8 @@ TEST_F(ShmRunTest, SessionRunsOverTheSocketRunOnTheConnectionsThread) {
   auto caller_runs = [] { return Metric("kiln_device_caller_runs_total", {{"device", "cpu:0"}}); };
   // The first run compiles on kilnd's work pool; its report gives the cost
   // model's estimate. The premise: past the engine's own 250 us rule (gRPC's
-  // runs go to the device's thread) and within rpc_run.cc's 100 ms bound.
+  // runs go to the device's thread) and within kMaxSocketCallOnCallerMicros
+  // (server/shm_run.h, 100 ms).
   v1::RunRequest first = request(1);
   first.set_report(true);
   v1::RunResponse r1;
