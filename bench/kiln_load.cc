@@ -17,6 +17,7 @@
 // admits the highest concurrency) unless --addr is given. Prints one JSON object on one line of
 // stdout (bench/run_all.sh collects one per line); progress goes to stderr.
 #include <sys/resource.h>
+#include <time.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -126,6 +127,34 @@ double CpuSeconds(pid_t pid) {
     if (i >= 14) ticks += std::stod(field);
   }
   return s + ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// What a process has used so far: its CPU time to the nanosecond (its
+// process CPU clock, clock_getcpuclockid: cheap, unlike reading every
+// thread's /proc file, which a block's figure would count) and its minor page
+// faults (/proc/PID/stat, field 10). Per run, around blocks of runs, it says
+// where a run's CPU goes (this process or kilnd) and whether a side faults per
+// run; clock ticks (CpuSeconds) are too coarse for one block.
+struct ProcUse {
+  double cpu_us = 0;
+  double minflt = 0;
+};
+
+ProcUse ReadProcUse(pid_t pid) {
+  ProcUse u;
+  clockid_t clock = CLOCK_PROCESS_CPUTIME_ID;
+  if (pid > 0 && clock_getcpuclockid(pid, &clock) != 0) return u;
+  timespec ts{};
+  if (clock_gettime(clock, &ts) == 0) u.cpu_us = ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+  std::ifstream stat(pid > 0 ? "/proc/" + std::to_string(pid) + "/stat" : "/proc/self/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));  // field 3 onwards
+  std::string field;
+  for (int i = 3; i <= 10 && rest >> field; ++i) {
+    if (i == 10) u.minflt = std::stod(field);
+  }
+  return u;
 }
 
 // One closed loop per thread for `seconds`: each thread issues its next call
@@ -291,8 +320,10 @@ int Batching(const Client& client, const Flags& f, pid_t kilnd_pid, json out) {
 
 // (c) The encoder layer `m` through kilnd's session `enc_id` vs the same
 // layer in this process, alternating blocks A B A B; sets out["encoder_overhead"].
+// `kilnd_pid` (-1: not known, --addr) adds kilnd's CPU time and page faults
+// per run to this process's, for each side.
 void EncoderOverhead(const Client& client, const models::Model& m, const std::string& enc_id,
-                     const TensorMap& enc_in, const Flags& f, json& out) {
+                     const TensorMap& enc_in, const Flags& f, pid_t kilnd_pid, json& out) {
   const models::EncoderConfig config;
   auto run_encoder = [&] { return client.Run(enc_id, enc_in).status(); };
   std::fprintf(stderr, "kiln_load: encoder layer, in-process vs kilnd\n");
@@ -316,13 +347,31 @@ void EncoderOverhead(const Client& client, const models::Model& m, const std::st
   // kilnd's own report of each timed run splits its latency into the engine
   // run inside kilnd and the rest (gRPC, copies, request handling).
   std::vector<double> a, b, ratio, served_engine, served_rest;
+  // Per run of each block's timed runs: CPU and minor faults of this process
+  // and of kilnd, [0] in-process blocks, [1] kilnd blocks.
+  std::vector<double> self_cpu[2], kilnd_cpu[2], self_flt[2], kilnd_flt[2];
   for (int block = 0; block < f.encoder_blocks; ++block) {
     for (const bool inproc : {block % 2 == 0, block % 2 != 0}) {
       std::vector<double> kept;
+      ProcUse self0, kilnd0;
       for (int i = 0; i <= f.block_runs; ++i) {
+        if (i == 1) {
+          self0 = ReadProcUse(-1);
+          if (kilnd_pid > 0) kilnd0 = ReadProcUse(kilnd_pid);
+        }
         const auto t0 = Clock::now();
         Die(inproc ? run_inproc() : run_encoder(), "encoder A/B");
         if (i > 0) kept.push_back(MicrosSince(t0));
+      }
+      const int side = inproc ? 0 : 1;
+      const double n = static_cast<double>(f.block_runs);
+      const ProcUse self1 = ReadProcUse(-1);
+      self_cpu[side].push_back((self1.cpu_us - self0.cpu_us) / n);
+      self_flt[side].push_back((self1.minflt - self0.minflt) / n);
+      if (kilnd_pid > 0) {
+        const ProcUse kilnd1 = ReadProcUse(kilnd_pid);
+        kilnd_cpu[side].push_back((kilnd1.cpu_us - kilnd0.cpu_us) / n);
+        kilnd_flt[side].push_back((kilnd1.minflt - kilnd0.minflt) / n);
       }
       (inproc ? a : b).insert((inproc ? a : b).end(), kept.begin(), kept.end());
       if (inproc) continue;
@@ -353,6 +402,17 @@ void EncoderOverhead(const Client& client, const models::Model& m, const std::st
                              {"shared_memory", last->shared_memory},
                              {"shm_run", last->shm_run},  // over kilnd's shared-memory socket
                              {"target_pct", 5}};
+  // Medians over blocks of the per-run figures; kilnd's are absent with --addr.
+  for (const int side : {0, 1}) {
+    json use = {{"client_process_cpu_us_per_run", Median(self_cpu[side])},
+                {"client_process_minflt_per_run", Median(self_flt[side])}};
+    if (kilnd_pid > 0) {
+      use["kilnd_cpu_us_per_run"] = Median(kilnd_cpu[side]);
+      use["kilnd_minflt_per_run"] = Median(kilnd_flt[side]);
+      use["both_cpu_us_per_run"] = Median(self_cpu[side]) + Median(kilnd_cpu[side]);
+    }
+    out["encoder_overhead"][side == 0 ? "in_process_blocks" : "kilnd_blocks"] = use;
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -429,7 +489,7 @@ int Main(int argc, char** argv) {
     Die(session.status(), "encoder session");
     Die(client.SetParams(session->session_id(), m.params).status(), "encoder params");
     for (int i = 0; i < 5; ++i) Die(client.Run(session->session_id(), enc_in).status(), "warm-up");
-    EncoderOverhead(client, m, session->session_id(), enc_in, f, out);
+    EncoderOverhead(client, m, session->session_id(), enc_in, f, kilnd ? kilnd->pid() : -1, out);
     std::printf("%s\n", out.dump().c_str());
     Die(client.CloseSession(session->session_id()), "close");
     return 0;
@@ -607,7 +667,7 @@ int Main(int argc, char** argv) {
   }
   out["encoder_throughput"] = enc_curve;
 
-  EncoderOverhead(client, m, enc_id, enc_in, f, out);
+  EncoderOverhead(client, m, enc_id, enc_in, f, kilnd ? kilnd->pid() : -1, out);
   std::printf("%s\n", out.dump().c_str());
   Die(client.CloseSession(enc_id), "close");
   Die(client.CloseSession(tiny_id), "close");

@@ -14,9 +14,11 @@ no gRPC; kiln_train_bench's median over its steps), for "kilnd vs in-process".
 The client sends each batch through shared memory when kilnd is local (its
 default; "kiln_kilnd"); a second session of a client with shared_memory=False
 sends it as bytes in the request ("kiln_kilnd_bytes"), in the same rounds; a
-third trains on each round's batches through one streaming TrainSteps call
-("kiln_kilnd_stream", the series' mean per step; its batches in shared memory
-when kilnd is local), and the bytes client streams them too
+third trains on each round's batches through one steps() call
+("kiln_kilnd_stream": over kilnd's shared-memory socket when it is local, else a
+TrainSteps stream; each step timed from the previous step's loss to its own and
+the median taken, as for the unary steps; "kiln_kilnd_stream_mean" is the
+series' mean per step), and the bytes client streams them through TrainSteps
 ("kiln_kilnd_stream_bytes").
 
 The unary steps of "kiln_kilnd" go over kilnd's shared-memory socket when it
@@ -230,22 +232,29 @@ def bench_model(args, server, name, baseline=None):
         times["kiln_kilnd_stream_baseline"] = []
         series.append(("kiln_kilnd_baseline", kiln_base_step))
     inproc, inproc_base = [], []
+    stream_means = {}
     for _ in range(args.rounds):
         for label, fn in series:
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 fn(i)
                 times[label].append((time.perf_counter() - t0) * 1e3)
-        # The streaming TrainSteps: one call for the series; its mean per step
-        # (a stream's steps are not timed one by one).
+        # The streamed steps: one steps() call for the series, each step timed
+        # from the previous step's loss to its own (the first from the call),
+        # so that its median is taken as the unary steps' is; the series' mean
+        # per step goes beside it ("<label>_mean": a mean counts the slow
+        # stretches of a loaded host that a median leaves out).
         streams = [("kiln_kilnd_stream", stream_session),
                    ("kiln_kilnd_stream_bytes", bytes_stream_session)]
         if base_session is not None:
             streams.append(("kiln_kilnd_stream_baseline", base_stream_session))
         for label, sess in streams:
-            t0 = time.perf_counter()
-            n = sum(1 for _ in sess.steps(batches))
-            times[label].append((time.perf_counter() - t0) * 1e3 / n)
+            t0 = last = time.perf_counter()
+            for _ in sess.steps(batches):
+                now = time.perf_counter()
+                times[label].append((now - last) * 1e3)
+                last = now
+            stream_means.setdefault(label + "_mean", []).append((last - t0) * 1e3 / args.steps)
         for binary, into in ((args.inproc, inproc), (args.baseline_inproc, inproc_base)):
             if binary:
                 out = subprocess.run([binary, "--model", name, "--steps", str(args.steps),
@@ -265,6 +274,7 @@ def bench_model(args, server, name, baseline=None):
     bytes_session.close()
     bytes_client.close()
     med = {k: statistics.median(v) for k, v in times.items()}
+    med.update({k: statistics.median(v) for k, v in stream_means.items()})
     if inproc:
         med["kiln_inproc"] = statistics.median(inproc)
     if inproc_base:

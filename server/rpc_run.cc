@@ -84,7 +84,7 @@ class RunCall {
         compile_ = std::move(c->report);
         MarkReused();
         absl::Status s = BindSessionParams();
-        if (s.ok()) s = StartRun();
+        if (s.ok()) s = StartRun(/*on_caller=*/RunOnCaller());
         if (!s.ok()) Complete(s);
         return;
       }
@@ -93,7 +93,7 @@ class RunCall {
     service_.deps().pool->Post(CompileAccount(t), static_cast<double>(request_bytes_.Length()),
                                t.quota().max_concurrent_compiles(), [this] {
                                  absl::Status s = Prepare();
-                                 if (s.ok()) s = StartRun();
+                                 if (s.ok()) s = StartRun(/*on_caller=*/false);
                                  if (!s.ok()) Complete(s);
                                });
   }
@@ -140,6 +140,10 @@ class RunCall {
   // limit). A run whose outputs as bytes would pass it is refused before it
   // runs, with a message starting "nothing ran: ".
   virtual int64_t MaxResponseOutputBytes() const { return 0; }
+  // True when the thread that starts the call only waits for its answer (the
+  // shared-memory socket's connection thread): a run up to
+  // kMaxSocketCallOnCallerMicros then runs on it when its device is idle.
+  virtual bool RunOnCaller() const { return false; }
 
   const KilnService::Call& call() const { return call_; }
   const grpc::ByteBuffer& response_bytes() const { return response_bytes_; }
@@ -372,7 +376,9 @@ class RunCall {
   }
 
   // Hands the run to its device's scheduler; its outcome answers the call.
-  absl::Status StartRun() {
+  // `on_caller`: this thread is the caller's, which only waits for the answer
+  // (RunOnCaller), and not the work pool's.
+  absl::Status StartRun(bool on_caller) {
     const ServiceDeps& d = service_.deps();
     absl::StrAppend(&call_.detail, call_.detail.empty() ? "" : " ",
                     "cache=", CacheOutcomeName(compile_.executable_cache()));
@@ -387,6 +393,10 @@ class RunCall {
     options.priority = request_->priority();
     options.deadline = Deadline();
     options.cancelled = &cancelled_;
+    if (on_caller) {
+      const double estimate = exe_->estimated_run_micros();
+      options.on_caller_when_idle = estimate > 0 && estimate <= kMaxSocketCallOnCallerMicros;
+    }
     if (shm_) {
       std::vector<RunShm::OutputType> types;
       for (const GraphSignature::Entry& e : exe_->signature().outputs) {
@@ -649,6 +659,7 @@ class SocketRunCall final : private SocketCallBuffers, public RunCall, public Sh
   int64_t MaxResponseOutputBytes() const override {
     return ShmRegistry::kMaxRunMessageBytes - (int64_t{8} << 10);
   }
+  bool RunOnCaller() const override { return true; }
   absl::Status Outcome(absl::Status s) const override {
     return SocketOutcome(std::move(s), deadline_, "run");
   }

@@ -118,7 +118,7 @@ class StepWork {
   // caller does it before writing the answer. With `on_caller` (the calling
   // thread would only wait for the answer: the shared-memory socket's
   // connection thread), a step the cost model puts at most
-  // kMaxStepOnCallerMicros runs on this thread when its device is idle
+  // kMaxSocketCallOnCallerMicros runs on this thread when its device is idle
   // (RunOptions::on_caller_when_idle): no hand-off to the device's thread
   // and back. Longer ones still go to the device's thread, where a client's
   // hang-up or kilnd's shutdown stops them between kernels.
@@ -127,7 +127,7 @@ class StepWork {
     RunOptions options;
     const double estimate = exe_->estimated_run_micros();
     options.on_caller_when_idle =
-        on_caller && estimate > 0 && estimate <= kMaxStepOnCallerMicros;
+        on_caller && estimate > 0 && estimate <= kMaxSocketCallOnCallerMicros;
     options.report = true;
     options.request_id = call_.request_id;
     options.tenant = call_.tenant->name();
@@ -149,10 +149,6 @@ class StepWork {
 
   const std::shared_ptr<Session>& session() const { return session_; }
   const v1::TrainStepResponse& response() const { return response_; }
-  // Start's bound for a step on the caller's thread: while it runs there,
-  // nothing watches the client's socket (its hang-up cancels the step only
-  // after it).
-  static constexpr double kMaxStepOnCallerMicros = 100'000;
   // Counts a step that ran in the tenant's metrics and keeps its dispatch
   // report (GetReport); once, before its answer is written. A TrainSteps
   // stream does it on gRPC's thread, not between the device's steps.

@@ -128,4 +128,12 @@ v1::ShmServerMessage SocketAnswer(const absl::Status& s, const std::string& requ
 // client's own deadline would have said itself.
 absl::Status SocketOutcome(absl::Status s, absl::Time deadline, absl::string_view what);
 
+// The longest run or training step (by the cost model's estimate) that a
+// socket call runs on the connection's own thread when its device is idle
+// (RunOptions::on_caller_when_idle): that thread only waits for the answer,
+// so the hand-off to the device's thread and the wake back are saved. While
+// it runs there, nothing watches the client's socket: its hang-up cancels the
+// call only after it, hence the bound. Longer ones go to the device's thread.
+inline constexpr double kMaxSocketCallOnCallerMicros = 100'000;
+
 }  // namespace kiln::server

@@ -315,6 +315,77 @@ class ShmTest(unittest.TestCase):
         finally:
             del os.environ["KILN_SHM_TRAIN_STEP"]
 
+    def test_train_steps_stream_over_the_shm_socket(self):
+        # steps() goes over kilnd's shared-memory socket by default, each
+        # step sent once the one before it answered OK: the same losses and
+        # params as unary steps over gRPC; a failed step ends the stream with
+        # nothing after it run; the loop's body may use the client (its
+        # calls, a new region's registration included, go on the same
+        # connection); a caller that stops early ran no step it did not see.
+        g = kiln.parse("graph \"tss\"\ninput x: f32[16, 8]\ninput y: i64[16]\n"
+                       "param w: f32[8, 3]\nparam b: f32[3]\n"
+                       "let loss = softmax_cross_entropy(x @ w + b, y)\nout loss\n")
+        rng = np.random.default_rng(7)
+        init = {"w": rng.standard_normal((8, 3)).astype(np.float32) * 0.1,
+                "b": np.zeros(3, np.float32)}
+        batches = [{"x": rng.standard_normal((16, 8)).astype(np.float32),
+                    "y": rng.integers(0, 3, 16).astype(np.int64)} for _ in range(6)]
+        with kiln.Client(KILND_PROC.addr) as c, \
+                kiln.Client(KILND_PROC.addr, shm_train_steps=False) as o:
+            sc = c.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+            so = o.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+            got = list(sc.steps(iter(batches)))
+            self.assertTrue(c.last_train_steps_over_shm_socket)
+            self.assertTrue(c.last_train_steps_shared_memory)
+            want = [so.step(b) for b in batches]
+            self.assertFalse(o.last_train_step_over_shm_socket)
+            self.assertEqual(got, want)
+            self.assertEqual(sc.last.step, len(batches))
+            pc, po = c.get_params(sc), o.get_params(so)
+            for name in ("w", "b", "opt/w/m", "opt/w/v"):
+                np.testing.assert_array_equal(pc[name], po[name])
+            # A failed step (a batch of the wrong shape) ends the stream with
+            # kilnd's status; the batch after it never runs.
+            bad = {"x": np.ones((16, 7), np.float32), "y": batches[0]["y"]}
+            seen = []
+            with self.assertRaises(kiln.KilnError) as e:
+                for loss in sc.steps([batches[0], batches[1], bad, batches[2]]):
+                    seen.append(loss)
+            self.assertEqual(e.exception.code.name, "INVALID_ARGUMENT")
+            self.assertEqual(len(seen), 2)
+            sc.step(batches[3])
+            self.assertEqual(sc.last.step, len(batches) + 3)
+            # Runs in the loop's body, each with an input larger than any
+            # region so far (a new region registered on the connection).
+            s = c.create_session(kiln.parse(TWO_OUTPUTS))
+            before = sc.last.step
+            for i, _ in enumerate(sc.steps(batches[:3])):
+                x = np.arange((i + 1) << 19, dtype=np.float32)
+                np.testing.assert_array_equal(s.run({"x": x})["y"], x * 2)
+                self.assertTrue(c.last_run_shared_memory)
+            self.assertTrue(c.last_train_steps_over_shm_socket)
+            self.assertEqual(sc.last.step, before + 3)
+            # Stopping after the first answer: no other step ran, and the
+            # connection serves the next calls.
+            before = sc.last.step
+            for _ in sc.steps(batches):
+                break
+            sc.step(batches[4])
+            self.assertTrue(c.last_train_step_over_shm_socket)
+            self.assertEqual(sc.last.step, before + 2)
+            x = np.arange(5, dtype=np.float32)
+            np.testing.assert_array_equal(s.run({"x": x})["y"], x * 2)
+            self.assertTrue(c.last_run_over_shm_socket)
+        os.environ["KILN_SHM_TRAIN_STEP"] = "0"
+        try:
+            with kiln.Client(KILND_PROC.addr) as c:
+                s = c.train_session(g, loss="loss", params=init, optimizer=kiln.AdamW(lr=0.05))
+                self.assertEqual(len(list(s.steps(batches[:2]))), 2)
+                self.assertFalse(c.last_train_steps_over_shm_socket)
+                self.assertTrue(c.last_train_steps_shared_memory)
+        finally:
+            del os.environ["KILN_SHM_TRAIN_STEP"]
+
     def test_raw_run_message(self):
         # kiln.shm.ShmConnection.try_run: the raw call, and the ticket's limit.
         with kiln.Client(KILND_PROC.addr) as c:

@@ -8,6 +8,7 @@ share between threads (the gRPC channel multiplexes calls).
 import collections
 import itertools
 import os
+import select
 import threading
 
 import grpc
@@ -82,8 +83,10 @@ class TrainSession(Session):
         return self.last.loss
 
     def steps(self, batches):
-        """Trains on every batch of the iterable `batches` through one stream
-        (fewer round trips than step()); yields each batch's loss."""
+        """Trains on every batch of the iterable `batches`, each step sent
+        as soon as the one before it answered (over kilnd's shared-memory
+        socket when it is local, else one TrainSteps stream); yields each
+        batch's loss."""
         for resp in self.client.train_steps(self, batches):
             self.last = resp
             yield resp.loss
@@ -219,6 +222,176 @@ class _StepStream:
                 self._sent.clear()
 
 
+class _SocketSteps:
+    """One Client.train_steps stream over kilnd's shared-memory socket
+    (docs/training.md "Steps over the socket"): each step is the train_step
+    message train_step() sends, on the pool's connection, held for the whole
+    stream. While a step runs, the next batch goes into a second region and
+    its message is built, so that once the step's answer is yielded the next
+    step costs the device only a send. A step is sent only after the one
+    before it answered OK and its loss was taken: a failed step ends the
+    stream and nothing after it runs, as with TrainSteps, and a caller that
+    stops early ran no step it did not see. The connection is held only while
+    a step is in flight, so the caller's loop may use the client meanwhile.
+
+    After responses() ends without an error, `fallback` is None when every
+    batch ran here, else (batches not run, shared memory still usable): the
+    socket could not take them (another thread holds the connection, kilnd
+    takes no steps there, or it lost the connection before they were sent),
+    and the caller sends them through TrainSteps."""
+
+    def __init__(self, client, sid, source):
+        self._client = client
+        self._sid = sid
+        self._source = source
+        self.fallback = None
+
+    def _message(self, batch, region):
+        req = service_pb2.TrainStepRequest(session_id=self._sid)
+        shm.fill_inputs(req, region, batch)
+        msg = shm_pb2.ShmClientMessage(train_step=req.SerializeToString())
+        if self._client._timeout is not None:
+            msg.run_timeout_ms = max(1, int(self._client._timeout * 1000 + 0.999))
+        return msg.SerializeToString()
+
+    @staticmethod
+    def _bytes(arrays):
+        return sum(shm._align64(a.nbytes) for a in arrays.values())
+
+    def _receive(self, conn):
+        timeout = self._client._timeout
+        if timeout is not None:
+            # kilnd answers by the step's deadline; a second past it, it is not answering.
+            ready, _, _ = select.select([conn._sock], [], [], timeout + 1.0)
+            if not ready:
+                raise OSError("kilnd did not answer the step by its deadline")
+        answer = conn._sock.recv(conn.max_run_message_bytes + 1)
+        if not answer:
+            raise OSError("kilnd closed the shared-memory socket during a step")
+        return shm_pb2.ShmServerMessage.FromString(answer)
+
+    def responses(self):
+        c = self._client
+        pool = c._shm
+        first = next(self._source, _END)
+        if first is _END:
+            return
+        first = {name: np.asarray(v) for name, v in first.items()}
+        # Both regions before the connection is held: a new region is
+        # registered over the same socket.
+        got = pool.acquire(self._bytes(first))
+        if got is None:
+            self.fallback = ([first], True)
+            return
+        conn, region = got
+        got = pool.acquire(self._bytes(first))
+        spare = got[1] if got is not None and got[0] is conn else None
+        if got is not None and spare is None:
+            pool.release(*got)
+        if spare is None or not conn.takes_train_steps() or \
+                not conn._lock.acquire(blocking=False):
+            for r in (region, spare):
+                if r is not None:
+                    pool.release(conn, r)
+            self.fallback = ([first], True)
+            return
+        in_flight = False  # a step sent whose answer is not read yet
+        lost = False       # the connection broke: its regions are kilnd's no more
+        locked = True      # conn._lock held
+        try:
+            data = self._message(first, region)
+            if len(data) > conn.max_run_message_bytes:
+                self.fallback = ([first], True)
+                return
+            try:
+                conn._sock.send(data)
+            except OSError:
+                # Not sent, so not run: through TrainSteps, as bytes (the
+                # connection's regions went with it).
+                lost = True
+                self.fallback = ([first], False)
+                return
+            in_flight, current = True, first
+            while True:
+                # While the step runs: the next batch into the other region.
+                nxt = next(self._source, _END)
+                nxt_data = None
+                if nxt is not _END:
+                    nxt = {name: np.asarray(v) for name, v in nxt.items()}
+                    if self._bytes(nxt) <= spare.size:  # else through TrainSteps
+                        nxt_data = self._message(nxt, spare)
+                        if len(nxt_data) > conn.max_run_message_bytes:
+                            nxt_data = None
+                try:
+                    reply = self._receive(conn)
+                except OSError as e:
+                    # The step's fate is unknown, as a gRPC call cut mid-way.
+                    lost = True
+                    in_flight = False
+                    raise KilnError(grpc.StatusCode.UNAVAILABLE, str(e), "TrainSteps") from None
+                in_flight = False
+                unsent = [current] + ([nxt] if nxt is not _END else [])
+                if not reply.request_id:
+                    # A kilnd that takes no runs on its socket (nothing ran).
+                    conn._runs_refused = True
+                    self.fallback = (unsent, True)
+                    return
+                if reply.code == 12 and "no training steps" in reply.message:
+                    conn._train_steps_refused = True  # UNIMPLEMENTED: nothing ran
+                    self.fallback = (unsent, True)
+                    return
+                if reply.code != 0:
+                    if reply.code == 5 and "shared-memory region" in reply.message:
+                        # NOT_FOUND: kilnd lost the regions; nothing ran.
+                        lost = True
+                        self.fallback = (unsent, False)
+                        return
+                    raise KilnError(_STATUS_CODES.get(reply.code, grpc.StatusCode.UNKNOWN),
+                                    reply.message, "TrainSteps")
+                c.last_train_step_over_shm_socket = True
+                resp = service_pb2.TrainStepResponse.FromString(reply.train_step_response)
+                # Nothing is in flight while the caller has the step: the
+                # connection serves its other calls meanwhile (a run in the
+                # loop's body), and a caller that stops here ran no more.
+                conn._lock.release()
+                locked = False
+                yield resp
+                if nxt is _END:
+                    return
+                if nxt_data is None:
+                    # Larger than the stream's regions, or a message too
+                    # large: this batch and the rest through TrainSteps.
+                    self.fallback = ([nxt], True)
+                    return
+                conn._lock.acquire()
+                locked = True
+                try:
+                    conn._sock.send(nxt_data)
+                except OSError:
+                    lost = True  # not sent, so not run
+                    self.fallback = ([nxt], False)
+                    return
+                in_flight, current = True, nxt
+                region, spare = spare, region
+        finally:
+            if in_flight:
+                # An error above: the step sent runs; its answer is read
+                # before the connection serves again.
+                try:
+                    self._receive(conn)
+                except OSError:
+                    lost = True
+            if locked:
+                conn._lock.release()
+            for r in (region, spare):
+                if lost:
+                    r.close(unregister=False)
+                else:
+                    pool.release(conn, r)
+            if lost:
+                pool.reset(conn)
+
+
 def _named(tensors, field) -> None:
     for name, value in (tensors or {}).items():
         _dtypes.to_proto(value, field.add(name=name).tensor)
@@ -338,8 +511,10 @@ class Client:
         step_env_off = os.environ.get("KILN_SHM_TRAIN_STEP", "").strip().lower() in (
             "0", "false", "no", "off")
         self._shm_train_steps = shm_train_steps and not step_env_off
-        # Whether the last train_step() went over the shared-memory socket.
+        # Whether the last train_step() went over the shared-memory socket,
+        # and whether every step of the last train_steps() stream did.
         self.last_train_step_over_shm_socket = False
+        self.last_train_steps_over_shm_socket = False
 
     def close(self):
         if self._shm is not None:
@@ -455,8 +630,12 @@ class Client:
     _STEPS_SHM_RING = 3
 
     def train_steps(self, session, batches):
-        """Steps of a training session over the iterable `batches` in one
-        TrainSteps stream; yields each step's TrainStepResponse in order.
+        """Steps of a training session over the iterable `batches`; yields
+        each step's TrainStepResponse in order. Over kilnd's shared-memory
+        socket when train_step() would go there (_SocketSteps: the next
+        batch placed while a step runs, its message sent once the step's
+        response is taken; last_train_steps_over_shm_socket tells), else (or
+        for the batches the socket could not take) in one TrainSteps stream.
 
         The batches go through shared memory when train_step() would use it
         (a local kilnd), each in a region of a small ring that is reused only
@@ -469,6 +648,16 @@ class Client:
         resend = []  # batches sent but not run, for the next stream
         use_shm = self._shm is not None and not self._train_step_shm_refused
         self.last_train_steps_shared_memory = use_shm
+        self.last_train_steps_over_shm_socket = False
+        if use_shm and self._shm_train_steps:
+            over_socket = _SocketSteps(self, sid, source)
+            self.last_train_steps_over_shm_socket = True
+            yield from over_socket.responses()
+            if over_socket.fallback is None:
+                return
+            resend, use_shm = over_socket.fallback
+            self.last_train_steps_over_shm_socket = False
+            self.last_train_steps_shared_memory = use_shm
         while True:
             stream = _StepStream(self, sid, resend, source, use_shm)
             try:

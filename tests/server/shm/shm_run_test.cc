@@ -173,6 +173,38 @@ class ShmRunTest : public ::testing::Test {
     return resp.session_id();
   }
 
+  // A session on cpu:0 whose run (x f32[32, 512] through six 512 x 512
+  // layers, ~100 MFLOP) is past the engine's 250 us short-run rule, with an
+  // output small enough for an answer's bytes; "" when kilnd refused it.
+  static std::string CreateWideSession() {
+    std::string body = "x";
+    for (int layer = 0; layer < 6; ++layer) body = absl::StrCat("relu(", body, " @ w)");
+    v1::CreateSessionRequest create;
+    create.mutable_graph()->set_text(absl::StrCat("graph \"socket_run_wide\"\ninput x: f32[",
+                                                  kWideRows, ", ", kWidth, "]\nparam w: f32[",
+                                                  kWidth, ", ", kWidth, "]\nlet y = ", body,
+                                                  "\nout y\n"));
+    create.mutable_options()->set_device("cpu:0");
+    std::vector<double> w(kWidth * kWidth);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.002 * static_cast<double>(i % 17) - 0.016;
+    kiln::testing::AddTensor(create.mutable_params(), "w", v1::DTYPE_F32, {kWidth, kWidth}, w);
+    v1::CreateSessionResponse created;
+    grpc::Status s = kilnd_->Stub()->CreateSession(Context(kAlice).get(), create, &created);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return created.session_id();
+  }
+  // Run `i` of that session (its input depends on `i`).
+  static v1::RunRequest WideRequest(const std::string& sid, int i) {
+    v1::RunRequest req;
+    req.set_session_id(sid);
+    std::vector<double> x(kWideRows * kWidth);
+    for (size_t k = 0; k < x.size(); ++k) x[k] = std::sin(0.011 * static_cast<double>(k + 1) * i);
+    kiln::testing::AddTensor(req.mutable_inputs(), "x", v1::DTYPE_F32, {kWideRows, kWidth}, x);
+    return req;
+  }
+  static constexpr int kWideRows = 32;
+  static constexpr int kWidth = 512;
+
   static double Metric(const std::string& name, const std::map<std::string, std::string>& labels) {
     return kiln::testing::MetricValue(kiln::testing::HttpGet(kilnd_->metrics_port(), "/metrics"),
                                       name, labels);
@@ -671,7 +703,8 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
   };
   // The first step of each prepares the training set on kilnd's work pool.
   // Its report gives the cost model's estimate of the step: a step estimated
-  // past server/rpc_train.cc's 100 ms goes to the device's thread by design.
+  // past kMaxSocketCallOnCallerMicros (server/shm_run.h, 100 ms) goes to the
+  // device's thread by design.
   // A sanitizer build's calibration measures its own instrumented probes and
   // can put this step there (make test-asan): the premise is gone, not the
   // behaviour, so the test says so and stops.
@@ -720,6 +753,95 @@ TEST_F(ShmRunTest, TrainStepsOverTheSocketRunOnTheConnectionsThread) {
   const std::string a = read(over_socket);
   EXPECT_EQ(a.size(), size_t{kWidth * kWidth * 4});
   EXPECT_TRUE(a == read(over_grpc)) << "the socket's steps trained other values";
+}
+
+// A session's run over the socket runs on the connection's own thread when
+// its device is idle, as a training step does (server/rpc_run.cc,
+// RunCall::RunOnCaller): the thread only waits for the answer, so the
+// hand-off to the device's thread and the wake back are saved. The same run
+// over gRPC, too long for the engine's short-run rule, goes to the device's
+// thread. kiln_device_caller_runs_total counts the runs on callers' threads;
+// the answers are the same.
+TEST_F(ShmRunTest, SessionRunsOverTheSocketRunOnTheConnectionsThread) {
+  const std::string sid = CreateWideSession();
+  ASSERT_FALSE(sid.empty());
+  auto request = [&](int i) { return WideRequest(sid, i); };
+  auto caller_runs = [] { return Metric("kiln_device_caller_runs_total", {{"device", "cpu:0"}}); };
+  // The first run compiles on kilnd's work pool; its report gives the cost
+  // model's estimate. The premise: past the engine's own 250 us rule (gRPC's
+  // runs go to the device's thread) and within kMaxSocketCallOnCallerMicros
+  // (server/shm_run.h, 100 ms).
+  v1::RunRequest first = request(1);
+  first.set_report(true);
+  v1::RunResponse r1;
+  ASSERT_TRUE(GrpcRun(first, &r1).ok());
+  double estimate = 0;
+  for (const v1::DeviceEstimate& e : r1.report().placement().estimates()) {
+    if (e.device() == r1.report().placement().chosen()) estimate = e.estimate_micros();
+  }
+  if (estimate <= 0 || estimate > 100'000) {
+    GTEST_SKIP() << "the cost model puts this run at " << estimate
+                 << " us on this build, not within (0, 100 ms]: it runs on the device's thread";
+  }
+  std::vector<v1::RunResponse> over_grpc;
+  double before = caller_runs();
+  for (int i = 2; i <= 4; ++i) {
+    v1::RunResponse r;
+    ASSERT_TRUE(GrpcRun(request(i), &r).ok());
+    over_grpc.push_back(Comparable(r));
+  }
+  ASSERT_EQ(caller_runs() - before, 0)
+      << "the run is short enough for the engine's own rule: the premise of this test is gone";
+  auto sock = RawSocket::Open(*kilnd_, kAlice);
+  ASSERT_NE(sock, nullptr);
+  before = caller_runs();
+  for (int i = 2; i <= 4; ++i) {
+    v1::ShmServerMessage a = sock->Run(request(i));
+    ASSERT_EQ(a.code(), 0) << a.message();
+    v1::RunResponse r;
+    ASSERT_TRUE(r.ParseFromString(a.run_response()));
+    EXPECT_TRUE(Comparable(r).SerializeAsString() == over_grpc[i - 2].SerializeAsString())
+        << "run " << i << " answered differently over the socket";
+  }
+  EXPECT_EQ(caller_runs() - before, 3);
+}
+
+// Socket runs from two connections at once: one runs on its connection's
+// thread while the other waits for the device on the device's thread (the
+// inline run holds the device's slot), and every run is answered with what
+// gRPC answers.
+TEST_F(ShmRunTest, SessionRunsFromTwoConnectionsAtOnceAreAllAnswered) {
+  const std::string sid = CreateWideSession();
+  ASSERT_FALSE(sid.empty());
+  constexpr int kRuns = 16;
+  std::vector<std::string> want(kRuns + 1);
+  for (int i = 1; i <= kRuns; ++i) {
+    v1::RunResponse r;
+    ASSERT_TRUE(GrpcRun(WideRequest(sid, i), &r).ok());
+    want[i] = Comparable(r).SerializeAsString();
+  }
+  std::vector<std::string> got(kRuns + 1);
+  std::vector<int> codes(kRuns + 1, -2);
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 2; ++t) {
+    clients.emplace_back([&, t] {
+      auto sock = RawSocket::Open(*kilnd_, kAlice);
+      if (sock == nullptr) return;
+      for (int i = 1 + t; i <= kRuns; i += 2) {
+        v1::ShmServerMessage a = sock->Run(WideRequest(sid, i));
+        codes[i] = a.code();
+        v1::RunResponse r;
+        if (a.code() == 0 && r.ParseFromString(a.run_response())) {
+          got[i] = Comparable(r).SerializeAsString();
+        }
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  for (int i = 1; i <= kRuns; ++i) {
+    EXPECT_EQ(codes[i], 0) << "run " << i;
+    EXPECT_TRUE(got[i] == want[i]) << "run " << i << " answered differently over the socket";
+  }
 }
 
 TEST_F(ShmRunTest, ClientSendsRunsOverTheSocketByItself) {
