@@ -14,5 +14,11 @@ namespace kiln::cpu {
 float AttnRowMaxAvx512(const float* x, int64_t n);
 // x[j] = exp(x[j] - shift) for j < n; returns their sum.
 float AttnExpShiftSumAvx512(float* x, int64_t n, float shift);
+// Keys [0, cols) of a K block (key j's d floats at k + j * ldk), times
+// `scale`, as panels of 16 keys for SmallMatMulAvx512 (the B of Q @ K^T):
+// panel p holds dim kk's 16 keys at out + (p * d + kk) * 16; keys past cols
+// are zero. 16 x 16 transposes in registers.
+void AttnPackKeysAvx512(const float* k, int64_t ldk, int64_t cols, int64_t d, float scale,
+                        float* out);
 
 }  // namespace kiln::cpu

@@ -43,6 +43,31 @@ inline __m512 Exp16(__m512 x) {
 
 inline __mmask16 Tail(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
+// Transposes 16 rows of 16 floats in registers.
+inline void Transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
+      t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xDD);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+  }
+}
+
 }  // namespace
 
 float AttnRowMaxAvx512(const float* x, int64_t n) {
@@ -84,6 +109,26 @@ float AttnExpShiftSumAvx512(float* x, int64_t n, float shift) {
     sum1 = _mm512_add_ps(sum1, e);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+void AttnPackKeysAvx512(const float* k, int64_t ldk, int64_t cols, int64_t d, float scale,
+                        float* out) {
+  const __m512 sc = Set16(scale);
+  for (int64_t j0 = 0, p = 0; j0 < cols; j0 += 16, ++p) {
+    const int64_t keys = cols - j0 < 16 ? cols - j0 : 16;
+    for (int64_t d0 = 0; d0 < d; d0 += 16) {
+      const int64_t dims = d - d0 < 16 ? d - d0 : 16;
+      const __mmask16 m = Tail(dims);
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        r[i] = i < keys ? _mm512_mul_ps(sc, _mm512_maskz_loadu_ps(m, k + (j0 + i) * ldk + d0))
+                        : _mm512_setzero_ps();
+      }
+      Transpose16(r);
+      float* dst = out + (p * d + d0) * 16;
+      for (int64_t kk = 0; kk < dims; ++kk) _mm512_storeu_ps(dst + kk * 16, r[kk]);
+    }
+  }
 }
 
 }  // namespace kiln::cpu
