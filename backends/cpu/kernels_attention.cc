@@ -301,7 +301,7 @@ class AttentionKernel final : public CpuKernel {
     explicit Scratch(const AttentionKernel& k)
         : s(k.bq_ * k.bk_), o(k.bq_ * k.c_.dv), m(k.bq_), l(k.bq_), lo(k.bq_), hi(k.bq_) {
       q.resize(k.bq_ * k.c_.d);
-      if (k.avx512_) {  // K^T panels; V's last, partial panel
+      if (k.own_products_) {  // K^T panels; V's last, partial panel
         kt.resize((k.bk_ + kSmallPanel - 1) / kSmallPanel * kSmallPanel * k.c_.d);
         if (k.c_.dv % kSmallPanel != 0) vlast.resize(k.bk_ * kSmallPanel);
       }
@@ -322,6 +322,7 @@ class AttentionKernel final : public CpuKernel {
     // (small Sq) read K and V once per group, not per head.
     group_ = c_.hkv > 0 ? c_.hq / c_.hkv : 0;
     avx512_ = BestSmallMatMulIsa() == SmallMatMulIsa::kAvx512;
+    own_products_ = avx512_ && SmallMatMulEnabled();
     const int64_t rows = group_ * c_.sq;
     // 64 rows x 128 keys keeps a block's logits (32 KiB) and the K/V blocks
     // in L2 while giving dnnl_sgemm products big enough to run at speed;
@@ -451,7 +452,7 @@ class AttentionKernel final : public CpuKernel {
       const int64_t cols = std::min(bk_, last - j0);
       const float* k = F32Rows(ops.k, KvRow(b, hk, j0, c_.d), cols, c_.d, k_ld_, w.kb.data(), &lk);
       float* s = w.s.data();
-      if (c_.d > 0 && avx512_) {
+      if (c_.d > 0 && own_products_) {
         // Own AVX-512 product on K^T packed with the scale: dnnl_sgemm ran
         // these 64 x 128 x 64 blocks at ~75 GFLOP/s a core.
         AttnPackKeysAvx512(k, lk, cols, c_.d, c_.scale, w.kt.data());
@@ -501,7 +502,7 @@ class AttentionKernel final : public CpuKernel {
       if (!any) continue;
       const float* v =
           F32Rows(ops.v, KvRow(b, hk, j0, c_.dv), cols, c_.dv, v_ld_, w.vb.data(), &lv);
-      if (avx512_) {  // V read in place as panels of 16 columns
+      if (own_products_) {  // V read in place as panels of 16 columns
         SmallMatMulArgs g;
         g.m = rows, g.n = c_.dv, g.k = cols;
         g.a = s, g.lda = cols;
@@ -578,7 +579,10 @@ class AttentionKernel final : public CpuKernel {
   int64_t group_ = 0;  // query heads per kv head
   int64_t bq_ = 1, bk_ = 1, q_blocks_ = 0;
   int64_t q_ld_ = 0, k_ld_ = 0, v_ld_ = 0, o_ld_ = 0;
-  bool avx512_ = false;  // row steps on AVX-512
+  bool avx512_ = false;        // row steps on AVX-512
+  // Block products on SmallMatMulAvx512 (AVX-512 and KILN_CPU_SMALL_MATMUL not
+  // 0), else dnnl_sgemm.
+  bool own_products_ = false;
   std::vector<std::unique_ptr<Scratch>> scratch_;  // one per OpenMP thread
 };
 
