@@ -431,6 +431,9 @@ class AttentionKernel final : public CpuKernel {
   // v % Sq of head hk * group + v / Sq.
   void RunTask(const Operands& ops, int64_t b, int64_t hk, int64_t block, Scratch& w) const {
     const int64_t v0 = block * bq_, rows = std::min(bq_, group_ * c_.sq - v0);
+    // The own products pack K per block: below 16 query rows (decoding)
+    // dnnl_sgemm's in-place read of K was as fast or faster (docs/cpu.md).
+    const bool own = own_products_ && rows >= 16;
     int64_t lq = 0, lk = 0, lv = 0;
     const float* q = QueryRows(ops, b, hk, v0, rows, w, &lq);
     int64_t first = c_.sk, last = 0;  // union of the rows' key ranges
@@ -452,7 +455,7 @@ class AttentionKernel final : public CpuKernel {
       const int64_t cols = std::min(bk_, last - j0);
       const float* k = F32Rows(ops.k, KvRow(b, hk, j0, c_.d), cols, c_.d, k_ld_, w.kb.data(), &lk);
       float* s = w.s.data();
-      if (c_.d > 0 && own_products_) {
+      if (c_.d > 0 && own) {
         // Own AVX-512 product on K^T packed with the scale: dnnl_sgemm ran
         // these 64 x 128 x 64 blocks at ~75 GFLOP/s a core.
         AttnPackKeysAvx512(k, lk, cols, c_.d, c_.scale, w.kt.data());
@@ -502,7 +505,7 @@ class AttentionKernel final : public CpuKernel {
       if (!any) continue;
       const float* v =
           F32Rows(ops.v, KvRow(b, hk, j0, c_.dv), cols, c_.dv, v_ld_, w.vb.data(), &lv);
-      if (own_products_) {  // V read in place as panels of 16 columns
+      if (own) {  // V read in place as panels of 16 columns
         SmallMatMulArgs g;
         g.m = rows, g.n = c_.dv, g.k = cols;
         g.a = s, g.lda = cols;
