@@ -328,17 +328,41 @@ absl::Status InferAttention(Ctx& c) {
                                 " needs a 4th operand (the mask or bias)")
                       : s;
   }
+  // Rank 4: q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv]. Rank 3
+  // (the packed layout a projection writes, which fuse gives the CPU's
+  // kernel in place of the head transposes): q [B, Sq, Hq*D], k [B, Sk,
+  // Hkv*D], v [B, Sk, Hkv*Dv] with the heads named by the attributes heads
+  // (required) and kv_heads (0 = heads); the result [B, Sq, Hq*Dv].
+  const bool packed = c.in(0).rank() == 3;
   for (int i = 0; i < 3; ++i) {
-    if (auto s = c.Rank(i, 4, 4); !s.ok()) {
-      return c.Error("operand ", i, " must be [B, H, S, D] (rank 4), got ", c.T(i));
+    if (packed ? c.in(i).rank() != 3 : c.in(i).rank() != 4) {
+      return c.Error("operand ", i, " must be [B, H, S, D] (rank 4), or [B, S, H*D] (rank 3) "
+                     "like q, got ", c.T(i));
     }
   }
   if (auto s = c.NeedFloat(0); !s.ok()) return s;
   if (auto s = c.SameDType(0, 1); !s.ok()) return s;
   if (auto s = c.SameDType(0, 2); !s.ok()) return s;
-  const IrDims& q = c.in(0).dims;
-  const IrDims& k = c.in(1).dims;
-  const IrDims& v = c.in(2).dims;
+  IrDims q = c.in(0).dims, k = c.in(1).dims, v = c.in(2).dims;
+  if (packed) {
+    const int64_t hq = a.heads(), hkv = a.kv_heads() != 0 ? a.kv_heads() : a.heads();
+    if (hq <= 0 || hkv <= 0) {
+      return c.Error("rank-3 q, k, v ([B, S, H*D]) need attribute heads > 0 (and kv_heads >= 0)");
+    }
+    // Back to [B, H, S, D] for the checks below; a symbolic last dim stays
+    // unknown (its head dim too).
+    auto split = [&](const IrDims& x, int64_t heads, int i, IrDims* out) -> absl::Status {
+      if (x[2] >= 0 && x[2] % heads != 0) {
+        return c.Error("operand ", i, "'s last dim must divide by its ", heads, " heads, got ",
+                       c.T(i));
+      }
+      *out = {x[0], heads, x[1], x[2] >= 0 ? x[2] / heads : kDynamic};
+      return absl::OkStatus();
+    };
+    if (auto s = split(c.in(0).dims, hq, 0, &q); !s.ok()) return s;
+    if (auto s = split(c.in(1).dims, hkv, 1, &k); !s.ok()) return s;
+    if (auto s = split(c.in(2).dims, hkv, 2, &v); !s.ok()) return s;
+  }
   if (!DimsCompatible(q[0], k[0]) || !DimsCompatible(k[0], v[0])) {
     return c.Error("batch differs: q ", c.T(0), ", k ", c.T(1), ", v ", c.T(2));
   }
@@ -381,6 +405,15 @@ absl::Status InferAttention(Ctx& c) {
     if (m.rank() > 4 || !BroadcastDims(want, m.dims, &out) || out.size() != 4) {
       return c.Error("bias must broadcast to [B, Hq, Sq, Sk], got ", c.T(3));
     }
+  }
+  if (packed) {
+    int64_t width = kDynamic;
+    if (v[3] >= 0) {
+      const CheckedInt w = CheckedInt(v[3]) * q[1];
+      if (!w.ok()) return c.Overflow("the result's last dim, ", q[1], " heads x ", v[3]);
+      width = w.get();
+    }
+    return c.Set(TensorType(c.in(0).dtype, {q[0], q[2], width}));
   }
   return c.Set(TensorType(c.in(0).dtype, {q[0], q[1], q[2], v[3]}));
 }

@@ -47,7 +47,19 @@ HostTensor StructuralMask(const v1::AttentionAttrs& a, int64_t sq, int64_t sk) {
 
 ValueRef DecomposeAttention(Rewriter& r, ir::Graph& g, const ir::Node& n) {
   const auto& a = n.attrs.attention();
-  const ValueRef q = n.operands[0], k = n.operands[1], v = n.operands[2];
+  ValueRef q = n.operands[0], k = n.operands[1], v = n.operands[2];
+  // The packed layout ([B, S, H*D], heads from the attributes): split the
+  // heads out, decompose as [B, H, S, D], merge them back.
+  const bool packed = g.TypeOf(q).rank() == 3;
+  if (packed) {
+    const int64_t hq = a.heads(), hkv = a.kv_heads() != 0 ? a.kv_heads() : a.heads();
+    auto split = [&](ValueRef x, int64_t heads) {
+      const IrDims d = g.TypeOf(x).dims;
+      return r.Transpose(r.Reshape(x, {d[0], d[1], heads, d[2] / heads}), {0, 2, 1, 3});
+    };
+    q = split(q, hq), k = split(k, hkv), v = split(v, hkv);
+    if (!r.ok()) return ValueRef{};
+  }
   const IrDims qd = g.TypeOf(q).dims, kd = g.TypeOf(k).dims, vd = g.TypeOf(v).dims;
   const DType dt = g.TypeOf(q).dtype;
   const int64_t b = qd[0], hq = qd[1], sq = qd[2], d = qd[3];
@@ -91,6 +103,7 @@ ValueRef DecomposeAttention(Rewriter& r, ir::Graph& g, const ir::Node& n) {
   if (group != 1) p = r.Reshape(p, {b, hkv, group * sq, sk});
   ValueRef o = r.MatMul(p, v);
   if (group != 1) o = r.Reshape(o, {b, hq, sq, dv});
+  if (packed) o = r.Reshape(r.Transpose(o, {0, 2, 1, 3}), {b, sq, hq * dv});
   return o;
 }
 

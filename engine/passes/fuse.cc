@@ -4,8 +4,10 @@
 // channels-last between them, residual + norm into FusedResidualNorm, and
 // chains of elementwise ops into FusedElementwise regions (their instructions
 // built and checked by backends/common/elementwise_region.h, as every backend
-// reads them). A fusion is made only when the device claims the fused kernel
-// and the cost model estimates it cheaper than the separate kernels.
+// reads them). An attention between head transposes ([B, S, H, D] <-> [B, H,
+// S, D]) reads and writes the packed [B, S, H*D] layout instead, where its
+// device claims that. A fusion is made only when the device claims the fused
+// kernel and the cost model estimates it cheaper than the separate kernels.
 #include <algorithm>
 #include <optional>
 #include <span>
@@ -16,6 +18,7 @@
 #include "backends/common/elementwise_region.h"
 #include "base/status.h"
 #include "engine/ir/infer.h"
+#include "engine/ir/rewriter.h"
 #include "engine/passes/kernel_spec.h"
 #include "engine/passes/pass.h"
 #include "engine/passes/passes_internal.h"
@@ -376,6 +379,115 @@ struct Fuser {
     return g.AddNode(std::move(t))->out();
   }
 
+  // A transpose by {0, 2, 1, 3} (heads <-> sequence) on `device`.
+  bool IsHeadSwap(const Node* n, const std::string& device) const {
+    if (n == nullptr || n->op != v1::OP_TRANSPOSE || n->device != device) return false;
+    const auto& p = n->attrs.transpose().perm();
+    return p.size() == 4 && p[0] == 0 && p[1] == 2 && p[2] == 1 && p[3] == 3;
+  }
+
+  // merge(attention(split(q), split(k), split(v))), where split is the head
+  // transpose [B, S, H, D] -> [B, H, S, D] and merge its inverse, becomes the
+  // attention in the packed layout (AttentionAttrs: rank-3 operands, heads
+  // named): it reads the projections' [B, S, H*D] rows strided per head and
+  // writes [B, S, H*Dv], so the four transposes (one copy of q, k, v and the
+  // result each) go. Reshapes between the layouts alias. Made only where the
+  // attention's device claims the packed spec (the CPU; backends that do not
+  // keep the transposes) and the cost model agrees.
+  bool TryPackedAttention(Node& attn) {
+    if (attn.op != v1::OP_ATTENTION || attn.outputs[0].rank() != 4) return false;
+    backend::Device* device = DeviceOf(attn);
+    if (device == nullptr) return false;
+    const Node* split[3];
+    for (int i = 0; i < 3; ++i) {
+      split[i] = g.FindNode(attn.operands[i].node);
+      if (!IsHeadSwap(split[i], attn.device)) return false;
+    }
+    Node* merge = SoleUser(attn.out());
+    if (!IsHeadSwap(merge, attn.device)) return false;
+    auto packed = [](const ir::IrDims& d) { return ir::IrDims{d[0], d[1], d[2] * d[3]}; };
+    ValueRef source[3];
+    ir::IrDims source_dims[3];
+    bool needs_reshape[3];
+    for (int i = 0; i < 3; ++i) {
+      source[i] = split[i]->operands[0];
+      const ir::TensorType& t = g.TypeOf(source[i]);  // [B, S, H, D]
+      for (int64_t d : t.dims) {
+        if (d < 0) return false;
+      }
+      source_dims[i] = packed(t.dims);
+      // The usual producer: a reshape of the projection's [B, S, H*D].
+      const Node* p = g.FindNode(source[i].node);
+      needs_reshape[i] = true;
+      if (p->op == v1::OP_RESHAPE && g.TypeOf(p->operands[0]).dims == source_dims[i] &&
+          g.TypeOf(p->operands[0]).dtype == t.dtype) {
+        source[i] = p->operands[0];
+        needs_reshape[i] = false;
+      }
+    }
+    const ir::IrDims& q4 = g.TypeOf(attn.operands[0]).dims;  // [B, Hq, Sq, D]
+    const ir::IrDims& k4 = g.TypeOf(attn.operands[1]).dims;
+    const ir::IrDims& o4 = attn.outputs[0].dims;  // [B, Hq, Sq, Dv]
+    for (int64_t d : o4) {
+      if (d < 0) return false;
+    }
+    v1::AttentionAttrs attrs = attn.attrs.attention();
+    attrs.set_heads(q4[1]);
+    attrs.set_kv_heads(k4[1]);
+    backend::KernelSpec spec = SpecOf(g, attn);
+    *spec.attrs.mutable_attention() = attrs;
+    for (int i = 0; i < 3; ++i) spec.inputs[i].dims = Dims(source_dims[i].begin(), source_dims[i].end());
+    const ir::IrDims out3 = {o4[0], o4[2], o4[1] * o4[3]};
+    spec.outputs[0].dims = Dims(out3.begin(), out3.end());
+    if (!device->Supports(spec).native) return false;
+    const double fused_us = model.KernelMicros(spec, device->info());
+    const double separate_us =
+        SeparateMicros({split[0], split[1], split[2], &attn, merge}, device->info());
+    if (fused_us >= separate_us) {
+      ctx.notes.push_back(absl::StrCat("packed layout for ", ir::NodeLabel(attn),
+                                       " rejected by the cost model (", fused_us, " >= ",
+                                       separate_us, " us)"));
+      return false;
+    }
+    ir::Rewriter r(g, attn, attn.path);
+    std::vector<ValueRef> operands;
+    for (int i = 0; i < 3; ++i) {
+      operands.push_back(needs_reshape[i] ? r.Reshape(source[i], source_dims[i]) : source[i]);
+    }
+    for (size_t i = 3; i < attn.operands.size(); ++i) operands.push_back(attn.operands[i]);
+    v1::Attrs a;
+    *a.mutable_attention() = attrs;
+    const ValueRef out = r.Add(v1::OP_ATTENTION, operands, a);
+    Node* made = r.last();
+    const ValueRef back = r.Reshape(out, merge->outputs[0].dims);
+    if (!r.ok()) {
+      ctx.notes.push_back(absl::StrCat("packed layout for ", ir::NodeLabel(attn), " skipped (",
+                                       r.status().message(), ")"));
+      g.RemoveDeadNodes();
+      return false;
+    }
+    made->name = attn.name;
+    std::vector<int32_t> origins;
+    for (const Node* n : {split[0], split[1], split[2], static_cast<const Node*>(&attn),
+                          static_cast<const Node*>(merge)}) {
+      origins.insert(origins.end(), n->origins.begin(), n->origins.end());
+    }
+    std::sort(origins.begin(), origins.end());
+    origins.erase(std::unique(origins.begin(), origins.end()), origins.end());
+    made->origins = std::move(origins);
+    // A reshape of the merged heads back to [B, S, H*Dv] (the usual next
+    // step) reads the result itself; anything else reads it as [B, S, H, Dv].
+    for (Node* u : users[merge->out()]) {
+      if (u->op == v1::OP_RESHAPE && u->outputs[0].dims == out3 &&
+          u->outputs[0].dtype == made->outputs[0].dtype) {
+        g.ReplaceAllUses(u->out(), out);
+      }
+    }
+    g.ReplaceAllUses(merge->out(), back);
+    users = Users(g);
+    return true;
+  }
+
   bool TryResidualNorm(Node& norm) {
     if (norm.op != v1::OP_LAYER_NORM && norm.op != v1::OP_RMS_NORM) return false;
     Node* add = g.FindNode(norm.operands[0].node);
@@ -525,6 +637,17 @@ class FusePass final : public Pass {
     }
     g.RemoveDeadNodes();
     f.users = Users(g);
+    ids.clear();
+    for (const auto& n : g.nodes()) ids.push_back(n->id);
+    bool packed_any = false;
+    for (int32_t id : ids) {
+      if (Node* n = g.FindNode(id); n != nullptr) packed_any |= f.TryPackedAttention(*n);
+    }
+    if (packed_any) {
+      g.RemoveDeadNodes();
+      KILN_RETURN_IF_ERROR(g.SortTopologically());
+      f.users = Users(g);
+    }
     ids.clear();
     for (const auto& n : g.nodes()) ids.push_back(n->id);
     for (int32_t id : ids) {

@@ -138,6 +138,14 @@ Work EstimateWork(const backend::KernelSpec& spec) {
       const auto& q = spec.inputs[0].dims;
       const auto& k = spec.inputs[1].dims;
       const auto& v = spec.inputs[2].dims;
+      if (q.size() == 3) {  // packed [B, S, H*D]: heads from the attributes
+        const auto& a = spec.attrs.attention();
+        const double hq = std::max<int64_t>(1, a.heads());
+        const double hkv = std::max<int64_t>(1, a.kv_heads() != 0 ? a.kv_heads() : a.heads());
+        const double scores = static_cast<double>(q[0]) * hq * q[1] * k[1];
+        w.flops = 2.0 * scores * (q[2] / hq + v[2] / hkv) + 5.0 * scores;
+        break;
+      }
       const double scores = static_cast<double>(q[0]) * q[1] * q[2] * k[2];
       w.flops = 2.0 * scores * (q[3] + v[3]) + 5.0 * scores;
       break;

@@ -1,8 +1,10 @@
 // Conformance cases for Attention and Rope. Attention covers every MaskKind
 // (structural masks with Sq < Sk and Sq > Sk), GQA and MQA, softcap, explicit
 // scales, fully masked rows (zeros), size-0 and size-1 dims, and long key
-// sequences; Rope covers both pairings, partial rotary dims and position
-// operands. References are f64 loops over the stored inputs.
+// sequences, each also in the packed layout (rank-3 q [B, Sq, Hq*D], k and v
+// [B, Sk, Hkv*D(v)], heads from the attributes: what fuse gives the CPU in
+// place of the head transposes); Rope covers both pairings, partial rotary
+// dims and position operands. References are f64 loops over the stored inputs.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -39,8 +41,23 @@ std::vector<HostTensor> AttentionReference(const KernelSpec& spec,
                                            const std::vector<HostTensor>& in) {
   const auto& a = spec.attrs.attention();
   const Dims& qd = in[0].dims();
-  const int64_t nb = qd[0], hq = qd[1], sq = qd[2], d = qd[3];
-  const int64_t hkv = in[1].dims()[1], sk = in[1].dims()[2], dv = in[2].dims()[3];
+  const bool packed = qd.size() == 3;
+  int64_t nb, hq, sq, d, hkv, sk, dv;
+  if (packed) {
+    hq = a.heads(), hkv = a.kv_heads() != 0 ? a.kv_heads() : a.heads();
+    nb = qd[0], sq = qd[1], d = qd[2] / hq;
+    sk = in[1].dims()[1], dv = in[2].dims()[2] / hkv;
+  } else {
+    nb = qd[0], hq = qd[1], sq = qd[2], d = qd[3];
+    hkv = in[1].dims()[1], sk = in[1].dims()[2], dv = in[2].dims()[3];
+  }
+  // Row offsets of (batch, head, position) rows of `width` elements.
+  auto q_row = [&](int64_t b, int64_t h, int64_t i, int64_t width) {
+    return packed ? ((b * sq + i) * hq + h) * width : ((b * hq + h) * sq + i) * width;
+  };
+  auto kv_row = [&](int64_t b, int64_t h, int64_t j, int64_t width) {
+    return packed ? ((b * sk + j) * hkv + h) * width : ((b * hkv + h) * sk + j) * width;
+  };
   const double scale = a.has_scale() ? a.scale() : d > 0 ? 1 / std::sqrt(double(d)) : 1.0;
   const std::vector<double> q = ToDoubles(in[0]), k = ToDoubles(in[1]), v = ToDoubles(in[2]);
   std::vector<double> extra;
@@ -67,7 +84,7 @@ std::vector<HostTensor> AttentionReference(const KernelSpec& spec,
         for (int64_t j = 0; j < sk; ++j) {
           double dot = 0;
           for (int64_t x = 0; x < d; ++x) {
-            dot += q[((b * hq + h) * sq + i) * d + x] * k[((b * hkv + hk) * sk + j) * d + x];
+            dot += q[q_row(b, h, i, d) + x] * k[kv_row(b, hk, j, d) + x];
           }
           double l = scale * dot;
           if (a.softcap() > 0) l = a.softcap() * std::tanh(l / a.softcap());
@@ -80,7 +97,7 @@ std::vector<HostTensor> AttentionReference(const KernelSpec& spec,
           logits[j] = l;
           if (keep[j]) mx = std::max(mx, l);
         }
-        const int64_t row = ((b * hq + h) * sq + i) * dv;
+        const int64_t row = q_row(b, h, i, dv);
         if (mx == -INFINITY) continue;  // every key masked: zeros
         double sum = 0;
         for (int64_t j = 0; j < sk; ++j) {
@@ -89,7 +106,7 @@ std::vector<HostTensor> AttentionReference(const KernelSpec& spec,
         }
         for (int64_t x = 0; x < dv; ++x) {
           double acc = 0;
-          for (int64_t j = 0; j < sk; ++j) acc += logits[j] * v[((b * hkv + hk) * sk + j) * dv + x];
+          for (int64_t j = 0; j < sk; ++j) acc += logits[j] * v[kv_row(b, hk, j, dv) + x];
           out.SetFromDouble(row + x, acc / sum);
         }
       }
@@ -128,20 +145,28 @@ v1::AttentionAttrs With(v1::AttentionAttrs a, double scale, double softcap) {
   return a;
 }
 
-Case MakeAttention(const AttnCase& ac, DType dtype) {
+// `packed`: the rank-3 layout, heads named by the attributes (kv_heads left
+// 0, its default, when it equals heads).
+Case MakeAttention(const AttnCase& ac, DType dtype, bool packed = false) {
   const AttnShape& s = ac.s;
   Case c;
-  c.name = absl::StrCat("attention/", DTypeName(dtype), "_", ac.tag, "_b", s.b, "h", s.hq, "kv",
-                        s.hkv, "_q", s.sq, "k", s.sk, "_d", s.d, "v", s.dv);
+  c.name = absl::StrCat("attention/", DTypeName(dtype), packed ? "_packed_" : "_", ac.tag, "_b",
+                        s.b, "h", s.hq, "kv", s.hkv, "_q", s.sq, "k", s.sk, "_d", s.d, "v", s.dv);
   std::mt19937_64 rng = RngFor(c.name);
   c.spec.name = c.name;
   c.spec.label = absl::StrCat("case ", c.name);
   c.spec.op = v1::OP_ATTENTION;
   *c.spec.attrs.mutable_attention() = ac.attrs;
-  const Dims qd = {s.b, s.hq, s.sq, s.d}, kd = {s.b, s.hkv, s.sk, s.d},
-             vd = {s.b, s.hkv, s.sk, s.dv};
+  Dims qd = {s.b, s.hq, s.sq, s.d}, kd = {s.b, s.hkv, s.sk, s.d}, vd = {s.b, s.hkv, s.sk, s.dv},
+       od = {s.b, s.hq, s.sq, s.dv};
+  if (packed) {
+    c.spec.attrs.mutable_attention()->set_heads(s.hq);
+    c.spec.attrs.mutable_attention()->set_kv_heads(s.hkv == s.hq ? 0 : s.hkv);
+    qd = {s.b, s.sq, s.hq * s.d}, kd = {s.b, s.sk, s.hkv * s.d}, vd = {s.b, s.sk, s.hkv * s.dv};
+    od = {s.b, s.sq, s.hq * s.dv};
+  }
   c.spec.inputs = {Desc(dtype, qd), Desc(dtype, kd), Desc(dtype, vd)};
-  c.spec.outputs = {Desc(dtype, {s.b, s.hq, s.sq, s.dv})};
+  c.spec.outputs = {Desc(dtype, od)};
   c.inputs.push_back(RandomTensor(rng, dtype, qd, ac.lo, ac.hi));
   c.inputs.push_back(RandomTensor(rng, dtype, kd, ac.lo, ac.hi));
   c.inputs.push_back(RandomTensor(rng, dtype, vd));
@@ -270,6 +295,25 @@ std::vector<Case> AttentionCases() {
   for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
     for (const AttnCase& ac : LowPrecisionAttentionCases())
       cases.push_back(MakeAttention(ac, dtype));
+  }
+  // The packed layout: every f32 case but the long ones (the same kernel
+  // loops; only the row addressing differs), the random ones, BERT-base's
+  // encoder shape, and the low-precision ones (rows converted one by one).
+  for (const AttnCase& ac : F32AttentionCases()) {
+    if (ac.tag.rfind("long_", 0) == 0) continue;
+    cases.push_back(MakeAttention(ac, v1::DTYPE_F32, true));
+  }
+  for (const AttnCase& ac : RandomAttentionCases(16)) {
+    cases.push_back(MakeAttention(ac, v1::DTYPE_F32, true));
+  }
+  cases.push_back(MakeAttention(
+      {"bert", {2, 12, 12, 128, 128, 64, 64}, Mask(v1::MASK_BIDIRECTIONAL)}, v1::DTYPE_F32, true));
+  cases.push_back(MakeAttention({"long_causal_gqa", {1, 4, 2, 300, 300, 64, 64},
+                                 Mask(v1::MASK_CAUSAL)},
+                                v1::DTYPE_F32, true));
+  for (DType dtype : {v1::DTYPE_F16, v1::DTYPE_BF16}) {
+    for (const AttnCase& ac : LowPrecisionAttentionCases())
+      cases.push_back(MakeAttention(ac, dtype, true));
   }
   return cases;
 }
