@@ -345,7 +345,7 @@ void ShmRegistry::Serve() {
       if (drop[i]) {
         if (connections[i].tenant != nullptr) {
           absl::MutexLock lock(&connections_mu_);
-          --connections_per_tenant_[connections[i].tenant];
+          tenant_connections_[connections[i].tenant].erase(connections[i].fd);
         }
         Close(connections[i]);
       } else if (connections[i].tenant != nullptr) {
@@ -402,6 +402,20 @@ absl::Duration NextMessageSpin() {
 }
 }  // namespace
 
+// A tenant's connections whose client has not hung up: a client that closed
+// one and opened the next is not refused while the old one's thread (on a
+// loaded host, not yet scheduled) has still to notice. The fds stay kilnd's
+// until their Close, so none is another connection's.
+int ShmRegistry::LiveConnections(const std::set<int>& fds) {
+  std::vector<pollfd> p;
+  p.reserve(fds.size());
+  for (int fd : fds) p.push_back({fd, POLLRDHUP, 0});
+  if (::poll(p.data(), p.size(), 0) < 0) return static_cast<int>(fds.size());
+  int live = 0;
+  for (const pollfd& q : p) live += (q.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+  return live;
+}
+
 void ShmRegistry::ServeConnection(Connection c) {
   const absl::Duration spin = NextMessageSpin();
   absl::Time spin_until = absl::InfinitePast();
@@ -428,7 +442,7 @@ void ShmRegistry::ServeConnection(Connection c) {
   }
   {
     absl::MutexLock lock(&connections_mu_);
-    --connections_per_tenant_[c.tenant];
+    tenant_connections_[c.tenant].erase(c.fd);
   }
   Close(c);
 }
@@ -621,16 +635,18 @@ bool ShmRegistry::HandleMessage(Connection& c, bool own_thread) {
     // Tenants cannot pile up connections (each holds an fd of kilnd's).
     {
       absl::MutexLock lock(&connections_mu_);
-      int& count = connections_per_tenant_[tenant];
-      if (count >= std::max(1, tenant->quota().max_shm_regions())) {
+      std::set<int>& mine = tenant_connections_[tenant];
+      const int limit = std::max(1, tenant->quota().max_shm_regions());
+      const int open = static_cast<int>(mine.size()) >= limit ? LiveConnections(mine) : 0;
+      if (open >= limit) {
         answer = Answer(absl::ResourceExhaustedError(absl::StrCat(
-            "tenant \"", tenant->name(), "\" has ", count,
+            "tenant \"", tenant->name(), "\" has ", open,
             " shared-memory connections open, as many as its max_shm_regions")));
         const std::string bytes = answer.SerializeAsString();
         ::send(c.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         return false;
       }
-      ++count;
+      mine.insert(c.fd);
     }
     c.tenant = tenant;
   } else if (m.kind_case() == v1::ShmClientMessage::kRegisterRegion) {

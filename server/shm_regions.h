@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -224,6 +225,8 @@ class ShmRegistry {
   bool HandleMessage(Connection& c, bool own_thread);
   // A connection's own thread, from its ticket to its end.
   void ServeConnection(Connection c);
+  // How many of `fds` (connections' own ends) have a client still connected.
+  static int LiveConnections(const std::set<int>& fds);
   // Runs one run message of `c` and waits for its answer to be sent; false
   // when the connection is to be closed (the client went away meanwhile).
   bool RunMessage(Connection& c, v1::ShmClientMessage& m);
@@ -248,7 +251,11 @@ class ShmRegistry {
   absl::flat_hash_map<std::string, Ticket> tickets_ ABSL_GUARDED_BY(tickets_mu_);
 
   absl::Mutex connections_mu_;
-  std::map<const Tenant*, int> connections_per_tenant_ ABSL_GUARDED_BY(connections_mu_);
+  // Each tenant's connections with a ticket, by fd (kilnd's end, open until
+  // the connection's Close): at most max_shm_regions of them whose client is
+  // still there (a connection the client closed counts until its thread
+  // notices, except when it would refuse a new one).
+  std::map<const Tenant*, std::set<int>> tenant_connections_ ABSL_GUARDED_BY(connections_mu_);
   // Connections with a thread of their own, and those threads (each joined
   // by Serve once it ended, or by the destructor).
   std::map<uint64_t, std::thread> connection_threads_ ABSL_GUARDED_BY(connections_mu_);
