@@ -241,7 +241,7 @@ class Updater {
   // Kahan's formula (u - 1) x / ln(u) for u = exp(x), whose rounding errors in u
   // cancel between u - 1 and ln(u). u is held below 1 (the largest value under
   // it), where the formula gives x, expm1's value for such tiny x; x is clamped
-  // at -30, where 1 - beta^t is 1 in f32 (beta = 0 gives x = -inf).
+  // at -30, where 1 - beta^t is 1 in f32 (ln 0 is taken as -30 for beta = 0).
   ValueRef OneMinusPow(Builder& b, double beta, DType dt) {
     const DType ct = dt == v1::DTYPE_F64 ? dt : v1::DTYPE_F32;  // never in 16 bits
     auto c = [&](double v) { return b.Sc(v, ct); };
