@@ -40,7 +40,7 @@ namespace kiln::compile {
 // kCompilerVersion: anything that changes a compiled executable (passes,
 // lowering, the executable's meaning). kCodegenVersion: anything that changes
 // a kernel binary built from the same source and flags.
-inline constexpr char kCompilerVersion[] = "kiln-0.1.0+c1";
+inline constexpr char kCompilerVersion[] = "kiln-0.1.0+c2";  // c2: Adam bias corrections
 inline constexpr int kCodegenVersion = 1;
 
 // Canonical component names, so every caller spells them the same way.

@@ -166,7 +166,7 @@ class Updater {
       }
       case v1::OPTIMIZER_ADAM:
       case v1::OPTIMIZER_ADAMW:
-        AdamUpdate(b, name, p, grad, lr, t, wd, spec_.kind() == v1::OPTIMIZER_ADAMW, state, out);
+        AdamUpdate(b, name, p, grad, lr, wd, spec_.kind() == v1::OPTIMIZER_ADAMW, state, out);
         break;
       case v1::OPTIMIZER_LION: {
         ValueRef m = state("momentum");
@@ -179,7 +179,7 @@ class Updater {
       }
       case v1::OPTIMIZER_MUON: {
         if (type.rank() != 2) {
-          AdamUpdate(b, name, p, grad, lr, t, wd, true, state, out);
+          AdamUpdate(b, name, p, grad, lr, wd, true, state, out);
           break;
         }
         ValueRef mlr = Cast(b, muon_lr_, dt);
@@ -210,7 +210,7 @@ class Updater {
 
   template <typename State>
   void AdamUpdate(Builder& b, const std::string& name, ValueRef p, ValueRef grad, ValueRef lr,
-                  ValueRef t, double wd, bool decoupled, State& state, std::vector<Update>& out) {
+                  double wd, bool decoupled, State& state, std::vector<Update>& out) {
     const DType dt = g_.TypeOf(p).dtype;
     auto c = [&](double v) { return b.Sc(v, dt); };
     ValueRef m = state("m"), v = state("v");
@@ -220,15 +220,38 @@ class Updater {
     ValueRef m_next = b.Add(b.Scale(m, h_.beta1), b.Scale(grad, 1 - h_.beta1));
     ValueRef v_next = b.Add(b.Scale(v, h_.beta2), b.Scale(b.Mul(grad, grad), 1 - h_.beta2));
     // torch.optim.Adam's order: denom = sqrt(v) / sqrt(1 - b2^t) + eps,
-    // p -= lr / (1 - b1^t) * m / denom.
-    ValueRef bc1 = b.Sub(c(1), b.r().Binary(v1::BINARY_POW, c(h_.beta1), t));
-    ValueRef bc2 = b.Sub(c(1), b.r().Binary(v1::BINARY_POW, c(h_.beta2), t));
+    // p -= lr / (1 - b1^t) * m / denom (torch forms the bias corrections in double).
+    ValueRef bc1 = OneMinusPow(b, h_.beta1, dt);
+    ValueRef bc2 = OneMinusPow(b, h_.beta2, dt);
     ValueRef denom =
         b.Add(b.Div(b.Un(v1::UNARY_SQRT, v_next), b.Un(v1::UNARY_SQRT, bc2)), c(h_.eps));
     ValueRef step = b.Div(lr, bc1);
     out.push_back({name, b.Sub(q, b.Mul(step, b.Div(m_next, denom)))});
     out.push_back({g_.FindNode(m.node)->name, m_next});
     out.push_back({g_.FindNode(v.node)->name, v_next});
+  }
+
+  // 1 - beta^t (t >= 1, beta in [0, 1)) to a few ulps, in f32 (f64 for f64
+  // params). Forming beta^t first and subtracting cancels: for beta2 = 0.999 in
+  // f32 the rounding of beta alone (1.3e-8) is 1.3e-5 of 1 - beta^t while
+  // t << 1000, and a rounded pow adds up to 3e-8 / (1 - beta^t) more, which made
+  // every Adam step about 6e-6 of lr too short in f32 (char_gpt's loss curve
+  // against PyTorch, which forms the corrections in double). Instead
+  // 1 - beta^t = -expm1(x) with x = t ln(beta) (ln beta in double), and expm1 by
+  // Kahan's formula (u - 1) x / ln(u) for u = exp(x), whose rounding errors in u
+  // cancel between u - 1 and ln(u). u is held below 1 (the largest value under
+  // it), where the formula gives x, expm1's value for such tiny x; x is clamped
+  // at -30, where 1 - beta^t is 1 in f32 (ln 0 is taken as -30 for beta = 0).
+  ValueRef OneMinusPow(Builder& b, double beta, DType dt) {
+    const DType ct = dt == v1::DTYPE_F64 ? dt : v1::DTYPE_F32;  // never in 16 bits
+    auto c = [&](double v) { return b.Sc(v, ct); };
+    const double below_one = ct == v1::DTYPE_F64 ? std::nextafter(1.0, 0.0)
+                                                 : static_cast<double>(std::nextafter(1.0f, 0.0f));
+    const double log_beta = beta > 0 ? std::log(beta) : -30.0;
+    ValueRef x = b.r().Binary(v1::BINARY_MAX, b.Scale(Cast(b, t_, ct), log_beta), c(-30));
+    ValueRef u = b.r().Binary(v1::BINARY_MIN, b.Un(v1::UNARY_EXP, x), c(below_one));
+    ValueRef expm1 = b.Div(b.Mul(b.Sub(u, c(1)), x), b.Un(v1::UNARY_LOG, u));
+    return Cast(b, b.Un(v1::UNARY_NEG, expm1), dt);
   }
 
   // Five (ns_steps) Newton-Schulz iterations towards the nearest

@@ -216,6 +216,70 @@ TEST_P(OptimizerStep, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerStep, ::testing::ValuesIn(OptCases()),
                          [](const ::testing::TestParamInfo<OptCase>& i) { return i.param.name; });
 
+// Adam's step size at step t against the same update in double: from m = v = 0
+// and step count t - 1, one step with gradient g moves p = 0 to
+// -lr / (1 - b1^t) * (1 - b1) g / (sqrt((1 - b2) g^2) / sqrt(1 - b2^t) + eps).
+// The bias corrections 1 - b^t used to be formed as 1 - pow(b, t) in f32, which
+// cancels: every step was about 6e-6 of lr too short for b2 = 0.999 (beta2's
+// f32 rounding alone is 1.3e-5 of 1 - b2^t), and the char_gpt loss curve
+// drifted from PyTorch's (which forms them in double). f32 rounding of the
+// update itself is a few 1e-7.
+TEST(TrainStep, AdamBiasCorrectionsMatchDouble) {
+  auto graph = ir::ParseGraphProto(R"(graph "adam_t"
+param p: f32[8]
+input g: f32[8]
+let loss = reduce_sum(p * g)
+out loss
+)");
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<float> g = {1.0f, -0.5f, 3e-3f, 2.0f, 1e-6f, -7.0f, 1e-8f, 0.25f};
+  struct Betas {
+    double b1, b2;
+  };
+  for (const Betas& be : {Betas{0.9, 0.999}, Betas{0.5, 0.9999}, Betas{0.0, 0.99}}) {
+    CompileOptions co;
+    co.device = "cpu:0";
+    co.transforms.mutable_training()->set_loss("loss");
+    v1::OptimizerSpec& spec = *co.transforms.mutable_training()->mutable_optimizer();
+    spec.set_kind(v1::OPTIMIZER_ADAM);
+    spec.set_lr(1.0);
+    spec.set_beta1(be.b1);
+    spec.set_beta2(be.b2);
+    auto exe = SharedEngine().Compile(*graph, co, {});
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    for (int64_t t : {1, 2, 3, 10, 100, 1000, 10000, 100000}) {
+      auto zeros = [] {
+        return HostTensor::FromVector<float>(v1::DTYPE_F32, Dims{8}, std::vector<float>(8, 0));
+      };
+      HostTensor p = zeros(), m0 = zeros(), v0 = zeros();
+      HostTensor step = HostTensor::Create(v1::DTYPE_I64, Dims()).value();
+      step.data_as<int64_t>()[0] = t - 1;
+      const std::string m_name = absl::StrCat(train::kStatePrefix, "p/m");
+      const std::string v_name = absl::StrCat(train::kStatePrefix, "p/v");
+      std::vector<TensorRef> refs = {TensorRef::Of("p", p), TensorRef::Of(m_name, m0),
+                                     TensorRef::Of(v_name, v0),
+                                     TensorRef::Of(train::kStepParam, step)};
+      auto set = SharedEngine().CreateTrainingParams(*exe->executable, refs);
+      ASSERT_TRUE(set.ok()) << set.status();
+      HostTensor gt = HostTensor::FromVector<float>(v1::DTYPE_F32, Dims{8}, g);
+      std::vector<TensorRef> inputs = {TensorRef::Of("g", gt)};
+      auto r = SharedEngine().Run(*exe->executable, inputs, set->get(), {});
+      ASSERT_TRUE(r.ok()) << r.status();
+      auto got = (*set)->Read("p");
+      ASSERT_TRUE(got.ok()) << got.status();
+      const double bc1 = 1 - std::pow(be.b1, static_cast<double>(t));
+      const double bc2 = 1 - std::pow(be.b2, static_cast<double>(t));
+      for (int k = 0; k < 8; ++k) {
+        const double gk = g[k];
+        const double m = (1 - be.b1) * gk, v = (1 - be.b2) * gk * gk;
+        const double want = -1.0 / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + 1e-8);
+        EXPECT_NEAR(got->GetAsDouble(k), want, 1e-6 * std::abs(want))
+            << "beta1 " << be.b1 << ", beta2 " << be.b2 << ", step " << t << ", g " << gk;
+      }
+    }
+  }
+}
+
 constexpr char kMlp[] = R"(graph "mlp"
 input x: f32[16, 8]
 input y: i64[16]
