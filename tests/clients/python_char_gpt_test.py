@@ -1,9 +1,12 @@
 """The character-level GPT example (examples/char_gpt/) through a real kilnd with
 the Python client (ctest label `clients`):
 
-- its loss curve over 20 AdamW steps equals PyTorch's (Debian's torch 1.13, the
-  same model in examples/char_gpt/torch_char_gpt.py, the same initial weights
-  and batches, f32 on the CPU) within 1e-4 relative at every step;
+- its loss curve over 20 AdamW steps (f32) equals PyTorch's (Debian's torch 1.13,
+  the same model in examples/char_gpt/torch_char_gpt.py, the same initial
+  weights and batches) trained in f64, within 1e-4 relative at every step. The
+  reference is f64 because two correct f32 trainings of this model differ by up
+  to ~1e-4 at step 19 (torch's own f32 curve moves 1e-4 with the sgemm kernels
+  OpenBLAS picks for the CPU); Kiln's f32 curve is ~4e-5 from the f64 one;
 - 300 steps on /usr/share/common-licenses/GPL-3 take the loss from about
   ln(96) to below 2.6, and greedy sampling through Run on the same session
   (the trained weights) writes characters of the text, words included.
@@ -71,7 +74,8 @@ class CharGptTest(unittest.TestCase):
                                  optimizer=kiln.AdamW(lr=lr, weight_decay=0.01,
                                                       no_weight_decay=no_decay),
                                  device="cpu:0")
-        p = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
+        # The f32 initial values, trained in f64.
+        p = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in init.items()}
         opt = torch_char_gpt.adamw(p, lr)
         for i, b in enumerate(char_gpt.batches(ids, batch, steps, seed=4)):
             got = s.step(b)
