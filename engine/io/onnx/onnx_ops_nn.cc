@@ -237,8 +237,8 @@ absl::Status PoolOp(Importer& c, v1::PoolKind kind) {
   if (c.wants(1)) return c.Unsupported("MaxPool's Indices output");
   const int64_t sp = c.rank(0) - 2;
   if (sp != 1 && sp != 2) return c.Unsupported(absl::StrCat(sp, "-D pooling (Kiln has 1-D and 2-D)"));
+  // ReadWindow checks kernel_shape against X's rank (for Conv too).
   std::vector<int64_t> kernel = c.AttrInts("kernel_shape").value_or(std::vector<int64_t>{});
-  if (static_cast<int64_t>(kernel.size()) != sp) return c.Invalid("kernel_shape must match the spatial rank");
   bool extended = false;
   KILN_ASSIGN_OR_RETURN(Window w, ReadWindow(c, kernel, c.AttrInt("ceil_mode", 0) != 0, &extended));
   for (int64_t d : w.dilation) {

@@ -397,6 +397,15 @@ TEST(OnnxImportHostile, ConvKernelShapeRankIsChecked) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "kernel_shape has 2 entries; X of rank 3 needs 1"))
       << r.status();
+  // Pooling reads its window the same way.
+  Model pool(13);
+  pool.Input("x", {1, 1, 7});
+  Model::Ints(pool.Node("MaxPool", {"x"}, {"y"}), "kernel_shape", {3, 3});
+  pool.Output("y");
+  auto p = Import(pool);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "kernel_shape has 2 entries; X of rank 3 needs 1"))
+      << p.status();
   // The fuzzer's input itself (tests/fuzz/corpus/onnx_import).
   std::ifstream in(std::string(KILN_SOURCE_DIR) +
                        "/tests/fuzz/corpus/onnx_import/conv_kernel_shape_past_x_rank.onnx",
